@@ -1,0 +1,403 @@
+//! The agent's commit log (R-ARB-3): an append-only file of hash-chained JSON
+//! lines under the agent's state directory, fsynced before an append returns,
+//! and replicated to choird, which holds the authoritative copy.
+//!
+//! **Invariant:** an event returned by [`CommitLog::append`] is on disk.
+//! **Invariant:** on open, only a torn *last* line (no trailing newline: a crash
+//! mid-write) is dropped; any other damage refuses to start, naming the
+//! sequence number, so a tampered log is never silently accepted.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use choir_common::commit::{verify_extension, ChainHead, CommitEvent, EventKind, Outcome};
+use serde_json::Value;
+
+/// The log cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Reading or writing the file failed.
+    #[error("commit log {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// A line is damaged or breaks the chain.
+    #[error("commit log {path} is corrupt at sequence {seq}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The offending sequence number (or the line number when unparseable).
+        seq: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The local log and choird's copy disagree.
+    #[error("commit log {path} forked from choird's copy at sequence {seq}: refusing to continue")]
+    Forked {
+        /// The file.
+        path: PathBuf,
+        /// Where they disagree.
+        seq: u64,
+    },
+}
+
+/// An event before it is numbered and chained.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Proposing lane.
+    pub lane: String,
+    /// Kind.
+    pub kind: EventKind,
+    /// Canonical tool name.
+    pub tool: String,
+    /// The model's call id.
+    pub call_id: Option<String>,
+    /// Active skill.
+    pub skill: Option<String>,
+    /// Active skill state.
+    pub state: Option<String>,
+    /// Input, secrets redacted.
+    pub input: Value,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Result returned to the model.
+    pub result: Value,
+    /// Execution time.
+    pub duration_us: u64,
+}
+
+/// The open log.
+pub struct CommitLog {
+    path: PathBuf,
+    file: File,
+    head: ChainHead,
+    /// Events choird has not acknowledged yet, in order.
+    unacked: VecDeque<CommitEvent>,
+    acked: u64,
+}
+
+/// What opening the log found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Events read.
+    pub events: u64,
+    /// Bytes of a torn last record that were truncated.
+    pub truncated_bytes: u64,
+}
+
+impl CommitLog {
+    /// Opens (creating) `dir/commit.log`, verifies it and truncates a torn tail.
+    pub fn open(dir: &Path) -> Result<(CommitLog, OpenReport), LogError> {
+        let path = dir.join("commit.log");
+        let io = |source| LogError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(io)?;
+        let mut data = Vec::new();
+        file.read_to_end(&mut data).map_err(io)?;
+
+        let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let mut report = OpenReport {
+            events: 0,
+            truncated_bytes: (data.len() - complete) as u64,
+        };
+        if report.truncated_bytes > 0 {
+            log::warn!(
+                "commit log {}: dropping a torn last record ({} bytes)",
+                path.display(),
+                report.truncated_bytes
+            );
+            file.set_len(complete as u64).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        let mut events = Vec::new();
+        for (i, line) in data[..complete].split(|&b| b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let ev: CommitEvent = serde_json::from_slice(line).map_err(|e| LogError::Corrupt {
+                path: path.clone(),
+                seq: serde_json::from_slice::<Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("seq").and_then(Value::as_u64))
+                    .unwrap_or(i as u64 + 1),
+                reason: format!("unreadable record: {e}"),
+            })?;
+            events.push(ev);
+        }
+        let head = match events.first() {
+            None => ChainHead::genesis(),
+            Some(first) => {
+                let base = ChainHead {
+                    seq: first.seq.saturating_sub(1),
+                    hash: first.prev_hash.clone(),
+                };
+                verify_extension(&base, &events).map_err(|e| LogError::Corrupt {
+                    path: path.clone(),
+                    seq: match e {
+                        choir_common::commit::ChainError::BadHash { seq }
+                        | choir_common::commit::ChainError::Gap { seq, .. }
+                        | choir_common::commit::ChainError::Fork { seq, .. } => seq,
+                    },
+                    reason: e.to_string(),
+                })?
+            }
+        };
+        report.events = events.len() as u64;
+        file.seek(SeekFrom::End(0)).map_err(io)?;
+        Ok((
+            CommitLog {
+                path,
+                file,
+                head,
+                unacked: events.into(),
+                acked: 0,
+            },
+            report,
+        ))
+    }
+
+    /// Reconciles with choird's replicated head (from INIT_HELLO): events choird
+    /// already holds are dropped from the replication queue; a local log that
+    /// fell behind choird's (lost or wiped) is set aside and the chain continues
+    /// from choird's head; disagreement at a shared position is a fork.
+    pub fn reconcile(&mut self, replicated: &ChainHead) -> Result<(), LogError> {
+        let local = self.head.clone();
+        if local.seq < replicated.seq {
+            log::warn!(
+                "commit log {} ends at {} but choird holds {}; continuing from choird's copy",
+                self.path.display(),
+                local.seq,
+                replicated.seq
+            );
+            if local.seq > 0 {
+                let aside = self
+                    .path
+                    .with_extension(format!("log.behind-{}", local.seq));
+                std::fs::rename(&self.path, &aside).map_err(|source| LogError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            }
+            self.file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(&self.path)
+                .map_err(|source| LogError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            self.head = replicated.clone();
+            self.unacked.clear();
+        } else if replicated.seq > 0 {
+            let ours = if local.seq == replicated.seq {
+                Some(local.hash.clone())
+            } else {
+                self.unacked
+                    .iter()
+                    .find(|e| e.seq == replicated.seq)
+                    .map(|e| e.hash.clone())
+            };
+            if ours.as_deref() != Some(replicated.hash.as_str()) {
+                return Err(LogError::Forked {
+                    path: self.path.clone(),
+                    seq: replicated.seq,
+                });
+            }
+        }
+        self.ack(replicated.seq);
+        Ok(())
+    }
+
+    /// Numbers, chains and durably appends an event.
+    pub fn append(&mut self, new: NewEvent) -> Result<CommitEvent, LogError> {
+        let ev = CommitEvent {
+            seq: self.head.seq + 1,
+            prev_hash: self.head.hash.clone(),
+            ts_ms: now_ms(),
+            lane: new.lane,
+            kind: new.kind,
+            tool: new.tool,
+            call_id: new.call_id,
+            skill: new.skill,
+            state: new.state,
+            input: new.input,
+            outcome: new.outcome,
+            result: new.result,
+            duration_us: new.duration_us,
+            hash: String::new(),
+        }
+        .seal();
+        let mut line = serde_json::to_vec(&ev).map_err(|e| LogError::Io {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        line.push(b'\n');
+        let io = |source| LogError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.file.write_all(&line).map_err(io)?;
+        self.file.sync_data().map_err(|source| LogError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.head = ChainHead {
+            seq: ev.seq,
+            hash: ev.hash.clone(),
+        };
+        self.unacked.push_back(ev.clone());
+        Ok(ev)
+    }
+
+    /// Events not yet acknowledged by choird.
+    pub fn unacked(&self) -> Vec<CommitEvent> {
+        self.unacked.iter().cloned().collect()
+    }
+
+    /// Records choird's acknowledgement up to `seq`.
+    pub fn ack(&mut self, seq: u64) {
+        self.acked = self.acked.max(seq);
+        while self.unacked.front().is_some_and(|e| e.seq <= self.acked) {
+            self.unacked.pop_front();
+        }
+    }
+
+    /// The local head.
+    pub fn head(&self) -> &ChainHead {
+        &self.head
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(tool: &str) -> NewEvent {
+        NewEvent {
+            lane: "edge".into(),
+            kind: EventKind::ToolCall,
+            tool: tool.into(),
+            call_id: None,
+            skill: None,
+            state: None,
+            input: json!({}),
+            outcome: Outcome::Ok,
+            result: json!({}),
+            duration_us: 1,
+        }
+    }
+
+    #[test]
+    fn appends_survive_reopen_and_torn_tails_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut log, report) = CommitLog::open(dir.path()).unwrap();
+            assert_eq!(report, OpenReport::default());
+            log.append(ev("a.b")).unwrap();
+            log.append(ev("a.c")).unwrap();
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("commit.log"))
+            .unwrap();
+        f.write_all(b"{\"seq\":3,\"prev").unwrap();
+        drop(f);
+        let (mut log, report) = CommitLog::open(dir.path()).unwrap();
+        assert_eq!(
+            report,
+            OpenReport {
+                events: 2,
+                truncated_bytes: 14
+            }
+        );
+        assert_eq!(log.head().seq, 2);
+        assert_eq!(log.append(ev("a.d")).unwrap().seq, 3);
+        let (log, _) = CommitLog::open(dir.path()).unwrap();
+        assert_eq!(log.head().seq, 3);
+    }
+
+    #[test]
+    fn a_tampered_record_is_refused_with_its_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+            for t in ["a.b", "a.c", "a.d"] {
+                log.append(ev(t)).unwrap();
+            }
+        }
+        let path = dir.path().join("commit.log");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replacen("\"a.c\"", "\"a.x\"", 1);
+        std::fs::write(&path, text).unwrap();
+        match CommitLog::open(dir.path()) {
+            Err(LogError::Corrupt { seq, .. }) => assert_eq!(seq, 2),
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("a tampered log was accepted"),
+        }
+    }
+
+    #[test]
+    fn reconcile_drops_acked_and_detects_forks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+        let first = log.append(ev("a.b")).unwrap();
+        log.append(ev("a.c")).unwrap();
+        log.reconcile(&ChainHead {
+            seq: 1,
+            hash: first.hash.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            log.unacked().iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![2]
+        );
+        let err = log
+            .reconcile(&ChainHead {
+                seq: 2,
+                hash: "f".repeat(64),
+            })
+            .unwrap_err();
+        assert!(matches!(err, LogError::Forked { seq: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_log_behind_choird_continues_from_choird() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+        log.reconcile(&ChainHead {
+            seq: 7,
+            hash: "a".repeat(64),
+        })
+        .unwrap();
+        let ev8 = log.append(ev("a.b")).unwrap();
+        assert_eq!(
+            (ev8.seq, ev8.prev_hash.as_str()),
+            (8, "a".repeat(64).as_str())
+        );
+        let (log, _) = CommitLog::open(dir.path()).unwrap();
+        assert_eq!(log.head().seq, 8);
+    }
+}

@@ -1,0 +1,188 @@
+//! The link to choird: two named threads speaking HEARTBEAT.
+//!
+//! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
+//!   feeds the edge lane's inbox.
+//! * `link-push` ships committed events (as soon as they are committed, and
+//!   again until acknowledged), answers and status reports, and heartbeats
+//!   every few seconds to keep the lease.
+//!
+//! Two threads, because a long-poll in flight must not delay replication.
+//! **Invariant:** an event leaves the replication queue only once choird has
+//! acknowledged a sequence number at or above it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use choir_common::rpc::{
+    Ack, HeartbeatRequest, HeartbeatResponse, LaneStatus, OutboundReply, ReportStatusRequest, Verb,
+};
+use crossbeam_channel::{select, Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::commitlog::CommitLog;
+use crate::edge::{EdgeEvent, Outbound};
+use crate::rpc::{Rpc, RpcError};
+
+/// How long a poll may be held by choird.
+const POLL_WAIT_MS: u64 = 25_000;
+/// Liveness heartbeat period.
+const PERIOD: Duration = Duration::from_secs(5);
+
+/// State shared by the two link threads.
+pub struct Link {
+    /// The RPC client.
+    pub rpc: Arc<Rpc>,
+    /// The commit log (for unacknowledged events).
+    pub log: Arc<Mutex<CommitLog>>,
+    /// Highest message id answered.
+    pub processed: AtomicU64,
+    /// Config version in use.
+    pub config_version: AtomicU64,
+    /// Set when choird no longer accepts our lease.
+    pub lease_lost: AtomicBool,
+    /// Set when the agent is shutting down.
+    pub closing: AtomicBool,
+}
+
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis((200u64 << failures.min(5)).min(5_000))
+}
+
+impl Link {
+    /// `link-poll`: delivers messages to the edge; ends on stop, lease loss or
+    /// when the agent closes.
+    pub fn poll(&self, edge: Sender<EdgeEvent>) {
+        let mut highest = self.processed.load(Ordering::SeqCst);
+        let mut failures = 0;
+        while !self.closing.load(Ordering::SeqCst) {
+            let req = HeartbeatRequest {
+                events: Vec::new(),
+                replies: Vec::new(),
+                processed_upto: self.processed.load(Ordering::SeqCst),
+                config_version: self.config_version.load(Ordering::SeqCst),
+                wait_ms: POLL_WAIT_MS,
+            };
+            let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
+            match self
+                .rpc
+                .call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout)
+            {
+                Ok(resp) => {
+                    failures = 0;
+                    for m in resp.messages {
+                        // choird may hand a message out twice (a lost reply): ids only grow.
+                        if m.id > highest {
+                            highest = m.id;
+                            if edge.send(EdgeEvent::Message(m)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    if resp.stop {
+                        log::info!("choird asked us to stop");
+                        let _ = edge.send(EdgeEvent::Stop);
+                        return;
+                    }
+                }
+                Err(RpcError::Unauthorized(msg)) => {
+                    log::error!("lease lost: {msg}");
+                    self.lease_lost.store(true, Ordering::SeqCst);
+                    let _ = edge.send(EdgeEvent::Stop);
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    log::warn!("poll failed ({e}); retrying");
+                    std::thread::sleep(backoff(failures));
+                }
+            }
+        }
+    }
+
+    /// `link-push`: runs until `outbound` closes and everything is shipped
+    /// (or the lease is lost).
+    pub fn push(&self, outbound: Receiver<Outbound>, committed: Receiver<()>) {
+        let mut replies: Vec<OutboundReply> = Vec::new();
+        let mut status: Option<LaneStatus> = None;
+        let mut open = true;
+        let mut failures = 0;
+        loop {
+            if open {
+                select! {
+                    recv(outbound) -> m => match m {
+                        Ok(m) => take(m, &mut replies, &mut status),
+                        Err(_) => open = false,
+                    },
+                    recv(committed) -> _ => {},
+                    default(PERIOD) => {},
+                }
+                while let Ok(m) = outbound.try_recv() {
+                    take(m, &mut replies, &mut status);
+                }
+            }
+            if self.lease_lost.load(Ordering::SeqCst) {
+                return;
+            }
+            let events = self.log.lock().unacked();
+            let processed = replies
+                .iter()
+                .map(|r| r.in_reply_to)
+                .max()
+                .unwrap_or(0)
+                .max(self.processed.load(Ordering::SeqCst));
+            let req = HeartbeatRequest {
+                events,
+                replies: replies.clone(),
+                processed_upto: processed,
+                config_version: self.config_version.load(Ordering::SeqCst),
+                wait_ms: 0,
+            };
+            match self.rpc.call::<_, HeartbeatResponse>(
+                Verb::Heartbeat,
+                &req,
+                Duration::from_secs(30),
+            ) {
+                Ok(resp) => {
+                    failures = 0;
+                    self.log.lock().ack(resp.acked_seq);
+                    self.processed.fetch_max(processed, Ordering::SeqCst);
+                    replies.clear();
+                }
+                Err(RpcError::Unauthorized(msg)) => {
+                    log::error!("lease lost: {msg}");
+                    self.lease_lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    log::warn!("replication failed ({e}); retrying");
+                    std::thread::sleep(backoff(failures));
+                    continue;
+                }
+            }
+            if let Some(s) = status.take() {
+                let report = ReportStatusRequest {
+                    session_state: "RUNNING".into(),
+                    lanes: vec![s],
+                };
+                if let Err(e) =
+                    self.rpc
+                        .call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10))
+                {
+                    log::warn!("status report failed: {e}");
+                }
+            }
+            if !open && replies.is_empty() && self.log.lock().unacked().is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+fn take(m: Outbound, replies: &mut Vec<OutboundReply>, status: &mut Option<LaneStatus>) {
+    match m {
+        Outbound::Reply(r) => replies.push(r),
+        Outbound::Status(s) => *status = Some(s),
+    }
+}

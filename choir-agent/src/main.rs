@@ -1,0 +1,71 @@
+//! `choir-agent`: the agent runtime binary. Parses arguments, reads the lease
+//! token from stdin, and runs [`choir_agent::run::run`]. Started by choird's
+//! runtime, not by hand.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use choir_agent::rpc::Endpoint;
+
+const USAGE: &str = "\
+usage: choir-agent --agent ID --connect (unix:PATH | http://HOST:PORT) --workspace DIR
+                   --token-stdin [--state-dir DIR]
+
+Started by choird. The lease token is read from the first line of stdin.";
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    if let Err(e) = real_main() {
+        eprintln!("choir-agent: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    use lexopt::prelude::*;
+    let (mut agent, mut connect, mut workspace, mut state_dir, mut token_stdin) =
+        (None, None, None, None, false);
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("agent") => agent = Some(parser.value()?.string()?),
+            Long("connect") => connect = Some(parser.value()?.string()?),
+            Long("workspace") => workspace = Some(PathBuf::from(parser.value()?)),
+            Long("state-dir") => state_dir = Some(PathBuf::from(parser.value()?)),
+            Long("token-stdin") => token_stdin = true,
+            Long("help") | Short('h') => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            Long("version") | Short('V') => {
+                println!("choir-agent {}", env!("CARGO_PKG_VERSION"));
+                return Ok(());
+            }
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    let missing = |what: &str| anyhow::anyhow!("{what} is required\n{USAGE}");
+    let agent = agent.ok_or_else(|| missing("--agent"))?;
+    let connect = connect.ok_or_else(|| missing("--connect"))?;
+    let endpoint = Endpoint::parse(&connect)
+        .ok_or_else(|| anyhow::anyhow!("--connect must be unix:PATH or http://HOST:PORT"))?;
+    let workspace = workspace.ok_or_else(|| missing("--workspace"))?;
+    if !token_stdin {
+        anyhow::bail!(
+            "--token-stdin is required: the lease token is never taken from the command line"
+        );
+    }
+    let mut token = String::new();
+    std::io::stdin().lock().read_line(&mut token)?;
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        anyhow::bail!("no lease token on stdin");
+    }
+    choir_agent::run::run(choir_agent::run::Args {
+        agent,
+        endpoint,
+        token,
+        workspace,
+        state_dir,
+    })
+}

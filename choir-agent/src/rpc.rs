@@ -1,0 +1,191 @@
+//! The agent's side of the choird RPC: typed calls of the eight verbs and raw
+//! posts to the LLM relay, over the Unix socket (default) or loopback TCP, with
+//! the lease token on every request.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use choir_common::rpc::{ErrorBody, Verb};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Where choird is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Unix socket.
+    Unix(PathBuf),
+    /// An HTTP base URL, e.g. `http://127.0.0.1:9400`.
+    Tcp(String),
+}
+
+impl Endpoint {
+    /// Parses `unix:/path` or `http://host:port`.
+    pub fn parse(s: &str) -> Option<Endpoint> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            Some(Endpoint::Unix(PathBuf::from(p)))
+        } else if s.starts_with("http://") {
+            Some(Endpoint::Tcp(s.trim_end_matches('/').to_owned()))
+        } else {
+            None
+        }
+    }
+}
+
+/// An RPC failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RpcError {
+    /// The lease is gone (401): the session is over. Not retryable.
+    #[error("choird refused our lease: {0}")]
+    Unauthorized(String),
+    /// choird answered with an error.
+    #[error("{verb}: {message} ({status} {code})")]
+    Refused {
+        /// What was called.
+        verb: String,
+        /// HTTP status.
+        status: u16,
+        /// Stable error code.
+        code: String,
+        /// choird's message.
+        message: String,
+        /// Whether a retry may succeed.
+        retryable: bool,
+        /// Seconds choird asked us to wait.
+        retry_after_s: Option<u64>,
+    },
+    /// choird could not be reached (retryable).
+    #[error("cannot reach choird: {0}")]
+    Transport(String),
+    /// choird's answer did not parse.
+    #[error("bad answer from choird: {0}")]
+    Decode(String),
+}
+
+impl RpcError {
+    /// Whether retrying later may help.
+    pub fn retryable(&self) -> bool {
+        match self {
+            RpcError::Unauthorized(_) | RpcError::Decode(_) => false,
+            RpcError::Refused { retryable, .. } => *retryable,
+            RpcError::Transport(_) => true,
+        }
+    }
+}
+
+/// A raw HTTP answer.
+pub struct RawAnswer {
+    /// Status.
+    pub status: u16,
+    /// `Retry-After`, in seconds, when given.
+    pub retry_after_s: Option<u64>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// The RPC client.
+pub struct Rpc {
+    agent: ureq::Agent,
+    base: String,
+    token: String,
+}
+
+impl Rpc {
+    /// A client for `endpoint` using `token`.
+    pub fn new(endpoint: &Endpoint, token: String) -> Rpc {
+        match endpoint {
+            Endpoint::Unix(path) => Rpc {
+                agent: choir_common::unix_http::agent_for_socket(path, None),
+                base: "http://localhost".to_owned(),
+                token,
+            },
+            Endpoint::Tcp(base) => Rpc {
+                agent: ureq::Agent::new_with_config(
+                    ureq::config::Config::builder()
+                        .http_status_as_error(false)
+                        .build(),
+                ),
+                base: base.clone(),
+                token,
+            },
+        }
+    }
+
+    /// POSTs `body` to `path`, returning whatever choird answered.
+    pub fn post_raw(
+        &self,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<RawAnswer, RpcError> {
+        let mut answer = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .map_err(|e| RpcError::Transport(e.to_string()))?;
+        let status = answer.status().as_u16();
+        let retry_after_s = answer
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse().ok());
+        let body = answer
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024 * 1024)
+            .read_to_vec()
+            .map_err(|e| RpcError::Transport(e.to_string()))?;
+        Ok(RawAnswer {
+            status,
+            retry_after_s,
+            body,
+        })
+    }
+
+    /// Calls a verb.
+    pub fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        verb: Verb,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RpcError> {
+        let body = serde_json::to_vec(req).map_err(|e| RpcError::Decode(e.to_string()))?;
+        let answer = self.post_raw(&verb.path(), &body, timeout)?;
+        if answer.status == 200 {
+            return serde_json::from_slice(&answer.body)
+                .map_err(|e| RpcError::Decode(format!("{}: {e}", verb.name())));
+        }
+        Err(refusal(verb.name(), &answer))
+    }
+}
+
+/// Turns a non-200 answer into an error.
+pub fn refusal(what: &str, answer: &RawAnswer) -> RpcError {
+    let parsed: Option<ErrorBody> = serde_json::from_slice(&answer.body).ok();
+    let (code, message, retryable) = match parsed {
+        Some(b) => (b.error.code, b.error.message, b.error.retryable),
+        None => (
+            "unknown".to_owned(),
+            String::from_utf8_lossy(&answer.body)
+                .chars()
+                .take(300)
+                .collect(),
+            answer.status == 429 || answer.status >= 500,
+        ),
+    };
+    if answer.status == 401 {
+        return RpcError::Unauthorized(message);
+    }
+    RpcError::Refused {
+        verb: what.to_owned(),
+        status: answer.status,
+        code,
+        message,
+        retryable,
+        retry_after_s: answer.retry_after_s,
+    }
+}

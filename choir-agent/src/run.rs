@@ -1,0 +1,209 @@
+//! Wiring of a running agent: handshake, recovery, threads, and the orderly
+//! exit. Threads: `edge` (the lane), `link-poll`, `link-push` and `signals`;
+//! all named, all joined before the process exits.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use choir_common::rpc::{
+    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse,
+    TerminateSelfRequest, Verb,
+};
+use crossbeam_channel::{bounded, unbounded};
+use parking_lot::Mutex;
+
+use crate::arbiter::Arbiter;
+use crate::commitlog::CommitLog;
+use crate::edge::{EdgeEvent, EdgeLane};
+use crate::link::Link;
+use crate::llm::Llm;
+use crate::rpc::{Endpoint, Rpc, RpcError};
+use crate::secrets::SecretStore;
+use crate::tools::Registry;
+use crate::workspace::Workspace;
+
+/// How the agent was started.
+#[derive(Debug, Clone)]
+pub struct Args {
+    /// The agent's id.
+    pub agent: String,
+    /// Where choird is.
+    pub endpoint: Endpoint,
+    /// The lease token.
+    pub token: String,
+    /// The workspace root.
+    pub workspace: PathBuf,
+    /// Agent state (commit log); default `<workspace>/.choir`.
+    pub state_dir: Option<PathBuf>,
+}
+
+fn system_prompt(agent: &str) -> String {
+    format!(
+        "You are {agent}, an agent run by Choir. You act only through the tools you are given; \
+         every call is checked and recorded. Paths are relative to your workspace, /workspace. \
+         When no tool is needed, answer directly and briefly."
+    )
+}
+
+/// Runs the agent until choird stops it, the lease is lost, or SIGTERM.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let rpc = Arc::new(Rpc::new(&args.endpoint, args.token));
+    let workspace = Workspace::open(&args.workspace)
+        .with_context(|| format!("cannot open the workspace {}", args.workspace.display()))?;
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| args.workspace.join(crate::workspace::STATE_DIR));
+    let (mut log, report) = CommitLog::open(&state_dir)?;
+    log::info!(
+        "commit log: {} events, head {}",
+        report.events,
+        log.head().seq
+    );
+
+    let hello: InitHelloResponse = call_with_retry(|| {
+        rpc.call(
+            Verb::InitHello,
+            &InitHelloRequest {
+                agent_id: args.agent.clone(),
+                protocol_version: choir_common::PROTOCOL_VERSION,
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                local_head: log.head().clone(),
+            },
+            Duration::from_secs(30),
+        )
+    })?;
+    log.reconcile(&hello.recovery.replicated_head)?;
+    log::info!(
+        "session {}: replicated head {}, local head {}, messages processed up to {}",
+        hello.session_id,
+        hello.recovery.replicated_head.seq,
+        log.head().seq,
+        hello.recovery.processed_upto
+    );
+
+    let secrets = if hello.bindings.secrets.is_empty() {
+        SecretStore::default()
+    } else {
+        let req = GetSecretsRequest {
+            names: hello.bindings.secrets.clone(),
+        };
+        match rpc.call::<_, GetSecretsResponse>(Verb::GetSecrets, &req, Duration::from_secs(10)) {
+            Ok(r) => SecretStore::new(r.secrets),
+            Err(e) => {
+                log::warn!("secrets unavailable, tools that need them will fail: {e}");
+                SecretStore::default()
+            }
+        }
+    };
+
+    let log = Arc::new(Mutex::new(log));
+    // Bounded(1): a pending poke already means "ship what is committed".
+    let (committed_tx, committed_rx) = bounded(1);
+    let arbiter = Arc::new(Arbiter::new(
+        Registry::builtins()?,
+        workspace,
+        log.clone(),
+        committed_tx,
+        secrets,
+    ));
+    arbiter.set_kill_switch(hello.config.kill_switch);
+
+    let link = Arc::new(Link {
+        rpc: rpc.clone(),
+        log,
+        processed: AtomicU64::new(hello.recovery.processed_upto),
+        config_version: AtomicU64::new(hello.config.version),
+        lease_lost: AtomicBool::new(false),
+        closing: AtomicBool::new(false),
+    });
+    // Unbounded: choird hands out at most a small batch per poll.
+    let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
+    // Unbounded: one reply per message plus status changes; the push thread drains it.
+    let (out_tx, out_rx) = unbounded();
+
+    let lane = EdgeLane {
+        arbiter,
+        llm: Llm::new(rpc.clone()),
+        model: hello.bindings.models.edge.clone(),
+        system_prompt: system_prompt(&args.agent),
+        max_steps: hello.config.max_steps_per_turn,
+        out: out_tx,
+    };
+    let edge = std::thread::Builder::new()
+        .name("edge".into())
+        .spawn(move || lane.run(edge_rx))?;
+    let poll = {
+        let (link, edge_tx) = (link.clone(), edge_tx.clone());
+        std::thread::Builder::new()
+            .name("link-poll".into())
+            .spawn(move || link.poll(edge_tx))?
+    };
+    let push = {
+        let link = link.clone();
+        std::thread::Builder::new()
+            .name("link-push".into())
+            .spawn(move || link.push(out_rx, committed_rx))?
+    };
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    let signal_handle = signals.handle();
+    let sig = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                log::info!("signal received: finishing the current message, then stopping");
+                let _ = edge_tx.send(EdgeEvent::Stop);
+            }
+        })?;
+
+    let lane_result = edge.join();
+    let reason = match &lane_result {
+        Ok(Ok(())) if link.lease_lost.load(Ordering::SeqCst) => "lease lost".to_owned(),
+        Ok(Ok(())) => "stopped".to_owned(),
+        Ok(Err(e)) => format!("commit log failure: {e}"),
+        Err(_) => "edge lane panicked".to_owned(),
+    };
+    // The edge's sender is gone: push drains, ships and returns.
+    let _ = push.join();
+    link.closing.store(true, Ordering::SeqCst);
+    if !link.lease_lost.load(Ordering::SeqCst) {
+        let bye = TerminateSelfRequest {
+            reason: reason.clone(),
+        };
+        if let Err(e) = rpc.call::<_, Ack>(Verb::TerminateSelf, &bye, Duration::from_secs(10)) {
+            log::warn!("TERMINATE_SELF failed: {e}");
+        }
+    }
+    let _ = poll.join();
+    signal_handle.close();
+    let _ = sig.join();
+    log::info!("agent exiting: {reason}");
+    match lane_result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => anyhow::bail!("the edge lane panicked"),
+    }
+}
+
+/// Retries transport failures (choird restarting) for about half a minute.
+fn call_with_retry<T>(mut f: impl FnMut() -> Result<T, RpcError>) -> Result<T, RpcError> {
+    let mut wait = Duration::from_millis(100);
+    let mut left = 12;
+    loop {
+        match f() {
+            Err(e) if e.retryable() && left > 0 => {
+                log::warn!("{e}; retrying in {wait:?}");
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(5));
+                left -= 1;
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The admin client: JSON over HTTP on choird's Unix socket, with errors worded
+//! for an operator (what failed, and what to do about it).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use choir_common::rpc::ErrorBody;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A connection to choird's admin socket.
+pub struct Client {
+    agent: ureq::Agent,
+    socket: PathBuf,
+    home: PathBuf,
+}
+
+impl Client {
+    /// A client for the choird serving `home`.
+    pub fn new(home: &Path) -> Client {
+        let socket = home.join("socks").join("choird.sock");
+        Client {
+            agent: choir_common::unix_http::agent_for_socket(
+                &socket,
+                Some(Duration::from_secs(3700)),
+            ),
+            socket,
+            home: home.to_owned(),
+        }
+    }
+
+    /// GET `path` (under `/admin/v1/`).
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let resp = self
+            .agent
+            .get(&format!("http://localhost/admin/v1/{path}"))
+            .call();
+        self.finish(resp)
+    }
+
+    /// POST `body` to `path`.
+    pub fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        let resp = self
+            .agent
+            .post(&format!("http://localhost/admin/v1/{path}"))
+            .send_json(body);
+        self.finish(resp)
+    }
+
+    fn finish<T: DeserializeOwned>(
+        &self,
+        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> anyhow::Result<T> {
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(256 * 1024 * 1024)
+            .read_to_vec()?;
+        if status != 200 {
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(e) => anyhow::anyhow!("{}", e.error.message),
+                Err(_) => anyhow::anyhow!(
+                    "choird answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ),
+            });
+        }
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    fn transport_error(&self, e: ureq::Error) -> anyhow::Error {
+        let not_running = match &e {
+            ureq::Error::Io(io) => matches!(
+                io.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ),
+            _ => false,
+        };
+        if not_running {
+            anyhow::anyhow!(
+                "choird is not running (nothing listens on {}); start it with `choird --home {}` or `systemctl start choird`",
+                self.socket.display(),
+                self.home.display()
+            )
+        } else if matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            anyhow::anyhow!(
+                "permission denied on {}: run choirctl as the user that runs choird",
+                self.socket.display()
+            )
+        } else {
+            anyhow::anyhow!("cannot talk to choird on {}: {e}", self.socket.display())
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! `choirctl`: the operator's command line for choird. Stateless: every command
+//! is one or a few admin API calls over choird's Unix socket. Human-readable
+//! output by default, `--json` for scripts.
+
+mod client;
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use choir_common::admin::{
+    AgentList, AgentSummary, ChatRequest, ChatResponse, EventsResponse, StatusResponse,
+};
+use serde_json::Value;
+
+use client::Client;
+
+const USAGE: &str = "\
+usage: choirctl [--home DIR] [--json] COMMAND
+
+commands:
+  status                        choird's state and its agents
+  agent list                    configured agents
+  agent status ID               one agent: state, session, lanes
+  agent start ID                start an agent
+  agent stop ID                 stop an agent (finishes its current message)
+  agent events ID [--after N]   the agent's replicated commit log
+  chat ID [MESSAGE]             send MESSAGE and print the answer; without
+                                MESSAGE, read messages line by line
+  audit [--agent ID] [--limit N]  the audit trail
+
+DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("choirctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+struct Ctx {
+    client: Client,
+    json: bool,
+}
+
+fn real_main() -> anyhow::Result<()> {
+    use lexopt::prelude::*;
+    let mut home: Option<PathBuf> = None;
+    let mut json = false;
+    let mut words: Vec<String> = Vec::new();
+    let mut after: u64 = 0;
+    let mut limit: u64 = 100;
+    let mut agent_filter: Option<String> = None;
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("home") => home = Some(parser.value()?.into()),
+            Long("json") => json = true,
+            Long("after") => after = parser.value()?.parse()?,
+            Long("limit") => limit = parser.value()?.parse()?,
+            Long("agent") => agent_filter = Some(parser.value()?.string()?),
+            Long("help") | Short('h') => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            Long("version") | Short('V') => {
+                println!("choirctl {}", env!("CARGO_PKG_VERSION"));
+                return Ok(());
+            }
+            Value(v) => words.push(v.string()?),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let home = home
+        .or_else(|| std::env::var_os("CHOIR_HOME").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
+        .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
+    let ctx = Ctx {
+        client: Client::new(&home),
+        json,
+    };
+    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    match w.as_slice() {
+        ["status"] => status(&ctx),
+        ["agent", "list"] => agent_list(&ctx),
+        ["agent", "status", id] => agent_status(&ctx, id),
+        ["agent", "start", id] => agent_action(&ctx, id, "start"),
+        ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
+        ["agent", "events", id] => events(&ctx, id, after),
+        ["chat", id] => chat_repl(&ctx, id),
+        ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
+        ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
+        [] => anyhow::bail!("no command given\n{USAGE}"),
+        _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn agents_table(agents: &[AgentSummary]) {
+    if agents.is_empty() {
+        println!("no agents configured (add one under \"agents\" in config.json)");
+        return;
+    }
+    println!(
+        "{:<16} {:<8} {:<9} {:>8} {:>8} {:>9}  LAST EXIT",
+        "AGENT", "RUNTIME", "STATE", "SESSION", "PID", "COMMITS"
+    );
+    for a in agents {
+        println!(
+            "{:<16} {:<8} {:<9} {:>8} {:>8} {:>9}  {}",
+            a.id,
+            a.runtime,
+            a.state,
+            a.session_id
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            a.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            a.replicated_seq,
+            a.last_exit.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+fn status(ctx: &Ctx) -> anyhow::Result<()> {
+    let s: StatusResponse = ctx.client.get("status")?;
+    if ctx.json {
+        return print_json(&s);
+    }
+    println!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
+    println!("home:     {}", s.home);
+    println!("database: {}", s.database);
+    println!();
+    agents_table(&s.agents);
+    Ok(())
+}
+
+fn agent_list(ctx: &Ctx) -> anyhow::Result<()> {
+    let l: AgentList = ctx.client.get("agents")?;
+    if ctx.json {
+        return print_json(&l);
+    }
+    agents_table(&l.agents);
+    Ok(())
+}
+
+fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let a: AgentSummary = ctx.client.get(&format!("agents/{id}"))?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    agents_table(std::slice::from_ref(&a));
+    if let Some(s) = &a.session_state {
+        println!("\nsession state: {s}");
+    }
+    if let Some(ms) = a.last_heartbeat_ms {
+        println!("last heartbeat: {ms} ms ago");
+    }
+    if !a.lanes.is_empty() {
+        println!(
+            "\n{:<12} {:<14} {:>6} {:>8}",
+            "LANE", "STATE", "STEPS", "TOKENS"
+        );
+        for l in &a.lanes {
+            println!(
+                "{:<12} {:<14} {:>6} {:>8}",
+                l.lane, l.state, l.steps, l.tokens
+            );
+        }
+    }
+    Ok(())
+}
+
+fn agent_action(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
+    let a: AgentSummary = ctx
+        .client
+        .post(&format!("agents/{id}/{action}"), &serde_json::json!({}))?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    match action {
+        "start" => println!(
+            "agent {} started ({} runtime, session {})",
+            a.id,
+            a.runtime,
+            a.session_id.unwrap_or(0)
+        ),
+        _ => println!("agent {} stopped", a.id),
+    }
+    Ok(())
+}
+
+fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
+    let r: EventsResponse = ctx
+        .client
+        .get(&format!("agents/{id}/events?after={after}"))?;
+    if ctx.json {
+        return print_json(&r);
+    }
+    if r.events.is_empty() {
+        println!("no committed events after {after}");
+        return Ok(());
+    }
+    for e in &r.events {
+        let input = serde_json::to_string(&e.input)?;
+        let input: String = if input.chars().count() > 100 {
+            input.chars().take(97).collect::<String>() + "..."
+        } else {
+            input
+        };
+        println!(
+            "#{:<4} {:<6} {:<16} {:<9} {:>7} µs  {}",
+            e.seq,
+            e.lane,
+            e.tool,
+            format!("{:?}", e.outcome).to_lowercase(),
+            e.duration_us,
+            input
+        );
+    }
+    println!(
+        "chain: {} ({} events, head {})",
+        if r.chain_ok { "intact" } else { "BROKEN" },
+        r.events.len(),
+        r.events.last().map(|e| &e.hash[..16]).unwrap_or("-")
+    );
+    Ok(())
+}
+
+fn chat_once(ctx: &Ctx, id: &str, message: &str) -> anyhow::Result<()> {
+    let req = ChatRequest {
+        text: message.to_owned(),
+        conversation: None,
+        timeout_s: None,
+    };
+    let r: ChatResponse = ctx.client.post(&format!("agents/{id}/chat"), &req)?;
+    if ctx.json {
+        return print_json(&r);
+    }
+    println!("{}", r.reply);
+    Ok(())
+}
+
+fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
+    let interactive = rustix_isatty();
+    loop {
+        if interactive {
+            print!("you> ");
+            std::io::stdout().flush()?;
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if matches!(line, "/quit" | "/exit") {
+            return Ok(());
+        }
+        match ctx.client.post::<_, ChatResponse>(
+            &format!("agents/{id}/chat"),
+            &ChatRequest {
+                text: line.to_owned(),
+                conversation: None,
+                timeout_s: None,
+            },
+        ) {
+            Ok(r) if ctx.json => print_json(&r)?,
+            Ok(r) => println!("{id}> {}", r.reply),
+            Err(e) => eprintln!("choirctl: {e:#}"),
+        }
+    }
+}
+
+fn rustix_isatty() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+}
+
+fn audit(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
+    let mut path = format!("audit?limit={limit}");
+    if let Some(a) = agent {
+        path.push_str(&format!("&agent={a}"));
+    }
+    let v: Value = ctx.client.get(&path)?;
+    if ctx.json {
+        return print_json(&v);
+    }
+    for r in v["records"].as_array().into_iter().flatten() {
+        println!(
+            "{} {:<10} {:<10} {:<16} {:<12} {}",
+            r["at"].as_str().unwrap_or(""),
+            r["actor"].as_str().unwrap_or(""),
+            r["agent_id"].as_str().unwrap_or("-"),
+            r["action"].as_str().unwrap_or(""),
+            r["outcome"].as_str().unwrap_or(""),
+            r["detail"]
+        );
+    }
+    Ok(())
+}

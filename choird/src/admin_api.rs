@@ -1,0 +1,89 @@
+//! The admin API (R-RPC-4), served only on `socks/choird.sock` (0600): what
+//! choirctl talks to. Every state-changing call is audited with actor `admin`.
+
+use std::time::Duration;
+
+use choir_common::admin::{AgentList, ChatRequest, EventsResponse, StatusResponse};
+use choir_common::commit::{verify_extension, ChainHead};
+use choir_common::ids::AgentId;
+
+use crate::daemon::Daemon;
+use crate::http::{ApiError, Request, Response};
+
+/// Answers `/admin/v1/...`.
+pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, ApiError> {
+    let rest = req.path.strip_prefix("/admin/v1/").unwrap_or("");
+    let parts: Vec<&str> = rest.split('/').collect();
+    match (req.method.as_str(), parts.as_slice()) {
+        ("GET", ["status"]) => Ok(Response::ok(&StatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            uptime_s: d.uptime_s(),
+            home: d.home.root().display().to_string(),
+            database: d.database.clone(),
+            kill_switch: false,
+            agents: d.summaries(),
+        })),
+        ("GET", ["agents"]) => Ok(Response::ok(&AgentList {
+            agents: d.summaries(),
+        })),
+        ("GET", ["agents", id]) => Ok(Response::ok(&d.summary(id)?)),
+        ("POST", ["agents", id, "start"]) => Ok(Response::ok(&d.start_agent(id, "admin")?)),
+        ("POST", ["agents", id, "stop"]) => Ok(Response::ok(&d.stop_agent(id, "admin")?)),
+        ("POST", ["agents", id, "chat"]) => {
+            let chat: ChatRequest = req.json()?;
+            let conversation = chat.conversation.unwrap_or_else(|| "cli".to_owned());
+            let timeout = Duration::from_secs(chat.timeout_s.unwrap_or(300).clamp(1, 3600));
+            Ok(Response::ok(&d.chat(
+                id,
+                &chat.text,
+                &conversation,
+                "choirctl",
+                timeout,
+            )?))
+        }
+        ("GET", ["agents", id, "events"]) => {
+            let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let after: u64 = parse_num(req.query("after"), 0)?;
+            let limit: i64 = parse_num(req.query("limit"), 1000)?;
+            let events = d.store.events(&id, after, limit.clamp(1, 10_000))?;
+            // The first event links to its stored predecessor's hash.
+            let start = match events.first() {
+                Some(first) => ChainHead {
+                    seq: first.seq - 1,
+                    hash: first.prev_hash.clone(),
+                },
+                None => ChainHead::genesis(),
+            };
+            let chain_ok = events
+                .first()
+                .is_none_or(|f| after == 0 && f.seq == 1 || after > 0)
+                && verify_extension(&start, &events).is_ok();
+            Ok(Response::ok(&EventsResponse { events, chain_ok }))
+        }
+        ("GET", ["audit"]) => {
+            let agent = req
+                .query("agent")
+                .map(AgentId::parse)
+                .transpose()
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let limit: i64 = parse_num(req.query("limit"), 100)?;
+            Ok(Response::ok(
+                &serde_json::json!({"records": d.store.audit_rows(agent.as_ref(), limit.clamp(1, 10_000))?}),
+            ))
+        }
+        _ => Err(ApiError::NotFound(format!(
+            "no admin endpoint {} {}",
+            req.method, req.path
+        ))),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(v: Option<&str>, default: T) -> Result<T, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(s) => s
+            .parse()
+            .map_err(|_| ApiError::BadRequest(format!("{s:?} is not a number"))),
+    }
+}

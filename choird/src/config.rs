@@ -1,0 +1,467 @@
+//! `config.json`: choird's static configuration, the source of truth for which
+//! agents exist and where every external endpoint is. Parsed strictly (unknown
+//! fields are errors) and validated before anything starts; every error names
+//! the offending field by its dotted path.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use choir_common::ids::AgentId;
+use serde::{Deserialize, Serialize};
+
+use crate::home::Home;
+use crate::secrets::Secrets;
+
+/// The file choird writes on first start: a process-runtime setup with an
+/// OpenAI endpoint and no agents, valid as it stands.
+pub const STARTER_CONFIG: &str = r#"{
+  "runtime": "process",
+  "llm": {
+    "edge": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini", "api_key_secret": "openai_api_key" },
+    "core": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o", "api_key_secret": "openai_api_key" }
+  },
+  "agents": {}
+}
+"#;
+
+/// How agents are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// A hardened Docker container per agent.
+    Docker,
+    /// A plain child process: unsandboxed, for development.
+    Process,
+}
+
+impl RuntimeKind {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Docker => "docker",
+            RuntimeKind::Process => "process",
+        }
+    }
+}
+
+/// An OpenAI-compatible endpoint for one lane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmEndpoint {
+    /// Base URL including the version, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Model name sent upstream.
+    pub model: String,
+    /// Name of the API key in `secrets.json`; absent for keyless local servers.
+    #[serde(default)]
+    pub api_key_secret: Option<String>,
+    /// Upstream timeout in seconds.
+    #[serde(default = "default_llm_timeout")]
+    pub timeout_s: u64,
+}
+
+fn default_llm_timeout() -> u64 {
+    120
+}
+
+/// Endpoints per lane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// The fast, user-facing lane.
+    pub edge: LlmEndpoint,
+    /// Core jobs.
+    pub core: LlmEndpoint,
+}
+
+/// Per-agent model overrides.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOverrides {
+    /// Edge model.
+    #[serde(default)]
+    pub edge: Option<String>,
+    /// Core model.
+    #[serde(default)]
+    pub core: Option<String>,
+}
+
+/// Container resource limits (used by the docker runtime).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Memory limit in MiB.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+    /// CPU share (1.0 = one core).
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    /// Maximum number of processes.
+    #[serde(default = "default_pids")]
+    pub pids: u64,
+}
+
+fn default_memory_mb() -> u64 {
+    1024
+}
+fn default_cpus() -> f64 {
+    1.0
+}
+fn default_pids() -> u64 {
+    256
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            memory_mb: default_memory_mb(),
+            cpus: default_cpus(),
+            pids: default_pids(),
+        }
+    }
+}
+
+/// One agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Persistent workspace directory; default `<home>/workspaces/<id>`.
+    #[serde(default)]
+    pub workspace: Option<PathBuf>,
+    /// Model overrides per lane.
+    #[serde(default)]
+    pub models: ModelOverrides,
+    /// Names of secrets (in `secrets.json`) bound to this agent.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Start with choird.
+    #[serde(default)]
+    pub autostart: bool,
+    /// Model steps the edge lane may take for one message.
+    #[serde(default = "default_max_steps")]
+    pub max_steps_per_turn: u32,
+    /// Total LLM tokens one session may spend through the relay (none = unlimited).
+    #[serde(default)]
+    pub llm_token_budget: Option<u64>,
+}
+
+fn default_max_steps() -> u32 {
+    16
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            workspace: None,
+            models: ModelOverrides::default(),
+            secrets: Vec::new(),
+            resources: Resources::default(),
+            autostart: false,
+            max_steps_per_turn: default_max_steps(),
+            llm_token_budget: None,
+        }
+    }
+}
+
+/// The whole `config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// How agents run.
+    #[serde(default = "default_runtime")]
+    pub runtime: RuntimeKind,
+    /// External Postgres (`postgres://...` or key=value); none = managed cluster.
+    #[serde(default)]
+    pub database_url: Option<String>,
+    /// Directory with `initdb`, `pg_ctl` (managed cluster); default: newest
+    /// `/usr/lib/postgresql/*/bin`.
+    #[serde(default)]
+    pub postgres_bin_dir: Option<PathBuf>,
+    /// Also serve the agent RPC on TCP at this address (loopback unless
+    /// `http_allow_non_loopback`).
+    #[serde(default)]
+    pub http_listen: Option<String>,
+    /// Allow `http_listen` on a non-loopback address.
+    #[serde(default)]
+    pub http_allow_non_loopback: bool,
+    /// The `choir-agent` binary for the process runtime; default: next to choird,
+    /// then `PATH`.
+    #[serde(default)]
+    pub agent_binary: Option<PathBuf>,
+    /// LLM endpoints.
+    pub llm: LlmConfig,
+    /// Agents by id.
+    #[serde(default)]
+    pub agents: BTreeMap<AgentId, AgentConfig>,
+}
+
+fn default_runtime() -> RuntimeKind {
+    RuntimeKind::Process
+}
+
+/// A configuration problem, naming the file and field.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {field}: {reason}")]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// Dotted path of the field (`.` for the whole document).
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Config {
+    /// Reads, parses and validates `config.json`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            field: ".".into(),
+            reason: e.to_string(),
+        })?;
+        Config::parse(&text).map_err(|(field, reason)| ConfigError {
+            file,
+            field,
+            reason,
+        })
+    }
+
+    /// Parses and validates a document; the error is (field, reason).
+    pub fn parse(text: &str) -> Result<Config, (String, String)> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            (field, e.into_inner().to_string())
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let e = |field: &str, reason: &str| Err((field.to_owned(), reason.to_owned()));
+        for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
+            if !(ep.base_url.starts_with("http://") || ep.base_url.starts_with("https://")) {
+                return e(
+                    &format!("llm.{lane}.base_url"),
+                    "must start with http:// or https://",
+                );
+            }
+            if ep.model.trim().is_empty() {
+                return e(&format!("llm.{lane}.model"), "must not be empty");
+            }
+            if ep.timeout_s == 0 {
+                return e(&format!("llm.{lane}.timeout_s"), "must be at least 1");
+            }
+        }
+        if let Some(listen) = &self.http_listen {
+            match listen.parse::<SocketAddr>() {
+                Err(_) => return e("http_listen", "must be an address like 127.0.0.1:9400"),
+                Ok(addr) if !addr.ip().is_loopback() && !self.http_allow_non_loopback => {
+                    return e(
+                        "http_listen",
+                        "is not a loopback address; set http_allow_non_loopback to true if you really mean it",
+                    )
+                }
+                Ok(_) => {}
+            }
+        }
+        if self
+            .database_url
+            .as_deref()
+            .is_some_and(|u| u.trim().is_empty())
+        {
+            return e(
+                "database_url",
+                "must not be empty (remove it to use the managed cluster)",
+            );
+        }
+        for (id, agent) in &self.agents {
+            let at = |f: &str| format!("agents.{id}.{f}");
+            if let Some(ws) = &agent.workspace {
+                if !ws.is_absolute() {
+                    return e(&at("workspace"), "must be an absolute path");
+                }
+            }
+            if agent.max_steps_per_turn == 0 || agent.max_steps_per_turn > 256 {
+                return e(&at("max_steps_per_turn"), "must be between 1 and 256");
+            }
+            let r = &agent.resources;
+            if r.memory_mb < 64 {
+                return e(&at("resources.memory_mb"), "must be at least 64");
+            }
+            if !(r.cpus > 0.0 && r.cpus <= 1024.0) {
+                return e(&at("resources.cpus"), "must be greater than 0");
+            }
+            if r.pids < 16 {
+                return e(&at("resources.pids"), "must be at least 16");
+            }
+            for (i, s) in agent.secrets.iter().enumerate() {
+                if s.is_empty() {
+                    return e(&at(&format!("secrets[{i}]")), "must not be empty");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cross-checks against `secrets.json`: names referenced but missing are
+    /// reported as warnings (a secret can be added later; the tool or lane that
+    /// needs it reports the gap when used).
+    pub fn missing_secrets(&self, secrets: &Secrets) -> Vec<String> {
+        let mut out = Vec::new();
+        for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
+            if let Some(name) = &ep.api_key_secret {
+                if !secrets.contains(name) {
+                    out.push(format!(
+                        "llm.{lane}.api_key_secret: secret {name:?} is not in secrets.json"
+                    ));
+                }
+            }
+        }
+        for (id, agent) in &self.agents {
+            for (i, name) in agent.secrets.iter().enumerate() {
+                if !secrets.contains(name) {
+                    out.push(format!(
+                        "agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The workspace directory of an agent.
+    pub fn workspace(&self, home: &Home, id: &AgentId) -> PathBuf {
+        self.agents
+            .get(id)
+            .and_then(|a| a.workspace.clone())
+            .unwrap_or_else(|| home.default_workspace(id))
+    }
+
+    /// The model for an agent's lane, with overrides applied.
+    pub fn model(&self, id: &AgentId, lane: Lane) -> String {
+        let over = self.agents.get(id).map(|a| &a.models);
+        match lane {
+            Lane::Edge => over
+                .and_then(|o| o.edge.clone())
+                .unwrap_or_else(|| self.llm.edge.model.clone()),
+            Lane::Core => over
+                .and_then(|o| o.core.clone())
+                .unwrap_or_else(|| self.llm.core.model.clone()),
+        }
+    }
+
+    /// The endpoint of a lane.
+    pub fn endpoint(&self, lane: Lane) -> &LlmEndpoint {
+        match lane {
+            Lane::Edge => &self.llm.edge,
+            Lane::Core => &self.llm.core,
+        }
+    }
+}
+
+/// The two kinds of lane, as far as model routing goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// User-facing.
+    Edge,
+    /// Long work.
+    Core,
+}
+
+impl Lane {
+    /// Parses `edge` / `core`.
+    pub fn parse(s: &str) -> Option<Lane> {
+        match s {
+            "edge" => Some(Lane::Edge),
+            "core" => Some(Lane::Core),
+            _ => None,
+        }
+    }
+
+    /// The name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Edge => "edge",
+            Lane::Core => "core",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_starter_config_is_valid() {
+        let c = Config::parse(STARTER_CONFIG).unwrap();
+        assert_eq!(c.runtime, RuntimeKind::Process);
+        assert!(c.agents.is_empty());
+    }
+
+    fn field_of(text: &str) -> String {
+        Config::parse(text).unwrap_err().0
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let llm = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"}}"#;
+        assert_eq!(
+            field_of(&format!(
+                r#"{{{llm}, "agents": {{"demo": {{"max_steps_per_turn": "many"}}}}}}"#
+            )),
+            "agents.demo.max_steps_per_turn"
+        );
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "runtime": "vm"}}"#)),
+            "runtime"
+        );
+        assert_eq!(field_of(&format!(r#"{{{llm}, "bogus": 1}}"#)), ".");
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "http_listen": "0.0.0.0:9400"}}"#)),
+            "http_listen"
+        );
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "agents": {{"Bad Id": {{}}}}}}"#)),
+            "agents"
+        );
+        assert_eq!(
+            field_of(&format!(
+                r#"{{{llm}, "agents": {{"a": {{"workspace": "rel"}}}}}}"#
+            )),
+            "agents.a.workspace"
+        );
+        assert_eq!(
+            field_of(
+                r#"{"llm": {"edge": {"base_url": "ftp://x", "model": "m"}, "core": {"base_url": "http://x", "model": "m"}}}"#
+            ),
+            "llm.edge.base_url"
+        );
+        assert_eq!(
+            field_of(r#"{"llm": {"edge": {"base_url": "http://x", "model": 5}}}"#),
+            "llm.edge.model"
+        );
+    }
+
+    #[test]
+    fn unknown_field_message_lists_it() {
+        let err = Config::parse(r#"{"llm": {"edge": {"base_url": "http://x", "model": "m", "key": 1}, "core": {"base_url": "http://x", "model": "m"}}}"#).unwrap_err();
+        assert_eq!(err.0, "llm.edge");
+        assert!(err.1.contains("unknown field `key`"), "{}", err.1);
+    }
+
+    #[test]
+    fn missing_secrets_are_listed() {
+        let c = Config::parse(STARTER_CONFIG).unwrap();
+        assert_eq!(
+            c.missing_secrets(&Secrets::from_pairs(&[("openai_api_key", "k")])),
+            Vec::<String>::new()
+        );
+        assert_eq!(c.missing_secrets(&Secrets::default()).len(), 2);
+    }
+}

@@ -1,0 +1,1000 @@
+//! choird's shared state and the agent lifecycle: which agents run, their
+//! sessions (leases), message queues and the waiters for their answers.
+//!
+//! One mutex (`agents`) guards all per-agent state, with one condition variable
+//! (`changed`) that long-polling HEARTBEATs and stopping admins wait on.
+//! **Invariant:** no database call is made while `agents` is held, so a slow
+//! database never stalls authentication or other agents.
+//! **Invariant:** at most one session per agent is live (invariant 11); a start
+//! while one is live is refused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use choir_common::admin::{AgentSummary, ChatResponse};
+use choir_common::ids::AgentId;
+use choir_common::rpc::{
+    Bindings, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest,
+    InitHelloResponse, LaneModels, RecoverySnapshot, ReportStatusRequest,
+};
+use crossbeam_channel::{bounded, Sender};
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, Lane, RuntimeKind};
+use crate::home::Home;
+use crate::http::{ApiError, ListenerKind};
+use crate::secrets::Secrets;
+use crate::store::{ReplicationError, Store};
+
+/// A HEARTBEAT may be held at most this long waiting for messages.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The lease lapses when no HEARTBEAT arrives for this long.
+pub const LEASE_TTL: Duration = Duration::from_secs(60);
+/// Agent RPC rate limit: sustained requests per second, per agent.
+const RATE_PER_S: f64 = 50.0;
+/// Agent RPC rate limit: burst size.
+const RATE_BURST: f64 = 200.0;
+/// Messages handed out per HEARTBEAT.
+const BATCH: i64 = 32;
+
+/// Lifecycle phase of an agent, as choird sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// No live session.
+    #[default]
+    Stopped,
+    /// Started, waiting for INIT_HELLO.
+    Starting,
+    /// INIT_HELLO done.
+    Running,
+    /// Asked to stop, not gone yet.
+    Stopping,
+}
+
+impl Phase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Phase::Stopped => "stopped",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+/// A token bucket.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new() -> Bucket {
+        Bucket {
+            tokens: RATE_BURST,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one token, or says how long until one is available.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE_PER_S).min(RATE_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / RATE_PER_S))
+        }
+    }
+}
+
+/// A live lease.
+struct Session {
+    id: i64,
+    token_sha256: [u8; 32],
+    pid: Option<u32>,
+    last_seen: Instant,
+    /// Highest message id handed to this session.
+    delivered_upto: u64,
+    stop: bool,
+    terminated: bool,
+    tokens_used: u64,
+    bucket: Bucket,
+}
+
+#[derive(Default)]
+struct AgentSlot {
+    phase: Phase,
+    session: Option<Session>,
+    last_session: Option<i64>,
+    last_exit: Option<String>,
+    status: Option<ReportStatusRequest>,
+    replicated_seq: u64,
+    /// Chat requests waiting for the answer to a message id.
+    waiters: HashMap<u64, Sender<Result<String, String>>>,
+    /// Bumped whenever a long-poll of this agent should look again.
+    wake: u64,
+}
+
+/// The caller of an agent RPC, once its token checked out.
+#[derive(Debug, Clone)]
+pub struct Authed {
+    /// The agent.
+    pub agent: AgentId,
+    /// Its session.
+    pub session: i64,
+}
+
+/// choird's state, shared by every thread.
+pub struct Daemon {
+    /// The state directory.
+    pub home: Home,
+    config: RwLock<Arc<Config>>,
+    secrets: RwLock<Arc<Secrets>>,
+    /// The database.
+    pub store: Store,
+    /// How the database is provided, for `status`.
+    pub database: String,
+    started: Instant,
+    config_version: AtomicU64,
+    agents: Mutex<BTreeMap<AgentId, AgentSlot>>,
+    changed: Condvar,
+    /// Set once shutdown begins.
+    pub shutting_down: AtomicBool,
+    /// HTTP client for upstream LLM calls.
+    pub upstream: ureq::Agent,
+    agent_binary: PathBuf,
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+fn random_token() -> Result<String, ApiError> {
+    let mut buf = [0u8; 32];
+    getrandom::fill(&mut buf).map_err(|e| ApiError::Internal(format!("no randomness: {e}")))?;
+    Ok(hex::encode(buf))
+}
+
+impl Daemon {
+    /// Builds the state for a loaded config.
+    pub fn new(
+        home: Home,
+        config: Config,
+        secrets: Secrets,
+        store: Store,
+        database: String,
+        agent_binary: PathBuf,
+    ) -> Daemon {
+        let agents = config
+            .agents
+            .keys()
+            .map(|id| (id.clone(), AgentSlot::default()))
+            .collect();
+        let upstream = ureq::Agent::new_with_config(
+            ureq::config::Config::builder()
+                .http_status_as_error(false)
+                .build(),
+        );
+        Daemon {
+            home,
+            config: RwLock::new(Arc::new(config)),
+            secrets: RwLock::new(Arc::new(secrets)),
+            store,
+            database,
+            started: Instant::now(),
+            config_version: AtomicU64::new(1),
+            agents: Mutex::new(agents),
+            changed: Condvar::new(),
+            shutting_down: AtomicBool::new(false),
+            upstream,
+            agent_binary,
+        }
+    }
+
+    /// The current config.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().clone()
+    }
+
+    /// The current secrets.
+    pub fn secrets(&self) -> Arc<Secrets> {
+        self.secrets.read().clone()
+    }
+
+    /// Seconds since start.
+    pub fn uptime_s(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Replaces config and secrets (SIGHUP). Agents that were added become
+    /// startable; removed agents keep running until stopped. Bumps the config
+    /// version so agents refetch their dynamic config.
+    pub fn reload(&self, config: Config, secrets: Secrets) {
+        let mut agents = self.agents.lock();
+        for id in config.agents.keys() {
+            agents.entry(id.clone()).or_default();
+        }
+        drop(agents);
+        *self.config.write() = Arc::new(config);
+        *self.secrets.write() = Arc::new(secrets);
+        self.config_version.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// Writes an audit record; a database failure is logged, not propagated,
+    /// so auditing never turns an answer into an error.
+    pub fn audit(
+        &self,
+        actor: &str,
+        agent: Option<&AgentId>,
+        action: &str,
+        outcome: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self.store.audit(actor, agent, action, outcome, &detail) {
+            log::error!("audit record lost ({action} {outcome}): {e}");
+        }
+    }
+
+    fn known(&self, id: &str) -> Result<AgentId, ApiError> {
+        let config = self.config();
+        let names = || {
+            config
+                .agents
+                .keys()
+                .map(AgentId::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        if !config.agents.contains_key(&id) {
+            return Err(ApiError::NotFound(format!(
+                "no agent {:?} in config.json (configured: {})",
+                id.as_str(),
+                if config.agents.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names()
+                }
+            )));
+        }
+        Ok(id)
+    }
+
+    // ----- agent RPC -------------------------------------------------------
+
+    /// Checks a lease token, and the per-agent rate limit. Failures are audited.
+    pub fn authenticate(
+        &self,
+        kind: &ListenerKind,
+        bearer: Option<&str>,
+        what: &str,
+    ) -> Result<Authed, ApiError> {
+        let deny = |reason: &str| {
+            let listener = match kind {
+                ListenerKind::Admin => "choird.sock".to_owned(),
+                ListenerKind::Agent(id) => format!("agents/{id}.sock"),
+                ListenerKind::Tcp => "tcp".to_owned(),
+            };
+            self.audit(
+                "agent-rpc",
+                None,
+                what,
+                "unauthorized",
+                json!({"listener": listener, "reason": reason}),
+            );
+            ApiError::Unauthorized(format!(
+                "{reason}: every agent RPC needs the lease token of a live session"
+            ))
+        };
+        let Some(token) = bearer else {
+            return Err(deny("missing bearer token"));
+        };
+        let digest = sha256(token.as_bytes());
+        let mut agents = self.agents.lock();
+        // Comparing digests, not tokens: timing reveals nothing useful about the token.
+        let found = agents.iter_mut().find_map(|(id, slot)| {
+            let s = slot.session.as_mut()?;
+            (s.token_sha256 == digest && !s.terminated).then_some((id.clone(), s))
+        });
+        let Some((agent, session)) = found else {
+            drop(agents);
+            return Err(deny("unknown or expired lease token"));
+        };
+        if let ListenerKind::Agent(owner) = kind {
+            if *owner != agent {
+                drop(agents);
+                return Err(deny("token belongs to another agent's socket"));
+            }
+        }
+        if let Err(wait) = session.bucket.take() {
+            return Err(ApiError::RateLimited {
+                message: format!("agent {agent} is over its RPC rate limit ({RATE_PER_S}/s)"),
+                retry_after_s: Some(wait.as_secs().max(1)),
+            });
+        }
+        session.last_seen = Instant::now();
+        Ok(Authed {
+            agent,
+            session: session.id,
+        })
+    }
+
+    /// INIT_HELLO: binds the session and hands out the recovery snapshot.
+    pub fn init_hello(
+        &self,
+        who: &Authed,
+        req: &InitHelloRequest,
+    ) -> Result<InitHelloResponse, ApiError> {
+        if req.agent_id != who.agent.as_str() {
+            self.audit(
+                "agent-rpc",
+                Some(&who.agent),
+                "INIT_HELLO",
+                "refused",
+                json!({"claimed": req.agent_id}),
+            );
+            return Err(ApiError::Forbidden(format!(
+                "this lease belongs to agent {}, not {:?}",
+                who.agent, req.agent_id
+            )));
+        }
+        if req.protocol_version != choir_common::PROTOCOL_VERSION {
+            return Err(ApiError::BadRequest(format!(
+                "protocol version {} not supported (choird speaks {}); rebuild the agent",
+                req.protocol_version,
+                choir_common::PROTOCOL_VERSION
+            )));
+        }
+        let (head, processed) = self.store.agent_position(&who.agent)?;
+        self.store.session_hello(who.session)?;
+        let config = self.config();
+        // An agent removed from config while running still gets a valid answer.
+        let agent_cfg = config.agents.get(&who.agent).cloned().unwrap_or_default();
+        {
+            let mut agents = self.agents.lock();
+            if let Some(slot) = agents.get_mut(&who.agent) {
+                if slot.phase == Phase::Starting {
+                    slot.phase = Phase::Running;
+                }
+                slot.replicated_seq = head.seq;
+                if let Some(s) = slot.session.as_mut() {
+                    s.delivered_upto = processed;
+                }
+            }
+        }
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "INIT_HELLO",
+            "ok",
+            json!({"session": who.session, "agent_version": req.agent_version, "local_head": req.local_head.seq, "replicated_head": head.seq}),
+        );
+        Ok(InitHelloResponse {
+            session_id: who.session,
+            agent_id: who.agent.to_string(),
+            bindings: Bindings {
+                secrets: agent_cfg.secrets.clone(),
+                models: LaneModels {
+                    edge: config.model(&who.agent, Lane::Edge),
+                    core: config.model(&who.agent, Lane::Core),
+                },
+            },
+            recovery: RecoverySnapshot {
+                replicated_head: head,
+                processed_upto: processed,
+            },
+            config: self.dynamic_config(&who.agent),
+            lease_ttl_ms: LEASE_TTL.as_millis() as u64,
+        })
+    }
+
+    /// The hot-reloadable config of one agent.
+    pub fn dynamic_config(&self, id: &AgentId) -> DynamicConfig {
+        let config = self.config();
+        DynamicConfig {
+            version: self.config_version.load(Ordering::SeqCst),
+            kill_switch: false,
+            max_steps_per_turn: config
+                .agents
+                .get(id)
+                .map(|a| a.max_steps_per_turn)
+                .unwrap_or(16),
+        }
+    }
+
+    /// GET_SECRETS: values of secrets bound to the agent, and nothing else.
+    pub fn get_secrets(
+        &self,
+        who: &Authed,
+        names: &[String],
+    ) -> Result<BTreeMap<String, String>, ApiError> {
+        let config = self.config();
+        let bound = config
+            .agents
+            .get(&who.agent)
+            .map(|a| a.secrets.clone())
+            .unwrap_or_default();
+        let secrets = self.secrets();
+        let mut out = BTreeMap::new();
+        for name in names {
+            if !bound.contains(name) {
+                self.audit(
+                    "agent-rpc",
+                    Some(&who.agent),
+                    "GET_SECRETS",
+                    "refused",
+                    json!({"name": name}),
+                );
+                return Err(ApiError::Forbidden(format!(
+                    "secret {name:?} is not bound to agent {}",
+                    who.agent
+                )));
+            }
+            match secrets.get(name) {
+                Some(v) => {
+                    out.insert(name.clone(), v.to_owned());
+                }
+                None => {
+                    return Err(ApiError::NotFound(format!(
+                        "secret {name:?} is bound to agent {} but not set in secrets.json",
+                        who.agent
+                    )))
+                }
+            }
+        }
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "GET_SECRETS",
+            "ok",
+            json!({"names": names}),
+        );
+        Ok(out)
+    }
+
+    /// HEARTBEAT: stores replicated events and replies, then hands out new
+    /// messages, waiting up to `wait_ms` for some to arrive.
+    pub fn heartbeat(
+        &self,
+        who: &Authed,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, ApiError> {
+        let acked = if req.events.is_empty() {
+            None
+        } else {
+            match self
+                .store
+                .append_events(&who.agent, who.session, &req.events)
+            {
+                Ok(seq) => Some(seq),
+                Err(ReplicationError::Chain(e)) => {
+                    log::error!("ALERT: agent {}: {e}; replication refused", who.agent);
+                    self.audit(
+                        "agent-rpc",
+                        Some(&who.agent),
+                        "HEARTBEAT",
+                        "chain_refused",
+                        json!({"error": e.to_string()}),
+                    );
+                    return Err(ApiError::Conflict(format!("commit log refused: {e}")));
+                }
+                Err(ReplicationError::Db(e)) => return Err(e.into()),
+            }
+        };
+        let new_replies = if req.replies.is_empty() && req.processed_upto == 0 {
+            Vec::new()
+        } else {
+            self.store
+                .record_replies(&who.agent, &req.replies, req.processed_upto)?
+        };
+
+        let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
+        let mut agents = self.agents.lock();
+        let slot = agents
+            .get_mut(&who.agent)
+            .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+        if let Some(seq) = acked {
+            slot.replicated_seq = seq;
+        }
+        for r in new_replies {
+            if let Some(w) = slot.waiters.remove(&r.in_reply_to) {
+                let _ = w.send(Ok(r.text));
+            }
+        }
+        let acked_seq = slot.replicated_seq;
+        loop {
+            let slot = agents
+                .get_mut(&who.agent)
+                .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+            let seen_wake = slot.wake;
+            let Some(session) = slot.session.as_ref().filter(|s| s.id == who.session) else {
+                return Err(ApiError::Unauthorized("the session ended".into()));
+            };
+            let (after, stop) = (session.delivered_upto, session.stop);
+            if stop {
+                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), true));
+            }
+            drop(agents);
+            let mut messages = self.store.pending_messages(&who.agent, after, BATCH)?;
+            agents = self.agents.lock();
+            let slot = agents
+                .get_mut(&who.agent)
+                .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+            if let Some(session) = slot.session.as_mut().filter(|s| s.id == who.session) {
+                // A concurrent HEARTBEAT may have handed some of these out already.
+                messages.retain(|m| m.id > session.delivered_upto);
+                if let Some(last) = messages.last() {
+                    session.delivered_upto = last.id;
+                    return Ok(self.heartbeat_reply(acked_seq, messages, false));
+                }
+            }
+            if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
+                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
+            }
+            while agents.get(&who.agent).is_some_and(|s| s.wake == seen_wake)
+                && Instant::now() < deadline
+            {
+                if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn heartbeat_reply(
+        &self,
+        acked_seq: u64,
+        messages: Vec<choir_common::rpc::InboundMessage>,
+        stop: bool,
+    ) -> HeartbeatResponse {
+        HeartbeatResponse {
+            acked_seq,
+            messages,
+            config_version: self.config_version.load(Ordering::SeqCst),
+            stop,
+        }
+    }
+
+    /// REPORT_STATUS: keeps the latest report for `choirctl agent status`.
+    pub fn report_status(&self, who: &Authed, req: ReportStatusRequest) {
+        if let Some(slot) = self.agents.lock().get_mut(&who.agent) {
+            slot.status = Some(req);
+        }
+    }
+
+    /// TERMINATE_SELF: the session ends; the token stops working at once.
+    pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), ApiError> {
+        {
+            let mut agents = self.agents.lock();
+            if let Some(s) = agents
+                .get_mut(&who.agent)
+                .and_then(|slot| slot.session.as_mut())
+            {
+                s.terminated = true;
+                s.stop = true;
+            }
+        }
+        self.changed.notify_all();
+        self.store
+            .end_session(who.session, &format!("terminated by agent: {reason}"))?;
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "TERMINATE_SELF",
+            "ok",
+            json!({"session": who.session, "reason": reason}),
+        );
+        Ok(())
+    }
+
+    /// Accounts relayed LLM tokens; refuses when the session budget is spent.
+    pub fn llm_budget_check(&self, who: &Authed) -> Result<(), ApiError> {
+        let budget = self
+            .config()
+            .agents
+            .get(&who.agent)
+            .and_then(|a| a.llm_token_budget);
+        let used = self
+            .agents
+            .lock()
+            .get(&who.agent)
+            .and_then(|s| s.session.as_ref())
+            .map(|s| s.tokens_used)
+            .unwrap_or(0);
+        match budget {
+            Some(b) if used >= b => Err(ApiError::RateLimited {
+                message: format!(
+                    "agent {} has spent its LLM budget for this session ({used} of {b} tokens)",
+                    who.agent
+                ),
+                retry_after_s: None,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Adds relayed tokens to the session's count.
+    pub fn llm_tokens_used(&self, who: &Authed, tokens: u64) {
+        if let Some(s) = self
+            .agents
+            .lock()
+            .get_mut(&who.agent)
+            .and_then(|slot| slot.session.as_mut())
+        {
+            s.tokens_used += tokens;
+        }
+    }
+
+    // ----- admin ----------------------------------------------------------
+
+    /// Summaries of every configured agent.
+    pub fn summaries(&self) -> Vec<AgentSummary> {
+        let config = self.config();
+        let agents = self.agents.lock();
+        agents
+            .iter()
+            .filter(|(id, slot)| config.agents.contains_key(*id) || slot.session.is_some())
+            .map(|(id, slot)| summary(id, slot, config.runtime))
+            .collect()
+    }
+
+    /// Summary of one agent.
+    pub fn summary(&self, id: &str) -> Result<AgentSummary, ApiError> {
+        let id = self.known(id)?;
+        let runtime = self.config().runtime;
+        let agents = self.agents.lock();
+        let slot = agents
+            .get(&id)
+            .ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
+        Ok(summary(&id, slot, runtime))
+    }
+
+    /// Starts an agent (at most one live session per agent).
+    pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+        let id = self.known(id)?;
+        let config = self.config();
+        if config.runtime == RuntimeKind::Docker {
+            return Err(ApiError::NotImplemented(
+                "runtime \"docker\" is not available in this build yet; set \"runtime\": \"process\" in config.json".into(),
+            ));
+        }
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            if slot.phase != Phase::Stopped {
+                let (sid, pid) = slot
+                    .session
+                    .as_ref()
+                    .map(|s| (s.id, s.pid))
+                    .unwrap_or((0, None));
+                self.audit(
+                    actor,
+                    Some(&id),
+                    "agent.start",
+                    "refused",
+                    json!({"reason": "already running", "session": sid}),
+                );
+                return Err(ApiError::Conflict(format!(
+                    "agent {id} is already {} (session {sid}{}); stop it first",
+                    slot.phase.as_str(),
+                    pid.map(|p| format!(", pid {p}")).unwrap_or_default()
+                )));
+            }
+            slot.phase = Phase::Starting;
+        }
+        match self.launch(&id, &config) {
+            Ok(()) => {
+                self.audit(
+                    actor,
+                    Some(&id),
+                    "agent.start",
+                    "ok",
+                    json!({"runtime": "process", "sandboxed": false}),
+                );
+                self.summary(id.as_str())
+            }
+            Err(e) => {
+                let mut agents = self.agents.lock();
+                if let Some(slot) = agents.get_mut(&id) {
+                    slot.phase = Phase::Stopped;
+                    slot.session = None;
+                    slot.last_exit = Some(format!("failed to start: {e}"));
+                }
+                drop(agents);
+                self.audit(
+                    actor,
+                    Some(&id),
+                    "agent.start",
+                    "error",
+                    json!({"error": e.to_string()}),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    fn launch(self: &Arc<Self>, id: &AgentId, config: &Config) -> Result<(), ApiError> {
+        let token = random_token()?;
+        let digest = sha256(token.as_bytes());
+        let workspace = config.workspace(&self.home, id);
+        std::fs::create_dir_all(&workspace).map_err(|e| {
+            ApiError::Internal(format!(
+                "cannot create workspace {}: {e}",
+                workspace.display()
+            ))
+        })?;
+        let (_, processed) = self.store.agent_position(id)?;
+        let session_id = self
+            .store
+            .create_session(id, RuntimeKind::Process.as_str(), &digest)?;
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            slot.last_session = Some(session_id);
+            slot.session = Some(Session {
+                id: session_id,
+                token_sha256: digest,
+                pid: None,
+                last_seen: Instant::now(),
+                delivered_upto: processed,
+                stop: false,
+                terminated: false,
+                tokens_used: 0,
+                bucket: Bucket::new(),
+            });
+        }
+        log::warn!("agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)");
+        let logfile = self.home.logs().join(format!("{id}.log"));
+        let child = crate::runtime::process::spawn(
+            &self.agent_binary,
+            id,
+            &self.home.agent_socket(id),
+            &workspace,
+            &token,
+            &logfile,
+        );
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.store.end_session(session_id, "failed to start");
+                return Err(ApiError::Internal(format!("cannot start the agent: {e}")));
+            }
+        };
+        let pid = child.id();
+        if let Some(s) = self
+            .agents
+            .lock()
+            .get_mut(id)
+            .and_then(|slot| slot.session.as_mut())
+        {
+            s.pid = Some(pid);
+        }
+        let me = self.clone();
+        let agent = id.clone();
+        std::thread::Builder::new()
+            .name(format!("wait-{id}"))
+            .spawn(move || {
+                let reason = match child.wait() {
+                    Ok(status) => format!("process exited ({status})"),
+                    Err(e) => format!("lost the process: {e}"),
+                };
+                me.on_exit(&agent, session_id, &reason);
+            })
+            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
+        Ok(())
+    }
+
+    /// Called by the supervisor when the agent's process is gone.
+    fn on_exit(&self, id: &AgentId, session_id: i64, reason: &str) {
+        {
+            let mut agents = self.agents.lock();
+            if let Some(slot) = agents.get_mut(id) {
+                if slot.session.as_ref().is_some_and(|s| s.id == session_id) {
+                    slot.session = None;
+                    slot.phase = Phase::Stopped;
+                    slot.last_exit = Some(reason.to_owned());
+                    for (_, w) in slot.waiters.drain() {
+                        let _ = w.send(Err(format!(
+                            "agent {id} stopped before answering ({reason})"
+                        )));
+                    }
+                    slot.wake += 1;
+                }
+            }
+        }
+        self.changed.notify_all();
+        log::info!("agent {id}: session {session_id} ended: {reason}");
+        if let Err(e) = self.store.end_session(session_id, reason) {
+            log::error!("cannot record the end of session {session_id}: {e}");
+        }
+        self.audit(
+            "choird",
+            Some(id),
+            "agent.exit",
+            "ok",
+            json!({"session": session_id, "reason": reason}),
+        );
+    }
+
+    /// Stops an agent: asks it (through its HEARTBEAT), then SIGTERM, then SIGKILL.
+    pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+        let id = self.known(id)?;
+        let pid = {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            let Some(session) = slot.session.as_mut() else {
+                return Err(ApiError::Conflict(format!("agent {id} is not running")));
+            };
+            session.stop = true;
+            slot.phase = Phase::Stopping;
+            slot.wake += 1;
+            session.pid
+        };
+        self.changed.notify_all();
+        let polite = self.wait_stopped(&id, Duration::from_secs(10));
+        if !polite {
+            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                log::warn!("agent {id} did not stop within 10 s; sending SIGTERM");
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                if !self.wait_stopped(&id, Duration::from_secs(5)) {
+                    log::warn!("agent {id} ignored SIGTERM; sending SIGKILL");
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    self.wait_stopped(&id, Duration::from_secs(5));
+                }
+            }
+        }
+        self.audit(
+            actor,
+            Some(&id),
+            "agent.stop",
+            "ok",
+            json!({"graceful": polite}),
+        );
+        self.summary(id.as_str())
+    }
+
+    fn wait_stopped(&self, id: &AgentId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut agents = self.agents.lock();
+        loop {
+            if agents.get(id).is_none_or(|s| s.session.is_none()) {
+                return true;
+            }
+            if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                return agents.get(id).is_none_or(|s| s.session.is_none());
+            }
+        }
+    }
+
+    /// Stops every running agent (shutdown).
+    pub fn stop_all(&self) {
+        let running: Vec<AgentId> = self
+            .agents
+            .lock()
+            .iter()
+            .filter(|(_, s)| s.session.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in running {
+            if let Err(e) = self.stop_agent(id.as_str(), "choird") {
+                log::warn!("stopping {id}: {e}");
+            }
+        }
+    }
+
+    /// Wakes every long-poll (shutdown).
+    pub fn wake_all(&self) {
+        let mut agents = self.agents.lock();
+        for slot in agents.values_mut() {
+            slot.wake += 1;
+        }
+        drop(agents);
+        self.changed.notify_all();
+    }
+
+    /// Queues a user message and waits for the agent's answer.
+    pub fn chat(
+        &self,
+        id: &str,
+        text: &str,
+        conversation: &str,
+        sender: &str,
+        timeout: Duration,
+    ) -> Result<ChatResponse, ApiError> {
+        let id = self.known(id)?;
+        if text.trim().is_empty() {
+            return Err(ApiError::BadRequest("the message is empty".into()));
+        }
+        if text.len() > 64 * 1024 {
+            return Err(ApiError::PayloadTooLarge(
+                "a message may be at most 64 KiB".into(),
+            ));
+        }
+        let running = self
+            .agents
+            .lock()
+            .get(&id)
+            .is_some_and(|s| matches!(s.phase, Phase::Starting | Phase::Running));
+        if !running {
+            return Err(ApiError::Conflict(format!(
+                "agent {id} is not running; start it with `choirctl agent start {id}`"
+            )));
+        }
+        let message_id = self.store.insert_message(&id, conversation, sender, text)?;
+        let (tx, rx) = bounded(1); // Exactly one answer per message.
+        {
+            let mut agents = self.agents.lock();
+            if let Some(slot) = agents.get_mut(&id) {
+                slot.waiters.insert(message_id, tx);
+                slot.wake += 1;
+            }
+        }
+        self.changed.notify_all();
+        // The answer may have been recorded before the waiter was registered.
+        if let Some(reply) = self.store.reply_of(&id, message_id)? {
+            self.agents
+                .lock()
+                .get_mut(&id)
+                .map(|s| s.waiters.remove(&message_id));
+            return Ok(ChatResponse { message_id, reply });
+        }
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(reply)) => Ok(ChatResponse { message_id, reply }),
+            Ok(Err(why)) => Err(ApiError::Unavailable(why)),
+            Err(_) => {
+                self.agents
+                    .lock()
+                    .get_mut(&id)
+                    .map(|s| s.waiters.remove(&message_id));
+                Err(ApiError::Timeout(format!(
+                    "no answer from agent {id} within {} s; message {message_id} stays queued and will be answered",
+                    timeout.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Agent ids with a live session, for the lease reaper and shutdown.
+    pub fn stale_sessions(&self) -> Vec<(AgentId, i64)> {
+        let agents = self.agents.lock();
+        agents
+            .iter()
+            .filter_map(|(id, slot)| {
+                let s = slot.session.as_ref()?;
+                (s.last_seen.elapsed() > LEASE_TTL).then(|| (id.clone(), s.id))
+            })
+            .collect()
+    }
+}
+
+fn summary(id: &AgentId, slot: &AgentSlot, runtime: RuntimeKind) -> AgentSummary {
+    AgentSummary {
+        id: id.to_string(),
+        runtime: runtime.as_str().to_owned(),
+        state: slot.phase.as_str().to_owned(),
+        session_id: slot.session.as_ref().map(|s| s.id).or(slot.last_session),
+        pid: slot.session.as_ref().and_then(|s| s.pid),
+        last_heartbeat_ms: slot
+            .session
+            .as_ref()
+            .map(|s| s.last_seen.elapsed().as_millis() as u64),
+        replicated_seq: slot.replicated_seq,
+        session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
+        lanes: slot
+            .status
+            .as_ref()
+            .map(|s| s.lanes.clone())
+            .unwrap_or_default(),
+        last_exit: slot.last_exit.clone(),
+    }
+}

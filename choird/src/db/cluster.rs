@@ -1,0 +1,333 @@
+//! The managed PostgreSQL cluster (R-MEM-3): with no `database_url`, choird
+//! runs a private cluster under `<home>/pg` with the system's PostgreSQL
+//! binaries — `initdb` once, started on a private Unix socket with TCP off,
+//! stopped on shutdown. The test support code uses the same type for its
+//! disposable clusters.
+//!
+//! PostgreSQL refuses to run as root, so when choird is root the cluster runs
+//! as the `postgres` system user (via `runuser`), which must be able to reach
+//! the directory.
+//!
+//! **Invariant:** the socket directory is private (0700) and TCP is off, so
+//! `trust` authentication admits only users who can already read choird's home.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::spawn::{Cmd, SpawnError};
+
+/// The port number only names the socket file (`.s.PGSQL.<port>`): TCP is off.
+const PORT: u16 = 5432;
+/// Database created for choird inside the cluster.
+pub const DATABASE: &str = "choir";
+
+/// The managed cluster could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No PostgreSQL server binaries were found.
+    #[error("no PostgreSQL server binaries found (looked for {looked}); install them with `make deps`, or set postgres_bin_dir or database_url in config.json")]
+    NoBinaries {
+        /// Where we looked.
+        looked: String,
+    },
+    /// A directory could not be prepared.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Running as root, but the `postgres` user cannot reach the cluster directory.
+    #[error("choird runs as root, so the managed PostgreSQL runs as user 'postgres', which cannot enter {dir} (mode {mode:o}); use a home outside /root (--home or CHOIR_HOME), run choird as a normal user, or set database_url")]
+    NotTraversable {
+        /// The blocking directory.
+        dir: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
+    /// Running as root, but there is no `postgres` user.
+    #[error("choird runs as root and needs the 'postgres' system user for the managed cluster; install the postgresql package (`make deps`)")]
+    NoPostgresUser,
+    /// A PostgreSQL tool failed.
+    #[error("{0}")]
+    Tool(#[from] SpawnError),
+    /// The path contains a character we will not put in postgresql.conf.
+    #[error("{0}: the managed cluster's path must not contain quotes or newlines")]
+    BadPath(PathBuf),
+}
+
+/// A running private cluster.
+#[derive(Debug)]
+pub struct ManagedCluster {
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+impl ManagedCluster {
+    /// Finds the server binaries: `configured`, else the newest
+    /// `/usr/lib/postgresql/<major>/bin` that has `initdb`.
+    pub fn find_bin_dir(configured: Option<&Path>) -> Result<PathBuf, ClusterError> {
+        if let Some(dir) = configured {
+            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                return Ok(dir.to_owned());
+            }
+            return Err(ClusterError::NoBinaries {
+                looked: dir.display().to_string(),
+            });
+        }
+        let root = Path::new("/usr/lib/postgresql");
+        let mut best: Option<(u32, PathBuf)> = None;
+        if let Ok(entries) = fs::read_dir(root) {
+            for entry in entries.flatten() {
+                let major: Option<u32> = entry.file_name().to_str().and_then(|s| s.parse().ok());
+                let bin = entry.path().join("bin");
+                if let Some(major) = major {
+                    if bin.join("initdb").is_file() && best.as_ref().is_none_or(|(m, _)| major > *m)
+                    {
+                        best = Some((major, bin));
+                    }
+                }
+            }
+        }
+        best.map(|(_, b)| b)
+            .ok_or_else(|| ClusterError::NoBinaries {
+                looked: "/usr/lib/postgresql/*/bin".into(),
+            })
+    }
+
+    /// Creates (once) and starts the cluster in `dir`, or adopts it if a server
+    /// from an earlier run is still up. Returns once it accepts connections and
+    /// the `choir` database exists.
+    pub fn start(dir: &Path, bin: &Path) -> Result<ManagedCluster, ClusterError> {
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| ClusterError::Io { path, source }
+        };
+        let dir_str = dir.display().to_string();
+        if dir_str.contains(['\'', '\n', '"']) {
+            return Err(ClusterError::BadPath(dir.to_owned()));
+        }
+        let cluster = ManagedCluster {
+            dir: dir.to_owned(),
+            bin: bin.to_owned(),
+        };
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+        let run = cluster.socket_dir();
+        fs::create_dir_all(&run).map_err(io(&run))?;
+        fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).map_err(io(&run))?;
+        if rustix::process::geteuid().is_root() {
+            let (uid, gid) = postgres_ids().ok_or(ClusterError::NoPostgresUser)?;
+            check_traversable(dir, uid)?;
+            for p in [dir.to_owned(), run.clone()] {
+                let (u, g) = (
+                    rustix::fs::Uid::from_raw(uid),
+                    rustix::fs::Gid::from_raw(gid),
+                );
+                rustix::fs::chown(&p, Some(u), Some(g)).map_err(|e| ClusterError::Io {
+                    path: p.clone(),
+                    source: e.into(),
+                })?;
+            }
+        }
+
+        let data = cluster.data_dir();
+        if !data.join("PG_VERSION").exists() {
+            log::info!(
+                "initialising the managed PostgreSQL cluster in {}",
+                data.display()
+            );
+            Cmd::as_user_if_root(bin.join("initdb"), "postgres")
+                .args(["-D".into(), data.clone().into_os_string()])
+                .args([
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                    "--no-instructions",
+                ])
+                .run()?;
+            let conf = data.join("postgresql.conf");
+            let mut text = fs::read_to_string(&conf).map_err(io(&conf))?;
+            text.push_str("\ninclude_if_exists = 'choir.conf'\n");
+            fs::write(&conf, text).map_err(io(&conf))?;
+        }
+        // Rewritten on every start so a moved home still gets the right socket dir.
+        // The include file must be readable by the server's user: written as a
+        // fresh file in the data dir through a postgres-owned copy is overkill;
+        // the data dir is 0700 postgres, so write it as that user when root.
+        let settings = format!(
+            "listen_addresses = ''\nport = {PORT}\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nlogging_collector = off\n",
+            run.display()
+        );
+        write_as_server_user(&data.join("choir.conf"), &settings)?;
+
+        if cluster.is_running() {
+            log::info!(
+                "adopting the managed PostgreSQL already running in {}",
+                data.display()
+            );
+        } else {
+            let logfile = dir.join("postgres.log");
+            Cmd::as_user_if_root(bin.join("pg_ctl"), "postgres")
+                .args([
+                    "-D".into(),
+                    data.clone().into_os_string(),
+                    "-l".into(),
+                    logfile.into_os_string(),
+                ])
+                .args(["-w", "-t", "60", "start"])
+                .run()?;
+        }
+        cluster.ensure_database()?;
+        Ok(cluster)
+    }
+
+    /// The directory holding the socket.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Connection string for the `choir` database.
+    pub fn url(&self) -> String {
+        format!(
+            "host={} port={PORT} user=postgres dbname={DATABASE}",
+            self.socket_dir().display()
+        )
+    }
+
+    /// Connection string for an arbitrary database of the cluster.
+    pub fn url_for(&self, dbname: &str) -> String {
+        format!(
+            "host={} port={PORT} user=postgres dbname={dbname}",
+            self.socket_dir().display()
+        )
+    }
+
+    fn is_running(&self) -> bool {
+        Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
+            .args([
+                "-D".into(),
+                self.data_dir().into_os_string(),
+                "status".into(),
+            ])
+            .run()
+            .is_ok()
+    }
+
+    fn ensure_database(&self) -> Result<(), ClusterError> {
+        let psql = self.bin.join("psql");
+        let exists = Cmd::new(&psql)
+            .args(["-h".into(), self.socket_dir().into_os_string()])
+            .args([
+                "-p",
+                &PORT.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-tAc",
+            ])
+            .arg(format!(
+                "SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"
+            ))
+            .run()?;
+        if String::from_utf8_lossy(&exists.stdout).trim() != "1" {
+            Cmd::new(&psql)
+                .args(["-h".into(), self.socket_dir().into_os_string()])
+                .args([
+                    "-p",
+                    &PORT.to_string(),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "-c",
+                ])
+                .arg(format!("CREATE DATABASE {DATABASE}"))
+                .run()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the server (fast shutdown: active sessions are ended, data is safe).
+    pub fn stop(&self) -> Result<(), ClusterError> {
+        self.pg_ctl_stop("fast")
+    }
+
+    /// Stops the server without a checkpoint (crash-like; recovery on next start).
+    pub fn stop_immediate(&self) -> Result<(), ClusterError> {
+        self.pg_ctl_stop("immediate")
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) -> Result<(), ClusterError> {
+        Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
+            .args(["-D".into(), self.data_dir().into_os_string()])
+            .args(["-m", mode, "-w", "-t", "60", "stop"])
+            .run()?;
+        Ok(())
+    }
+}
+
+/// Writes a file inside the data directory, as the server's user when root.
+fn write_as_server_user(path: &Path, content: &str) -> Result<(), ClusterError> {
+    fs::write(path, content).map_err(|e| ClusterError::Io {
+        path: path.to_owned(),
+        source: e,
+    })?;
+    if rustix::process::geteuid().is_root() {
+        let (uid, gid) = postgres_ids().ok_or(ClusterError::NoPostgresUser)?;
+        rustix::fs::chown(
+            path,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| ClusterError::Io {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+    }
+    Ok(())
+}
+
+/// uid and gid of the `postgres` user, from `/etc/passwd`.
+fn postgres_ids() -> Option<(u32, u32)> {
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() > 3 && f[0] == "postgres")
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
+}
+
+/// Checks that user `uid` (not root, not the owner of choird's files) can
+/// traverse every ancestor of `dir`.
+fn check_traversable(dir: &Path, uid: u32) -> Result<(), ClusterError> {
+    let mut cur = dir.parent();
+    while let Some(d) = cur {
+        if let Ok(meta) = fs::metadata(d) {
+            let mode = meta.mode() & 0o7777;
+            let ok = if meta.uid() == uid {
+                mode & 0o100 != 0
+            } else {
+                mode & 0o001 != 0
+            };
+            if !ok {
+                return Err(ClusterError::NotTraversable {
+                    dir: d.to_owned(),
+                    mode,
+                });
+            }
+        }
+        cur = d.parent();
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Postgres access: a small blocking connection pool and the migration runner.
+//! Postgres is choird's system of record (sessions, replicated commit events,
+//! audit, messages); the managed cluster lives in [`cluster`].
+//!
+//! **Invariant:** migrations are applied in order, each exactly once, inside one
+//! transaction holding an advisory lock, so two choirds cannot interleave them.
+
+pub mod cluster;
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use postgres::{Client, NoTls};
+
+/// Migrations, in order. A tidy test checks this matches the files in `sql/`.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "0001_foundation.sql",
+    include_str!("../../../sql/0001_foundation.sql"),
+)];
+
+/// Key of the advisory lock serialising migrations ("choir" in ASCII).
+const MIGRATION_LOCK: i64 = 0x63686f6972;
+
+/// Database errors as choird reports them.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// Could not connect (retried by callers that can wait).
+    #[error("cannot connect to Postgres ({target}): {source}")]
+    Connect {
+        /// Where we tried (no password).
+        target: String,
+        /// Driver error.
+        source: postgres::Error,
+    },
+    /// A query failed.
+    #[error("database error: {0}")]
+    Query(#[from] postgres::Error),
+    /// A migration failed; the message names it.
+    #[error("migration {name} failed: {source}{hint}")]
+    Migration {
+        /// File name.
+        name: String,
+        /// Driver error.
+        source: postgres::Error,
+        /// Extra advice (e.g. how to install pgvector).
+        hint: String,
+    },
+}
+
+/// A pool of blocking connections. Connections are created on demand up to
+/// `max`; a broken connection is dropped rather than returned.
+pub struct Db {
+    config: postgres::Config,
+    target: String,
+    idle: Mutex<Vec<Client>>,
+    max_idle: usize,
+}
+
+impl Db {
+    /// Parses `url` (URL or key=value form) and checks one connection.
+    pub fn connect(url: &str) -> Result<Db, DbError> {
+        let config: postgres::Config = url.parse().map_err(|e| DbError::Connect {
+            target: redact(url),
+            source: e,
+        })?;
+        let db = Db {
+            config,
+            target: redact(url),
+            idle: Mutex::new(Vec::new()),
+            max_idle: 8,
+        };
+        let client = db.open()?;
+        db.idle.lock().push(client);
+        Ok(db)
+    }
+
+    fn open(&self) -> Result<Client, DbError> {
+        let mut config = self.config.clone();
+        config.connect_timeout(Duration::from_secs(10));
+        config.connect(NoTls).map_err(|e| DbError::Connect {
+            target: self.target.clone(),
+            source: e,
+        })
+    }
+
+    /// Runs `f` with a pooled connection. A connection that reports itself closed
+    /// after `f` is discarded.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbError> {
+        let pooled = self.idle.lock().pop();
+        let mut client = match pooled {
+            Some(c) if !c.is_closed() => c,
+            _ => self.open()?,
+        };
+        let out = f(&mut client);
+        if !client.is_closed() {
+            let mut idle = self.idle.lock();
+            if idle.len() < self.max_idle {
+                idle.push(client);
+            }
+        }
+        Ok(out?)
+    }
+
+    /// Applies pending migrations; returns the names applied now.
+    pub fn migrate(&self) -> Result<Vec<String>, DbError> {
+        let mut client = self.open()?;
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version integer PRIMARY KEY,
+                 name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+        )?;
+        let mut applied = Vec::new();
+        for (version, name, sql) in MIGRATIONS {
+            let done = tx.query_opt(
+                "SELECT 1 FROM schema_migrations WHERE version = $1",
+                &[version],
+            )?;
+            if done.is_some() {
+                continue;
+            }
+            tx.batch_execute(sql).map_err(|e| {
+                let hint = if e.to_string().contains("vector") {
+                    "; pgvector is not installed for this PostgreSQL: run `make deps` (scripts/install-deps.sh)".to_owned()
+                } else {
+                    String::new()
+                };
+                DbError::Migration { name: name.to_string(), source: e, hint }
+            })?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )?;
+            applied.push(name.to_string());
+        }
+        tx.commit()?;
+        Ok(applied)
+    }
+}
+
+/// Drops a password from a connection string for messages.
+fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((creds, host)) = rest.split_once('@') {
+            let user = creds.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}:***@{host}");
+        }
+        return url.to_owned();
+    }
+    url.split_whitespace()
+        .map(|kv| {
+            if kv.starts_with("password=") {
+                "password=***"
+            } else {
+                kv
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("host=/tmp user=u password=secret"),
+            "host=/tmp user=u password=***"
+        );
+    }
+
+    #[test]
+    fn every_sql_file_is_a_migration() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../sql");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let listed: Vec<String> = MIGRATIONS.iter().map(|m| m.1.to_owned()).collect();
+        assert_eq!(files, listed);
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.0 as usize, i + 1);
+        }
+    }
+}

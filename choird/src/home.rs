@@ -1,0 +1,191 @@
+//! The state directory (`~/.choir.d` by default): its layout, the permission
+//! rules on `secrets.json`, and the instance lock that keeps a second choird off
+//! the same home.
+//!
+//! **Invariant:** while a [`HomeLock`] lives, no other choird serves this home.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use choir_common::ids::AgentId;
+
+/// Paths inside a Choir home.
+#[derive(Debug, Clone)]
+pub struct Home {
+    root: PathBuf,
+}
+
+/// What went wrong with the state directory.
+#[derive(Debug, thiserror::Error)]
+pub enum HomeError {
+    /// A file or directory could not be created or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// `secrets.json` can be read by other users.
+    #[error("{path} is readable by group or others (mode {mode:o}); secrets must be private: run `chmod 600 {path}`")]
+    SecretsMode {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Another choird holds the instance lock.
+    #[error("another choird is already running on {home} (lock {lock} is held{pid}); stop it first, or use another --home")]
+    AlreadyRunning {
+        /// The home.
+        home: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// ", by pid N" when known.
+        pid: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> HomeError + '_ {
+    move |source| HomeError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl Home {
+    /// A home rooted at `root` (not created yet).
+    pub fn new(root: PathBuf) -> Home {
+        Home { root }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// `config.json`.
+    pub fn config(&self) -> PathBuf {
+        self.root.join("config.json")
+    }
+    /// `secrets.json`.
+    pub fn secrets(&self) -> PathBuf {
+        self.root.join("secrets.json")
+    }
+    /// `socks/` (mode 0700).
+    pub fn socks(&self) -> PathBuf {
+        self.root.join("socks")
+    }
+    /// The admin socket `socks/choird.sock`.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.socks().join("choird.sock")
+    }
+    /// The agent-only socket of one agent.
+    pub fn agent_socket(&self, id: &AgentId) -> PathBuf {
+        self.socks().join("agents").join(format!("{id}.sock"))
+    }
+    /// `logs/`.
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    /// `repos/`.
+    pub fn repos(&self) -> PathBuf {
+        self.root.join("repos")
+    }
+    /// Default workspace directory of an agent.
+    pub fn default_workspace(&self, id: &AgentId) -> PathBuf {
+        self.root.join("workspaces").join(id.as_str())
+    }
+    /// Directory of the managed PostgreSQL cluster.
+    pub fn pg(&self) -> PathBuf {
+        self.root.join("pg")
+    }
+
+    /// Creates the layout: directories, a starter `config.json` and an empty
+    /// `secrets.json` (mode 0600) when they do not exist. Existing files are
+    /// never rewritten.
+    pub fn ensure_layout(&self) -> Result<(), HomeError> {
+        for dir in [
+            self.root.clone(),
+            self.repos().join("global"),
+            self.repos().join("agents"),
+            self.logs(),
+        ] {
+            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        for private in [self.socks(), self.socks().join("agents")] {
+            fs::create_dir_all(&private).map_err(io_err(&private))?;
+            fs::set_permissions(&private, fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&private))?;
+        }
+        let config = self.config();
+        if !config.exists() {
+            write_new(&config, crate::config::STARTER_CONFIG.as_bytes(), 0o644)?;
+        }
+        let secrets = self.secrets();
+        if !secrets.exists() {
+            write_new(&secrets, b"{}\n", 0o600)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a `secrets.json` that group or others can read or write.
+    pub fn check_secrets_mode(&self) -> Result<(), HomeError> {
+        let path = self.secrets();
+        let meta = fs::metadata(&path).map_err(io_err(&path))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(HomeError::SecretsMode { path, mode });
+        }
+        Ok(())
+    }
+
+    /// Takes the instance lock (`choird.lock`, `flock`), recording our pid in it.
+    pub fn lock(&self) -> Result<HomeLock, HomeError> {
+        let path = self.root.join("choird.lock");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            return Err(HomeError::AlreadyRunning {
+                home: self.root.clone(),
+                lock: path,
+                pid: if pid.is_empty() {
+                    String::new()
+                } else {
+                    format!(", by pid {pid}")
+                },
+            });
+        }
+        file.set_len(0).map_err(io_err(&path))?;
+        file.rewind().map_err(io_err(&path))?;
+        writeln!(file, "{}", std::process::id()).map_err(io_err(&path))?;
+        Ok(HomeLock { _file: file })
+    }
+}
+
+/// Held for the life of the daemon; the kernel releases the lock when the file
+/// closes, also if choird is killed.
+pub struct HomeLock {
+    _file: File,
+}
+
+fn write_new(path: &Path, content: &[u8], mode: u32) -> Result<(), HomeError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.write_all(content).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}

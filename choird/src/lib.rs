@@ -1,0 +1,21 @@
+//! choird, the Choir control plane: a synchronous daemon that runs agents,
+//! serves their RPC and the admin API over Unix sockets, relays their model
+//! calls, and keeps the system of record in Postgres. See DESIGN.md for the
+//! bird's-eye view; [`run`] is the entry point.
+
+pub mod admin_api;
+pub mod config;
+pub mod daemon;
+pub mod db;
+pub mod home;
+pub mod http;
+pub mod relay;
+pub mod rpc_api;
+pub mod runtime;
+pub mod secrets;
+pub mod spawn;
+pub mod store;
+
+mod serve;
+
+pub use serve::{run, Options};

@@ -1,0 +1,60 @@
+//! The agent RPC endpoint: decodes the eight verbs and hands them to
+//! [`Daemon`]. Authentication happens before any body is looked at.
+
+use choir_common::rpc::{
+    Ack, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest,
+    InitHelloRequest, ReportStatusRequest, TerminateSelfRequest, Verb,
+};
+
+use crate::daemon::Daemon;
+use crate::http::{ApiError, ListenerKind, Request, Response};
+
+/// Largest RPC body (HEARTBEATs carry batches of events).
+pub const MAX_RPC_BODY: usize = 8 * 1024 * 1024;
+
+/// Answers `POST /rpc/v1/<VERB>`.
+pub fn handle(
+    d: &Daemon,
+    kind: &ListenerKind,
+    verb: Verb,
+    req: &Request,
+) -> Result<Response, ApiError> {
+    let who = d.authenticate(kind, req.bearer.as_deref(), verb.name())?;
+    if req.method != "POST" {
+        return Err(ApiError::BadRequest(format!(
+            "{} must be POSTed",
+            verb.name()
+        )));
+    }
+    if req.body.len() > MAX_RPC_BODY {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "{} body over {MAX_RPC_BODY} bytes",
+            verb.name()
+        )));
+    }
+    match verb {
+        Verb::InitHello => Ok(Response::ok(&d.init_hello(&who, &req.json::<InitHelloRequest>()?)?)),
+        Verb::GetSecrets => {
+            let r: GetSecretsRequest = req.json()?;
+            Ok(Response::ok(&GetSecretsResponse { secrets: d.get_secrets(&who, &r.names)? }))
+        }
+        Verb::Heartbeat => Ok(Response::ok(&d.heartbeat(&who, &req.json::<HeartbeatRequest>()?)?)),
+        Verb::ReportStatus => {
+            d.report_status(&who, req.json::<ReportStatusRequest>()?);
+            Ok(Response::ok(&Ack { ok: true }))
+        }
+        Verb::TerminateSelf => {
+            let r: TerminateSelfRequest = req.json()?;
+            d.terminate_self(&who, &r.reason)?;
+            Ok(Response::ok(&Ack { ok: true }))
+        }
+        Verb::FetchDynamicConfig => {
+            let _: FetchDynamicConfigRequest = req.json()?;
+            Ok(Response::ok(&d.dynamic_config(&who.agent)))
+        }
+        Verb::RequestApproval | Verb::ExecuteHostTool => Err(ApiError::NotImplemented(format!(
+            "{} is not yet supported by this choird (approvals and host tools arrive in later releases)",
+            verb.name()
+        ))),
+    }
+}

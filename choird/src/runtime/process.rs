@@ -1,0 +1,59 @@
+//! The `process` runtime (R-LIFE-5): the agent runs as a plain child process of
+//! choird. It is **not sandboxed** — it has choird's user, filesystem view and
+//! network — and every start says so in the log and the audit trail. Meant for
+//! development and for machines without a Docker engine.
+//!
+//! The lease token reaches the child on its stdin (one line, then EOF), never on
+//! the command line or in the environment, where other processes could read it.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use choir_common::ids::AgentId;
+
+use crate::spawn::{Cmd, SpawnError};
+
+/// Starts `choir-agent` for `id`, connected to `socket`, confined (by its own
+/// path rules, not by a sandbox) to `workspace`, logging to `logfile`.
+pub fn spawn(
+    binary: &Path,
+    id: &AgentId,
+    socket: &Path,
+    workspace: &Path,
+    token: &str,
+    logfile: &Path,
+) -> Result<Child, SpawnError> {
+    let log = OpenOptions::new().create(true).append(true).open(logfile);
+    let (out, err) = match log.and_then(|f| Ok((f.try_clone()?, f))) {
+        Ok((a, b)) => (Stdio::from(a), Stdio::from(b)),
+        Err(e) => {
+            return Err(SpawnError::Start {
+                cmd: format!("open {}", logfile.display()),
+                source: e,
+            })
+        }
+    };
+    let mut cmd = Cmd::new(binary);
+    cmd.args(["--agent", id.as_str(), "--token-stdin", "--connect"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--workspace")
+        .arg(workspace.as_os_str())
+        .current_dir(workspace);
+    let display = cmd.display().to_owned();
+    let mut child = cmd.spawn(Stdio::piped(), out, err)?;
+    let written = match child.stdin.take() {
+        Some(mut stdin) => writeln!(stdin, "{token}"),
+        None => Err(std::io::Error::other("no stdin pipe")),
+    };
+    if let Err(e) = written {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(SpawnError::Start {
+            cmd: display,
+            source: e,
+        });
+    }
+    Ok(child)
+}

@@ -1,0 +1,333 @@
+//! Typed access to choird's tables. Every SQL statement choird runs lives here,
+//! with parameters only (no SQL is built from data).
+
+use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
+use choir_common::ids::AgentId;
+use choir_common::rpc::{InboundMessage, OutboundReply};
+use serde_json::Value;
+
+use crate::db::{Db, DbError};
+
+/// Replication refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    /// The events do not extend the stored chain (fork, gap, bad hash).
+    #[error("commit log rejected: {0}")]
+    Chain(#[from] ChainError),
+    /// The database failed (retryable).
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// The store, a thin layer over the pool.
+pub struct Store {
+    db: Db,
+}
+
+impl Store {
+    /// Wraps a migrated database.
+    pub fn new(db: Db) -> Store {
+        Store { db }
+    }
+
+    /// Opens a session (a lease) and returns its id.
+    pub fn create_session(
+        &self,
+        agent: &AgentId,
+        runtime: &str,
+        token_sha256: &[u8],
+    ) -> Result<i64, DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "INSERT INTO sessions (agent_id, runtime, token_sha256) VALUES ($1, $2, $3) RETURNING id",
+                &[&agent.as_str(), &runtime, &token_sha256],
+            )?;
+            Ok(row.get(0))
+        })
+    }
+
+    /// Marks a session's INIT_HELLO.
+    pub fn session_hello(&self, session: i64) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE sessions SET hello_at = now() WHERE id = $1",
+                &[&session],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Ends a session (idempotent: the first reason wins).
+    pub fn end_session(&self, session: i64, reason: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE sessions SET ended_at = now(), end_reason = $2 WHERE id = $1 AND ended_at IS NULL",
+                &[&session, &reason],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Ends sessions a previous choird left open; returns how many.
+    pub fn end_orphaned_sessions(&self) -> Result<u64, DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE sessions SET ended_at = now(), end_reason = 'choird restarted' WHERE ended_at IS NULL",
+                &[],
+            )
+        })
+    }
+
+    /// Appends an audit record.
+    pub fn audit(
+        &self,
+        actor: &str,
+        agent: Option<&AgentId>,
+        action: &str,
+        outcome: &str,
+        detail: &Value,
+    ) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT INTO audit (actor, agent_id, action, outcome, detail) VALUES ($1, $2, $3, $4, $5)",
+                &[&actor, &agent.map(AgentId::as_str), &action, &outcome, detail],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Audit rows, newest last (for choirctl and tests).
+    pub fn audit_rows(&self, agent: Option<&AgentId>, limit: i64) -> Result<Vec<Value>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT id, to_char(at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF'), actor, agent_id, action, outcome, detail
+                 FROM (SELECT * FROM audit WHERE ($1::text IS NULL OR agent_id = $1) ORDER BY id DESC LIMIT $2) a
+                 ORDER BY id",
+                &[&agent.map(AgentId::as_str), &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "id": r.get::<_, i64>(0), "at": r.get::<_, String>(1), "actor": r.get::<_, String>(2),
+                        "agent_id": r.get::<_, Option<String>>(3), "action": r.get::<_, String>(4),
+                        "outcome": r.get::<_, String>(5), "detail": r.get::<_, Value>(6),
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// The agent's replicated head and processed-message position, creating the
+    /// row on first use.
+    pub fn agent_position(&self, agent: &AgentId) -> Result<(ChainHead, u64), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&agent.as_str(), &GENESIS_HASH],
+            )?;
+            let row = c.query_one(
+                "SELECT head_seq, head_hash, processed_upto FROM agent_state WHERE agent_id = $1",
+                &[&agent.as_str()],
+            )?;
+            let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
+            Ok((head, row.get::<_, i64>(2) as u64))
+        })
+    }
+
+    /// Stores replicated events after verifying they extend the stored chain.
+    /// Events at or below the stored head are accepted only if identical to
+    /// what is stored (a resend after a lost acknowledgement); anything else is
+    /// a fork. Returns the new head sequence number.
+    pub fn append_events(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        events: &[CommitEvent],
+    ) -> Result<u64, ReplicationError> {
+        let mut chain_err = None;
+        let out = self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&agent.as_str(), &GENESIS_HASH],
+            )?;
+            let row = tx.query_one(
+                "SELECT head_seq, head_hash FROM agent_state WHERE agent_id = $1 FOR UPDATE",
+                &[&agent.as_str()],
+            )?;
+            let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
+            let mut fresh = Vec::new();
+            for ev in events {
+                if ev.seq <= head.seq {
+                    let stored = tx.query_opt(
+                        "SELECT hash FROM commit_events WHERE agent_id = $1 AND seq = $2",
+                        &[&agent.as_str(), &(ev.seq as i64)],
+                    )?;
+                    if stored.map(|r| r.get::<_, String>(0)) != Some(ev.hash.clone()) {
+                        chain_err = Some(ChainError::Fork { seq: ev.seq, prev: ev.seq.saturating_sub(1) });
+                        return Ok(head.seq);
+                    }
+                } else {
+                    fresh.push(ev.clone());
+                }
+            }
+            let new_head = match verify_extension(&head, &fresh) {
+                Ok(h) => h,
+                Err(e) => {
+                    chain_err = Some(e);
+                    return Ok(head.seq);
+                }
+            };
+            for ev in &fresh {
+                let json = serde_json::to_value(ev).unwrap_or(Value::Null);
+                tx.execute(
+                    "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[&agent.as_str(), &(ev.seq as i64), &ev.prev_hash, &ev.hash, &session, &json],
+                )?;
+            }
+            tx.execute(
+                "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1",
+                &[&agent.as_str(), &(new_head.seq as i64), &new_head.hash],
+            )?;
+            tx.commit()?;
+            Ok(new_head.seq)
+        })?;
+        match chain_err {
+            Some(e) => Err(ReplicationError::Chain(e)),
+            None => Ok(out),
+        }
+    }
+
+    /// Replicated events with `seq > after`, in order.
+    pub fn events(
+        &self,
+        agent: &AgentId,
+        after: u64,
+        limit: i64,
+    ) -> Result<Vec<CommitEvent>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT event FROM commit_events WHERE agent_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &[&agent.as_str(), &(after as i64), &limit],
+            )?;
+            Ok(rows.iter().filter_map(|r| serde_json::from_value(r.get::<_, Value>(0)).ok()).collect())
+        })
+    }
+
+    /// Queues a user message; returns its id.
+    pub fn insert_message(
+        &self,
+        agent: &AgentId,
+        conversation: &str,
+        sender: &str,
+        text: &str,
+    ) -> Result<u64, DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "INSERT INTO messages (agent_id, conversation, sender, text) VALUES ($1, $2, $3, $4) RETURNING id",
+                &[&agent.as_str(), &conversation, &sender, &text],
+            )?;
+            Ok(row.get::<_, i64>(0) as u64)
+        })
+    }
+
+    /// Unanswered messages with `id > after`, oldest first.
+    pub fn pending_messages(
+        &self,
+        agent: &AgentId,
+        after: u64,
+        limit: i64,
+    ) -> Result<Vec<InboundMessage>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT id, conversation, sender, text FROM messages
+                 WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3",
+                &[&agent.as_str(), &(after as i64), &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| InboundMessage {
+                    id: r.get::<_, i64>(0) as u64,
+                    conversation: r.get(1),
+                    sender: r.get(2),
+                    text: r.get(3),
+                })
+                .collect())
+        })
+    }
+
+    /// Records answers (the first answer to a message wins) and the agent's
+    /// processed position. Returns the replies that were new.
+    pub fn record_replies(
+        &self,
+        agent: &AgentId,
+        replies: &[OutboundReply],
+        processed_upto: u64,
+    ) -> Result<Vec<OutboundReply>, DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            let mut new = Vec::new();
+            for r in replies {
+                let n = tx.execute(
+                    "UPDATE messages SET reply = $3, replied_at = now()
+                     WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
+                    &[&agent.as_str(), &(r.in_reply_to as i64), &r.text],
+                )?;
+                if n == 1 {
+                    new.push(r.clone());
+                }
+            }
+            tx.execute(
+                "UPDATE agent_state SET processed_upto = GREATEST(processed_upto, $2) WHERE agent_id = $1",
+                &[&agent.as_str(), &(processed_upto as i64)],
+            )?;
+            tx.commit()?;
+            Ok(new)
+        })
+    }
+
+    /// The stored answer to a message, if any.
+    pub fn reply_of(&self, agent: &AgentId, message: u64) -> Result<Option<String>, DbError> {
+        self.db.with(|c| {
+            let row = c.query_opt(
+                "SELECT reply FROM messages WHERE agent_id = $1 AND id = $2",
+                &[&agent.as_str(), &(message as i64)],
+            )?;
+            Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
+        })
+    }
+
+    /// Records one relayed LLM call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_llm_call(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        lane: &str,
+        model: &str,
+        status: u16,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        duration_ms: u64,
+    ) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    &agent.as_str(),
+                    &session,
+                    &lane,
+                    &model,
+                    &(status as i32),
+                    &(prompt_tokens as i64),
+                    &(completion_tokens as i64),
+                    &(duration_ms as i64),
+                ],
+            )
+            .map(drop)
+        })
+    }
+}

@@ -1,0 +1,292 @@
+//! Commit events: the append-only, hash-chained record of everything the arbiter
+//! decided. The agent writes them, choird replicates and verifies them; both use
+//! the functions here so the chain is computed one way only.
+//!
+//! **Invariant:** `event.hash == sha256(prev_hash || canonical_json(body))` where
+//! `body` is the event without its `hash` field and `canonical_json` sorts object
+//! keys. The first event has `seq == 1` and `prev_hash == GENESIS_HASH`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// `prev_hash` of the first event of an agent's log.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// What happened to a proposed tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The tool ran and reported success.
+    Ok,
+    /// The tool ran and reported a failure.
+    Error,
+    /// The arbiter refused the call; nothing was executed.
+    Rejected,
+    /// The tool ran past its timeout and was killed.
+    Timeout,
+}
+
+/// The kind of a commit event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A tool call proposed by a model and decided by the arbiter.
+    ToolCall,
+}
+
+/// One committed event. Field order is part of the hash definition only through
+/// [`canonical_json`], which sorts keys, so adding optional fields later is safe
+/// as long as they are skipped when absent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitEvent {
+    /// Position in the agent's log, starting at 1, without gaps.
+    pub seq: u64,
+    /// Hash of the previous event (or [`GENESIS_HASH`]).
+    pub prev_hash: String,
+    /// Wall-clock time of the commit, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// The lane that proposed the call (`edge`, or a core job name).
+    pub lane: String,
+    /// What kind of event this is.
+    pub kind: EventKind,
+    /// Canonical tool name.
+    pub tool: String,
+    /// The model's id for this call, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// Active skill and state when the call was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
+    /// Active skill state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Validated input, with secret values redacted.
+    pub input: Value,
+    /// The arbiter's outcome.
+    pub outcome: Outcome,
+    /// The structured result (or error) returned to the model.
+    pub result: Value,
+    /// Time spent executing, in microseconds (0 for rejected calls).
+    pub duration_us: u64,
+    /// `sha256(prev_hash || canonical body)`, hex.
+    pub hash: String,
+}
+
+impl CommitEvent {
+    /// The hash this event must carry, computed from its other fields.
+    pub fn compute_hash(&self) -> String {
+        let mut body = match serde_json::to_value(self) {
+            Ok(Value::Object(map)) => map,
+            // A struct of strings, numbers and Values always serialises to an object.
+            _ => serde_json::Map::new(),
+        };
+        body.remove("hash");
+        let mut hasher = Sha256::new();
+        hasher.update(self.prev_hash.as_bytes());
+        hasher.update(canonical_json(&Value::Object(body)).as_bytes());
+        hex::encode(hasher.finalize())
+    }
+
+    /// Fills in `hash` from the other fields.
+    pub fn seal(mut self) -> CommitEvent {
+        self.hash = self.compute_hash();
+        self
+    }
+}
+
+/// Why a sequence of events does not form a valid chain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// An event's hash does not match its content (corruption or tampering).
+    #[error("event {seq}: hash does not match its content")]
+    BadHash {
+        /// Offending sequence number.
+        seq: u64,
+    },
+    /// The sequence skips or repeats a number.
+    #[error("event {seq}: expected sequence number {expected} (gap or duplicate)")]
+    Gap {
+        /// Offending sequence number.
+        seq: u64,
+        /// The number that should have come next.
+        expected: u64,
+    },
+    /// The event does not link to the hash of its predecessor (a fork).
+    #[error("event {seq}: prev_hash does not match the hash of event {prev} (forked chain)")]
+    Fork {
+        /// Offending sequence number.
+        seq: u64,
+        /// The predecessor it should link to.
+        prev: u64,
+    },
+}
+
+/// The position a chain has reached: the last sequence number and its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainHead {
+    /// Last sequence number (0 for an empty log).
+    pub seq: u64,
+    /// Hash of that event ([`GENESIS_HASH`] for an empty log).
+    pub hash: String,
+}
+
+impl ChainHead {
+    /// The head of an empty log.
+    pub fn genesis() -> ChainHead {
+        ChainHead {
+            seq: 0,
+            hash: GENESIS_HASH.to_owned(),
+        }
+    }
+}
+
+/// Verifies that `events` extend the chain at `head`, returning the new head.
+/// Nothing is accepted past the first bad event.
+pub fn verify_extension(head: &ChainHead, events: &[CommitEvent]) -> Result<ChainHead, ChainError> {
+    let mut cur = head.clone();
+    for ev in events {
+        let expected = cur.seq + 1;
+        if ev.seq != expected {
+            return Err(ChainError::Gap {
+                seq: ev.seq,
+                expected,
+            });
+        }
+        if ev.prev_hash != cur.hash {
+            return Err(ChainError::Fork {
+                seq: ev.seq,
+                prev: cur.seq,
+            });
+        }
+        if ev.compute_hash() != ev.hash {
+            return Err(ChainError::BadHash { seq: ev.seq });
+        }
+        cur = ChainHead {
+            seq: ev.seq,
+            hash: ev.hash.clone(),
+        };
+    }
+    Ok(cur)
+}
+
+/// Serialises a JSON value with object keys sorted at every level and no
+/// insignificant whitespace, so that equal values give equal bytes whatever
+/// order their keys arrived in (Postgres `jsonb`, for one, reorders them).
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(seq: u64, prev: &str) -> CommitEvent {
+        CommitEvent {
+            seq,
+            prev_hash: prev.to_owned(),
+            ts_ms: 1_700_000_000_000 + seq,
+            lane: "edge".into(),
+            kind: EventKind::ToolCall,
+            tool: "choir.fs.write".into(),
+            call_id: Some(format!("call_{seq}")),
+            skill: None,
+            state: None,
+            input: json!({"path": "a.txt", "content": "x"}),
+            outcome: Outcome::Ok,
+            result: json!({"status": "success"}),
+            duration_us: 12,
+            hash: String::new(),
+        }
+        .seal()
+    }
+
+    fn chain(n: u64) -> Vec<CommitEvent> {
+        let mut out: Vec<CommitEvent> = Vec::new();
+        for seq in 1..=n {
+            let prev = out
+                .last()
+                .map(|e| e.hash.clone())
+                .unwrap_or_else(|| GENESIS_HASH.to_owned());
+            out.push(event(seq, &prev));
+        }
+        out
+    }
+
+    #[test]
+    fn a_valid_chain_verifies() {
+        let evs = chain(3);
+        let head = verify_extension(&ChainHead::genesis(), &evs).unwrap();
+        assert_eq!(head.seq, 3);
+        assert_eq!(head.hash, evs[2].hash);
+    }
+
+    #[test]
+    fn tampering_gaps_and_forks_are_named() {
+        let mut evs = chain(3);
+        evs[1].input = json!({"path": "b.txt"});
+        assert_eq!(
+            verify_extension(&ChainHead::genesis(), &evs),
+            Err(ChainError::BadHash { seq: 2 })
+        );
+
+        let evs = chain(3);
+        assert_eq!(
+            verify_extension(&ChainHead::genesis(), &[evs[0].clone(), evs[2].clone()]),
+            Err(ChainError::Gap {
+                seq: 3,
+                expected: 2
+            })
+        );
+        let other = event(2, &"f".repeat(64));
+        assert_eq!(
+            verify_extension(&ChainHead::genesis(), &[evs[0].clone(), other]),
+            Err(ChainError::Fork { seq: 2, prev: 1 })
+        );
+    }
+
+    #[test]
+    fn hash_survives_key_reordering() {
+        let ev = event(1, GENESIS_HASH);
+        let reparsed: CommitEvent =
+            serde_json::from_str(&canonical_json(&serde_json::to_value(&ev).unwrap())).unwrap();
+        assert_eq!(reparsed.compute_hash(), ev.hash);
+        assert_eq!(
+            canonical_json(&json!({"b": 1, "a": [true, null, "x\""]})),
+            r#"{"a":[true,null,"x\""],"b":1}"#
+        );
+    }
+}

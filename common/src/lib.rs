@@ -1,0 +1,15 @@
+//! Wire types and shared validation for Choir: everything that crosses a process
+//! boundary (agent RPC, admin API, commit events, OpenAI-compatible messages, tool
+//! manifests) is defined here and only here, so the two ends cannot drift apart.
+
+pub mod admin;
+pub mod commit;
+pub mod ids;
+pub mod manifest;
+pub mod openai;
+pub mod rpc;
+pub mod unix_http;
+
+/// Protocol version spoken on the agent RPC and the admin API. Bumped on any
+/// incompatible change to the types in this crate.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,272 @@
+//! The agent ↔ choird RPC (R-RPC-1..5): eight verbs, each a `POST
+//! /rpc/v1/<verb>` with a JSON body and `Authorization: Bearer <lease token>`,
+//! on a Unix socket or loopback TCP. The agent always initiates; what choird has
+//! for the agent (user messages, stop requests, config changes) comes back in
+//! replies, mostly to a long-polling HEARTBEAT.
+//!
+//! Beside the verbs, the LLM relay is an OpenAI-compatible base URL per lane:
+//! `POST /llm/<lane>/v1/chat/completions`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::commit::{ChainHead, CommitEvent};
+
+/// Header carrying the lease token.
+pub const AUTH_HEADER: &str = "Authorization";
+
+/// The eight verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// Identity handshake → bindings and recovery snapshot.
+    InitHello,
+    /// Values of secrets bound to this agent.
+    GetSecrets,
+    /// Replicate commit events and replies; long-poll for messages.
+    Heartbeat,
+    /// Submit a proposal for a human to decide.
+    RequestApproval,
+    /// Lane states, skill progress, budgets.
+    ReportStatus,
+    /// The agent is exiting on its own.
+    TerminateSelf,
+    /// Hot-reloadable configuration.
+    FetchDynamicConfig,
+    /// Run a host-side tool (memory, web, ...).
+    ExecuteHostTool,
+}
+
+impl Verb {
+    /// Every verb, in protocol order.
+    pub const ALL: [Verb; 8] = [
+        Verb::InitHello,
+        Verb::GetSecrets,
+        Verb::Heartbeat,
+        Verb::RequestApproval,
+        Verb::ReportStatus,
+        Verb::TerminateSelf,
+        Verb::FetchDynamicConfig,
+        Verb::ExecuteHostTool,
+    ];
+
+    /// The protocol name, e.g. `INIT_HELLO`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::InitHello => "INIT_HELLO",
+            Verb::GetSecrets => "GET_SECRETS",
+            Verb::Heartbeat => "HEARTBEAT",
+            Verb::RequestApproval => "REQUEST_APPROVAL",
+            Verb::ReportStatus => "REPORT_STATUS",
+            Verb::TerminateSelf => "TERMINATE_SELF",
+            Verb::FetchDynamicConfig => "FETCH_DYNAMIC_CONFIG",
+            Verb::ExecuteHostTool => "EXECUTE_HOST_TOOL",
+        }
+    }
+
+    /// The HTTP path, e.g. `/rpc/v1/INIT_HELLO`.
+    pub fn path(self) -> String {
+        format!("/rpc/v1/{}", self.name())
+    }
+
+    /// Parses the verb from a request path.
+    pub fn from_path(path: &str) -> Option<Verb> {
+        let name = path.strip_prefix("/rpc/v1/")?;
+        Verb::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+/// Error body of every non-2xx reply (RPC and admin API alike).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorInfo,
+}
+
+/// A structured error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// Stable machine-readable code (`unauthorized`, `rate_limited`, ...).
+    pub code: String,
+    /// Human-readable explanation, meant to be shown as is.
+    pub message: String,
+    /// Whether the same request may succeed if retried later.
+    pub retryable: bool,
+}
+
+/// INIT_HELLO request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitHelloRequest {
+    /// The id the agent believes it has; must match the lease.
+    pub agent_id: String,
+    /// [`crate::PROTOCOL_VERSION`] of the agent.
+    pub protocol_version: u32,
+    /// The agent binary's version.
+    pub agent_version: String,
+    /// Head of the agent's local commit log.
+    pub local_head: ChainHead,
+}
+
+/// Which model serves each lane (the relay enforces it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaneModels {
+    /// Model of the edge lane.
+    pub edge: String,
+    /// Model of core jobs.
+    pub core: String,
+}
+
+/// Resources bound to this agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bindings {
+    /// Names of secrets the agent may fetch with GET_SECRETS.
+    pub secrets: Vec<String>,
+    /// Models per lane.
+    pub models: LaneModels,
+}
+
+/// What a (re)started agent needs to resume: choird's replicated position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverySnapshot {
+    /// Highest commit event choird holds for this agent.
+    pub replicated_head: ChainHead,
+    /// Highest user message id the agent has reported as processed.
+    pub processed_upto: u64,
+}
+
+/// INIT_HELLO response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitHelloResponse {
+    /// Session id (one per lease).
+    pub session_id: i64,
+    /// The agent's id.
+    pub agent_id: String,
+    /// Resource bindings.
+    pub bindings: Bindings,
+    /// Recovery snapshot.
+    pub recovery: RecoverySnapshot,
+    /// Current hot-reloadable config.
+    pub config: DynamicConfig,
+    /// The lease expires if no HEARTBEAT arrives for this long.
+    pub lease_ttl_ms: u64,
+}
+
+/// GET_SECRETS request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetSecretsRequest {
+    /// Names to fetch; each must be bound to the agent.
+    pub names: Vec<String>,
+}
+
+/// GET_SECRETS response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetSecretsResponse {
+    /// Name → value.
+    pub secrets: BTreeMap<String, String>,
+}
+
+/// A user message for the edge lane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboundMessage {
+    /// Per-agent, strictly increasing message id.
+    pub id: u64,
+    /// Conversation key (one history per conversation, e.g. `cli`, `tg:<bot>:<user>`).
+    pub conversation: String,
+    /// Who sent it (for the model and the audit trail).
+    pub sender: String,
+    /// The text.
+    pub text: String,
+}
+
+/// The edge lane's answer to one inbound message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundReply {
+    /// The inbound message this answers.
+    pub in_reply_to: u64,
+    /// Conversation key.
+    pub conversation: String,
+    /// The answer.
+    pub text: String,
+}
+
+/// HEARTBEAT request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// Committed events not yet acknowledged, in order.
+    #[serde(default)]
+    pub events: Vec<CommitEvent>,
+    /// Finished answers.
+    #[serde(default)]
+    pub replies: Vec<OutboundReply>,
+    /// Highest inbound message id fully processed (answered).
+    pub processed_upto: u64,
+    /// Config version the agent runs with.
+    pub config_version: u64,
+    /// How long choird may hold the request waiting for messages (capped).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// HEARTBEAT response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Highest commit sequence choird has durably stored.
+    pub acked_seq: u64,
+    /// New user messages, in id order.
+    pub messages: Vec<InboundMessage>,
+    /// Current config version (fetch if it differs).
+    pub config_version: u64,
+    /// Whether choird asks the agent to stop.
+    pub stop: bool,
+}
+
+/// State of one lane, as reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaneStatus {
+    /// `edge` or the core job's name.
+    pub lane: String,
+    /// Lane state (IDLE, REASONING, ...).
+    pub state: String,
+    /// Model steps taken in the current turn.
+    pub steps: u64,
+    /// Tokens used so far by this lane.
+    pub tokens: u64,
+}
+
+/// REPORT_STATUS request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportStatusRequest {
+    /// Session state (STARTING, RUNNING, ...).
+    pub session_state: String,
+    /// Every lane.
+    pub lanes: Vec<LaneStatus>,
+}
+
+/// TERMINATE_SELF request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminateSelfRequest {
+    /// Why the agent is leaving.
+    pub reason: String,
+}
+
+/// Empty acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Ack {
+    /// Always true.
+    pub ok: bool,
+}
+
+/// FETCH_DYNAMIC_CONFIG request.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FetchDynamicConfigRequest {}
+
+/// Hot-reloadable configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DynamicConfig {
+    /// Bumped on every change.
+    pub version: u64,
+    /// When on, the arbiter executes no tool at all.
+    pub kill_switch: bool,
+    /// Maximum model steps the edge lane takes for one message.
+    pub max_steps_per_turn: u32,
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs the system packages Choir needs on Debian 12, idempotently:
+# PostgreSQL 15 with pgvector (built from Debian's own source package, since
+# bookworm does not package it), ripgrep, and the build tools.
+# Safe to run again: every step checks before it acts.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+PG_MAJOR=15
+PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
+          gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The distribution-wide cluster is not used by Choir (it runs private clusters);
+# leave it as the package left it.
+
+# --- pgvector -------------------------------------------------------------
+SHAREDIR=$(/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config --sharedir)
+if [ -f "$SHAREDIR/extension/vector.control" ]; then
+  echo "install-deps: pgvector already installed"
+  exit 0
+fi
+
+# The mirror is whatever this machine's apt configuration names: never hard-coded.
+mirror=""
+if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+fi
+if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+  mirror=$(awk '$1=="deb" && $0 !~ /security/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file):/) {print $i; exit}}' /etc/apt/sources.list)
+fi
+if [ -z "$mirror" ]; then
+  echo "install-deps: cannot find a Debian mirror in /etc/apt/sources.list(.d)" >&2
+  exit 1
+fi
+
+work=$(mktemp -d /tmp/choir-pgvector.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/etc/preferences.d" "$work/src"
+# Debian's next release (trixie) carries pgvector 0.8; only its *source* is used,
+# fetched through a private apt state so the system's apt configuration is untouched.
+echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-trixie-stable.gpg] $mirror trixie main" > "$work/etc/sources.list"
+APT_OPTS=(-o "Dir::Etc::SourceList=$work/etc/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+          -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$work/etc/preferences.d"
+          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
+echo "install-deps: fetching pgvector source from $mirror (trixie)"
+apt-get "${APT_OPTS[@]}" update -q
+(cd "$work/src" && apt-get "${APT_OPTS[@]}" source -q pgvector)
+srcdir=$(find "$work/src" -maxdepth 1 -mindepth 1 -type d -name 'pgvector-*' | head -n1)
+echo "install-deps: building $(basename "$srcdir")"
+make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no
+$SUDO make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no install
+echo "install-deps: pgvector installed"

@@ -1,0 +1,264 @@
+//! A scripted, protocol-exact fake of OpenAI's chat-completions endpoint
+//! (`POST /v1/chat/completions`, <https://platform.openai.com/docs/api-reference/chat/create>).
+//! It answers each request with the next scripted step, in the documented
+//! response shape, and records every request (path, headers, JSON body) so
+//! tests can assert on exactly what the agent sent. It is not a model: it never
+//! looks at the conversation.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use serde_json::{json, Value};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// An assistant message with text content.
+    Text(String),
+    /// An assistant message calling tools: (canonical or wire name, arguments
+    /// JSON text exactly as the "model" produces it).
+    ToolCalls(Vec<(String, String)>),
+    /// A raw HTTP answer (errors, rate limits, garbage).
+    Raw {
+        /// HTTP status.
+        status: u16,
+        /// Body bytes.
+        body: String,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+    },
+}
+
+impl Step {
+    /// Convenience: a tool call with JSON arguments.
+    pub fn call(name: &str, args: Value) -> Step {
+        Step::ToolCalls(vec![(name.to_owned(), args.to_string())])
+    }
+}
+
+/// A request the fake received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// Request path.
+    pub path: String,
+    /// `Authorization` header, if any.
+    pub authorization: Option<String>,
+    /// Parsed JSON body (`Value::Null` if it did not parse).
+    pub body: Value,
+}
+
+struct Shared {
+    script: VecDeque<Step>,
+    requests: Vec<Recorded>,
+    /// When the script runs out: repeat this step forever (for the demo), or
+    /// answer 500.
+    fallback: Option<Step>,
+    counter: u64,
+}
+
+/// The running fake. Stops when dropped.
+pub struct FakeLlm {
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    server: Arc<tiny_http::Server>,
+    thread: Option<JoinHandle<()>>,
+    addr: String,
+}
+
+impl FakeLlm {
+    /// Starts on an ephemeral loopback port.
+    pub fn start(script: Vec<Step>) -> FakeLlm {
+        FakeLlm::start_on("127.0.0.1:0", script, None).expect("start the fake LLM")
+    }
+
+    /// Starts on `addr` with an optional fallback step.
+    pub fn start_on(
+        addr: &str,
+        script: Vec<Step>,
+        fallback: Option<Step>,
+    ) -> std::io::Result<FakeLlm> {
+        let server = Arc::new(tiny_http::Server::http(addr).map_err(std::io::Error::other)?);
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let shared = Arc::new((
+            Mutex::new(Shared {
+                script: script.into(),
+                requests: Vec::new(),
+                fallback,
+                counter: 0,
+            }),
+            Condvar::new(),
+        ));
+        let (s2, srv2) = (shared.clone(), server.clone());
+        let thread = std::thread::Builder::new()
+            .name("fake-llm".into())
+            .spawn(move || {
+                while let Ok(mut rq) = srv2.recv() {
+                    let mut body = String::new();
+                    let _ = rq.as_reader().read_to_string(&mut body);
+                    let auth = rq
+                        .headers()
+                        .iter()
+                        .find(|h| h.field.equiv("Authorization"))
+                        .map(|h| h.value.as_str().to_owned());
+                    let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                    let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
+                    let mut resp = tiny_http::Response::from_string(out).with_status_code(status);
+                    resp.add_header(
+                        tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap(),
+                    );
+                    for (k, v) in headers {
+                        resp.add_header(
+                            tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap(),
+                        );
+                    }
+                    let _ = rq.respond(resp);
+                }
+            })?;
+        Ok(FakeLlm {
+            shared,
+            server,
+            thread: Some(thread),
+            addr,
+        })
+    }
+
+    /// Base URL to configure (`http://127.0.0.1:PORT/v1`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.0.lock().requests.clone()
+    }
+
+    /// Waits until at least `n` requests arrived.
+    pub fn wait_requests(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.shared.0.lock();
+        while g.requests.len() < n && !self.shared.1.wait_until(&mut g, deadline).timed_out() {}
+        g.requests.clone()
+    }
+
+    /// Steps not yet consumed.
+    pub fn remaining(&self) -> usize {
+        self.shared.0.lock().script.len()
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer(
+    shared: &(Mutex<Shared>, Condvar),
+    url: &str,
+    auth: Option<String>,
+    body: Value,
+) -> (u16, String, Vec<(String, String)>) {
+    let mut g = shared.0.lock();
+    g.requests.push(Recorded {
+        path: url.to_owned(),
+        authorization: auth,
+        body: body.clone(),
+    });
+    shared.1.notify_all();
+    if url != "/v1/chat/completions" {
+        return (404, json!({"error": {"message": format!("Unknown request URL: POST {url}"), "type": "invalid_request_error", "param": null, "code": "unknown_url"}}).to_string(), vec![]);
+    }
+    let step = match g.script.pop_front().or_else(|| g.fallback.clone()) {
+        Some(s) => s,
+        None => {
+            return (500, json!({"error": {"message": "the scripted model has no more steps", "type": "server_error", "param": null, "code": null}}).to_string(), vec![]);
+        }
+    };
+    g.counter += 1;
+    let n = g.counter;
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("scripted")
+        .to_owned();
+    let (message, finish) = match step {
+        Step::Raw {
+            status,
+            body,
+            headers,
+        } => return (status, body, headers),
+        Step::Text(t) => (
+            json!({"role": "assistant", "content": t, "refusal": null}),
+            "stop",
+        ),
+        Step::ToolCalls(calls) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| {
+                    json!({
+                        "id": format!("call_{n}_{i}"),
+                        "type": "function",
+                        "function": {"name": choir_common::ids::wire_tool_name(name), "arguments": args}
+                    })
+                })
+                .collect();
+            (
+                json!({"role": "assistant", "content": null, "tool_calls": calls, "refusal": null}),
+                "tool_calls",
+            )
+        }
+    };
+    let resp = json!({
+        "id": format!("chatcmpl-scripted-{n}"),
+        "object": "chat.completion",
+        "created": 1_700_000_000 + n,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        "system_fingerprint": "fp_scripted"
+    });
+    (200, resp.to_string(), vec![])
+}
+
+/// Reads a scenario file: `{"steps": [{"content": "..."} | {"tool_calls":
+/// [{"name": "...", "arguments": {...}}]}], "fallback": {...}}`.
+pub fn load_scenario(text: &str) -> Result<(Vec<Step>, Option<Step>), String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("scenario is not JSON: {e}"))?;
+    let step = |s: &Value| -> Result<Step, String> {
+        if let Some(c) = s.get("content").and_then(Value::as_str) {
+            return Ok(Step::Text(c.to_owned()));
+        }
+        if let Some(calls) = s.get("tool_calls").and_then(Value::as_array) {
+            let mut out = Vec::new();
+            for c in calls {
+                let name = c
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or("tool call without a name")?;
+                out.push((
+                    name.to_owned(),
+                    c.get("arguments").cloned().unwrap_or(json!({})).to_string(),
+                ));
+            }
+            return Ok(Step::ToolCalls(out));
+        }
+        Err(format!("a step needs \"content\" or \"tool_calls\": {s}"))
+    };
+    let steps = v
+        .get("steps")
+        .and_then(Value::as_array)
+        .ok_or("scenario needs a \"steps\" array")?;
+    let steps = steps.iter().map(step).collect::<Result<Vec<_>, _>>()?;
+    let fallback = v.get("fallback").map(step).transpose()?;
+    Ok((steps, fallback))
+}

@@ -1,0 +1,244 @@
+//! A running choird for tests: a hermetic temporary home with the given
+//! `config.json` and `secrets.json`, the real `choird` binary started on it, and
+//! `choirctl` run against it. Dropping the handle stops choird with SIGTERM (as
+//! systemd would) and deletes the home.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Path of a workspace binary built next to the test executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built; run `cargo build --workspace` (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// A temporary Choir home.
+pub struct TempHome {
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
+
+impl TempHome {
+    /// Creates a home with `config` and `secrets` (mode 0600).
+    pub fn new(config: &Value, secrets: &Value) -> TempHome {
+        let dir = tempfile::Builder::new()
+            .prefix("choir-home-")
+            .tempdir()
+            .expect("temp home");
+        // Traversable, so a managed cluster running as `postgres` can reach <home>/pg.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let path = dir.path().to_owned();
+        std::fs::write(
+            path.join("config.json"),
+            serde_json::to_string_pretty(config).unwrap(),
+        )
+        .unwrap();
+        let secrets_path = path.join("secrets.json");
+        std::fs::write(&secrets_path, secrets.to_string()).unwrap();
+        std::fs::set_permissions(&secrets_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        TempHome {
+            dir: Some(dir),
+            path,
+        }
+    }
+
+    /// The home directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs choird on this home expecting it to exit by itself (start-up
+    /// failures); returns its status and stderr.
+    pub fn run_choird_to_exit(&self, timeout: Duration) -> (std::process::ExitStatus, String) {
+        let mut child = Command::new(bin("choird"))
+            .arg("--home")
+            .arg(&self.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn choird");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                return (status, err);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("choird did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        if crate::keep() {
+            if let Some(d) = self.dir.take() {
+                eprintln!("CHOIR_TEST_KEEP: keeping {}", d.keep().display());
+            }
+        }
+    }
+}
+
+/// A running choird.
+pub struct Choird {
+    child: Option<Child>,
+    /// Its home (deleted after choird stops).
+    pub home: TempHome,
+}
+
+impl Choird {
+    /// Starts choird on a new home and waits until its admin socket answers.
+    pub fn start(config: &Value, secrets: &Value) -> Choird {
+        Choird::start_in(TempHome::new(config, secrets))
+    }
+
+    /// Starts choird on an existing home.
+    pub fn start_in(home: TempHome) -> Choird {
+        let stderr = std::fs::File::create(home.path().join("choird.stderr")).unwrap();
+        let child = Command::new(bin("choird"))
+            .arg("--home")
+            .arg(home.path())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn choird");
+        let mut c = Choird {
+            child: Some(child),
+            home,
+        };
+        c.wait_ready();
+        c
+    }
+
+    fn wait_ready(&mut self) {
+        let socket = self.home.path().join("socks/choird.sock");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "choird exited during start-up ({status}):\n{}",
+                    self.stderr()
+                );
+            }
+            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "choird not ready after 60 s:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// choird's stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("choird.stderr")).unwrap_or_default()
+    }
+
+    /// choird's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Runs `choirctl --home <home> ARGS`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("choirctl"))
+            .arg("--home")
+            .arg(self.home.path())
+            .args(args)
+            .output()
+            .expect("run choirctl")
+    }
+
+    /// Runs choirctl and returns stdout, failing the test on a non-zero exit.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "choirctl {args:?} failed: {}\n--- choird stderr ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.stderr()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The agent's workspace under this home.
+    pub fn workspace(&self, agent: &str) -> PathBuf {
+        self.home.path().join("workspaces").join(agent)
+    }
+
+    /// Stops choird with SIGTERM and waits (SIGKILL after 30 s); returns its status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                eprintln!("choird ignored SIGTERM for 30 s; killing it");
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Choird {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A config for tests: process runtime, both lanes on `llm_base_url`, one agent
+/// per id, and `database_url` when given (else the managed cluster).
+pub fn test_config(llm_base_url: &str, database_url: Option<&str>, agents: &[&str]) -> Value {
+    let agents: serde_json::Map<String, Value> = agents
+        .iter()
+        .map(|a| (a.to_string(), serde_json::json!({})))
+        .collect();
+    let mut c = serde_json::json!({
+        "runtime": "process",
+        "llm": {
+            "edge": {"base_url": llm_base_url, "model": "fake-edge", "api_key_secret": "llm_key", "timeout_s": 30},
+            "core": {"base_url": llm_base_url, "model": "fake-core", "api_key_secret": "llm_key", "timeout_s": 30}
+        },
+        "agents": agents,
+    });
+    if let Some(url) = database_url {
+        c["database_url"] = Value::String(url.to_owned());
+    }
+    c
+}

@@ -1,0 +1,25 @@
+//! Test support for Choir: RAII handles for a disposable PostgreSQL cluster and
+//! a running choird, the protocol-exact fakes of services that cannot be
+//! reached offline (an OpenAI-compatible chat-completions server), and the
+//! end-to-end tests under `tests/`.
+//!
+//! Services a test needs are *required* when `CHOIR_TEST_REQUIRE_SERVICES=1`
+//! (set by `make test`): a missing one fails the test. Under plain
+//! `cargo test` such a test prints why it is skipped and returns.
+//! `CHOIR_TEST_KEEP=1` keeps temporary homes and clusters for inspection.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+pub mod fake_llm;
+pub mod harness;
+pub mod pg;
+
+/// Whether missing services must fail tests instead of skipping them.
+pub fn services_required() -> bool {
+    std::env::var("CHOIR_TEST_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+/// Whether to keep temporary state after a test.
+pub fn keep() -> bool {
+    std::env::var("CHOIR_TEST_KEEP").is_ok_and(|v| v == "1")
+}

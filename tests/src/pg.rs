@@ -1,0 +1,71 @@
+//! A disposable PostgreSQL cluster per test: a fresh `initdb` in a temporary
+//! directory, started on a private socket with the same code choird uses for its
+//! managed cluster, stopped and deleted on drop.
+
+use std::os::unix::fs::PermissionsExt;
+
+use choird::db::cluster::ManagedCluster;
+
+/// A running throwaway cluster.
+pub struct TestPg {
+    cluster: Option<ManagedCluster>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl TestPg {
+    /// Starts a cluster, or returns `None` (after printing why) when PostgreSQL
+    /// is not installed and services are not required.
+    pub fn start() -> Option<TestPg> {
+        let bin = match ManagedCluster::find_bin_dir(None) {
+            Ok(b) => b,
+            Err(e) if !crate::services_required() => {
+                eprintln!("SKIPPED: no PostgreSQL server here ({e}); `make test` requires it");
+                return None;
+            }
+            Err(e) => panic!("PostgreSQL is required for this test: {e}"),
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("choir-pg-")
+            .tempdir()
+            .expect("temp dir");
+        // The cluster may run as the `postgres` user (when tests run as root).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let cluster = ManagedCluster::start(&dir.path().join("pg"), &bin)
+            .unwrap_or_else(|e| panic!("cannot start a test cluster: {e}"));
+        Some(TestPg {
+            cluster: Some(cluster),
+            dir: Some(dir),
+        })
+    }
+
+    /// Connection string of the `choir` database.
+    pub fn url(&self) -> String {
+        self.cluster.as_ref().map(|c| c.url()).unwrap_or_default()
+    }
+
+    /// A connected client.
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.url(), postgres::NoTls)
+            .expect("connect to the test cluster")
+    }
+}
+
+impl Drop for TestPg {
+    fn drop(&mut self) {
+        if let Some(c) = self.cluster.take() {
+            if crate::keep() {
+                eprintln!(
+                    "CHOIR_TEST_KEEP: leaving the test cluster running at {}",
+                    c.url()
+                );
+                if let Some(d) = self.dir.take() {
+                    let _ = d.keep();
+                }
+                return;
+            }
+            if let Err(e) = c.stop_immediate() {
+                eprintln!("warning: stopping the test cluster: {e}");
+            }
+        }
+    }
+}

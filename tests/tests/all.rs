@@ -1,0 +1,8 @@
+//! End-to-end tests: real choird, choir-agent and choirctl binaries, a real
+//! PostgreSQL, and the scripted OpenAI-compatible fake in place of a model.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+mod bad_input;
+mod e2e;
+mod managed;

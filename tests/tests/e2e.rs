@@ -1,0 +1,198 @@
+//! The walking skeleton: one message from choirctl through choird, the agent's
+//! edge lane, the LLM relay, the arbiter and a tool, back to choirctl, with the
+//! commit event replicated into Postgres.
+
+use std::time::{Duration, Instant};
+
+use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{test_config, Choird};
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+/// The exact tools list the edge lane must send: LLM views only, wire names.
+pub fn expected_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "choir__fs__read",
+            "description": "Read a UTF-8 text file from the workspace.",
+            "parameters": {"type": "object",
+                "properties": {"path": {"type": "string", "description": "Path relative to /workspace"}},
+                "required": ["path"], "additionalProperties": false}}},
+        {"type": "function", "function": {
+            "name": "choir__fs__write",
+            "description": "Write a text file in the workspace, replacing it or appending to it.",
+            "parameters": {"type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to /workspace"},
+                    "content": {"type": "string"},
+                    "mode": {"type": "string", "enum": ["overwrite", "append"]}},
+                "required": ["path", "content"], "additionalProperties": false}}}
+    ])
+}
+
+pub const SYSTEM_PROMPT: &str =
+    "You are demo, an agent run by Choir. You act only through the tools you are given; \
+every call is checked and recorded. Paths are relative to your workspace, /workspace. \
+When no tool is needed, answer directly and briefly.";
+
+/// Events replicated to Postgres for `agent`, once at least `n` are there.
+pub fn replicated_events(pg: &TestPg, agent: &str, n: usize) -> Vec<CommitEvent> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut client = pg.client();
+    loop {
+        let rows = client
+            .query(
+                "SELECT event FROM commit_events WHERE agent_id = $1 ORDER BY seq",
+                &[&agent],
+            )
+            .unwrap();
+        let events: Vec<CommitEvent> = rows
+            .iter()
+            .map(|r| serde_json::from_value(r.get::<_, Value>(0)).unwrap())
+            .collect();
+        if events.len() >= n || Instant::now() > deadline {
+            return events;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_message_goes_through_every_component_and_back() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call(
+            "choir.fs.write",
+            json!({"path": "notes/hello.txt", "content": "hello from choir\n"}),
+        ),
+        Step::Text("Done: I wrote notes/hello.txt.".into()),
+    ]);
+    let choird = Choird::start(
+        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
+        &json!({"llm_key": "sk-test-relay-key"}),
+    );
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let answer = choird.ctl_ok(&["chat", "demo", "Please", "write", "a", "hello", "note."]);
+    assert_eq!(answer, "Done: I wrote notes/hello.txt.\n");
+
+    // The model saw exactly the LLM view: no runtime field, wire-safe names.
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
+    assert_eq!(reqs[0].path, "/v1/chat/completions");
+    assert_eq!(
+        reqs[0].body,
+        json!({
+            "model": "fake-edge",
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": "Please write a hello note."}
+            ],
+            "tools": expected_tools(),
+            "tool_choice": "auto"
+        })
+    );
+    // The relay added the key; the agent never had it.
+    assert_eq!(
+        reqs[0].authorization.as_deref(),
+        Some("Bearer sk-test-relay-key")
+    );
+    let agent_log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
+    assert!(!agent_log.contains("sk-test-relay-key"));
+
+    // The tool ran inside the workspace.
+    let file = choird.workspace("demo").join("notes/hello.txt");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "hello from choir\n"
+    );
+
+    // The second request carries the tool call and its result.
+    let msgs = reqs[1].body["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 4);
+    assert_eq!(msgs[2]["role"], "assistant");
+    assert_eq!(
+        msgs[2]["tool_calls"][0]["function"]["name"],
+        "choir__fs__write"
+    );
+    assert_eq!(msgs[3]["role"], "tool");
+    assert_eq!(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"]);
+    let result: Value = serde_json::from_str(msgs[3]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(result["status"], "success");
+    assert_eq!(result["path"], "notes/hello.txt");
+
+    // The commit event is in the agent's log and, replicated, in Postgres.
+    let local =
+        std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
+    let local: Vec<CommitEvent> = local
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(local.len(), 1);
+    assert_eq!(
+        (local[0].seq, local[0].tool.as_str(), local[0].outcome),
+        (1, "choir.fs.write", Outcome::Ok)
+    );
+    let events = replicated_events(&pg, "demo", 1);
+    assert_eq!(events, local);
+    verify_extension(&ChainHead::genesis(), &events).unwrap();
+    let shown = choird.ctl_ok(&["agent", "events", "demo"]);
+    assert!(
+        shown.contains("choir.fs.write") && shown.contains("chain: intact"),
+        "{shown}"
+    );
+
+    // choird acknowledged it: the agent's status shows the replicated sequence.
+    let status: Value =
+        serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(status["state"], "running");
+    assert_eq!(status["replicated_seq"], 1);
+    // Every model call went through the relay and was recorded.
+    let calls: i64 = pg
+        .client()
+        .query_one(
+            "SELECT count(*) FROM llm_calls WHERE agent_id = 'demo'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(calls, 2);
+
+    let stopped = choird.ctl_ok(&["agent", "stop", "demo"]);
+    assert!(stopped.contains("stopped"), "{stopped}");
+    let status: Value =
+        serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(status["state"], "stopped");
+}
+
+#[test]
+fn a_restarted_agent_continues_the_chain_without_replaying() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "one"})),
+        Step::Text("first".into()),
+        Step::call(
+            "choir.fs.write",
+            json!({"path": "a.txt", "content": "two", "mode": "append"}),
+        ),
+        Step::Text("second".into()),
+    ]);
+    let choird = Choird::start(
+        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "first\n");
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "two"]), "second\n");
+    assert_eq!(
+        std::fs::read_to_string(choird.workspace("demo").join("a.txt")).unwrap(),
+        "onetwo"
+    );
+    let events = replicated_events(&pg, "demo", 2);
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
+    verify_extension(&ChainHead::genesis(), &events).unwrap();
+    // The first message was answered once: the restarted agent did not get it again.
+    assert_eq!(fake.requests().len(), 4);
+}
