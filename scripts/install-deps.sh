@@ -27,38 +27,63 @@ fi
 
 # --- pgvector -------------------------------------------------------------
 SHAREDIR=$(/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config --sharedir)
+
+# Debian 12 does not package pgvector: build Debian's own source package of it.
+install_pgvector() {
+  # The mirror is whatever this machine's apt configuration names: never hard-coded.
+  mirror=""
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+    mirror=$(awk '$1=="deb" && $0 !~ /security/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file):/) {print $i; exit}}' /etc/apt/sources.list)
+  fi
+  if [ -z "$mirror" ]; then
+    echo "install-deps: cannot find a Debian mirror in /etc/apt/sources.list(.d)" >&2
+    exit 1
+  fi
+
+  work=$(mktemp -d /tmp/choir-pgvector.XXXXXX)
+  trap 'rm -rf "$work"' RETURN
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/etc/preferences.d" "$work/src"
+  # Debian's next release (trixie) carries pgvector 0.8; only its *source* is used,
+  # fetched through a private apt state so the system's apt configuration is untouched.
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-trixie-stable.gpg] $mirror trixie main" > "$work/etc/sources.list"
+  APT_OPTS=(-o "Dir::Etc::SourceList=$work/etc/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+            -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$work/etc/preferences.d"
+            -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=$(id -un)")
+  echo "install-deps: fetching pgvector source from $mirror (trixie)"
+  apt-get "${APT_OPTS[@]}" update -q
+  (cd "$work/src" && apt-get "${APT_OPTS[@]}" source -q pgvector)
+  srcdir=$(find "$work/src" -maxdepth 1 -mindepth 1 -type d -name 'pgvector-*' | head -n1)
+  echo "install-deps: building $(basename "$srcdir")"
+  make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no
+  $SUDO make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no install
+  echo "install-deps: pgvector installed"
+}
+
 if [ -f "$SHAREDIR/extension/vector.control" ]; then
   echo "install-deps: pgvector already installed"
-  exit 0
+else
+  install_pgvector
 fi
 
-# The mirror is whatever this machine's apt configuration names: never hard-coded.
-mirror=""
-if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+# --- Rust -------------------------------------------------------------------
+# Debian 12's rustc is too old for the dependency set; a rustup toolchain is
+# expected. Install one only when none is there and rustup's server answers.
+need_minor=85
+if command -v cargo >/dev/null 2>&1; then
+  minor=$(cargo --version | awk '{split($2, v, "."); print v[2]}')
+  if [ "${minor:-0}" -lt "$need_minor" ]; then
+    echo "install-deps: cargo $(cargo --version) is older than 1.$need_minor; run: rustup update stable" >&2
+    exit 1
+  fi
+else
+  if curl -fsS --max-time 10 https://sh.rustup.rs -o /tmp/rustup-init.sh; then
+    sh /tmp/rustup-init.sh -y --profile minimal --component clippy,rustfmt
+    echo "install-deps: Rust installed; add ~/.cargo/bin to PATH (source ~/.cargo/env)"
+  else
+    echo "install-deps: no cargo on PATH and rustup is unreachable; install Rust >= 1.$need_minor" >&2
+    exit 1
+  fi
 fi
-if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
-  mirror=$(awk '$1=="deb" && $0 !~ /security/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file):/) {print $i; exit}}' /etc/apt/sources.list)
-fi
-if [ -z "$mirror" ]; then
-  echo "install-deps: cannot find a Debian mirror in /etc/apt/sources.list(.d)" >&2
-  exit 1
-fi
-
-work=$(mktemp -d /tmp/choir-pgvector.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/etc/preferences.d" "$work/src"
-# Debian's next release (trixie) carries pgvector 0.8; only its *source* is used,
-# fetched through a private apt state so the system's apt configuration is untouched.
-echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-trixie-stable.gpg] $mirror trixie main" > "$work/etc/sources.list"
-APT_OPTS=(-o "Dir::Etc::SourceList=$work/etc/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$work/etc/preferences.d"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
-echo "install-deps: fetching pgvector source from $mirror (trixie)"
-apt-get "${APT_OPTS[@]}" update -q
-(cd "$work/src" && apt-get "${APT_OPTS[@]}" source -q pgvector)
-srcdir=$(find "$work/src" -maxdepth 1 -mindepth 1 -type d -name 'pgvector-*' | head -n1)
-echo "install-deps: building $(basename "$srcdir")"
-make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no
-$SUDO make -C "$srcdir" -s PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config with_llvm=no install
-echo "install-deps: pgvector installed"

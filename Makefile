@@ -1,0 +1,51 @@
+# One entry point for developer and operator tasks (STYLE practice 11).
+#   make demo     set up everything, then run a demo agent through the real pipeline
+#   make test     set up everything, then lint and run every test (real PostgreSQL)
+#   make install  install the binaries and the systemd unit (as root)
+
+CARGO   ?= cargo
+PREFIX  ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+
+.PHONY: all deps build release demo test lint fmt bench install clean
+
+all: build
+
+# System packages (PostgreSQL 15, pgvector from source, ripgrep, ...) and a
+# Rust toolchain check. Idempotent.
+deps:
+	./scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --workspace --bins
+
+release: deps
+	$(CARGO) build --workspace --release --bins
+
+demo: build
+	./scripts/demo.sh
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Services are required here: a test that cannot reach PostgreSQL fails
+# instead of skipping (plain `cargo test` skips and says why).
+test: deps lint
+	$(CARGO) build --workspace --bins
+	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace
+
+install: release
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR)
+	install -m 0755 target/release/choird target/release/choir-agent target/release/choirctl $(DESTDIR)$(PREFIX)/bin/
+	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
+	@if [ -z "$(DESTDIR)" ]; then ./scripts/install-user.sh; fi
+	@echo "installed; start with: systemctl daemon-reload && systemctl enable --now choird"
+
+clean:
+	$(CARGO) clean

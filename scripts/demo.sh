@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The demo: a temporary Choir home with the managed PostgreSQL, one agent on the
+# process runtime, one message through choirctl → choird → the agent's edge
+# lane → the LLM relay → the arbiter → tools → back, then the commit log.
+#
+# With CHOIR_LLM_BASE_URL (and CHOIR_LLM_API_KEY, CHOIR_LLM_MODEL) set, the
+# agent talks to that OpenAI-compatible endpoint; otherwise to a bundled
+# scripted server that replays demo/scenario.json and says so.
+# CHOIR_DEMO_KEEP=1 keeps the temporary home.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${CHOIR_BIN:-target/debug}
+MESSAGE=${CHOIR_DEMO_MESSAGE:-"Write a short haiku about Debian into poems/haiku.txt, then read it back to me."}
+
+home=$(mktemp -d /tmp/choir-demo.XXXXXX)
+chmod 711 "$home"   # the managed PostgreSQL may run as the postgres user
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ "${CHOIR_DEMO_KEEP:-0}" = 1 ]; then echo "demo home kept: $home"; else rm -rf "$home"; fi
+}
+trap cleanup EXIT
+
+if [ -n "${CHOIR_LLM_BASE_URL:-}" ]; then
+  base_url=$CHOIR_LLM_BASE_URL
+  model=${CHOIR_LLM_MODEL:-gpt-4o-mini}
+  echo "demo: using the model $model at $base_url"
+else
+  "$BIN/choir-scripted-llm" demo/scenario.json 127.0.0.1:0 "$home/llm.url" 2>"$home/scripted-llm.log" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$home/llm.url" ] && break; sleep 0.05; done
+  base_url=$(cat "$home/llm.url")
+  model=scripted
+  echo "demo: no CHOIR_LLM_BASE_URL set, so the agent talks to a SCRIPTED model server (a replay of demo/scenario.json, not an LLM)"
+fi
+
+umask 077
+printf '{"llm_api_key": "%s"}\n' "${CHOIR_LLM_API_KEY:-none}" > "$home/secrets.json"
+umask 022
+cat > "$home/config.json" <<JSON
+{
+  "runtime": "process",
+  "llm": {
+    "edge": {"base_url": "$base_url", "model": "$model", "api_key_secret": "llm_api_key"},
+    "core": {"base_url": "$base_url", "model": "$model", "api_key_secret": "llm_api_key"}
+  },
+  "agents": {"demo": {}}
+}
+JSON
+
+echo "demo: starting choird (home $home, managed PostgreSQL)"
+"$BIN/choird" --home "$home" 2>"$home/choird.stderr" &
+pids=("$!" "${pids[@]}")
+for _ in $(seq 600); do
+  [ -S "$home/socks/choird.sock" ] && break
+  if ! kill -0 "${pids[0]}" 2>/dev/null; then cat "$home/choird.stderr"; exit 1; fi
+  sleep 0.1
+done
+ctl() { "$BIN/choirctl" --home "$home" "$@"; }
+
+echo; echo "\$ choirctl status"; ctl status
+echo; echo "\$ choirctl agent start demo"; ctl agent start demo
+echo; echo "\$ choirctl chat demo \"$MESSAGE\""; ctl chat demo "$MESSAGE"
+echo; echo "\$ choirctl agent events demo   # the commit log, as replicated into PostgreSQL"; ctl agent events demo
+if [ -f "$home/workspaces/demo/poems/haiku.txt" ]; then
+  echo; echo "\$ cat workspaces/demo/poems/haiku.txt"; cat "$home/workspaces/demo/poems/haiku.txt"
+fi
+echo; echo "\$ choirctl agent stop demo"; ctl agent stop demo
