@@ -37,7 +37,7 @@ lint:
 # instead of skipping (plain `cargo test` skips and says why).
 test: deps lint
 	$(CARGO) build --workspace --bins
-	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace
+	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR)

@@ -132,14 +132,7 @@ impl Arbiter {
         committed: Sender<()>,
         secrets: SecretStore,
     ) -> Arbiter {
-        Arbiter {
-            registry,
-            workspace,
-            log,
-            committed,
-            secrets,
-            kill_switch: AtomicBool::new(false),
-        }
+        Arbiter { registry, workspace, log, committed, secrets, kill_switch: AtomicBool::new(false) }
     }
 
     /// The registry.
@@ -158,34 +151,22 @@ impl Arbiter {
             Some(list) => list.clone(),
             None => self.registry.names(),
         };
-        let forbid = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| {
-            Decision::Forbidden {
-                tool,
-                input,
-                refusal,
-                reason,
-            }
+        let forbid = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| Decision::Forbidden {
+            tool,
+            input,
+            refusal,
+            reason,
         };
-        let Some(tool) = canonical_tool_name(&call.name).filter(|n| self.registry.get(n).is_some())
-        else {
+        let Some(tool) = canonical_tool_name(&call.name).filter(|n| self.registry.get(n).is_some()) else {
             return forbid(
                 None,
                 Value::Null,
                 Refusal::UnknownTool,
-                format!(
-                    "there is no tool named {:?}; available tools: {}",
-                    call.name,
-                    allowed_names().join(", ")
-                ),
+                format!("there is no tool named {:?}; available tools: {}", call.name, allowed_names().join(", ")),
             );
         };
         let Some(reg) = self.registry.get(&tool) else {
-            return forbid(
-                None,
-                Value::Null,
-                Refusal::UnknownTool,
-                format!("there is no tool named {tool:?}"),
-            );
+            return forbid(None, Value::Null, Refusal::UnknownTool, format!("there is no tool named {tool:?}"));
         };
         let input: Value = match serde_json::from_str(&call.arguments) {
             Ok(v) => v,
@@ -194,7 +175,9 @@ impl Arbiter {
                     Some(tool),
                     Value::String(call.arguments.clone()),
                     Refusal::InvalidArguments,
-                    format!("the arguments are not valid JSON ({e}); send a JSON object matching the tool's parameters"),
+                    format!(
+                        "the arguments are not valid JSON ({e}); send a JSON object matching the tool's parameters"
+                    ),
                 )
             }
         };
@@ -203,14 +186,7 @@ impl Arbiter {
             .iter_errors(&input)
             .map(|e| {
                 let at = e.instance_path().to_string();
-                format!(
-                    "{}: {e}",
-                    if at.is_empty() {
-                        "(root)".to_owned()
-                    } else {
-                        at
-                    }
-                )
+                format!("{}: {e}", if at.is_empty() { "(root)".to_owned() } else { at })
             })
             .collect();
         if !problems.is_empty() {
@@ -227,10 +203,7 @@ impl Arbiter {
                     Some(tool.clone()),
                     input,
                     Refusal::NotAllowed,
-                    format!(
-                        "{tool} is not allowed here; allowed tools: {}",
-                        list.join(", ")
-                    ),
+                    format!("{tool} is not allowed here; allowed tools: {}", list.join(", ")),
                 );
             }
         }
@@ -241,9 +214,7 @@ impl Arbiter {
                 let raw = input.get(&field).and_then(Value::as_str).unwrap_or("");
                 match self.workspace.normalize(raw) {
                     Ok(rel) => resource = resource.replace(&format!("{{{field}}}"), rel.as_str()),
-                    Err(e) => {
-                        return forbid(Some(tool), input, Refusal::PathForbidden, e.to_string())
-                    }
+                    Err(e) => return forbid(Some(tool), input, Refusal::PathForbidden, e.to_string()),
                 }
             }
             resources.push((resource, lock.mode));
@@ -256,11 +227,7 @@ impl Arbiter {
                 "all tools are disabled by the operator's kill switch; tell the user you cannot act right now".into(),
             );
         }
-        Decision::Allowed {
-            tool,
-            input,
-            resources,
-        }
+        Decision::Allowed { tool, input, resources }
     }
 
     /// The whole pipeline; returns the JSON the model gets as the tool result.
@@ -269,22 +236,13 @@ impl Arbiter {
     pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Value, LogError> {
         let decision = self.decide(lane, call);
         let (tool, input, outcome, result, duration_us) = match decision {
-            Decision::Allowed {
-                tool,
-                input,
-                resources: _,
-            } => {
+            Decision::Allowed { tool, input, resources: _ } => {
                 let started = Instant::now();
                 let reg = self.registry.get(&tool);
-                let ctx = ExecContext {
-                    workspace: &self.workspace,
-                };
+                let ctx = ExecContext { workspace: &self.workspace };
                 let ran = match reg {
                     Some(reg) => reg.tool.execute(&ctx, &input),
-                    None => Err(crate::tools::ToolError::new(
-                        "unknown_tool",
-                        "tool vanished",
-                    )),
+                    None => Err(crate::tools::ToolError::new("unknown_tool", "tool vanished")),
                 };
                 let duration_us = started.elapsed().as_micros() as u64;
                 match ran {
@@ -300,20 +258,11 @@ impl Arbiter {
                     }
                 }
             }
-            Decision::NeedsApproval {
-                tool,
-                input,
-                reason,
-            } => {
+            Decision::NeedsApproval { tool, input, reason } => {
                 let out = json!({"status": "needs_approval", "error": {"code": "needs_approval", "message": reason}});
                 (tool, input, Outcome::Rejected, out, 0)
             }
-            Decision::Forbidden {
-                tool,
-                input,
-                refusal,
-                reason,
-            } => {
+            Decision::Forbidden { tool, input, refusal, reason } => {
                 let allowed = match &lane.allowlist {
                     Some(l) => l.clone(),
                     None => self.registry.names(),
@@ -322,13 +271,7 @@ impl Arbiter {
                     "status": "rejected",
                     "error": {"code": refusal.code(), "message": reason, "allowed_tools": allowed},
                 });
-                (
-                    tool.unwrap_or_else(|| format!("?{}", call.name)),
-                    input,
-                    Outcome::Rejected,
-                    out,
-                    0,
-                )
+                (tool.unwrap_or_else(|| format!("?{}", call.name)), input, Outcome::Rejected, out, 0)
             }
         };
         let event = NewEvent {

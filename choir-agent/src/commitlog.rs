@@ -94,31 +94,16 @@ impl CommitLog {
     /// Opens (creating) `dir/commit.log`, verifies it and truncates a torn tail.
     pub fn open(dir: &Path) -> Result<(CommitLog, OpenReport), LogError> {
         let path = dir.join("commit.log");
-        let io = |source| LogError::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = |source| LogError::Io { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(io)?;
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let mut data = Vec::new();
         file.read_to_end(&mut data).map_err(io)?;
 
         let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let mut report = OpenReport {
-            events: 0,
-            truncated_bytes: (data.len() - complete) as u64,
-        };
+        let mut report = OpenReport { events: 0, truncated_bytes: (data.len() - complete) as u64 };
         if report.truncated_bytes > 0 {
-            log::warn!(
-                "commit log {}: dropping a torn last record ({} bytes)",
-                path.display(),
-                report.truncated_bytes
-            );
+            log::warn!("commit log {}: dropping a torn last record ({} bytes)", path.display(), report.truncated_bytes);
             file.set_len(complete as u64).map_err(io)?;
             file.sync_all().map_err(io)?;
         }
@@ -140,10 +125,7 @@ impl CommitLog {
         let head = match events.first() {
             None => ChainHead::genesis(),
             Some(first) => {
-                let base = ChainHead {
-                    seq: first.seq.saturating_sub(1),
-                    hash: first.prev_hash.clone(),
-                };
+                let base = ChainHead { seq: first.seq.saturating_sub(1), hash: first.prev_hash.clone() };
                 verify_extension(&base, &events).map_err(|e| LogError::Corrupt {
                     path: path.clone(),
                     seq: match e {
@@ -157,16 +139,7 @@ impl CommitLog {
         };
         report.events = events.len() as u64;
         file.seek(SeekFrom::End(0)).map_err(io)?;
-        Ok((
-            CommitLog {
-                path,
-                file,
-                head,
-                unacked: events.into(),
-                acked: 0,
-            },
-            report,
-        ))
+        Ok((CommitLog { path, file, head, unacked: events.into(), acked: 0 }, report))
     }
 
     /// Reconciles with choird's replicated head (from INIT_HELLO): events choird
@@ -183,39 +156,26 @@ impl CommitLog {
                 replicated.seq
             );
             if local.seq > 0 {
-                let aside = self
-                    .path
-                    .with_extension(format!("log.behind-{}", local.seq));
-                std::fs::rename(&self.path, &aside).map_err(|source| LogError::Io {
-                    path: self.path.clone(),
-                    source,
-                })?;
+                let aside = self.path.with_extension(format!("log.behind-{}", local.seq));
+                std::fs::rename(&self.path, &aside)
+                    .map_err(|source| LogError::Io { path: self.path.clone(), source })?;
             }
             self.file = OpenOptions::new()
                 .read(true)
                 .append(true)
                 .create(true)
                 .open(&self.path)
-                .map_err(|source| LogError::Io {
-                    path: self.path.clone(),
-                    source,
-                })?;
+                .map_err(|source| LogError::Io { path: self.path.clone(), source })?;
             self.head = replicated.clone();
             self.unacked.clear();
         } else if replicated.seq > 0 {
             let ours = if local.seq == replicated.seq {
                 Some(local.hash.clone())
             } else {
-                self.unacked
-                    .iter()
-                    .find(|e| e.seq == replicated.seq)
-                    .map(|e| e.hash.clone())
+                self.unacked.iter().find(|e| e.seq == replicated.seq).map(|e| e.hash.clone())
             };
             if ours.as_deref() != Some(replicated.hash.as_str()) {
-                return Err(LogError::Forked {
-                    path: self.path.clone(),
-                    seq: replicated.seq,
-                });
+                return Err(LogError::Forked { path: self.path.clone(), seq: replicated.seq });
             }
         }
         self.ack(replicated.seq);
@@ -241,24 +201,13 @@ impl CommitLog {
             hash: String::new(),
         }
         .seal();
-        let mut line = serde_json::to_vec(&ev).map_err(|e| LogError::Io {
-            path: self.path.clone(),
-            source: e.into(),
-        })?;
+        let mut line =
+            serde_json::to_vec(&ev).map_err(|e| LogError::Io { path: self.path.clone(), source: e.into() })?;
         line.push(b'\n');
-        let io = |source| LogError::Io {
-            path: self.path.clone(),
-            source,
-        };
+        let io = |source| LogError::Io { path: self.path.clone(), source };
         self.file.write_all(&line).map_err(io)?;
-        self.file.sync_data().map_err(|source| LogError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        self.head = ChainHead {
-            seq: ev.seq,
-            hash: ev.hash.clone(),
-        };
+        self.file.sync_data().map_err(|source| LogError::Io { path: self.path.clone(), source })?;
+        self.head = ChainHead { seq: ev.seq, hash: ev.hash.clone() };
         self.unacked.push_back(ev.clone());
         Ok(ev)
     }
@@ -283,10 +232,7 @@ impl CommitLog {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -318,20 +264,11 @@ mod tests {
             log.append(ev("a.b")).unwrap();
             log.append(ev("a.c")).unwrap();
         }
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(dir.path().join("commit.log"))
-            .unwrap();
+        let mut f = OpenOptions::new().append(true).open(dir.path().join("commit.log")).unwrap();
         f.write_all(b"{\"seq\":3,\"prev").unwrap();
         drop(f);
         let (mut log, report) = CommitLog::open(dir.path()).unwrap();
-        assert_eq!(
-            report,
-            OpenReport {
-                events: 2,
-                truncated_bytes: 14
-            }
-        );
+        assert_eq!(report, OpenReport { events: 2, truncated_bytes: 14 });
         assert_eq!(log.head().seq, 2);
         assert_eq!(log.append(ev("a.d")).unwrap().seq, 3);
         let (log, _) = CommitLog::open(dir.path()).unwrap();
@@ -348,9 +285,7 @@ mod tests {
             }
         }
         let path = dir.path().join("commit.log");
-        let text = std::fs::read_to_string(&path)
-            .unwrap()
-            .replacen("\"a.c\"", "\"a.x\"", 1);
+        let text = std::fs::read_to_string(&path).unwrap().replacen("\"a.c\"", "\"a.x\"", 1);
         std::fs::write(&path, text).unwrap();
         match CommitLog::open(dir.path()) {
             Err(LogError::Corrupt { seq, .. }) => assert_eq!(seq, 2),
@@ -365,21 +300,9 @@ mod tests {
         let (mut log, _) = CommitLog::open(dir.path()).unwrap();
         let first = log.append(ev("a.b")).unwrap();
         log.append(ev("a.c")).unwrap();
-        log.reconcile(&ChainHead {
-            seq: 1,
-            hash: first.hash.clone(),
-        })
-        .unwrap();
-        assert_eq!(
-            log.unacked().iter().map(|e| e.seq).collect::<Vec<_>>(),
-            vec![2]
-        );
-        let err = log
-            .reconcile(&ChainHead {
-                seq: 2,
-                hash: "f".repeat(64),
-            })
-            .unwrap_err();
+        log.reconcile(&ChainHead { seq: 1, hash: first.hash.clone() }).unwrap();
+        assert_eq!(log.unacked().iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
+        let err = log.reconcile(&ChainHead { seq: 2, hash: "f".repeat(64) }).unwrap_err();
         assert!(matches!(err, LogError::Forked { seq: 2, .. }), "{err}");
     }
 
@@ -387,16 +310,9 @@ mod tests {
     fn a_log_behind_choird_continues_from_choird() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = CommitLog::open(dir.path()).unwrap();
-        log.reconcile(&ChainHead {
-            seq: 7,
-            hash: "a".repeat(64),
-        })
-        .unwrap();
+        log.reconcile(&ChainHead { seq: 7, hash: "a".repeat(64) }).unwrap();
         let ev8 = log.append(ev("a.b")).unwrap();
-        assert_eq!(
-            (ev8.seq, ev8.prev_hash.as_str()),
-            (8, "a".repeat(64).as_str())
-        );
+        assert_eq!((ev8.seq, ev8.prev_hash.as_str()), (8, "a".repeat(64).as_str()));
         let (log, _) = CommitLog::open(dir.path()).unwrap();
         assert_eq!(log.head().seq, 8);
     }

@@ -8,6 +8,7 @@
 //! appended, never rewritten (invariant 3).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use choir_common::openai::{ChatMessage, ChatRequest, Role};
@@ -67,8 +68,8 @@ pub struct EdgeLane {
     pub model: String,
     /// System prompt.
     pub system_prompt: String,
-    /// Step budget per message.
-    pub max_steps: u32,
+    /// Step budget per message (hot-reloadable through the dynamic config).
+    pub max_steps: Arc<AtomicU32>,
     /// Where answers and status go.
     pub out: Sender<Outbound>,
 }
@@ -86,11 +87,7 @@ impl EdgeLane {
                     let history = conversations.entry(msg.conversation.clone()).or_default();
                     let text = self.turn(history, &msg, &mut tokens)?;
                     self.status(LaneState::Idle, 0, tokens);
-                    let reply = OutboundReply {
-                        in_reply_to: msg.id,
-                        conversation: msg.conversation.clone(),
-                        text,
-                    };
+                    let reply = OutboundReply { in_reply_to: msg.id, conversation: msg.conversation.clone(), text };
                     if self.out.send(Outbound::Reply(reply)).is_err() {
                         break;
                     }
@@ -110,19 +107,12 @@ impl EdgeLane {
     }
 
     /// One user message: model steps until a text answer.
-    fn turn(
-        &self,
-        history: &mut Vec<ChatMessage>,
-        msg: &InboundMessage,
-        tokens: &mut u64,
-    ) -> Result<String, LogError> {
+    fn turn(&self, history: &mut Vec<ChatMessage>, msg: &InboundMessage, tokens: &mut u64) -> Result<String, LogError> {
         history.push(ChatMessage::text(Role::User, msg.text.clone()));
-        let lane = LaneCtx {
-            lane: "edge".into(),
-            allowlist: None,
-        };
+        let lane = LaneCtx { lane: "edge".into(), allowlist: None };
         let tools = self.arbiter.registry().llm_tools(None);
-        for step in 1..=u64::from(self.max_steps) {
+        let max_steps = self.max_steps.load(Ordering::SeqCst);
+        for step in 1..=u64::from(max_steps) {
             self.status(LaneState::Reasoning, step, *tokens);
             let mut messages = vec![ChatMessage::text(Role::System, self.system_prompt.clone())];
             messages.extend(history.iter().cloned());
@@ -130,11 +120,7 @@ impl EdgeLane {
                 model: self.model.clone(),
                 messages,
                 tools: tools.clone(),
-                tool_choice: if tools.is_empty() {
-                    None
-                } else {
-                    Some("auto".into())
-                },
+                tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
             };
             let resp = match self.llm.complete("edge", &req) {
                 Ok(r) => r,
@@ -157,26 +143,16 @@ impl EdgeLane {
             });
             if calls.is_empty() {
                 let text = answer.content.unwrap_or_default();
-                return Ok(if text.trim().is_empty() {
-                    "(my model returned an empty answer)".into()
-                } else {
-                    text
-                });
+                return Ok(if text.trim().is_empty() { "(my model returned an empty answer)".into() } else { text });
             }
             self.status(LaneState::WaitingTool, step, *tokens);
             for call in calls {
-                let proposed = ProposedCall {
-                    id: call.id.clone(),
-                    name: call.function.name,
-                    arguments: call.function.arguments,
-                };
+                let proposed =
+                    ProposedCall { id: call.id.clone(), name: call.function.name, arguments: call.function.arguments };
                 let result = self.arbiter.invoke(&lane, &proposed)?;
                 history.push(ChatMessage::tool_result(&call.id, result.to_string()));
             }
         }
-        Ok(format!(
-            "I stopped after {} model steps without finishing; please narrow the request.",
-            self.max_steps
-        ))
+        Ok(format!("I stopped after {max_steps} model steps without finishing; please narrow the request."))
     }
 }

@@ -10,16 +10,18 @@
 //! **Invariant:** an event leaves the replication queue only once choird has
 //! acknowledged a sequence number at or above it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use choir_common::rpc::{
-    Ack, HeartbeatRequest, HeartbeatResponse, LaneStatus, OutboundReply, ReportStatusRequest, Verb,
+    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, LaneStatus, OutboundReply,
+    ReportStatusRequest, Verb,
 };
 use crossbeam_channel::{select, Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::arbiter::Arbiter;
 use crate::commitlog::CommitLog;
 use crate::edge::{EdgeEvent, Outbound};
 use crate::rpc::{Rpc, RpcError};
@@ -43,6 +45,10 @@ pub struct Link {
     pub lease_lost: AtomicBool,
     /// Set when the agent is shutting down.
     pub closing: AtomicBool,
+    /// Where the kill switch is applied.
+    pub arbiter: Arc<Arbiter>,
+    /// The edge lane's step budget (hot-reloadable).
+    pub max_steps: Arc<AtomicU32>,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -64,10 +70,7 @@ impl Link {
                 wait_ms: POLL_WAIT_MS,
             };
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
-            match self
-                .rpc
-                .call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout)
-            {
+            match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
                 Ok(resp) => {
                     failures = 0;
                     for m in resp.messages {
@@ -78,6 +81,9 @@ impl Link {
                                 return;
                             }
                         }
+                    }
+                    if resp.config_version != self.config_version.load(Ordering::SeqCst) {
+                        self.refresh_config();
                     }
                     if resp.stop {
                         log::info!("choird asked us to stop");
@@ -97,6 +103,29 @@ impl Link {
                     std::thread::sleep(backoff(failures));
                 }
             }
+        }
+    }
+
+    /// Applies a dynamic config (at start and whenever choird's version moves).
+    pub fn apply(&self, config: &DynamicConfig) {
+        self.arbiter.set_kill_switch(config.kill_switch);
+        self.max_steps.store(config.max_steps_per_turn, Ordering::SeqCst);
+        self.config_version.store(config.version, Ordering::SeqCst);
+    }
+
+    fn refresh_config(&self) {
+        let req = FetchDynamicConfigRequest {};
+        match self.rpc.call::<_, DynamicConfig>(Verb::FetchDynamicConfig, &req, Duration::from_secs(10)) {
+            Ok(c) => {
+                log::info!(
+                    "dynamic config version {}: kill switch {}, {} steps per turn",
+                    c.version,
+                    c.kill_switch,
+                    c.max_steps_per_turn
+                );
+                self.apply(&c);
+            }
+            Err(e) => log::warn!("FETCH_DYNAMIC_CONFIG failed (will retry): {e}"),
         }
     }
 
@@ -125,12 +154,8 @@ impl Link {
                 return;
             }
             let events = self.log.lock().unacked();
-            let processed = replies
-                .iter()
-                .map(|r| r.in_reply_to)
-                .max()
-                .unwrap_or(0)
-                .max(self.processed.load(Ordering::SeqCst));
+            let processed =
+                replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
             let req = HeartbeatRequest {
                 events,
                 replies: replies.clone(),
@@ -138,11 +163,7 @@ impl Link {
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: 0,
             };
-            match self.rpc.call::<_, HeartbeatResponse>(
-                Verb::Heartbeat,
-                &req,
-                Duration::from_secs(30),
-            ) {
+            match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                 Ok(resp) => {
                     failures = 0;
                     self.log.lock().ack(resp.acked_seq);
@@ -162,14 +183,8 @@ impl Link {
                 }
             }
             if let Some(s) = status.take() {
-                let report = ReportStatusRequest {
-                    session_state: "RUNNING".into(),
-                    lanes: vec![s],
-                };
-                if let Err(e) =
-                    self.rpc
-                        .call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10))
-                {
+                let report = ReportStatusRequest { session_state: "RUNNING".into(), lanes: vec![s] };
+                if let Err(e) = self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
                     log::warn!("status report failed: {e}");
                 }
             }

@@ -48,8 +48,7 @@ impl Llm {
             attempt += 1;
             let err = match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
                 Ok(answer) if answer.status == 200 => {
-                    return serde_json::from_slice(&answer.body)
-                        .map_err(|e| LlmError::Malformed(e.to_string()));
+                    return serde_json::from_slice(&answer.body).map_err(|e| LlmError::Malformed(e.to_string()));
                 }
                 Ok(answer) => refusal("LLM", &answer),
                 Err(e) => e,
@@ -58,10 +57,7 @@ impl Llm {
                 return Err(err.into());
             }
             let wait = match &err {
-                RpcError::Refused {
-                    retry_after_s: Some(s),
-                    ..
-                } => Duration::from_secs(*s),
+                RpcError::Refused { retry_after_s: Some(s), .. } => Duration::from_secs(*s),
                 _ => backoff(attempt),
             }
             .min(MAX_BACKOFF);
@@ -75,10 +71,6 @@ impl Llm {
 fn backoff(attempt: u32) -> Duration {
     let base = 500u64.saturating_mul(1 << (attempt - 1).min(10));
     let mut b = [0u8; 2];
-    let jitter = if getrandom::fill(&mut b).is_ok() {
-        u64::from(u16::from_le_bytes(b)) % (base / 2 + 1)
-    } else {
-        0
-    };
+    let jitter = if getrandom::fill(&mut b).is_ok() { u64::from(u16::from_le_bytes(b)) % (base / 2 + 1) } else { 0 };
     Duration::from_millis(base + jitter)
 }

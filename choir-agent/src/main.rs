@@ -23,8 +23,7 @@ fn main() {
 
 fn real_main() -> anyhow::Result<()> {
     use lexopt::prelude::*;
-    let (mut agent, mut connect, mut workspace, mut state_dir, mut token_stdin) =
-        (None, None, None, None, false);
+    let (mut agent, mut connect, mut workspace, mut state_dir, mut token_stdin) = (None, None, None, None, false);
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -47,13 +46,11 @@ fn real_main() -> anyhow::Result<()> {
     let missing = |what: &str| anyhow::anyhow!("{what} is required\n{USAGE}");
     let agent = agent.ok_or_else(|| missing("--agent"))?;
     let connect = connect.ok_or_else(|| missing("--connect"))?;
-    let endpoint = Endpoint::parse(&connect)
-        .ok_or_else(|| anyhow::anyhow!("--connect must be unix:PATH or http://HOST:PORT"))?;
+    let endpoint =
+        Endpoint::parse(&connect).ok_or_else(|| anyhow::anyhow!("--connect must be unix:PATH or http://HOST:PORT"))?;
     let workspace = workspace.ok_or_else(|| missing("--workspace"))?;
     if !token_stdin {
-        anyhow::bail!(
-            "--token-stdin is required: the lease token is never taken from the command line"
-        );
+        anyhow::bail!("--token-stdin is required: the lease token is never taken from the command line");
     }
     let mut token = String::new();
     std::io::stdin().lock().read_line(&mut token)?;
@@ -61,11 +58,5 @@ fn real_main() -> anyhow::Result<()> {
     if token.is_empty() {
         anyhow::bail!("no lease token on stdin");
     }
-    choir_agent::run::run(choir_agent::run::Args {
-        agent,
-        endpoint,
-        token,
-        workspace,
-        state_dir,
-    })
+    choir_agent::run::run(choir_agent::run::Args { agent, endpoint, token, workspace, state_dir })
 }

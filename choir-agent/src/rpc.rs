@@ -100,9 +100,7 @@ impl Rpc {
             },
             Endpoint::Tcp(base) => Rpc {
                 agent: ureq::Agent::new_with_config(
-                    ureq::config::Config::builder()
-                        .http_status_as_error(false)
-                        .build(),
+                    ureq::config::Config::builder().http_status_as_error(false).build(),
                 ),
                 base: base.clone(),
                 token,
@@ -111,12 +109,7 @@ impl Rpc {
     }
 
     /// POSTs `body` to `path`, returning whatever choird answered.
-    pub fn post_raw(
-        &self,
-        path: &str,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<RawAnswer, RpcError> {
+    pub fn post_raw(&self, path: &str, body: &[u8], timeout: Duration) -> Result<RawAnswer, RpcError> {
         let mut answer = self
             .agent
             .post(&format!("{}{path}", self.base))
@@ -128,22 +121,15 @@ impl Rpc {
             .send(body)
             .map_err(|e| RpcError::Transport(e.to_string()))?;
         let status = answer.status().as_u16();
-        let retry_after_s = answer
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.trim().parse().ok());
+        let retry_after_s =
+            answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok());
         let body = answer
             .body_mut()
             .with_config()
             .limit(64 * 1024 * 1024)
             .read_to_vec()
             .map_err(|e| RpcError::Transport(e.to_string()))?;
-        Ok(RawAnswer {
-            status,
-            retry_after_s,
-            body,
-        })
+        Ok(RawAnswer { status, retry_after_s, body })
     }
 
     /// Calls a verb.
@@ -156,8 +142,7 @@ impl Rpc {
         let body = serde_json::to_vec(req).map_err(|e| RpcError::Decode(e.to_string()))?;
         let answer = self.post_raw(&verb.path(), &body, timeout)?;
         if answer.status == 200 {
-            return serde_json::from_slice(&answer.body)
-                .map_err(|e| RpcError::Decode(format!("{}: {e}", verb.name())));
+            return serde_json::from_slice(&answer.body).map_err(|e| RpcError::Decode(format!("{}: {e}", verb.name())));
         }
         Err(refusal(verb.name(), &answer))
     }
@@ -170,10 +155,7 @@ pub fn refusal(what: &str, answer: &RawAnswer) -> RpcError {
         Some(b) => (b.error.code, b.error.message, b.error.retryable),
         None => (
             "unknown".to_owned(),
-            String::from_utf8_lossy(&answer.body)
-                .chars()
-                .take(300)
-                .collect(),
+            String::from_utf8_lossy(&answer.body).chars().take(300).collect(),
             answer.status == 429 || answer.status >= 500,
         ),
     };

@@ -3,14 +3,13 @@
 //! all named, all joined before the process exits.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use choir_common::rpc::{
-    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse,
-    TerminateSelfRequest, Verb,
+    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, TerminateSelfRequest, Verb,
 };
 use crossbeam_channel::{bounded, unbounded};
 use parking_lot::Mutex;
@@ -53,16 +52,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rpc = Arc::new(Rpc::new(&args.endpoint, args.token));
     let workspace = Workspace::open(&args.workspace)
         .with_context(|| format!("cannot open the workspace {}", args.workspace.display()))?;
-    let state_dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| args.workspace.join(crate::workspace::STATE_DIR));
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| args.workspace.join(crate::workspace::STATE_DIR));
     let (mut log, report) = CommitLog::open(&state_dir)?;
-    log::info!(
-        "commit log: {} events, head {}",
-        report.events,
-        log.head().seq
-    );
+    log::info!("commit log: {} events, head {}", report.events, log.head().seq);
 
     let hello: InitHelloResponse = call_with_retry(|| {
         rpc.call(
@@ -88,9 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secrets = if hello.bindings.secrets.is_empty() {
         SecretStore::default()
     } else {
-        let req = GetSecretsRequest {
-            names: hello.bindings.secrets.clone(),
-        };
+        let req = GetSecretsRequest { names: hello.bindings.secrets.clone() };
         match rpc.call::<_, GetSecretsResponse>(Verb::GetSecrets, &req, Duration::from_secs(10)) {
             Ok(r) => SecretStore::new(r.secrets),
             Err(e) => {
@@ -103,14 +93,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let log = Arc::new(Mutex::new(log));
     // Bounded(1): a pending poke already means "ship what is committed".
     let (committed_tx, committed_rx) = bounded(1);
-    let arbiter = Arc::new(Arbiter::new(
-        Registry::builtins()?,
-        workspace,
-        log.clone(),
-        committed_tx,
-        secrets,
-    ));
-    arbiter.set_kill_switch(hello.config.kill_switch);
+    let arbiter = Arc::new(Arbiter::new(Registry::builtins()?, workspace, log.clone(), committed_tx, secrets));
+    let max_steps = Arc::new(AtomicU32::new(hello.config.max_steps_per_turn));
 
     let link = Arc::new(Link {
         rpc: rpc.clone(),
@@ -119,7 +103,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config_version: AtomicU64::new(hello.config.version),
         lease_lost: AtomicBool::new(false),
         closing: AtomicBool::new(false),
+        arbiter: arbiter.clone(),
+        max_steps: max_steps.clone(),
     });
+    link.apply(&hello.config);
     // Unbounded: choird hands out at most a small batch per poll.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
     // Unbounded: one reply per message plus status changes; the push thread drains it.
@@ -130,37 +117,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         llm: Llm::new(rpc.clone()),
         model: hello.bindings.models.edge.clone(),
         system_prompt: system_prompt(&args.agent),
-        max_steps: hello.config.max_steps_per_turn,
+        max_steps,
         out: out_tx,
     };
-    let edge = std::thread::Builder::new()
-        .name("edge".into())
-        .spawn(move || lane.run(edge_rx))?;
+    let edge = std::thread::Builder::new().name("edge".into()).spawn(move || lane.run(edge_rx))?;
     let poll = {
         let (link, edge_tx) = (link.clone(), edge_tx.clone());
-        std::thread::Builder::new()
-            .name("link-poll".into())
-            .spawn(move || link.poll(edge_tx))?
+        std::thread::Builder::new().name("link-poll".into()).spawn(move || link.poll(edge_tx))?
     };
     let push = {
         let link = link.clone();
-        std::thread::Builder::new()
-            .name("link-push".into())
-            .spawn(move || link.push(out_rx, committed_rx))?
+        std::thread::Builder::new().name("link-push".into()).spawn(move || link.push(out_rx, committed_rx))?
     };
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
     let signal_handle = signals.handle();
-    let sig = std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if signals.forever().next().is_some() {
-                log::info!("signal received: finishing the current message, then stopping");
-                let _ = edge_tx.send(EdgeEvent::Stop);
-            }
-        })?;
+    let sig = std::thread::Builder::new().name("signals".into()).spawn(move || {
+        if signals.forever().next().is_some() {
+            log::info!("signal received: finishing the current message, then stopping");
+            let _ = edge_tx.send(EdgeEvent::Stop);
+        }
+    })?;
 
     let lane_result = edge.join();
     let reason = match &lane_result {
@@ -173,9 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = push.join();
     link.closing.store(true, Ordering::SeqCst);
     if !link.lease_lost.load(Ordering::SeqCst) {
-        let bye = TerminateSelfRequest {
-            reason: reason.clone(),
-        };
+        let bye = TerminateSelfRequest { reason: reason.clone() };
         if let Err(e) = rpc.call::<_, Ack>(Verb::TerminateSelf, &bye, Duration::from_secs(10)) {
             log::warn!("TERMINATE_SELF failed: {e}");
         }

@@ -15,9 +15,7 @@ pub struct SecretStore {
 
 impl fmt::Debug for SecretStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SecretStore")
-            .field("names", &self.values.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("SecretStore").field("names", &self.values.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -34,9 +32,7 @@ impl SecretStore {
         match v {
             Value::String(s) => Value::String(self.redact_str(s)),
             Value::Array(a) => Value::Array(a.iter().map(|x| self.redact(x)).collect()),
-            Value::Object(m) => {
-                Value::Object(m.iter().map(|(k, x)| (k.clone(), self.redact(x))).collect())
-            }
+            Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), self.redact(x))).collect()),
             other => other.clone(),
         }
     }
@@ -60,13 +56,7 @@ mod tests {
 
     #[test]
     fn values_are_redacted_everywhere() {
-        let s = SecretStore::new(
-            [
-                ("gh".to_owned(), "tok-12345".to_owned()),
-                ("x".to_owned(), "ab".to_owned()),
-            ]
-            .into(),
-        );
+        let s = SecretStore::new([("gh".to_owned(), "tok-12345".to_owned()), ("x".to_owned(), "ab".to_owned())].into());
         assert_eq!(
             s.redact(&json!({"a": ["use tok-12345 now", 3], "ab": "ab"})),
             json!({"a": ["use [REDACTED:gh] now", 3], "ab": "ab"})

@@ -73,25 +73,15 @@ fn errno_to(path: &str, e: Errno) -> PathError {
     match e {
         Errno::XDEV | Errno::LOOP => PathError::Escapes(path.to_owned()),
         Errno::NOENT => PathError::NotFound(path.to_owned()),
-        other => PathError::Io {
-            path: path.to_owned(),
-            reason: std::io::Error::from(other).to_string(),
-        },
+        other => PathError::Io { path: path.to_owned(), reason: std::io::Error::from(other).to_string() },
     }
 }
 
 impl Workspace {
     /// Opens the root directory (which must exist).
     pub fn open(root: &Path) -> std::io::Result<Workspace> {
-        let dir = rustix::fs::open(
-            root,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        Ok(Workspace {
-            root: root.to_owned(),
-            dir,
-        })
+        let dir = rustix::fs::open(root, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(Workspace { root: root.to_owned(), dir })
     }
 
     /// The real directory behind [`LOGICAL_ROOT`].
@@ -101,10 +91,7 @@ impl Workspace {
 
     /// Lexical check and canonicalisation (step 1 above).
     pub fn normalize(&self, raw: &str) -> Result<RelPath, PathError> {
-        let refuse = |reason: &str| PathError::Refused {
-            path: raw.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let refuse = |reason: &str| PathError::Refused { path: raw.to_owned(), reason: reason.to_owned() };
         if raw.is_empty() {
             return Err(refuse("empty path"));
         }
@@ -119,9 +106,7 @@ impl Workspace {
             } else if let Ok(r) = path.strip_prefix(real) {
                 r
             } else {
-                return Err(refuse(&format!(
-                    "absolute paths must be under {LOGICAL_ROOT}"
-                )));
+                return Err(refuse(&format!("absolute paths must be under {LOGICAL_ROOT}")));
             }
         } else {
             path
@@ -129,36 +114,22 @@ impl Workspace {
         let mut parts: Vec<&str> = Vec::new();
         for c in rel.components() {
             match c {
-                Component::Normal(s) => {
-                    parts.push(s.to_str().ok_or_else(|| refuse("not valid UTF-8"))?)
-                }
+                Component::Normal(s) => parts.push(s.to_str().ok_or_else(|| refuse("not valid UTF-8"))?),
                 Component::CurDir => {}
                 Component::ParentDir => return Err(refuse("'..' is not allowed")),
-                Component::RootDir | Component::Prefix(_) => {
-                    return Err(refuse("unexpected root component"))
-                }
+                Component::RootDir | Component::Prefix(_) => return Err(refuse("unexpected root component")),
             }
         }
         if parts.first() == Some(&STATE_DIR) {
             return Err(refuse("the .choir directory holds the agent's own state"));
         }
-        Ok(RelPath(if parts.is_empty() {
-            ".".to_owned()
-        } else {
-            parts.join("/")
-        }))
+        Ok(RelPath(if parts.is_empty() { ".".to_owned() } else { parts.join("/") }))
     }
 
     fn open_beneath(&self, rel: &RelPath, flags: OFlags) -> Result<OwnedFd, PathError> {
         let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-        rustix::fs::openat2(
-            &self.dir,
-            rel.as_str(),
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-            how,
-        )
-        .map_err(|e| errno_to(rel.as_str(), e))
+        rustix::fs::openat2(&self.dir, rel.as_str(), flags | OFlags::CLOEXEC, Mode::empty(), how)
+            .map_err(|e| errno_to(rel.as_str(), e))
     }
 
     /// Reads a whole file, up to `cap` bytes (more is an error).
@@ -166,24 +137,15 @@ impl Workspace {
         let fd = self.open_beneath(rel, OFlags::RDONLY)?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| errno_to(rel.as_str(), e))?;
         if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(PathError::Io {
-                path: rel.0.clone(),
-                reason: "not a regular file".into(),
-            });
+            return Err(PathError::Io { path: rel.0.clone(), reason: "not a regular file".into() });
         }
         let mut out = Vec::new();
         File::from(fd)
             .take(cap + 1)
             .read_to_end(&mut out)
-            .map_err(|e| PathError::Io {
-                path: rel.0.clone(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| PathError::Io { path: rel.0.clone(), reason: e.to_string() })?;
         if out.len() as u64 > cap {
-            return Err(PathError::Io {
-                path: rel.0.clone(),
-                reason: format!("file is larger than {cap} bytes"),
-            });
+            return Err(PathError::Io { path: rel.0.clone(), reason: format!("file is larger than {cap} bytes") });
         }
         Ok(out)
     }
@@ -200,19 +162,13 @@ impl Workspace {
     /// Replaces the file's content atomically (temp file, fsync, rename, fsync
     /// of the directory), creating parent directories as needed.
     pub fn write_atomic(&self, rel: &RelPath, content: &[u8]) -> Result<(), PathError> {
-        let io = |reason: String| PathError::Io {
-            path: rel.0.clone(),
-            reason,
-        };
+        let io = |reason: String| PathError::Io { path: rel.0.clone(), reason };
         let (parent, name) = match rel.0.rsplit_once('/') {
             Some((p, n)) => (Some(p), n),
             None => (None, rel.0.as_str()),
         };
         if rel.0 == "." {
-            return Err(PathError::Refused {
-                path: rel.0.clone(),
-                reason: "is the workspace root".into(),
-            });
+            return Err(PathError::Refused { path: rel.0.clone(), reason: "is the workspace root".into() });
         }
         let dir = match parent {
             None => rustix::io::dup(&self.dir).map_err(|e| io(e.to_string()))?,
@@ -252,8 +208,7 @@ impl Workspace {
         let mut parent = rustix::io::dup(self.dir.as_fd()).map_err(|e| errno_to(rel_dir, e))?;
         for i in 0..parts.len() {
             let prefix = parts[..=i].join("/");
-            let open =
-                || rustix::fs::openat2(&self.dir, prefix.as_str(), flags, Mode::empty(), how);
+            let open = || rustix::fs::openat2(&self.dir, prefix.as_str(), flags, Mode::empty(), how);
             parent = match open() {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) => {
@@ -267,5 +222,102 @@ impl Workspace {
             };
         }
         Ok(parent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ws() -> (tempfile::TempDir, tempfile::TempDir, Workspace) {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("sub/deeper")).unwrap();
+        std::fs::write(root.path().join("sub/file.txt"), "inside").unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "outside").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("out_dir")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.txt"), root.path().join("out_file")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.path().join("etc")).unwrap();
+        std::os::unix::fs::symlink("../..", root.path().join("sub/up2")).unwrap();
+        std::os::unix::fs::symlink("sub/file.txt", root.path().join("in_link")).unwrap();
+        let w = Workspace::open(root.path()).unwrap();
+        (root, outside, w)
+    }
+
+    #[test]
+    fn spellings_of_one_file_normalise_to_one_resource() {
+        let (root, _o, w) = ws();
+        let canonical = w.normalize("sub/file.txt").unwrap();
+        let real_abs = format!("{}/sub/file.txt", root.path().display());
+        for spelling in
+            ["./sub/file.txt", "sub//file.txt", "sub/./file.txt", "/workspace/sub/file.txt", real_abs.as_str()]
+        {
+            assert_eq!(w.normalize(spelling).unwrap(), canonical, "{spelling}");
+        }
+        assert_eq!(w.normalize("/workspace").unwrap().as_str(), ".");
+    }
+
+    #[test]
+    fn hostile_paths_never_escape() {
+        let (_r, outside, w) = ws();
+        let lexical = [
+            "",
+            "..",
+            "../x",
+            "../../etc/passwd",
+            "sub/../../x",
+            "sub/deeper/../../../x",
+            "./../x",
+            "/etc/passwd",
+            "/workspace/../etc/passwd",
+            "/workspacex/file",
+            "/tmp",
+            "a\0b",
+            ".choir/commit.log",
+            "./.choir/x",
+            "/workspace/.choir",
+        ];
+        for p in lexical {
+            assert!(matches!(w.normalize(p), Err(PathError::Refused { .. })), "{p:?} was not refused");
+        }
+        let through_links = ["out_dir/secret.txt", "out_file", "etc/passwd", "sub/up2/x", "out_dir", "etc/hostname"];
+        for p in through_links {
+            let rel = w.normalize(p).unwrap();
+            assert!(matches!(w.read(&rel, 1024), Err(PathError::Escapes(_))), "read {p:?} escaped");
+            let write = w.write_atomic(&RelPath(format!("{p}/new")), b"x");
+            assert!(write.is_err(), "write under {p:?} succeeded");
+        }
+        // A symlinked parent directory that leaves the root.
+        assert!(matches!(w.write_atomic(&w.normalize("out_dir/new.txt").unwrap(), b"x"), Err(PathError::Escapes(_))));
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1, "nothing was created outside");
+        assert_eq!(std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(), "outside");
+    }
+
+    #[test]
+    fn in_root_symlinks_work_and_writes_replace_links_not_targets() {
+        let (root, outside, w) = ws();
+        assert_eq!(w.read(&w.normalize("in_link").unwrap(), 1024).unwrap(), b"inside");
+        // Writing to a name that is a symlink to the outside replaces the link itself.
+        w.write_atomic(&w.normalize("out_file").unwrap(), b"replaced").unwrap();
+        assert_eq!(std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(), "outside");
+        assert_eq!(std::fs::read_to_string(root.path().join("out_file")).unwrap(), "replaced");
+        assert!(!std::fs::symlink_metadata(root.path().join("out_file")).unwrap().file_type().is_symlink());
+        // Parents are created as needed; no temp files are left behind.
+        w.write_atomic(&w.normalize("new/dir/f.txt").unwrap(), b"hi").unwrap();
+        assert_eq!(std::fs::read_to_string(root.path().join("new/dir/f.txt")).unwrap(), "hi");
+        assert_eq!(std::fs::read_dir(root.path().join("new/dir")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_symlink_swapped_in_after_the_check_does_not_escape() {
+        let (root, outside, w) = ws();
+        // The lexical check passes while "swap" is a real directory...
+        std::fs::create_dir(root.path().join("swap")).unwrap();
+        let rel = w.normalize("swap/f.txt").unwrap();
+        // ...then it becomes a link to the outside before the use.
+        std::fs::remove_dir(root.path().join("swap")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("swap")).unwrap();
+        assert!(matches!(w.write_atomic(&rel, b"x"), Err(PathError::Escapes(_))));
+        assert!(!outside.path().join("f.txt").exists());
     }
 }

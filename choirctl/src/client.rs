@@ -20,10 +20,7 @@ impl Client {
     pub fn new(home: &Path) -> Client {
         let socket = home.join("socks").join("choird.sock");
         Client {
-            agent: choir_common::unix_http::agent_for_socket(
-                &socket,
-                Some(Duration::from_secs(3700)),
-            ),
+            agent: choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(3700))),
             socket,
             home: home.to_owned(),
         }
@@ -31,23 +28,13 @@ impl Client {
 
     /// GET `path` (under `/admin/v1/`).
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let resp = self
-            .agent
-            .get(&format!("http://localhost/admin/v1/{path}"))
-            .call();
+        let resp = self.agent.get(&format!("http://localhost/admin/v1/{path}")).call();
         self.finish(resp)
     }
 
     /// POST `body` to `path`.
-    pub fn post<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> anyhow::Result<T> {
-        let resp = self
-            .agent
-            .post(&format!("http://localhost/admin/v1/{path}"))
-            .send_json(body);
+    pub fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_json(body);
         self.finish(resp)
     }
 
@@ -57,18 +44,11 @@ impl Client {
     ) -> anyhow::Result<T> {
         let mut resp = resp.map_err(|e| self.transport_error(e))?;
         let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(256 * 1024 * 1024)
-            .read_to_vec()?;
+        let body = resp.body_mut().with_config().limit(256 * 1024 * 1024).read_to_vec()?;
         if status != 200 {
             return Err(match serde_json::from_slice::<ErrorBody>(&body) {
                 Ok(e) => anyhow::anyhow!("{}", e.error.message),
-                Err(_) => anyhow::anyhow!(
-                    "choird answered {status}: {}",
-                    String::from_utf8_lossy(&body)
-                ),
+                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
             });
         }
         Ok(serde_json::from_slice(&body)?)
@@ -76,10 +56,9 @@ impl Client {
 
     fn transport_error(&self, e: ureq::Error) -> anyhow::Error {
         let not_running = match &e {
-            ureq::Error::Io(io) => matches!(
-                io.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ),
+            ureq::Error::Io(io) => {
+                matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
+            }
             _ => false,
         };
         if not_running {
@@ -88,12 +67,8 @@ impl Client {
                 self.socket.display(),
                 self.home.display()
             )
-        } else if matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied)
-        {
-            anyhow::anyhow!(
-                "permission denied on {}: run choirctl as the user that runs choird",
-                self.socket.display()
-            )
+        } else if matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied) {
+            anyhow::anyhow!("permission denied on {}: run choirctl as the user that runs choird", self.socket.display())
         } else {
             anyhow::anyhow!("cannot talk to choird on {}: {e}", self.socket.display())
         }

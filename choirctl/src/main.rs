@@ -7,9 +7,7 @@ mod client;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
-use choir_common::admin::{
-    AgentList, AgentSummary, ChatRequest, ChatResponse, EventsResponse, StatusResponse,
-};
+use choir_common::admin::{AgentList, AgentSummary, ChatRequest, ChatResponse, EventsResponse, StatusResponse};
 use serde_json::Value;
 
 use client::Client;
@@ -75,10 +73,7 @@ fn real_main() -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("CHOIR_HOME").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
         .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
-    let ctx = Ctx {
-        client: Client::new(&home),
-        json,
-    };
+    let ctx = Ctx { client: Client::new(&home), json };
     let w: Vec<&str> = words.iter().map(String::as_str).collect();
     match w.as_slice() {
         ["status"] => status(&ctx),
@@ -115,9 +110,7 @@ fn agents_table(agents: &[AgentSummary]) {
             a.id,
             a.runtime,
             a.state,
-            a.session_id
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "-".into()),
+            a.session_id.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
             a.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             a.replicated_seq,
             a.last_exit.as_deref().unwrap_or("-")
@@ -160,43 +153,31 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         println!("last heartbeat: {ms} ms ago");
     }
     if !a.lanes.is_empty() {
-        println!(
-            "\n{:<12} {:<14} {:>6} {:>8}",
-            "LANE", "STATE", "STEPS", "TOKENS"
-        );
+        println!("\n{:<12} {:<14} {:>6} {:>8}", "LANE", "STATE", "STEPS", "TOKENS");
         for l in &a.lanes {
-            println!(
-                "{:<12} {:<14} {:>6} {:>8}",
-                l.lane, l.state, l.steps, l.tokens
-            );
+            println!("{:<12} {:<14} {:>6} {:>8}", l.lane, l.state, l.steps, l.tokens);
         }
     }
     Ok(())
 }
 
 fn agent_action(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
-    let a: AgentSummary = ctx
-        .client
-        .post(&format!("agents/{id}/{action}"), &serde_json::json!({}))?;
+    let a: AgentSummary = ctx.client.post(&format!("agents/{id}/{action}"), &serde_json::json!({}))?;
     if ctx.json {
         return print_json(&a);
     }
     match action {
-        "start" => println!(
-            "agent {} started ({} runtime, session {})",
-            a.id,
-            a.runtime,
-            a.session_id.unwrap_or(0)
-        ),
+        "start" => {
+            let sandbox = if a.runtime == "process" { ": UNSANDBOXED, for development" } else { "" };
+            println!("agent {} started ({} runtime{sandbox}; session {})", a.id, a.runtime, a.session_id.unwrap_or(0))
+        }
         _ => println!("agent {} stopped", a.id),
     }
     Ok(())
 }
 
 fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
-    let r: EventsResponse = ctx
-        .client
-        .get(&format!("agents/{id}/events?after={after}"))?;
+    let r: EventsResponse = ctx.client.get(&format!("agents/{id}/events?after={after}"))?;
     if ctx.json {
         return print_json(&r);
     }
@@ -206,11 +187,8 @@ fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
     }
     for e in &r.events {
         let input = serde_json::to_string(&e.input)?;
-        let input: String = if input.chars().count() > 100 {
-            input.chars().take(97).collect::<String>() + "..."
-        } else {
-            input
-        };
+        let input: String =
+            if input.chars().count() > 100 { input.chars().take(97).collect::<String>() + "..." } else { input };
         println!(
             "#{:<4} {:<6} {:<16} {:<9} {:>7} µs  {}",
             e.seq,
@@ -231,11 +209,7 @@ fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
 }
 
 fn chat_once(ctx: &Ctx, id: &str, message: &str) -> anyhow::Result<()> {
-    let req = ChatRequest {
-        text: message.to_owned(),
-        conversation: None,
-        timeout_s: None,
-    };
+    let req = ChatRequest { text: message.to_owned(), conversation: None, timeout_s: None };
     let r: ChatResponse = ctx.client.post(&format!("agents/{id}/chat"), &req)?;
     if ctx.json {
         return print_json(&r);
@@ -246,7 +220,7 @@ fn chat_once(ctx: &Ctx, id: &str, message: &str) -> anyhow::Result<()> {
 
 fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     let stdin = std::io::stdin();
-    let interactive = rustix_isatty();
+    let interactive = stdin_is_terminal();
     loop {
         if interactive {
             print!("you> ");
@@ -265,11 +239,7 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         }
         match ctx.client.post::<_, ChatResponse>(
             &format!("agents/{id}/chat"),
-            &ChatRequest {
-                text: line.to_owned(),
-                conversation: None,
-                timeout_s: None,
-            },
+            &ChatRequest { text: line.to_owned(), conversation: None, timeout_s: None },
         ) {
             Ok(r) if ctx.json => print_json(&r)?,
             Ok(r) => println!("{id}> {}", r.reply),
@@ -278,7 +248,7 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     }
 }
 
-fn rustix_isatty() -> bool {
+fn stdin_is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal()
 }

@@ -24,9 +24,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             kill_switch: false,
             agents: d.summaries(),
         })),
-        ("GET", ["agents"]) => Ok(Response::ok(&AgentList {
-            agents: d.summaries(),
-        })),
+        ("GET", ["agents"]) => Ok(Response::ok(&AgentList { agents: d.summaries() })),
         ("GET", ["agents", id]) => Ok(Response::ok(&d.summary(id)?)),
         ("POST", ["agents", id, "start"]) => Ok(Response::ok(&d.start_agent(id, "admin")?)),
         ("POST", ["agents", id, "stop"]) => Ok(Response::ok(&d.stop_agent(id, "admin")?)),
@@ -34,13 +32,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let chat: ChatRequest = req.json()?;
             let conversation = chat.conversation.unwrap_or_else(|| "cli".to_owned());
             let timeout = Duration::from_secs(chat.timeout_s.unwrap_or(300).clamp(1, 3600));
-            Ok(Response::ok(&d.chat(
-                id,
-                &chat.text,
-                &conversation,
-                "choirctl",
-                timeout,
-            )?))
+            Ok(Response::ok(&d.chat(id, &chat.text, &conversation, "choirctl", timeout)?))
         }
         ("GET", ["agents", id, "events"]) => {
             let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -49,41 +41,28 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let events = d.store.events(&id, after, limit.clamp(1, 10_000))?;
             // The first event links to its stored predecessor's hash.
             let start = match events.first() {
-                Some(first) => ChainHead {
-                    seq: first.seq - 1,
-                    hash: first.prev_hash.clone(),
-                },
+                Some(first) => ChainHead { seq: first.seq - 1, hash: first.prev_hash.clone() },
                 None => ChainHead::genesis(),
             };
-            let chain_ok = events
-                .first()
-                .is_none_or(|f| after == 0 && f.seq == 1 || after > 0)
+            let chain_ok = events.first().is_none_or(|f| after == 0 && f.seq == 1 || after > 0)
                 && verify_extension(&start, &events).is_ok();
             Ok(Response::ok(&EventsResponse { events, chain_ok }))
         }
         ("GET", ["audit"]) => {
-            let agent = req
-                .query("agent")
-                .map(AgentId::parse)
-                .transpose()
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let agent =
+                req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let limit: i64 = parse_num(req.query("limit"), 100)?;
             Ok(Response::ok(
                 &serde_json::json!({"records": d.store.audit_rows(agent.as_ref(), limit.clamp(1, 10_000))?}),
             ))
         }
-        _ => Err(ApiError::NotFound(format!(
-            "no admin endpoint {} {}",
-            req.method, req.path
-        ))),
+        _ => Err(ApiError::NotFound(format!("no admin endpoint {} {}", req.method, req.path))),
     }
 }
 
 fn parse_num<T: std::str::FromStr>(v: Option<&str>, default: T) -> Result<T, ApiError> {
     match v {
         None => Ok(default),
-        Some(s) => s
-            .parse()
-            .map_err(|_| ApiError::BadRequest(format!("{s:?} is not a number"))),
+        Some(s) => s.parse().map_err(|_| ApiError::BadRequest(format!("{s:?} is not a number"))),
     }
 }

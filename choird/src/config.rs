@@ -114,11 +114,7 @@ fn default_pids() -> u64 {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources {
-            memory_mb: default_memory_mb(),
-            cpus: default_cpus(),
-            pids: default_pids(),
-        }
+        Resources { memory_mb: default_memory_mb(), cpus: default_cpus(), pids: default_pids() }
     }
 }
 
@@ -224,11 +220,7 @@ impl Config {
             field: ".".into(),
             reason: e.to_string(),
         })?;
-        Config::parse(&text).map_err(|(field, reason)| ConfigError {
-            file,
-            field,
-            reason,
-        })
+        Config::parse(&text).map_err(|(field, reason)| ConfigError { file, field, reason })
     }
 
     /// Parses and validates a document; the error is (field, reason).
@@ -246,10 +238,7 @@ impl Config {
         let e = |field: &str, reason: &str| Err((field.to_owned(), reason.to_owned()));
         for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
             if !(ep.base_url.starts_with("http://") || ep.base_url.starts_with("https://")) {
-                return e(
-                    &format!("llm.{lane}.base_url"),
-                    "must start with http:// or https://",
-                );
+                return e(&format!("llm.{lane}.base_url"), "must start with http:// or https://");
             }
             if ep.model.trim().is_empty() {
                 return e(&format!("llm.{lane}.model"), "must not be empty");
@@ -270,15 +259,8 @@ impl Config {
                 Ok(_) => {}
             }
         }
-        if self
-            .database_url
-            .as_deref()
-            .is_some_and(|u| u.trim().is_empty())
-        {
-            return e(
-                "database_url",
-                "must not be empty (remove it to use the managed cluster)",
-            );
+        if self.database_url.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            return e("database_url", "must not be empty (remove it to use the managed cluster)");
         }
         for (id, agent) in &self.agents {
             let at = |f: &str| format!("agents.{id}.{f}");
@@ -317,18 +299,14 @@ impl Config {
         for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
             if let Some(name) = &ep.api_key_secret {
                 if !secrets.contains(name) {
-                    out.push(format!(
-                        "llm.{lane}.api_key_secret: secret {name:?} is not in secrets.json"
-                    ));
+                    out.push(format!("llm.{lane}.api_key_secret: secret {name:?} is not in secrets.json"));
                 }
             }
         }
         for (id, agent) in &self.agents {
             for (i, name) in agent.secrets.iter().enumerate() {
                 if !secrets.contains(name) {
-                    out.push(format!(
-                        "agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"
-                    ));
+                    out.push(format!("agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"));
                 }
             }
         }
@@ -337,22 +315,15 @@ impl Config {
 
     /// The workspace directory of an agent.
     pub fn workspace(&self, home: &Home, id: &AgentId) -> PathBuf {
-        self.agents
-            .get(id)
-            .and_then(|a| a.workspace.clone())
-            .unwrap_or_else(|| home.default_workspace(id))
+        self.agents.get(id).and_then(|a| a.workspace.clone()).unwrap_or_else(|| home.default_workspace(id))
     }
 
     /// The model for an agent's lane, with overrides applied.
     pub fn model(&self, id: &AgentId, lane: Lane) -> String {
         let over = self.agents.get(id).map(|a| &a.models);
         match lane {
-            Lane::Edge => over
-                .and_then(|o| o.edge.clone())
-                .unwrap_or_else(|| self.llm.edge.model.clone()),
-            Lane::Core => over
-                .and_then(|o| o.core.clone())
-                .unwrap_or_else(|| self.llm.core.model.clone()),
+            Lane::Edge => over.and_then(|o| o.edge.clone()).unwrap_or_else(|| self.llm.edge.model.clone()),
+            Lane::Core => over.and_then(|o| o.core.clone()).unwrap_or_else(|| self.llm.core.model.clone()),
         }
     }
 
@@ -412,56 +383,34 @@ mod tests {
     fn errors_name_the_field() {
         let llm = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"}}"#;
         assert_eq!(
-            field_of(&format!(
-                r#"{{{llm}, "agents": {{"demo": {{"max_steps_per_turn": "many"}}}}}}"#
-            )),
+            field_of(&format!(r#"{{{llm}, "agents": {{"demo": {{"max_steps_per_turn": "many"}}}}}}"#)),
             "agents.demo.max_steps_per_turn"
         );
-        assert_eq!(
-            field_of(&format!(r#"{{{llm}, "runtime": "vm"}}"#)),
-            "runtime"
-        );
-        assert_eq!(field_of(&format!(r#"{{{llm}, "bogus": 1}}"#)), ".");
-        assert_eq!(
-            field_of(&format!(r#"{{{llm}, "http_listen": "0.0.0.0:9400"}}"#)),
-            "http_listen"
-        );
-        assert_eq!(
-            field_of(&format!(r#"{{{llm}, "agents": {{"Bad Id": {{}}}}}}"#)),
-            "agents"
-        );
-        assert_eq!(
-            field_of(&format!(
-                r#"{{{llm}, "agents": {{"a": {{"workspace": "rel"}}}}}}"#
-            )),
-            "agents.a.workspace"
-        );
+        assert_eq!(field_of(&format!(r#"{{{llm}, "runtime": "vm"}}"#)), "runtime");
+        assert_eq!(field_of(&format!(r#"{{{llm}, "bogus": 1}}"#)), "bogus");
+        assert_eq!(field_of(&format!(r#"{{{llm}, "http_listen": "0.0.0.0:9400"}}"#)), "http_listen");
+        assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"Bad Id": {{}}}}}}"#)), "agents.Bad Id");
+        assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"a": {{"workspace": "rel"}}}}}}"#)), "agents.a.workspace");
         assert_eq!(
             field_of(
                 r#"{"llm": {"edge": {"base_url": "ftp://x", "model": "m"}, "core": {"base_url": "http://x", "model": "m"}}}"#
             ),
             "llm.edge.base_url"
         );
-        assert_eq!(
-            field_of(r#"{"llm": {"edge": {"base_url": "http://x", "model": 5}}}"#),
-            "llm.edge.model"
-        );
+        assert_eq!(field_of(r#"{"llm": {"edge": {"base_url": "http://x", "model": 5}}}"#), "llm.edge.model");
     }
 
     #[test]
     fn unknown_field_message_lists_it() {
         let err = Config::parse(r#"{"llm": {"edge": {"base_url": "http://x", "model": "m", "key": 1}, "core": {"base_url": "http://x", "model": "m"}}}"#).unwrap_err();
-        assert_eq!(err.0, "llm.edge");
+        assert_eq!(err.0, "llm.edge.key");
         assert!(err.1.contains("unknown field `key`"), "{}", err.1);
     }
 
     #[test]
     fn missing_secrets_are_listed() {
         let c = Config::parse(STARTER_CONFIG).unwrap();
-        assert_eq!(
-            c.missing_secrets(&Secrets::from_pairs(&[("openai_api_key", "k")])),
-            Vec::<String>::new()
-        );
+        assert_eq!(c.missing_secrets(&Secrets::from_pairs(&[("openai_api_key", "k")])), Vec::<String>::new());
         assert_eq!(c.missing_secrets(&Secrets::default()).len(), 2);
     }
 }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use choir_common::admin::{AgentSummary, ChatResponse};
 use choir_common::ids::AgentId;
 use choir_common::rpc::{
-    Bindings, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest,
-    InitHelloResponse, LaneModels, RecoverySnapshot, ReportStatusRequest,
+    Bindings, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest, InitHelloResponse, LaneModels,
+    RecoverySnapshot, ReportStatusRequest,
 };
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -75,17 +75,13 @@ struct Bucket {
 
 impl Bucket {
     fn new() -> Bucket {
-        Bucket {
-            tokens: RATE_BURST,
-            at: Instant::now(),
-        }
+        Bucket { tokens: RATE_BURST, at: Instant::now() }
     }
 
     /// Takes one token, or says how long until one is available.
     fn take(&mut self) -> Result<(), Duration> {
         let now = Instant::now();
-        self.tokens =
-            (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE_PER_S).min(RATE_BURST);
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE_PER_S).min(RATE_BURST);
         self.at = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -174,16 +170,9 @@ impl Daemon {
         database: String,
         agent_binary: PathBuf,
     ) -> Daemon {
-        let agents = config
-            .agents
-            .keys()
-            .map(|id| (id.clone(), AgentSlot::default()))
-            .collect();
-        let upstream = ureq::Agent::new_with_config(
-            ureq::config::Config::builder()
-                .http_status_as_error(false)
-                .build(),
-        );
+        let agents = config.agents.keys().map(|id| (id.clone(), AgentSlot::default())).collect();
+        let upstream =
+            ureq::Agent::new_with_config(ureq::config::Config::builder().http_status_as_error(false).build());
         Daemon {
             home,
             config: RwLock::new(Arc::new(config)),
@@ -232,14 +221,7 @@ impl Daemon {
 
     /// Writes an audit record; a database failure is logged, not propagated,
     /// so auditing never turns an answer into an error.
-    pub fn audit(
-        &self,
-        actor: &str,
-        agent: Option<&AgentId>,
-        action: &str,
-        outcome: &str,
-        detail: serde_json::Value,
-    ) {
+    pub fn audit(&self, actor: &str, agent: Option<&AgentId>, action: &str, outcome: &str, detail: serde_json::Value) {
         if let Err(e) = self.store.audit(actor, agent, action, outcome, &detail) {
             log::error!("audit record lost ({action} {outcome}): {e}");
         }
@@ -247,24 +229,13 @@ impl Daemon {
 
     fn known(&self, id: &str) -> Result<AgentId, ApiError> {
         let config = self.config();
-        let names = || {
-            config
-                .agents
-                .keys()
-                .map(AgentId::as_str)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let names = || config.agents.keys().map(AgentId::as_str).collect::<Vec<_>>().join(", ");
         let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         if !config.agents.contains_key(&id) {
             return Err(ApiError::NotFound(format!(
                 "no agent {:?} in config.json (configured: {})",
                 id.as_str(),
-                if config.agents.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names()
-                }
+                if config.agents.is_empty() { "none".to_owned() } else { names() }
             )));
         }
         Ok(id)
@@ -273,28 +244,15 @@ impl Daemon {
     // ----- agent RPC -------------------------------------------------------
 
     /// Checks a lease token, and the per-agent rate limit. Failures are audited.
-    pub fn authenticate(
-        &self,
-        kind: &ListenerKind,
-        bearer: Option<&str>,
-        what: &str,
-    ) -> Result<Authed, ApiError> {
+    pub fn authenticate(&self, kind: &ListenerKind, bearer: Option<&str>, what: &str) -> Result<Authed, ApiError> {
         let deny = |reason: &str| {
             let listener = match kind {
                 ListenerKind::Admin => "choird.sock".to_owned(),
                 ListenerKind::Agent(id) => format!("agents/{id}.sock"),
                 ListenerKind::Tcp => "tcp".to_owned(),
             };
-            self.audit(
-                "agent-rpc",
-                None,
-                what,
-                "unauthorized",
-                json!({"listener": listener, "reason": reason}),
-            );
-            ApiError::Unauthorized(format!(
-                "{reason}: every agent RPC needs the lease token of a live session"
-            ))
+            self.audit("agent-rpc", None, what, "unauthorized", json!({"listener": listener, "reason": reason}));
+            ApiError::Unauthorized(format!("{reason}: every agent RPC needs the lease token of a live session"))
         };
         let Some(token) = bearer else {
             return Err(deny("missing bearer token"));
@@ -323,26 +281,13 @@ impl Daemon {
             });
         }
         session.last_seen = Instant::now();
-        Ok(Authed {
-            agent,
-            session: session.id,
-        })
+        Ok(Authed { agent, session: session.id })
     }
 
     /// INIT_HELLO: binds the session and hands out the recovery snapshot.
-    pub fn init_hello(
-        &self,
-        who: &Authed,
-        req: &InitHelloRequest,
-    ) -> Result<InitHelloResponse, ApiError> {
+    pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, ApiError> {
         if req.agent_id != who.agent.as_str() {
-            self.audit(
-                "agent-rpc",
-                Some(&who.agent),
-                "INIT_HELLO",
-                "refused",
-                json!({"claimed": req.agent_id}),
-            );
+            self.audit("agent-rpc", Some(&who.agent), "INIT_HELLO", "refused", json!({"claimed": req.agent_id}));
             return Err(ApiError::Forbidden(format!(
                 "this lease belongs to agent {}, not {:?}",
                 who.agent, req.agent_id
@@ -389,10 +334,7 @@ impl Daemon {
                     core: config.model(&who.agent, Lane::Core),
                 },
             },
-            recovery: RecoverySnapshot {
-                replicated_head: head,
-                processed_upto: processed,
-            },
+            recovery: RecoverySnapshot { replicated_head: head, processed_upto: processed },
             config: self.dynamic_config(&who.agent),
             lease_ttl_ms: LEASE_TTL.as_millis() as u64,
         })
@@ -404,41 +346,20 @@ impl Daemon {
         DynamicConfig {
             version: self.config_version.load(Ordering::SeqCst),
             kill_switch: false,
-            max_steps_per_turn: config
-                .agents
-                .get(id)
-                .map(|a| a.max_steps_per_turn)
-                .unwrap_or(16),
+            max_steps_per_turn: config.agents.get(id).map(|a| a.max_steps_per_turn).unwrap_or(16),
         }
     }
 
     /// GET_SECRETS: values of secrets bound to the agent, and nothing else.
-    pub fn get_secrets(
-        &self,
-        who: &Authed,
-        names: &[String],
-    ) -> Result<BTreeMap<String, String>, ApiError> {
+    pub fn get_secrets(&self, who: &Authed, names: &[String]) -> Result<BTreeMap<String, String>, ApiError> {
         let config = self.config();
-        let bound = config
-            .agents
-            .get(&who.agent)
-            .map(|a| a.secrets.clone())
-            .unwrap_or_default();
+        let bound = config.agents.get(&who.agent).map(|a| a.secrets.clone()).unwrap_or_default();
         let secrets = self.secrets();
         let mut out = BTreeMap::new();
         for name in names {
             if !bound.contains(name) {
-                self.audit(
-                    "agent-rpc",
-                    Some(&who.agent),
-                    "GET_SECRETS",
-                    "refused",
-                    json!({"name": name}),
-                );
-                return Err(ApiError::Forbidden(format!(
-                    "secret {name:?} is not bound to agent {}",
-                    who.agent
-                )));
+                self.audit("agent-rpc", Some(&who.agent), "GET_SECRETS", "refused", json!({"name": name}));
+                return Err(ApiError::Forbidden(format!("secret {name:?} is not bound to agent {}", who.agent)));
             }
             match secrets.get(name) {
                 Some(v) => {
@@ -452,30 +373,17 @@ impl Daemon {
                 }
             }
         }
-        self.audit(
-            "agent-rpc",
-            Some(&who.agent),
-            "GET_SECRETS",
-            "ok",
-            json!({"names": names}),
-        );
+        self.audit("agent-rpc", Some(&who.agent), "GET_SECRETS", "ok", json!({"names": names}));
         Ok(out)
     }
 
     /// HEARTBEAT: stores replicated events and replies, then hands out new
     /// messages, waiting up to `wait_ms` for some to arrive.
-    pub fn heartbeat(
-        &self,
-        who: &Authed,
-        req: &HeartbeatRequest,
-    ) -> Result<HeartbeatResponse, ApiError> {
+    pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         let acked = if req.events.is_empty() {
             None
         } else {
-            match self
-                .store
-                .append_events(&who.agent, who.session, &req.events)
-            {
+            match self.store.append_events(&who.agent, who.session, &req.events) {
                 Ok(seq) => Some(seq),
                 Err(ReplicationError::Chain(e)) => {
                     log::error!("ALERT: agent {}: {e}; replication refused", who.agent);
@@ -494,15 +402,12 @@ impl Daemon {
         let new_replies = if req.replies.is_empty() && req.processed_upto == 0 {
             Vec::new()
         } else {
-            self.store
-                .record_replies(&who.agent, &req.replies, req.processed_upto)?
+            self.store.record_replies(&who.agent, &req.replies, req.processed_upto)?
         };
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         let mut agents = self.agents.lock();
-        let slot = agents
-            .get_mut(&who.agent)
-            .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+        let slot = agents.get_mut(&who.agent).ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
         if let Some(seq) = acked {
             slot.replicated_seq = seq;
         }
@@ -513,9 +418,7 @@ impl Daemon {
         }
         let acked_seq = slot.replicated_seq;
         loop {
-            let slot = agents
-                .get_mut(&who.agent)
-                .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+            let slot = agents.get_mut(&who.agent).ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
             let seen_wake = slot.wake;
             let Some(session) = slot.session.as_ref().filter(|s| s.id == who.session) else {
                 return Err(ApiError::Unauthorized("the session ended".into()));
@@ -527,9 +430,7 @@ impl Daemon {
             drop(agents);
             let mut messages = self.store.pending_messages(&who.agent, after, BATCH)?;
             agents = self.agents.lock();
-            let slot = agents
-                .get_mut(&who.agent)
-                .ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
+            let slot = agents.get_mut(&who.agent).ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
             if let Some(session) = slot.session.as_mut().filter(|s| s.id == who.session) {
                 // A concurrent HEARTBEAT may have handed some of these out already.
                 messages.retain(|m| m.id > session.delivered_upto);
@@ -541,9 +442,7 @@ impl Daemon {
             if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
                 return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
             }
-            while agents.get(&who.agent).is_some_and(|s| s.wake == seen_wake)
-                && Instant::now() < deadline
-            {
+            while agents.get(&who.agent).is_some_and(|s| s.wake == seen_wake) && Instant::now() < deadline {
                 if self.changed.wait_until(&mut agents, deadline).timed_out() {
                     break;
                 }
@@ -557,12 +456,7 @@ impl Daemon {
         messages: Vec<choir_common::rpc::InboundMessage>,
         stop: bool,
     ) -> HeartbeatResponse {
-        HeartbeatResponse {
-            acked_seq,
-            messages,
-            config_version: self.config_version.load(Ordering::SeqCst),
-            stop,
-        }
+        HeartbeatResponse { acked_seq, messages, config_version: self.config_version.load(Ordering::SeqCst), stop }
     }
 
     /// REPORT_STATUS: keeps the latest report for `choirctl agent status`.
@@ -576,17 +470,13 @@ impl Daemon {
     pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), ApiError> {
         {
             let mut agents = self.agents.lock();
-            if let Some(s) = agents
-                .get_mut(&who.agent)
-                .and_then(|slot| slot.session.as_mut())
-            {
+            if let Some(s) = agents.get_mut(&who.agent).and_then(|slot| slot.session.as_mut()) {
                 s.terminated = true;
                 s.stop = true;
             }
         }
         self.changed.notify_all();
-        self.store
-            .end_session(who.session, &format!("terminated by agent: {reason}"))?;
+        self.store.end_session(who.session, &format!("terminated by agent: {reason}"))?;
         self.audit(
             "agent-rpc",
             Some(&who.agent),
@@ -599,18 +489,9 @@ impl Daemon {
 
     /// Accounts relayed LLM tokens; refuses when the session budget is spent.
     pub fn llm_budget_check(&self, who: &Authed) -> Result<(), ApiError> {
-        let budget = self
-            .config()
-            .agents
-            .get(&who.agent)
-            .and_then(|a| a.llm_token_budget);
-        let used = self
-            .agents
-            .lock()
-            .get(&who.agent)
-            .and_then(|s| s.session.as_ref())
-            .map(|s| s.tokens_used)
-            .unwrap_or(0);
+        let budget = self.config().agents.get(&who.agent).and_then(|a| a.llm_token_budget);
+        let used =
+            self.agents.lock().get(&who.agent).and_then(|s| s.session.as_ref()).map(|s| s.tokens_used).unwrap_or(0);
         match budget {
             Some(b) if used >= b => Err(ApiError::RateLimited {
                 message: format!(
@@ -625,12 +506,7 @@ impl Daemon {
 
     /// Adds relayed tokens to the session's count.
     pub fn llm_tokens_used(&self, who: &Authed, tokens: u64) {
-        if let Some(s) = self
-            .agents
-            .lock()
-            .get_mut(&who.agent)
-            .and_then(|slot| slot.session.as_mut())
-        {
+        if let Some(s) = self.agents.lock().get_mut(&who.agent).and_then(|slot| slot.session.as_mut()) {
             s.tokens_used += tokens;
         }
     }
@@ -653,9 +529,7 @@ impl Daemon {
         let id = self.known(id)?;
         let runtime = self.config().runtime;
         let agents = self.agents.lock();
-        let slot = agents
-            .get(&id)
-            .ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
+        let slot = agents.get(&id).ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
         Ok(summary(&id, slot, runtime))
     }
 
@@ -665,18 +539,15 @@ impl Daemon {
         let config = self.config();
         if config.runtime == RuntimeKind::Docker {
             return Err(ApiError::NotImplemented(
-                "runtime \"docker\" is not available in this build yet; set \"runtime\": \"process\" in config.json".into(),
+                "runtime \"docker\" is not available in this build yet; set \"runtime\": \"process\" in config.json"
+                    .into(),
             ));
         }
         {
             let mut agents = self.agents.lock();
             let slot = agents.entry(id.clone()).or_default();
             if slot.phase != Phase::Stopped {
-                let (sid, pid) = slot
-                    .session
-                    .as_ref()
-                    .map(|s| (s.id, s.pid))
-                    .unwrap_or((0, None));
+                let (sid, pid) = slot.session.as_ref().map(|s| (s.id, s.pid)).unwrap_or((0, None));
                 self.audit(
                     actor,
                     Some(&id),
@@ -694,13 +565,7 @@ impl Daemon {
         }
         match self.launch(&id, &config) {
             Ok(()) => {
-                self.audit(
-                    actor,
-                    Some(&id),
-                    "agent.start",
-                    "ok",
-                    json!({"runtime": "process", "sandboxed": false}),
-                );
+                self.audit(actor, Some(&id), "agent.start", "ok", json!({"runtime": "process", "sandboxed": false}));
                 self.summary(id.as_str())
             }
             Err(e) => {
@@ -711,13 +576,7 @@ impl Daemon {
                     slot.last_exit = Some(format!("failed to start: {e}"));
                 }
                 drop(agents);
-                self.audit(
-                    actor,
-                    Some(&id),
-                    "agent.start",
-                    "error",
-                    json!({"error": e.to_string()}),
-                );
+                self.audit(actor, Some(&id), "agent.start", "error", json!({"error": e.to_string()}));
                 Err(e)
             }
         }
@@ -727,16 +586,10 @@ impl Daemon {
         let token = random_token()?;
         let digest = sha256(token.as_bytes());
         let workspace = config.workspace(&self.home, id);
-        std::fs::create_dir_all(&workspace).map_err(|e| {
-            ApiError::Internal(format!(
-                "cannot create workspace {}: {e}",
-                workspace.display()
-            ))
-        })?;
+        std::fs::create_dir_all(&workspace)
+            .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
         let (_, processed) = self.store.agent_position(id)?;
-        let session_id = self
-            .store
-            .create_session(id, RuntimeKind::Process.as_str(), &digest)?;
+        let session_id = self.store.create_session(id, RuntimeKind::Process.as_str(), &digest)?;
         {
             let mut agents = self.agents.lock();
             let slot = agents.entry(id.clone()).or_default();
@@ -753,7 +606,9 @@ impl Daemon {
                 bucket: Bucket::new(),
             });
         }
-        log::warn!("agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)");
+        log::warn!(
+            "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
+        );
         let logfile = self.home.logs().join(format!("{id}.log"));
         let child = crate::runtime::process::spawn(
             &self.agent_binary,
@@ -771,12 +626,7 @@ impl Daemon {
             }
         };
         let pid = child.id();
-        if let Some(s) = self
-            .agents
-            .lock()
-            .get_mut(id)
-            .and_then(|slot| slot.session.as_mut())
-        {
+        if let Some(s) = self.agents.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
             s.pid = Some(pid);
         }
         let me = self.clone();
@@ -804,9 +654,7 @@ impl Daemon {
                     slot.phase = Phase::Stopped;
                     slot.last_exit = Some(reason.to_owned());
                     for (_, w) in slot.waiters.drain() {
-                        let _ = w.send(Err(format!(
-                            "agent {id} stopped before answering ({reason})"
-                        )));
+                        let _ = w.send(Err(format!("agent {id} stopped before answering ({reason})")));
                     }
                     slot.wake += 1;
                 }
@@ -817,13 +665,7 @@ impl Daemon {
         if let Err(e) = self.store.end_session(session_id, reason) {
             log::error!("cannot record the end of session {session_id}: {e}");
         }
-        self.audit(
-            "choird",
-            Some(id),
-            "agent.exit",
-            "ok",
-            json!({"session": session_id, "reason": reason}),
-        );
+        self.audit("choird", Some(id), "agent.exit", "ok", json!({"session": session_id, "reason": reason}));
     }
 
     /// Stops an agent: asks it (through its HEARTBEAT), then SIGTERM, then SIGKILL.
@@ -853,13 +695,7 @@ impl Daemon {
                 }
             }
         }
-        self.audit(
-            actor,
-            Some(&id),
-            "agent.stop",
-            "ok",
-            json!({"graceful": polite}),
-        );
+        self.audit(actor, Some(&id), "agent.stop", "ok", json!({"graceful": polite}));
         self.summary(id.as_str())
     }
 
@@ -878,13 +714,8 @@ impl Daemon {
 
     /// Stops every running agent (shutdown).
     pub fn stop_all(&self) {
-        let running: Vec<AgentId> = self
-            .agents
-            .lock()
-            .iter()
-            .filter(|(_, s)| s.session.is_some())
-            .map(|(id, _)| id.clone())
-            .collect();
+        let running: Vec<AgentId> =
+            self.agents.lock().iter().filter(|(_, s)| s.session.is_some()).map(|(id, _)| id.clone()).collect();
         for id in running {
             if let Err(e) = self.stop_agent(id.as_str(), "choird") {
                 log::warn!("stopping {id}: {e}");
@@ -916,15 +747,9 @@ impl Daemon {
             return Err(ApiError::BadRequest("the message is empty".into()));
         }
         if text.len() > 64 * 1024 {
-            return Err(ApiError::PayloadTooLarge(
-                "a message may be at most 64 KiB".into(),
-            ));
+            return Err(ApiError::PayloadTooLarge("a message may be at most 64 KiB".into()));
         }
-        let running = self
-            .agents
-            .lock()
-            .get(&id)
-            .is_some_and(|s| matches!(s.phase, Phase::Starting | Phase::Running));
+        let running = self.agents.lock().get(&id).is_some_and(|s| matches!(s.phase, Phase::Starting | Phase::Running));
         if !running {
             return Err(ApiError::Conflict(format!(
                 "agent {id} is not running; start it with `choirctl agent start {id}`"
@@ -942,20 +767,14 @@ impl Daemon {
         self.changed.notify_all();
         // The answer may have been recorded before the waiter was registered.
         if let Some(reply) = self.store.reply_of(&id, message_id)? {
-            self.agents
-                .lock()
-                .get_mut(&id)
-                .map(|s| s.waiters.remove(&message_id));
+            self.agents.lock().get_mut(&id).map(|s| s.waiters.remove(&message_id));
             return Ok(ChatResponse { message_id, reply });
         }
         match rx.recv_timeout(timeout) {
             Ok(Ok(reply)) => Ok(ChatResponse { message_id, reply }),
             Ok(Err(why)) => Err(ApiError::Unavailable(why)),
             Err(_) => {
-                self.agents
-                    .lock()
-                    .get_mut(&id)
-                    .map(|s| s.waiters.remove(&message_id));
+                self.agents.lock().get_mut(&id).map(|s| s.waiters.remove(&message_id));
                 Err(ApiError::Timeout(format!(
                     "no answer from agent {id} within {} s; message {message_id} stays queued and will be answered",
                     timeout.as_secs()
@@ -984,17 +803,10 @@ fn summary(id: &AgentId, slot: &AgentSlot, runtime: RuntimeKind) -> AgentSummary
         state: slot.phase.as_str().to_owned(),
         session_id: slot.session.as_ref().map(|s| s.id).or(slot.last_session),
         pid: slot.session.as_ref().and_then(|s| s.pid),
-        last_heartbeat_ms: slot
-            .session
-            .as_ref()
-            .map(|s| s.last_seen.elapsed().as_millis() as u64),
+        last_heartbeat_ms: slot.session.as_ref().map(|s| s.last_seen.elapsed().as_millis() as u64),
         replicated_seq: slot.replicated_seq,
         session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
-        lanes: slot
-            .status
-            .as_ref()
-            .map(|s| s.lanes.clone())
-            .unwrap_or_default(),
+        lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
         last_exit: slot.last_exit.clone(),
     }
 }

@@ -37,7 +37,9 @@ pub enum HomeError {
         mode: u32,
     },
     /// Another choird holds the instance lock.
-    #[error("another choird is already running on {home} (lock {lock} is held{pid}); stop it first, or use another --home")]
+    #[error(
+        "another choird is already running on {home} (lock {lock} is held{pid}); stop it first, or use another --home"
+    )]
     AlreadyRunning {
         /// The home.
         home: PathBuf,
@@ -49,10 +51,7 @@ pub enum HomeError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> HomeError + '_ {
-    move |source| HomeError::Io {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| HomeError::Io { path: path.to_owned(), source }
 }
 
 impl Home {
@@ -106,18 +105,12 @@ impl Home {
     /// `secrets.json` (mode 0600) when they do not exist. Existing files are
     /// never rewritten.
     pub fn ensure_layout(&self) -> Result<(), HomeError> {
-        for dir in [
-            self.root.clone(),
-            self.repos().join("global"),
-            self.repos().join("agents"),
-            self.logs(),
-        ] {
+        for dir in [self.root.clone(), self.repos().join("global"), self.repos().join("agents"), self.logs()] {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
         for private in [self.socks(), self.socks().join("agents")] {
             fs::create_dir_all(&private).map_err(io_err(&private))?;
-            fs::set_permissions(&private, fs::Permissions::from_mode(0o700))
-                .map_err(io_err(&private))?;
+            fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).map_err(io_err(&private))?;
         }
         let config = self.config();
         if !config.exists() {
@@ -159,11 +152,7 @@ impl Home {
             return Err(HomeError::AlreadyRunning {
                 home: self.root.clone(),
                 lock: path,
-                pid: if pid.is_empty() {
-                    String::new()
-                } else {
-                    format!(", by pid {pid}")
-                },
+                pid: if pid.is_empty() { String::new() } else { format!(", by pid {pid}") },
             });
         }
         file.set_len(0).map_err(io_err(&path))?;
@@ -180,12 +169,7 @@ pub struct HomeLock {
 }
 
 fn write_new(path: &Path, content: &[u8], mode: u32) -> Result<(), HomeError> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_err(path))?;
+    let mut f = OpenOptions::new().write(true).create_new(true).mode(mode).open(path).map_err(io_err(path))?;
     f.write_all(content).map_err(io_err(path))?;
     f.sync_all().map_err(io_err(path))
 }

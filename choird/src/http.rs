@@ -85,14 +85,8 @@ impl ApiError {
             ApiError::BadRequest(_) => (400, "bad_request"),
             ApiError::Conflict(_) => (409, "conflict"),
             ApiError::PayloadTooLarge(_) => (413, "payload_too_large"),
-            ApiError::RateLimited {
-                retry_after_s: Some(_),
-                ..
-            } => (429, "rate_limited"),
-            ApiError::RateLimited {
-                retry_after_s: None,
-                ..
-            } => (429, "budget_exhausted"),
+            ApiError::RateLimited { retry_after_s: Some(_), .. } => (429, "rate_limited"),
+            ApiError::RateLimited { retry_after_s: None, .. } => (429, "budget_exhausted"),
             ApiError::NotImplemented(_) => (501, "not_implemented"),
             ApiError::Unavailable(_) => (503, "unavailable"),
             ApiError::BadGateway(_) => (502, "bad_gateway"),
@@ -105,10 +99,8 @@ impl ApiError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            ApiError::RateLimited {
-                retry_after_s: Some(_),
-                ..
-            } | ApiError::Unavailable(_)
+            ApiError::RateLimited { retry_after_s: Some(_), .. }
+                | ApiError::Unavailable(_)
                 | ApiError::BadGateway(_)
                 | ApiError::Timeout(_)
         )
@@ -119,20 +111,10 @@ impl ApiError {
         let (status, code) = self.status_and_code();
         let retryable = self.retryable();
         let mut headers = Vec::new();
-        if let ApiError::RateLimited {
-            retry_after_s: Some(s),
-            ..
-        } = &self
-        {
+        if let ApiError::RateLimited { retry_after_s: Some(s), .. } = &self {
             headers.push(("Retry-After".to_owned(), s.to_string()));
         }
-        let body = ErrorBody {
-            error: ErrorInfo {
-                code: code.to_owned(),
-                message: self.to_string(),
-                retryable,
-            },
-        };
+        let body = ErrorBody { error: ErrorInfo { code: code.to_owned(), message: self.to_string(), retryable } };
         let mut resp = Response::json(status, &body);
         resp.headers = headers;
         resp
@@ -163,10 +145,7 @@ pub struct Request {
 impl Request {
     /// A query parameter.
     pub fn query(&self, key: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     /// Parses the body as JSON into `T`, with a message naming the problem.
@@ -174,10 +153,7 @@ impl Request {
         let de = &mut serde_json::Deserializer::from_slice(&self.body);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            ApiError::BadRequest(format!(
-                "invalid request body at {path}: {}",
-                e.into_inner()
-            ))
+            ApiError::BadRequest(format!("invalid request body at {path}: {}", e.into_inner()))
         })
     }
 }
@@ -198,12 +174,7 @@ impl Response {
     /// A JSON reply.
     pub fn json<T: Serialize>(status: u16, value: &T) -> Response {
         let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-        Response {
-            status,
-            body,
-            content_type: "application/json",
-            headers: Vec::new(),
-        }
+        Response { status, body, content_type: "application/json", headers: Vec::new() }
     }
 
     /// 200 with a JSON body.
@@ -233,21 +204,18 @@ pub fn serve(
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let mut threads = Vec::new();
     for i in 0..workers {
-        let (server, kind, handler, stop) =
-            (server.clone(), kind.clone(), handler.clone(), stop.clone());
-        let t = std::thread::Builder::new()
-            .name(format!("{name}-{i}"))
-            .spawn(move || loop {
-                match server.recv() {
-                    Ok(rq) => serve_one(&kind, handler.as_ref(), rq),
-                    Err(e) => {
-                        if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                            break;
-                        }
-                        log::debug!("listener error: {e}");
+        let (server, kind, handler, stop) = (server.clone(), kind.clone(), handler.clone(), stop.clone());
+        let t = std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || loop {
+            match server.recv() {
+                Ok(rq) => serve_one(&kind, handler.as_ref(), rq),
+                Err(e) => {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
                     }
+                    log::debug!("listener error: {e}");
                 }
-            })?;
+            }
+        })?;
         threads.push(t);
     }
     Ok(threads)
@@ -270,26 +238,14 @@ fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Requ
         ApiError::PayloadTooLarge(format!("request body over {MAX_BODY} bytes")).into_response()
     } else {
         let mut body = Vec::new();
-        let read = rq
-            .as_reader()
-            .take(MAX_BODY as u64 + 1)
-            .read_to_end(&mut body);
+        let read = rq.as_reader().take(MAX_BODY as u64 + 1).read_to_end(&mut body);
         match read {
-            Err(e) => {
-                ApiError::BadRequest(format!("cannot read request body: {e}")).into_response()
-            }
+            Err(e) => ApiError::BadRequest(format!("cannot read request body: {e}")).into_response(),
             Ok(_) if body.len() > MAX_BODY => {
-                ApiError::PayloadTooLarge(format!("request body over {MAX_BODY} bytes"))
-                    .into_response()
+                ApiError::PayloadTooLarge(format!("request body over {MAX_BODY} bytes")).into_response()
             }
             Ok(_) => {
-                let req = Request {
-                    method,
-                    path: path.clone(),
-                    query,
-                    bearer,
-                    body,
-                };
+                let req = Request { method, path: path.clone(), query, bearer, body };
                 match catch_unwind(AssertUnwindSafe(|| handler.handle(kind, req))) {
                     Ok(r) => r,
                     Err(panic) => {
@@ -299,10 +255,7 @@ fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Requ
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_default();
                         log::error!("handler for {path} panicked: {what}");
-                        ApiError::Internal(
-                            "internal error (a bug in choird; see choird.log)".into(),
-                        )
-                        .into_response()
+                        ApiError::Internal("internal error (a bug in choird; see choird.log)".into()).into_response()
                     }
                 }
             }
@@ -339,9 +292,7 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
             if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 out.push(v);
                 i += 3;
@@ -362,11 +313,7 @@ mod tests {
     fn query_strings_decode() {
         assert_eq!(
             parse_query("after=3&agent=a%20b&x"),
-            vec![
-                ("after".into(), "3".into()),
-                ("agent".into(), "a b".into()),
-                ("x".into(), String::new())
-            ]
+            vec![("after".into(), "3".into()), ("agent".into(), "a b".into()), ("x".into(), String::new())]
         );
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%4"), "%4");

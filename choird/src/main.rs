@@ -40,21 +40,14 @@ fn real_main() -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("CHOIR_HOME").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
         .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
-    let home = if home.is_absolute() {
-        home
-    } else {
-        std::env::current_dir()?.join(home)
-    };
+    let home = if home.is_absolute() { home } else { std::env::current_dir()?.join(home) };
     init_logging(&home);
     let default_agent_binary = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|d| d.join("choir-agent")))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("choir-agent"));
-    choird::run(choird::Options {
-        home,
-        default_agent_binary,
-    })
+    choird::run(choird::Options { home, default_agent_binary })
 }
 
 /// Logs to stderr and, when the log directory is usable, to `logs/choird.log`.
@@ -75,12 +68,7 @@ fn init_logging(home: &std::path::Path) {
     }
     let logs = home.join("logs");
     let file = std::fs::create_dir_all(&logs)
-        .and_then(|()| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(logs.join("choird.log"))
-        })
+        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(logs.join("choird.log")))
         .ok();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Pipe(Box::new(Tee(file))))

@@ -21,34 +21,20 @@ const MAX_REQUEST: usize = 16 * 1024 * 1024;
 const MAX_ANSWER: u64 = 32 * 1024 * 1024;
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
-pub fn handle(
-    d: &Daemon,
-    kind: &ListenerKind,
-    lane: &str,
-    req: &Request,
-) -> Result<Response, ApiError> {
+pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Result<Response, ApiError> {
     let who = d.authenticate(kind, req.bearer.as_deref(), "LLM")?;
-    let lane = Lane::parse(lane)
-        .ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
+    let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
     if req.body.len() > MAX_REQUEST {
-        return Err(ApiError::PayloadTooLarge(format!(
-            "LLM request over {MAX_REQUEST} bytes"
-        )));
+        return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
-    let mut body: Value = serde_json::from_slice(&req.body)
-        .map_err(|e| ApiError::BadRequest(format!("LLM request is not JSON: {e}")))?;
-    let obj = body
-        .as_object_mut()
-        .ok_or_else(|| ApiError::BadRequest("LLM request must be a JSON object".into()))?;
+    let mut body: Value =
+        serde_json::from_slice(&req.body).map_err(|e| ApiError::BadRequest(format!("LLM request is not JSON: {e}")))?;
+    let obj = body.as_object_mut().ok_or_else(|| ApiError::BadRequest("LLM request must be a JSON object".into()))?;
     if !obj.get("messages").is_some_and(Value::is_array) {
-        return Err(ApiError::BadRequest(
-            "LLM request needs a \"messages\" array".into(),
-        ));
+        return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
     }
     if obj.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::BadRequest(
-            "streaming is not supported by this relay yet; send stream: false".into(),
-        ));
+        return Err(ApiError::BadRequest("streaming is not supported by this relay yet; send stream: false".into()));
     }
     d.llm_budget_check(&who)?;
     let config = d.config();
@@ -64,10 +50,7 @@ pub fn handle(
             ))
         })?),
     };
-    let url = format!(
-        "{}/chat/completions",
-        endpoint.base_url.trim_end_matches('/')
-    );
+    let url = format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/'));
     let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
 
     let started = Instant::now();
@@ -86,75 +69,34 @@ pub fn handle(
     let mut answer = match result {
         Ok(a) => a,
         Err(e) => {
-            let _ = d.store.record_llm_call(
-                &who.agent,
-                who.session,
-                lane.as_str(),
-                &model,
-                0,
-                0,
-                0,
-                elapsed_ms,
-            );
+            let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms);
             return Err(match e {
                 ureq::Error::Timeout(_) => ApiError::Timeout(format!(
                     "LLM endpoint {} did not answer within {} s",
                     endpoint.base_url, endpoint.timeout_s
                 )),
-                other => ApiError::BadGateway(format!(
-                    "cannot reach LLM endpoint {}: {other}",
-                    endpoint.base_url
-                )),
+                other => ApiError::BadGateway(format!("cannot reach LLM endpoint {}: {other}", endpoint.base_url)),
             });
         }
     };
     let status = answer.status().as_u16();
-    let retry_after = answer
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let bytes = answer
         .body_mut()
         .with_config()
         .limit(MAX_ANSWER)
         .read_to_vec()
-        .map_err(|e| {
-            ApiError::BadGateway(format!(
-                "LLM endpoint {}: bad answer body: {e}",
-                endpoint.base_url
-            ))
-        })?;
-    let usage = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("usage").cloned());
-    let count = |k: &str| {
-        usage
-            .as_ref()
-            .and_then(|u| u.get(k))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
+        .map_err(|e| ApiError::BadGateway(format!("LLM endpoint {}: bad answer body: {e}", endpoint.base_url)))?;
+    let usage = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned());
+    let count = |k: &str| usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_u64).unwrap_or(0);
     let (prompt, completion) = (count("prompt_tokens"), count("completion_tokens"));
     d.llm_tokens_used(&who, prompt + completion);
-    if let Err(e) = d.store.record_llm_call(
-        &who.agent,
-        who.session,
-        lane.as_str(),
-        &model,
-        status,
-        prompt,
-        completion,
-        elapsed_ms,
-    ) {
+    if let Err(e) =
+        d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, status, prompt, completion, elapsed_ms)
+    {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
-    let mut resp = Response {
-        status,
-        body: bytes,
-        content_type: "application/json",
-        headers: Vec::new(),
-    };
+    let mut resp = Response { status, body: bytes, content_type: "application/json", headers: Vec::new() };
     if let Some(ra) = retry_after {
         resp.headers.push(("Retry-After".into(), ra));
     }

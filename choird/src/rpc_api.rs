@@ -2,8 +2,8 @@
 //! [`Daemon`]. Authentication happens before any body is looked at.
 
 use choir_common::rpc::{
-    Ack, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest,
-    InitHelloRequest, ReportStatusRequest, TerminateSelfRequest, Verb,
+    Ack, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest, InitHelloRequest,
+    ReportStatusRequest, TerminateSelfRequest, Verb,
 };
 
 use crate::daemon::Daemon;
@@ -13,24 +13,13 @@ use crate::http::{ApiError, ListenerKind, Request, Response};
 pub const MAX_RPC_BODY: usize = 8 * 1024 * 1024;
 
 /// Answers `POST /rpc/v1/<VERB>`.
-pub fn handle(
-    d: &Daemon,
-    kind: &ListenerKind,
-    verb: Verb,
-    req: &Request,
-) -> Result<Response, ApiError> {
+pub fn handle(d: &Daemon, kind: &ListenerKind, verb: Verb, req: &Request) -> Result<Response, ApiError> {
     let who = d.authenticate(kind, req.bearer.as_deref(), verb.name())?;
     if req.method != "POST" {
-        return Err(ApiError::BadRequest(format!(
-            "{} must be POSTed",
-            verb.name()
-        )));
+        return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
     }
     if req.body.len() > MAX_RPC_BODY {
-        return Err(ApiError::PayloadTooLarge(format!(
-            "{} body over {MAX_RPC_BODY} bytes",
-            verb.name()
-        )));
+        return Err(ApiError::PayloadTooLarge(format!("{} body over {MAX_RPC_BODY} bytes", verb.name())));
     }
     match verb {
         Verb::InitHello => Ok(Response::ok(&d.init_hello(&who, &req.json::<InitHelloRequest>()?)?)),

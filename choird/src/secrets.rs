@@ -14,9 +14,7 @@ pub struct Secrets {
 
 impl fmt::Debug for Secrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Secrets")
-            .field("names", &self.values.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("Secrets").field("names", &self.values.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -33,26 +31,15 @@ pub struct SecretsError {
 impl Secrets {
     /// Loads and checks the file (call [`crate::home::Home::check_secrets_mode`] first).
     pub fn load(path: &Path) -> Result<Secrets, SecretsError> {
-        let err = |reason: String| SecretsError {
-            path: path.display().to_string(),
-            reason,
-        };
+        let err = |reason: String| SecretsError { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         let values: BTreeMap<String, String> = serde_json::from_str(&text).map_err(|e| {
             // serde_json's message names the position, not the value.
-            err(format!(
-                "must be a JSON object of name -> string value: {e}"
-            ))
+            err(format!("must be a JSON object of name -> string value: {e}"))
         })?;
         for name in values.keys() {
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                return Err(err(format!(
-                    "secret name {name:?} must use only letters, digits, '_' or '-'"
-                )));
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(err(format!("secret name {name:?} must use only letters, digits, '_' or '-'")));
             }
         }
         Ok(Secrets { values })
@@ -73,11 +60,6 @@ impl Secrets {
 impl Secrets {
     /// Secrets from pairs, for tests.
     pub fn from_pairs(pairs: &[(&str, &str)]) -> Secrets {
-        Secrets {
-            values: pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
+        Secrets { values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
     }
 }

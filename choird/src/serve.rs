@@ -60,10 +60,7 @@ impl Handler for Router {
                 Err(ApiError::NotFound(format!("no endpoint {}", req.path)))
             }
         } else {
-            Err(ApiError::NotFound(format!(
-                "no endpoint {} {}",
-                req.method, req.path
-            )))
+            Err(ApiError::NotFound(format!("no endpoint {} {}", req.method, req.path)))
         };
         result.unwrap_or_else(ApiError::into_response)
     }
@@ -78,11 +75,10 @@ struct Listener {
 fn bind_unix(path: &Path) -> anyhow::Result<tiny_http::Server> {
     // We hold the instance lock, so a socket file left here is stale.
     if path.exists() {
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let server = tiny_http::Server::http_unix(path)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    let server =
+        tiny_http::Server::http_unix(path).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 600 {}", path.display()))?;
     Ok(server)
@@ -99,10 +95,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     for warning in config.missing_secrets(&secrets) {
         log::warn!("{warning}");
     }
-    let agent_binary = config
-        .agent_binary
-        .clone()
-        .unwrap_or(opts.default_agent_binary.clone());
+    let agent_binary = config.agent_binary.clone().unwrap_or(opts.default_agent_binary.clone());
 
     let (cluster, url, database) = match &config.database_url {
         Some(url) => (None, url.clone(), "external".to_owned()),
@@ -110,11 +103,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             let bin = ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref())?;
             let cluster = ManagedCluster::start(&home.pg(), &bin)?;
             let url = cluster.url();
-            (
-                Some(cluster),
-                url,
-                format!("managed ({})", home.pg().display()),
-            )
+            (Some(cluster), url, format!("managed ({})", home.pg().display()))
         }
     };
     let result = serve(home, config, secrets, &url, database, agent_binary);
@@ -144,34 +133,14 @@ fn serve(
     if orphans > 0 {
         log::warn!("closed {orphans} session(s) left open by a previous choird");
     }
-    let daemon = Arc::new(Daemon::new(
-        home.clone(),
-        config.clone(),
-        secrets,
-        store,
-        database,
-        agent_binary,
-    ));
-    let router: Arc<dyn Handler> = Arc::new(Router {
-        daemon: daemon.clone(),
-    });
+    let daemon = Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary));
+    let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
     let stop = Arc::new(AtomicBool::new(false));
 
     let mut listeners = Vec::new();
     let admin = Arc::new(bind_unix(&home.admin_socket())?);
-    let threads = crate::http::serve(
-        admin.clone(),
-        ListenerKind::Admin,
-        router.clone(),
-        16,
-        "admin",
-        stop.clone(),
-    )?;
-    listeners.push(Listener {
-        server: admin,
-        threads,
-        socket: Some(home.admin_socket()),
-    });
+    let threads = crate::http::serve(admin.clone(), ListenerKind::Admin, router.clone(), 16, "admin", stop.clone())?;
+    listeners.push(Listener { server: admin, threads, socket: Some(home.admin_socket()) });
     for id in config.agents.keys() {
         let path = home.agent_socket(id);
         let server = Arc::new(bind_unix(&path)?);
@@ -183,30 +152,14 @@ fn serve(
             &format!("rpc-{id}"),
             stop.clone(),
         )?;
-        listeners.push(Listener {
-            server,
-            threads,
-            socket: Some(path),
-        });
+        listeners.push(Listener { server, threads, socket: Some(path) });
     }
     if let Some(addr) = &config.http_listen {
-        let server = Arc::new(
-            tiny_http::Server::http(addr)
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?,
-        );
-        let threads = crate::http::serve(
-            server.clone(),
-            ListenerKind::Tcp,
-            router.clone(),
-            8,
-            "rpc-tcp",
-            stop.clone(),
-        )?;
-        listeners.push(Listener {
-            server,
-            threads,
-            socket: None,
-        });
+        let server =
+            Arc::new(tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?);
+        let threads =
+            crate::http::serve(server.clone(), ListenerKind::Tcp, router.clone(), 8, "rpc-tcp", stop.clone())?;
+        listeners.push(Listener { server, threads, socket: None });
     }
     log::info!(
         "choird {} serving {} (admin socket {})",
@@ -259,13 +212,14 @@ fn signal_loop(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
             }
         }
         for (id, session) in daemon.stale_sessions() {
-            log::warn!("agent {id}: no HEARTBEAT for {:?}; the lease of session {session} lapsed, stopping it", crate::daemon::LEASE_TTL);
+            log::warn!(
+                "agent {id}: no HEARTBEAT for {:?}; the lease of session {session} lapsed, stopping it",
+                crate::daemon::LEASE_TTL
+            );
             let d = daemon.clone();
-            let _ = std::thread::Builder::new()
-                .name(format!("reap-{id}"))
-                .spawn(move || {
-                    let _ = d.stop_agent(id.as_str(), "choird");
-                });
+            let _ = std::thread::Builder::new().name(format!("reap-{id}")).spawn(move || {
+                let _ = d.stop_agent(id.as_str(), "choird");
+            });
         }
         std::thread::sleep(Duration::from_millis(200));
     }

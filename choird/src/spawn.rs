@@ -28,10 +28,7 @@ impl Cmd {
                 inner.env(key, v);
             }
         }
-        Cmd {
-            inner,
-            display: program.display().to_string(),
-        }
+        Cmd { inner, display: program.display().to_string() }
     }
 
     /// Runs `program` as `user` through `runuser` when choird runs as root
@@ -88,10 +85,7 @@ impl Cmd {
             .inner
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| SpawnError::Start {
-                cmd: self.display.clone(),
-                source: e,
-            })?;
+            .map_err(|e| SpawnError::Start { cmd: self.display.clone(), source: e })?;
         if !out.status.success() {
             return Err(SpawnError::Failed {
                 cmd: self.display.clone(),
@@ -103,21 +97,13 @@ impl Cmd {
     }
 
     /// Starts the child with the given stdio.
-    pub fn spawn(
-        &mut self,
-        stdin: Stdio,
-        stdout: Stdio,
-        stderr: Stdio,
-    ) -> Result<Child, SpawnError> {
+    pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Result<Child, SpawnError> {
         self.inner
             .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
-            .map_err(|e| SpawnError::Start {
-                cmd: self.display.clone(),
-                source: e,
-            })
+            .map_err(|e| SpawnError::Start { cmd: self.display.clone(), source: e })
     }
 }
 

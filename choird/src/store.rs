@@ -31,12 +31,7 @@ impl Store {
     }
 
     /// Opens a session (a lease) and returns its id.
-    pub fn create_session(
-        &self,
-        agent: &AgentId,
-        runtime: &str,
-        token_sha256: &[u8],
-    ) -> Result<i64, DbError> {
+    pub fn create_session(&self, agent: &AgentId, runtime: &str, token_sha256: &[u8]) -> Result<i64, DbError> {
         self.db.with(|c| {
             let row = c.query_one(
                 "INSERT INTO sessions (agent_id, runtime, token_sha256) VALUES ($1, $2, $3) RETURNING id",
@@ -48,13 +43,7 @@ impl Store {
 
     /// Marks a session's INIT_HELLO.
     pub fn session_hello(&self, session: i64) -> Result<(), DbError> {
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE sessions SET hello_at = now() WHERE id = $1",
-                &[&session],
-            )
-            .map(drop)
-        })
+        self.db.with(|c| c.execute("UPDATE sessions SET hello_at = now() WHERE id = $1", &[&session]).map(drop))
     }
 
     /// Ends a session (idempotent: the first reason wins).
@@ -201,12 +190,7 @@ impl Store {
     }
 
     /// Replicated events with `seq > after`, in order.
-    pub fn events(
-        &self,
-        agent: &AgentId,
-        after: u64,
-        limit: i64,
-    ) -> Result<Vec<CommitEvent>, DbError> {
+    pub fn events(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<CommitEvent>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
                 "SELECT event FROM commit_events WHERE agent_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
@@ -234,12 +218,7 @@ impl Store {
     }
 
     /// Unanswered messages with `id > after`, oldest first.
-    pub fn pending_messages(
-        &self,
-        agent: &AgentId,
-        after: u64,
-        limit: i64,
-    ) -> Result<Vec<InboundMessage>, DbError> {
+    pub fn pending_messages(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<InboundMessage>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
                 "SELECT id, conversation, sender, text FROM messages

@@ -134,10 +134,7 @@ pub struct ChainHead {
 impl ChainHead {
     /// The head of an empty log.
     pub fn genesis() -> ChainHead {
-        ChainHead {
-            seq: 0,
-            hash: GENESIS_HASH.to_owned(),
-        }
+        ChainHead { seq: 0, hash: GENESIS_HASH.to_owned() }
     }
 }
 
@@ -148,24 +145,15 @@ pub fn verify_extension(head: &ChainHead, events: &[CommitEvent]) -> Result<Chai
     for ev in events {
         let expected = cur.seq + 1;
         if ev.seq != expected {
-            return Err(ChainError::Gap {
-                seq: ev.seq,
-                expected,
-            });
+            return Err(ChainError::Gap { seq: ev.seq, expected });
         }
         if ev.prev_hash != cur.hash {
-            return Err(ChainError::Fork {
-                seq: ev.seq,
-                prev: cur.seq,
-            });
+            return Err(ChainError::Fork { seq: ev.seq, prev: cur.seq });
         }
         if ev.compute_hash() != ev.hash {
             return Err(ChainError::BadHash { seq: ev.seq });
         }
-        cur = ChainHead {
-            seq: ev.seq,
-            hash: ev.hash.clone(),
-        };
+        cur = ChainHead { seq: ev.seq, hash: ev.hash.clone() };
     }
     Ok(cur)
 }
@@ -237,10 +225,7 @@ mod tests {
     fn chain(n: u64) -> Vec<CommitEvent> {
         let mut out: Vec<CommitEvent> = Vec::new();
         for seq in 1..=n {
-            let prev = out
-                .last()
-                .map(|e| e.hash.clone())
-                .unwrap_or_else(|| GENESIS_HASH.to_owned());
+            let prev = out.last().map(|e| e.hash.clone()).unwrap_or_else(|| GENESIS_HASH.to_owned());
             out.push(event(seq, &prev));
         }
         out
@@ -258,18 +243,12 @@ mod tests {
     fn tampering_gaps_and_forks_are_named() {
         let mut evs = chain(3);
         evs[1].input = json!({"path": "b.txt"});
-        assert_eq!(
-            verify_extension(&ChainHead::genesis(), &evs),
-            Err(ChainError::BadHash { seq: 2 })
-        );
+        assert_eq!(verify_extension(&ChainHead::genesis(), &evs), Err(ChainError::BadHash { seq: 2 }));
 
         let evs = chain(3);
         assert_eq!(
             verify_extension(&ChainHead::genesis(), &[evs[0].clone(), evs[2].clone()]),
-            Err(ChainError::Gap {
-                seq: 3,
-                expected: 2
-            })
+            Err(ChainError::Gap { seq: 3, expected: 2 })
         );
         let other = event(2, &"f".repeat(64));
         assert_eq!(
@@ -281,12 +260,8 @@ mod tests {
     #[test]
     fn hash_survives_key_reordering() {
         let ev = event(1, GENESIS_HASH);
-        let reparsed: CommitEvent =
-            serde_json::from_str(&canonical_json(&serde_json::to_value(&ev).unwrap())).unwrap();
+        let reparsed: CommitEvent = serde_json::from_str(&canonical_json(&serde_json::to_value(&ev).unwrap())).unwrap();
         assert_eq!(reparsed.compute_hash(), ev.hash);
-        assert_eq!(
-            canonical_json(&json!({"b": 1, "a": [true, null, "x\""]})),
-            r#"{"a":[true,null,"x\""],"b":1}"#
-        );
+        assert_eq!(canonical_json(&json!({"b": 1, "a": [true, null, "x\""]})), r#"{"a":[true,null,"x\""],"b":1}"#);
     }
 }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IdError {
     /// The agent id does not match `[a-z][a-z0-9_]{0,31}`.
-    #[error("invalid agent id {0:?}: use 1-32 characters, a lowercase letter first, then lowercase letters, digits or '_'")]
+    #[error(
+        "invalid agent id {0:?}: use 1-32 characters, a lowercase letter first, then lowercase letters, digits or '_'"
+    )]
     Agent(String),
     /// The tool name is not a dotted, namespaced name.
     #[error("invalid tool name {0:?}: use two or more dot-separated segments of lowercase letters, digits and single '_' (e.g. choir.fs.read)")]
@@ -68,15 +70,10 @@ pub fn validate_tool_name(name: &str) -> Result<(), IdError> {
             && !seg.starts_with('_')
             && !seg.ends_with('_')
             && !seg.contains("__")
-            && seg
-                .chars()
-                .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+            && seg.chars().all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
     };
     let segments: Vec<&str> = name.split('.').collect();
-    if segments.len() >= 2
-        && segments.iter().all(|s| segment_ok(s))
-        && wire_tool_name(name).len() <= 64
-    {
+    if segments.len() >= 2 && segments.iter().all(|s| segment_ok(s)) && wire_tool_name(name).len() <= 64 {
         Ok(())
     } else {
         Err(IdError::Tool(name.to_owned()))
@@ -103,21 +100,8 @@ mod tests {
         for ok in ["demo", "a", "agent_7", "abcdefghijabcdefghijabcdefghijab"] {
             assert!(AgentId::parse(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "",
-            "Demo",
-            "7up",
-            "a-b",
-            "a b",
-            "a;drop",
-            "../x",
-            "abcdefghijabcdefghijabcdefghijabc",
-        ] {
-            assert_eq!(
-                AgentId::parse(bad),
-                Err(IdError::Agent(bad.into())),
-                "{bad}"
-            );
+        for bad in ["", "Demo", "7up", "a-b", "a b", "a;drop", "../x", "abcdefghijabcdefghijabcdefghijabc"] {
+            assert_eq!(AgentId::parse(bad), Err(IdError::Agent(bad.into())), "{bad}");
         }
     }
 
@@ -125,20 +109,9 @@ mod tests {
     fn tool_names_round_trip_through_the_wire() {
         for name in ["choir.fs.read", "choir.repo.git_status", "x.y"] {
             validate_tool_name(name).unwrap();
-            assert_eq!(
-                canonical_tool_name(&wire_tool_name(name)).as_deref(),
-                Some(name)
-            );
+            assert_eq!(canonical_tool_name(&wire_tool_name(name)).as_deref(), Some(name));
         }
-        for bad in [
-            "fs",
-            "choir..fs",
-            "choir.fs.",
-            "Choir.fs",
-            "choir.a__b",
-            "choir._x",
-            "choir.fs-read",
-        ] {
+        for bad in ["fs", "choir..fs", "choir.fs.", "Choir.fs", "choir.a__b", "choir._x", "choir.fs-read"] {
             assert!(validate_tool_name(bad).is_err(), "{bad}");
         }
         assert_eq!(wire_tool_name("choir.fs.read"), "choir__fs__read");

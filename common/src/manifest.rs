@@ -129,42 +129,26 @@ impl ToolManifest {
     /// the input schema (a valid JSON Schema describing an object), the timeout
     /// and the lock templates (every placeholder names a string property).
     pub fn validate(&self) -> Result<(), ManifestError> {
-        let err = |field: &str, reason: String| ManifestError {
-            field: field.to_owned(),
-            reason,
-        };
+        let err = |field: &str, reason: String| ManifestError { field: field.to_owned(), reason };
         validate_tool_name(&self.llm.name).map_err(|e| err("llm.name", e.to_string()))?;
         if self.llm.description.trim().is_empty() {
             return Err(err("llm.description", "must not be empty".into()));
         }
         if self.llm.parameters.get("type").and_then(Value::as_str) != Some("object") {
-            return Err(err(
-                "llm.parameters",
-                "must be a JSON Schema with \"type\": \"object\"".into(),
-            ));
+            return Err(err("llm.parameters", "must be a JSON Schema with \"type\": \"object\"".into()));
         }
         jsonschema::meta::validate(&self.llm.parameters)
             .map_err(|e| err("llm.parameters", format!("not a valid JSON Schema: {e}")))?;
         if self.runtime.timeout_ms == 0 || self.runtime.timeout_ms > 3_600_000 {
-            return Err(err(
-                "runtime.timeout_ms",
-                "must be between 1 and 3600000".into(),
-            ));
+            return Err(err("runtime.timeout_ms", "must be between 1 and 3600000".into()));
         }
         for (i, lock) in self.runtime.locks.iter().enumerate() {
-            for field in placeholders(&lock.resource)
-                .map_err(|r| err(&format!("runtime.locks[{i}].resource"), r))?
-            {
-                let ty = self
-                    .llm
-                    .parameters
-                    .pointer(&format!("/properties/{field}/type"));
+            for field in placeholders(&lock.resource).map_err(|r| err(&format!("runtime.locks[{i}].resource"), r))? {
+                let ty = self.llm.parameters.pointer(&format!("/properties/{field}/type"));
                 if ty.and_then(Value::as_str) != Some("string") {
                     return Err(err(
                         &format!("runtime.locks[{i}].resource"),
-                        format!(
-                            "placeholder {{{field}}} must name a string property of llm.parameters"
-                        ),
+                        format!("placeholder {{{field}}} must name a string property of llm.parameters"),
                     ));
                 }
             }
@@ -179,9 +163,7 @@ pub fn placeholders(template: &str) -> Result<Vec<String>, String> {
     let mut rest = template;
     while let Some(start) = rest.find('{') {
         let after = &rest[start + 1..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
+        let end = after.find('}').ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
         let name = &after[..end];
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(format!("bad placeholder {{{name}}} in {template:?}"));
@@ -229,8 +211,7 @@ mod tests {
         let mut m = manifest();
         m.runtime.timeout_ms = 0;
         assert_eq!(m.validate().unwrap_err().field, "runtime.timeout_ms");
-        let unknown =
-            serde_json::from_value::<ToolManifest>(json!({"llm": {}, "runtime": {}, "extra": 1}));
+        let unknown = serde_json::from_value::<ToolManifest>(json!({"llm": {}, "runtime": {}, "extra": 1}));
         assert!(unknown.is_err());
     }
 }

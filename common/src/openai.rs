@@ -57,12 +57,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with only text.
     pub fn text(role: Role, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role,
-            content: Some(content.into()),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
+        ChatMessage { role, content: Some(content.into()), tool_calls: Vec::new(), tool_call_id: None }
     }
 
     /// A tool result answering `call_id`.

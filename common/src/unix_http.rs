@@ -12,25 +12,14 @@ use std::time::Duration;
 use ureq::config::Config;
 use ureq::http::Uri;
 use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{
-    Buffers, ConnectionDetails, Connector, LazyBuffers, NextTimeout, Transport,
-};
+use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, LazyBuffers, NextTimeout, Transport};
 
 /// Builds a ureq agent whose every request goes to the Unix socket at `path`.
 /// Non-2xx statuses are returned as responses, not errors, so callers can read
 /// the structured error body.
 pub fn agent_for_socket(path: &Path, timeout: Option<Duration>) -> ureq::Agent {
-    let config = Config::builder()
-        .http_status_as_error(false)
-        .timeout_global(timeout)
-        .build();
-    ureq::Agent::with_parts(
-        config,
-        UnixConnector {
-            path: path.to_owned(),
-        },
-        NoResolver,
-    )
+    let config = Config::builder().http_status_as_error(false).timeout_global(timeout).build();
+    ureq::Agent::with_parts(config, UnixConnector { path: path.to_owned() }, NoResolver)
 }
 
 /// Connects every request to one Unix socket.
@@ -42,11 +31,7 @@ pub struct UnixConnector {
 impl<In: Transport> Connector<In> for UnixConnector {
     type Out = UnixTransport;
 
-    fn connect(
-        &self,
-        details: &ConnectionDetails,
-        _chained: Option<In>,
-    ) -> Result<Option<Self::Out>, ureq::Error> {
+    fn connect(&self, details: &ConnectionDetails, _chained: Option<In>) -> Result<Option<Self::Out>, ureq::Error> {
         let stream = UnixStream::connect(&self.path)?;
         let config = details.config;
         Ok(Some(UnixTransport {
@@ -68,10 +53,7 @@ fn io_timeout(timeout: NextTimeout) -> Option<Duration> {
 }
 
 fn map_timeout(e: io::Error, timeout: &NextTimeout) -> ureq::Error {
-    if matches!(
-        e.kind(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-    ) {
+    if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) {
         ureq::Error::Timeout(timeout.reason)
     } else {
         ureq::Error::Io(e)
@@ -87,9 +69,7 @@ impl Transport for UnixTransport {
         let timeout = timeout.for_write();
         self.stream.set_write_timeout(io_timeout(timeout))?;
         let output = &self.buffers.output()[..amount];
-        self.stream
-            .write_all(output)
-            .map_err(|e| map_timeout(e, &timeout))
+        self.stream.write_all(output).map_err(|e| map_timeout(e, &timeout))
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
@@ -113,8 +93,7 @@ impl Transport for UnixTransport {
             return false;
         }
         let mut buf = [0u8; 1];
-        let open =
-            matches!(self.stream.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        let open = matches!(self.stream.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
         open && self.stream.set_nonblocking(false).is_ok()
     }
 }
@@ -124,12 +103,7 @@ impl Transport for UnixTransport {
 struct NoResolver;
 
 impl Resolver for NoResolver {
-    fn resolve(
-        &self,
-        _uri: &Uri,
-        _config: &Config,
-        _timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+    fn resolve(&self, _uri: &Uri, _config: &Config, _timeout: NextTimeout) -> Result<ResolvedSocketAddrs, ureq::Error> {
         let mut addrs = self.empty();
         addrs.truncate(0);
         addrs.push(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 80)));

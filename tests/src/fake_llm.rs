@@ -74,58 +74,31 @@ impl FakeLlm {
     }
 
     /// Starts on `addr` with an optional fallback step.
-    pub fn start_on(
-        addr: &str,
-        script: Vec<Step>,
-        fallback: Option<Step>,
-    ) -> std::io::Result<FakeLlm> {
+    pub fn start_on(addr: &str, script: Vec<Step>, fallback: Option<Step>) -> std::io::Result<FakeLlm> {
         let server = Arc::new(tiny_http::Server::http(addr).map_err(std::io::Error::other)?);
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let shared = Arc::new((
-            Mutex::new(Shared {
-                script: script.into(),
-                requests: Vec::new(),
-                fallback,
-                counter: 0,
-            }),
+            Mutex::new(Shared { script: script.into(), requests: Vec::new(), fallback, counter: 0 }),
             Condvar::new(),
         ));
         let (s2, srv2) = (shared.clone(), server.clone());
-        let thread = std::thread::Builder::new()
-            .name("fake-llm".into())
-            .spawn(move || {
-                while let Ok(mut rq) = srv2.recv() {
-                    let mut body = String::new();
-                    let _ = rq.as_reader().read_to_string(&mut body);
-                    let auth = rq
-                        .headers()
-                        .iter()
-                        .find(|h| h.field.equiv("Authorization"))
-                        .map(|h| h.value.as_str().to_owned());
-                    let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-                    let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
-                    let mut resp = tiny_http::Response::from_string(out).with_status_code(status);
-                    resp.add_header(
-                        tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap(),
-                    );
-                    for (k, v) in headers {
-                        resp.add_header(
-                            tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap(),
-                        );
-                    }
-                    let _ = rq.respond(resp);
+        let thread = std::thread::Builder::new().name("fake-llm".into()).spawn(move || {
+            while let Ok(mut rq) = srv2.recv() {
+                let mut body = String::new();
+                let _ = rq.as_reader().read_to_string(&mut body);
+                let auth =
+                    rq.headers().iter().find(|h| h.field.equiv("Authorization")).map(|h| h.value.as_str().to_owned());
+                let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
+                let mut resp = tiny_http::Response::from_string(out).with_status_code(status);
+                resp.add_header(tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap());
+                for (k, v) in headers {
+                    resp.add_header(tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap());
                 }
-            })?;
-        Ok(FakeLlm {
-            shared,
-            server,
-            thread: Some(thread),
-            addr,
-        })
+                let _ = rq.respond(resp);
+            }
+        })?;
+        Ok(FakeLlm { shared, server, thread: Some(thread), addr })
     }
 
     /// Base URL to configure (`http://127.0.0.1:PORT/v1`).
@@ -168,11 +141,7 @@ fn answer(
     body: Value,
 ) -> (u16, String, Vec<(String, String)>) {
     let mut g = shared.0.lock();
-    g.requests.push(Recorded {
-        path: url.to_owned(),
-        authorization: auth,
-        body: body.clone(),
-    });
+    g.requests.push(Recorded { path: url.to_owned(), authorization: auth, body: body.clone() });
     shared.1.notify_all();
     if url != "/v1/chat/completions" {
         return (404, json!({"error": {"message": format!("Unknown request URL: POST {url}"), "type": "invalid_request_error", "param": null, "code": "unknown_url"}}).to_string(), vec![]);
@@ -185,21 +154,10 @@ fn answer(
     };
     g.counter += 1;
     let n = g.counter;
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("scripted")
-        .to_owned();
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
     let (message, finish) = match step {
-        Step::Raw {
-            status,
-            body,
-            headers,
-        } => return (status, body, headers),
-        Step::Text(t) => (
-            json!({"role": "assistant", "content": t, "refusal": null}),
-            "stop",
-        ),
+        Step::Raw { status, body, headers } => return (status, body, headers),
+        Step::Text(t) => (json!({"role": "assistant", "content": t, "refusal": null}), "stop"),
         Step::ToolCalls(calls) => {
             let calls: Vec<Value> = calls
                 .iter()
@@ -212,10 +170,7 @@ fn answer(
                     })
                 })
                 .collect();
-            (
-                json!({"role": "assistant", "content": null, "tool_calls": calls, "refusal": null}),
-                "tool_calls",
-            )
+            (json!({"role": "assistant", "content": null, "tool_calls": calls, "refusal": null}), "tool_calls")
         }
     };
     let resp = json!({
@@ -241,23 +196,14 @@ pub fn load_scenario(text: &str) -> Result<(Vec<Step>, Option<Step>), String> {
         if let Some(calls) = s.get("tool_calls").and_then(Value::as_array) {
             let mut out = Vec::new();
             for c in calls {
-                let name = c
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or("tool call without a name")?;
-                out.push((
-                    name.to_owned(),
-                    c.get("arguments").cloned().unwrap_or(json!({})).to_string(),
-                ));
+                let name = c.get("name").and_then(Value::as_str).ok_or("tool call without a name")?;
+                out.push((name.to_owned(), c.get("arguments").cloned().unwrap_or(json!({})).to_string()));
             }
             return Ok(Step::ToolCalls(out));
         }
         Err(format!("a step needs \"content\" or \"tool_calls\": {s}"))
     };
-    let steps = v
-        .get("steps")
-        .and_then(Value::as_array)
-        .ok_or("scenario needs a \"steps\" array")?;
+    let steps = v.get("steps").and_then(Value::as_array).ok_or("scenario needs a \"steps\" array")?;
     let steps = steps.iter().map(step).collect::<Result<Vec<_>, _>>()?;
     let fallback = v.get("fallback").map(step).transpose()?;
     Ok((steps, fallback))

@@ -16,11 +16,7 @@ pub fn bin(name: &str) -> PathBuf {
     // target/<profile>/deps/<test> → target/<profile>/<name>
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is not built; run `cargo build --workspace` (make test does)",
-        path.display()
-    );
+    assert!(path.is_file(), "{} is not built; run `cargo build --workspace` (make test does)", path.display());
     path
 }
 
@@ -33,25 +29,15 @@ pub struct TempHome {
 impl TempHome {
     /// Creates a home with `config` and `secrets` (mode 0600).
     pub fn new(config: &Value, secrets: &Value) -> TempHome {
-        let dir = tempfile::Builder::new()
-            .prefix("choir-home-")
-            .tempdir()
-            .expect("temp home");
+        let dir = tempfile::Builder::new().prefix("choir-home-").tempdir().expect("temp home");
         // Traversable, so a managed cluster running as `postgres` can reach <home>/pg.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let path = dir.path().to_owned();
-        std::fs::write(
-            path.join("config.json"),
-            serde_json::to_string_pretty(config).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(path.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
         let secrets_path = path.join("secrets.json");
         std::fs::write(&secrets_path, secrets.to_string()).unwrap();
         std::fs::set_permissions(&secrets_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        TempHome {
-            dir: Some(dir),
-            path,
-        }
+        TempHome { dir: Some(dir), path }
     }
 
     /// The home directory.
@@ -75,12 +61,7 @@ impl TempHome {
             if let Some(status) = child.try_wait().unwrap() {
                 let mut err = String::new();
                 use std::io::Read;
-                child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
+                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
                 return (status, err);
             }
             if Instant::now() > deadline {
@@ -128,10 +109,7 @@ impl Choird {
             .stderr(stderr)
             .spawn()
             .expect("spawn choird");
-        let mut c = Choird {
-            child: Some(child),
-            home,
-        };
+        let mut c = Choird { child: Some(child), home };
         c.wait_ready();
         c
     }
@@ -141,19 +119,12 @@ impl Choird {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "choird exited during start-up ({status}):\n{}",
-                    self.stderr()
-                );
+                panic!("choird exited during start-up ({status}):\n{}", self.stderr());
             }
             if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "choird not ready after 60 s:\n{}",
-                self.stderr()
-            );
+            assert!(Instant::now() < deadline, "choird not ready after 60 s:\n{}", self.stderr());
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -170,12 +141,7 @@ impl Choird {
 
     /// Runs `choirctl --home <home> ARGS`.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("choirctl"))
-            .arg("--home")
-            .arg(self.home.path())
-            .args(args)
-            .output()
-            .expect("run choirctl")
+        Command::new(bin("choirctl")).arg("--home").arg(self.home.path()).args(args).output().expect("run choirctl")
     }
 
     /// Runs choirctl and returns stdout, failing the test on a non-zero exit.
@@ -225,10 +191,8 @@ impl Drop for Choird {
 /// A config for tests: process runtime, both lanes on `llm_base_url`, one agent
 /// per id, and `database_url` when given (else the managed cluster).
 pub fn test_config(llm_base_url: &str, database_url: Option<&str>, agents: &[&str]) -> Value {
-    let agents: serde_json::Map<String, Value> = agents
-        .iter()
-        .map(|a| (a.to_string(), serde_json::json!({})))
-        .collect();
+    let agents: serde_json::Map<String, Value> =
+        agents.iter().map(|a| (a.to_string(), serde_json::json!({}))).collect();
     let mut c = serde_json::json!({
         "runtime": "process",
         "llm": {

@@ -24,18 +24,12 @@ impl TestPg {
             }
             Err(e) => panic!("PostgreSQL is required for this test: {e}"),
         };
-        let dir = tempfile::Builder::new()
-            .prefix("choir-pg-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = tempfile::Builder::new().prefix("choir-pg-").tempdir().expect("temp dir");
         // The cluster may run as the `postgres` user (when tests run as root).
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let cluster = ManagedCluster::start(&dir.path().join("pg"), &bin)
             .unwrap_or_else(|e| panic!("cannot start a test cluster: {e}"));
-        Some(TestPg {
-            cluster: Some(cluster),
-            dir: Some(dir),
-        })
+        Some(TestPg { cluster: Some(cluster), dir: Some(dir) })
     }
 
     /// Connection string of the `choir` database.
@@ -45,8 +39,7 @@ impl TestPg {
 
     /// A connected client.
     pub fn client(&self) -> postgres::Client {
-        postgres::Client::connect(&self.url(), postgres::NoTls)
-            .expect("connect to the test cluster")
+        postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect to the test cluster")
     }
 }
 
@@ -54,10 +47,7 @@ impl Drop for TestPg {
     fn drop(&mut self) {
         if let Some(c) = self.cluster.take() {
             if crate::keep() {
-                eprintln!(
-                    "CHOIR_TEST_KEEP: leaving the test cluster running at {}",
-                    c.url()
-                );
+                eprintln!("CHOIR_TEST_KEEP: leaving the test cluster running at {}", c.url());
                 if let Some(d) = self.dir.take() {
                     let _ = d.keep();
                 }

@@ -5,4 +5,6 @@
 
 mod bad_input;
 mod e2e;
+mod lanes;
 mod managed;
+mod tidy;

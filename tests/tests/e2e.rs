@@ -31,8 +31,7 @@ pub fn expected_tools() -> Value {
     ])
 }
 
-pub const SYSTEM_PROMPT: &str =
-    "You are demo, an agent run by Choir. You act only through the tools you are given; \
+pub const SYSTEM_PROMPT: &str = "You are demo, an agent run by Choir. You act only through the tools you are given; \
 every call is checked and recorded. Paths are relative to your workspace, /workspace. \
 When no tool is needed, answer directly and briefly.";
 
@@ -41,16 +40,9 @@ pub fn replicated_events(pg: &TestPg, agent: &str, n: usize) -> Vec<CommitEvent>
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut client = pg.client();
     loop {
-        let rows = client
-            .query(
-                "SELECT event FROM commit_events WHERE agent_id = $1 ORDER BY seq",
-                &[&agent],
-            )
-            .unwrap();
-        let events: Vec<CommitEvent> = rows
-            .iter()
-            .map(|r| serde_json::from_value(r.get::<_, Value>(0)).unwrap())
-            .collect();
+        let rows = client.query("SELECT event FROM commit_events WHERE agent_id = $1 ORDER BY seq", &[&agent]).unwrap();
+        let events: Vec<CommitEvent> =
+            rows.iter().map(|r| serde_json::from_value(r.get::<_, Value>(0)).unwrap()).collect();
         if events.len() >= n || Instant::now() > deadline {
             return events;
         }
@@ -62,10 +54,7 @@ pub fn replicated_events(pg: &TestPg, agent: &str, n: usize) -> Vec<CommitEvent>
 fn a_message_goes_through_every_component_and_back() {
     let Some(pg) = TestPg::start() else { return };
     let fake = FakeLlm::start(vec![
-        Step::call(
-            "choir.fs.write",
-            json!({"path": "notes/hello.txt", "content": "hello from choir\n"}),
-        ),
+        Step::call("choir.fs.write", json!({"path": "notes/hello.txt", "content": "hello from choir\n"})),
         Step::Text("Done: I wrote notes/hello.txt.".into()),
     ]);
     let choird = Choird::start(
@@ -93,28 +82,19 @@ fn a_message_goes_through_every_component_and_back() {
         })
     );
     // The relay added the key; the agent never had it.
-    assert_eq!(
-        reqs[0].authorization.as_deref(),
-        Some("Bearer sk-test-relay-key")
-    );
+    assert_eq!(reqs[0].authorization.as_deref(), Some("Bearer sk-test-relay-key"));
     let agent_log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
     assert!(!agent_log.contains("sk-test-relay-key"));
 
     // The tool ran inside the workspace.
     let file = choird.workspace("demo").join("notes/hello.txt");
-    assert_eq!(
-        std::fs::read_to_string(&file).unwrap(),
-        "hello from choir\n"
-    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "hello from choir\n");
 
     // The second request carries the tool call and its result.
     let msgs = reqs[1].body["messages"].as_array().unwrap();
     assert_eq!(msgs.len(), 4);
     assert_eq!(msgs[2]["role"], "assistant");
-    assert_eq!(
-        msgs[2]["tool_calls"][0]["function"]["name"],
-        "choir__fs__write"
-    );
+    assert_eq!(msgs[2]["tool_calls"][0]["function"]["name"], "choir__fs__write");
     assert_eq!(msgs[3]["role"], "tool");
     assert_eq!(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"]);
     let result: Value = serde_json::from_str(msgs[3]["content"].as_str().unwrap()).unwrap();
@@ -122,46 +102,28 @@ fn a_message_goes_through_every_component_and_back() {
     assert_eq!(result["path"], "notes/hello.txt");
 
     // The commit event is in the agent's log and, replicated, in Postgres.
-    let local =
-        std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
-    let local: Vec<CommitEvent> = local
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let local = std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
+    let local: Vec<CommitEvent> = local.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(local.len(), 1);
-    assert_eq!(
-        (local[0].seq, local[0].tool.as_str(), local[0].outcome),
-        (1, "choir.fs.write", Outcome::Ok)
-    );
+    assert_eq!((local[0].seq, local[0].tool.as_str(), local[0].outcome), (1, "choir.fs.write", Outcome::Ok));
     let events = replicated_events(&pg, "demo", 1);
     assert_eq!(events, local);
     verify_extension(&ChainHead::genesis(), &events).unwrap();
     let shown = choird.ctl_ok(&["agent", "events", "demo"]);
-    assert!(
-        shown.contains("choir.fs.write") && shown.contains("chain: intact"),
-        "{shown}"
-    );
+    assert!(shown.contains("choir.fs.write") && shown.contains("chain: intact"), "{shown}");
 
     // choird acknowledged it: the agent's status shows the replicated sequence.
-    let status: Value =
-        serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
     assert_eq!(status["state"], "running");
     assert_eq!(status["replicated_seq"], 1);
     // Every model call went through the relay and was recorded.
-    let calls: i64 = pg
-        .client()
-        .query_one(
-            "SELECT count(*) FROM llm_calls WHERE agent_id = 'demo'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let calls: i64 =
+        pg.client().query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'demo'", &[]).unwrap().get(0);
     assert_eq!(calls, 2);
 
     let stopped = choird.ctl_ok(&["agent", "stop", "demo"]);
     assert!(stopped.contains("stopped"), "{stopped}");
-    let status: Value =
-        serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
     assert_eq!(status["state"], "stopped");
 }
 
@@ -171,25 +133,16 @@ fn a_restarted_agent_continues_the_chain_without_replaying() {
     let fake = FakeLlm::start(vec![
         Step::call("choir.fs.write", json!({"path": "a.txt", "content": "one"})),
         Step::Text("first".into()),
-        Step::call(
-            "choir.fs.write",
-            json!({"path": "a.txt", "content": "two", "mode": "append"}),
-        ),
+        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "two", "mode": "append"})),
         Step::Text("second".into()),
     ]);
-    let choird = Choird::start(
-        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
-        &json!({"llm_key": "k"}),
-    );
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "first\n");
     choird.ctl_ok(&["agent", "stop", "demo"]);
     choird.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(choird.ctl_ok(&["chat", "demo", "two"]), "second\n");
-    assert_eq!(
-        std::fs::read_to_string(choird.workspace("demo").join("a.txt")).unwrap(),
-        "onetwo"
-    );
+    assert_eq!(std::fs::read_to_string(choird.workspace("demo").join("a.txt")).unwrap(), "onetwo");
     let events = replicated_events(&pg, "demo", 2);
     assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
     verify_extension(&ChainHead::genesis(), &events).unwrap();

@@ -13,53 +13,28 @@ fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
         return;
     }
     let fake = FakeLlm::start(vec![Step::Text("hello from the managed setup".into())]);
-    let mut choird = Choird::start(
-        &test_config(&fake.base_url(), None, &["demo"]),
-        &json!({"llm_key": "k"}),
-    );
+    let mut choird = Choird::start(&test_config(&fake.base_url(), None, &["demo"]), &json!({"llm_key": "k"}));
     let status = choird.ctl_ok(&["status"]);
     assert!(status.contains("database: managed"), "{status}");
     choird.ctl_ok(&["agent", "start", "demo"]);
-    assert_eq!(
-        choird.ctl_ok(&["chat", "demo", "hi"]),
-        "hello from the managed setup\n"
-    );
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "hello from the managed setup\n");
 
     let pg = choird.home.path().join("pg");
-    let url = format!(
-        "host={} port=5432 user=postgres dbname=choir",
-        pg.join("run").display()
-    );
+    let url = format!("host={} port=5432 user=postgres dbname=choir", pg.join("run").display());
     let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let v: String = client
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let v: String =
+        client.query_one("SELECT extversion FROM pg_extension WHERE extname = 'vector'", &[]).unwrap().get(0);
     assert!(!v.is_empty());
     // HNSW and cosine distance work.
-    client.batch_execute("CREATE TEMP TABLE t (v vector(3)); CREATE INDEX ON t USING hnsw (v vector_cosine_ops);").unwrap();
-    let d: f64 = client
-        .query_one("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector", &[])
-        .unwrap()
-        .get(0);
+    client
+        .batch_execute("CREATE TEMP TABLE t (v vector(3)); CREATE INDEX ON t USING hnsw (v vector_cosine_ops);")
+        .unwrap();
+    let d: f64 = client.query_one("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector", &[]).unwrap().get(0);
     assert!((d - 1.0).abs() < 1e-9);
     drop(client);
 
     let status = choird.stop().unwrap();
-    assert!(
-        status.success(),
-        "choird exited with {status}: {}",
-        choird.stderr()
-    );
-    assert!(
-        !pg.join("data/postmaster.pid").exists(),
-        "the managed PostgreSQL was stopped"
-    );
-    assert!(
-        !choird.home.path().join("socks/choird.sock").exists(),
-        "the admin socket was removed"
-    );
+    assert!(status.success(), "choird exited with {status}: {}", choird.stderr());
+    assert!(!pg.join("data/postmaster.pid").exists(), "the managed PostgreSQL was stopped");
+    assert!(!choird.home.path().join("socks/choird.sock").exists(), "the admin socket was removed");
 }

@@ -70,9 +70,7 @@ pub fn write_manifest() -> ToolManifest {
 fn path_error(e: PathError) -> ToolError {
     match e {
         PathError::NotFound(_) => ToolError::new("not_found", e.to_string()),
-        PathError::Escapes(_) | PathError::Refused { .. } => {
-            ToolError::new("path_forbidden", e.to_string())
-        }
+        PathError::Escapes(_) | PathError::Refused { .. } => ToolError::new("path_forbidden", e.to_string()),
         PathError::Io { .. } => ToolError::new("io_error", e.to_string()),
     }
 }
@@ -89,14 +87,10 @@ pub struct ReadTool;
 
 impl Tool for ReadTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
-        let rel = ctx
-            .workspace
-            .normalize(str_arg(input, "path")?)
-            .map_err(path_error)?;
+        let rel = ctx.workspace.normalize(str_arg(input, "path")?).map_err(path_error)?;
         let bytes = ctx.workspace.read(&rel, READ_CAP).map_err(path_error)?;
-        let text = String::from_utf8(bytes).map_err(|_| {
-            ToolError::new("binary_file", format!("{} is not UTF-8 text", rel.as_str()))
-        })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| ToolError::new("binary_file", format!("{} is not UTF-8 text", rel.as_str())))?;
         Ok(json!({
             "summary": format!("read {} bytes from {}", text.len(), rel.as_str()),
             "path": rel.as_str(),
@@ -110,23 +104,15 @@ pub struct WriteTool;
 
 impl Tool for WriteTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
-        let rel = ctx
-            .workspace
-            .normalize(str_arg(input, "path")?)
-            .map_err(path_error)?;
+        let rel = ctx.workspace.normalize(str_arg(input, "path")?).map_err(path_error)?;
         let content = str_arg(input, "content")?;
         let append = input.get("mode").and_then(Value::as_str) == Some("append");
         let mut data = Vec::new();
         if append && ctx.workspace.exists(&rel).map_err(path_error)? {
-            data = ctx
-                .workspace
-                .read(&rel, 64 * READ_CAP)
-                .map_err(path_error)?;
+            data = ctx.workspace.read(&rel, 64 * READ_CAP).map_err(path_error)?;
         }
         data.extend_from_slice(content.as_bytes());
-        ctx.workspace
-            .write_atomic(&rel, &data)
-            .map_err(path_error)?;
+        ctx.workspace.write_atomic(&rel, &data).map_err(path_error)?;
         Ok(json!({
             "summary": format!("{} {} bytes to {}", if append { "appended" } else { "wrote" }, content.len(), rel.as_str()),
             "path": rel.as_str(),

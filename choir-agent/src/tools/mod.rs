@@ -36,10 +36,7 @@ pub struct ToolError {
 impl ToolError {
     /// A tool error.
     pub fn new(code: &str, message: impl Into<String>) -> ToolError {
-        ToolError {
-            code: code.to_owned(),
-            message: message.into(),
-        }
+        ToolError { code: code.to_owned(), message: message.into() }
     }
 }
 
@@ -86,27 +83,12 @@ impl Registry {
 
     /// Validates and adds a tool; a later tool of the same name replaces an
     /// earlier one (agent overrides global).
-    pub fn add(
-        &mut self,
-        source: &str,
-        manifest: ToolManifest,
-        tool: Arc<dyn Tool>,
-    ) -> Result<(), RegistryError> {
-        let err = |reason: String| RegistryError {
-            source_name: source.to_owned(),
-            reason,
-        };
+    pub fn add(&mut self, source: &str, manifest: ToolManifest, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let err = |reason: String| RegistryError { source_name: source.to_owned(), reason };
         manifest.validate().map_err(|e| err(e.to_string()))?;
-        let validator = jsonschema::validator_for(&manifest.llm.parameters)
-            .map_err(|e| err(format!("llm.parameters: {e}")))?;
-        self.tools.insert(
-            manifest.llm.name.clone(),
-            Registered {
-                manifest,
-                validator,
-                tool,
-            },
-        );
+        let validator =
+            jsonschema::validator_for(&manifest.llm.parameters).map_err(|e| err(format!("llm.parameters: {e}")))?;
+        self.tools.insert(manifest.llm.name.clone(), Registered { manifest, validator, tool });
         Ok(())
     }
 

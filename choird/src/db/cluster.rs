@@ -73,9 +73,7 @@ impl ManagedCluster {
             if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
                 return Ok(dir.to_owned());
             }
-            return Err(ClusterError::NoBinaries {
-                looked: dir.display().to_string(),
-            });
+            return Err(ClusterError::NoBinaries { looked: dir.display().to_string() });
         }
         let root = Path::new("/usr/lib/postgresql");
         let mut best: Option<(u32, PathBuf)> = None;
@@ -84,17 +82,13 @@ impl ManagedCluster {
                 let major: Option<u32> = entry.file_name().to_str().and_then(|s| s.parse().ok());
                 let bin = entry.path().join("bin");
                 if let Some(major) = major {
-                    if bin.join("initdb").is_file() && best.as_ref().is_none_or(|(m, _)| major > *m)
-                    {
+                    if bin.join("initdb").is_file() && best.as_ref().is_none_or(|(m, _)| major > *m) {
                         best = Some((major, bin));
                     }
                 }
             }
         }
-        best.map(|(_, b)| b)
-            .ok_or_else(|| ClusterError::NoBinaries {
-                looked: "/usr/lib/postgresql/*/bin".into(),
-            })
+        best.map(|(_, b)| b).ok_or_else(|| ClusterError::NoBinaries { looked: "/usr/lib/postgresql/*/bin".into() })
     }
 
     /// Creates (once) and starts the cluster in `dir`, or adopts it if a server
@@ -109,10 +103,7 @@ impl ManagedCluster {
         if dir_str.contains(['\'', '\n', '"']) {
             return Err(ClusterError::BadPath(dir.to_owned()));
         }
-        let cluster = ManagedCluster {
-            dir: dir.to_owned(),
-            bin: bin.to_owned(),
-        };
+        let cluster = ManagedCluster { dir: dir.to_owned(), bin: bin.to_owned() };
         fs::create_dir_all(dir).map_err(io(dir))?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
         let run = cluster.socket_dir();
@@ -122,34 +113,18 @@ impl ManagedCluster {
             let (uid, gid) = postgres_ids().ok_or(ClusterError::NoPostgresUser)?;
             check_traversable(dir, uid)?;
             for p in [dir.to_owned(), run.clone()] {
-                let (u, g) = (
-                    rustix::fs::Uid::from_raw(uid),
-                    rustix::fs::Gid::from_raw(gid),
-                );
-                rustix::fs::chown(&p, Some(u), Some(g)).map_err(|e| ClusterError::Io {
-                    path: p.clone(),
-                    source: e.into(),
-                })?;
+                let (u, g) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
+                rustix::fs::chown(&p, Some(u), Some(g))
+                    .map_err(|e| ClusterError::Io { path: p.clone(), source: e.into() })?;
             }
         }
 
         let data = cluster.data_dir();
         if !data.join("PG_VERSION").exists() {
-            log::info!(
-                "initialising the managed PostgreSQL cluster in {}",
-                data.display()
-            );
+            log::info!("initialising the managed PostgreSQL cluster in {}", data.display());
             Cmd::as_user_if_root(bin.join("initdb"), "postgres")
                 .args(["-D".into(), data.clone().into_os_string()])
-                .args([
-                    "-U",
-                    "postgres",
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--no-locale",
-                    "--no-instructions",
-                ])
+                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-instructions"])
                 .run()?;
             let conf = data.join("postgresql.conf");
             let mut text = fs::read_to_string(&conf).map_err(io(&conf))?;
@@ -167,19 +142,11 @@ impl ManagedCluster {
         write_as_server_user(&data.join("choir.conf"), &settings)?;
 
         if cluster.is_running() {
-            log::info!(
-                "adopting the managed PostgreSQL already running in {}",
-                data.display()
-            );
+            log::info!("adopting the managed PostgreSQL already running in {}", data.display());
         } else {
             let logfile = dir.join("postgres.log");
             Cmd::as_user_if_root(bin.join("pg_ctl"), "postgres")
-                .args([
-                    "-D".into(),
-                    data.clone().into_os_string(),
-                    "-l".into(),
-                    logfile.into_os_string(),
-                ])
+                .args(["-D".into(), data.clone().into_os_string(), "-l".into(), logfile.into_os_string()])
                 .args(["-w", "-t", "60", "start"])
                 .run()?;
         }
@@ -198,27 +165,17 @@ impl ManagedCluster {
 
     /// Connection string for the `choir` database.
     pub fn url(&self) -> String {
-        format!(
-            "host={} port={PORT} user=postgres dbname={DATABASE}",
-            self.socket_dir().display()
-        )
+        format!("host={} port={PORT} user=postgres dbname={DATABASE}", self.socket_dir().display())
     }
 
     /// Connection string for an arbitrary database of the cluster.
     pub fn url_for(&self, dbname: &str) -> String {
-        format!(
-            "host={} port={PORT} user=postgres dbname={dbname}",
-            self.socket_dir().display()
-        )
+        format!("host={} port={PORT} user=postgres dbname={dbname}", self.socket_dir().display())
     }
 
     fn is_running(&self) -> bool {
         Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
-            .args([
-                "-D".into(),
-                self.data_dir().into_os_string(),
-                "status".into(),
-            ])
+            .args(["-D".into(), self.data_dir().into_os_string(), "status".into()])
             .run()
             .is_ok()
     }
@@ -227,31 +184,13 @@ impl ManagedCluster {
         let psql = self.bin.join("psql");
         let exists = Cmd::new(&psql)
             .args(["-h".into(), self.socket_dir().into_os_string()])
-            .args([
-                "-p",
-                &PORT.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-tAc",
-            ])
-            .arg(format!(
-                "SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"
-            ))
+            .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", "postgres", "-tAc"])
+            .arg(format!("SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"))
             .run()?;
         if String::from_utf8_lossy(&exists.stdout).trim() != "1" {
             Cmd::new(&psql)
                 .args(["-h".into(), self.socket_dir().into_os_string()])
-                .args([
-                    "-p",
-                    &PORT.to_string(),
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                    "-c",
-                ])
+                .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", "postgres", "-c"])
                 .arg(format!("CREATE DATABASE {DATABASE}"))
                 .run()?;
         }
@@ -279,21 +218,11 @@ impl ManagedCluster {
 
 /// Writes a file inside the data directory, as the server's user when root.
 fn write_as_server_user(path: &Path, content: &str) -> Result<(), ClusterError> {
-    fs::write(path, content).map_err(|e| ClusterError::Io {
-        path: path.to_owned(),
-        source: e,
-    })?;
+    fs::write(path, content).map_err(|e| ClusterError::Io { path: path.to_owned(), source: e })?;
     if rustix::process::geteuid().is_root() {
         let (uid, gid) = postgres_ids().ok_or(ClusterError::NoPostgresUser)?;
-        rustix::fs::chown(
-            path,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(gid)),
-        )
-        .map_err(|e| ClusterError::Io {
-            path: path.to_owned(),
-            source: e.into(),
-        })?;
+        rustix::fs::chown(path, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+            .map_err(|e| ClusterError::Io { path: path.to_owned(), source: e.into() })?;
     }
     Ok(())
 }
@@ -303,8 +232,7 @@ fn postgres_ids() -> Option<(u32, u32)> {
     let passwd = fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let f: Vec<&str> = line.split(':').collect();
-        (f.len() > 3 && f[0] == "postgres")
-            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+        (f.len() > 3 && f[0] == "postgres").then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
     })
 }
 
@@ -315,16 +243,9 @@ fn check_traversable(dir: &Path, uid: u32) -> Result<(), ClusterError> {
     while let Some(d) = cur {
         if let Ok(meta) = fs::metadata(d) {
             let mode = meta.mode() & 0o7777;
-            let ok = if meta.uid() == uid {
-                mode & 0o100 != 0
-            } else {
-                mode & 0o001 != 0
-            };
+            let ok = if meta.uid() == uid { mode & 0o100 != 0 } else { mode & 0o001 != 0 };
             if !ok {
-                return Err(ClusterError::NotTraversable {
-                    dir: d.to_owned(),
-                    mode,
-                });
+                return Err(ClusterError::NotTraversable { dir: d.to_owned(), mode });
             }
         }
         cur = d.parent();

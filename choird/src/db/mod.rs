@@ -13,11 +13,8 @@ use parking_lot::Mutex;
 use postgres::{Client, NoTls};
 
 /// Migrations, in order. A tidy test checks this matches the files in `sql/`.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "0001_foundation.sql",
-    include_str!("../../../sql/0001_foundation.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "0001_foundation.sql", include_str!("../../../sql/0001_foundation.sql"))];
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).
 const MIGRATION_LOCK: i64 = 0x63686f6972;
@@ -60,16 +57,8 @@ pub struct Db {
 impl Db {
     /// Parses `url` (URL or key=value form) and checks one connection.
     pub fn connect(url: &str) -> Result<Db, DbError> {
-        let config: postgres::Config = url.parse().map_err(|e| DbError::Connect {
-            target: redact(url),
-            source: e,
-        })?;
-        let db = Db {
-            config,
-            target: redact(url),
-            idle: Mutex::new(Vec::new()),
-            max_idle: 8,
-        };
+        let config: postgres::Config = url.parse().map_err(|e| DbError::Connect { target: redact(url), source: e })?;
+        let db = Db { config, target: redact(url), idle: Mutex::new(Vec::new()), max_idle: 8 };
         let client = db.open()?;
         db.idle.lock().push(client);
         Ok(db)
@@ -78,18 +67,12 @@ impl Db {
     fn open(&self) -> Result<Client, DbError> {
         let mut config = self.config.clone();
         config.connect_timeout(Duration::from_secs(10));
-        config.connect(NoTls).map_err(|e| DbError::Connect {
-            target: self.target.clone(),
-            source: e,
-        })
+        config.connect(NoTls).map_err(|e| DbError::Connect { target: self.target.clone(), source: e })
     }
 
     /// Runs `f` with a pooled connection. A connection that reports itself closed
     /// after `f` is discarded.
-    pub fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
-    ) -> Result<T, DbError> {
+    pub fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>) -> Result<T, DbError> {
         let pooled = self.idle.lock().pop();
         let mut client = match pooled {
             Some(c) if !c.is_closed() => c,
@@ -118,25 +101,20 @@ impl Db {
         )?;
         let mut applied = Vec::new();
         for (version, name, sql) in MIGRATIONS {
-            let done = tx.query_opt(
-                "SELECT 1 FROM schema_migrations WHERE version = $1",
-                &[version],
-            )?;
+            let done = tx.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])?;
             if done.is_some() {
                 continue;
             }
             tx.batch_execute(sql).map_err(|e| {
                 let hint = if e.to_string().contains("vector") {
-                    "; pgvector is not installed for this PostgreSQL: run `make deps` (scripts/install-deps.sh)".to_owned()
+                    "; pgvector is not installed for this PostgreSQL: run `make deps` (scripts/install-deps.sh)"
+                        .to_owned()
                 } else {
                     String::new()
                 };
                 DbError::Migration { name: name.to_string(), source: e, hint }
             })?;
-            tx.execute(
-                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                &[version, name],
-            )?;
+            tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[version, name])?;
             applied.push(name.to_string());
         }
         tx.commit()?;
@@ -154,13 +132,7 @@ fn redact(url: &str) -> String {
         return url.to_owned();
     }
     url.split_whitespace()
-        .map(|kv| {
-            if kv.starts_with("password=") {
-                "password=***"
-            } else {
-                kv
-            }
-        })
+        .map(|kv| if kv.starts_with("password=") { "password=***" } else { kv })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -172,10 +144,7 @@ mod tests {
     #[test]
     fn passwords_never_reach_messages() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(
-            redact("host=/tmp user=u password=secret"),
-            "host=/tmp user=u password=***"
-        );
+        assert_eq!(redact("host=/tmp user=u password=secret"), "host=/tmp user=u password=***");
     }
 
     #[test]

@@ -28,12 +28,7 @@ pub fn spawn(
     let log = OpenOptions::new().create(true).append(true).open(logfile);
     let (out, err) = match log.and_then(|f| Ok((f.try_clone()?, f))) {
         Ok((a, b)) => (Stdio::from(a), Stdio::from(b)),
-        Err(e) => {
-            return Err(SpawnError::Start {
-                cmd: format!("open {}", logfile.display()),
-                source: e,
-            })
-        }
+        Err(e) => return Err(SpawnError::Start { cmd: format!("open {}", logfile.display()), source: e }),
     };
     let mut cmd = Cmd::new(binary);
     cmd.args(["--agent", id.as_str(), "--token-stdin", "--connect"])
@@ -50,10 +45,7 @@ pub fn spawn(
     if let Err(e) = written {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(SpawnError::Start {
-            cmd: display,
-            source: e,
-        });
+        return Err(SpawnError::Start { cmd: display, source: e });
     }
     Ok(child)
 }

@@ -1,0 +1,127 @@
+//! The edge lane's behaviour at its edges: step budgets, model failures and
+//! rate limits, the chat REPL, and config reload.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::pg::TestPg;
+use serde_json::json;
+
+#[test]
+fn the_step_budget_ends_a_turn_that_never_stops_calling_tools() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake =
+        FakeLlm::start_on("127.0.0.1:0", vec![], Some(Step::call("choir.fs.read", json!({"path": "missing.txt"}))))
+            .unwrap();
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"]["max_steps_per_turn"] = json!(3);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let answer = choird.ctl_ok(&["chat", "demo", "loop forever"]);
+    assert_eq!(answer, "I stopped after 3 model steps without finishing; please narrow the request.\n");
+    assert_eq!(fake.requests().len(), 3);
+}
+
+#[test]
+fn a_rate_limited_model_call_is_retried_after_the_servers_delay() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::Raw {
+            status: 429,
+            body: json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}).to_string(),
+            headers: vec![("Retry-After".into(), "1".into())],
+        },
+        Step::Text("after the wait".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let started = Instant::now();
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "after the wait\n");
+    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After was honoured");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].body, reqs[1].body, "the retry is the same request");
+    let statuses: Vec<i32> =
+        pg.client().query("SELECT status FROM llm_calls ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(statuses, vec![429, 200], "both calls were recorded by the relay");
+}
+
+#[test]
+fn a_model_that_refuses_the_request_gets_a_clear_answer_to_the_user() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![Step::Raw {
+        status: 401,
+        body: json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string(),
+        headers: vec![],
+    }]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let answer = choird.ctl_ok(&["chat", "demo", "hi"]);
+    assert!(answer.starts_with("Sorry, I could not reach my model"), "{answer}");
+    assert!(answer.contains("Incorrect API key provided"), "{answer}");
+    assert_eq!(fake.requests().len(), 1, "a 401 is not retried");
+    // The upstream 401 did not cost the agent its lease: it still answers.
+    let out = choird.ctl_ok(&["--json", "agent", "status", "demo"]);
+    assert!(out.contains("\"state\": \"running\""), "{out}");
+}
+
+#[test]
+fn the_chat_repl_sends_one_message_per_line() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![Step::Text("first answer".into()), Step::Text("second answer".into())]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let mut child = Command::new(bin("choirctl"))
+        .arg("--home")
+        .arg(choird.home.path())
+        .args(["chat", "demo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n\nand again\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "demo> first answer\ndemo> second answer\n");
+    let users: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| r.body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users, vec!["hello", "and again"]);
+    // One conversation: the second request carries the first exchange.
+    assert_eq!(fake.requests()[1].body["messages"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn sighup_reloads_config_and_keeps_the_old_one_when_the_new_is_broken() {
+    let Some(pg) = TestPg::start() else { return };
+    let config = test_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]);
+    let choird = Choird::start(&config, &json!({}));
+    let hup = || {
+        let pid = rustix::process::Pid::from_raw(choird.pid() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    };
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{}", choird.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut bigger = config.clone();
+    bigger["agents"]["second"] = json!({});
+    std::fs::write(choird.home.path().join("config.json"), bigger.to_string()).unwrap();
+    hup();
+    wait_for("the new agent", &|| choird.ctl_ok(&["agent", "list"]).contains("second"));
+
+    std::fs::write(choird.home.path().join("config.json"), r#"{"llm": 1}"#).unwrap();
+    hup();
+    wait_for("the refusal", &|| choird.stderr().contains("reload refused"));
+    assert!(choird.stderr().contains("config.json: llm: invalid type"), "{}", choird.stderr());
+    let list = choird.ctl_ok(&["agent", "list"]);
+    assert!(list.contains("demo") && list.contains("second"), "{list}");
+}

@@ -1,0 +1,33 @@
+//! Tidy checks over the source tree: every Rust file says what it is in its
+//! first line, and no test is switched off.
+
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() && name != "target" && !name.starts_with('.') {
+            rust_files(&path, out);
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_rust_file_opens_with_a_doc_line_and_nothing_is_ignored() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    for dir in ["common", "choird", "choir-agent", "choirctl", "tests"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 20, "found only {} files", files.len());
+    let (ignore, should_panic) = (["#[", "ignore]"].concat(), ["#[", "should_panic"].concat());
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.starts_with("//!"), "{} must start with a //! line saying what it is", f.display());
+        assert!(!text.contains(&ignore), "{} switches a test off", f.display());
+        assert!(!text.contains(&should_panic), "{} uses should_panic; assert on the error instead", f.display());
+    }
+}
