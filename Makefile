@@ -40,7 +40,8 @@ test: deps lint
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 
 install: release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir
+	install -m 0644 README.md DESIGN.md $(DESTDIR)$(PREFIX)/share/doc/choir/
 	install -m 0755 target/release/choird target/release/choir-agent target/release/choirctl $(DESTDIR)$(PREFIX)/bin/
 	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service

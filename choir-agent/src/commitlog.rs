@@ -36,6 +36,16 @@ pub enum LogError {
         /// What is wrong.
         reason: String,
     },
+    /// Another agent process holds the log (a previous instance still exiting).
+    #[error(
+        "commit log {path} is in use by another choir-agent (lock {lock} stayed held); at most one instance per agent"
+    )]
+    Busy {
+        /// The file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
     /// The local log and choird's copy disagree.
     #[error("commit log {path} forked from choird's copy at sequence {seq}: refusing to continue")]
     Forked {
@@ -73,6 +83,8 @@ pub struct NewEvent {
 
 /// The open log.
 pub struct CommitLog {
+    /// Held for the life of the log: one writer per state directory.
+    _lock: File,
     path: PathBuf,
     file: File,
     head: ChainHead,
@@ -92,10 +104,17 @@ pub struct OpenReport {
 
 impl CommitLog {
     /// Opens (creating) `dir/commit.log`, verifies it and truncates a torn tail.
+    /// Waits up to 10 s for a previous instance to release the directory.
     pub fn open(dir: &Path) -> Result<(CommitLog, OpenReport), LogError> {
+        CommitLog::open_waiting(dir, std::time::Duration::from_secs(10))
+    }
+
+    /// [`CommitLog::open`] with a chosen wait for the directory lock.
+    pub fn open_waiting(dir: &Path, wait: std::time::Duration) -> Result<(CommitLog, OpenReport), LogError> {
         let path = dir.join("commit.log");
         let io = |source| LogError::Io { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
+        let lock = lock_dir(dir, &path, wait)?;
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let mut data = Vec::new();
         file.read_to_end(&mut data).map_err(io)?;
@@ -139,7 +158,7 @@ impl CommitLog {
         };
         report.events = events.len() as u64;
         file.seek(SeekFrom::End(0)).map_err(io)?;
-        Ok((CommitLog { path, file, head, unacked: events.into(), acked: 0 }, report))
+        Ok((CommitLog { _lock: lock, path, file, head, unacked: events.into(), acked: 0 }, report))
     }
 
     /// Reconciles with choird's replicated head (from INIT_HELLO): events choird
@@ -231,6 +250,26 @@ impl CommitLog {
     }
 }
 
+/// Takes `dir/agent.lock` (flock), waiting up to `wait` for a previous
+/// instance to finish exiting.
+fn lock_dir(dir: &Path, log_path: &Path, wait: std::time::Duration) -> Result<File, LogError> {
+    let lock_path = dir.join("agent.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| LogError::Io { path: lock_path.clone(), source })?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(100)),
+            Err(_) => return Err(LogError::Busy { path: log_path.to_owned(), lock: lock_path }),
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
@@ -271,6 +310,7 @@ mod tests {
         assert_eq!(report, OpenReport { events: 2, truncated_bytes: 14 });
         assert_eq!(log.head().seq, 2);
         assert_eq!(log.append(ev("a.d")).unwrap().seq, 3);
+        drop(log);
         let (log, _) = CommitLog::open(dir.path()).unwrap();
         assert_eq!(log.head().seq, 3);
     }
@@ -307,12 +347,21 @@ mod tests {
     }
 
     #[test]
+    fn a_second_writer_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, _) = CommitLog::open(dir.path()).unwrap();
+        let wait = std::time::Duration::from_millis(300);
+        assert!(matches!(CommitLog::open_waiting(dir.path(), wait), Err(LogError::Busy { .. })));
+    }
+
+    #[test]
     fn a_log_behind_choird_continues_from_choird() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = CommitLog::open(dir.path()).unwrap();
         log.reconcile(&ChainHead { seq: 7, hash: "a".repeat(64) }).unwrap();
         let ev8 = log.append(ev("a.b")).unwrap();
         assert_eq!((ev8.seq, ev8.prev_hash.as_str()), (8, "a".repeat(64).as_str()));
+        drop(log);
         let (log, _) = CommitLog::open(dir.path()).unwrap();
         assert_eq!(log.head().seq, 8);
     }
