@@ -1,43 +1,56 @@
 //! The arbiter (R-ARB-1): the one door every tool call goes through. For each
 //! call a model proposes, in this order:
 //!
-//! 1. resolve the tool name (wire name → canonical → registry);
+//! 1. resolve the tool name (wire name → canonical → an offered tool);
 //! 2. parse the arguments and validate them against the tool's schema;
 //! 3. check the lane's allowlist (skill state or task; `None` = every tool);
-//! 4. apply path rules to every path that names a lock resource;
-//! 5. check the kill switch;
-//! 6. execute;
-//! 7. append the outcome to the commit log (durably) — rejections included;
-//! 8. return a structured result for the model.
+//! 4. apply the path rules to every input field that names a lock resource;
+//! 5. check the lease and the operator's kill switch;
+//! 6. acquire the tool's whole lockset atomically (bounded wait);
+//! 7. execute, within the manifest's `timeout_ms`;
+//! 8. append the outcome to the commit log and wait until it is durable;
+//! 9. release the locks;
+//! 10. return the structured, sanitised result for the model.
 //!
-//! Steps 1–5 produce a [`Decision`]; only `Allowed` executes anything.
-//! **Invariant:** a call that is not `Allowed` has no side effect other than its
-//! commit record. **Invariant:** no result reaches a model before its commit
-//! record is on disk.
+//! Steps 1–5 produce a [`Decision`] without side effects; only
+//! [`Decision::Allowed`] proceeds. Rejections are committed too, so the log is
+//! the complete audit trail of what models proposed.
+//!
+//! **Invariant:** a call that is not `Allowed` executes nothing.
+//! **Invariant:** no result reaches a model before its commit record is on disk.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use choir_common::commit::{EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
 use choir_common::manifest::{placeholders, LockMode};
 use crossbeam_channel::Sender;
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::commitlog::{CommitLog, LogError, NewEvent};
+use crate::commitlog::{DurableLog, LogError, NewEvent};
+use crate::locks::{LockManager, Resource};
+use crate::results::{for_model, Artifacts, LaneKind};
 use crate::secrets::SecretStore;
-use crate::tools::{ExecContext, Registry};
+use crate::tools::{ExecContext, Registry, ToolError};
 use crate::workspace::Workspace;
+
+/// Longest wait for a lockset before the call is refused as busy.
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// Who is calling, and what they may call.
 #[derive(Debug, Clone)]
 pub struct LaneCtx {
     /// Lane name (`edge`, or a core job).
     pub lane: String,
-    /// Tools allowed right now; `None` means all registered tools.
+    /// Edge or core (for output exposure).
+    pub kind: LaneKind,
+    /// Tools allowed right now; `None` means every offered tool.
     pub allowlist: Option<Vec<String>>,
+    /// The inbound message whose turn this is.
+    pub turn: Option<u64>,
 }
 
 /// A tool call as the model proposed it.
@@ -54,7 +67,7 @@ pub struct ProposedCall {
 /// Why a call was not allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// No such tool.
+    /// No such (offered) tool.
     UnknownTool,
     /// Arguments are not JSON or do not match the schema.
     InvalidArguments,
@@ -64,16 +77,23 @@ pub enum Refusal {
     PathForbidden,
     /// The operator's kill switch is on.
     KillSwitch,
+    /// choird no longer accepts this agent's lease.
+    LeaseLost,
+    /// The lockset stayed busy past [`LOCK_WAIT`].
+    Busy,
 }
 
 impl Refusal {
-    fn code(self) -> &'static str {
+    /// The stable code the model sees.
+    pub fn code(self) -> &'static str {
         match self {
             Refusal::UnknownTool => "unknown_tool",
             Refusal::InvalidArguments => "invalid_arguments",
             Refusal::NotAllowed => "tool_not_allowed",
             Refusal::PathForbidden => "path_forbidden",
             Refusal::KillSwitch => "kill_switch",
+            Refusal::LeaseLost => "lease_lost",
+            Refusal::Busy => "busy",
         }
     }
 }
@@ -81,16 +101,18 @@ impl Refusal {
 /// The arbiter's verdict on a proposed call.
 #[derive(Debug, Clone)]
 pub enum Decision {
-    /// Run it, holding these resources.
+    /// Run it, holding these resources, within this time.
     Allowed {
         /// Canonical tool name.
         tool: String,
         /// Validated input.
         input: Value,
         /// Lock resources with `{field}`s filled from normalised input.
-        resources: Vec<(String, LockMode)>,
+        resources: Vec<(Resource, LockMode)>,
+        /// The manifest's timeout.
+        timeout: Duration,
     },
-    /// A human must approve first (meta-tools; not reachable yet).
+    /// A human must approve first (meta-tools; none are registered yet).
     NeedsApproval {
         /// Canonical tool name.
         tool: String,
@@ -116,10 +138,14 @@ pub enum Decision {
 pub struct Arbiter {
     registry: Registry,
     workspace: Workspace,
-    log: Arc<Mutex<CommitLog>>,
+    state_dir: PathBuf,
+    log: Arc<DurableLog>,
     committed: Sender<()>,
     secrets: SecretStore,
+    locks: LockManager,
+    artifacts: Artifacts,
     kill_switch: AtomicBool,
+    lease_lost: AtomicBool,
 }
 
 impl Arbiter {
@@ -128,11 +154,24 @@ impl Arbiter {
     pub fn new(
         registry: Registry,
         workspace: Workspace,
-        log: Arc<Mutex<CommitLog>>,
+        state_dir: PathBuf,
+        log: Arc<DurableLog>,
         committed: Sender<()>,
         secrets: SecretStore,
     ) -> Arbiter {
-        Arbiter { registry, workspace, log, committed, secrets, kill_switch: AtomicBool::new(false) }
+        let artifacts = Artifacts::new(workspace.root());
+        Arbiter {
+            registry,
+            workspace,
+            state_dir,
+            log,
+            committed,
+            secrets,
+            locks: LockManager::default(),
+            artifacts,
+            kill_switch: AtomicBool::new(false),
+            lease_lost: AtomicBool::new(false),
+        }
     }
 
     /// The registry.
@@ -140,33 +179,51 @@ impl Arbiter {
         &self.registry
     }
 
+    /// The lock manager (for status and tests).
+    pub fn locks(&self) -> &LockManager {
+        &self.locks
+    }
+
     /// Turns the kill switch on or off (from choird's dynamic config).
     pub fn set_kill_switch(&self, on: bool) {
-        self.kill_switch.store(on, Ordering::SeqCst);
+        if self.kill_switch.swap(on, Ordering::SeqCst) != on {
+            log::warn!("kill switch {}", if on { "ON: no tool will run" } else { "off" });
+        }
+    }
+
+    /// Records that choird refused our lease: nothing may run any more.
+    pub fn set_lease_lost(&self) {
+        self.lease_lost.store(true, Ordering::SeqCst);
+    }
+
+    fn allowed_names(&self, lane: &LaneCtx) -> Vec<String> {
+        match &lane.allowlist {
+            Some(list) => list.clone(),
+            None => self.registry.names(),
+        }
     }
 
     /// Steps 1–5: decides without side effects.
     pub fn decide(&self, lane: &LaneCtx, call: &ProposedCall) -> Decision {
-        let allowed_names = || match &lane.allowlist {
-            Some(list) => list.clone(),
-            None => self.registry.names(),
-        };
         let forbid = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| Decision::Forbidden {
             tool,
             input,
             refusal,
             reason,
         };
-        let Some(tool) = canonical_tool_name(&call.name).filter(|n| self.registry.get(n).is_some()) else {
+        let offered = canonical_tool_name(&call.name)
+            .and_then(|n| self.registry.get(&n).filter(|t| t.status.offered()).map(|t| (n, t)));
+        let Some((tool, reg)) = offered else {
             return forbid(
                 None,
                 Value::Null,
                 Refusal::UnknownTool,
-                format!("there is no tool named {:?}; available tools: {}", call.name, allowed_names().join(", ")),
+                format!(
+                    "there is no tool named {:?}; available tools: {}",
+                    call.name,
+                    self.allowed_names(lane).join(", ")
+                ),
             );
-        };
-        let Some(reg) = self.registry.get(&tool) else {
-            return forbid(None, Value::Null, Refusal::UnknownTool, format!("there is no tool named {tool:?}"));
         };
         let input: Value = match serde_json::from_str(&call.arguments) {
             Ok(v) => v,
@@ -199,25 +256,26 @@ impl Arbiter {
         }
         if let Some(list) = &lane.allowlist {
             if !list.contains(&tool) {
-                return forbid(
-                    Some(tool.clone()),
-                    input,
-                    Refusal::NotAllowed,
-                    format!("{tool} is not allowed here; allowed tools: {}", list.join(", ")),
-                );
+                let reason = format!("{tool} is not allowed here; allowed tools: {}", list.join(", "));
+                return forbid(Some(tool), input, Refusal::NotAllowed, reason);
             }
         }
         let mut resources = Vec::new();
         for lock in &reg.manifest.runtime.locks {
             let mut resource = lock.resource.clone();
             for field in placeholders(&lock.resource).unwrap_or_default() {
-                let raw = input.get(&field).and_then(Value::as_str).unwrap_or("");
+                // An optional path left out means the workspace root.
+                let raw = input.get(&field).and_then(Value::as_str).unwrap_or(".");
                 match self.workspace.normalize(raw) {
                     Ok(rel) => resource = resource.replace(&format!("{{{field}}}"), rel.as_str()),
                     Err(e) => return forbid(Some(tool), input, Refusal::PathForbidden, e.to_string()),
                 }
             }
-            resources.push((resource, lock.mode));
+            resources.push((Resource::new(&resource), lock.mode));
+        }
+        if self.lease_lost.load(Ordering::SeqCst) {
+            let reason = "choird no longer accepts this agent's lease; nothing can run".to_owned();
+            return forbid(Some(tool), input, Refusal::LeaseLost, reason);
         }
         if self.kill_switch.load(Ordering::SeqCst) {
             return forbid(
@@ -227,75 +285,102 @@ impl Arbiter {
                 "all tools are disabled by the operator's kill switch; tell the user you cannot act right now".into(),
             );
         }
-        Decision::Allowed { tool, input, resources }
+        let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
+        Decision::Allowed { tool, input, resources, timeout }
     }
 
     /// The whole pipeline; returns the JSON the model gets as the tool result.
     /// Fails only if the commit log cannot be written (the lane must stop:
     /// nothing may proceed unrecorded).
     pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Value, LogError> {
+        let owner = format!("{}/{}", lane.lane, call.id);
         let decision = self.decide(lane, call);
+        let refused = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| {
+            let result = json!({
+                "status": "rejected",
+                "summary": format!("the call was not executed: {reason}"),
+                "error": {"code": refusal.code(), "message": reason, "allowed_tools": self.allowed_names(lane)},
+            });
+            (tool.unwrap_or_else(|| format!("?{}", call.name)), input, Outcome::Rejected, result, 0)
+        };
+        // The guard lives until after the commit: locks are released last.
+        let mut _guard = None;
         let (tool, input, outcome, result, duration_us) = match decision {
-            Decision::Allowed { tool, input, resources: _ } => {
-                let started = Instant::now();
-                let reg = self.registry.get(&tool);
-                let ctx = ExecContext { workspace: &self.workspace };
-                let ran = match reg {
-                    Some(reg) => reg.tool.execute(&ctx, &input),
-                    None => Err(crate::tools::ToolError::new("unknown_tool", "tool vanished")),
-                };
-                let duration_us = started.elapsed().as_micros() as u64;
-                match ran {
-                    Ok(mut out) => {
-                        if let Value::Object(map) = &mut out {
-                            map.insert("status".into(), json!("success"));
-                        }
-                        (tool, input, Outcome::Ok, out, duration_us)
-                    }
-                    Err(e) => {
-                        let out = json!({"status": "error", "error": {"code": e.code, "message": e.message}});
-                        (tool, input, Outcome::Error, out, duration_us)
+            Decision::Allowed { tool, input, resources, timeout } => {
+                match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
+                    Err(busy) => refused(Some(tool), input, Refusal::Busy, format!("{busy}; try again later")),
+                    Ok(guard) => {
+                        _guard = Some(guard);
+                        let (outcome, result, us) = self.execute(lane, &tool, &input, timeout);
+                        (tool, input, outcome, result, us)
                     }
                 }
             }
             Decision::NeedsApproval { tool, input, reason } => {
-                let out = json!({"status": "needs_approval", "error": {"code": "needs_approval", "message": reason}});
-                (tool, input, Outcome::Rejected, out, 0)
+                let result = json!({"status": "needs_approval", "summary": reason, "error": {"code": "needs_approval", "message": reason}});
+                (tool, input, Outcome::Rejected, result, 0)
             }
-            Decision::Forbidden { tool, input, refusal, reason } => {
-                let allowed = match &lane.allowlist {
-                    Some(l) => l.clone(),
-                    None => self.registry.names(),
-                };
-                let out = json!({
-                    "status": "rejected",
-                    "error": {"code": refusal.code(), "message": reason, "allowed_tools": allowed},
-                });
-                (tool.unwrap_or_else(|| format!("?{}", call.name)), input, Outcome::Rejected, out, 0)
-            }
+            Decision::Forbidden { tool, input, refusal, reason } => refused(tool, input, refusal, reason),
         };
+        crate::failpoints::hit("before_append");
         let event = NewEvent {
             lane: lane.lane.clone(),
             kind: EventKind::ToolCall,
             tool,
             call_id: Some(call.id.clone()),
+            turn: lane.turn,
             skill: None,
             state: None,
             input: self.secrets.redact(&input),
             outcome,
-            result: self.secrets.redact(&result),
+            result: result.clone(),
             duration_us,
         };
-        let committed = self.log.lock().append(event)?;
+        let committed = self.log.append(event)?;
+        drop(_guard);
         let _ = self.committed.try_send(());
         log::info!(
-            "commit {}: {} {} ({:?}, {} µs)",
+            "commit {}: {} {} {:?} ({} µs)",
             committed.seq,
             committed.lane,
             committed.tool,
             committed.outcome,
             duration_us
         );
-        Ok(self.secrets.redact(&result))
+        Ok(result)
+    }
+
+    /// Step 7 plus result shaping: runs the tool and returns (outcome, what the
+    /// model sees, microseconds).
+    fn execute(&self, lane: &LaneCtx, tool: &str, input: &Value, timeout: Duration) -> (Outcome, Value, u64) {
+        let Some(reg) = self.registry.get(tool) else {
+            return (Outcome::Error, json!({"status": "error", "summary": "tool vanished"}), 0);
+        };
+        let started = Instant::now();
+        let ctx = ExecContext {
+            workspace: &self.workspace,
+            lane: &lane.lane,
+            state_dir: &self.state_dir,
+            deadline: started + timeout,
+            secrets: self.secrets.subset(&reg.manifest.runtime.secret_resources),
+        };
+        crate::failpoints::hit("during_tool");
+        let ran = reg.tool.execute(&ctx, input);
+        let us = started.elapsed().as_micros() as u64;
+        let (outcome, raw) = match ran {
+            Ok(Value::Object(mut map)) => {
+                let timed_out = map.get("timed_out").and_then(Value::as_bool) == Some(true);
+                map.insert("status".into(), json!(if timed_out { "timeout" } else { "success" }));
+                (if timed_out { Outcome::Timeout } else { Outcome::Ok }, Value::Object(map))
+            }
+            Ok(other) => (Outcome::Ok, json!({"status": "success", "summary": "done", "value": other})),
+            Err(ToolError { code, message }) => (
+                Outcome::Error,
+                json!({"status": "error", "summary": message.clone(), "error": {"code": code, "message": message}}),
+            ),
+        };
+        let rt = &reg.manifest.runtime;
+        let shown = for_model(raw, rt.exposure, rt.prompt_mask, lane.kind, &self.secrets, &self.artifacts);
+        (outcome, shown, us)
     }
 }

@@ -67,6 +67,8 @@ pub struct NewEvent {
     pub tool: String,
     /// The model's call id.
     pub call_id: Option<String>,
+    /// The inbound message whose turn this is.
+    pub turn: Option<u64>,
     /// Active skill.
     pub skill: Option<String>,
     /// Active skill state.
@@ -91,6 +93,8 @@ pub struct CommitLog {
     /// Events choird has not acknowledged yet, in order.
     unacked: VecDeque<CommitEvent>,
     acked: u64,
+    /// Everything read at open, kept until [`CommitLog::take_turns_after`].
+    loaded: Vec<CommitEvent>,
 }
 
 /// What opening the log found.
@@ -158,7 +162,8 @@ impl CommitLog {
         };
         report.events = events.len() as u64;
         file.seek(SeekFrom::End(0)).map_err(io)?;
-        Ok((CommitLog { _lock: lock, path, file, head, unacked: events.into(), acked: 0 }, report))
+        let unacked = events.iter().cloned().collect();
+        Ok((CommitLog { _lock: lock, path, file, head, unacked, acked: 0, loaded: events }, report))
     }
 
     /// Reconciles with choird's replicated head (from INIT_HELLO): events choird
@@ -201,8 +206,16 @@ impl CommitLog {
         Ok(())
     }
 
-    /// Numbers, chains and durably appends an event.
+    /// Numbers, chains and durably appends an event (write, then fsync).
     pub fn append(&mut self, new: NewEvent) -> Result<CommitEvent, LogError> {
+        let ev = self.write(new)?;
+        self.file.sync_data().map_err(|source| LogError::Io { path: self.path.clone(), source })?;
+        Ok(ev)
+    }
+
+    /// Numbers, chains and writes an event, without waiting for the disk:
+    /// callers must make it durable ([`DurableLog`] does) before using it.
+    fn write(&mut self, new: NewEvent) -> Result<CommitEvent, LogError> {
         let ev = CommitEvent {
             seq: self.head.seq + 1,
             prev_hash: self.head.hash.clone(),
@@ -211,6 +224,7 @@ impl CommitLog {
             kind: new.kind,
             tool: new.tool,
             call_id: new.call_id,
+            turn: new.turn,
             skill: new.skill,
             state: new.state,
             input: new.input,
@@ -225,7 +239,6 @@ impl CommitLog {
         line.push(b'\n');
         let io = |source| LogError::Io { path: self.path.clone(), source };
         self.file.write_all(&line).map_err(io)?;
-        self.file.sync_data().map_err(|source| LogError::Io { path: self.path.clone(), source })?;
         self.head = ChainHead { seq: ev.seq, hash: ev.hash.clone() };
         self.unacked.push_back(ev.clone());
         Ok(ev)
@@ -247,6 +260,126 @@ impl CommitLog {
     /// The local head.
     pub fn head(&self) -> &ChainHead {
         &self.head
+    }
+
+    /// The events of turns (inbound message ids) above `processed`, by turn,
+    /// from what was read at open; frees the rest. A restarted lane uses them
+    /// to resume an interrupted turn instead of executing its calls again.
+    pub fn take_turns_after(&mut self, processed: u64) -> std::collections::HashMap<u64, Vec<CommitEvent>> {
+        let mut out: std::collections::HashMap<u64, Vec<CommitEvent>> = std::collections::HashMap::new();
+        for ev in std::mem::take(&mut self.loaded) {
+            if let Some(turn) = ev.turn.filter(|t| *t > processed) {
+                out.entry(turn).or_default().push(ev);
+            }
+        }
+        out
+    }
+
+    /// A second handle on the file, for fsync outside the log's lock.
+    fn sync_handle(&self) -> Result<File, LogError> {
+        self.file.try_clone().map_err(|source| LogError::Io { path: self.path.clone(), source })
+    }
+}
+
+/// The commit log shared by every lane, with group commit: appends are
+/// written in order under a short lock, and one fsync makes everything written
+/// so far durable for all the lanes waiting on it.
+///
+/// **Invariant:** [`DurableLog::append`] returns only once the event and every
+/// event before it are on disk.
+pub struct DurableLog {
+    log: parking_lot::Mutex<CommitLog>,
+    sync_file: File,
+    /// Highest sequence number written to the file.
+    written: std::sync::atomic::AtomicU64,
+    sync: parking_lot::Mutex<SyncState>,
+    synced_cv: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Highest sequence number known to be on disk.
+    synced: u64,
+    /// Whether some appender is running fsync right now (the leader).
+    syncing: bool,
+    /// A failed fsync poisons the log: nothing after it can be trusted.
+    failed: Option<String>,
+}
+
+impl DurableLog {
+    /// Wraps an opened (and reconciled) log.
+    pub fn new(log: CommitLog) -> Result<DurableLog, LogError> {
+        let sync_file = log.sync_handle()?;
+        let head = log.head().seq;
+        Ok(DurableLog {
+            log: parking_lot::Mutex::new(log),
+            sync_file,
+            written: std::sync::atomic::AtomicU64::new(head),
+            sync: parking_lot::Mutex::new(SyncState { synced: head, ..SyncState::default() }),
+            synced_cv: parking_lot::Condvar::new(),
+        })
+    }
+
+    /// Appends an event and waits until it is durable.
+    pub fn append(&self, new: NewEvent) -> Result<CommitEvent, LogError> {
+        crate::failpoints::hit("before_append");
+        let ev = {
+            let mut log = self.log.lock();
+            let ev = log.write(new)?;
+            self.written.store(ev.seq, std::sync::atomic::Ordering::SeqCst);
+            ev
+        };
+        crate::failpoints::hit("after_write_before_fsync");
+        self.wait_durable(ev.seq)?;
+        crate::failpoints::hit("after_fsync_before_reply");
+        Ok(ev)
+    }
+
+    fn wait_durable(&self, seq: u64) -> Result<(), LogError> {
+        let mut st = self.sync.lock();
+        loop {
+            if let Some(e) = &st.failed {
+                return Err(LogError::Io { path: self.path(), source: std::io::Error::other(e.clone()) });
+            }
+            if st.synced >= seq {
+                return Ok(());
+            }
+            if st.syncing {
+                self.synced_cv.wait(&mut st);
+                continue;
+            }
+            // Become the leader: everything written so far rides on this fsync.
+            st.syncing = true;
+            let target = self.written.load(std::sync::atomic::Ordering::SeqCst);
+            drop(st);
+            let result = self.sync_file.sync_data();
+            st = self.sync.lock();
+            st.syncing = false;
+            match result {
+                Ok(()) => st.synced = st.synced.max(target),
+                Err(e) => st.failed = Some(format!("fsync failed: {e}")),
+            }
+            self.synced_cv.notify_all();
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.log.lock().path.clone()
+    }
+
+    /// Events not yet acknowledged by choird.
+    pub fn unacked(&self) -> Vec<CommitEvent> {
+        self.log.lock().unacked()
+    }
+
+    /// Records choird's acknowledgement.
+    pub fn ack(&self, seq: u64) {
+        self.log.lock().ack(seq);
+    }
+
+    /// The local head.
+    pub fn head(&self) -> ChainHead {
+        self.log.lock().head().clone()
     }
 }
 
@@ -285,6 +418,7 @@ mod tests {
             kind: EventKind::ToolCall,
             tool: tool.into(),
             call_id: None,
+            turn: None,
             skill: None,
             state: None,
             input: json!({}),

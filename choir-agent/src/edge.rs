@@ -11,13 +11,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use choir_common::openai::{ChatMessage, ChatRequest, Role};
+use choir_common::commit::{canonical_json, CommitEvent};
+use choir_common::ids::wire_tool_name;
+use choir_common::openai::{ChatMessage, ChatRequest, FunctionCall, Role, ToolCall};
 use choir_common::rpc::{InboundMessage, LaneStatus, OutboundReply};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
 use crate::commitlog::LogError;
 use crate::llm::Llm;
+use crate::results::LaneKind;
 
 /// What reaches the edge lane.
 #[derive(Debug)]
@@ -72,12 +75,15 @@ pub struct EdgeLane {
     pub max_steps: Arc<AtomicU32>,
     /// Where answers and status go.
     pub out: Sender<Outbound>,
+    /// Tool calls already committed for turns that were interrupted (by a
+    /// crash or a stop) before their answer: message id → events, in order.
+    pub resume: HashMap<u64, Vec<CommitEvent>>,
 }
 
 impl EdgeLane {
     /// Runs until [`EdgeEvent::Stop`] or the inbox closes. Fails only if the
     /// commit log cannot be written.
-    pub fn run(self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
+    pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
         let mut conversations: HashMap<String, Vec<ChatMessage>> = HashMap::new();
         let mut tokens = 0u64;
         for event in inbox {
@@ -107,9 +113,18 @@ impl EdgeLane {
     }
 
     /// One user message: model steps until a text answer.
-    fn turn(&self, history: &mut Vec<ChatMessage>, msg: &InboundMessage, tokens: &mut u64) -> Result<String, LogError> {
+    fn turn(
+        &mut self,
+        history: &mut Vec<ChatMessage>,
+        msg: &InboundMessage,
+        tokens: &mut u64,
+    ) -> Result<String, LogError> {
         history.push(ChatMessage::text(Role::User, msg.text.clone()));
-        let lane = LaneCtx { lane: "edge".into(), allowlist: None };
+        if let Some(done) = self.resume.remove(&msg.id) {
+            log::info!("resuming message {} with {} committed tool call(s) from the log", msg.id, done.len());
+            replay_committed(history, &done);
+        }
+        let lane = LaneCtx { lane: "edge".into(), kind: LaneKind::Edge, allowlist: None, turn: Some(msg.id) };
         let tools = self.arbiter.registry().llm_tools(None);
         let max_steps = self.max_steps.load(Ordering::SeqCst);
         for step in 1..=u64::from(max_steps) {
@@ -154,5 +169,30 @@ impl EdgeLane {
             }
         }
         Ok(format!("I stopped after {max_steps} model steps without finishing; please narrow the request."))
+    }
+}
+
+/// Re-creates, from committed events, the assistant tool calls and their results
+/// of an interrupted turn, so the model continues from there and nothing that
+/// was committed runs twice.
+fn replay_committed(history: &mut Vec<ChatMessage>, events: &[CommitEvent]) {
+    for ev in events {
+        let id = ev.call_id.clone().unwrap_or_else(|| format!("replayed_{}", ev.seq));
+        let name = ev.tool.strip_prefix('?').map(str::to_owned).unwrap_or_else(|| wire_tool_name(&ev.tool));
+        let arguments = match &ev.input {
+            serde_json::Value::String(raw) => raw.clone(),
+            other => canonical_json(other),
+        };
+        history.push(ChatMessage {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: id.clone(),
+                kind: "function".into(),
+                function: FunctionCall { name, arguments },
+            }],
+            tool_call_id: None,
+        });
+        history.push(ChatMessage::tool_result(&id, ev.result.to_string()));
     }
 }

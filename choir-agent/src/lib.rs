@@ -5,10 +5,14 @@
 pub mod arbiter;
 pub mod commitlog;
 pub mod edge;
+pub mod failpoints;
 pub mod link;
 pub mod llm;
+pub mod locks;
+pub mod results;
 pub mod rpc;
 pub mod run;
 pub mod secrets;
+pub mod spawn;
 pub mod tools;
 pub mod workspace;

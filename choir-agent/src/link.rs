@@ -19,10 +19,9 @@ use choir_common::rpc::{
     ReportStatusRequest, Verb,
 };
 use crossbeam_channel::{select, Receiver, Sender};
-use parking_lot::Mutex;
 
 use crate::arbiter::Arbiter;
-use crate::commitlog::CommitLog;
+use crate::commitlog::DurableLog;
 use crate::edge::{EdgeEvent, Outbound};
 use crate::rpc::{Rpc, RpcError};
 
@@ -36,7 +35,7 @@ pub struct Link {
     /// The RPC client.
     pub rpc: Arc<Rpc>,
     /// The commit log (for unacknowledged events).
-    pub log: Arc<Mutex<CommitLog>>,
+    pub log: Arc<DurableLog>,
     /// Highest message id answered.
     pub processed: AtomicU64,
     /// Config version in use.
@@ -73,6 +72,11 @@ impl Link {
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
                 Ok(resp) => {
                     failures = 0;
+                    // Config first: a message that arrives with a kill switch
+                    // must already meet it.
+                    if resp.config_version != self.config_version.load(Ordering::SeqCst) {
+                        self.refresh_config();
+                    }
                     for m in resp.messages {
                         // choird may hand a message out twice (a lost reply): ids only grow.
                         if m.id > highest {
@@ -81,9 +85,6 @@ impl Link {
                                 return;
                             }
                         }
-                    }
-                    if resp.config_version != self.config_version.load(Ordering::SeqCst) {
-                        self.refresh_config();
                     }
                     if resp.stop {
                         log::info!("choird asked us to stop");
@@ -94,6 +95,7 @@ impl Link {
                 Err(RpcError::Unauthorized(msg)) => {
                     log::error!("lease lost: {msg}");
                     self.lease_lost.store(true, Ordering::SeqCst);
+                    self.arbiter.set_lease_lost();
                     let _ = edge.send(EdgeEvent::Stop);
                     return;
                 }
@@ -153,7 +155,7 @@ impl Link {
             if self.lease_lost.load(Ordering::SeqCst) {
                 return;
             }
-            let events = self.log.lock().unacked();
+            let events = self.log.unacked();
             let processed =
                 replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
             let req = HeartbeatRequest {
@@ -166,13 +168,14 @@ impl Link {
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                 Ok(resp) => {
                     failures = 0;
-                    self.log.lock().ack(resp.acked_seq);
+                    self.log.ack(resp.acked_seq);
                     self.processed.fetch_max(processed, Ordering::SeqCst);
                     replies.clear();
                 }
                 Err(RpcError::Unauthorized(msg)) => {
                     log::error!("lease lost: {msg}");
                     self.lease_lost.store(true, Ordering::SeqCst);
+                    self.arbiter.set_lease_lost();
                     return;
                 }
                 Err(e) => {
@@ -188,7 +191,7 @@ impl Link {
                     log::warn!("status report failed: {e}");
                 }
             }
-            if !open && replies.is_empty() && self.log.lock().unacked().is_empty() {
+            if !open && replies.is_empty() && self.log.unacked().is_empty() {
                 return;
             }
         }

@@ -9,7 +9,7 @@ use choir_agent::rpc::Endpoint;
 
 const USAGE: &str = "\
 usage: choir-agent --agent ID --connect (unix:PATH | http://HOST:PORT) --workspace DIR
-                   --token-stdin [--state-dir DIR]
+                   --token-stdin [--state-dir DIR] [--choir-dir DIR]
 
 Started by choird. The lease token is read from the first line of stdin.";
 
@@ -24,6 +24,7 @@ fn main() {
 fn real_main() -> anyhow::Result<()> {
     use lexopt::prelude::*;
     let (mut agent, mut connect, mut workspace, mut state_dir, mut token_stdin) = (None, None, None, None, false);
+    let mut choir_dir = PathBuf::from("/choir");
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -31,6 +32,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("connect") => connect = Some(parser.value()?.string()?),
             Long("workspace") => workspace = Some(PathBuf::from(parser.value()?)),
             Long("state-dir") => state_dir = Some(PathBuf::from(parser.value()?)),
+            Long("choir-dir") => choir_dir = PathBuf::from(parser.value()?),
             Long("token-stdin") => token_stdin = true,
             Long("help") | Short('h') => {
                 println!("{USAGE}");
@@ -58,5 +60,5 @@ fn real_main() -> anyhow::Result<()> {
     if token.is_empty() {
         anyhow::bail!("no lease token on stdin");
     }
-    choir_agent::run::run(choir_agent::run::Args { agent, endpoint, token, workspace, state_dir })
+    choir_agent::run::run(choir_agent::run::Args { agent, endpoint, token, workspace, state_dir, choir_dir })
 }

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use choir_common::rpc::{
-    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, TerminateSelfRequest, Verb,
+    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, LaneStatus, ReportStatusRequest,
+    TerminateSelfRequest, Verb,
 };
 use crossbeam_channel::{bounded, unbounded};
-use parking_lot::Mutex;
 
 use crate::arbiter::Arbiter;
-use crate::commitlog::CommitLog;
+use crate::commitlog::{CommitLog, DurableLog};
 use crate::edge::{EdgeEvent, EdgeLane};
 use crate::link::Link;
 use crate::llm::Llm;
@@ -37,6 +37,8 @@ pub struct Args {
     pub workspace: PathBuf,
     /// Agent state (commit log); default `<workspace>/.choir`.
     pub state_dir: Option<PathBuf>,
+    /// The baked-in identity, tools and skills (`/choir` in a container).
+    pub choir_dir: PathBuf,
 }
 
 fn system_prompt(agent: &str) -> String {
@@ -53,6 +55,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let workspace = Workspace::open(&args.workspace)
         .with_context(|| format!("cannot open the workspace {}", args.workspace.display()))?;
     let state_dir = args.state_dir.clone().unwrap_or_else(|| args.workspace.join(crate::workspace::STATE_DIR));
+    crate::failpoints::arm_from(&state_dir);
+    // The agent's own directories stay out of any git repository in the workspace.
+    for dir in [state_dir.clone(), args.workspace.join(".choirtmp")] {
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let ignore = dir.join(".gitignore");
+        if !ignore.exists() {
+            std::fs::write(&ignore, "# Choir's private files.\n*\n")
+                .with_context(|| format!("cannot write {}", ignore.display()))?;
+        }
+    }
     let (mut log, report) = CommitLog::open(&state_dir)?;
     log::info!("commit log: {} events, head {}", report.events, log.head().seq);
 
@@ -90,10 +102,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let log = Arc::new(Mutex::new(log));
+    let resume = log.take_turns_after(hello.recovery.processed_upto);
+    let registry = Registry::load(&args.choir_dir, &hello.bindings.secrets)?;
+    for (name, status) in registry.statuses() {
+        if let crate::tools::ToolStatus::Available { missing } = status {
+            log::warn!("tool {name} is not offered: secrets {missing:?} are not bound to this agent");
+        }
+    }
+    let log = Arc::new(DurableLog::new(log)?);
     // Bounded(1): a pending poke already means "ship what is committed".
     let (committed_tx, committed_rx) = bounded(1);
-    let arbiter = Arc::new(Arbiter::new(Registry::builtins()?, workspace, log.clone(), committed_tx, secrets));
+    let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
     let max_steps = Arc::new(AtomicU32::new(hello.config.max_steps_per_turn));
 
     let link = Arc::new(Link {
@@ -119,7 +138,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         system_prompt: system_prompt(&args.agent),
         max_steps,
         out: out_tx,
+        resume,
     };
+    // Set-up is complete: tell choird, which counts the agent as running from here.
+    let ready = ReportStatusRequest {
+        session_state: "RUNNING".into(),
+        lanes: vec![LaneStatus { lane: "edge".into(), state: "IDLE".into(), steps: 0, tokens: 0 }],
+    };
+    rpc.call::<_, Ack>(Verb::ReportStatus, &ready, Duration::from_secs(10))?;
     let edge = std::thread::Builder::new().name("edge".into()).spawn(move || lane.run(edge_rx))?;
     let poll = {
         let (link, edge_tx) = (link.clone(), edge_tx.clone());

@@ -25,6 +25,23 @@ impl SecretStore {
         SecretStore { values }
     }
 
+    /// (name, value) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// The subset named in `names`.
+    pub fn subset(&self, names: &[String]) -> SecretStore {
+        SecretStore {
+            values: self
+                .values
+                .iter()
+                .filter(|(k, _)| names.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
     /// Replaces every occurrence of a secret value in the strings of `v` with
     /// `[REDACTED:<name>]`. Values shorter than 4 characters are not redacted
     /// (they would mangle ordinary text and carry little secrecy).

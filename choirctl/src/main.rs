@@ -25,6 +25,7 @@ commands:
   chat ID [MESSAGE]             send MESSAGE and print the answer; without
                                 MESSAGE, read messages line by line
   audit [--agent ID] [--limit N]  the audit trail
+  policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
 
 DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
 
@@ -85,6 +86,7 @@ fn real_main() -> anyhow::Result<()> {
         ["chat", id] => chat_repl(&ctx, id),
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
         ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
+        ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }
@@ -126,6 +128,9 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
     println!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
     println!("home:     {}", s.home);
     println!("database: {}", s.database);
+    if s.kill_switch {
+        println!("kill switch: ON (no agent runs any tool; `choirctl policy kill-switch off` to allow again)");
+    }
     println!();
     agents_table(&s.agents);
     Ok(())
@@ -205,6 +210,19 @@ fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
         r.events.len(),
         r.events.last().map(|e| &e.hash[..16]).unwrap_or("-")
     );
+    Ok(())
+}
+
+fn kill_switch(ctx: &Ctx, on: bool) -> anyhow::Result<()> {
+    let v: Value = ctx.client.post("policy/kill-switch", &serde_json::json!({ "on": on }))?;
+    if ctx.json {
+        return print_json(&v);
+    }
+    if on {
+        println!("kill switch ON: every agent refuses all tool calls from its next step (calls in flight finish)");
+    } else {
+        println!("kill switch off: tools run again");
+    }
     Ok(())
 }
 

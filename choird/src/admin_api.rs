@@ -21,9 +21,18 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             uptime_s: d.uptime_s(),
             home: d.home.root().display().to_string(),
             database: d.database.clone(),
-            kill_switch: false,
+            kill_switch: d.kill_switch(),
             agents: d.summaries(),
         })),
+        ("POST", ["policy", "kill-switch"]) => {
+            let body: serde_json::Value = req.json()?;
+            let on = body
+                .get("on")
+                .and_then(serde_json::Value::as_bool)
+                .ok_or_else(|| ApiError::BadRequest("send {\"on\": true|false}".into()))?;
+            d.set_kill_switch(on, "admin")?;
+            Ok(Response::ok(&serde_json::json!({"kill_switch": on})))
+        }
         ("GET", ["agents"]) => Ok(Response::ok(&AgentList { agents: d.summaries() })),
         ("GET", ["agents", id]) => Ok(Response::ok(&d.summary(id)?)),
         ("POST", ["agents", id, "start"]) => Ok(Response::ok(&d.start_agent(id, "admin")?)),

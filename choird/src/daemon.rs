@@ -41,6 +41,15 @@ const RATE_PER_S: f64 = 50.0;
 const RATE_BURST: f64 = 200.0;
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;
+/// How long `agent start` waits for the agent to report RUNNING.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The last `n` lines of a text file (for error messages).
+fn tail(path: &std::path::Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
 
 /// Lifecycle phase of an agent, as choird sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,6 +156,7 @@ pub struct Daemon {
     pub shutting_down: AtomicBool,
     /// HTTP client for upstream LLM calls.
     pub upstream: ureq::Agent,
+    kill_switch: AtomicBool,
     agent_binary: PathBuf,
 }
 
@@ -169,6 +179,7 @@ impl Daemon {
         store: Store,
         database: String,
         agent_binary: PathBuf,
+        kill_switch: bool,
     ) -> Daemon {
         let agents = config.agents.keys().map(|id| (id.clone(), AgentSlot::default())).collect();
         let upstream =
@@ -186,6 +197,7 @@ impl Daemon {
             shutting_down: AtomicBool::new(false),
             upstream,
             agent_binary,
+            kill_switch: AtomicBool::new(kill_switch),
         }
     }
 
@@ -308,9 +320,6 @@ impl Daemon {
         {
             let mut agents = self.agents.lock();
             if let Some(slot) = agents.get_mut(&who.agent) {
-                if slot.phase == Phase::Starting {
-                    slot.phase = Phase::Running;
-                }
                 slot.replicated_seq = head.seq;
                 if let Some(s) = slot.session.as_mut() {
                     s.delivered_upto = processed;
@@ -345,7 +354,7 @@ impl Daemon {
         let config = self.config();
         DynamicConfig {
             version: self.config_version.load(Ordering::SeqCst),
-            kill_switch: false,
+            kill_switch: self.kill_switch(),
             max_steps_per_turn: config.agents.get(id).map(|a| a.max_steps_per_turn).unwrap_or(16),
         }
     }
@@ -460,10 +469,34 @@ impl Daemon {
     }
 
     /// REPORT_STATUS: keeps the latest report for `choirctl agent status`.
+    /// The first RUNNING report marks the end of the agent's set-up: from then
+    /// on it counts as running (and a waiting `agent start` returns).
     pub fn report_status(&self, who: &Authed, req: ReportStatusRequest) {
         if let Some(slot) = self.agents.lock().get_mut(&who.agent) {
+            let current = slot.session.as_ref().is_some_and(|s| s.id == who.session);
+            if current && slot.phase == Phase::Starting && req.session_state == "RUNNING" {
+                slot.phase = Phase::Running;
+            }
             slot.status = Some(req);
         }
+        self.changed.notify_all();
+    }
+
+    /// Whether the operator's kill switch is on.
+    pub fn kill_switch(&self) -> bool {
+        self.kill_switch.load(Ordering::SeqCst)
+    }
+
+    /// Turns the global kill switch on or off: persisted, audited, and pushed to
+    /// every agent at once (their long-polls are woken with a new config version).
+    pub fn set_kill_switch(&self, on: bool, actor: &str) -> Result<(), ApiError> {
+        self.store.set_policy("kill_switch", &json!(on), actor)?;
+        self.kill_switch.store(on, Ordering::SeqCst);
+        self.config_version.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
+        log::warn!("kill switch turned {} by {actor}", if on { "ON" } else { "off" });
+        self.audit(actor, None, "policy.kill_switch", if on { "on" } else { "off" }, json!({}));
+        Ok(())
     }
 
     /// TERMINATE_SELF: the session ends; the token stops working at once.
@@ -566,6 +599,7 @@ impl Daemon {
         match self.launch(&id, &config) {
             Ok(()) => {
                 self.audit(actor, Some(&id), "agent.start", "ok", json!({"runtime": "process", "sandboxed": false}));
+                self.wait_ready(&id)?;
                 self.summary(id.as_str())
             }
             Err(e) => {
@@ -578,6 +612,37 @@ impl Daemon {
                 drop(agents);
                 self.audit(actor, Some(&id), "agent.start", "error", json!({"error": e.to_string()}));
                 Err(e)
+            }
+        }
+    }
+
+    /// Waits until a just-started agent reports RUNNING; if it exits instead,
+    /// the error carries the end of its log (why it could not start).
+    fn wait_ready(&self, id: &AgentId) -> Result<(), ApiError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut agents = self.agents.lock();
+        loop {
+            match agents.get(id).map(|s| (s.phase, s.last_exit.clone())) {
+                Some((Phase::Running, _)) => return Ok(()),
+                Some((Phase::Starting, _)) => {}
+                Some((_, exit)) => {
+                    drop(agents);
+                    let log = self.home.logs().join(format!("{id}.log"));
+                    return Err(ApiError::Conflict(format!(
+                        "agent {id} failed to start ({}); the end of {}:\n{}",
+                        exit.unwrap_or_else(|| "stopped".into()),
+                        log.display(),
+                        tail(&log, 6)
+                    )));
+                }
+                None => return Err(ApiError::NotFound(format!("no agent {id}"))),
+            }
+            if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                return Err(ApiError::Timeout(format!(
+                    "agent {id} did not finish starting within {} s; see {}",
+                    START_TIMEOUT.as_secs(),
+                    self.home.logs().join(format!("{id}.log")).display()
+                )));
             }
         }
     }
@@ -610,11 +675,14 @@ impl Daemon {
             "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
         );
         let logfile = self.home.logs().join(format!("{id}.log"));
+        let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
+            .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
         let child = crate::runtime::process::spawn(
             &self.agent_binary,
             id,
             &self.home.agent_socket(id),
             &workspace,
+            &choir_dir,
             &token,
             &logfile,
         );

@@ -133,7 +133,12 @@ fn serve(
     if orphans > 0 {
         log::warn!("closed {orphans} session(s) left open by a previous choird");
     }
-    let daemon = Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary));
+    let kill_switch = store.policy("kill_switch")?.and_then(|v| v.as_bool()).unwrap_or(false);
+    if kill_switch {
+        log::warn!("the kill switch is ON: agents will run no tools until `choirctl policy kill-switch off`");
+    }
+    let daemon =
+        Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary, kill_switch));
     let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
     let stop = Arc::new(AtomicBool::new(false));
 

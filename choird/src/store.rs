@@ -30,6 +30,23 @@ impl Store {
         Store { db }
     }
 
+    /// Sets a policy value (e.g. `kill_switch`).
+    pub fn set_policy(&self, key: &str, value: &Value, actor: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT INTO policy (key, value, updated_by) VALUES ($1, $2, $3)
+                 ON CONFLICT (key) DO UPDATE SET value = $2, updated_by = $3, updated_at = now()",
+                &[&key, value, &actor],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A policy value.
+    pub fn policy(&self, key: &str) -> Result<Option<Value>, DbError> {
+        self.db.with(|c| Ok(c.query_opt("SELECT value FROM policy WHERE key = $1", &[&key])?.map(|r| r.get(0))))
+    }
+
     /// Opens a session (a lease) and returns its id.
     pub fn create_session(&self, agent: &AgentId, runtime: &str, token_sha256: &[u8]) -> Result<i64, DbError> {
         self.db.with(|c| {

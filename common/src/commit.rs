@@ -55,6 +55,10 @@ pub struct CommitEvent {
     /// The model's id for this call, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
+    /// The user message (inbound message id) whose turn made this call, so a
+    /// restarted lane can rebuild an interrupted turn from the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
     /// Active skill and state when the call was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skill: Option<String>,
@@ -211,6 +215,7 @@ mod tests {
             kind: EventKind::ToolCall,
             tool: "choir.fs.write".into(),
             call_id: Some(format!("call_{seq}")),
+            turn: Some(7),
             skill: None,
             state: None,
             input: json!({"path": "a.txt", "content": "x"}),

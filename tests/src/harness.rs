@@ -161,6 +161,45 @@ impl Choird {
         self.home.path().join("workspaces").join(agent)
     }
 
+    /// Stops choird (SIGTERM) and starts it again on the same home.
+    pub fn restart(&mut self) {
+        let status = self.stop();
+        assert!(status.is_some_and(|s| s.success()), "choird did not stop cleanly:\n{}", self.stderr());
+        let stderr = std::fs::OpenOptions::new().append(true).open(self.home.path().join("choird.stderr")).unwrap();
+        let child = Command::new(bin("choird"))
+            .arg("--home")
+            .arg(self.home.path())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn choird");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// The repo directory holding tools of `layer` (`global` or an agent id).
+    pub fn tools_dir(&self, layer: &str) -> PathBuf {
+        let dir = match layer {
+            "global" => self.home.path().join("repos/global/tools"),
+            agent => self.home.path().join("repos/agents").join(agent).join("tools"),
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs choirctl expecting failure; returns stderr.
+    pub fn ctl_err(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            !out.status.success(),
+            "choirctl {args:?} unexpectedly succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stderr).unwrap()
+    }
+
     /// Stops choird with SIGTERM and waits (SIGKILL after 30 s); returns its status.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
@@ -205,4 +244,32 @@ pub fn test_config(llm_base_url: &str, database_url: Option<&str>, agents: &[&st
         c["database_url"] = Value::String(url.to_owned());
     }
     c
+}
+
+/// Compares `actual` with the snapshot `tests/snapshots/<name>.json`; with
+/// `CHOIR_UPDATE_SNAPSHOTS=1` the snapshot is (re)written instead.
+pub fn assert_snapshot(name: &str, actual: &Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshots").join(format!("{name}.json"));
+    let pretty = serde_json::to_string_pretty(actual).unwrap() + "\n";
+    if std::env::var("CHOIR_UPDATE_SNAPSHOTS").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &pretty).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (CHOIR_UPDATE_SNAPSHOTS=1 creates it)", path.display()));
+    assert_eq!(
+        pretty,
+        expected,
+        "snapshot {} differs (CHOIR_UPDATE_SNAPSHOTS=1 updates it after review)",
+        path.display()
+    );
+}
+
+/// Copies the shipped `tools/<file>` (manifest and executable) into `dir`.
+pub fn install_shipped_tool(dir: &Path, stem: &str) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools");
+    for name in [format!("{stem}.json"), stem.to_owned()] {
+        std::fs::copy(src.join(&name), dir.join(&name)).unwrap();
+    }
 }

@@ -49,12 +49,17 @@ fn invalid_tool_arguments_get_a_structured_error_and_write_nothing() {
     for r in &results {
         assert_eq!(r["status"], "rejected", "{r}");
         assert_eq!(r["error"]["code"], "invalid_arguments", "{r}");
-        assert_eq!(r["error"]["allowed_tools"], json!(["choir.fs.read", "choir.fs.write"]));
+        assert_eq!(
+            r["error"]["allowed_tools"],
+            json!(["choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"])
+        );
     }
     assert!(results[0]["error"]["message"].as_str().unwrap().contains("/path"), "{}", results[0]);
     let entries: Vec<_> =
         std::fs::read_dir(choird.workspace("demo")).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(entries, vec![std::ffi::OsString::from(".choir")], "nothing but the agent's state was written");
+    let mut entries: Vec<String> = entries.into_iter().map(|e| e.to_string_lossy().into_owned()).collect();
+    entries.sort();
+    assert_eq!(entries, [".choir", ".choirtmp"], "nothing but the agent's own directories was written");
     let events = replicated_events(&pg, "demo", 2);
     assert!(events.iter().all(|e| e.outcome == Outcome::Rejected && e.duration_us == 0));
 }
@@ -69,7 +74,10 @@ fn an_unknown_tool_is_rejected_with_the_list_of_tools() {
     assert_eq!(results[0]["status"], "rejected");
     assert_eq!(results[0]["error"]["code"], "unknown_tool");
     let msg = results[0]["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("choir__fs__delete") && msg.contains("choir.fs.read, choir.fs.write"), "{msg}");
+    assert!(
+        msg.contains("choir__fs__delete") && msg.contains("choir.exec, choir.fs.read, choir.fs.search, choir.fs.write"),
+        "{msg}"
+    );
 }
 
 #[test]

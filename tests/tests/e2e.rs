@@ -6,30 +6,9 @@ use std::time::{Duration, Instant};
 
 use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird};
+use choir_tests::harness::{assert_snapshot, test_config, Choird};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
-
-/// The exact tools list the edge lane must send: LLM views only, wire names.
-pub fn expected_tools() -> Value {
-    json!([
-        {"type": "function", "function": {
-            "name": "choir__fs__read",
-            "description": "Read a UTF-8 text file from the workspace.",
-            "parameters": {"type": "object",
-                "properties": {"path": {"type": "string", "description": "Path relative to /workspace"}},
-                "required": ["path"], "additionalProperties": false}}},
-        {"type": "function", "function": {
-            "name": "choir__fs__write",
-            "description": "Write a text file in the workspace, replacing it or appending to it.",
-            "parameters": {"type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Path relative to /workspace"},
-                    "content": {"type": "string"},
-                    "mode": {"type": "string", "enum": ["overwrite", "append"]}},
-                "required": ["path", "content"], "additionalProperties": false}}}
-    ])
-}
 
 pub const SYSTEM_PROMPT: &str = "You are demo, an agent run by Choir. You act only through the tools you are given; \
 every call is checked and recorded. Paths are relative to your workspace, /workspace. \
@@ -77,10 +56,17 @@ fn a_message_goes_through_every_component_and_back() {
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": "Please write a hello note."}
             ],
-            "tools": expected_tools(),
+            "tools": reqs[0].body["tools"].clone(),
             "tool_choice": "auto"
         })
     );
+    // The tools are exactly the LLM views of the built-ins (snapshot), with
+    // nothing of the runtime view.
+    assert_snapshot("builtin_tools_request", &reqs[0].body["tools"]);
+    for tool in reqs[0].body["tools"].as_array().unwrap() {
+        let keys: Vec<&String> = tool["function"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["description", "name", "parameters"]);
+    }
     // The relay added the key; the agent never had it.
     assert_eq!(reqs[0].authorization.as_deref(), Some("Bearer sk-test-relay-key"));
     let agent_log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();

@@ -1,29 +1,47 @@
-//! The tool registry (R-TOOL-1, R-TOOL-2): every tool an agent can call, with
-//! its manifest and its input schema compiled once at load. Built-ins are
-//! registered first; external tools (later) are loaded from `/choir/tools`.
+//! The tool registry (R-TOOL-1, -2, -6): every tool an agent can call, with its
+//! manifest, its input schema compiled once, its implementation and its status.
 //!
-//! **Invariant:** the registry is immutable after start; what a model is
-//! offered ([`Registry::llm_tools`]) is built from LLM views only.
+//! Load order: built-ins, then `<choir>/tools/global/*.json`, then
+//! `<choir>/tools/agent/*.json`; an agent tool replaces a global one of the same
+//! name, and nothing replaces a built-in. Any bad file fails start-up with the
+//! file and the reason. **Invariant:** the registry is immutable after start,
+//! and what a model is offered ([`Registry::llm_tools`]) is built from LLM views
+//! of `system` and `connected` tools only.
 
+pub mod exec;
+pub mod external;
 pub mod fs;
+pub mod search;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use choir_common::ids::wire_tool_name;
 use choir_common::manifest::ToolManifest;
 use choir_common::openai::{FunctionSpec, ToolSpec};
 use serde_json::Value;
 
+use crate::secrets::SecretStore;
 use crate::workspace::Workspace;
 
 /// What a tool gets to run with.
 pub struct ExecContext<'a> {
     /// The workspace, for path-confined file access.
     pub workspace: &'a Workspace,
+    /// The calling lane (per-lane state such as the shell's cwd).
+    pub lane: &'a str,
+    /// The agent's private state directory.
+    pub state_dir: &'a Path,
+    /// When the call must be finished (the manifest's `timeout_ms`).
+    pub deadline: Instant,
+    /// The secrets this tool declared (`secret_resources`), and only those.
+    pub secrets: SecretStore,
 }
 
-/// A tool failed while running (not a rejection: the arbiter rejects before).
+/// A tool failed while running (rejections happen before, in the arbiter).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ToolError {
@@ -40,10 +58,32 @@ impl ToolError {
     }
 }
 
-/// A tool implementation.
+/// A tool implementation. The result object carries a `summary`; a result with
+/// `"timed_out": true` is committed with outcome `timeout`.
 pub trait Tool: Send + Sync {
-    /// Runs with validated input. The result object should carry a `summary`.
+    /// Runs with validated input.
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError>;
+}
+
+/// Whether a tool can be offered (R-TOOL-6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolStatus {
+    /// Built in; needs nothing.
+    System,
+    /// Known, but some declared secrets are not bound to this agent.
+    Available {
+        /// The missing secrets.
+        missing: Vec<String>,
+    },
+    /// Ready.
+    Connected,
+}
+
+impl ToolStatus {
+    /// Whether models may be offered the tool.
+    pub fn offered(&self) -> bool {
+        matches!(self, ToolStatus::System | ToolStatus::Connected)
+    }
 }
 
 /// A registered tool.
@@ -54,14 +94,18 @@ pub struct Registered {
     pub validator: jsonschema::Validator,
     /// Its implementation.
     pub tool: Arc<dyn Tool>,
+    /// Status.
+    pub status: ToolStatus,
+    /// Where it came from (`built-in` or the manifest file).
+    pub source: String,
 }
 
 /// A manifest could not be registered.
 #[derive(Debug, thiserror::Error)]
-#[error("tool {source_name}: {reason}")]
+#[error("{file}: {reason}")]
 pub struct RegistryError {
-    /// Where the manifest came from (file or `built-in`).
-    pub source_name: String,
+    /// The manifest file (or `built-in`).
+    pub file: String,
     /// Why it was refused.
     pub reason: String,
 }
@@ -73,40 +117,96 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The built-in tools.
+    /// The built-in tools only.
     pub fn builtins() -> Result<Registry, RegistryError> {
         let mut r = Registry::default();
-        r.add("built-in", fs::read_manifest(), Arc::new(fs::ReadTool))?;
-        r.add("built-in", fs::write_manifest(), Arc::new(fs::WriteTool))?;
+        let builtin: Vec<(ToolManifest, Arc<dyn Tool>)> = vec![
+            (fs::read_manifest(), Arc::new(fs::ReadTool)),
+            (fs::write_manifest(), Arc::new(fs::WriteTool)),
+            (search::manifest(), Arc::new(search::SearchTool)),
+            (exec::manifest(), Arc::new(exec::ExecTool)),
+        ];
+        for (manifest, tool) in builtin {
+            r.insert("built-in", manifest, tool, ToolStatus::System)?;
+        }
         Ok(r)
     }
 
-    /// Validates and adds a tool; a later tool of the same name replaces an
-    /// earlier one (agent overrides global).
-    pub fn add(&mut self, source: &str, manifest: ToolManifest, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
-        let err = |reason: String| RegistryError { source_name: source.to_owned(), reason };
+    /// Built-ins plus the external tools under `choir_dir/tools/{global,agent}`.
+    /// `bound_secrets` are the secret names bound to this agent.
+    pub fn load(choir_dir: &Path, bound_secrets: &[String]) -> Result<Registry, RegistryError> {
+        let mut r = Registry::builtins()?;
+        for layer in ["global", "agent"] {
+            let dir = choir_dir.join("tools").join(layer);
+            if !dir.exists() {
+                continue;
+            }
+            let entries = std::fs::read_dir(&dir)
+                .map_err(|e| RegistryError { file: dir.display().to_string(), reason: e.to_string() })?;
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect();
+            files.sort();
+            let mut seen_in_layer = BTreeMap::new();
+            for file in files {
+                let (manifest, tool) = load_external(&file)?;
+                let name = manifest.llm.name.clone();
+                let err = |reason: String| RegistryError { file: file.display().to_string(), reason };
+                if let Some(prev) = seen_in_layer.insert(name.clone(), file.clone()) {
+                    return Err(err(format!("tool {name} is also defined by {}", prev.display())));
+                }
+                if r.tools.get(&name).is_some_and(|t| t.status == ToolStatus::System) {
+                    return Err(err(format!("{name} is a built-in tool and cannot be replaced")));
+                }
+                let missing: Vec<String> =
+                    manifest.runtime.secret_resources.iter().filter(|s| !bound_secrets.contains(s)).cloned().collect();
+                let status = if missing.is_empty() { ToolStatus::Connected } else { ToolStatus::Available { missing } };
+                r.insert(&file.display().to_string(), manifest, tool, status)?;
+            }
+        }
+        Ok(r)
+    }
+
+    fn insert(
+        &mut self,
+        source: &str,
+        manifest: ToolManifest,
+        tool: Arc<dyn Tool>,
+        status: ToolStatus,
+    ) -> Result<(), RegistryError> {
+        let err = |reason: String| RegistryError { file: source.to_owned(), reason };
         manifest.validate().map_err(|e| err(e.to_string()))?;
         let validator =
             jsonschema::validator_for(&manifest.llm.parameters).map_err(|e| err(format!("llm.parameters: {e}")))?;
-        self.tools.insert(manifest.llm.name.clone(), Registered { manifest, validator, tool });
+        self.tools.insert(
+            manifest.llm.name.clone(),
+            Registered { manifest, validator, tool, status, source: source.to_owned() },
+        );
         Ok(())
     }
 
-    /// A tool by canonical name.
+    /// A tool by canonical name (whatever its status).
     pub fn get(&self, name: &str) -> Option<&Registered> {
         self.tools.get(name)
     }
 
-    /// Canonical names, sorted.
+    /// Names of the tools that may be offered, sorted.
     pub fn names(&self) -> Vec<String> {
-        self.tools.keys().cloned().collect()
+        self.tools.values().filter(|t| t.status.offered()).map(|t| t.manifest.llm.name.clone()).collect()
     }
 
-    /// The OpenAI `tools` list for the given names (all when `None`): LLM
-    /// views only, with wire-safe names.
+    /// Every tool with its status, for reports.
+    pub fn statuses(&self) -> Vec<(String, ToolStatus)> {
+        self.tools.values().map(|t| (t.manifest.llm.name.clone(), t.status.clone())).collect()
+    }
+
+    /// The OpenAI `tools` list: LLM views of offered tools (restricted to
+    /// `only` when given), with wire-safe names. Runtime views never appear.
     pub fn llm_tools(&self, only: Option<&[String]>) -> Vec<ToolSpec> {
         self.tools
             .values()
+            .filter(|t| t.status.offered())
             .filter(|t| only.is_none_or(|names| names.contains(&t.manifest.llm.name)))
             .map(|t| ToolSpec {
                 kind: "function".to_owned(),
@@ -118,4 +218,40 @@ impl Registry {
             })
             .collect()
     }
+}
+
+/// Reads and checks one external tool: the manifest parses strictly, names an
+/// executable next to it (relative, no `..`) that exists and is executable, and
+/// does not ask for the network (host tools come with EXECUTE_HOST_TOOL).
+fn load_external(file: &Path) -> Result<(ToolManifest, Arc<dyn Tool>), RegistryError> {
+    let err = |reason: String| RegistryError { file: file.display().to_string(), reason };
+    let text = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let manifest: ToolManifest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        err(if at == "?" || at == "." { format!("not a valid manifest: {inner}") } else { format!("{at}: {inner}") })
+    })?;
+    manifest.validate().map_err(|e| err(e.to_string()))?;
+    if manifest.runtime.network {
+        return Err(err(format!(
+            "{}: runtime.network is true, but tools that need the network run on the host and this agent cannot run them yet",
+            manifest.llm.name
+        )));
+    }
+    let Some(exec) = &manifest.runtime.exec_path else {
+        return Err(err("runtime.exec_path: an external tool must name its executable".into()));
+    };
+    let rel = Path::new(exec);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(err(format!("runtime.exec_path: {exec:?} must be a plain path next to the manifest")));
+    }
+    let exec_path = file.parent().unwrap_or(Path::new(".")).join(rel);
+    let meta =
+        std::fs::metadata(&exec_path).map_err(|e| err(format!("runtime.exec_path: {}: {e}", exec_path.display())))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(err(format!("runtime.exec_path: {} is not an executable file", exec_path.display())));
+    }
+    let tool = external::ExternalTool::new(exec_path, manifest.llm.name.clone());
+    Ok((manifest, Arc::new(tool)))
 }

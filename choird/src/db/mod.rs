@@ -13,8 +13,10 @@ use parking_lot::Mutex;
 use postgres::{Client, NoTls};
 
 /// Migrations, in order. A tidy test checks this matches the files in `sql/`.
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "0001_foundation.sql", include_str!("../../../sql/0001_foundation.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "0001_foundation.sql", include_str!("../../../sql/0001_foundation.sql")),
+    (2, "0002_policy.sql", include_str!("../../../sql/0002_policy.sql")),
+];
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).
 const MIGRATION_LOCK: i64 = 0x63686f6972;

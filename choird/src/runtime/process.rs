@@ -8,20 +8,46 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
 use choir_common::ids::AgentId;
 
+use crate::home::Home;
 use crate::spawn::{Cmd, SpawnError};
 
+/// Lays out the agent's `/choir` equivalent for the process runtime:
+/// `<home>/run/<id>/choir/{tools,skills}/{global,agent}` as symlinks into the
+/// repo clones (`repos/global/…`, `repos/agents/<id>/…`), so the agent loads
+/// what an image build would bake in.
+pub fn prepare_choir_dir(home: &Home, id: &AgentId) -> std::io::Result<PathBuf> {
+    let choir = home.root().join("run").join(id.as_str()).join("choir");
+    for kind in ["tools", "skills"] {
+        let dir = choir.join(kind);
+        std::fs::create_dir_all(&dir)?;
+        for (layer, target) in [
+            ("global", home.repos().join("global").join(kind)),
+            ("agent", home.repos().join("agents").join(id.as_str()).join(kind)),
+        ] {
+            let link = dir.join(layer);
+            if link.symlink_metadata().is_ok() {
+                std::fs::remove_file(&link)?;
+            }
+            std::os::unix::fs::symlink(target, link)?;
+        }
+    }
+    Ok(choir)
+}
+
 /// Starts `choir-agent` for `id`, connected to `socket`, confined (by its own
-/// path rules, not by a sandbox) to `workspace`, logging to `logfile`.
+/// path rules, not by a sandbox) to `workspace`, loading tools from
+/// `choir_dir`, logging to `logfile`.
 pub fn spawn(
     binary: &Path,
     id: &AgentId,
     socket: &Path,
     workspace: &Path,
+    choir_dir: &Path,
     token: &str,
     logfile: &Path,
 ) -> Result<Child, SpawnError> {
@@ -35,6 +61,8 @@ pub fn spawn(
         .arg(format!("unix:{}", socket.display()))
         .arg("--workspace")
         .arg(workspace.as_os_str())
+        .arg("--choir-dir")
+        .arg(choir_dir.as_os_str())
         .current_dir(workspace);
     let display = cmd.display().to_owned();
     let mut child = cmd.spawn(Stdio::piped(), out, err)?;

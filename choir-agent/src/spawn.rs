@@ -1,0 +1,126 @@
+//! The one place choir-agent starts programs (external tools, `choir.exec`,
+//! ripgrep). Children get a cleared environment plus what the caller sets, their
+//! own process group (so a timeout kills the whole tree), and are reaped with a
+//! deadline.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The fixed minimum environment of every child.
+pub const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// A command about to run.
+pub struct Cmd {
+    inner: Command,
+}
+
+impl Cmd {
+    /// `program` with an empty environment except `PATH`, in its own process group.
+    #[allow(clippy::disallowed_methods)] // This is the wrapper.
+    pub fn new(program: impl AsRef<Path>) -> Cmd {
+        let mut inner = Command::new(program.as_ref());
+        inner.env_clear().env("PATH", BASE_PATH).process_group(0);
+        Cmd { inner }
+    }
+
+    /// Adds arguments.
+    pub fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(&mut self, args: I) -> &mut Cmd {
+        for a in args {
+            self.inner.arg(a.into());
+        }
+        self
+    }
+
+    /// Sets an environment variable.
+    pub fn env(&mut self, k: &str, v: impl Into<OsString>) -> &mut Cmd {
+        self.inner.env(k, v.into());
+        self
+    }
+
+    /// Working directory.
+    pub fn cwd(&mut self, dir: &Path) -> &mut Cmd {
+        self.inner.current_dir(dir);
+        self
+    }
+
+    /// Starts the child.
+    pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
+        self.inner.stdin(stdin).stdout(stdout).stderr(stderr).spawn()
+    }
+}
+
+/// How a child ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It exited (or was killed by a signal not ours).
+    Exited(ExitStatus),
+    /// We killed its process group at the deadline.
+    TimedOut,
+}
+
+impl Ended {
+    /// The exit code, or `128 + signal`, or -1 after a timeout.
+    pub fn code(&self) -> i32 {
+        match self {
+            Ended::Exited(s) => s.code().or_else(|| s.signal().map(|n| 128 + n)).unwrap_or(-1),
+            Ended::TimedOut => -1,
+        }
+    }
+}
+
+/// Kills the child's whole process group.
+pub fn kill_group(child: &Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Waits for the child until `deadline`; past it, kills its process group.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Ended> {
+    let mut nap = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            // Children it left behind in its group go too.
+            kill_group(child);
+            return Ok(Ended::Exited(status));
+        }
+        if Instant::now() >= deadline {
+            kill_group(child);
+            let _ = child.wait();
+            return Ok(Ended::TimedOut);
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// Reads a pipe to its end on a thread, keeping at most `cap` bytes.
+/// Returns (bytes, whether more was discarded).
+pub fn capture(
+    pipe: impl Read + Send + 'static,
+    cap: usize,
+    name: &str,
+) -> std::io::Result<JoinHandle<(Vec<u8>, bool)>> {
+    std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        let mut pipe = pipe;
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        let mut dropped = false;
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = cap.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                    dropped |= n > room;
+                }
+            }
+        }
+        (kept, dropped)
+    })
+}

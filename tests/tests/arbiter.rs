@@ -1,0 +1,352 @@
+//! The arbiter end to end: the tool registry and its manifests, external tools,
+//! the kill switch, and durability of the commit log under `kill -9`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{install_shipped_tool, test_config, Choird};
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+use crate::e2e::replicated_events;
+
+fn write_tool(dir: &std::path::Path, stem: &str, manifest: &Value, script: &str) {
+    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(manifest).unwrap()).unwrap();
+    let exe = dir.join(stem);
+    std::fs::write(&exe, format!("#!/bin/bash\n{script}\n")).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn echo_manifest(name: &str, description: &str) -> Value {
+    json!({
+        "llm": {"name": name, "description": description,
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+        "runtime": {"exec_path": "echo_tool", "timeout_ms": 5000, "side_effect": "read", "version": "1",
+                    "locks": [], "secret_resources": [], "network": false, "idempotent": true,
+                    "exposure": "both", "prompt_mask": false}
+    })
+}
+
+const ECHO: &str = r#"read -r input; printf '{"summary": "echoed", "echo": %s}\n' "$input""#;
+
+#[test]
+fn each_kind_of_bad_manifest_fails_the_agent_start_naming_file_and_reason() {
+    let Some(pg) = TestPg::start() else { return };
+    let choird = Choird::start(&test_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]), &json!({}));
+    let dir = choird.tools_dir("global");
+    let good = echo_manifest("x.echo", "Echo text.");
+    let mut bad_schema = good.clone();
+    bad_schema["llm"]["parameters"]["properties"]["text"]["type"] = json!(5);
+    let mut unknown_field = good.clone();
+    unknown_field["runtime"]["sudo"] = json!(true);
+    let mut network = good.clone();
+    network["runtime"]["network"] = json!(true);
+    let mut missing_exec = good.clone();
+    missing_exec["runtime"]["exec_path"] = json!("nope");
+    let mut escaping_exec = good.clone();
+    escaping_exec["runtime"]["exec_path"] = json!("../../../bin/sh");
+    let mut builtin = good.clone();
+    builtin["llm"]["name"] = json!("choir.fs.write");
+    let mut bad_name = good.clone();
+    bad_name["llm"]["name"] = json!("Echo");
+    let mut bad_lock = good.clone();
+    bad_lock["runtime"]["locks"] = json!([{"resource": "file:{nothing}", "mode": "X"}]);
+    let cases: Vec<(&str, Option<Value>, &str)> = vec![
+        ("not JSON", None, "not a valid manifest: key must be a string"),
+        ("schema", Some(bad_schema), "llm.parameters: not a valid JSON Schema"),
+        ("unknown field", Some(unknown_field), "runtime.sudo: unknown field `sudo`"),
+        ("network", Some(network), "runtime.network is true"),
+        ("missing executable", Some(missing_exec), "runtime.exec_path"),
+        ("escaping executable", Some(escaping_exec), "must be a plain path next to the manifest"),
+        ("built-in name", Some(builtin), "choir.fs.write is a built-in tool and cannot be replaced"),
+        ("bad name", Some(bad_name), "llm.name: invalid tool name \"Echo\""),
+        ("bad lock", Some(bad_lock), "placeholder {nothing} must name a string property"),
+    ];
+    for (what, manifest, reason) in cases {
+        let file = dir.join("echo_tool.json");
+        match &manifest {
+            Some(m) => write_tool(&dir, "echo_tool", m, ECHO),
+            None => {
+                write_tool(&dir, "echo_tool", &good, ECHO);
+                std::fs::write(&file, "{ this is not json").unwrap();
+            }
+        }
+        let err = choird.ctl_err(&["agent", "start", "demo"]);
+        assert!(err.contains("failed to start"), "{what}: {err}");
+        // The agent names the file as it sees it: its tool directory, here the
+        // process runtime's view of repos/global/tools.
+        let _ = &file;
+        assert!(err.contains("choir/tools/global/echo_tool.json"), "{what}: the file is not named: {err}");
+        assert!(err.contains(reason), "{what}: the reason {reason:?} is missing: {err}");
+    }
+    // A manifest whose executable is not executable.
+    write_tool(&dir, "echo_tool", &good, ECHO);
+    std::fs::set_permissions(dir.join("echo_tool"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = choird.ctl_err(&["agent", "start", "demo"]);
+    assert!(err.contains("is not an executable file"), "{err}");
+    // Two manifests of one name in one layer.
+    std::fs::set_permissions(dir.join("echo_tool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.join("echo_copy.json"), serde_json::to_string(&good).unwrap()).unwrap();
+    let err = choird.ctl_err(&["agent", "start", "demo"]);
+    assert!(err.contains("tool x.echo is also defined by"), "{err}");
+    std::fs::remove_file(dir.join("echo_copy.json")).unwrap();
+    // And with the file fixed, the agent starts.
+    choird.ctl_ok(&["agent", "start", "demo"]);
+}
+
+#[test]
+fn agent_tools_override_global_and_the_model_sees_only_offered_llm_views() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::ToolCalls(vec![
+            ("x.echo".into(), r#"{"text": "hi"}"#.into()),
+            ("choir.repo.status".into(), "{}".into()),
+            ("x.needs_secret".into(), r#"{"text": "hi"}"#.into()),
+        ]),
+        Step::Text("done".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    let global = choird.tools_dir("global");
+    write_tool(&global, "echo_tool", &echo_manifest("x.echo", "Global echo."), ECHO);
+    let mut needs_secret = echo_manifest("x.needs_secret", "Needs a secret this agent does not have.");
+    needs_secret["runtime"]["secret_resources"] = json!(["github_token"]);
+    needs_secret["runtime"]["exec_path"] = json!("secret_tool");
+    write_tool(&global, "secret_tool", &needs_secret, ECHO);
+    install_shipped_tool(&global, "repo_status");
+    write_tool(&choird.tools_dir("demo"), "echo_tool", &echo_manifest("x.echo", "Agent echo."), ECHO);
+    let ws = choird.workspace("demo");
+    std::fs::create_dir_all(&ws).unwrap();
+    let git = |args: &[&str]| {
+        let ok = std::process::Command::new("git").args(args).current_dir(&ws).output().unwrap().status.success();
+        assert!(ok, "git {args:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("README.md"), "hello\n").unwrap();
+
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "go"]), "done\n");
+    let reqs = fake.requests();
+    let tools = reqs[0].body["tools"].as_array().unwrap().clone();
+    let names: Vec<&str> = tools.iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["choir__exec", "choir__fs__read", "choir__fs__search", "choir__fs__write", "choir__repo__status", "x__echo"],
+        "the tool missing a secret is not offered"
+    );
+    let shipped: Value =
+        serde_json::from_str(&std::fs::read_to_string(global.join("repo_status.json")).unwrap()).unwrap();
+    let repo = tools.iter().find(|t| t["function"]["name"] == "choir__repo__status").unwrap();
+    assert_eq!(repo["function"]["description"], shipped["llm"]["description"]);
+    assert_eq!(repo["function"]["parameters"], shipped["llm"]["parameters"]);
+    let echo = tools.iter().find(|t| t["function"]["name"] == "x__echo").unwrap();
+    assert_eq!(echo["function"]["description"], "Agent echo.");
+    let text = reqs[0].body.to_string();
+    for runtime_key in
+        ["exec_path", "timeout_ms", "locks", "secret_resources", "side_effect", "prompt_mask", "exposure"]
+    {
+        assert!(!text.contains(runtime_key), "{runtime_key} reached the model");
+    }
+
+    let msgs = reqs[1].body["messages"].as_array().unwrap();
+    let result =
+        |i: usize| -> Value { serde_json::from_str(msgs[msgs.len() - 3 + i]["content"].as_str().unwrap()).unwrap() };
+    assert_eq!(result(0)["echo"], json!({"text": "hi"}));
+    let status = result(1);
+    assert_eq!(status["status"], "success");
+    assert_eq!(status["branch"], "main");
+    assert_eq!(status["changes"], json!([{"status": "??", "path": "README.md"}]));
+    assert_eq!(result(2)["error"]["code"], "unknown_tool", "a tool that is only available cannot be called");
+}
+
+#[test]
+fn the_kill_switch_stops_every_tool_at_once_is_audited_and_survives_a_restart() {
+    let Some(pg) = TestPg::start() else { return };
+    let write = |name: &str| Step::call("choir.fs.write", json!({"path": name, "content": "x"}));
+    let fake = FakeLlm::start(vec![
+        write("blocked.txt"),
+        Step::Text("could not".into()),
+        write("blocked2.txt"),
+        Step::Text("still could not".into()),
+        write("allowed.txt"),
+        Step::Text("did".into()),
+    ]);
+    let mut choird =
+        Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert!(choird.ctl_ok(&["policy", "kill-switch", "on"]).contains("kill switch ON"));
+    assert!(choird.ctl_ok(&["status"]).contains("kill switch: ON"));
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "write"]), "could not\n");
+    let result = |n: usize| -> Value {
+        let msgs = fake.requests()[n].body["messages"].as_array().unwrap().clone();
+        serde_json::from_str(msgs.last().unwrap()["content"].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(result(1)["error"]["code"], "kill_switch");
+    assert!(!choird.workspace("demo").join("blocked.txt").exists());
+
+    // It is persisted: a restarted choird (and its newly started agent) keeps it on.
+    choird.restart();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "write again"]), "still could not\n");
+    assert_eq!(result(3)["error"]["code"], "kill_switch");
+
+    choird.ctl_ok(&["policy", "kill-switch", "off"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "now write"]), "did\n");
+    assert!(choird.workspace("demo").join("allowed.txt").exists());
+    let audit: Vec<String> = pg
+        .client()
+        .query("SELECT outcome FROM audit WHERE action = 'policy.kill_switch' ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(audit, ["on", "off"]);
+    let events = replicated_events(&pg, "demo", 3);
+    let outcomes: Vec<Outcome> = events.iter().map(|e| e.outcome).collect();
+    assert_eq!(outcomes, [Outcome::Rejected, Outcome::Rejected, Outcome::Ok], "refusals are in the audit trail too");
+}
+
+fn wait_reply(pg: &TestPg, message: i64) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut c = pg.client();
+    while Instant::now() < deadline {
+        let row = c.query_one("SELECT reply FROM messages WHERE id = $1", &[&message]).unwrap();
+        if let Some(reply) = row.get::<_, Option<String>>(0) {
+            return Some(reply);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// kill -9 of the agent at each point of a tool call: after a restart the
+/// turn resumes from the log, no committed call runs again, nothing
+/// acknowledged is lost, and the chain in Postgres is intact and gap-free.
+#[test]
+fn kill_9_at_each_point_loses_nothing_committed_and_repeats_nothing_committed() {
+    if TestPg::start().is_none() {
+        return;
+    }
+    // (failpoint, is the call committed when the agent dies?)
+    let points = [
+        ("during_tool", false),
+        ("before_append", false),
+        ("after_write_before_fsync", true),
+        ("after_fsync_before_reply", true),
+    ];
+    for (point, committed) in points {
+        let pg = TestPg::start().unwrap();
+        let call = Step::call("choir.fs.write", json!({"path": "log.txt", "content": "x", "mode": "append"}));
+        // Without a committed event the resumed turn asks the model afresh.
+        let script = if committed {
+            vec![call, Step::Text("ok".into())]
+        } else {
+            vec![call.clone(), call, Step::Text("ok".into())]
+        };
+        let fake = FakeLlm::start(script);
+        let choird =
+            Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+        let state = choird.workspace("demo").join(".choir");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("failpoint"), point).unwrap();
+        choird.ctl_ok(&["agent", "start", "demo"]);
+        let err = choird.ctl_err(&["chat", "demo", "append x"]);
+        assert!(err.contains("stopped before answering") && err.contains("SIGKILL"), "{point}: {err}");
+
+        choird.ctl_ok(&["agent", "start", "demo"]);
+        let reply = wait_reply(&pg, 1);
+        assert_eq!(reply.as_deref(), Some("ok"), "{point}: the interrupted message was answered after the restart");
+        let file = std::fs::read_to_string(choird.workspace("demo").join("log.txt")).unwrap();
+        let events = replicated_events(&pg, "demo", 1);
+        verify_extension(&ChainHead::genesis(), &events).unwrap_or_else(|e| panic!("{point}: {e}"));
+        let ok: Vec<&CommitEvent> = events.iter().filter(|e| e.outcome == Outcome::Ok).collect();
+        match point {
+            // Died before the tool ran: it runs once, after the restart.
+            "during_tool" => assert_eq!((file.as_str(), ok.len()), ("x", 1), "{point}"),
+            // Ran but was never committed: not acknowledged to anyone, so it may
+            // run again (at-least-once for uncommitted side effects).
+            "before_append" => assert_eq!((file.as_str(), ok.len()), ("xx", 1), "{point}"),
+            // Committed: the resumed turn replays it from the log instead.
+            _ => assert_eq!((file.as_str(), ok.len()), ("x", 1), "{point}"),
+        }
+        if committed {
+            let msgs = fake.requests()[1].body["messages"].as_array().unwrap().clone();
+            assert_eq!(msgs[2]["tool_calls"][0]["function"]["name"], "choir__fs__write", "{point}: replayed call");
+            assert_eq!(
+                serde_json::from_str::<Value>(msgs[3]["content"].as_str().unwrap()).unwrap()["status"],
+                "success"
+            );
+        }
+        assert!(!state.join("failpoint").exists());
+    }
+}
+
+#[test]
+fn a_hand_corrupted_log_is_refused_naming_the_sequence() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "1"})),
+        Step::call("choir.fs.write", json!({"path": "b.txt", "content": "2"})),
+        Step::Text("ok".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.ctl_ok(&["chat", "demo", "two files"]);
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    let log = choird.workspace("demo").join(".choir/commit.log");
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, text.replacen("b.txt", "c.txt", 1)).unwrap();
+    let err = choird.ctl_err(&["agent", "start", "demo"]);
+    assert!(err.contains("is corrupt at sequence 2"), "{err}");
+}
+
+#[test]
+fn choird_refuses_forked_and_gapped_chains() {
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let store = choird::store::Store::new(db);
+    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let event = |seq: u64, prev: &str, tool: &str| {
+        CommitEvent {
+            seq,
+            prev_hash: prev.to_owned(),
+            ts_ms: 1,
+            lane: "edge".into(),
+            kind: choir_common::commit::EventKind::ToolCall,
+            tool: tool.into(),
+            call_id: None,
+            turn: None,
+            skill: None,
+            state: None,
+            input: json!({}),
+            outcome: Outcome::Ok,
+            result: json!({}),
+            duration_us: 0,
+            hash: String::new(),
+        }
+        .seal()
+    };
+    let e1 = event(1, choir_common::commit::GENESIS_HASH, "a.b");
+    let e2 = event(2, &e1.hash, "a.c");
+    assert_eq!(store.append_events(&agent, session, &[e1.clone(), e2.clone()]).unwrap(), 2);
+    // A resend of what is stored is fine.
+    assert_eq!(store.append_events(&agent, session, std::slice::from_ref(&e2)).unwrap(), 2);
+    // A different event 2: fork. A jump to 4: gap. A bad hash: refused.
+    let other2 = event(2, &e1.hash, "a.x");
+    let err = store.append_events(&agent, session, &[other2]).unwrap_err().to_string();
+    assert!(err.contains("forked"), "{err}");
+    let e3 = event(3, &e2.hash, "a.d");
+    let e4 = event(4, &e3.hash, "a.e");
+    let err = store.append_events(&agent, session, &[e4]).unwrap_err().to_string();
+    assert!(err.contains("expected sequence number 3"), "{err}");
+    let mut tampered = e3.clone();
+    tampered.tool = "a.z".into();
+    let err = store.append_events(&agent, session, &[tampered]).unwrap_err().to_string();
+    assert!(err.contains("hash does not match"), "{err}");
+    // Nothing of the refused batches was stored.
+    let n: i64 = pg.client().query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0);
+    assert_eq!(n, 2);
+}
