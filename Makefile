@@ -35,9 +35,15 @@ lint:
 
 # Services are required here: a test that cannot reach PostgreSQL fails
 # instead of skipping (plain `cargo test` skips and says why).
+# --all-targets: the test build of choir-agent carries its crash-injection
+# failpoints (a dev-dependency feature); release builds never do.
 test: deps lint
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --all-targets
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
+
+# Benchmarks: numbers are recorded in DESIGN.md (never asserted in tests).
+bench: deps
+	$(CARGO) bench -p choir-agent --bench arbiter
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir

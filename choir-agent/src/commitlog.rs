@@ -294,6 +294,8 @@ pub struct DurableLog {
     written: std::sync::atomic::AtomicU64,
     sync: parking_lot::Mutex<SyncState>,
     synced_cv: parking_lot::Condvar,
+    /// fsyncs issued (for benchmarks and status).
+    fsyncs: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -317,6 +319,7 @@ impl DurableLog {
             written: std::sync::atomic::AtomicU64::new(head),
             sync: parking_lot::Mutex::new(SyncState { synced: head, ..SyncState::default() }),
             synced_cv: parking_lot::Condvar::new(),
+            fsyncs: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -353,6 +356,7 @@ impl DurableLog {
             let target = self.written.load(std::sync::atomic::Ordering::SeqCst);
             drop(st);
             let result = self.sync_file.sync_data();
+            self.fsyncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             st = self.sync.lock();
             st.syncing = false;
             match result {
@@ -370,6 +374,11 @@ impl DurableLog {
     /// Events not yet acknowledged by choird.
     pub fn unacked(&self) -> Vec<CommitEvent> {
         self.log.lock().unacked()
+    }
+
+    /// How many fsyncs made appends durable so far.
+    pub fn fsyncs(&self) -> u64 {
+        self.fsyncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records choird's acknowledgement.

@@ -39,7 +39,8 @@ fn real_main() -> anyhow::Result<()> {
                 return Ok(());
             }
             Long("version") | Short('V') => {
-                println!("choir-agent {}", env!("CARGO_PKG_VERSION"));
+                let extra = if cfg!(feature = "failpoints") { " (test build: failpoints)" } else { "" };
+                println!("choir-agent {}{extra}", env!("CARGO_PKG_VERSION"));
                 return Ok(());
             }
             _ => return Err(arg.unexpected().into()),

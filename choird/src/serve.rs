@@ -86,6 +86,10 @@ fn bind_unix(path: &Path) -> anyhow::Result<tiny_http::Server> {
 
 /// Runs choird until SIGTERM or SIGINT.
 pub fn run(opts: Options) -> anyhow::Result<()> {
+    // Handlers first: a SIGHUP or SIGTERM during start-up must not kill choird
+    // by its default action; it is acted on once the signal loop runs.
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let home = Home::new(opts.home.clone());
     home.ensure_layout()?;
     let _lock = home.lock()?;
@@ -106,7 +110,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             (Some(cluster), url, format!("managed ({})", home.pg().display()))
         }
     };
-    let result = serve(home, config, secrets, &url, database, agent_binary);
+    let result = serve(home, config, secrets, &url, database, agent_binary, signals);
     if let Some(cluster) = cluster {
         log::info!("stopping the managed PostgreSQL");
         if let Err(e) = cluster.stop() {
@@ -123,6 +127,7 @@ fn serve(
     url: &str,
     database: String,
     agent_binary: PathBuf,
+    signals: signal_hook::iterator::Signals,
 ) -> anyhow::Result<()> {
     let db = Db::connect(url)?;
     for name in db.migrate()? {
@@ -181,7 +186,7 @@ fn serve(
         }
     }
 
-    let outcome = signal_loop(&daemon);
+    let outcome = signal_loop(&daemon, signals);
 
     log::info!("shutting down");
     daemon.shutting_down.store(true, Ordering::SeqCst);
@@ -205,9 +210,8 @@ fn serve(
 }
 
 /// Waits for signals; also reaps lapsed leases every few seconds.
-fn signal_loop(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
+fn signal_loop(daemon: &Arc<Daemon>, mut signals: signal_hook::iterator::Signals) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     loop {
         for sig in signals.pending() {
             match sig {

@@ -228,6 +228,12 @@ fn kill_9_at_each_point_loses_nothing_committed_and_repeats_nothing_committed() 
     if TestPg::start().is_none() {
         return;
     }
+    let version =
+        std::process::Command::new(choir_tests::harness::bin("choir-agent")).arg("--version").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&version.stdout).contains("failpoints"),
+        "target/debug/choir-agent was built without failpoints; build with `cargo build --workspace --all-targets` (make test does)"
+    );
     // (failpoint, is the call committed when the agent dies?)
     let points = [
         ("during_tool", false),

@@ -1,0 +1,208 @@
+//! Arbiter benchmarks (`make bench`): decision latency, lock acquire/release
+//! (uncontended and contended), durable commit latency against a bare
+//! fdatasync of the same size, and group-commit throughput with 1, 4 and 16
+//! concurrent lanes. Prints a table; DESIGN.md records the numbers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use choir_agent::arbiter::{Arbiter, Decision, LaneCtx, ProposedCall};
+use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
+use choir_agent::locks::{LockManager, Resource};
+use choir_agent::results::LaneKind;
+use choir_agent::secrets::SecretStore;
+use choir_agent::tools::Registry;
+use choir_agent::workspace::Workspace;
+use choir_common::commit::{EventKind, Outcome};
+use choir_common::manifest::LockMode;
+use serde_json::json;
+
+fn percentiles(mut ns: Vec<u64>) -> (u64, u64) {
+    ns.sort_unstable();
+    let at = |q: f64| ns[((ns.len() as f64 - 1.0) * q) as usize];
+    (at(0.50), at(0.99))
+}
+
+fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000 {
+        format!("{:.2} ms", ns as f64 / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+fn event(i: u64) -> NewEvent {
+    NewEvent {
+        lane: "edge".into(),
+        kind: EventKind::ToolCall,
+        tool: "choir.fs.write".into(),
+        call_id: Some(format!("call_{i}")),
+        turn: Some(1),
+        skill: None,
+        state: None,
+        input: json!({"path": "notes/today.md", "content": "a line of text that a model might write"}),
+        outcome: Outcome::Ok,
+        result: json!({"status": "success", "summary": "wrote notes/today.md (42 bytes)", "path": "notes/today.md", "bytes": 42}),
+        duration_us: 150,
+    }
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "choir-agent arbiter benchmarks ({} cores)\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+
+    // --- Decision: schema + allowlist + path rules + lockset -------------------
+    let ws_dir = dir.path().join("ws");
+    std::fs::create_dir_all(&ws_dir).unwrap();
+    let (log, _) = CommitLog::open(&dir.path().join("state")).unwrap();
+    let durable = Arc::new(DurableLog::new(log).unwrap());
+    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let arbiter = Arbiter::new(
+        Registry::builtins().unwrap(),
+        Workspace::open(&ws_dir).unwrap(),
+        dir.path().join("state"),
+        durable.clone(),
+        tx,
+        SecretStore::default(),
+    );
+    let lane = LaneCtx {
+        lane: "edge".into(),
+        kind: LaneKind::Edge,
+        allowlist: Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]),
+        turn: None,
+    };
+    let call = ProposedCall {
+        id: "c".into(),
+        name: "choir__fs__write".into(),
+        arguments: r#"{"path": "./notes//today.md", "content": "hello", "mode": "append"}"#.into(),
+    };
+    let mut samples = Vec::with_capacity(100_000);
+    for _ in 0..100_000 {
+        let t = Instant::now();
+        let d = arbiter.decide(&lane, &call);
+        samples.push(t.elapsed().as_nanos() as u64);
+        assert!(matches!(d, Decision::Allowed { .. }));
+    }
+    let (p50, p99) = percentiles(samples);
+    println!(
+        "arbiter decision (parse + schema + allowlist + path + lockset): p50 {}  p99 {}",
+        fmt_ns(p50),
+        fmt_ns(p99)
+    );
+
+    // --- Locks -------------------------------------------------------------
+    let locks: LockManager = LockManager::default();
+    let set = || vec![(Resource::new("file:notes/today.md"), LockMode::X), (Resource::new("choirtmp"), LockMode::S)];
+    let mut samples = Vec::with_capacity(100_000);
+    for _ in 0..100_000 {
+        let t = Instant::now();
+        drop(locks.acquire("bench", set(), Duration::from_secs(1)).unwrap());
+        samples.push(t.elapsed().as_nanos() as u64);
+    }
+    let (p50, p99) = percentiles(samples);
+    println!("lock acquire+release, uncontended: p50 {}  p99 {}", fmt_ns(p50), fmt_ns(p99));
+
+    let locks: Arc<LockManager> = Arc::new(LockManager::default());
+    let waits: Vec<u64> = (0..4)
+        .map(|i| {
+            let locks = locks.clone();
+            std::thread::spawn(move || {
+                let mut w = Vec::with_capacity(20_000);
+                for _ in 0..20_000 {
+                    let mode = LockMode::X;
+                    let t = Instant::now();
+                    let g = locks
+                        .acquire(&format!("t{i}"), vec![(Resource::new("file:shared"), mode)], Duration::from_secs(10))
+                        .unwrap();
+                    w.push(t.elapsed().as_nanos() as u64);
+                    // Hold it briefly, as a real (fast) tool would.
+                    let held = Instant::now();
+                    while held.elapsed() < Duration::from_micros(2) {
+                        std::hint::spin_loop();
+                    }
+                    drop(g);
+                }
+                w
+            })
+        })
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let (p50, p99) = percentiles(waits);
+    println!(
+        "lock acquire+release, contended (4 threads, X on one file, 2 µs held): p50 {}  p99 {}",
+        fmt_ns(p50),
+        fmt_ns(p99)
+    );
+
+    // --- Durable commit vs bare fdatasync ----------------------------------
+    let size = serde_json::to_vec(&durable.append(event(0)).unwrap()).unwrap().len() + 1;
+    let mut commit = Vec::new();
+    for i in 0..2_000 {
+        let t = Instant::now();
+        durable.append(event(i)).unwrap();
+        commit.push(t.elapsed().as_nanos() as u64);
+    }
+    let mut bare_file = std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("bare")).unwrap();
+    let line = vec![b'x'; size];
+    let mut bare = Vec::new();
+    for _ in 0..2_000 {
+        let t = Instant::now();
+        bare_file.write_all(&line).unwrap();
+        bare_file.sync_data().unwrap();
+        bare.push(t.elapsed().as_nanos() as u64);
+    }
+    let (c50, c99) = percentiles(commit);
+    let (b50, b99) = percentiles(bare);
+    println!(
+        "durable commit ({size} B event): p50 {}  p99 {}; bare write+fdatasync of {size} B: p50 {}  p99 {}; ratio of medians {:.2}",
+        fmt_ns(c50),
+        fmt_ns(c99),
+        fmt_ns(b50),
+        fmt_ns(b99),
+        c50 as f64 / b50 as f64
+    );
+
+    // --- Group commit throughput -------------------------------------------
+    for lanes in [1usize, 4, 16] {
+        let sub = dir.path().join(format!("group{lanes}"));
+        let (log, _) = CommitLog::open(&sub).unwrap();
+        let durable = Arc::new(DurableLog::new(log).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let handles: Vec<_> = (0..lanes)
+            .map(|_| {
+                let (durable, stop, count) = (durable.clone(), stop.clone(), count.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        durable.append(event(i)).unwrap();
+                        count.fetch_add(1, Ordering::Relaxed);
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().unwrap();
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let n = count.load(Ordering::Relaxed);
+        println!(
+            "group commit, {lanes:>2} lane(s): {:>7.0} commits/s, {:.1} commits per fsync",
+            n as f64 / secs,
+            n as f64 / durable.fsyncs().max(1) as f64
+        );
+    }
+}
