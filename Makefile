@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps build release demo test lint fmt bench install clean
+.PHONY: all deps base-image build release demo test lint fmt bench install clean
 
 all: build
 
@@ -17,13 +17,18 @@ all: build
 deps:
 	./scripts/install-deps.sh
 
+# The agents' Debian 12 base image, made from Debian packages and imported
+# through the engine API (no registry). Rebuilt only when its script changes.
+base-image: deps
+	./scripts/build-base-image.sh
+
 build: deps
 	$(CARGO) build --workspace --bins
 
 release: deps
 	$(CARGO) build --workspace --release --bins
 
-demo: build
+demo: build base-image
 	./scripts/demo.sh
 
 fmt:
@@ -37,7 +42,7 @@ lint:
 # instead of skipping (plain `cargo test` skips and says why).
 # --all-targets: the test build of choir-agent carries its crash-injection
 # failpoints (a dev-dependency feature); release builds never do.
-test: deps lint
+test: deps base-image lint
 	$(CARGO) build --workspace --all-targets
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 

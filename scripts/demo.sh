@@ -6,7 +6,8 @@
 # With CHOIR_LLM_BASE_URL (and CHOIR_LLM_API_KEY, CHOIR_LLM_MODEL) set, the
 # agent talks to that OpenAI-compatible endpoint; otherwise to a bundled
 # scripted server that replays demo/scenario.json and says so.
-# CHOIR_DEMO_KEEP=1 keeps the temporary home.
+# CHOIR_DEMO_RUNTIME=process runs the agent as a plain (unsandboxed) process
+# instead of in its hardened container. CHOIR_DEMO_KEEP=1 keeps the temporary home.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CHOIR_BIN:-target/debug}
@@ -38,9 +39,11 @@ fi
 umask 077
 printf '{"llm_api_key": "%s"}\n' "${CHOIR_LLM_API_KEY:-none}" > "$home/secrets.json"
 umask 022
+runtime=${CHOIR_DEMO_RUNTIME:-docker}
 cat > "$home/config.json" <<JSON
 {
-  "runtime": "process",
+  "runtime": "$runtime",
+  "docker": {"image_prefix": "choir-demo", "keep_agents_on_shutdown": false},
   "llm": {
     "edge": {"base_url": "$base_url", "model": "$model", "api_key_secret": "llm_api_key"},
     "core": {"base_url": "$base_url", "model": "$model", "api_key_secret": "llm_api_key"}
@@ -49,7 +52,7 @@ cat > "$home/config.json" <<JSON
 }
 JSON
 
-echo "demo: starting choird (home $home, managed PostgreSQL)"
+echo "demo: starting choird (home $home, managed PostgreSQL, $runtime runtime)"
 "$BIN/choird" --home "$home" 2>"$home/choird.stderr" &
 pids=("$!" "${pids[@]}")
 for _ in $(seq 600); do
@@ -60,6 +63,9 @@ done
 ctl() { "$BIN/choirctl" --home "$home" "$@"; }
 
 echo; echo "\$ choirctl status"; ctl status
+if [ "$runtime" = docker ]; then
+  echo; echo "\$ choirctl agent build demo   # the agent image: base + choir-agent + /choir, tagged by input hash"; ctl agent build demo
+fi
 echo; echo "\$ choirctl agent start demo"; ctl agent start demo
 echo; echo "\$ choirctl chat demo \"$MESSAGE\""; ctl chat demo "$MESSAGE"
 echo; echo "\$ choirctl agent events demo   # the commit log, as replicated into PostgreSQL"; ctl agent events demo

@@ -25,6 +25,20 @@ fi
 # The distribution-wide cluster is not used by Choir (it runs private clusters);
 # leave it as the package left it.
 
+# --- Docker engine ----------------------------------------------------------
+# Agents run in containers. Debian's docker.io is enough (Engine API 1.41); an
+# engine that is already there (Debian's or Docker's own packages) is left alone.
+if [ ! -S /var/run/docker.sock ]; then
+  if ! command -v dockerd >/dev/null 2>&1; then
+    echo "install-deps: installing docker.io"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends docker.io
+  fi
+  echo "install-deps: starting the Docker engine"
+  $SUDO systemctl start docker 2>/dev/null || $SUDO service docker start 2>/dev/null || true
+  for _ in $(seq 30); do [ -S /var/run/docker.sock ] && break; sleep 1; done
+  [ -S /var/run/docker.sock ] || { echo "install-deps: the Docker engine did not start" >&2; exit 1; }
+fi
+
 # --- pgvector -------------------------------------------------------------
 SHAREDIR=$(/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config --sharedir)
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use choir_common::commit::{canonical_json, CommitEvent};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, ChatRequest, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{InboundMessage, LaneStatus, OutboundReply};
+use choir_common::rpc::{ConversationTail, InboundMessage, LaneStatus, OutboundReply};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
@@ -78,6 +78,8 @@ pub struct EdgeLane {
     /// Tool calls already committed for turns that were interrupted (by a
     /// crash or a stop) before their answer: message id → events, in order.
     pub resume: HashMap<u64, Vec<CommitEvent>>,
+    /// The latest exchanges of each conversation from the recovery snapshot.
+    pub recovered: Vec<ConversationTail>,
 }
 
 impl EdgeLane {
@@ -85,6 +87,13 @@ impl EdgeLane {
     /// commit log cannot be written.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
         let mut conversations: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+        for tail in std::mem::take(&mut self.recovered) {
+            let history = conversations.entry(tail.conversation).or_default();
+            for ex in tail.turns {
+                history.push(ChatMessage::text(Role::User, ex.user));
+                history.push(ChatMessage::text(Role::Assistant, ex.assistant));
+            }
+        }
         let mut tokens = 0u64;
         for event in inbox {
             match event {

@@ -139,6 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_steps,
         out: out_tx,
         resume,
+        recovered: hello.recovery.conversations.clone(),
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     let ready = ReportStatusRequest {

@@ -38,6 +38,36 @@ impl Client {
         self.finish(resp)
     }
 
+    /// POST to `path` and print the streamed plain-text reply line by line; the
+    /// last line is `OK …` or `ERROR …`, which decides the outcome.
+    pub fn post_streaming(&self, path: &str, mut on_line: impl FnMut(&str)) -> anyhow::Result<String> {
+        use std::io::BufRead;
+        let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_empty();
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        if resp.status().as_u16() != 200 {
+            let status = resp.status().as_u16();
+            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(e) => anyhow::anyhow!("{}", e.error.message),
+                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        let reader = std::io::BufReader::new(resp.into_body().into_reader());
+        let mut last = String::new();
+        for line in reader.lines() {
+            let line = line?;
+            if let Some(err) = line.strip_prefix("ERROR ") {
+                anyhow::bail!("{err}");
+            }
+            if let Some(ok) = line.strip_prefix("OK ") {
+                last = ok.to_owned();
+                continue;
+            }
+            on_line(&line);
+        }
+        Ok(last)
+    }
+
     fn finish<T: DeserializeOwned>(
         &self,
         resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,

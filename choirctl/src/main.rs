@@ -20,6 +20,8 @@ commands:
   agent list                    configured agents
   agent status ID               one agent: state, session, lanes
   agent start ID                start an agent
+  agent build ID                build the agent's image from repos/ (validates first)
+  agent update ID               rebuild and roll the running agent onto the new image
   agent stop ID                 stop an agent (finishes its current message)
   agent events ID [--after N]   the agent's replicated commit log
   chat ID [MESSAGE]             send MESSAGE and print the answer; without
@@ -83,6 +85,7 @@ fn real_main() -> anyhow::Result<()> {
         ["agent", "start", id] => agent_action(&ctx, id, "start"),
         ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
         ["agent", "events", id] => events(&ctx, id, after),
+        ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
         ["chat", id] => chat_repl(&ctx, id),
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
         ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
@@ -154,6 +157,12 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     if let Some(s) = &a.session_state {
         println!("\nsession state: {s}");
     }
+    if let Some(c) = &a.container {
+        println!("container: {}", &c[..12.min(c.len())]);
+    }
+    if let Some(i) = &a.image {
+        println!("image: {i}");
+    }
     if let Some(ms) = a.last_heartbeat_ms {
         println!("last heartbeat: {ms} ms ago");
     }
@@ -177,6 +186,16 @@ fn agent_action(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
             println!("agent {} started ({} runtime{sandbox}; session {})", a.id, a.runtime, a.session_id.unwrap_or(0))
         }
         _ => println!("agent {} stopped", a.id),
+    }
+    Ok(())
+}
+
+fn build(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
+    let image = ctx.client.post_streaming(&format!("agents/{id}/{action}"), |line| println!("{line}"))?;
+    if action == "build" {
+        println!("image: {image}");
+    } else {
+        println!("agent {id} runs {image}");
     }
     Ok(())
 }

@@ -37,6 +37,31 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
         ("GET", ["agents", id]) => Ok(Response::ok(&d.summary(id)?)),
         ("POST", ["agents", id, "start"]) => Ok(Response::ok(&d.start_agent(id, "admin")?)),
         ("POST", ["agents", id, "stop"]) => Ok(Response::ok(&d.stop_agent(id, "admin")?)),
+        ("POST", ["agents", id, action @ ("build" | "update")]) => {
+            // Bad inputs are refused with a status before anything streams.
+            d.validate_image_inputs(id)?;
+            let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
+            let (daemon, id, action) = (d.clone(), id.to_string(), action.to_string());
+            std::thread::Builder::new()
+                .name(format!("{action}-{id}"))
+                .spawn(move || {
+                    use std::io::Write;
+                    let mut say = |line: &str| {
+                        let _ = writeln!(writer, "{line}");
+                    };
+                    let outcome = if action == "build" {
+                        daemon.build_image(&id, &mut say).map(|tag| format!("OK {tag}"))
+                    } else {
+                        daemon.update_agent(&id, &mut say).map(|s| format!("OK {}", s.image.unwrap_or_default()))
+                    };
+                    match outcome {
+                        Ok(line) => say(&line),
+                        Err(e) => say(&format!("ERROR {e}")),
+                    }
+                })
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            Ok(Response::streaming(reader))
+        }
         ("POST", ["agents", id, "chat"]) => {
             let chat: ChatRequest = req.json()?;
             let conversation = chat.conversation.unwrap_or_else(|| "cli".to_owned());

@@ -16,7 +16,7 @@ use crate::secrets::Secrets;
 /// The file choird writes on first start: a process-runtime setup with an
 /// OpenAI endpoint and no agents, valid as it stands.
 pub const STARTER_CONFIG: &str = r#"{
-  "runtime": "process",
+  "runtime": "docker",
   "llm": {
     "edge": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini", "api_key_secret": "openai_api_key" },
     "core": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o", "api_key_secret": "openai_api_key" }
@@ -143,6 +143,81 @@ pub struct AgentConfig {
     /// Total LLM tokens one session may spend through the relay (none = unlimited).
     #[serde(default)]
     pub llm_token_budget: Option<u64>,
+    /// Container network (docker runtime): `none` (default: the agent reaches
+    /// choird only through its socket) or `bridge`.
+    #[serde(default)]
+    pub network: NetworkMode,
+}
+
+/// A container's network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// No network at all.
+    #[default]
+    None,
+    /// Docker's default bridge (outbound network).
+    Bridge,
+}
+
+impl NetworkMode {
+    /// The engine's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Bridge => "bridge",
+        }
+    }
+}
+
+/// The docker runtime's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerConfig {
+    /// The engine's Unix socket.
+    #[serde(default = "default_docker_socket")]
+    pub socket: PathBuf,
+    /// The base image agent images are built `FROM` (scripts/build-base-image.sh makes it).
+    #[serde(default = "default_base_image")]
+    pub base_image: String,
+    /// Agent images are named `<image_prefix>-agent-<id>:<input hash>`.
+    #[serde(default = "default_image_prefix")]
+    pub image_prefix: String,
+    /// Leave agent containers running when choird stops (they reconnect with
+    /// their lease when it comes back); false stops them with choird.
+    #[serde(default = "default_true")]
+    pub keep_agents_on_shutdown: bool,
+    /// Size of each agent's `/tmp` (tmpfs), in MiB.
+    #[serde(default = "default_tmp_mb")]
+    pub tmp_mb: u64,
+}
+
+fn default_docker_socket() -> PathBuf {
+    PathBuf::from("/var/run/docker.sock")
+}
+fn default_base_image() -> String {
+    "choir-base:bookworm".to_owned()
+}
+fn default_image_prefix() -> String {
+    "choir".to_owned()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_tmp_mb() -> u64 {
+    64
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig {
+            socket: default_docker_socket(),
+            base_image: default_base_image(),
+            image_prefix: default_image_prefix(),
+            keep_agents_on_shutdown: true,
+            tmp_mb: default_tmp_mb(),
+        }
+    }
 }
 
 fn default_max_steps() -> u32 {
@@ -159,6 +234,7 @@ impl Default for AgentConfig {
             autostart: false,
             max_steps_per_turn: default_max_steps(),
             llm_token_budget: None,
+            network: NetworkMode::None,
         }
     }
 }
@@ -188,6 +264,9 @@ pub struct Config {
     /// then `PATH`.
     #[serde(default)]
     pub agent_binary: Option<PathBuf>,
+    /// The docker runtime's settings.
+    #[serde(default)]
+    pub docker: DockerConfig,
     /// LLM endpoints.
     pub llm: LlmConfig,
     /// Agents by id.
@@ -196,7 +275,7 @@ pub struct Config {
 }
 
 fn default_runtime() -> RuntimeKind {
-    RuntimeKind::Process
+    RuntimeKind::Docker
 }
 
 /// A configuration problem, naming the file and field.
@@ -258,6 +337,13 @@ impl Config {
                 }
                 Ok(_) => {}
             }
+        }
+        let prefix = &self.docker.image_prefix;
+        if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+            return e("docker.image_prefix", "must be lowercase letters, digits and '-'");
+        }
+        if self.docker.tmp_mb < 8 {
+            return e("docker.tmp_mb", "must be at least 8");
         }
         if self.database_url.as_deref().is_some_and(|u| u.trim().is_empty()) {
             return e("database_url", "must not be empty (remove it to use the managed cluster)");
@@ -371,7 +457,7 @@ mod tests {
     #[test]
     fn the_starter_config_is_valid() {
         let c = Config::parse(STARTER_CONFIG).unwrap();
-        assert_eq!(c.runtime, RuntimeKind::Process);
+        assert_eq!(c.runtime, RuntimeKind::Docker);
         assert!(c.agents.is_empty());
     }
 

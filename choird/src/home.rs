@@ -80,9 +80,14 @@ impl Home {
     pub fn admin_socket(&self) -> PathBuf {
         self.socks().join("choird.sock")
     }
+    /// The directory holding one agent's socket (mounted into its container).
+    pub fn agent_socket_dir(&self, id: &AgentId) -> PathBuf {
+        self.socks().join("agents").join(id.as_str())
+    }
+
     /// The agent-only socket of one agent.
     pub fn agent_socket(&self, id: &AgentId) -> PathBuf {
-        self.socks().join("agents").join(format!("{id}.sock"))
+        self.agent_socket_dir(id).join("choird.sock")
     }
     /// `logs/`.
     pub fn logs(&self) -> PathBuf {

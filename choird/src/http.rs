@@ -168,13 +168,26 @@ pub struct Response {
     pub content_type: &'static str,
     /// Extra headers.
     pub headers: Vec<(String, String)>,
+    /// A body streamed to the client as it is produced (chunked), instead of `body`.
+    pub stream: Option<Box<dyn Read + Send>>,
 }
 
 impl Response {
+    /// A streamed plain-text reply (e.g. build progress), status 200.
+    pub fn streaming(reader: impl Read + Send + 'static) -> Response {
+        Response {
+            status: 200,
+            body: Vec::new(),
+            content_type: "text/plain; charset=utf-8",
+            headers: Vec::new(),
+            stream: Some(Box::new(reader)),
+        }
+    }
+
     /// A JSON reply.
     pub fn json<T: Serialize>(status: u16, value: &T) -> Response {
         let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-        Response { status, body, content_type: "application/json", headers: Vec::new() }
+        Response { status, body, content_type: "application/json", headers: Vec::new(), stream: None }
     }
 
     /// 200 with a JSON body.
@@ -261,16 +274,27 @@ fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Requ
             }
         }
     };
-    let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
+    let mut headers: Vec<tiny_http::Header> = Vec::new();
     if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", response.content_type) {
-        out.add_header(h);
+        headers.push(h);
     }
-    for (k, v) in response.headers {
+    for (k, v) in &response.headers {
         if let Ok(h) = tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()) {
-            out.add_header(h);
+            headers.push(h);
         }
     }
-    if let Err(e) = rq.respond(out) {
+    let sent = match response.stream {
+        // No length: tiny_http sends it chunked, as it is produced.
+        Some(reader) => rq.respond(tiny_http::Response::new(response.status.into(), headers, reader, None, None)),
+        None => {
+            let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
+            for h in headers {
+                out.add_header(h);
+            }
+            rq.respond(out)
+        }
+    };
+    if let Err(e) = sent {
         log::debug!("client went away before the reply to {path}: {e}");
     }
 }

@@ -7,6 +7,7 @@ pub mod admin_api;
 pub mod config;
 pub mod daemon;
 pub mod db;
+pub mod docker;
 pub mod home;
 pub mod http;
 pub mod relay;

@@ -96,7 +96,8 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Res
     {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
-    let mut resp = Response { status, body: bytes, content_type: "application/json", headers: Vec::new() };
+    let mut resp =
+        Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
     if let Some(ra) = retry_after {
         resp.headers.push(("Retry-After".into(), ra));
     }

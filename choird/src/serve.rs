@@ -134,16 +134,13 @@ fn serve(
         log::info!("applied migration {name}");
     }
     let store = Store::new(db);
-    let orphans = store.end_orphaned_sessions()?;
-    if orphans > 0 {
-        log::warn!("closed {orphans} session(s) left open by a previous choird");
-    }
     let kill_switch = store.policy("kill_switch")?.and_then(|v| v.as_bool()).unwrap_or(false);
     if kill_switch {
         log::warn!("the kill switch is ON: agents will run no tools until `choirctl policy kill-switch off`");
     }
     let daemon =
         Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary, kill_switch));
+    daemon.adopt_containers()?;
     let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
     let stop = Arc::new(AtomicBool::new(false));
 
@@ -152,8 +149,20 @@ fn serve(
     let threads = crate::http::serve(admin.clone(), ListenerKind::Admin, router.clone(), 16, "admin", stop.clone())?;
     listeners.push(Listener { server: admin, threads, socket: Some(home.admin_socket()) });
     for id in config.agents.keys() {
+        let dir = home.agent_socket_dir(id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         let path = home.agent_socket(id);
         let server = Arc::new(bind_unix(&path)?);
+        if rustix::process::geteuid().is_root() {
+            // A containerised agent runs as its own non-root user: the socket
+            // (and only it) is theirs. Re-done on every start of choird.
+            let (uid, gid) = crate::runtime::docker::agent_ids();
+            for p in [&dir, &path] {
+                rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+                    .with_context(|| format!("chown {}", p.display()))?;
+            }
+        }
         let threads = crate::http::serve(
             server.clone(),
             ListenerKind::Agent(id.clone()),
@@ -192,6 +201,7 @@ fn serve(
     daemon.shutting_down.store(true, Ordering::SeqCst);
     daemon.stop_all();
     daemon.wake_all();
+    daemon.join_supervisors();
     stop.store(true, Ordering::SeqCst);
     for l in &listeners {
         for _ in 0..l.threads.len() {

@@ -3,7 +3,7 @@
 
 use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
 use choir_common::ids::AgentId;
-use choir_common::rpc::{InboundMessage, OutboundReply};
+use choir_common::rpc::{ConversationTail, Exchange, InboundMessage, OutboundReply};
 use serde_json::Value;
 
 use crate::db::{Db, DbError};
@@ -74,12 +74,14 @@ impl Store {
         })
     }
 
-    /// Ends sessions a previous choird left open; returns how many.
-    pub fn end_orphaned_sessions(&self) -> Result<u64, DbError> {
+    /// Ends sessions a previous choird left open, except the adopted ones;
+    /// returns how many were ended.
+    pub fn end_orphaned_sessions(&self, adopted: &[i64]) -> Result<u64, DbError> {
         self.db.with(|c| {
             c.execute(
-                "UPDATE sessions SET ended_at = now(), end_reason = 'choird restarted' WHERE ended_at IS NULL",
-                &[],
+                "UPDATE sessions SET ended_at = now(), end_reason = 'choird restarted'
+                 WHERE ended_at IS NULL AND NOT (id = ANY($1))",
+                &[&adopted],
             )
         })
     }
@@ -214,6 +216,44 @@ impl Store {
                 &[&agent.as_str(), &(after as i64), &limit],
             )?;
             Ok(rows.iter().filter_map(|r| serde_json::from_value(r.get::<_, Value>(0)).ok()).collect())
+        })
+    }
+
+    /// The last `per` answered exchanges of every conversation of an agent, up
+    /// to message `upto`, oldest first.
+    pub fn recent_exchanges(&self, agent: &AgentId, upto: u64, per: i64) -> Result<Vec<ConversationTail>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT conversation, text, reply FROM (
+                     SELECT conversation, text, reply, id,
+                            row_number() OVER (PARTITION BY conversation ORDER BY id DESC) AS rn
+                     FROM messages WHERE agent_id = $1 AND replied_at IS NOT NULL AND id <= $2) t
+                 WHERE rn <= $3 ORDER BY conversation, id",
+                &[&agent.as_str(), &(upto as i64), &per],
+            )?;
+            let mut out: Vec<ConversationTail> = Vec::new();
+            for r in rows {
+                let conversation: String = r.get(0);
+                let exchange =
+                    Exchange { user: r.get(1), assistant: r.get::<_, Option<String>>(2).unwrap_or_default() };
+                match out.last_mut() {
+                    Some(t) if t.conversation == conversation => t.turns.push(exchange),
+                    _ => out.push(ConversationTail { conversation, turns: vec![exchange] }),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// The token digest of a session that has not ended (for adopting a
+    /// container after a choird restart).
+    pub fn open_session(&self, session: i64) -> Result<Option<(String, Vec<u8>)>, DbError> {
+        self.db.with(|c| {
+            let row = c.query_opt(
+                "SELECT agent_id, token_sha256 FROM sessions WHERE id = $1 AND ended_at IS NULL",
+                &[&session],
+            )?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
         })
     }
 

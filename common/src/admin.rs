@@ -41,6 +41,12 @@ pub struct AgentSummary {
     /// Process id (process runtime) while running.
     #[serde(default)]
     pub pid: Option<u32>,
+    /// Container id (docker runtime) while running.
+    #[serde(default)]
+    pub container: Option<String>,
+    /// Image the container runs (docker runtime).
+    #[serde(default)]
+    pub image: Option<String>,
     /// Milliseconds since the last HEARTBEAT, while running.
     #[serde(default)]
     pub last_heartbeat_ms: Option<u64>,

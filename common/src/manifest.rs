@@ -3,10 +3,17 @@
 //! **never** sent to a model. Both the agent (at start) and choird (at image
 //! build and proposal review) validate manifests with [`ToolManifest::validate`].
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::validate_tool_name;
+
+/// Names of the tools built into choir-agent; no external tool may take one.
+pub const BUILTIN_TOOLS: &[&str] = &["choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"];
 
 /// A complete tool manifest as stored in `<name>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +162,94 @@ impl ToolManifest {
         }
         Ok(())
     }
+}
+
+/// An external tool manifest file that passed every check.
+#[derive(Debug, Clone)]
+pub struct LoadedTool {
+    /// The manifest file.
+    pub file: PathBuf,
+    /// Its executable (next to it).
+    pub exec: PathBuf,
+    /// The parsed, validated manifest.
+    pub manifest: ToolManifest,
+}
+
+/// A tool directory could not be used; names the file and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {reason}")]
+pub struct ToolFileError {
+    /// The offending file (or directory).
+    pub file: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Reads and checks one external tool manifest: strict parsing (unknown fields
+/// refused, errors name the field), [`ToolManifest::validate`], no built-in
+/// name, no network (host tools need EXECUTE_HOST_TOOL), and an executable
+/// named by a plain relative path next to the manifest.
+pub fn load_tool_file(file: &Path) -> Result<LoadedTool, ToolFileError> {
+    let err = |reason: String| ToolFileError { file: file.display().to_string(), reason };
+    let text = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let manifest: ToolManifest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        err(if at == "?" || at == "." { format!("not a valid manifest: {inner}") } else { format!("{at}: {inner}") })
+    })?;
+    manifest.validate().map_err(|e| err(e.to_string()))?;
+    let name = &manifest.llm.name;
+    if BUILTIN_TOOLS.contains(&name.as_str()) {
+        return Err(err(format!("{name} is a built-in tool and cannot be replaced")));
+    }
+    if manifest.runtime.network {
+        return Err(err(format!(
+            "{name}: runtime.network is true, but tools that need the network run on the host and this agent cannot run them yet"
+        )));
+    }
+    let Some(exec) = &manifest.runtime.exec_path else {
+        return Err(err("runtime.exec_path: an external tool must name its executable".into()));
+    };
+    let rel = Path::new(exec);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(err(format!("runtime.exec_path: {exec:?} must be a plain path next to the manifest")));
+    }
+    let exec = file.parent().unwrap_or(Path::new(".")).join(rel);
+    let meta = std::fs::metadata(&exec).map_err(|e| err(format!("runtime.exec_path: {}: {e}", exec.display())))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(err(format!("runtime.exec_path: {} is not an executable file", exec.display())));
+    }
+    Ok(LoadedTool { file: file.to_owned(), exec, manifest })
+}
+
+/// Loads every `*.json` manifest of one layer directory (sorted by file name);
+/// a missing directory is an empty layer. Two files defining one tool name in
+/// a layer are an error.
+pub fn load_tool_layer(dir: &Path) -> Result<Vec<LoadedTool>, ToolFileError> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| ToolFileError { file: dir.display().to_string(), reason: e.to_string() })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut out = Vec::new();
+    for file in files {
+        let tool = load_tool_file(&file)?;
+        if let Some(prev) = seen.insert(tool.manifest.llm.name.clone(), file.clone()) {
+            return Err(ToolFileError {
+                file: file.display().to_string(),
+                reason: format!("tool {} is also defined by {}", tool.manifest.llm.name, prev.display()),
+            });
+        }
+        out.push(tool);
+    }
+    Ok(out)
 }
 
 /// The `{field}` placeholders of a lock template, in order.

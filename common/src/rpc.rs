@@ -132,6 +132,28 @@ pub struct RecoverySnapshot {
     pub replicated_head: ChainHead,
     /// Highest user message id the agent has reported as processed.
     pub processed_upto: u64,
+    /// The latest answered exchanges of each conversation, oldest first, so a
+    /// restarted agent keeps talking where it left off.
+    #[serde(default)]
+    pub conversations: Vec<ConversationTail>,
+}
+
+/// The end of one conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConversationTail {
+    /// Conversation key.
+    pub conversation: String,
+    /// Exchanges, oldest first.
+    pub turns: Vec<Exchange>,
+}
+
+/// One user message and the agent's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exchange {
+    /// What the user said.
+    pub user: String,
+    /// What the agent answered.
+    pub assistant: String,
 }
 
 /// INIT_HELLO response.

@@ -89,6 +89,8 @@ pub struct Choird {
     child: Option<Child>,
     /// Its home (deleted after choird stops).
     pub home: TempHome,
+    /// For docker tests: the image prefix whose images are removed on drop.
+    docker_prefix: Option<String>,
 }
 
 impl Choird {
@@ -109,7 +111,12 @@ impl Choird {
             .stderr(stderr)
             .spawn()
             .expect("spawn choird");
-        let mut c = Choird { child: Some(child), home };
+        let docker_prefix = std::fs::read_to_string(home.path().join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .filter(|c| c["runtime"] == "docker")
+            .and_then(|c| c["docker"]["image_prefix"].as_str().map(str::to_owned));
+        let mut c = Choird { child: Some(child), home, docker_prefix };
         c.wait_ready();
         c
     }
@@ -224,7 +231,33 @@ impl Choird {
 impl Drop for Choird {
     fn drop(&mut self) {
         self.stop();
+        if let Some(prefix) = &self.docker_prefix {
+            if crate::keep() {
+                return;
+            }
+            // The containers of this home and the images this test tagged go.
+            let engine = crate::docker::engine();
+            let label = choird::runtime::docker::home_label(&choird::home::Home::new(self.home.path().to_owned()));
+            for c in engine.containers_with_label(&format!("choir.home={label}")).unwrap_or_default() {
+                let _ = engine.remove(c["Id"].as_str().unwrap_or_default());
+            }
+            for image in crate::docker::images_with_prefix(&engine, prefix) {
+                let _ = engine.remove_image(&image);
+            }
+        }
     }
+}
+
+/// A config for docker tests: like [`test_config`] with the docker runtime and
+/// an image prefix of this test's own (its images are removed on drop).
+pub fn docker_config(llm_base_url: &str, database_url: Option<&str>, agents: &[&str]) -> Value {
+    let mut c = test_config(llm_base_url, database_url, agents);
+    let mut rnd = [0u8; 4];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd)).unwrap();
+    let prefix = format!("choirtest-{}", rnd.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    c["runtime"] = Value::String("docker".into());
+    c["docker"] = serde_json::json!({"image_prefix": prefix, "keep_agents_on_shutdown": true});
+    c
 }
 
 /// A config for tests: process runtime, both lanes on `llm_base_url`, one agent

@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
+pub mod docker;
 pub mod fake_llm;
 pub mod harness;
 pub mod pg;

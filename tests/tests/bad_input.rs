@@ -126,7 +126,7 @@ fn an_rpc_with_a_wrong_token_gets_401_and_is_audited() {
     let mut config = test_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]);
     config["http_listen"] = json!(format!("127.0.0.1:{port}"));
     let choird = Choird::start(&config, &json!({}));
-    for socket in ["socks/choird.sock", "socks/agents/demo.sock"] {
+    for socket in ["socks/choird.sock", "socks/agents/demo/choird.sock"] {
         let agent =
             choir_common::unix_http::agent_for_socket(&choird.home.path().join(socket), Some(Duration::from_secs(10)));
         let mut resp = agent
@@ -151,7 +151,8 @@ fn an_rpc_with_a_wrong_token_gets_401_and_is_audited() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     // The admin API is neither on an agent's socket nor on TCP.
-    let agent = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/agents/demo.sock"), None);
+    let agent =
+        choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/agents/demo/choird.sock"), None);
     assert_eq!(agent.get("http://localhost/admin/v1/status").call().unwrap().status().as_u16(), 404);
     assert_eq!(tcp.get(&format!("http://127.0.0.1:{port}/admin/v1/status")).call().unwrap().status().as_u16(), 404);
 
@@ -164,8 +165,8 @@ fn an_rpc_with_a_wrong_token_gets_401_and_is_audited() {
     let expected = [
         ("HEARTBEAT", "choird.sock"),
         ("LLM", "choird.sock"),
-        ("HEARTBEAT", "agents/demo.sock"),
-        ("LLM", "agents/demo.sock"),
+        ("HEARTBEAT", "agents/demo"),
+        ("LLM", "agents/demo"),
         ("INIT_HELLO", "tcp"),
     ];
     assert_eq!(seen, expected.map(|(a, l)| (a.to_owned(), l.to_owned())));

@@ -14,13 +14,12 @@ pub mod fs;
 pub mod search;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use choir_common::ids::wire_tool_name;
-use choir_common::manifest::ToolManifest;
+use choir_common::manifest::{load_tool_layer, ToolManifest};
 use choir_common::openai::{FunctionSpec, ToolSpec};
 use serde_json::Value;
 
@@ -138,31 +137,21 @@ impl Registry {
         let mut r = Registry::builtins()?;
         for layer in ["global", "agent"] {
             let dir = choir_dir.join("tools").join(layer);
-            if !dir.exists() {
-                continue;
-            }
-            let entries = std::fs::read_dir(&dir)
-                .map_err(|e| RegistryError { file: dir.display().to_string(), reason: e.to_string() })?;
-            let mut files: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
-                .collect();
-            files.sort();
-            let mut seen_in_layer = BTreeMap::new();
-            for file in files {
-                let (manifest, tool) = load_external(&file)?;
-                let name = manifest.llm.name.clone();
-                let err = |reason: String| RegistryError { file: file.display().to_string(), reason };
-                if let Some(prev) = seen_in_layer.insert(name.clone(), file.clone()) {
-                    return Err(err(format!("tool {name} is also defined by {}", prev.display())));
-                }
-                if r.tools.get(&name).is_some_and(|t| t.status == ToolStatus::System) {
-                    return Err(err(format!("{name} is a built-in tool and cannot be replaced")));
-                }
-                let missing: Vec<String> =
-                    manifest.runtime.secret_resources.iter().filter(|s| !bound_secrets.contains(s)).cloned().collect();
+            let loaded =
+                load_tool_layer(&dir).map_err(|e| RegistryError { file: e.file.clone(), reason: e.reason.clone() })?;
+            for t in loaded {
+                let missing: Vec<String> = t
+                    .manifest
+                    .runtime
+                    .secret_resources
+                    .iter()
+                    .filter(|s| !bound_secrets.contains(s))
+                    .cloned()
+                    .collect();
                 let status = if missing.is_empty() { ToolStatus::Connected } else { ToolStatus::Available { missing } };
-                r.insert(&file.display().to_string(), manifest, tool, status)?;
+                let tool = Arc::new(external::ExternalTool::new(t.exec.clone(), t.manifest.llm.name.clone()));
+                // A later layer (agent) replaces an earlier one (global) by name.
+                r.insert(&t.file.display().to_string(), t.manifest, tool, status)?;
             }
         }
         Ok(r)
@@ -220,38 +209,13 @@ impl Registry {
     }
 }
 
-/// Reads and checks one external tool: the manifest parses strictly, names an
-/// executable next to it (relative, no `..`) that exists and is executable, and
-/// does not ask for the network (host tools come with EXECUTE_HOST_TOOL).
-fn load_external(file: &Path) -> Result<(ToolManifest, Arc<dyn Tool>), RegistryError> {
-    let err = |reason: String| RegistryError { file: file.display().to_string(), reason };
-    let text = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
-    let de = &mut serde_json::Deserializer::from_str(&text);
-    let manifest: ToolManifest = serde_path_to_error::deserialize(de).map_err(|e| {
-        let at = e.path().to_string();
-        let inner = e.into_inner();
-        err(if at == "?" || at == "." { format!("not a valid manifest: {inner}") } else { format!("{at}: {inner}") })
-    })?;
-    manifest.validate().map_err(|e| err(e.to_string()))?;
-    if manifest.runtime.network {
-        return Err(err(format!(
-            "{}: runtime.network is true, but tools that need the network run on the host and this agent cannot run them yet",
-            manifest.llm.name
-        )));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_validate_and_match_the_shared_list() {
+        let r = Registry::builtins().unwrap();
+        assert_eq!(r.names(), choir_common::manifest::BUILTIN_TOOLS);
     }
-    let Some(exec) = &manifest.runtime.exec_path else {
-        return Err(err("runtime.exec_path: an external tool must name its executable".into()));
-    };
-    let rel = Path::new(exec);
-    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(err(format!("runtime.exec_path: {exec:?} must be a plain path next to the manifest")));
-    }
-    let exec_path = file.parent().unwrap_or(Path::new(".")).join(rel);
-    let meta =
-        std::fs::metadata(&exec_path).map_err(|e| err(format!("runtime.exec_path: {}: {e}", exec_path.display())))?;
-    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return Err(err(format!("runtime.exec_path: {} is not an executable file", exec_path.display())));
-    }
-    let tool = external::ExternalTool::new(exec_path, manifest.llm.name.clone());
-    Ok((manifest, Arc::new(tool)))
 }

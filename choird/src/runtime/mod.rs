@@ -1,5 +1,6 @@
-//! Agent runtimes: how an agent's `choir-agent` is started and stopped. Only the
-//! `process` runtime exists so far; the hardened Docker runtime replaces it as
-//! the default in a later issue.
+//! Agent runtimes: how an agent's `choir-agent` runs. `docker` (the default) is
+//! a hardened container per agent; `process` is an unsandboxed child process
+//! for development and machines without a Docker engine.
 
+pub mod docker;
 pub mod process;

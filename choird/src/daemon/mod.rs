@@ -25,6 +25,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod lifecycle;
+
 use crate::config::{Config, Lane, RuntimeKind};
 use crate::home::Home;
 use crate::http::{ApiError, ListenerKind};
@@ -41,6 +43,8 @@ const RATE_PER_S: f64 = 50.0;
 const RATE_BURST: f64 = 200.0;
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;
+/// Answered exchanges per conversation handed to a (re)started agent.
+const RECOVERED_EXCHANGES: i64 = 10;
 /// How long `agent start` waits for the agent to report RUNNING.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -101,23 +105,69 @@ impl Bucket {
     }
 }
 
+/// What runs an agent's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Instance {
+    /// A child process (process runtime).
+    Process {
+        /// Its pid.
+        pid: u32,
+    },
+    /// A container (docker runtime).
+    Container {
+        /// Its id.
+        id: String,
+        /// Its image.
+        image: String,
+    },
+}
+
 /// A live lease.
-struct Session {
+pub(crate) struct Session {
     id: i64,
     token_sha256: [u8; 32],
-    pid: Option<u32>,
+    instance: Option<Instance>,
+    started: Instant,
     last_seen: Instant,
     /// Highest message id handed to this session.
     delivered_upto: u64,
     stop: bool,
     terminated: bool,
+    /// Its lapsed lease has been acted on.
+    reaped: bool,
     tokens_used: u64,
     bucket: Bucket,
 }
 
+impl Session {
+    /// A fresh lease: handed nothing yet beyond `delivered_upto`.
+    fn new(id: i64, token_sha256: [u8; 32], instance: Option<Instance>, delivered_upto: u64) -> Session {
+        Session {
+            id,
+            token_sha256,
+            instance,
+            started: Instant::now(),
+            last_seen: Instant::now(),
+            delivered_upto,
+            stop: false,
+            terminated: false,
+            reaped: false,
+            tokens_used: 0,
+            bucket: Bucket::new(),
+        }
+    }
+}
+
 #[derive(Default)]
-struct AgentSlot {
+pub(crate) struct AgentSlot {
     phase: Phase,
+    /// Whether the operator wants it running (a crashed container is restarted).
+    desired: bool,
+    /// Consecutive failed starts or early crashes, for the restart backoff.
+    crashes: u32,
+    /// Bumped by every `agent start`: a supervisor serves one generation and
+    /// quits when a newer one exists, so two never restart the same agent.
+    generation: u64,
     session: Option<Session>,
     last_session: Option<i64>,
     last_exit: Option<String>,
@@ -158,6 +208,8 @@ pub struct Daemon {
     pub upstream: ureq::Agent,
     kill_switch: AtomicBool,
     agent_binary: PathBuf,
+    /// Supervisor threads of docker agents, joined at shutdown.
+    supervisors: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -198,6 +250,7 @@ impl Daemon {
             upstream,
             agent_binary,
             kill_switch: AtomicBool::new(kill_switch),
+            supervisors: Mutex::new(Vec::new()),
         }
     }
 
@@ -260,7 +313,7 @@ impl Daemon {
         let deny = |reason: &str| {
             let listener = match kind {
                 ListenerKind::Admin => "choird.sock".to_owned(),
-                ListenerKind::Agent(id) => format!("agents/{id}.sock"),
+                ListenerKind::Agent(id) => format!("agents/{id}"),
                 ListenerKind::Tcp => "tcp".to_owned(),
             };
             self.audit("agent-rpc", None, what, "unauthorized", json!({"listener": listener, "reason": reason}));
@@ -343,7 +396,11 @@ impl Daemon {
                     core: config.model(&who.agent, Lane::Core),
                 },
             },
-            recovery: RecoverySnapshot { replicated_head: head, processed_upto: processed },
+            recovery: RecoverySnapshot {
+                replicated_head: head,
+                processed_upto: processed,
+                conversations: self.store.recent_exchanges(&who.agent, processed, RECOVERED_EXCHANGES)?,
+            },
             config: self.dynamic_config(&who.agent),
             lease_ttl_ms: LEASE_TTL.as_millis() as u64,
         })
@@ -566,231 +623,6 @@ impl Daemon {
         Ok(summary(&id, slot, runtime))
     }
 
-    /// Starts an agent (at most one live session per agent).
-    pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
-        let id = self.known(id)?;
-        let config = self.config();
-        if config.runtime == RuntimeKind::Docker {
-            return Err(ApiError::NotImplemented(
-                "runtime \"docker\" is not available in this build yet; set \"runtime\": \"process\" in config.json"
-                    .into(),
-            ));
-        }
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            if slot.phase != Phase::Stopped {
-                let (sid, pid) = slot.session.as_ref().map(|s| (s.id, s.pid)).unwrap_or((0, None));
-                self.audit(
-                    actor,
-                    Some(&id),
-                    "agent.start",
-                    "refused",
-                    json!({"reason": "already running", "session": sid}),
-                );
-                return Err(ApiError::Conflict(format!(
-                    "agent {id} is already {} (session {sid}{}); stop it first",
-                    slot.phase.as_str(),
-                    pid.map(|p| format!(", pid {p}")).unwrap_or_default()
-                )));
-            }
-            slot.phase = Phase::Starting;
-        }
-        match self.launch(&id, &config) {
-            Ok(()) => {
-                self.audit(actor, Some(&id), "agent.start", "ok", json!({"runtime": "process", "sandboxed": false}));
-                self.wait_ready(&id)?;
-                self.summary(id.as_str())
-            }
-            Err(e) => {
-                let mut agents = self.agents.lock();
-                if let Some(slot) = agents.get_mut(&id) {
-                    slot.phase = Phase::Stopped;
-                    slot.session = None;
-                    slot.last_exit = Some(format!("failed to start: {e}"));
-                }
-                drop(agents);
-                self.audit(actor, Some(&id), "agent.start", "error", json!({"error": e.to_string()}));
-                Err(e)
-            }
-        }
-    }
-
-    /// Waits until a just-started agent reports RUNNING; if it exits instead,
-    /// the error carries the end of its log (why it could not start).
-    fn wait_ready(&self, id: &AgentId) -> Result<(), ApiError> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut agents = self.agents.lock();
-        loop {
-            match agents.get(id).map(|s| (s.phase, s.last_exit.clone())) {
-                Some((Phase::Running, _)) => return Ok(()),
-                Some((Phase::Starting, _)) => {}
-                Some((_, exit)) => {
-                    drop(agents);
-                    let log = self.home.logs().join(format!("{id}.log"));
-                    return Err(ApiError::Conflict(format!(
-                        "agent {id} failed to start ({}); the end of {}:\n{}",
-                        exit.unwrap_or_else(|| "stopped".into()),
-                        log.display(),
-                        tail(&log, 6)
-                    )));
-                }
-                None => return Err(ApiError::NotFound(format!("no agent {id}"))),
-            }
-            if self.changed.wait_until(&mut agents, deadline).timed_out() {
-                return Err(ApiError::Timeout(format!(
-                    "agent {id} did not finish starting within {} s; see {}",
-                    START_TIMEOUT.as_secs(),
-                    self.home.logs().join(format!("{id}.log")).display()
-                )));
-            }
-        }
-    }
-
-    fn launch(self: &Arc<Self>, id: &AgentId, config: &Config) -> Result<(), ApiError> {
-        let token = random_token()?;
-        let digest = sha256(token.as_bytes());
-        let workspace = config.workspace(&self.home, id);
-        std::fs::create_dir_all(&workspace)
-            .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
-        let (_, processed) = self.store.agent_position(id)?;
-        let session_id = self.store.create_session(id, RuntimeKind::Process.as_str(), &digest)?;
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            slot.last_session = Some(session_id);
-            slot.session = Some(Session {
-                id: session_id,
-                token_sha256: digest,
-                pid: None,
-                last_seen: Instant::now(),
-                delivered_upto: processed,
-                stop: false,
-                terminated: false,
-                tokens_used: 0,
-                bucket: Bucket::new(),
-            });
-        }
-        log::warn!(
-            "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
-        );
-        let logfile = self.home.logs().join(format!("{id}.log"));
-        let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
-            .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
-        let child = crate::runtime::process::spawn(
-            &self.agent_binary,
-            id,
-            &self.home.agent_socket(id),
-            &workspace,
-            &choir_dir,
-            &token,
-            &logfile,
-        );
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = self.store.end_session(session_id, "failed to start");
-                return Err(ApiError::Internal(format!("cannot start the agent: {e}")));
-            }
-        };
-        let pid = child.id();
-        if let Some(s) = self.agents.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
-            s.pid = Some(pid);
-        }
-        let me = self.clone();
-        let agent = id.clone();
-        std::thread::Builder::new()
-            .name(format!("wait-{id}"))
-            .spawn(move || {
-                let reason = match child.wait() {
-                    Ok(status) => format!("process exited ({status})"),
-                    Err(e) => format!("lost the process: {e}"),
-                };
-                me.on_exit(&agent, session_id, &reason);
-            })
-            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
-        Ok(())
-    }
-
-    /// Called by the supervisor when the agent's process is gone.
-    fn on_exit(&self, id: &AgentId, session_id: i64, reason: &str) {
-        {
-            let mut agents = self.agents.lock();
-            if let Some(slot) = agents.get_mut(id) {
-                if slot.session.as_ref().is_some_and(|s| s.id == session_id) {
-                    slot.session = None;
-                    slot.phase = Phase::Stopped;
-                    slot.last_exit = Some(reason.to_owned());
-                    for (_, w) in slot.waiters.drain() {
-                        let _ = w.send(Err(format!("agent {id} stopped before answering ({reason})")));
-                    }
-                    slot.wake += 1;
-                }
-            }
-        }
-        self.changed.notify_all();
-        log::info!("agent {id}: session {session_id} ended: {reason}");
-        if let Err(e) = self.store.end_session(session_id, reason) {
-            log::error!("cannot record the end of session {session_id}: {e}");
-        }
-        self.audit("choird", Some(id), "agent.exit", "ok", json!({"session": session_id, "reason": reason}));
-    }
-
-    /// Stops an agent: asks it (through its HEARTBEAT), then SIGTERM, then SIGKILL.
-    pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
-        let id = self.known(id)?;
-        let pid = {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            let Some(session) = slot.session.as_mut() else {
-                return Err(ApiError::Conflict(format!("agent {id} is not running")));
-            };
-            session.stop = true;
-            slot.phase = Phase::Stopping;
-            slot.wake += 1;
-            session.pid
-        };
-        self.changed.notify_all();
-        let polite = self.wait_stopped(&id, Duration::from_secs(10));
-        if !polite {
-            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                log::warn!("agent {id} did not stop within 10 s; sending SIGTERM");
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                if !self.wait_stopped(&id, Duration::from_secs(5)) {
-                    log::warn!("agent {id} ignored SIGTERM; sending SIGKILL");
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    self.wait_stopped(&id, Duration::from_secs(5));
-                }
-            }
-        }
-        self.audit(actor, Some(&id), "agent.stop", "ok", json!({"graceful": polite}));
-        self.summary(id.as_str())
-    }
-
-    fn wait_stopped(&self, id: &AgentId, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut agents = self.agents.lock();
-        loop {
-            if agents.get(id).is_none_or(|s| s.session.is_none()) {
-                return true;
-            }
-            if self.changed.wait_until(&mut agents, deadline).timed_out() {
-                return agents.get(id).is_none_or(|s| s.session.is_none());
-            }
-        }
-    }
-
-    /// Stops every running agent (shutdown).
-    pub fn stop_all(&self) {
-        let running: Vec<AgentId> =
-            self.agents.lock().iter().filter(|(_, s)| s.session.is_some()).map(|(id, _)| id.clone()).collect();
-        for id in running {
-            if let Err(e) = self.stop_agent(id.as_str(), "choird") {
-                log::warn!("stopping {id}: {e}");
-            }
-        }
-    }
-
     /// Wakes every long-poll (shutdown).
     pub fn wake_all(&self) {
         let mut agents = self.agents.lock();
@@ -852,13 +684,17 @@ impl Daemon {
     }
 
     /// Agent ids with a live session, for the lease reaper and shutdown.
+    /// Sessions whose lease lapsed (no RPC for [`LEASE_TTL`]); each is
+    /// reported once.
     pub fn stale_sessions(&self) -> Vec<(AgentId, i64)> {
-        let agents = self.agents.lock();
+        let mut agents = self.agents.lock();
         agents
-            .iter()
+            .iter_mut()
             .filter_map(|(id, slot)| {
-                let s = slot.session.as_ref()?;
-                (s.last_seen.elapsed() > LEASE_TTL).then(|| (id.clone(), s.id))
+                let s = slot.session.as_mut()?;
+                let lapsed = s.last_seen.elapsed() > LEASE_TTL && !s.reaped;
+                s.reaped |= lapsed;
+                lapsed.then(|| (id.clone(), s.id))
             })
             .collect()
     }
@@ -870,7 +706,18 @@ fn summary(id: &AgentId, slot: &AgentSlot, runtime: RuntimeKind) -> AgentSummary
         runtime: runtime.as_str().to_owned(),
         state: slot.phase.as_str().to_owned(),
         session_id: slot.session.as_ref().map(|s| s.id).or(slot.last_session),
-        pid: slot.session.as_ref().and_then(|s| s.pid),
+        pid: slot.session.as_ref().and_then(|s| match &s.instance {
+            Some(Instance::Process { pid }) => Some(*pid),
+            _ => None,
+        }),
+        container: slot.session.as_ref().and_then(|s| match &s.instance {
+            Some(Instance::Container { id, .. }) => Some(id.clone()),
+            _ => None,
+        }),
+        image: slot.session.as_ref().and_then(|s| match &s.instance {
+            Some(Instance::Container { image, .. }) => Some(image.clone()),
+            _ => None,
+        }),
         last_heartbeat_ms: slot.session.as_ref().map(|s| s.last_seen.elapsed().as_millis() as u64),
         replicated_seq: slot.replicated_seq,
         session_state: slot.status.as_ref().map(|s| s.session_state.clone()),

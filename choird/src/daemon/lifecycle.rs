@@ -1,0 +1,743 @@
+//! Agent lifecycle (R-LIFE-3..5): start, stop, image builds, and — for the
+//! docker runtime — one supervisor thread per agent that watches the engine's
+//! events, restarts a container that died unexpectedly (with backoff), and
+//! adoption of running containers after a choird restart.
+//!
+//! **Invariant (11):** at most one live session, and so one container or
+//! process, per agent: `start_agent` refuses while a session exists, and the
+//! container name is fixed per (home, agent), so the engine refuses a second.
+//! **Invariant (8):** a container's configuration comes only from
+//! [`crate::runtime::docker::hardened`]; secrets are never part of it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use choir_common::admin::AgentSummary;
+use choir_common::ids::AgentId;
+use serde_json::json;
+
+use super::{random_token, sha256, tail, Daemon, Instance, Phase, Session, START_TIMEOUT};
+use crate::config::{Config, RuntimeKind};
+use crate::docker::{build, Engine, EngineError};
+use crate::http::ApiError;
+use crate::runtime::docker::{self as rt, ContainerSpec};
+
+/// Longest wait between restarts of a crashing container.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A container that ran this long is considered healthy (resets the backoff).
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::NoSocket(_) | EngineError::Transport { .. } => ApiError::Unavailable(e.to_string()),
+            EngineError::Permission(_) | EngineError::NoImage(..) | EngineError::Conflict(_) => {
+                ApiError::Conflict(e.to_string())
+            }
+            EngineError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            EngineError::Api { .. } | EngineError::Build(_) => ApiError::BadGateway(e.to_string()),
+        }
+    }
+}
+
+impl From<build::BuildError> for ApiError {
+    fn from(e: build::BuildError) -> Self {
+        match e {
+            build::BuildError::Invalid { .. } | build::BuildError::NoBase(_) => ApiError::BadRequest(e.to_string()),
+            build::BuildError::Engine(e) => e.into(),
+        }
+    }
+}
+
+impl Daemon {
+    /// The engine client of the configured socket.
+    pub fn engine(&self) -> Engine {
+        Engine::new(&self.config().docker.socket)
+    }
+
+    /// Starts an agent (at most one live session per agent) and waits until it
+    /// reports RUNNING.
+    pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+        let id = self.known(id)?;
+        let config = self.config();
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            if slot.phase != Phase::Stopped {
+                let what = slot
+                    .session
+                    .as_ref()
+                    .map(|s| match &s.instance {
+                        Some(Instance::Container { id: c, .. }) => {
+                            format!("session {}, container {}", s.id, &c[..12.min(c.len())])
+                        }
+                        Some(Instance::Process { pid }) => format!("session {}, pid {pid}", s.id),
+                        None => format!("session {}", s.id),
+                    })
+                    .unwrap_or_else(|| "restarting".into());
+                self.audit(
+                    actor,
+                    Some(&id),
+                    "agent.start",
+                    "refused",
+                    json!({"reason": "already running", "detail": what}),
+                );
+                return Err(ApiError::Conflict(format!(
+                    "agent {id} is already {} ({what}); stop it first",
+                    slot.phase.as_str()
+                )));
+            }
+            slot.phase = Phase::Starting;
+            slot.desired = true;
+            slot.crashes = 0;
+            slot.generation += 1;
+        }
+        let launched = self.launch(&id, &config).and_then(|()| {
+            if config.runtime == RuntimeKind::Docker {
+                self.spawn_supervisor(&id)?;
+            }
+            self.wait_ready(&id)
+        });
+        match launched {
+            Ok(()) => {
+                let runtime = config.runtime.as_str();
+                self.audit(
+                    actor,
+                    Some(&id),
+                    "agent.start",
+                    "ok",
+                    json!({"runtime": runtime, "sandboxed": runtime == "docker"}),
+                );
+                self.summary(id.as_str())
+            }
+            Err(e) => {
+                let mut agents = self.agents.lock();
+                if let Some(slot) = agents.get_mut(&id) {
+                    slot.desired = false;
+                    if slot.session.is_none() {
+                        slot.phase = Phase::Stopped;
+                    }
+                    slot.last_exit.get_or_insert_with(|| format!("failed to start: {e}"));
+                }
+                drop(agents);
+                self.changed.notify_all();
+                self.audit(actor, Some(&id), "agent.start", "error", json!({"error": e.to_string()}));
+                // A half-started instance must not linger.
+                let _ = self.stop_instance(&id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits until a just-started agent reports RUNNING; if it exits instead,
+    /// the error carries the end of its log (why it could not start).
+    fn wait_ready(&self, id: &AgentId) -> Result<(), ApiError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut agents = self.agents.lock();
+        loop {
+            match agents.get(id).map(|s| (s.phase, s.session.is_some(), s.last_exit.clone())) {
+                Some((Phase::Running, _, _)) => return Ok(()),
+                Some((Phase::Starting, true, _)) => {}
+                Some((_, _, exit)) => {
+                    drop(agents);
+                    let log = self.home.logs().join(format!("{id}.log"));
+                    return Err(ApiError::Conflict(format!(
+                        "agent {id} failed to start ({}); the end of {}:\n{}",
+                        exit.unwrap_or_else(|| "stopped".into()),
+                        log.display(),
+                        tail(&log, 6)
+                    )));
+                }
+                None => return Err(ApiError::NotFound(format!("no agent {id}"))),
+            }
+            if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                return Err(ApiError::Timeout(format!(
+                    "agent {id} did not finish starting within {} s; see {}",
+                    START_TIMEOUT.as_secs(),
+                    self.home.logs().join(format!("{id}.log")).display()
+                )));
+            }
+        }
+    }
+
+    /// Creates a session and starts its instance (process or container).
+    fn launch(self: &Arc<Self>, id: &AgentId, config: &Config) -> Result<(), ApiError> {
+        let token = random_token()?;
+        let digest = sha256(token.as_bytes());
+        let workspace = config.workspace(&self.home, id);
+        std::fs::create_dir_all(&workspace)
+            .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
+        let (_, processed) = self.store.agent_position(id)?;
+        let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            slot.last_session = Some(session_id);
+            slot.phase = Phase::Starting;
+            slot.session = Some(Session::new(session_id, digest, None, processed));
+        }
+        let instance = match config.runtime {
+            RuntimeKind::Process => self.launch_process(id, session_id, &token, &workspace),
+            RuntimeKind::Docker => self.launch_container(id, session_id, &token, &workspace, config),
+        };
+        match instance {
+            Ok(instance) => {
+                if let Some(s) = self.agents.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
+                    s.instance = Some(instance);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let mut agents = self.agents.lock();
+                if let Some(slot) = agents.get_mut(id) {
+                    slot.session = None;
+                    slot.phase = Phase::Stopped;
+                    slot.last_exit = Some(format!("failed to start: {e}"));
+                }
+                drop(agents);
+                let _ = self.store.end_session(session_id, "failed to start");
+                self.changed.notify_all();
+                Err(e)
+            }
+        }
+    }
+
+    fn launch_process(
+        self: &Arc<Self>,
+        id: &AgentId,
+        session_id: i64,
+        token: &str,
+        workspace: &std::path::Path,
+    ) -> Result<Instance, ApiError> {
+        log::warn!(
+            "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
+        );
+        let logfile = self.home.logs().join(format!("{id}.log"));
+        let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
+            .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
+        let mut child = crate::runtime::process::spawn(
+            &self.agent_binary,
+            id,
+            &self.home.agent_socket(id),
+            workspace,
+            &choir_dir,
+            token,
+            &logfile,
+        )
+        .map_err(|e| ApiError::Internal(format!("cannot start the agent: {e}")))?;
+        let pid = child.id();
+        let me = self.clone();
+        let agent = id.clone();
+        std::thread::Builder::new()
+            .name(format!("wait-{id}"))
+            .spawn(move || {
+                let reason = match child.wait() {
+                    Ok(status) => format!("process exited ({status})"),
+                    Err(e) => format!("lost the process: {e}"),
+                };
+                me.on_exit(&agent, session_id, &reason);
+            })
+            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
+        Ok(Instance::Process { pid })
+    }
+
+    fn launch_container(
+        &self,
+        id: &AgentId,
+        session_id: i64,
+        token: &str,
+        workspace: &std::path::Path,
+        config: &Config,
+    ) -> Result<Instance, ApiError> {
+        let engine = self.engine();
+        engine.ping()?;
+        let docker = &config.docker;
+        let image =
+            build::build(&engine, &self.home, id, &self.agent_binary, &docker.base_image, &docker.image_prefix, |l| {
+                log::info!("build {id}: {l}")
+            })?;
+        let (uid, gid) = rt::agent_ids();
+        let socket_dir = self.home.agent_socket_dir(id);
+        if rustix::process::geteuid().is_root() {
+            // The agent's user owns its workspace and socket (and nothing else of ours).
+            for path in [workspace.to_owned(), socket_dir.clone(), self.home.agent_socket(id)] {
+                let (u, g) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
+                rustix::fs::chown(&path, Some(u), Some(g)).map_err(|e| {
+                    ApiError::Internal(format!("cannot hand {} to the agent's user: {e}", path.display()))
+                })?;
+            }
+        }
+        let label = rt::home_label(&self.home);
+        let name = rt::container_name(&label, id);
+        if let Some(old) = engine.inspect(&name)? {
+            if old["State"]["Running"].as_bool() == Some(true) {
+                return Err(ApiError::Conflict(format!(
+                    "agent {id} already runs in container {} (not started by this choird); stop it first",
+                    old["Id"].as_str().unwrap_or_default()
+                )));
+            }
+            engine.remove(&name)?;
+        }
+        let agent_cfg = config.agents.get(id).cloned().unwrap_or_default();
+        let spec = rt::hardened(&ContainerSpec {
+            image: &image,
+            agent: id,
+            session: session_id,
+            workspace,
+            socket_dir: &socket_dir,
+            resources: &agent_cfg.resources,
+            network: agent_cfg.network,
+            home_label: &label,
+            tmp_mb: docker.tmp_mb,
+        });
+        self.audit("choird", Some(id), "agent.container.create", "ok", json!({"image": image, "template": spec}));
+        let cid = engine.create(&name, &spec)?;
+        let started = engine.start(&cid).and_then(|()| engine.write_stdin(&cid, format!("{token}\n").as_bytes()));
+        if let Err(e) = started {
+            let _ = engine.remove(&cid);
+            return Err(e.into());
+        }
+        log::info!("agent {id}: container {} from {image}", &cid[..12.min(cid.len())]);
+        Ok(Instance::Container { id: cid, image })
+    }
+
+    /// Starts the supervisor thread of a docker agent (one per agent).
+    fn spawn_supervisor(self: &Arc<Self>, id: &AgentId) -> Result<(), ApiError> {
+        let me = self.clone();
+        let agent = id.clone();
+        let generation = self.agents.lock().get(id).map(|s| s.generation).unwrap_or(0);
+        let handle = std::thread::Builder::new()
+            .name(format!("supervise-{id}"))
+            .spawn(move || me.supervise(&agent, generation))
+            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
+        self.supervisors.lock().push(handle);
+        Ok(())
+    }
+
+    /// The supervisor: watches the current container until it exits, records
+    /// the exit, and restarts it with backoff while the agent is wanted.
+    fn supervise(self: &Arc<Self>, id: &AgentId, generation: u64) {
+        loop {
+            if self.agents.lock().get(id).is_none_or(|s| s.generation != generation) {
+                return; // A later start has its own supervisor.
+            }
+            let current = self.agents.lock().get(id).and_then(|slot| {
+                let s = slot.session.as_ref()?;
+                match &s.instance {
+                    Some(Instance::Container { id: cid, .. }) => Some((cid.clone(), s.id, s.started)),
+                    _ => None,
+                }
+            });
+            let Some((cid, session, started)) = current else {
+                if self.shutting_down.load(Ordering::SeqCst) || !self.wanted(id, generation) {
+                    return;
+                }
+                // Between a failed restart and the next attempt.
+                if !self.restart_after_backoff(id, generation) {
+                    return;
+                }
+                continue;
+            };
+            let Some(reason) = self.watch(&cid) else {
+                return; // Shutting down; the container keeps running for adoption.
+            };
+            let engine = self.engine();
+            if let Ok(logs) = engine.logs(&cid) {
+                append_log(&self.home.logs().join(format!("{id}.log")), &logs);
+            }
+            // Disposable: the container goes before the exit is announced, so a
+            // returned `agent stop` means it is gone.
+            if let Err(e) = engine.remove(&cid) {
+                log::warn!("agent {id}: cannot remove container {cid}: {e}");
+            }
+            self.on_exit(id, session, &reason);
+            if started.elapsed() >= HEALTHY_AFTER {
+                if let Some(slot) = self.agents.lock().get_mut(id) {
+                    slot.crashes = 0;
+                }
+            }
+            if self.shutting_down.load(Ordering::SeqCst) || !self.wanted(id, generation) {
+                return;
+            }
+            log::warn!("agent {id}: {reason}; restarting");
+            if !self.restart_after_backoff(id, generation) {
+                return;
+            }
+        }
+    }
+
+    /// Whether the agent should still run under this supervisor's generation.
+    fn wanted(&self, id: &AgentId, generation: u64) -> bool {
+        self.agents.lock().get(id).is_some_and(|s| s.desired && s.generation == generation)
+    }
+
+    /// Waits out the backoff (interrupted by stop or shutdown) and launches a
+    /// new instance; false when the agent should no longer run.
+    fn restart_after_backoff(self: &Arc<Self>, id: &AgentId, generation: u64) -> bool {
+        let crashes = {
+            let mut agents = self.agents.lock();
+            let Some(slot) = agents.get_mut(id) else { return false };
+            slot.crashes += 1;
+            slot.phase = Phase::Starting;
+            slot.crashes
+        };
+        let backoff = Duration::from_secs(1u64 << (crashes - 1).min(6)).min(MAX_BACKOFF);
+        let deadline = Instant::now() + backoff;
+        {
+            let mut agents = self.agents.lock();
+            let wanted = |a: &std::collections::BTreeMap<AgentId, super::AgentSlot>| {
+                a.get(id).is_some_and(|s| s.desired && s.generation == generation)
+            };
+            while wanted(&agents) && !self.shutting_down.load(Ordering::SeqCst) {
+                if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                    break;
+                }
+            }
+            if !wanted(&agents) || self.shutting_down.load(Ordering::SeqCst) {
+                if let Some(slot) = agents.get_mut(id).filter(|s| s.session.is_none()) {
+                    slot.phase = Phase::Stopped;
+                }
+                return false;
+            }
+        }
+        let config = self.config();
+        match self.launch(id, &config) {
+            Ok(()) => {
+                self.audit("choird", Some(id), "agent.restart", "ok", json!({"attempt": crashes}));
+                true
+            }
+            Err(e) => {
+                log::error!("agent {id}: restart failed: {e}");
+                self.audit(
+                    "choird",
+                    Some(id),
+                    "agent.restart",
+                    "error",
+                    json!({"attempt": crashes, "error": e.to_string()}),
+                );
+                true
+            }
+        }
+    }
+
+    /// Watches the engine's `die` events for a container (in short windows, so
+    /// shutdown is noticed); returns why it stopped, or `None` on shutdown.
+    fn watch(&self, cid: &str) -> Option<String> {
+        let filters = json!({"type": ["container"], "event": ["die"], "container": [cid]});
+        let mut since = unix_now() - 1.0;
+        let mut failures = 0u32;
+        loop {
+            if self.shutting_down.load(Ordering::SeqCst) {
+                return None;
+            }
+            let engine = self.engine();
+            // Catch an exit that happened while we were not listening.
+            match engine.inspect(cid) {
+                Ok(None) => return Some("container vanished".into()),
+                Ok(Some(c)) if c["State"]["Running"].as_bool() != Some(true) => return Some(exit_reason(&c)),
+                Ok(Some(_)) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    log::warn!("cannot inspect container {cid} ({e}); retrying");
+                    std::thread::sleep(Duration::from_millis(500 * u64::from(failures.min(10))));
+                    continue;
+                }
+            }
+            let until = since + 2.0;
+            let mut died = false;
+            let _ = engine.events_between(&filters, since, until, |_| {
+                died = true;
+                false
+            });
+            if died {
+                return match engine.inspect(cid) {
+                    Ok(Some(c)) => Some(exit_reason(&c)),
+                    _ => Some("container died".into()),
+                };
+            }
+            since = until;
+        }
+    }
+
+    /// Called when an agent's instance is gone (both runtimes).
+    pub(super) fn on_exit(&self, id: &AgentId, session_id: i64, reason: &str) {
+        {
+            let mut agents = self.agents.lock();
+            if let Some(slot) = agents.get_mut(id) {
+                if slot.session.as_ref().is_some_and(|s| s.id == session_id) {
+                    let will_restart =
+                        slot.desired && self.config().runtime == RuntimeKind::Docker && slot.phase != Phase::Stopping;
+                    slot.session = None;
+                    slot.phase = if will_restart { Phase::Starting } else { Phase::Stopped };
+                    if !will_restart {
+                        slot.desired = false;
+                    }
+                    slot.last_exit = Some(reason.to_owned());
+                    let later = if will_restart { "; it is being restarted and will answer" } else { "" };
+                    for (_, w) in slot.waiters.drain() {
+                        let _ = w.send(Err(format!("agent {id} stopped before answering ({reason}){later}")));
+                    }
+                    slot.wake += 1;
+                }
+            }
+        }
+        self.changed.notify_all();
+        log::info!("agent {id}: session {session_id} ended: {reason}");
+        if let Err(e) = self.store.end_session(session_id, reason) {
+            log::error!("cannot record the end of session {session_id}: {e}");
+        }
+        self.audit("choird", Some(id), "agent.exit", "ok", json!({"session": session_id, "reason": reason}));
+    }
+
+    /// Stops an agent: asks it (through its HEARTBEAT), then has the process or
+    /// container stopped.
+    pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+        let id = self.known(id)?;
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.entry(id.clone()).or_default();
+            let was_desired = std::mem::replace(&mut slot.desired, false);
+            match slot.session.as_mut() {
+                Some(session) => {
+                    session.stop = true;
+                    slot.phase = Phase::Stopping;
+                    slot.wake += 1;
+                }
+                None if was_desired => {
+                    // Between restarts: wanting it stopped is enough.
+                    slot.phase = Phase::Stopped;
+                }
+                None => return Err(ApiError::Conflict(format!("agent {id} is not running"))),
+            }
+        }
+        self.changed.notify_all();
+        let polite = self.wait_stopped(&id, Duration::from_secs(10));
+        if !polite {
+            log::warn!("agent {id} did not stop within 10 s; stopping it");
+            self.stop_instance(&id)?;
+            self.wait_stopped(&id, Duration::from_secs(15));
+        }
+        self.audit(actor, Some(&id), "agent.stop", "ok", json!({"graceful": polite}));
+        self.summary(id.as_str())
+    }
+
+    /// Terminates the instance without asking the agent.
+    fn stop_instance(&self, id: &AgentId) -> Result<(), ApiError> {
+        let instance = self.agents.lock().get(id).and_then(|s| s.session.as_ref()).and_then(|s| s.instance.clone());
+        match instance {
+            Some(Instance::Process { pid }) => {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    if !self.wait_stopped(id, Duration::from_secs(5)) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+            Some(Instance::Container { id: cid, .. }) => self.engine().stop(&cid, Duration::from_secs(5))?,
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn wait_stopped(&self, id: &AgentId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut agents = self.agents.lock();
+        loop {
+            if agents.get(id).is_none_or(|s| s.session.is_none()) {
+                return true;
+            }
+            if self.changed.wait_until(&mut agents, deadline).timed_out() {
+                return agents.get(id).is_none_or(|s| s.session.is_none());
+            }
+        }
+    }
+
+    /// Shutdown: stops process-runtime agents; docker agents are stopped too
+    /// unless `docker.keep_agents_on_shutdown` (then they wait for the next
+    /// choird, which adopts them).
+    pub fn stop_all(&self) {
+        let keep = self.config().docker.keep_agents_on_shutdown;
+        let running: Vec<(AgentId, bool)> = self
+            .agents
+            .lock()
+            .iter()
+            .filter_map(|(id, s)| {
+                let container = matches!(s.session.as_ref()?.instance, Some(Instance::Container { .. }));
+                Some((id.clone(), container))
+            })
+            .collect();
+        for (id, container) in running {
+            if container && keep {
+                log::info!("agent {id}: left running; the next choird adopts it");
+                continue;
+            }
+            if let Err(e) = self.stop_agent(id.as_str(), "choird") {
+                log::warn!("stopping {id}: {e}");
+            }
+        }
+    }
+
+    /// After a restart of choird: adopts the running containers of this home
+    /// whose session is still open (they keep their lease), removes the others,
+    /// and closes every other session left open. Runs before the listeners,
+    /// so no adopted agent is refused in between.
+    pub fn adopt_containers(self: &Arc<Self>) -> Result<(), ApiError> {
+        let config = self.config();
+        let mut adopted = Vec::new();
+        if config.runtime == RuntimeKind::Docker {
+            let engine = self.engine();
+            let label = rt::home_label(&self.home);
+            let found = match engine.containers_with_label(&format!("{}={label}", rt::LABEL_HOME)) {
+                Ok(f) => f,
+                Err(e) => {
+                    log::warn!("cannot look for agent containers to adopt: {e}");
+                    Vec::new()
+                }
+            };
+            for c in found {
+                let cid = c["Id"].as_str().unwrap_or_default().to_owned();
+                let labels = &c["Labels"];
+                let agent = labels[rt::LABEL_AGENT].as_str().and_then(|a| AgentId::parse(a).ok());
+                let session: Option<i64> = labels[rt::LABEL_SESSION].as_str().and_then(|s| s.parse().ok());
+                let running = c["State"].as_str() == Some("running");
+                let lease = match (&agent, session) {
+                    (Some(a), Some(s)) if running && config.agents.contains_key(a) => self.store.open_session(s)?,
+                    _ => None,
+                };
+                match (agent, session, lease) {
+                    (Some(agent), Some(session), Some((owner, digest)))
+                        if owner == agent.as_str() && digest.len() == 32 =>
+                    {
+                        let mut token_sha256 = [0u8; 32];
+                        token_sha256.copy_from_slice(&digest);
+                        let (_, processed) = self.store.agent_position(&agent)?;
+                        let image = c["Image"].as_str().unwrap_or_default().to_owned();
+                        {
+                            let mut agents = self.agents.lock();
+                            let slot = agents.entry(agent.clone()).or_default();
+                            slot.phase = Phase::Running;
+                            slot.desired = true;
+                            slot.last_session = Some(session);
+                            let instance = Instance::Container { id: cid.clone(), image };
+                            slot.session = Some(Session::new(session, token_sha256, Some(instance), processed));
+                        }
+                        self.spawn_supervisor(&agent)?;
+                        log::info!(
+                            "agent {agent}: adopted running container {} (session {session})",
+                            &cid[..12.min(cid.len())]
+                        );
+                        self.audit(
+                            "choird",
+                            Some(&agent),
+                            "agent.adopt",
+                            "ok",
+                            json!({"session": session, "container": cid}),
+                        );
+                        adopted.push(session);
+                    }
+                    _ => {
+                        log::info!("removing leftover agent container {}", &cid[..12.min(cid.len())]);
+                        if let Err(e) = engine.remove(&cid) {
+                            log::warn!("cannot remove container {cid}: {e}");
+                        }
+                    }
+                }
+            }
+        }
+        let orphans = self.store.end_orphaned_sessions(&adopted)?;
+        if orphans > 0 {
+            log::warn!("closed {orphans} session(s) left open by a previous choird");
+        }
+        Ok(())
+    }
+
+    /// Joins the supervisor threads (they notice shutdown within seconds).
+    pub fn join_supervisors(&self) {
+        let handles: Vec<_> = std::mem::take(&mut *self.supervisors.lock());
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+
+    /// Checks an agent's image inputs (manifests, skills, the agent binary)
+    /// without touching the engine.
+    pub fn validate_image_inputs(&self, id: &str) -> Result<(), ApiError> {
+        let id = self.known(id)?;
+        build::validate(&self.home, &id, &self.agent_binary)?;
+        Ok(())
+    }
+
+    /// Builds an agent's image for its current inputs (validating first),
+    /// sending progress lines to `progress`; returns the tag.
+    pub fn build_image(&self, id: &str, progress: impl FnMut(&str)) -> Result<String, ApiError> {
+        let id = self.known(id)?;
+        let config = self.config();
+        let docker = &config.docker;
+        // Validation does not need the engine: report bad inputs first.
+        build::validate(&self.home, &id, &self.agent_binary)?;
+        let engine = self.engine();
+        engine.ping()?;
+        let tag = build::build(
+            &engine,
+            &self.home,
+            &id,
+            &self.agent_binary,
+            &docker.base_image,
+            &docker.image_prefix,
+            progress,
+        )?;
+        self.audit("admin", Some(&id), "agent.build", "ok", json!({"image": tag}));
+        Ok(tag)
+    }
+
+    /// Rolls a running agent onto the image of its current inputs: build, then
+    /// stop and start (the new session gets the recovery snapshot).
+    pub fn update_agent(self: &Arc<Self>, id: &str, mut progress: impl FnMut(&str)) -> Result<AgentSummary, ApiError> {
+        let tag = self.build_image(id, &mut progress)?;
+        let summary = self.summary(id)?;
+        if summary.state == "stopped" {
+            progress(&format!("agent {id} is not running; it will start on {tag}"));
+            return Ok(summary);
+        }
+        if summary.image.as_deref() == Some(tag.as_str()) {
+            progress(&format!("agent {id} already runs {tag}"));
+            return Ok(summary);
+        }
+        progress(&format!("stopping agent {id}"));
+        self.stop_agent(id, "admin")?;
+        progress(&format!("starting agent {id} on {tag}"));
+        let summary = self.start_agent(id, "admin")?;
+        self.audit("admin", summary_id(&summary).as_ref(), "agent.update", "ok", json!({"image": tag}));
+        Ok(summary)
+    }
+}
+
+fn summary_id(s: &AgentSummary) -> Option<AgentId> {
+    AgentId::parse(&s.id).ok()
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Why a container stopped, from its inspect output.
+fn exit_reason(c: &serde_json::Value) -> String {
+    let state = &c["State"];
+    let code = state["ExitCode"].as_i64().unwrap_or(-1);
+    if state["OOMKilled"].as_bool() == Some(true) {
+        format!("container ran out of memory (exit code {code})")
+    } else if code == 137 {
+        "container was killed (SIGKILL, exit code 137)".to_owned()
+    } else {
+        format!("container exited with code {code}")
+    }
+}
+
+/// Appends a container's output to the agent's log file.
+fn append_log(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(text.as_bytes());
+    }
+}

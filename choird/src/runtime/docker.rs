@@ -1,0 +1,169 @@
+//! The `docker` runtime (R-LIFE-2): the one audited template every agent
+//! container is created from. Nothing in it can be overridden by agent config
+//! except the resource limits and the network mode, which are validated fields.
+//!
+//! **Invariant:** an agent container is never privileged, has no capabilities,
+//! cannot gain privileges, has a read-only root filesystem with a size-limited
+//! `/tmp`, runs as a non-root user, shares no host namespace, sees no device,
+//! has pids/memory/CPU limits, and mounts exactly two host paths: its workspace
+//! at `/workspace` and its own socket directory at `/run/choir`. Never the
+//! Docker socket. No secret is in its environment, labels or command line: the
+//! lease token arrives on stdin, secrets through GET_SECRETS.
+
+use std::path::Path;
+
+use choir_common::ids::AgentId;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::config::{NetworkMode, Resources};
+use crate::home::Home;
+
+/// Where the agent's socket directory is mounted in the container.
+pub const SOCKET_DIR_IN_CONTAINER: &str = "/run/choir";
+/// The uid/gid agents run as when choird is root (matches the base image's `choir` user).
+pub const AGENT_UID: u32 = 10001;
+
+/// Label naming the choird home a container belongs to.
+pub const LABEL_HOME: &str = "choir.home";
+/// Label naming the agent.
+pub const LABEL_AGENT: &str = "choir.agent";
+/// Label naming the session (lease) the container was started for.
+pub const LABEL_SESSION: &str = "choir.session";
+
+/// A short stable hash of the home directory, so containers of different
+/// homes (two choirds, or tests) never mix.
+pub fn home_label(home: &Home) -> String {
+    let path = home.root().canonicalize().unwrap_or_else(|_| home.root().to_owned());
+    hex::encode(Sha256::digest(path.to_string_lossy().as_bytes()))[..12].to_owned()
+}
+
+/// The container name of an agent.
+pub fn container_name(home_label: &str, id: &AgentId) -> String {
+    format!("choir-{home_label}-{id}")
+}
+
+/// The uid and gid an agent container runs as: choird's own when it is not
+/// root (so the socket and workspace it owns are the agent's), else
+/// [`AGENT_UID`] (and choird hands the agent its socket and workspace).
+pub fn agent_ids() -> (u32, u32) {
+    let uid = rustix::process::geteuid();
+    if uid.is_root() {
+        (AGENT_UID, AGENT_UID)
+    } else {
+        (uid.as_raw(), rustix::process::getegid().as_raw())
+    }
+}
+
+/// What varies between agent containers.
+pub struct ContainerSpec<'a> {
+    /// Image tag.
+    pub image: &'a str,
+    /// Agent id.
+    pub agent: &'a AgentId,
+    /// Session id (a label, for adoption after a choird restart).
+    pub session: i64,
+    /// Host workspace directory.
+    pub workspace: &'a Path,
+    /// Host directory holding the agent's socket.
+    pub socket_dir: &'a Path,
+    /// Resource limits.
+    pub resources: &'a Resources,
+    /// Network mode.
+    pub network: NetworkMode,
+    /// Home label.
+    pub home_label: &'a str,
+    /// `/tmp` size in MiB.
+    pub tmp_mb: u64,
+}
+
+/// The container configuration (`POST /containers/create` body).
+pub fn hardened(spec: &ContainerSpec<'_>) -> Value {
+    let (uid, gid) = agent_ids();
+    let memory = spec.resources.memory_mb as i64 * 1024 * 1024;
+    json!({
+        "Image": spec.image,
+        "Cmd": [
+            "--agent", spec.agent.as_str(),
+            "--token-stdin",
+            "--connect", format!("unix:{SOCKET_DIR_IN_CONTAINER}/choird.sock"),
+            "--workspace", "/workspace",
+            "--choir-dir", "/choir"
+        ],
+        "User": format!("{uid}:{gid}"),
+        "Env": ["RUST_LOG=info"],
+        "WorkingDir": "/workspace",
+        "Labels": {
+            LABEL_HOME: spec.home_label,
+            LABEL_AGENT: spec.agent.as_str(),
+            LABEL_SESSION: spec.session.to_string(),
+        },
+        "AttachStdin": true,
+        "OpenStdin": true,
+        "StdinOnce": true,
+        "Tty": false,
+        "NetworkDisabled": spec.network == NetworkMode::None,
+        "HostConfig": {
+            "Privileged": false,
+            "CapDrop": ["ALL"],
+            "CapAdd": [],
+            "SecurityOpt": ["no-new-privileges:true"],
+            "ReadonlyRootfs": true,
+            "Tmpfs": {"/tmp": format!("rw,nosuid,nodev,size={}m", spec.tmp_mb)},
+            "Binds": [
+                format!("{}:/workspace:rw", spec.workspace.display()),
+                format!("{}:{SOCKET_DIR_IN_CONTAINER}:rw", spec.socket_dir.display()),
+            ],
+            "NetworkMode": spec.network.as_str(),
+            "PidMode": "",
+            "IpcMode": "private",
+            "UTSMode": "",
+            "UsernsMode": "",
+            "Devices": [],
+            "DeviceCgroupRules": [],
+            "PidsLimit": spec.resources.pids,
+            "Memory": memory,
+            "MemorySwap": memory,
+            "NanoCpus": (spec.resources.cpus * 1e9) as i64,
+            "Init": true,
+            "RestartPolicy": {"Name": "no"},
+            "AutoRemove": false,
+            "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_is_hardened_whatever_the_agent_config() {
+        let id = AgentId::parse("demo").unwrap();
+        let resources = Resources { memory_mb: 512, cpus: 0.5, pids: 64 };
+        let spec = ContainerSpec {
+            image: "choir-agent-demo:abc",
+            agent: &id,
+            session: 7,
+            workspace: Path::new("/srv/ws"),
+            socket_dir: Path::new("/srv/socks/demo"),
+            resources: &resources,
+            network: NetworkMode::None,
+            home_label: "h",
+            tmp_mb: 64,
+        };
+        let c = hardened(&spec);
+        let h = &c["HostConfig"];
+        assert_eq!(h["Privileged"], false);
+        assert_eq!(h["CapDrop"], json!(["ALL"]));
+        assert_eq!(h["ReadonlyRootfs"], true);
+        assert_eq!(h["Binds"], json!(["/srv/ws:/workspace:rw", "/srv/socks/demo:/run/choir:rw"]));
+        assert_eq!(
+            (h["Memory"].as_i64(), h["NanoCpus"].as_i64(), h["PidsLimit"].as_u64()),
+            (Some(512 << 20), Some(500_000_000), Some(64))
+        );
+        assert_eq!(c["NetworkDisabled"], true);
+        assert!(!c.to_string().contains("docker.sock"));
+        assert_ne!(c["User"], "0:0");
+    }
+}
