@@ -47,8 +47,10 @@ test: deps base-image lint
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 
 # Benchmarks: numbers are recorded in DESIGN.md (never asserted in tests).
-bench: deps
+bench: deps base-image
 	$(CARGO) bench -p choir-agent --bench arbiter
+	$(CARGO) build --release --workspace --bins
+	target/release/bench-docker
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir

@@ -13,8 +13,10 @@ use serde_json::Value;
 /// Path of a workspace binary built next to the test executable.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> → target/<profile>/<name>
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    // Tests live in target/<profile>/deps/, binaries (like bench-docker) in
+    // target/<profile>/; the workspace binaries are in target/<profile>/.
+    let here = exe.parent().expect("exe dir");
+    let dir = if here.ends_with("deps") { here.parent().expect("target dir") } else { here };
     let path = dir.join(name);
     assert!(path.is_file(), "{} is not built; run `cargo build --workspace` (make test does)", path.display());
     path
