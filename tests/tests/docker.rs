@@ -251,3 +251,21 @@ fn a_bad_manifest_fails_the_build_before_the_engine_is_touched() {
     assert!(err.contains("no Docker engine at /nonexistent/docker.sock"), "{err}");
     assert!(err.contains("apt install docker.io") || err.contains("docker.socket"), "{err}");
 }
+
+#[test]
+fn a_missing_base_image_says_how_to_make_it() {
+    if !choir_tests::docker::available() {
+        return;
+    }
+    let Some(pg) = TestPg::start() else { return };
+    let mut config = docker_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]);
+    config["docker"]["base_image"] = json!("choir-base:does-not-exist");
+    let choird = Choird::start(&config, &json!({}));
+    let err = choird.ctl_err(&["agent", "start", "demo"]);
+    assert!(
+        err.contains("the base image choir-base:does-not-exist is missing") && err.contains("make base-image"),
+        "{err}"
+    );
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(status["state"], "stopped", "a failed start leaves nothing running");
+}
