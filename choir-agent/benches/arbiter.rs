@@ -79,6 +79,8 @@ fn main() {
         kind: LaneKind::Edge,
         allowlist: Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]),
         turn: None,
+        hooks: None,
+        cancel: None,
     };
     let call = ProposedCall {
         id: "c".into(),

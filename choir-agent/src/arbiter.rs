@@ -34,6 +34,7 @@ use crate::commitlog::{DurableLog, LogError, NewEvent};
 use crate::locks::{LockManager, Resource};
 use crate::results::{for_model, Artifacts, LaneKind};
 use crate::secrets::SecretStore;
+use crate::tools::lane::LaneHooks;
 use crate::tools::{ExecContext, Registry, ToolError};
 use crate::workspace::Workspace;
 
@@ -41,7 +42,7 @@ use crate::workspace::Workspace;
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// Who is calling, and what they may call.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LaneCtx {
     /// Lane name (`edge`, or a core job).
     pub lane: String,
@@ -51,6 +52,20 @@ pub struct LaneCtx {
     pub allowlist: Option<Vec<String>>,
     /// The inbound message whose turn this is.
     pub turn: Option<u64>,
+    /// What lane tools act on (core pool, working memory).
+    pub hooks: Option<Arc<dyn LaneHooks>>,
+    /// Set when the lane is cancelled: every later call is refused.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl std::fmt::Debug for LaneCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneCtx")
+            .field("lane", &self.lane)
+            .field("allowlist", &self.allowlist)
+            .field("turn", &self.turn)
+            .finish()
+    }
 }
 
 /// A tool call as the model proposed it.
@@ -81,6 +96,8 @@ pub enum Refusal {
     LeaseLost,
     /// The lockset stayed busy past [`LOCK_WAIT`].
     Busy,
+    /// The calling lane was cancelled.
+    Cancelled,
 }
 
 impl Refusal {
@@ -94,6 +111,7 @@ impl Refusal {
             Refusal::KillSwitch => "kill_switch",
             Refusal::LeaseLost => "lease_lost",
             Refusal::Busy => "busy",
+            Refusal::Cancelled => "cancelled",
         }
     }
 }
@@ -273,6 +291,9 @@ impl Arbiter {
             }
             resources.push((Resource::new(&resource), lock.mode));
         }
+        if lane.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)) {
+            return forbid(Some(tool), input, Refusal::Cancelled, "this job was cancelled; nothing more runs".into());
+        }
         if self.lease_lost.load(Ordering::SeqCst) {
             let reason = "choird no longer accepts this agent's lease; nothing can run".to_owned();
             return forbid(Some(tool), input, Refusal::LeaseLost, reason);
@@ -350,6 +371,35 @@ impl Arbiter {
         Ok(result)
     }
 
+    /// Commits an event that is not a tool call (a compaction, a correction),
+    /// durably, and pokes the replicator.
+    pub fn record(
+        &self,
+        lane: &LaneCtx,
+        kind: EventKind,
+        tool: &str,
+        input: Value,
+        outcome: Outcome,
+        result: Value,
+    ) -> Result<choir_common::commit::CommitEvent, LogError> {
+        let event = NewEvent {
+            lane: lane.lane.clone(),
+            kind,
+            tool: tool.to_owned(),
+            call_id: None,
+            turn: lane.turn,
+            skill: None,
+            state: None,
+            input: self.secrets.redact(&input),
+            outcome,
+            result: self.secrets.redact(&result),
+            duration_us: 0,
+        };
+        let committed = self.log.append(event)?;
+        let _ = self.committed.try_send(());
+        Ok(committed)
+    }
+
     /// Step 7 plus result shaping: runs the tool and returns (outcome, what the
     /// model sees, microseconds).
     fn execute(&self, lane: &LaneCtx, tool: &str, input: &Value, timeout: Duration) -> (Outcome, Value, u64) {
@@ -363,6 +413,7 @@ impl Arbiter {
             state_dir: &self.state_dir,
             deadline: started + timeout,
             secrets: self.secrets.subset(&reg.manifest.runtime.secret_resources),
+            hooks: lane.hooks.as_deref(),
         };
         crate::failpoints::hit("during_tool");
         let ran = reg.tool.execute(&ctx, input);

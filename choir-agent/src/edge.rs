@@ -1,198 +1,327 @@
-//! The edge lane (R-LANE-1): one thread holding the user's conversations. For
-//! each inbound message it runs model steps through the relay, sends every
-//! proposed tool call through the arbiter, and answers once the model stops
-//! calling tools (or the step budget runs out).
+//! The edge lane (R-LANE-1): one thread, the user's conversations (one per
+//! conversation key), fast model, streamed answers. It answers directly or
+//! starts core jobs, and relays their results to the user in one voice.
 //!
 //! The lane reads one closed enum of events ([`EdgeEvent`]) from its inbox.
-//! **Invariant:** history only grows — tool results and new messages are
-//! appended, never rewritten (invariant 3).
+//! Between model steps it looks at the inbox again: a new message of the same
+//! conversation is *appended* to the history and seen at the next step (and the
+//! turn's answer answers it too); anything else waits its turn.
+//! **Invariant (3):** injection only appends; nothing before it changes, and
+//! no budget is reset by it.
+//! **Invariant (1):** the lane owns its core pool; when the lane ends (stop,
+//! lost lease, panic) the pool is dropped, which cancels and joins every job.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use choir_common::commit::{canonical_json, CommitEvent};
 use choir_common::ids::wire_tool_name;
-use choir_common::openai::{ChatMessage, ChatRequest, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{ConversationTail, InboundMessage, LaneStatus, OutboundReply};
+use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
+use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply};
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::RwLock;
+use serde_json::{json, Value};
 
-use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
+use crate::arbiter::LaneCtx;
 use crate::commitlog::LogError;
-use crate::llm::Llm;
+use crate::core::{CoreLimits, CorePool};
+use crate::lanes::{LaneMachine, LaneState, StatusBoard};
+use crate::memory::{self, Conversation};
+use crate::prompt::Identity;
+use crate::reasoning::{Mind, Step};
 use crate::results::LaneKind;
+use crate::tools::lane::LaneHooks;
+use crate::tools::ToolError;
 
 /// What reaches the edge lane.
 #[derive(Debug)]
 pub enum EdgeEvent {
     /// A user message.
     Message(InboundMessage),
-    /// Finish the current message, then stop.
+    /// A core job ended; its workflow summary.
+    CoreDone {
+        /// The job.
+        job: String,
+        /// The conversation that started it.
+        conversation: String,
+        /// The workflow summary.
+        report: Value,
+    },
+    /// Finish the current turn, then stop.
     Stop,
 }
 
 /// What the edge lane hands to the link for choird.
 #[derive(Debug)]
 pub enum Outbound {
-    /// An answer; every message up to and including its id is processed.
+    /// An answer (or a message of its own).
     Reply(OutboundReply),
-    /// The lane's state changed.
-    Status(LaneStatus),
 }
 
-/// Lane states reported to choird.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneState {
-    /// Waiting for a message.
-    Idle,
-    /// Waiting for the model.
-    Reasoning,
-    /// Running tool calls.
-    WaitingTool,
+/// How a turn begins.
+enum Start {
+    /// A user message.
+    User(InboundMessage),
+    /// A note for the model (a core job's report to relay).
+    Note(String),
 }
 
-impl LaneState {
-    fn as_str(self) -> &'static str {
-        match self {
-            LaneState::Idle => "IDLE",
-            LaneState::Reasoning => "REASONING",
-            LaneState::WaitingTool => "WAITING_TOOL",
-        }
+/// The edge lane.
+pub struct EdgeLane {
+    /// Takes model steps.
+    pub mind: Mind,
+    /// The agent's identity (for the system prompt).
+    pub identity: Identity,
+    /// Hot-reloadable limits.
+    pub config: Arc<RwLock<DynamicConfig>>,
+    /// Where answers go.
+    pub out: Sender<Outbound>,
+    /// Committed calls of turns interrupted before their answer: message id → events.
+    pub resume: HashMap<u64, Vec<CommitEvent>>,
+    /// Conversations recovered from the snapshot.
+    pub recovered: Vec<ConversationTail>,
+    /// Lane states and budgets.
+    pub board: Arc<StatusBoard>,
+    /// The lane's core jobs (owned: dropped with the lane).
+    pub pool: Arc<CorePool>,
+}
+
+/// What lane tools act on during one edge turn.
+struct EdgeHooks {
+    pool: Arc<CorePool>,
+    conversation: String,
+    compact: AtomicBool,
+}
+
+impl LaneHooks for EdgeHooks {
+    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>) -> Result<Value, ToolError> {
+        self.pool.start(name, objective, skill, &self.conversation)
+    }
+    fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError> {
+        self.pool.status(name)
+    }
+    fn core_cancel(&self, name: &str) -> Result<Value, ToolError> {
+        self.pool.cancel(name)
+    }
+    fn compact(&self) -> Result<Value, ToolError> {
+        self.compact.store(true, Ordering::SeqCst);
+        Ok(json!({"summary": "the conversation will be compacted before the next step"}))
     }
 }
 
-/// The edge lane's fixed setup.
-pub struct EdgeLane {
-    /// The arbiter.
-    pub arbiter: Arc<Arbiter>,
-    /// The model client.
-    pub llm: Llm,
-    /// Model name for requests (the relay enforces the configured one anyway).
-    pub model: String,
-    /// System prompt.
-    pub system_prompt: String,
-    /// Step budget per message (hot-reloadable through the dynamic config).
-    pub max_steps: Arc<AtomicU32>,
-    /// Where answers and status go.
-    pub out: Sender<Outbound>,
-    /// Tool calls already committed for turns that were interrupted (by a
-    /// crash or a stop) before their answer: message id → events, in order.
-    pub resume: HashMap<u64, Vec<CommitEvent>>,
-    /// The latest exchanges of each conversation from the recovery snapshot.
-    pub recovered: Vec<ConversationTail>,
+struct State {
+    conversations: HashMap<String, Conversation>,
+    deferred: VecDeque<EdgeEvent>,
+    stopping: bool,
+    tokens: u64,
 }
 
 impl EdgeLane {
     /// Runs until [`EdgeEvent::Stop`] or the inbox closes. Fails only if the
-    /// commit log cannot be written.
+    /// commit log cannot be written. The core pool is shut down on the way out.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
-        let mut conversations: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+        let mut machine = LaneMachine::new("edge", crate::lanes::LaneRole::Edge, self.board.clone());
+        let mut st = State { conversations: HashMap::new(), deferred: VecDeque::new(), stopping: false, tokens: 0 };
         for tail in std::mem::take(&mut self.recovered) {
-            let history = conversations.entry(tail.conversation).or_default();
+            let conv = st.conversations.entry(tail.conversation).or_default();
+            if let Some(summary) = tail.summary {
+                conv.push(memory::summary_message(&summary));
+            }
             for ex in tail.turns {
-                history.push(ChatMessage::text(Role::User, ex.user));
-                history.push(ChatMessage::text(Role::Assistant, ex.assistant));
+                conv.push(ChatMessage::text(Role::User, ex.user));
+                conv.push(ChatMessage::text(Role::Assistant, ex.assistant));
             }
         }
-        let mut tokens = 0u64;
-        for event in inbox {
-            match event {
-                EdgeEvent::Stop => break,
-                EdgeEvent::Message(msg) => {
-                    let history = conversations.entry(msg.conversation.clone()).or_default();
-                    let text = self.turn(history, &msg, &mut tokens)?;
-                    self.status(LaneState::Idle, 0, tokens);
-                    let reply = OutboundReply { in_reply_to: msg.id, conversation: msg.conversation.clone(), text };
-                    if self.out.send(Outbound::Reply(reply)).is_err() {
+        let result = loop {
+            let event = match st.deferred.pop_front() {
+                Some(e) => e,
+                None => match inbox.recv() {
+                    Ok(e) => e,
+                    Err(_) => break Ok(()),
+                },
+            };
+            let outcome = match event {
+                EdgeEvent::Stop => break Ok(()),
+                EdgeEvent::Message(m) => {
+                    let conv = m.conversation.clone();
+                    self.turn(&mut st, &mut machine, &inbox, &conv, Start::User(m))
+                }
+                EdgeEvent::CoreDone { job, conversation, report } => {
+                    let note = format!(
+                        "Core job '{job}' finished. Its workflow summary follows; tell the user the outcome in your own \
+                         words, as the one agent they talk to: {}",
+                        canonical_json(&report)
+                    );
+                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(note))
+                }
+            };
+            if let Err(e) = outcome {
+                break Err(e);
+            }
+            if st.stopping {
+                break Ok(());
+            }
+        };
+        // Lifetimes: no core job outlives its edge.
+        self.pool.shutdown();
+        let _ = machine.go(LaneState::Reasoning).and_then(|()| machine.go(LaneState::Cancelled));
+        result
+    }
+
+    fn limits(&self) -> CoreLimits {
+        let c = self.config.read();
+        CoreLimits {
+            max_jobs: c.max_core_jobs as usize,
+            budget: c.core_budget,
+            retry_budget: c.retry_budget,
+            context_tokens: c.context_tokens,
+        }
+    }
+
+    /// One turn: model steps until an answer, with injection between steps.
+    fn turn(
+        &mut self,
+        st: &mut State,
+        machine: &mut LaneMachine,
+        inbox: &Receiver<EdgeEvent>,
+        conv_name: &str,
+        start: Start,
+    ) -> Result<(), LogError> {
+        self.pool.set_limits(self.limits());
+        let (max_steps, retry_budget, context_tokens) = {
+            let c = self.config.read();
+            (c.max_steps_per_turn, c.retry_budget, c.context_tokens)
+        };
+        let mut covers: Vec<u64> = Vec::new();
+        let mut turn_id = None;
+        {
+            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            match start {
+                Start::User(m) => {
+                    conv.push_user(m.id, &m.text);
+                    covers.push(m.id);
+                    turn_id = Some(m.id);
+                    if let Some(done) = self.resume.remove(&m.id) {
+                        log::info!("resuming message {} with {} committed event(s) from the log", m.id, done.len());
+                        replay_committed(conv, &done);
+                    }
+                }
+                Start::Note(note) => conv.push(ChatMessage::text(Role::System, note)),
+            }
+        }
+        let hooks = Arc::new(EdgeHooks {
+            pool: self.pool.clone(),
+            conversation: conv_name.to_owned(),
+            compact: AtomicBool::new(false),
+        });
+        let lane = LaneCtx {
+            lane: "edge".into(),
+            kind: LaneKind::Edge,
+            allowlist: None,
+            turn: turn_id,
+            hooks: Some(hooks.clone()),
+            cancel: None,
+        };
+        let system = crate::prompt::edge(&self.identity, self.mind.arbiter.registry());
+        let mut corrections = 0u32;
+        let mut text: Option<String> = None;
+        for step in 1..=u64::from(max_steps) {
+            if step > 1 {
+                self.inject(st, inbox, conv_name, &mut covers);
+            }
+            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            let force = hooks.compact.swap(false, Ordering::SeqCst);
+            self.mind.maybe_compact(&lane, conv_name, &system, conv, Role::User, context_tokens, force)?;
+            let outcome = self.mind.step(&lane, machine, &system, &mut conv.messages, &mut st.tokens, &mut |_| {})?;
+            self.board.usage("edge", step, st.tokens);
+            match outcome {
+                Step::Answer(t) => {
+                    text = Some(t);
+                    break;
+                }
+                Step::Continue => corrections = 0,
+                Step::Corrected(why) => {
+                    corrections += 1;
+                    if corrections > retry_budget {
+                        let _ = machine.go(LaneState::Failed);
+                        text = Some(format!(
+                            "Sorry, I could not complete this: my model kept making invalid proposals ({why})."
+                        ));
                         break;
                     }
                 }
+                Step::ModelDown(e) => {
+                    log::error!("edge: {e}");
+                    let _ = machine.go(LaneState::Failed);
+                    text = Some(format!("Sorry, I could not reach my model: {e}"));
+                    break;
+                }
             }
+        }
+        let text = text.unwrap_or_else(|| {
+            let _ = machine.go(LaneState::Failed);
+            format!("I stopped after {max_steps} model steps without finishing; please narrow the request.")
+        });
+        let _ = machine.go(LaneState::Idle);
+        let reply = match covers.last() {
+            Some(last) => OutboundReply {
+                in_reply_to: *last,
+                covers: covers.clone(),
+                conversation: conv_name.to_owned(),
+                text,
+                key: String::new(),
+            },
+            None => OutboundReply {
+                in_reply_to: 0,
+                covers: Vec::new(),
+                conversation: conv_name.to_owned(),
+                text,
+                key: notice_key(),
+            },
+        };
+        if self.out.send(Outbound::Reply(reply)).is_err() {
+            st.stopping = true;
         }
         Ok(())
     }
 
-    fn status(&self, state: LaneState, steps: u64, tokens: u64) {
-        let _ = self.out.send(Outbound::Status(LaneStatus {
-            lane: "edge".into(),
-            state: state.as_str().into(),
-            steps,
-            tokens,
-        }));
-    }
-
-    /// One user message: model steps until a text answer.
-    fn turn(
-        &mut self,
-        history: &mut Vec<ChatMessage>,
-        msg: &InboundMessage,
-        tokens: &mut u64,
-    ) -> Result<String, LogError> {
-        history.push(ChatMessage::text(Role::User, msg.text.clone()));
-        if let Some(done) = self.resume.remove(&msg.id) {
-            log::info!("resuming message {} with {} committed tool call(s) from the log", msg.id, done.len());
-            replay_committed(history, &done);
-        }
-        let lane = LaneCtx { lane: "edge".into(), kind: LaneKind::Edge, allowlist: None, turn: Some(msg.id) };
-        let tools = self.arbiter.registry().llm_tools(None);
-        let max_steps = self.max_steps.load(Ordering::SeqCst);
-        for step in 1..=u64::from(max_steps) {
-            self.status(LaneState::Reasoning, step, *tokens);
-            let mut messages = vec![ChatMessage::text(Role::System, self.system_prompt.clone())];
-            messages.extend(history.iter().cloned());
-            let req = ChatRequest {
-                model: self.model.clone(),
-                messages,
-                tools: tools.clone(),
-                tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
-            };
-            let resp = match self.llm.complete("edge", &req) {
-                Ok(r) => r,
-                Err(e) => {
-                    log::error!("edge: {e}");
-                    return Ok(format!("Sorry, I could not reach my model: {e}"));
+    /// Takes what arrived during the turn: messages of this conversation join
+    /// it (appended); everything else waits; a stop is noted.
+    fn inject(&self, st: &mut State, inbox: &Receiver<EdgeEvent>, conv_name: &str, covers: &mut Vec<u64>) {
+        while let Ok(ev) = inbox.try_recv() {
+            match ev {
+                EdgeEvent::Message(m) if m.conversation == conv_name => {
+                    log::info!("message {} injected into the running turn", m.id);
+                    st.conversations.entry(conv_name.to_owned()).or_default().push_user(m.id, &m.text);
+                    covers.push(m.id);
                 }
-            };
-            *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
-            let Some(choice) = resp.choices.into_iter().next() else {
-                return Ok("Sorry, my model returned no answer.".into());
-            };
-            let answer = choice.message;
-            let calls = answer.tool_calls.clone();
-            history.push(ChatMessage {
-                role: Role::Assistant,
-                content: answer.content.clone(),
-                tool_calls: calls.clone(),
-                tool_call_id: None,
-            });
-            if calls.is_empty() {
-                let text = answer.content.unwrap_or_default();
-                return Ok(if text.trim().is_empty() { "(my model returned an empty answer)".into() } else { text });
-            }
-            self.status(LaneState::WaitingTool, step, *tokens);
-            for call in calls {
-                let proposed =
-                    ProposedCall { id: call.id.clone(), name: call.function.name, arguments: call.function.arguments };
-                let result = self.arbiter.invoke(&lane, &proposed)?;
-                history.push(ChatMessage::tool_result(&call.id, result.to_string()));
+                EdgeEvent::Stop => st.stopping = true,
+                other => st.deferred.push_back(other),
             }
         }
-        Ok(format!("I stopped after {max_steps} model steps without finishing; please narrow the request."))
     }
+}
+
+/// A key for a message of the agent's own.
+fn notice_key() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    format!("notice-{}", hex::encode(b))
 }
 
 /// Re-creates, from committed events, the assistant tool calls and their results
 /// of an interrupted turn, so the model continues from there and nothing that
 /// was committed runs twice.
-fn replay_committed(history: &mut Vec<ChatMessage>, events: &[CommitEvent]) {
-    for ev in events {
+fn replay_committed(conv: &mut Conversation, events: &[CommitEvent]) {
+    for ev in events.iter().filter(|e| e.kind == choir_common::commit::EventKind::ToolCall) {
         let id = ev.call_id.clone().unwrap_or_else(|| format!("replayed_{}", ev.seq));
         let name = ev.tool.strip_prefix('?').map(str::to_owned).unwrap_or_else(|| wire_tool_name(&ev.tool));
         let arguments = match &ev.input {
-            serde_json::Value::String(raw) => raw.clone(),
+            Value::String(raw) => raw.clone(),
             other => canonical_json(other),
         };
-        history.push(ChatMessage {
+        conv.push(ChatMessage {
             role: Role::Assistant,
             content: None,
             tool_calls: vec![ToolCall {
@@ -202,6 +331,6 @@ fn replay_committed(history: &mut Vec<ChatMessage>, events: &[CommitEvent]) {
             }],
             tool_call_id: None,
         });
-        history.push(ChatMessage::tool_result(&id, ev.result.to_string()));
+        conv.push(ChatMessage::tool_result(&id, ev.result.to_string()));
     }
 }

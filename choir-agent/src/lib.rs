@@ -4,11 +4,16 @@
 
 pub mod arbiter;
 pub mod commitlog;
+pub mod core;
 pub mod edge;
 pub mod failpoints;
+pub mod lanes;
 pub mod link;
 pub mod llm;
 pub mod locks;
+pub mod memory;
+pub mod prompt;
+pub mod reasoning;
 pub mod results;
 pub mod rpc;
 pub mod run;

@@ -10,12 +10,12 @@
 //! **Invariant:** an event leaves the replication queue only once choird has
 //! acknowledged a sequence number at or above it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use choir_common::rpc::{
-    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, LaneStatus, OutboundReply,
+    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply,
     ReportStatusRequest, Verb,
 };
 use crossbeam_channel::{select, Receiver, Sender};
@@ -23,6 +23,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use crate::arbiter::Arbiter;
 use crate::commitlog::DurableLog;
 use crate::edge::{EdgeEvent, Outbound};
+use crate::lanes::StatusBoard;
 use crate::rpc::{Rpc, RpcError};
 
 /// How long a poll may be held by choird.
@@ -46,8 +47,10 @@ pub struct Link {
     pub closing: AtomicBool,
     /// Where the kill switch is applied.
     pub arbiter: Arc<Arbiter>,
-    /// The edge lane's step budget (hot-reloadable).
-    pub max_steps: Arc<AtomicU32>,
+    /// The hot-reloadable config the lanes read.
+    pub config: Arc<parking_lot::RwLock<DynamicConfig>>,
+    /// Lane states, reported when they change.
+    pub board: Arc<StatusBoard>,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -67,6 +70,7 @@ impl Link {
                 processed_upto: self.processed.load(Ordering::SeqCst),
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: POLL_WAIT_MS,
+                receive: true,
             };
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
@@ -111,7 +115,7 @@ impl Link {
     /// Applies a dynamic config (at start and whenever choird's version moves).
     pub fn apply(&self, config: &DynamicConfig) {
         self.arbiter.set_kill_switch(config.kill_switch);
-        self.max_steps.store(config.max_steps_per_turn, Ordering::SeqCst);
+        *self.config.write() = config.clone();
         self.config_version.store(config.version, Ordering::SeqCst);
     }
 
@@ -135,21 +139,21 @@ impl Link {
     /// (or the lease is lost).
     pub fn push(&self, outbound: Receiver<Outbound>, committed: Receiver<()>) {
         let mut replies: Vec<OutboundReply> = Vec::new();
-        let mut status: Option<LaneStatus> = None;
+        let mut reported = 0u64;
         let mut open = true;
         let mut failures = 0;
         loop {
             if open {
                 select! {
                     recv(outbound) -> m => match m {
-                        Ok(m) => take(m, &mut replies, &mut status),
+                        Ok(Outbound::Reply(r)) => replies.push(r),
                         Err(_) => open = false,
                     },
                     recv(committed) -> _ => {},
                     default(PERIOD) => {},
                 }
-                while let Ok(m) = outbound.try_recv() {
-                    take(m, &mut replies, &mut status);
+                while let Ok(Outbound::Reply(r)) = outbound.try_recv() {
+                    replies.push(r);
                 }
             }
             if self.lease_lost.load(Ordering::SeqCst) {
@@ -164,6 +168,8 @@ impl Link {
                 processed_upto: processed,
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: 0,
+                // Only the poller takes messages; this thread does not forward them.
+                receive: false,
             };
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                 Ok(resp) => {
@@ -185,22 +191,18 @@ impl Link {
                     continue;
                 }
             }
-            if let Some(s) = status.take() {
-                let report = ReportStatusRequest { session_state: "RUNNING".into(), lanes: vec![s] };
-                if let Err(e) = self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
-                    log::warn!("status report failed: {e}");
+            let version = self.board.version();
+            if version != reported {
+                let (session_state, lanes) = self.board.snapshot();
+                let report = ReportStatusRequest { session_state, lanes };
+                match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
+                    Ok(_) => reported = version,
+                    Err(e) => log::warn!("status report failed: {e}"),
                 }
             }
             if !open && replies.is_empty() && self.log.unacked().is_empty() {
                 return;
             }
         }
-    }
-}
-
-fn take(m: Outbound, replies: &mut Vec<OutboundReply>, status: &mut Option<LaneStatus>) {
-    match m {
-        Outbound::Reply(r) => replies.push(r),
-        Outbound::Status(s) => *status = Some(s),
     }
 }

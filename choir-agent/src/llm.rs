@@ -1,14 +1,23 @@
 //! The LLM client: OpenAI-compatible chat completions through choird's relay
-//! (`/llm/<lane>/v1/chat/completions`), with retries on rate limits, server
-//! errors and transport failures (exponential backoff with jitter, honouring
+//! (`/llm/<lane>/v1/chat/completions`), plain or streamed (server-sent
+//! events), with retries on rate limits, server errors, transport failures and
+//! streams cut short (exponential backoff with jitter, honouring
 //! `Retry-After`). The API key is added by choird; the agent never has it.
+//!
+//! **Invariant:** a streamed answer is used only once it is complete (a
+//! `finish_reason` or `[DONE]` arrived); a stream cut in the middle is an error
+//! and is retried whole, so no partial tool call is ever executed. Tool calls
+//! come only from the structured `tool_calls` field, never from text.
 
+use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::sync::Arc;
 use std::time::Duration;
 
-use choir_common::openai::{ChatRequest, ChatResponse};
+use choir_common::openai::{ChatMessage, ChatRequest, ChatResponse, Choice, FunctionCall, Role, ToolCall, Usage};
+use serde_json::{json, Value};
 
-use crate::rpc::{refusal, Rpc, RpcError};
+use crate::rpc::{refusal, RawAnswer, Rpc, RpcError};
 
 /// Attempts per model call.
 const ATTEMPTS: u32 = 4;
@@ -43,28 +52,151 @@ impl Llm {
     pub fn complete(&self, lane: &str, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let path = format!("/llm/{lane}/v1/chat/completions");
         let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let err = match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
-                Ok(answer) if answer.status == 200 => {
-                    return serde_json::from_slice(&answer.body).map_err(|e| LlmError::Malformed(e.to_string()));
-                }
-                Ok(answer) => refusal("LLM", &answer),
-                Err(e) => e,
-            };
-            if !err.retryable() || attempt >= ATTEMPTS {
-                return Err(err.into());
+        retrying(|| match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
+            Ok(answer) if answer.status == 200 => {
+                serde_json::from_slice(&answer.body).map_err(|e| Attempt::Fatal(LlmError::Malformed(e.to_string())))
             }
-            let wait = match &err {
-                RpcError::Refused { retry_after_s: Some(s), .. } => Duration::from_secs(*s),
-                _ => backoff(attempt),
+            Ok(answer) => Err(Attempt::Failed(refusal("LLM", &answer))),
+            Err(e) => Err(Attempt::Failed(e)),
+        })
+    }
+
+    /// One streamed completion: `on_text` gets each content delta as it
+    /// arrives (so an answer can be shown before the model is done); the
+    /// assembled response is returned once the stream completed.
+    pub fn stream(
+        &self,
+        lane: &str,
+        req: &ChatRequest,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<ChatResponse, LlmError> {
+        let path = format!("/llm/{lane}/v1/chat/completions");
+        let mut req = req.clone();
+        req.stream = Some(true);
+        req.stream_options = Some(json!({"include_usage": true}));
+        let body = serde_json::to_vec(&req).map_err(|e| LlmError::Malformed(e.to_string()))?;
+        retrying(|| {
+            let (status, retry_after_s, mut reader) =
+                self.rpc.post_reader(&path, &body, CALL_TIMEOUT).map_err(Attempt::Failed)?;
+            if status != 200 {
+                let mut text = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut reader, &mut text);
+                return Err(Attempt::Failed(refusal("LLM", &RawAnswer { status, retry_after_s, body: text })));
             }
-            .min(MAX_BACKOFF);
-            log::warn!("model call attempt {attempt} failed ({err}); retrying in {wait:?}");
-            std::thread::sleep(wait);
+            read_sse(reader.as_mut(), on_text)
+        })
+    }
+}
+
+enum Attempt {
+    /// May succeed if tried again.
+    Failed(RpcError),
+    /// Will not.
+    Fatal(LlmError),
+}
+
+fn retrying<T>(mut f: impl FnMut() -> Result<T, Attempt>) -> Result<T, LlmError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let err = match f() {
+            Ok(v) => return Ok(v),
+            Err(Attempt::Fatal(e)) => return Err(e),
+            Err(Attempt::Failed(e)) => e,
+        };
+        if !err.retryable() || attempt >= ATTEMPTS {
+            return Err(err.into());
+        }
+        let wait = match &err {
+            RpcError::Refused { retry_after_s: Some(s), .. } => Duration::from_secs(*s),
+            _ => backoff(attempt),
+        }
+        .min(MAX_BACKOFF);
+        log::warn!("model call attempt {attempt} failed ({err}); retrying in {wait:?}");
+        std::thread::sleep(wait);
+    }
+}
+
+/// Assembles a chat completion from server-sent `chat.completion.chunk`s.
+fn read_sse(reader: &mut dyn BufRead, on_text: &mut dyn FnMut(&str)) -> Result<ChatResponse, Attempt> {
+    let mut content = String::new();
+    let mut calls: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
+    let mut finish: Option<String> = None;
+    let mut usage: Option<Usage> = None;
+    let (mut id, mut model) = (String::new(), String::new());
+    let mut done = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => return Err(Attempt::Failed(RpcError::Transport(format!("stream broke: {e}")))),
+        }
+        let Some(data) = line.trim_end().strip_prefix("data:") else { continue };
+        let data = data.trim_start();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| Attempt::Fatal(LlmError::Malformed(format!("bad stream chunk: {e}"))))?;
+        if id.is_empty() {
+            id = chunk["id"].as_str().unwrap_or_default().to_owned();
+            model = chunk["model"].as_str().unwrap_or_default().to_owned();
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = serde_json::from_value(u.clone()).ok();
+        }
+        let Some(choice) = chunk["choices"].get(0) else { continue };
+        let delta = &choice["delta"];
+        if let Some(text) = delta["content"].as_str() {
+            content.push_str(text);
+            on_text(text);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap_or(0);
+            let entry = calls.entry(index).or_default();
+            if let Some(v) = call["id"].as_str() {
+                entry.0.push_str(v);
+            }
+            if let Some(v) = call["function"]["name"].as_str() {
+                entry.1.push_str(v);
+            }
+            if let Some(v) = call["function"]["arguments"].as_str() {
+                entry.2.push_str(v);
+            }
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
         }
     }
+    if !done && finish.is_none() {
+        // Cut before the model finished: nothing of it may be used.
+        return Err(Attempt::Failed(RpcError::Transport("the model's stream ended before it finished".into())));
+    }
+    let tool_calls = calls
+        .into_values()
+        .map(|(id, name, arguments)| ToolCall {
+            id,
+            kind: "function".into(),
+            function: FunctionCall { name, arguments },
+        })
+        .collect();
+    let message = ChatMessage {
+        role: Role::Assistant,
+        content: if content.is_empty() { None } else { Some(content) },
+        tool_calls,
+        tool_call_id: None,
+    };
+    Ok(ChatResponse {
+        id,
+        object: "chat.completion".into(),
+        created: 0,
+        model,
+        choices: vec![Choice { index: 0, message, finish_reason: finish }],
+        usage,
+    })
 }
 
 /// 500 ms · 2^(attempt-1), plus up to 50% jitter.
@@ -73,4 +205,41 @@ fn backoff(attempt: u32) -> Duration {
     let mut b = [0u8; 2];
     let jitter = if getrandom::fill(&mut b).is_ok() { u64::from(u16::from_le_bytes(b)) % (base / 2 + 1) } else { 0 };
     Duration::from_millis(base + jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sse(lines: &[&str]) -> Result<ChatResponse, Attempt> {
+        let text = lines.iter().map(|l| format!("data: {l}\n\n")).collect::<String>();
+        read_sse(&mut std::io::Cursor::new(text), &mut |_| {})
+    }
+
+    #[test]
+    fn chunks_assemble_into_content_and_tool_calls() {
+        let r = sse(&[
+            r#"{"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"lo"}}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"choir__fs__read","arguments":"{\"pa"}}]}}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"th\": \"a\"}"}}]}}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#,
+            "[DONE]",
+        ])
+        .ok()
+        .unwrap();
+        let m = &r.choices[0].message;
+        assert_eq!(m.content.as_deref(), Some("Hello"));
+        assert_eq!(m.tool_calls[0].function.arguments, r#"{"path": "a"}"#);
+        assert_eq!(r.usage.unwrap().total_tokens, 5);
+    }
+
+    #[test]
+    fn a_cut_stream_is_a_retryable_error_not_a_partial_answer() {
+        let r = sse(&[
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"choir__fs__write","arguments":"{\"path\": \"a"}}]}}]}"#,
+        ]);
+        assert!(matches!(r, Err(Attempt::Failed(RpcError::Transport(_)))));
+    }
 }

@@ -72,6 +72,9 @@ impl RpcError {
     }
 }
 
+/// A streamed answer: status, `Retry-After` seconds, and the body.
+pub type StreamedAnswer = (u16, Option<u64>, Box<dyn std::io::BufRead + Send>);
+
 /// A raw HTTP answer.
 pub struct RawAnswer {
     /// Status.
@@ -130,6 +133,26 @@ impl Rpc {
             .read_to_vec()
             .map_err(|e| RpcError::Transport(e.to_string()))?;
         Ok(RawAnswer { status, retry_after_s, body })
+    }
+
+    /// POSTs `body` to `path` and returns the status, `Retry-After` and the
+    /// body as a reader (for streamed answers).
+    pub fn post_reader(&self, path: &str, body: &[u8], timeout: Duration) -> Result<StreamedAnswer, RpcError> {
+        let answer = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .map_err(|e| RpcError::Transport(e.to_string()))?;
+        let status = answer.status().as_u16();
+        let retry_after_s =
+            answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok());
+        let reader = std::io::BufReader::new(answer.into_body().into_reader());
+        Ok((status, retry_after_s, Box::new(reader)))
     }
 
     /// Calls a verb.

@@ -3,22 +3,27 @@
 //! all named, all joined before the process exits.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use choir_common::rpc::{
-    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, LaneStatus, ReportStatusRequest,
+    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, ReportStatusRequest,
     TerminateSelfRequest, Verb,
 };
 use crossbeam_channel::{bounded, unbounded};
+use parking_lot::RwLock;
 
 use crate::arbiter::Arbiter;
 use crate::commitlog::{CommitLog, DurableLog};
+use crate::core::{CoreLimits, CorePool, CoreSetup};
 use crate::edge::{EdgeEvent, EdgeLane};
+use crate::lanes::{SessionState, StatusBoard};
 use crate::link::Link;
 use crate::llm::Llm;
+use crate::prompt::Identity;
+use crate::reasoning::Mind;
 use crate::rpc::{Endpoint, Rpc, RpcError};
 use crate::secrets::SecretStore;
 use crate::tools::Registry;
@@ -39,14 +44,6 @@ pub struct Args {
     pub state_dir: Option<PathBuf>,
     /// The baked-in identity, tools and skills (`/choir` in a container).
     pub choir_dir: PathBuf,
-}
-
-fn system_prompt(agent: &str) -> String {
-    format!(
-        "You are {agent}, an agent run by Choir. You act only through the tools you are given; \
-         every call is checked and recorded. Paths are relative to your workspace, /workspace. \
-         When no tool is needed, answer directly and briefly."
-    )
 }
 
 /// Runs the agent until choird stops it, the lease is lost, or SIGTERM.
@@ -110,10 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let log = Arc::new(DurableLog::new(log)?);
-    // Bounded(1): a pending poke already means "ship what is committed".
+    // Bounded(1): a pending poke already means "ship what is committed (or changed)".
     let (committed_tx, committed_rx) = bounded(1);
+    let board = StatusBoard::with_poke(committed_tx.clone());
+    board.set_session(if resume.is_empty() { SessionState::Starting } else { SessionState::Recovering });
+    board.add_lane("edge", Some(u64::from(hello.config.max_steps_per_turn)), None, None);
     let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
-    let max_steps = Arc::new(AtomicU32::new(hello.config.max_steps_per_turn));
+    let config = Arc::new(RwLock::new(hello.config.clone()));
 
     let link = Arc::new(Link {
         rpc: rpc.clone(),
@@ -123,30 +123,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         lease_lost: AtomicBool::new(false),
         closing: AtomicBool::new(false),
         arbiter: arbiter.clone(),
-        max_steps: max_steps.clone(),
+        config: config.clone(),
+        board: board.clone(),
     });
     link.apply(&hello.config);
-    // Unbounded: choird hands out at most a small batch per poll.
+    // Unbounded: choird hands out at most a small batch per poll, plus one
+    // event per finished core job.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
-    // Unbounded: one reply per message plus status changes; the push thread drains it.
+    // Unbounded: one reply per turn; the push thread drains it.
     let (out_tx, out_rx) = unbounded();
 
+    let identity = Identity::load(&args.choir_dir, &args.agent);
+    let llm = Arc::new(Llm::new(rpc.clone()));
+    let limits = {
+        let c = config.read();
+        CoreLimits {
+            max_jobs: c.max_core_jobs as usize,
+            budget: c.core_budget,
+            retry_budget: c.retry_budget,
+            context_tokens: c.context_tokens,
+        }
+    };
+    let pool = Arc::new(CorePool::new(
+        CoreSetup {
+            arbiter: arbiter.clone(),
+            llm: llm.clone(),
+            model: hello.bindings.models.core.clone(),
+            identity: identity.clone(),
+            board: board.clone(),
+            edge: edge_tx.clone(),
+        },
+        limits,
+    ));
     let lane = EdgeLane {
-        arbiter,
-        llm: Llm::new(rpc.clone()),
-        model: hello.bindings.models.edge.clone(),
-        system_prompt: system_prompt(&args.agent),
-        max_steps,
+        mind: Mind { arbiter, llm, llm_lane: "edge", model: hello.bindings.models.edge.clone(), stream: true },
+        identity,
+        config,
         out: out_tx,
         resume,
         recovered: hello.recovery.conversations.clone(),
+        board: board.clone(),
+        pool,
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
-    let ready = ReportStatusRequest {
-        session_state: "RUNNING".into(),
-        lanes: vec![LaneStatus { lane: "edge".into(), state: "IDLE".into(), steps: 0, tokens: 0 }],
-    };
-    rpc.call::<_, Ack>(Verb::ReportStatus, &ready, Duration::from_secs(10))?;
+    board.set_session(SessionState::Running);
+    let (session_state, lanes) = board.snapshot();
+    rpc.call::<_, Ack>(Verb::ReportStatus, &ReportStatusRequest { session_state, lanes }, Duration::from_secs(10))?;
     let edge = std::thread::Builder::new().name("edge".into()).spawn(move || lane.run(edge_rx))?;
     let poll = {
         let (link, edge_tx) = (link.clone(), edge_tx.clone());
@@ -166,6 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
 
     let lane_result = edge.join();
+    board.set_session(SessionState::Draining);
     let reason = match &lane_result {
         Ok(Ok(())) if link.lease_lost.load(Ordering::SeqCst) => "lease lost".to_owned(),
         Ok(Ok(())) => "stopped".to_owned(),

@@ -140,6 +140,18 @@ pub struct AgentConfig {
     /// Model steps the edge lane may take for one message.
     #[serde(default = "default_max_steps")]
     pub max_steps_per_turn: u32,
+    /// Invalid model proposals tolerated in a row before a turn fails.
+    #[serde(default = "default_retry_budget")]
+    pub retry_budget: u32,
+    /// Estimated context tokens at which a lane compacts its history.
+    #[serde(default = "default_context_tokens")]
+    pub context_tokens: u64,
+    /// Core jobs that may run at once.
+    #[serde(default = "default_max_core_jobs")]
+    pub max_core_jobs: u32,
+    /// Budget of each core job (steps, tokens, wall seconds).
+    #[serde(default)]
+    pub core_budget: choir_common::rpc::CoreBudget,
     /// Total LLM tokens one session may spend through the relay (none = unlimited).
     #[serde(default)]
     pub llm_token_budget: Option<u64>,
@@ -223,6 +235,15 @@ impl Default for DockerConfig {
 fn default_max_steps() -> u32 {
     16
 }
+fn default_retry_budget() -> u32 {
+    2
+}
+fn default_context_tokens() -> u64 {
+    24_000
+}
+fn default_max_core_jobs() -> u32 {
+    4
+}
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -233,6 +254,10 @@ impl Default for AgentConfig {
             resources: Resources::default(),
             autostart: false,
             max_steps_per_turn: default_max_steps(),
+            retry_budget: default_retry_budget(),
+            context_tokens: default_context_tokens(),
+            max_core_jobs: default_max_core_jobs(),
+            core_budget: choir_common::rpc::CoreBudget::default(),
             llm_token_budget: None,
             network: NetworkMode::None,
         }
@@ -357,6 +382,19 @@ impl Config {
             }
             if agent.max_steps_per_turn == 0 || agent.max_steps_per_turn > 256 {
                 return e(&at("max_steps_per_turn"), "must be between 1 and 256");
+            }
+            if agent.retry_budget > 16 {
+                return e(&at("retry_budget"), "must be at most 16");
+            }
+            if agent.context_tokens < 1000 {
+                return e(&at("context_tokens"), "must be at least 1000");
+            }
+            if agent.max_core_jobs > 64 {
+                return e(&at("max_core_jobs"), "must be at most 64");
+            }
+            let b = &agent.core_budget;
+            if b.steps == 0 || b.tokens == 0 || b.wall_s == 0 {
+                return e(&at("core_budget"), "steps, tokens and wall_s must all be above 0");
             }
             let r = &agent.resources;
             if r.memory_mb < 64 {

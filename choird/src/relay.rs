@@ -7,6 +7,8 @@
 //! **Invariant:** the API key exists only in choird's memory and in the
 //! upstream request; it is never sent to an agent or logged.
 
+use std::io::Read;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -21,7 +23,7 @@ const MAX_REQUEST: usize = 16 * 1024 * 1024;
 const MAX_ANSWER: u64 = 32 * 1024 * 1024;
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
-pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Result<Response, ApiError> {
+pub fn handle(d: &Arc<Daemon>, kind: &ListenerKind, lane: &str, req: &Request) -> Result<Response, ApiError> {
     let who = d.authenticate(kind, req.bearer.as_deref(), "LLM")?;
     let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
     if req.body.len() > MAX_REQUEST {
@@ -33,9 +35,7 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Res
     if !obj.get("messages").is_some_and(Value::is_array) {
         return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
     }
-    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::BadRequest("streaming is not supported by this relay yet; send stream: false".into()));
-    }
+    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
     d.llm_budget_check(&who)?;
     let config = d.config();
     let model = config.model(&who.agent, lane);
@@ -66,7 +66,7 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Res
     }
     let result = request.send(&payload[..]);
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    let mut answer = match result {
+    let answer = match result {
         Ok(a) => a,
         Err(e) => {
             let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms);
@@ -80,6 +80,32 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Res
         }
     };
     let status = answer.status().as_u16();
+    if streaming && status == 200 {
+        // Server-sent events pass through as they come; usage is read on the way.
+        let tap = UsageTap {
+            inner: answer.into_body().into_reader(),
+            line: Vec::new(),
+            usage: (0, 0),
+            done: false,
+            record: Some(Box::new({
+                let (d, who, model) = (d.clone(), who.clone(), model.clone());
+                let lane = lane.as_str();
+                move |(prompt, completion): (u64, u64)| {
+                    let ms = started.elapsed().as_millis() as u64;
+                    d.llm_tokens_used(&who, prompt + completion);
+                    if let Err(e) =
+                        d.store.record_llm_call(&who.agent, who.session, lane, &model, 200, prompt, completion, ms)
+                    {
+                        log::error!("LLM call of {} not recorded: {e}", who.agent);
+                    }
+                }
+            })),
+        };
+        let mut resp = Response::streaming(tap);
+        resp.content_type = "text/event-stream";
+        return Ok(resp);
+    }
+    let mut answer = answer;
     let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let bytes = answer
         .body_mut()
@@ -102,4 +128,59 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, lane: &str, req: &Request) -> Res
         resp.headers.push(("Retry-After".into(), ra));
     }
     Ok(resp)
+}
+
+/// Records a streamed call's (prompt, completion) tokens once it ended.
+type RecordUsage = Box<dyn FnOnce((u64, u64)) + Send>;
+
+/// Passes a server-sent event stream through, picking up the `usage` of the
+/// final chunk, and records the call once the stream ends (or is dropped).
+struct UsageTap<R: Read> {
+    inner: R,
+    line: Vec<u8>,
+    usage: (u64, u64),
+    done: bool,
+    record: Option<RecordUsage>,
+}
+
+impl<R: Read> UsageTap<R> {
+    fn finish(&mut self) {
+        if let Some(record) = self.record.take() {
+            record(self.usage);
+        }
+    }
+
+    fn scan(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            let line = std::mem::take(&mut self.line);
+            let Some(data) = line.strip_prefix(b"data:") else { continue };
+            let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+                self.usage = (n("prompt_tokens"), n("completion_tokens"));
+            }
+        }
+    }
+}
+
+impl<R: Read> Read for UsageTap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.scan(&buf[..n]);
+        if n == 0 && !self.done {
+            self.done = true;
+            self.finish();
+        }
+        Ok(n)
+    }
+}
+
+impl<R: Read> Drop for UsageTap<R> {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }

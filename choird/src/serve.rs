@@ -167,7 +167,9 @@ fn serve(
             server.clone(),
             ListenerKind::Agent(id.clone()),
             router.clone(),
-            4,
+            // The long-poll, replication, streamed model calls of the edge and
+            // of up to a handful of core jobs, and status reports at once.
+            16,
             &format!("rpc-{id}"),
             stop.clone(),
         )?;

@@ -238,10 +238,35 @@ impl Store {
                     Exchange { user: r.get(1), assistant: r.get::<_, Option<String>>(2).unwrap_or_default() };
                 match out.last_mut() {
                     Some(t) if t.conversation == conversation => t.turns.push(exchange),
-                    _ => out.push(ConversationTail { conversation, turns: vec![exchange] }),
+                    _ => out.push(ConversationTail { conversation, summary: None, turns: vec![exchange] }),
                 }
             }
             Ok(out)
+        })
+    }
+
+    /// Answered exchanges of one conversation with `after < id <= upto`, the
+    /// last `limit` of them, oldest first.
+    pub fn exchanges_after(
+        &self,
+        agent: &AgentId,
+        conversation: &str,
+        after: u64,
+        upto: u64,
+        limit: i64,
+    ) -> Result<Vec<Exchange>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT text, reply FROM (
+                     SELECT id, text, reply FROM messages
+                     WHERE agent_id = $1 AND conversation = $2 AND id > $3 AND id <= $4 AND replied_at IS NOT NULL
+                     ORDER BY id DESC LIMIT $5) t ORDER BY id",
+                &[&agent.as_str(), &conversation, &(after as i64), &(upto as i64), &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| Exchange { user: r.get(0), assistant: r.get::<_, Option<String>>(1).unwrap_or_default() })
+                .collect())
         })
     }
 
@@ -294,25 +319,38 @@ impl Store {
         })
     }
 
-    /// Records answers (the first answer to a message wins) and the agent's
-    /// processed position. Returns the replies that were new.
+    /// Records answers (the first answer to a message wins; one text may
+    /// answer several injected messages), the agent's own notices (once per
+    /// key) and its processed position. Returns (message id, text) of every
+    /// answer that was new.
     pub fn record_replies(
         &self,
         agent: &AgentId,
         replies: &[OutboundReply],
         processed_upto: u64,
-    ) -> Result<Vec<OutboundReply>, DbError> {
+    ) -> Result<Vec<(u64, String)>, DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             let mut new = Vec::new();
             for r in replies {
-                let n = tx.execute(
-                    "UPDATE messages SET reply = $3, replied_at = now()
-                     WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
-                    &[&agent.as_str(), &(r.in_reply_to as i64), &r.text],
-                )?;
-                if n == 1 {
-                    new.push(r.clone());
+                if r.in_reply_to == 0 {
+                    tx.execute(
+                        "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (agent_id, key) DO NOTHING",
+                        &[&agent.as_str(), &r.conversation, &r.key, &r.text],
+                    )?;
+                    continue;
+                }
+                let ids = if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() };
+                for id in ids {
+                    let n = tx.execute(
+                        "UPDATE messages SET reply = $3, replied_at = now()
+                         WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
+                        &[&agent.as_str(), &(id as i64), &r.text],
+                    )?;
+                    if n == 1 {
+                        new.push((id, r.text.clone()));
+                    }
                 }
             }
             tx.execute(
@@ -321,6 +359,39 @@ impl Store {
             )?;
             tx.commit()?;
             Ok(new)
+        })
+    }
+
+    /// An agent's notices with `id > after`, oldest first, as (id, conversation, text).
+    pub fn notices(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<(i64, String, String)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT id, conversation, text FROM notices WHERE agent_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                &[&agent.as_str(), &after, &limit],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+        })
+    }
+
+    /// The latest compaction of each conversation of an agent, from its
+    /// replicated commit log: conversation → (summary, last folded message id).
+    pub fn compactions(&self, agent: &AgentId) -> Result<Vec<(String, String, u64)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT DISTINCT ON (event->'input'->>'conversation')
+                        event->'input'->>'conversation', event->'result'->>'summary',
+                        COALESCE((event->'input'->>'upto_message')::bigint, 0)
+                 FROM commit_events
+                 WHERE agent_id = $1 AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
+                 ORDER BY event->'input'->>'conversation', seq DESC",
+                &[&agent.as_str()],
+            )?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, i64>(2) as u64))
+                })
+                .collect())
         })
     }
 

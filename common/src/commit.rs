@@ -33,6 +33,11 @@ pub enum Outcome {
 pub enum EventKind {
     /// A tool call proposed by a model and decided by the arbiter.
     ToolCall,
+    /// A lane folded older turns of a conversation into a summary.
+    Compaction,
+    /// A model proposal refused before any tool (e.g. text posing as a tool
+    /// call, an empty answer), with the correction sent back.
+    Correction,
 }
 
 /// One committed event. Field order is part of the hash definition only through

@@ -13,7 +13,19 @@ use serde_json::Value;
 use crate::ids::validate_tool_name;
 
 /// Names of the tools built into choir-agent; no external tool may take one.
-pub const BUILTIN_TOOLS: &[&str] = &["choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"];
+pub const BUILTIN_TOOLS: &[&str] = &[
+    "choir.core.cancel",
+    "choir.core.start",
+    "choir.core.status",
+    "choir.exec",
+    "choir.fs.read",
+    "choir.fs.search",
+    "choir.fs.write",
+    "choir.memory.compact",
+];
+
+/// Tools that only the edge lane may use (core jobs cannot start core jobs).
+pub const EDGE_ONLY_TOOLS: &[&str] = &["choir.core.cancel", "choir.core.start", "choir.core.status"];
 
 /// A complete tool manifest as stored in `<name>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -22,6 +22,12 @@ pub struct ChatRequest {
     /// `"auto"`, `"none"` or `"required"`; absent when there are no tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<String>,
+    /// Server-sent events instead of one JSON answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Streaming options (`{"include_usage": true}` asks for a final usage chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<Value>,
 }
 
 /// Who said a message.

@@ -143,6 +143,9 @@ pub struct RecoverySnapshot {
 pub struct ConversationTail {
     /// Conversation key.
     pub conversation: String,
+    /// The latest compaction summary of what came before `turns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
     /// Exchanges, oldest first.
     pub turns: Vec<Exchange>,
 }
@@ -200,11 +203,20 @@ pub struct InboundMessage {
     pub text: String,
 }
 
-/// The edge lane's answer to one inbound message.
+/// Something the edge lane says: the answer to inbound messages, or (with
+/// `in_reply_to` 0) a message of its own, e.g. a core job's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundReply {
-    /// The inbound message this answers.
+    /// The (last) inbound message this answers; 0 for a message of its own.
     pub in_reply_to: u64,
+    /// Every inbound message this text answers (messages injected into one
+    /// turn share its answer); empty means just `in_reply_to`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<u64>,
+    /// For a message of its own: a key unique per agent, so a resend is
+    /// stored once.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
     /// Conversation key.
     pub conversation: String,
     /// The answer.
@@ -227,6 +239,15 @@ pub struct HeartbeatRequest {
     /// How long choird may hold the request waiting for messages (capped).
     #[serde(default)]
     pub wait_ms: u64,
+    /// Whether this HEARTBEAT takes delivery of messages. An agent that sends
+    /// HEARTBEATs from two threads lets only its poller receive, so a message is
+    /// never handed to a thread that does not forward it.
+    #[serde(default = "yes")]
+    pub receive: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// HEARTBEAT response.
@@ -253,6 +274,18 @@ pub struct LaneStatus {
     pub steps: u64,
     /// Tokens used so far by this lane.
     pub tokens: u64,
+    /// Step budget, if the lane has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// Token budget, if the lane has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Time since the lane (or core job) started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_ms: Option<u64>,
+    /// A core job's objective, or what the lane is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// REPORT_STATUS request.
@@ -291,4 +324,44 @@ pub struct DynamicConfig {
     pub kill_switch: bool,
     /// Maximum model steps the edge lane takes for one message.
     pub max_steps_per_turn: u32,
+    /// Invalid proposals (bad arguments, unknown tools, text posing as a tool
+    /// call, empty answers) tolerated in a row before a turn fails.
+    #[serde(default = "default_retry_budget")]
+    pub retry_budget: u32,
+    /// Context size (estimated tokens) at which a lane compacts its history.
+    #[serde(default = "default_context_tokens")]
+    pub context_tokens: u64,
+    /// Core jobs that may run at once.
+    #[serde(default = "default_max_core_jobs")]
+    pub max_core_jobs: u32,
+    /// Budget of each core job.
+    #[serde(default)]
+    pub core_budget: CoreBudget,
+}
+
+/// The budget of one core job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreBudget {
+    /// Model steps.
+    pub steps: u64,
+    /// Tokens (as reported by the provider).
+    pub tokens: u64,
+    /// Wall-clock seconds.
+    pub wall_s: u64,
+}
+
+impl Default for CoreBudget {
+    fn default() -> Self {
+        CoreBudget { steps: 32, tokens: 200_000, wall_s: 1800 }
+    }
+}
+
+fn default_retry_budget() -> u32 {
+    2
+}
+fn default_context_tokens() -> u64 {
+    24_000
+}
+fn default_max_core_jobs() -> u32 {
+    4
 }

@@ -21,6 +21,9 @@ pub enum Step {
     /// An assistant message calling tools: (canonical or wire name, arguments
     /// JSON text exactly as the "model" produces it).
     ToolCalls(Vec<(String, String)>),
+    /// For a streamed request: a tool call whose stream is cut in the middle
+    /// (no `finish_reason`, no `[DONE]`).
+    CutStream,
     /// A raw HTTP answer (errors, rate limits, garbage).
     Raw {
         /// HTTP status.
@@ -91,7 +94,9 @@ impl FakeLlm {
                 let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
                 let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
                 let mut resp = tiny_http::Response::from_string(out).with_status_code(status);
-                resp.add_header(tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap());
+                if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+                    resp.add_header(tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap());
+                }
                 for (k, v) in headers {
                     resp.add_header(tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap());
                 }
@@ -155,8 +160,15 @@ fn answer(
     g.counter += 1;
     let n = g.counter;
     let model = body.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
+    let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
     let (message, finish) = match step {
         Step::Raw { status, body, headers } => return (status, body, headers),
+        Step::CutStream => {
+            let chunk = json!({"id": format!("chatcmpl-scripted-{n}"), "object": "chat.completion.chunk", "created": 1_700_000_000 + n,
+                "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "call_cut", "type": "function",
+                "function": {"name": "choir__fs__write", "arguments": "{\"path\": \"cut.txt\", \"con"}}]}, "finish_reason": null}]});
+            return (200, format!("data: {chunk}\n\n"), vec![("Content-Type".into(), "text/event-stream".into())]);
+        }
         Step::Text(t) => (json!({"role": "assistant", "content": t, "refusal": null}), "stop"),
         Step::ToolCalls(calls) => {
             let calls: Vec<Value> = calls
@@ -173,6 +185,13 @@ fn answer(
             (json!({"role": "assistant", "content": null, "tool_calls": calls, "refusal": null}), "tool_calls")
         }
     };
+    if streaming {
+        return (
+            200,
+            sse(n, &model, &message, finish, &body),
+            vec![("Content-Type".into(), "text/event-stream".into())],
+        );
+    }
     let resp = json!({
         "id": format!("chatcmpl-scripted-{n}"),
         "object": "chat.completion",
@@ -183,6 +202,41 @@ fn answer(
         "system_fingerprint": "fp_scripted"
     });
     (200, resp.to_string(), vec![])
+}
+
+/// The same answer as `chat.completion.chunk` server-sent events, the way
+/// OpenAI streams: content and tool-call arguments in pieces, then the finish
+/// reason, then (when asked with `stream_options.include_usage`) usage, then `[DONE]`.
+fn sse(n: u64, model: &str, message: &Value, finish: &str, request: &Value) -> String {
+    let id = format!("chatcmpl-scripted-{n}");
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000 + n, "model": model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    };
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    if let Some(text) = message["content"].as_str() {
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(8) {
+            events.push(chunk(json!({"content": piece.iter().collect::<String>()}), Value::Null));
+        }
+    }
+    for (i, call) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
+        let args = call["function"]["arguments"].as_str().unwrap_or_default();
+        let (head, tail) = args.split_at(args.len() / 2);
+        events.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": head}}]}),
+            Value::Null,
+        ));
+        events.push(chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": tail}}]}), Value::Null));
+    }
+    events.push(chunk(json!({}), json!(finish)));
+    if request["stream_options"]["include_usage"] == true {
+        events.push(json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000 + n, "model": model, "choices": [],
+                           "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}));
+    }
+    let mut out: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    out.push_str("data: [DONE]\n\n");
+    out
 }
 
 /// Reads a scenario file: `{"steps": [{"content": "..."} | {"tool_calls":

@@ -49,10 +49,7 @@ fn invalid_tool_arguments_get_a_structured_error_and_write_nothing() {
     for r in &results {
         assert_eq!(r["status"], "rejected", "{r}");
         assert_eq!(r["error"]["code"], "invalid_arguments", "{r}");
-        assert_eq!(
-            r["error"]["allowed_tools"],
-            json!(["choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"])
-        );
+        assert_eq!(r["error"]["allowed_tools"], json!(choir_common::manifest::BUILTIN_TOOLS));
     }
     assert!(results[0]["error"]["message"].as_str().unwrap().contains("/path"), "{}", results[0]);
     let entries: Vec<_> =
@@ -75,7 +72,7 @@ fn an_unknown_tool_is_rejected_with_the_list_of_tools() {
     assert_eq!(results[0]["error"]["code"], "unknown_tool");
     let msg = results[0]["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("choir__fs__delete") && msg.contains("choir.exec, choir.fs.read, choir.fs.search, choir.fs.write"),
+        msg.contains("choir__fs__delete") && msg.contains(&choir_common::manifest::BUILTIN_TOOLS.join(", ")),
         "{msg}"
     );
 }

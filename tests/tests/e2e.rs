@@ -10,10 +10,6 @@ use choir_tests::harness::{assert_snapshot, test_config, Choird};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
-pub const SYSTEM_PROMPT: &str = "You are demo, an agent run by Choir. You act only through the tools you are given; \
-every call is checked and recorded. Paths are relative to your workspace, /workspace. \
-When no tool is needed, answer directly and briefly.";
-
 /// Events replicated to Postgres for `agent`, once at least `n` are there.
 pub fn replicated_events(pg: &TestPg, agent: &str, n: usize) -> Vec<CommitEvent> {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -48,21 +44,12 @@ fn a_message_goes_through_every_component_and_back() {
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2, "{reqs:#?}");
     assert_eq!(reqs[0].path, "/v1/chat/completions");
-    assert_eq!(
-        reqs[0].body,
-        json!({
-            "model": "fake-edge",
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": "Please write a hello note."}
-            ],
-            "tools": reqs[0].body["tools"].clone(),
-            "tool_choice": "auto"
-        })
-    );
-    // The tools are exactly the LLM views of the built-ins (snapshot), with
-    // nothing of the runtime view.
-    assert_snapshot("builtin_tools_request", &reqs[0].body["tools"]);
+    // The whole first request, byte for byte (snapshot): the identity prompt with
+    // the tool summary, the user's message, the LLM views of the built-ins and
+    // nothing of their runtime views, streamed.
+    assert_snapshot("edge_first_request", &reqs[0].body);
+    assert_eq!(reqs[0].body["messages"][1], json!({"role": "user", "content": "Please write a hello note."}));
+    assert_eq!((reqs[0].body["stream"].as_bool(), reqs[0].body["model"].as_str()), (Some(true), Some("fake-edge")));
     for tool in reqs[0].body["tools"].as_array().unwrap() {
         let keys: Vec<&String> = tool["function"].as_object().unwrap().keys().collect();
         assert_eq!(keys, ["description", "name", "parameters"]);

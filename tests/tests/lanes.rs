@@ -125,3 +125,18 @@ fn sighup_reloads_config_and_keeps_the_old_one_when_the_new_is_broken() {
     let list = choird.ctl_ok(&["agent", "list"]);
     assert!(list.contains("demo") && list.contains("second"), "{list}");
 }
+
+/// Regression: a message that arrived while the agent's replication thread was
+/// in a HEARTBEAT was handed to that thread, which does not forward messages,
+/// and was never answered.
+#[test]
+fn regression_a_message_is_never_handed_to_the_replication_heartbeat() {
+    let Some(pg) = TestPg::start() else { return };
+    let n = 25;
+    let fake = FakeLlm::start((0..n).map(|i| Step::Text(format!("answer {i}"))).collect());
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    for i in 0..n {
+        assert_eq!(choird.ctl_ok(&["chat", "demo", &format!("question {i}")]), format!("answer {i}\n"));
+    }
+}

@@ -181,6 +181,7 @@ mod tests {
             state_dir: f.state.path(),
             deadline: Instant::now() + Duration::from_secs(60),
             secrets: SecretStore::default(),
+            hooks: None,
         };
         ExecTool.execute(&ctx, &input).unwrap()
     }

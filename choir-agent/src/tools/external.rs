@@ -135,6 +135,7 @@ mod tests {
             state_dir: ws_dir.path(),
             deadline: Instant::now() + timeout,
             secrets,
+            hooks: None,
         };
         let started = Instant::now();
         (tool.execute(&ctx, &json!({"n": 1})), started.elapsed())

@@ -308,6 +308,7 @@ mod tests {
             state_dir: dir.path(),
             deadline: Instant::now() + Duration::from_secs(10),
             secrets: SecretStore::default(),
+            hooks: None,
         };
         f(&ctx, dir.path());
     }

@@ -11,6 +11,7 @@
 pub mod exec;
 pub mod external;
 pub mod fs;
+pub mod lane;
 pub mod search;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,8 @@ pub struct ExecContext<'a> {
     pub deadline: Instant,
     /// The secrets this tool declared (`secret_resources`), and only those.
     pub secrets: SecretStore,
+    /// The calling lane's hooks, for lane tools.
+    pub hooks: Option<&'a dyn lane::LaneHooks>,
 }
 
 /// A tool failed while running (rejections happen before, in the arbiter).
@@ -125,6 +128,7 @@ impl Registry {
             (search::manifest(), Arc::new(search::SearchTool)),
             (exec::manifest(), Arc::new(exec::ExecTool)),
         ];
+        let builtin = builtin.into_iter().chain(lane::tools());
         for (manifest, tool) in builtin {
             r.insert("built-in", manifest, tool, ToolStatus::System)?;
         }

@@ -146,6 +146,7 @@ mod tests {
             state_dir: root,
             deadline: Instant::now() + Duration::from_secs(30),
             secrets: SecretStore::default(),
+            hooks: None,
         };
         SearchTool.execute(&ctx, &input)
     }

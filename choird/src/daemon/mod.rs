@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use choir_common::admin::{AgentSummary, ChatResponse};
 use choir_common::ids::AgentId;
 use choir_common::rpc::{
-    Bindings, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest, InitHelloResponse, LaneModels,
-    RecoverySnapshot, ReportStatusRequest,
+    Bindings, ConversationTail, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest,
+    InitHelloResponse, LaneModels, RecoverySnapshot, ReportStatusRequest,
 };
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -399,20 +399,50 @@ impl Daemon {
             recovery: RecoverySnapshot {
                 replicated_head: head,
                 processed_upto: processed,
-                conversations: self.store.recent_exchanges(&who.agent, processed, RECOVERED_EXCHANGES)?,
+                conversations: self.recovered_conversations(&who.agent, processed)?,
             },
             config: self.dynamic_config(&who.agent),
             lease_ttl_ms: LEASE_TTL.as_millis() as u64,
         })
     }
 
+    /// What a (re)started agent needs to keep its conversations: the latest
+    /// compaction summary of each, then the answered exchanges after it.
+    fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, ApiError> {
+        let mut tails = self.store.recent_exchanges(agent, processed, RECOVERED_EXCHANGES)?;
+        for (conversation, summary, upto) in self.store.compactions(agent)? {
+            let idx = match tails.iter().position(|t| t.conversation == conversation) {
+                Some(i) => i,
+                None => {
+                    tails.push(ConversationTail {
+                        conversation: conversation.clone(),
+                        summary: None,
+                        turns: Vec::new(),
+                    });
+                    tails.len() - 1
+                }
+            };
+            let tail = &mut tails[idx];
+            tail.summary = Some(summary);
+            // Exchanges already folded into the summary are not repeated.
+            let kept = self.store.exchanges_after(agent, &conversation, upto, processed, RECOVERED_EXCHANGES)?;
+            tail.turns = kept;
+        }
+        Ok(tails)
+    }
+
     /// The hot-reloadable config of one agent.
     pub fn dynamic_config(&self, id: &AgentId) -> DynamicConfig {
         let config = self.config();
+        let agent = config.agents.get(id).cloned().unwrap_or_default();
         DynamicConfig {
             version: self.config_version.load(Ordering::SeqCst),
             kill_switch: self.kill_switch(),
-            max_steps_per_turn: config.agents.get(id).map(|a| a.max_steps_per_turn).unwrap_or(16),
+            max_steps_per_turn: agent.max_steps_per_turn,
+            retry_budget: agent.retry_budget,
+            context_tokens: agent.context_tokens,
+            max_core_jobs: agent.max_core_jobs,
+            core_budget: agent.core_budget,
         }
     }
 
@@ -477,9 +507,9 @@ impl Daemon {
         if let Some(seq) = acked {
             slot.replicated_seq = seq;
         }
-        for r in new_replies {
-            if let Some(w) = slot.waiters.remove(&r.in_reply_to) {
-                let _ = w.send(Ok(r.text));
+        for (id, text) in new_replies {
+            if let Some(w) = slot.waiters.remove(&id) {
+                let _ = w.send(Ok(text));
             }
         }
         let acked_seq = slot.replicated_seq;
@@ -492,6 +522,9 @@ impl Daemon {
             let (after, stop) = (session.delivered_upto, session.stop);
             if stop {
                 return Ok(self.heartbeat_reply(acked_seq, Vec::new(), true));
+            }
+            if !req.receive {
+                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
             }
             drop(agents);
             let mut messages = self.store.pending_messages(&who.agent, after, BATCH)?;

@@ -1,0 +1,408 @@
+//! The core pool (R-LANE-1, -3): named core jobs, each on its own thread with
+//! its own conversation, model (the `core` lane) and budget (steps, tokens,
+//! wall time), started by the edge lane through `choir.core.start`.
+//!
+//! **Invariant (1):** a core job's lifetime is inside its edge's: the pool is
+//! owned by the edge lane, and dropping it (the edge stopping, or unwinding
+//! from a panic) cancels every job and joins its thread. Cancellation is checked
+//! before every step and, through the arbiter, before every tool call.
+//! **Invariant (6):** what the edge learns of a job is a workflow summary —
+//! status, the actions taken (tool, outcome, summary), artifacts, and the job's
+//! final report — never the model's intermediate text.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use choir_common::manifest::EDGE_ONLY_TOOLS;
+use choir_common::openai::Role;
+use choir_common::rpc::CoreBudget;
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::arbiter::{Arbiter, LaneCtx};
+use crate::edge::EdgeEvent;
+use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
+use crate::llm::Llm;
+use crate::memory::Conversation;
+use crate::prompt::Identity;
+use crate::reasoning::{Mind, Step};
+use crate::results::LaneKind;
+use crate::tools::lane::LaneHooks;
+use crate::tools::ToolError;
+
+/// What every core job shares.
+pub struct CoreSetup {
+    /// The arbiter.
+    pub arbiter: Arc<Arbiter>,
+    /// The model client.
+    pub llm: Arc<Llm>,
+    /// The core lane's model.
+    pub model: String,
+    /// The agent's identity.
+    pub identity: Identity,
+    /// Where lanes report.
+    pub board: Arc<StatusBoard>,
+    /// The edge's inbox, for finished jobs.
+    pub edge: Sender<EdgeEvent>,
+}
+
+/// Limits that may change at run time (dynamic config).
+#[derive(Debug, Clone, Copy)]
+pub struct CoreLimits {
+    /// Jobs at once.
+    pub max_jobs: usize,
+    /// Per-job budget.
+    pub budget: CoreBudget,
+    /// Corrections in a row tolerated.
+    pub retry_budget: u32,
+    /// Context size before compaction.
+    pub context_tokens: u64,
+}
+
+struct Job {
+    cancel: Arc<AtomicBool>,
+    /// Cancelled by the edge itself: it knows, so no report is sent back.
+    quiet: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    status: Arc<Mutex<JobStatus>>,
+}
+
+#[derive(Debug, Clone)]
+struct JobStatus {
+    state: LaneState,
+    objective: String,
+    steps: u64,
+    tokens: u64,
+    started: Instant,
+    report: Option<Value>,
+}
+
+/// The pool of core jobs of one edge lane.
+pub struct CorePool {
+    setup: Arc<CoreSetup>,
+    limits: Mutex<CoreLimits>,
+    jobs: Mutex<BTreeMap<String, Job>>,
+}
+
+impl CorePool {
+    /// An empty pool.
+    pub fn new(setup: CoreSetup, limits: CoreLimits) -> CorePool {
+        CorePool { setup: Arc::new(setup), limits: Mutex::new(limits), jobs: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Applies new limits (running jobs keep their budgets).
+    pub fn set_limits(&self, limits: CoreLimits) {
+        *self.limits.lock() = limits;
+    }
+
+    /// Starts job `name` for the edge conversation `conversation`.
+    pub fn start(
+        &self,
+        name: &str,
+        objective: &str,
+        skill: Option<&str>,
+        conversation: &str,
+    ) -> Result<Value, ToolError> {
+        if let Some(skill) = skill {
+            return Err(ToolError::new(
+                "not_available",
+                format!("skill {skill:?} cannot be used: skills are not available in this agent yet"),
+            ));
+        }
+        let limits = *self.limits.lock();
+        let mut jobs = self.jobs.lock();
+        let running: Vec<String> = jobs
+            .iter()
+            .filter(|(_, j)| j.handle.as_ref().is_some_and(|h| !h.is_finished()))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if running.iter().any(|n| n == name) {
+            return Err(ToolError::new("job_exists", format!("a core job named {name} is already running")));
+        }
+        if running.len() >= limits.max_jobs {
+            return Err(ToolError::new(
+                "too_many_jobs",
+                format!(
+                    "at most {} core jobs may run at once and {} are running ({}); wait for one to finish or cancel one",
+                    limits.max_jobs,
+                    running.len(),
+                    running.join(", ")
+                ),
+            ));
+        }
+        if let Some(mut old) = jobs.remove(name) {
+            if let Some(h) = old.handle.take() {
+                let _ = h.join();
+            }
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let quiet = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(Mutex::new(JobStatus {
+            state: LaneState::Idle,
+            objective: objective.to_owned(),
+            steps: 0,
+            tokens: 0,
+            started: Instant::now(),
+            report: None,
+        }));
+        let run = JobRun {
+            setup: self.setup.clone(),
+            limits,
+            name: name.to_owned(),
+            objective: objective.to_owned(),
+            conversation: conversation.to_owned(),
+            cancel: cancel.clone(),
+            quiet: quiet.clone(),
+            status: status.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("core-{name}"))
+            .spawn(move || run.run())
+            .map_err(|e| ToolError::new("start_failed", format!("cannot start a thread for the job: {e}")))?;
+        jobs.insert(name.to_owned(), Job { cancel, quiet, handle: Some(handle), status });
+        Ok(json!({
+            "summary": format!("core job {name} started; its report will come back when it finishes"),
+            "job": name,
+            "budget": {"steps": limits.budget.steps, "tokens": limits.budget.tokens, "wall_s": limits.budget.wall_s},
+        }))
+    }
+
+    /// The status of one job, or of all.
+    pub fn status(&self, name: Option<&str>) -> Result<Value, ToolError> {
+        let jobs = self.jobs.lock();
+        let one = |n: &str, j: &Job| {
+            let s = j.status.lock().clone();
+            json!({"job": n, "state": s.state.as_str(), "objective": s.objective, "steps": s.steps, "tokens": s.tokens,
+                   "elapsed_s": s.started.elapsed().as_secs(), "report": s.report})
+        };
+        match name {
+            Some(n) => {
+                let j = jobs
+                    .get(n)
+                    .ok_or_else(|| ToolError::new("not_found", format!("there is no core job named {n}")))?;
+                let v = one(n, j);
+                Ok(json!({"summary": format!("job {n} is {}", v["state"].as_str().unwrap_or("?")), "jobs": [v]}))
+            }
+            None => {
+                let all: Vec<Value> = jobs.iter().map(|(n, j)| one(n, j)).collect();
+                Ok(json!({"summary": format!("{} core job(s)", all.len()), "jobs": all}))
+            }
+        }
+    }
+
+    /// Cancels a job: it stops at its next step or tool boundary.
+    pub fn cancel(&self, name: &str) -> Result<Value, ToolError> {
+        let jobs = self.jobs.lock();
+        let j =
+            jobs.get(name).ok_or_else(|| ToolError::new("not_found", format!("there is no core job named {name}")))?;
+        j.quiet.store(true, Ordering::SeqCst);
+        j.cancel.store(true, Ordering::SeqCst);
+        Ok(json!({"summary": format!("core job {name} is cancelled; it stops at its next step"), "job": name}))
+    }
+
+    /// Cancels every job and joins every thread.
+    pub fn shutdown(&self) {
+        let mut jobs = std::mem::take(&mut *self.jobs.lock());
+        for j in jobs.values() {
+            j.quiet.store(true, Ordering::SeqCst);
+            j.cancel.store(true, Ordering::SeqCst);
+        }
+        let n = jobs.len();
+        for (name, j) in jobs.iter_mut() {
+            if let Some(h) = j.handle.take() {
+                if h.join().is_err() {
+                    log::error!("core job {name} panicked");
+                }
+            }
+        }
+        if n > 0 {
+            log::info!("core pool: {n} job(s) cancelled and joined");
+        }
+    }
+}
+
+impl Drop for CorePool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// One job's run, on its own thread.
+struct JobRun {
+    setup: Arc<CoreSetup>,
+    limits: CoreLimits,
+    name: String,
+    objective: String,
+    conversation: String,
+    cancel: Arc<AtomicBool>,
+    quiet: Arc<AtomicBool>,
+    status: Arc<Mutex<JobStatus>>,
+}
+
+/// Core lanes compact their own history only (the hook records the wish).
+struct CoreHooks {
+    compact: AtomicBool,
+}
+
+impl LaneHooks for CoreHooks {
+    fn core_start(&self, _: &str, _: &str, _: Option<&str>) -> Result<Value, ToolError> {
+        Err(ToolError::new("not_available", "core jobs cannot start core jobs"))
+    }
+    fn core_status(&self, _: Option<&str>) -> Result<Value, ToolError> {
+        Err(ToolError::new("not_available", "core jobs cannot see other core jobs"))
+    }
+    fn core_cancel(&self, _: &str) -> Result<Value, ToolError> {
+        Err(ToolError::new("not_available", "core jobs cannot cancel core jobs"))
+    }
+    fn compact(&self) -> Result<Value, ToolError> {
+        self.compact.store(true, Ordering::SeqCst);
+        Ok(json!({"summary": "your working memory will be compacted before the next step"}))
+    }
+}
+
+impl JobRun {
+    fn run(self) {
+        let s = &self.setup;
+        let lane_name = format!("core:{}", self.name);
+        let budget = self.limits.budget;
+        s.board.add_lane(&lane_name, Some(budget.steps), Some(budget.tokens), Some(self.objective.clone()));
+        let mut machine = LaneMachine::new(&lane_name, LaneRole::Core, s.board.clone());
+        let registry = s.arbiter.registry();
+        let allowlist: Vec<String> =
+            registry.names().into_iter().filter(|n| !EDGE_ONLY_TOOLS.contains(&n.as_str())).collect();
+        let system = crate::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
+        let hooks = Arc::new(CoreHooks { compact: AtomicBool::new(false) });
+        let lane = LaneCtx {
+            lane: lane_name.clone(),
+            kind: LaneKind::Core,
+            allowlist: Some(allowlist),
+            turn: None,
+            hooks: Some(hooks.clone()),
+            cancel: Some(self.cancel.clone()),
+        };
+        let mind = Mind {
+            arbiter: s.arbiter.clone(),
+            llm: s.llm.clone(),
+            llm_lane: "core",
+            model: s.model.clone(),
+            stream: false,
+        };
+        let mut conv = Conversation::default();
+        conv.push_user(0, &self.objective);
+        let started = Instant::now();
+        let (mut steps, mut tokens, mut corrections) = (0u64, 0u64, 0u32);
+        let (end, outcome): (LaneState, Result<String, String>) = loop {
+            if self.cancel.load(Ordering::SeqCst) {
+                break (LaneState::Cancelled, Err("cancelled".into()));
+            }
+            if steps >= budget.steps {
+                break (LaneState::Failed, Err(format!("step budget of {} spent", budget.steps)));
+            }
+            if tokens >= budget.tokens {
+                break (LaneState::Failed, Err(format!("token budget of {} spent", budget.tokens)));
+            }
+            if started.elapsed().as_secs() >= budget.wall_s {
+                break (LaneState::Failed, Err(format!("wall-time budget of {} s spent", budget.wall_s)));
+            }
+            let force = hooks.compact.swap(false, Ordering::SeqCst);
+            let ctx = self.limits.context_tokens;
+            if let Err(e) = mind.maybe_compact(&lane, &lane_name, &system, &mut conv, Role::Assistant, ctx, force) {
+                break (LaneState::Failed, Err(format!("commit log failure: {e}")));
+            }
+            steps += 1;
+            let step = mind.step(&lane, &mut machine, &system, &mut conv.messages, &mut tokens, &mut |_| {});
+            {
+                let mut st = self.status.lock();
+                st.steps = steps;
+                st.tokens = tokens;
+                st.state = machine.state();
+            }
+            s.board.usage(&lane_name, steps, tokens);
+            match step {
+                Ok(Step::Answer(report)) => break (LaneState::Done, Ok(report)),
+                Ok(Step::Continue) => corrections = 0,
+                Ok(Step::Corrected(why)) => {
+                    corrections += 1;
+                    if corrections > self.limits.retry_budget {
+                        break (LaneState::Failed, Err(format!("too many invalid proposals in a row ({why})")));
+                    }
+                }
+                Ok(Step::ModelDown(e)) => break (LaneState::Failed, Err(e)),
+                Err(e) => break (LaneState::Failed, Err(format!("commit log failure: {e}"))),
+            }
+        };
+        let _ = machine.go(end);
+        let report = self.summary(end, &outcome, &conv, steps, tokens, started);
+        {
+            let mut st = self.status.lock();
+            st.state = end;
+            st.report = Some(report.clone());
+        }
+        log::info!("core job {} ended {}", self.name, end.as_str());
+        if !self.quiet.load(Ordering::SeqCst) {
+            let _ = s.edge.send(EdgeEvent::CoreDone {
+                job: self.name.clone(),
+                conversation: self.conversation.clone(),
+                report,
+            });
+        }
+        s.board.remove_lane(&lane_name);
+    }
+
+    /// The workflow summary: status, actions, artifacts and the final report —
+    /// built from tool results, never from the model's intermediate text.
+    fn summary(
+        &self,
+        end: LaneState,
+        outcome: &Result<String, String>,
+        conv: &Conversation,
+        steps: u64,
+        tokens: u64,
+        started: Instant,
+    ) -> Value {
+        let mut names = std::collections::HashMap::new();
+        let mut actions = Vec::new();
+        let mut artifacts: Vec<String> = Vec::new();
+        for m in &conv.messages {
+            for c in &m.tool_calls {
+                let name = choir_common::ids::canonical_tool_name(&c.function.name).unwrap_or(c.function.name.clone());
+                names.insert(c.id.clone(), name);
+            }
+            if m.role == Role::Tool {
+                let result: Value =
+                    m.content.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or(Value::Null);
+                let tool = m.tool_call_id.as_ref().and_then(|id| names.get(id)).cloned().unwrap_or_default();
+                if result["status"] == "success" {
+                    for key in ["path", "log_path", "artifact_path"] {
+                        if let Some(p) = result[key].as_str() {
+                            if tool != "choir.fs.read" && !artifacts.iter().any(|a| a == p) {
+                                artifacts.push(p.to_owned());
+                            }
+                        }
+                    }
+                }
+                actions.push(json!({"tool": tool, "status": result["status"], "summary": result["summary"]}));
+            }
+        }
+        let cap = |s: &str| s.chars().take(2000).collect::<String>();
+        let mut v = json!({
+            "job": self.name,
+            "status": match end { LaneState::Done => "done", LaneState::Cancelled => "cancelled", _ => "failed" },
+            "objective": self.objective,
+            "steps": steps,
+            "tokens": tokens,
+            "elapsed_s": started.elapsed().as_secs(),
+            "actions": actions,
+            "artifacts": artifacts,
+        });
+        match outcome {
+            Ok(report) => v["report"] = json!(cap(report)),
+            Err(reason) => v["reason"] = json!(reason),
+        }
+        v
+    }
+}

@@ -1,0 +1,332 @@
+//! Lane and session state machines (R-LANE-2) and the status board reported to
+//! choird with REPORT_STATUS.
+//!
+//! **Invariant:** a lane changes state only along an edge of [`allowed`]; an
+//! illegal transition is refused (and logged), never applied. Core lanes end in
+//! DONE, FAILED or CANCELLED for good; the edge lane returns to IDLE after each
+//! turn, whatever its outcome.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use choir_common::rpc::LaneStatus;
+use parking_lot::Mutex;
+
+/// The state of a lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneState {
+    /// Waiting for work.
+    Idle,
+    /// Waiting for the model.
+    Reasoning,
+    /// Running tool calls.
+    WaitingTool,
+    /// Waiting for a human's decision on a proposal.
+    WaitingApproval,
+    /// Finished its work (core jobs).
+    Done,
+    /// Gave up (budget, corrections, errors).
+    Failed,
+    /// Cancelled by the user, the edge, or a stop.
+    Cancelled,
+}
+
+impl LaneState {
+    /// The protocol spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaneState::Idle => "IDLE",
+            LaneState::Reasoning => "REASONING",
+            LaneState::WaitingTool => "WAITING_TOOL",
+            LaneState::WaitingApproval => "WAITING_APPROVAL",
+            LaneState::Done => "DONE",
+            LaneState::Failed => "FAILED",
+            LaneState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// Which kind of lane a machine belongs to (their tables differ at the ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneRole {
+    /// The user-facing lane: lives as long as the agent.
+    Edge,
+    /// A core job: one piece of work, then a terminal state.
+    Core,
+}
+
+/// The transition table.
+pub fn allowed(role: LaneRole, from: LaneState, to: LaneState) -> bool {
+    use LaneState::*;
+    match (from, to) {
+        (Idle, Reasoning) | (Idle, Cancelled) => true,
+        (Reasoning, Reasoning) | (Reasoning, WaitingTool) | (Reasoning, WaitingApproval) => true,
+        (Reasoning, Failed) | (Reasoning, Cancelled) => true,
+        (WaitingTool, Reasoning) | (WaitingTool, Failed) | (WaitingTool, Cancelled) => true,
+        (WaitingApproval, Reasoning) | (WaitingApproval, Failed) | (WaitingApproval, Cancelled) => true,
+        // The edge answers and goes back to waiting; a core job finishes.
+        (Reasoning, Idle) => role == LaneRole::Edge,
+        (Reasoning, Done) => role == LaneRole::Core,
+        // An edge turn that failed or was cut short leaves the lane usable.
+        (Failed, Idle) | (Cancelled, Idle) => role == LaneRole::Edge,
+        (Idle, Done) => role == LaneRole::Edge,
+        _ => false,
+    }
+}
+
+/// A transition that the table does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lane {lane}: illegal transition {from} -> {to}")]
+pub struct IllegalTransition {
+    /// The lane.
+    pub lane: String,
+    /// Its state.
+    pub from: &'static str,
+    /// The refused target.
+    pub to: &'static str,
+}
+
+/// The session's state (the agent as a whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// Handshake and set-up.
+    Starting,
+    /// Resuming interrupted turns from the log.
+    Recovering,
+    /// Serving.
+    Running,
+    /// Finishing the current work before stopping.
+    Draining,
+    /// Gone.
+    Stopped,
+}
+
+impl SessionState {
+    /// The protocol spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Starting => "STARTING",
+            SessionState::Recovering => "RECOVERING",
+            SessionState::Running => "RUNNING",
+            SessionState::Draining => "DRAINING",
+            SessionState::Stopped => "STOPPED",
+        }
+    }
+}
+
+/// Budgets and usage of one lane.
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    state: Option<LaneState>,
+    steps: u64,
+    tokens: u64,
+    max_steps: Option<u64>,
+    max_tokens: Option<u64>,
+    started: Option<Instant>,
+    detail: Option<String>,
+}
+
+/// Every lane's state and budget, shared by the lanes (who update it) and the
+/// link (which reports it when it changed).
+#[derive(Default)]
+pub struct StatusBoard {
+    inner: Mutex<Board>,
+    /// Pokes the reporter after a change (bounded(1): one pending poke is enough).
+    poke: Option<crossbeam_channel::Sender<()>>,
+}
+
+#[derive(Default)]
+struct Board {
+    session: Option<SessionState>,
+    lanes: BTreeMap<String, Entry>,
+    version: u64,
+}
+
+impl StatusBoard {
+    /// A new board.
+    pub fn new() -> Arc<StatusBoard> {
+        Arc::new(StatusBoard::default())
+    }
+
+    /// A new board that pokes `poke` after every change.
+    pub fn with_poke(poke: crossbeam_channel::Sender<()>) -> Arc<StatusBoard> {
+        Arc::new(StatusBoard { inner: Mutex::default(), poke: Some(poke) })
+    }
+
+    fn changed(&self, b: &mut Board) {
+        b.version += 1;
+        if let Some(p) = &self.poke {
+            let _ = p.try_send(());
+        }
+    }
+
+    /// Sets the session state.
+    pub fn set_session(&self, s: SessionState) {
+        let mut b = self.inner.lock();
+        b.session = Some(s);
+        self.changed(&mut b);
+    }
+
+    /// Registers a lane with its budgets.
+    pub fn add_lane(&self, lane: &str, max_steps: Option<u64>, max_tokens: Option<u64>, detail: Option<String>) {
+        let mut b = self.inner.lock();
+        b.lanes.insert(
+            lane.to_owned(),
+            Entry {
+                state: Some(LaneState::Idle),
+                max_steps,
+                max_tokens,
+                started: Some(Instant::now()),
+                detail,
+                ..Entry::default()
+            },
+        );
+        self.changed(&mut b);
+    }
+
+    /// Removes a lane (a finished core job, once reported).
+    pub fn remove_lane(&self, lane: &str) {
+        let mut b = self.inner.lock();
+        b.lanes.remove(lane);
+        self.changed(&mut b);
+    }
+
+    /// Updates a lane's usage.
+    pub fn usage(&self, lane: &str, steps: u64, tokens: u64) {
+        let mut b = self.inner.lock();
+        if let Some(e) = b.lanes.get_mut(lane) {
+            e.steps = steps;
+            e.tokens = tokens;
+        }
+        self.changed(&mut b);
+    }
+
+    fn set_state(&self, lane: &str, s: LaneState) {
+        let mut b = self.inner.lock();
+        if let Some(e) = b.lanes.get_mut(lane) {
+            e.state = Some(s);
+        }
+        self.changed(&mut b);
+    }
+
+    /// A change counter: the link reports when it moved.
+    pub fn version(&self) -> u64 {
+        self.inner.lock().version
+    }
+
+    /// The session state and every lane, as REPORT_STATUS carries them.
+    pub fn snapshot(&self) -> (String, Vec<LaneStatus>) {
+        let b = self.inner.lock();
+        let lanes = b
+            .lanes
+            .iter()
+            .map(|(name, e)| LaneStatus {
+                lane: name.clone(),
+                state: e.state.map(LaneState::as_str).unwrap_or("IDLE").to_owned(),
+                steps: e.steps,
+                tokens: e.tokens,
+                max_steps: e.max_steps,
+                max_tokens: e.max_tokens,
+                elapsed_ms: e.started.map(|t| t.elapsed().as_millis() as u64),
+                detail: e.detail.clone(),
+            })
+            .collect();
+        (b.session.map(SessionState::as_str).unwrap_or("STARTING").to_owned(), lanes)
+    }
+}
+
+/// One lane's state machine, mirrored on the board.
+pub struct LaneMachine {
+    lane: String,
+    role: LaneRole,
+    state: LaneState,
+    board: Arc<StatusBoard>,
+}
+
+impl LaneMachine {
+    /// A lane in IDLE.
+    pub fn new(lane: &str, role: LaneRole, board: Arc<StatusBoard>) -> LaneMachine {
+        LaneMachine { lane: lane.to_owned(), role, state: LaneState::Idle, board }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> LaneState {
+        self.state
+    }
+
+    /// Moves to `to` if the table allows it; otherwise logs and refuses.
+    pub fn go(&mut self, to: LaneState) -> Result<(), IllegalTransition> {
+        if !allowed(self.role, self.state, to) {
+            let e = IllegalTransition { lane: self.lane.clone(), from: self.state.as_str(), to: to.as_str() };
+            log::error!("{e}");
+            return Err(e);
+        }
+        self.state = to;
+        self.board.set_state(&self.lane, to);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use LaneState::*;
+
+    const ALL: [LaneState; 7] = [Idle, Reasoning, WaitingTool, WaitingApproval, Done, Failed, Cancelled];
+
+    #[test]
+    fn terminal_states_of_core_lanes_are_final() {
+        for to in ALL {
+            for from in [Done, Failed, Cancelled] {
+                assert!(!allowed(LaneRole::Core, from, to), "core {from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_is_exactly_as_documented() {
+        let edge: Vec<(LaneState, LaneState)> = ALL
+            .iter()
+            .flat_map(|f| ALL.iter().map(move |t| (*f, *t)))
+            .filter(|(f, t)| allowed(LaneRole::Edge, *f, *t))
+            .collect();
+        assert_eq!(
+            edge,
+            vec![
+                (Idle, Reasoning),
+                (Idle, Done),
+                (Idle, Cancelled),
+                (Reasoning, Idle),
+                (Reasoning, Reasoning),
+                (Reasoning, WaitingTool),
+                (Reasoning, WaitingApproval),
+                (Reasoning, Failed),
+                (Reasoning, Cancelled),
+                (WaitingTool, Reasoning),
+                (WaitingTool, Failed),
+                (WaitingTool, Cancelled),
+                (WaitingApproval, Reasoning),
+                (WaitingApproval, Failed),
+                (WaitingApproval, Cancelled),
+                (Failed, Idle),
+                (Cancelled, Idle),
+            ]
+        );
+        assert!(allowed(LaneRole::Core, Reasoning, Done) && !allowed(LaneRole::Core, Reasoning, Idle));
+    }
+
+    #[test]
+    fn illegal_transitions_are_refused_and_change_nothing() {
+        let board = StatusBoard::new();
+        board.add_lane("core-x", Some(10), None, None);
+        let mut m = LaneMachine::new("core-x", LaneRole::Core, board.clone());
+        assert!(m.go(WaitingTool).is_err());
+        assert_eq!(m.state(), Idle);
+        m.go(Reasoning).unwrap();
+        m.go(Done).unwrap();
+        let err = m.go(Reasoning).unwrap_err();
+        assert_eq!(err.to_string(), "lane core-x: illegal transition DONE -> REASONING");
+        assert_eq!(board.snapshot().1[0].state, "DONE");
+    }
+}

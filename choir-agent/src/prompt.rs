@@ -1,0 +1,109 @@
+//! System prompts: the agent's identity, baked into `/choir/identity` (`name`,
+//! `persona.md`, `rules.md`; the agent layer overrides the global one file by
+//! file), plus a short, generated summary of the tools the lane may use now.
+
+use std::path::Path;
+
+use crate::tools::Registry;
+
+/// The agent's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// What the agent calls itself (default: its id).
+    pub name: String,
+    /// Who it is, in its own words.
+    pub persona: Option<String>,
+    /// Rules it must follow.
+    pub rules: Option<String>,
+}
+
+impl Identity {
+    /// Reads the identity files under `choir_dir/identity/{global,agent}`.
+    pub fn load(choir_dir: &Path, agent_id: &str) -> Identity {
+        let read = |file: &str| -> Option<String> {
+            ["agent", "global"]
+                .iter()
+                .find_map(|layer| std::fs::read_to_string(choir_dir.join("identity").join(layer).join(file)).ok())
+                .map(|t| t.trim().to_owned())
+                .filter(|t| !t.is_empty())
+        };
+        Identity {
+            name: read("name").unwrap_or_else(|| agent_id.to_owned()),
+            persona: read("persona.md"),
+            rules: read("rules.md"),
+        }
+    }
+}
+
+/// The first sentence of a description (the tool summary stays short).
+fn first_sentence(s: &str) -> &str {
+    match s.find(". ") {
+        Some(i) => &s[..=i],
+        None => s,
+    }
+}
+
+fn tool_summary(registry: &Registry, allowlist: Option<&[String]>) -> String {
+    let mut out = String::new();
+    for spec in registry.llm_tools(allowlist) {
+        let name = choir_common::ids::canonical_tool_name(&spec.function.name).unwrap_or(spec.function.name.clone());
+        out.push_str(&format!("\n- {name}: {}", first_sentence(&spec.function.description)));
+    }
+    out
+}
+
+/// The edge lane's system prompt.
+pub fn edge(identity: &Identity, registry: &Registry) -> String {
+    let mut p = format!("You are {}, an agent run by Choir.", identity.name);
+    if let Some(persona) = &identity.persona {
+        p.push_str(&format!(" {persona}"));
+    }
+    p.push_str(
+        " You act only through the tools you are given; every call is checked and recorded. \
+         Paths are relative to your workspace, /workspace. When no tool is needed, answer directly and briefly. \
+         Start long work as a core job (choir.core.start); its report comes back to you, and you tell the user the result.",
+    );
+    if let Some(rules) = &identity.rules {
+        p.push_str(&format!("\n\nRules:\n{rules}"));
+    }
+    p.push_str(&format!("\n\nTools you can use now:{}", tool_summary(registry, None)));
+    p
+}
+
+/// A core job's system prompt.
+pub fn core(identity: &Identity, registry: &Registry, allowlist: &[String], job: &str, objective: &str) -> String {
+    let mut p = format!(
+        "You are {}'s core worker on the job '{job}'. Objective: {objective}\n\
+         Work step by step with the tools. When the objective is met (or cannot be), answer with a short report: \
+         what you did, the result, and the files you produced. The report is passed on to the user-facing lane.",
+        identity.name
+    );
+    if let Some(rules) = &identity.rules {
+        p.push_str(&format!("\n\nRules:\n{rules}"));
+    }
+    p.push_str(&format!("\n\nTools you can use now:{}", tool_summary(registry, Some(allowlist))));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_identity_files_override_global_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = dir.path().join("identity");
+        std::fs::create_dir_all(id.join("global")).unwrap();
+        std::fs::create_dir_all(id.join("agent")).unwrap();
+        std::fs::write(id.join("global/name"), "Global\n").unwrap();
+        std::fs::write(id.join("global/rules.md"), "Be kind.").unwrap();
+        std::fs::write(id.join("agent/name"), "Ada").unwrap();
+        let i = Identity::load(dir.path(), "demo");
+        assert_eq!(i, Identity { name: "Ada".into(), persona: None, rules: Some("Be kind.".into()) });
+        assert_eq!(Identity::load(&dir.path().join("none"), "demo").name, "demo");
+        let registry = Registry::builtins().unwrap();
+        let p = edge(&i, &registry);
+        assert!(p.starts_with("You are Ada, an agent run by Choir.") && p.contains("Rules:\nBe kind."), "{p}");
+        assert!(p.contains("\n- choir.fs.read: Read a UTF-8 text file from the workspace: whole (up to 1 MiB), the first or last N lines, or a line range."));
+    }
+}

@@ -1,0 +1,303 @@
+//! One model step, shared by the edge lane and core jobs: build the request
+//! (system prompt + history + the LLM views of the tools this lane may use),
+//! call the model through the relay, and act on what it proposed —
+//!
+//! * tool calls: all go through the arbiter, in parallel when there are
+//!   several (the lock manager serialises what conflicts); results are
+//!   appended in the order the model gave;
+//! * a text answer: returned, unless it *looks* like a tool call written as
+//!   text, which is refused with a correction (never parsed, never executed);
+//! * nothing at all: refused with a correction.
+//!
+//! A step whose proposal was refused (an unknown tool, arguments that do not
+//! validate, text posing as a tool call, an empty answer) is a *correction*;
+//! lanes count corrections in a row against their retry budget.
+
+use std::sync::Arc;
+
+use choir_common::commit::{EventKind, Outcome};
+use choir_common::openai::{ChatMessage, ChatRequest, Role};
+use serde_json::{json, Value};
+
+use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
+use crate::commitlog::LogError;
+use crate::lanes::{LaneMachine, LaneState};
+use crate::llm::Llm;
+use crate::memory::{self, Conversation};
+
+/// What a lane needs to take steps.
+pub struct Mind {
+    /// The arbiter.
+    pub arbiter: Arc<Arbiter>,
+    /// The model client.
+    pub llm: Arc<Llm>,
+    /// `edge` or `core`: which relay lane (and model) to use.
+    pub llm_lane: &'static str,
+    /// Model name sent (the relay enforces the configured one).
+    pub model: String,
+    /// Stream the model's answer (the edge lane does, so a reply can start early).
+    pub stream: bool,
+}
+
+/// What one step led to.
+#[derive(Debug)]
+pub enum Step {
+    /// The model answered in text.
+    Answer(String),
+    /// Tool calls ran and were all acceptable; the model should look at the results.
+    Continue,
+    /// The proposal was refused; a correction was appended to the history.
+    Corrected(String),
+    /// The model could not be reached (after retries).
+    ModelDown(String),
+}
+
+/// Markers of tool calls written as text instead of through `tool_calls`.
+const POSING_MARKERS: &[&str] = &[
+    "<tool_call>",
+    "<function_call>",
+    "<|tool_call|>",
+    "[TOOL_CALLS]",
+    "\"tool_calls\"",
+    "\"function_call\"",
+    "<|python_tag|>",
+];
+
+/// Whether a text answer looks like a tool call the model tried to write out.
+pub fn poses_as_tool_call(text: &str, tool_names: &[String]) -> bool {
+    if POSING_MARKERS.iter().any(|m| text.contains(m)) {
+        return true;
+    }
+    let trimmed = text.trim().trim_start_matches("```json").trim_start_matches("```").trim_end_matches("```").trim();
+    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(trimmed) {
+        let named = obj.contains_key("name") || obj.contains_key("function") || obj.contains_key("tool");
+        let args = obj.contains_key("arguments") || obj.contains_key("parameters") || obj.contains_key("function");
+        if named && args {
+            return true;
+        }
+    }
+    tool_names.iter().any(|name| {
+        let wire = choir_common::ids::wire_tool_name(name);
+        [name.as_str(), wire.as_str()]
+            .iter()
+            .any(|n| trimmed.starts_with(&format!("{n}(")) || trimmed.starts_with(&format!("{n} {{")))
+    })
+}
+
+impl Mind {
+    /// Takes one step. `on_text` receives streamed answer text as it arrives.
+    /// Fails only when the commit log cannot be written.
+    pub fn step(
+        &self,
+        lane: &LaneCtx,
+        machine: &mut LaneMachine,
+        system: &str,
+        history: &mut Vec<ChatMessage>,
+        tokens: &mut u64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Step, LogError> {
+        if machine.state() != LaneState::Reasoning {
+            let _ = machine.go(LaneState::Reasoning);
+        }
+        let registry = self.arbiter.registry();
+        let tools = registry.llm_tools(lane.allowlist.as_deref());
+        let allowed: Vec<String> = match &lane.allowlist {
+            Some(l) => l.clone(),
+            None => registry.names(),
+        };
+        let mut messages = vec![ChatMessage::text(Role::System, system)];
+        messages.extend(history.iter().cloned());
+        let req = ChatRequest {
+            model: self.model.clone(),
+            messages,
+            tools: tools.clone(),
+            tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
+            stream: None,
+            stream_options: None,
+        };
+        let resp = if self.stream {
+            self.llm.stream(self.llm_lane, &req, on_text)
+        } else {
+            self.llm.complete(self.llm_lane, &req)
+        };
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => return Ok(Step::ModelDown(e.to_string())),
+        };
+        *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
+        let Some(choice) = resp.choices.into_iter().next() else {
+            return self.correct(lane, history, None, "your reply had no choices at all", &allowed);
+        };
+        let answer = choice.message;
+        if answer.tool_calls.is_empty() {
+            let text = answer.content.clone().unwrap_or_default();
+            if text.trim().is_empty() {
+                return self.correct(
+                    lane,
+                    history,
+                    None,
+                    "your reply was empty: answer the user or call a tool",
+                    &allowed,
+                );
+            }
+            if poses_as_tool_call(&text, &allowed) {
+                let reply = ChatMessage::text(Role::Assistant, text);
+                return self.correct(
+                    lane,
+                    history,
+                    Some(reply),
+                    "your reply looks like a tool call written as text; it was not executed. Call tools only through \
+                     the structured tool_calls field; plain text is shown to the user as your answer",
+                    &allowed,
+                );
+            }
+            history.push(ChatMessage::text(Role::Assistant, text.clone()));
+            return Ok(Step::Answer(text));
+        }
+
+        let calls = answer.tool_calls.clone();
+        let _ = machine.go(LaneState::WaitingTool);
+        history.push(ChatMessage {
+            role: Role::Assistant,
+            content: answer.content,
+            tool_calls: calls.clone(),
+            tool_call_id: None,
+        });
+        let proposed: Vec<ProposedCall> = calls
+            .iter()
+            .map(|c| ProposedCall {
+                id: c.id.clone(),
+                name: c.function.name.clone(),
+                arguments: c.function.arguments.clone(),
+            })
+            .collect();
+        let results: Vec<Result<Value, LogError>> = if proposed.len() == 1 {
+            vec![self.arbiter.invoke(lane, &proposed[0])]
+        } else {
+            // In parallel: the lock manager decides what may overlap.
+            std::thread::scope(|s| {
+                let handles: Vec<_> = proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| Ok(json!({"status": "error", "summary": "the tool call panicked"})))
+                    })
+                    .collect()
+            })
+        };
+        let mut refused = Vec::new();
+        for (call, result) in calls.iter().zip(results) {
+            let result = result?;
+            let code = result["error"]["code"].as_str().unwrap_or_default();
+            if result["status"] == "rejected"
+                && matches!(code, "unknown_tool" | "invalid_arguments" | "tool_not_allowed")
+            {
+                refused.push(format!(
+                    "{}: {}",
+                    call.function.name,
+                    result["error"]["message"].as_str().unwrap_or(code)
+                ));
+            }
+            history.push(ChatMessage::tool_result(&call.id, result.to_string()));
+        }
+        if refused.is_empty() {
+            Ok(Step::Continue)
+        } else {
+            Ok(Step::Corrected(refused.join("; ")))
+        }
+    }
+
+    /// Compacts `conv` (conversation `name`) if it is over `budget` estimated
+    /// tokens or `force` is set: older turns are folded into a summary made by
+    /// the model, committed as a compaction event. Returns whether it folded.
+    /// A failed summary call leaves the history as it was.
+    #[allow(clippy::too_many_arguments)]
+    pub fn maybe_compact(
+        &self,
+        lane: &LaneCtx,
+        name: &str,
+        system: &str,
+        conv: &mut Conversation,
+        turn_starts_at: Role,
+        budget: u64,
+        force: bool,
+    ) -> Result<bool, LogError> {
+        let size = memory::estimate(system, &conv.messages);
+        if !force && size * 5 < budget * 4 {
+            return Ok(false);
+        }
+        let Some(cut) = memory::fold_point(conv, turn_starts_at) else { return Ok(false) };
+        let req = memory::summary_request(&self.model, &conv.messages[..cut]);
+        let summary = match self.llm.complete(self.llm_lane, &req) {
+            Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),
+            Err(e) => {
+                log::warn!("{}: compaction skipped, the summary call failed: {e}", lane.lane);
+                return Ok(false);
+            }
+        };
+        if summary.trim().is_empty() {
+            return Ok(false);
+        }
+        let folded = cut;
+        let upto = memory::fold(conv, cut, summary.trim());
+        self.arbiter.record(
+            lane,
+            EventKind::Compaction,
+            "choir.memory.compact",
+            json!({"conversation": name, "folded_messages": folded, "upto_message": upto, "estimated_tokens_before": size}),
+            Outcome::Ok,
+            json!({"summary": summary.trim(), "estimated_tokens_after": memory::estimate(system, &conv.messages)}),
+        )?;
+        log::info!("{}: compacted {folded} messages of {name} (about {size} tokens before)", lane.lane);
+        Ok(true)
+    }
+
+    /// Appends (and commits) a correction for a refused proposal.
+    fn correct(
+        &self,
+        lane: &LaneCtx,
+        history: &mut Vec<ChatMessage>,
+        said: Option<ChatMessage>,
+        reason: &str,
+        allowed: &[String],
+    ) -> Result<Step, LogError> {
+        let text = format!("Correction: {reason}. Tools you may call: {}.", allowed.join(", "));
+        self.arbiter.record(
+            lane,
+            EventKind::Correction,
+            "-",
+            json!({"said": said.as_ref().and_then(|m| m.content.clone())}),
+            Outcome::Rejected,
+            json!({"correction": text}),
+        )?;
+        if let Some(m) = said {
+            history.push(m);
+        }
+        history.push(ChatMessage::text(Role::System, text));
+        Ok(Step::Corrected(reason.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_posing_as_a_tool_call_is_recognised() {
+        let tools = vec!["choir.fs.write".to_owned()];
+        for posing in [
+            r#"{"name": "choir.fs.write", "arguments": {"path": "a"}}"#,
+            "```json\n{\"function\": {\"name\": \"x\"}}\n```",
+            "<tool_call>{\"name\": \"choir__fs__write\"}</tool_call>",
+            r#"choir.fs.write({"path": "a"})"#,
+            r#"choir__fs__write {"path": "a"}"#,
+            r#"Sure! {"tool_calls": [{"id": "1"}]}"#,
+        ] {
+            assert!(poses_as_tool_call(posing, &tools), "{posing}");
+        }
+        for honest in ["I wrote the file.", r#"The config is {"name": "demo"}."#, "Use choir.fs.write to change files."]
+        {
+            assert!(!poses_as_tool_call(honest, &tools), "{honest}");
+        }
+    }
+}

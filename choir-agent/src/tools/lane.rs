@@ -1,0 +1,108 @@
+//! Lane tools: `choir.core.start`, `choir.core.status`, `choir.core.cancel` and
+//! `choir.memory.compact`. They go through the arbiter like any tool (schema,
+//! allowlist, commit), but what they act on is the calling lane itself — its
+//! core pool or its working memory — reached through [`LaneHooks`].
+
+use choir_common::manifest::ToolManifest;
+use serde_json::{json, Value};
+
+use super::{ExecContext, Tool, ToolError};
+
+/// What a lane offers its lane tools.
+pub trait LaneHooks: Send + Sync {
+    /// Starts a named core job.
+    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>) -> Result<Value, ToolError>;
+    /// Reports one core job, or all.
+    fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError>;
+    /// Cancels a core job.
+    fn core_cancel(&self, name: &str) -> Result<Value, ToolError>;
+    /// Asks for working-memory compaction before the next model step.
+    fn compact(&self) -> Result<Value, ToolError>;
+}
+
+fn manifest(name: &str, description: &str, parameters: Value, side_effect: &str) -> ToolManifest {
+    super::fs::builtin_manifest(json!({
+        "llm": {"name": name, "description": description, "parameters": parameters},
+        "runtime": {"timeout_ms": 10000, "side_effect": side_effect, "version": "1"}
+    }))
+}
+
+/// The lane tools' manifests, with their implementations.
+pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
+    let name = json!({"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,31}$", "description": "A short name for the job, e.g. weekly-report"});
+    vec![
+        (
+            manifest(
+                "choir.core.start",
+                "Start a named core job: long work done in the background by a stronger model with its own budget. Its report comes back to you when it finishes.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": name,
+                        "objective": {"type": "string", "minLength": 1, "description": "What the job must achieve, with all the details it needs"},
+                        "skill": {"type": "string", "description": "Optional skill to run the job with"}
+                    },
+                    "required": ["name", "objective"],
+                    "additionalProperties": false
+                }),
+                "write",
+            ),
+            std::sync::Arc::new(LaneTool::Start),
+        ),
+        (
+            manifest(
+                "choir.core.status",
+                "Show the state, progress and budget of core jobs (one by name, or all).",
+                json!({"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": false}),
+                "read",
+            ),
+            std::sync::Arc::new(LaneTool::Status),
+        ),
+        (
+            manifest(
+                "choir.core.cancel",
+                "Cancel a running core job by name.",
+                json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": false}),
+                "write",
+            ),
+            std::sync::Arc::new(LaneTool::Cancel),
+        ),
+        (
+            manifest(
+                "choir.memory.compact",
+                "Fold the older part of this conversation into a short summary to free context; recent turns and your current objective stay as they are.",
+                json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                "write",
+            ),
+            std::sync::Arc::new(LaneTool::Compact),
+        ),
+    ]
+}
+
+/// A lane tool.
+pub enum LaneTool {
+    /// `choir.core.start`.
+    Start,
+    /// `choir.core.status`.
+    Status,
+    /// `choir.core.cancel`.
+    Cancel,
+    /// `choir.memory.compact`.
+    Compact,
+}
+
+impl Tool for LaneTool {
+    fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
+        let hooks =
+            ctx.hooks.ok_or_else(|| ToolError::new("not_available", "this tool is not available in this lane"))?;
+        let s = |k: &str| input.get(k).and_then(Value::as_str);
+        match self {
+            LaneTool::Start => {
+                hooks.core_start(s("name").unwrap_or_default(), s("objective").unwrap_or_default(), s("skill"))
+            }
+            LaneTool::Status => hooks.core_status(s("name")),
+            LaneTool::Cancel => hooks.core_cancel(s("name").unwrap_or_default()),
+            LaneTool::Compact => hooks.compact(),
+        }
+    }
+}
