@@ -207,11 +207,12 @@ impl CorePool {
     /// Cancels every job and joins every thread.
     pub fn shutdown(&self) {
         let mut jobs = std::mem::take(&mut *self.jobs.lock());
+        let mut running = 0;
         for j in jobs.values() {
+            running += usize::from(j.handle.as_ref().is_some_and(|h| !h.is_finished()));
             j.quiet.store(true, Ordering::SeqCst);
             j.cancel.store(true, Ordering::SeqCst);
         }
-        let n = jobs.len();
         for (name, j) in jobs.iter_mut() {
             if let Some(h) = j.handle.take() {
                 if h.join().is_err() {
@@ -219,8 +220,8 @@ impl CorePool {
                 }
             }
         }
-        if n > 0 {
-            log::info!("core pool: {n} job(s) cancelled and joined");
+        if !jobs.is_empty() {
+            log::info!("core pool: {running} running job(s) cancelled; all {} joined", jobs.len());
         }
     }
 }

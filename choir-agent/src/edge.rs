@@ -18,7 +18,7 @@ use std::sync::Arc;
 use choir_common::commit::{canonical_json, CommitEvent};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply};
+use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::RwLock;
 use serde_json::{json, Value};
@@ -57,7 +57,12 @@ pub enum EdgeEvent {
 pub enum Outbound {
     /// An answer (or a message of its own).
     Reply(OutboundReply),
+    /// The answer so far, while the model is still writing it.
+    Partial(PartialReply),
 }
+
+/// Least time between two partial answers sent for one message.
+const PARTIAL_EVERY: std::time::Duration = std::time::Duration::from_millis(150);
 
 /// How a turn begins.
 enum Start {
@@ -233,7 +238,19 @@ impl EdgeLane {
             let conv = st.conversations.entry(conv_name.to_owned()).or_default();
             let force = hooks.compact.swap(false, Ordering::SeqCst);
             self.mind.maybe_compact(&lane, conv_name, &system, conv, Role::User, context_tokens, force)?;
-            let outcome = self.mind.step(&lane, machine, &system, &mut conv.messages, &mut st.tokens, &mut |_| {})?;
+            // Stream what the model writes to whoever waits for this message.
+            let mut so_far = String::new();
+            let mut last_sent: Option<std::time::Instant> = None;
+            let (out, first) = (&self.out, covers.first().copied());
+            let mut on_text = |delta: &str| {
+                so_far.push_str(delta);
+                let due = last_sent.is_none_or(|t| t.elapsed() >= PARTIAL_EVERY);
+                if let (Some(id), true) = (first, due) {
+                    last_sent = Some(std::time::Instant::now());
+                    let _ = out.send(Outbound::Partial(PartialReply { in_reply_to: id, text: so_far.clone() }));
+                }
+            };
+            let outcome = self.mind.step(&lane, machine, &system, &mut conv.messages, &mut st.tokens, &mut on_text)?;
             self.board.usage("edge", step, st.tokens);
             match outcome {
                 Step::Answer(t) => {

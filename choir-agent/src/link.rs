@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use choir_common::rpc::{
-    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply,
+    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply, PartialReply,
     ReportStatusRequest, Verb,
 };
 use crossbeam_channel::{select, Receiver, Sender};
@@ -67,6 +67,7 @@ impl Link {
             let req = HeartbeatRequest {
                 events: Vec::new(),
                 replies: Vec::new(),
+                partials: Vec::new(),
                 processed_upto: self.processed.load(Ordering::SeqCst),
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: POLL_WAIT_MS,
@@ -139,6 +140,7 @@ impl Link {
     /// (or the lease is lost).
     pub fn push(&self, outbound: Receiver<Outbound>, committed: Receiver<()>) {
         let mut replies: Vec<OutboundReply> = Vec::new();
+        let mut partials: Vec<PartialReply> = Vec::new();
         let mut reported = 0u64;
         let mut open = true;
         let mut failures = 0;
@@ -146,14 +148,14 @@ impl Link {
             if open {
                 select! {
                     recv(outbound) -> m => match m {
-                        Ok(Outbound::Reply(r)) => replies.push(r),
+                        Ok(m) => take(m, &mut replies, &mut partials),
                         Err(_) => open = false,
                     },
                     recv(committed) -> _ => {},
                     default(PERIOD) => {},
                 }
-                while let Ok(Outbound::Reply(r)) = outbound.try_recv() {
-                    replies.push(r);
+                while let Ok(m) = outbound.try_recv() {
+                    take(m, &mut replies, &mut partials);
                 }
             }
             if self.lease_lost.load(Ordering::SeqCst) {
@@ -165,6 +167,13 @@ impl Link {
             let req = HeartbeatRequest {
                 events,
                 replies: replies.clone(),
+                // Only the latest text of each message matters; none once it is answered.
+                partials: std::mem::take(&mut partials)
+                    .into_iter()
+                    .filter(|p| {
+                        !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
+                    })
+                    .collect(),
                 processed_upto: processed,
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: 0,
@@ -203,6 +212,18 @@ impl Link {
             if !open && replies.is_empty() && self.log.unacked().is_empty() {
                 return;
             }
+        }
+    }
+}
+
+/// Sorts what the edge handed over: replies queue; a partial replaces an
+/// older partial of the same message.
+fn take(m: Outbound, replies: &mut Vec<OutboundReply>, partials: &mut Vec<PartialReply>) {
+    match m {
+        Outbound::Reply(r) => replies.push(r),
+        Outbound::Partial(p) => {
+            partials.retain(|q| q.in_reply_to != p.in_reply_to);
+            partials.push(p);
         }
     }
 }

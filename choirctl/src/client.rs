@@ -68,6 +68,30 @@ impl Client {
         Ok(last)
     }
 
+    /// POST `body` and hand each line of the streamed JSON-lines reply to `on_line`.
+    pub fn post_ndjson<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+        mut on_line: impl FnMut(serde_json::Value),
+    ) -> anyhow::Result<()> {
+        use std::io::BufRead;
+        let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_json(body);
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        if resp.status().as_u16() != 200 {
+            let status = resp.status().as_u16();
+            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(e) => anyhow::anyhow!("{}", e.error.message),
+                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
+            on_line(serde_json::from_str(&line?)?);
+        }
+        Ok(())
+    }
+
     fn finish<T: DeserializeOwned>(
         &self,
         resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,

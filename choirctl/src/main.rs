@@ -24,8 +24,10 @@ commands:
   agent update ID               rebuild and roll the running agent onto the new image
   agent stop ID                 stop an agent (finishes its current message)
   agent events ID [--after N]   the agent's replicated commit log
-  chat ID [MESSAGE]             send MESSAGE and print the answer; without
-                                MESSAGE, read messages line by line
+  chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
+                                MESSAGE, read messages line by line; the answer
+                                is shown as it is written on a terminal or with
+                                --stream
   audit [--agent ID] [--limit N]  the audit trail
   policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
 
@@ -41,12 +43,14 @@ fn main() {
 struct Ctx {
     client: Client,
     json: bool,
+    stream: bool,
 }
 
 fn real_main() -> anyhow::Result<()> {
     use lexopt::prelude::*;
     let mut home: Option<PathBuf> = None;
     let mut json = false;
+    let mut stream = false;
     let mut words: Vec<String> = Vec::new();
     let mut after: u64 = 0;
     let mut limit: u64 = 100;
@@ -56,6 +60,7 @@ fn real_main() -> anyhow::Result<()> {
         match arg {
             Long("home") => home = Some(parser.value()?.into()),
             Long("json") => json = true,
+            Long("stream") => stream = true,
             Long("after") => after = parser.value()?.parse()?,
             Long("limit") => limit = parser.value()?.parse()?,
             Long("agent") => agent_filter = Some(parser.value()?.string()?),
@@ -76,7 +81,8 @@ fn real_main() -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("CHOIR_HOME").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
         .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
-    let ctx = Ctx { client: Client::new(&home), json };
+    let stream = !json && (stream || std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    let ctx = Ctx { client: Client::new(&home), json, stream };
     let w: Vec<&str> = words.iter().map(String::as_str).collect();
     match w.as_slice() {
         ["status"] => status(&ctx),
@@ -167,9 +173,22 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         println!("last heartbeat: {ms} ms ago");
     }
     if !a.lanes.is_empty() {
-        println!("\n{:<12} {:<14} {:>6} {:>8}", "LANE", "STATE", "STEPS", "TOKENS");
+        println!("\n{:<20} {:<16} {:>12} {:>16} {:>9}  DETAIL", "LANE", "STATE", "STEPS", "TOKENS", "ELAPSED");
         for l in &a.lanes {
-            println!("{:<12} {:<14} {:>6} {:>8}", l.lane, l.state, l.steps, l.tokens);
+            let of = |used: u64, max: Option<u64>| match max {
+                Some(m) => format!("{used}/{m}"),
+                None => used.to_string(),
+            };
+            let elapsed = l.elapsed_ms.map(|ms| format!("{} s", ms / 1000)).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<20} {:<16} {:>12} {:>16} {:>9}  {}",
+                l.lane,
+                l.state,
+                of(l.steps, l.max_steps),
+                of(l.tokens, l.max_tokens),
+                elapsed,
+                l.detail.as_deref().unwrap_or("")
+            );
         }
     }
     Ok(())
@@ -246,13 +265,45 @@ fn kill_switch(ctx: &Ctx, on: bool) -> anyhow::Result<()> {
 }
 
 fn chat_once(ctx: &Ctx, id: &str, message: &str) -> anyhow::Result<()> {
-    let req = ChatRequest { text: message.to_owned(), conversation: None, timeout_s: None };
+    if ctx.stream {
+        return chat_streamed(ctx, id, message, "");
+    }
+    let req = ChatRequest { text: message.to_owned(), conversation: None, timeout_s: None, stream: false };
     let r: ChatResponse = ctx.client.post(&format!("agents/{id}/chat"), &req)?;
     if ctx.json {
         return print_json(&r);
     }
     println!("{}", r.reply);
     Ok(())
+}
+
+/// Prints the answer while the agent writes it: each partial extends what is
+/// shown; a partial that does not (a new model step) starts a fresh line.
+fn chat_streamed(ctx: &Ctx, id: &str, message: &str, prefix: &str) -> anyhow::Result<()> {
+    let req = ChatRequest { text: message.to_owned(), conversation: None, timeout_s: None, stream: true };
+    let mut shown = String::new();
+    let mut error = None;
+    let mut out = std::io::stdout();
+    print!("{prefix}");
+    ctx.client.post_ndjson(&format!("agents/{id}/chat"), &req, |line| {
+        let text = line.get("partial").or_else(|| line.get("reply")).and_then(Value::as_str).map(str::to_owned);
+        if let Some(text) = text {
+            match text.strip_prefix(shown.as_str()) {
+                Some(rest) => print!("{rest}"),
+                None => print!("\n{prefix}{text}"),
+            }
+            shown = text;
+            let _ = out.flush();
+        }
+        if let Some(e) = line.get("error").and_then(Value::as_str) {
+            error = Some(e.to_owned());
+        }
+    })?;
+    println!();
+    match error {
+        Some(e) => anyhow::bail!("{e}"),
+        None => Ok(()),
+    }
 }
 
 fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
@@ -274,9 +325,15 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         if matches!(line, "/quit" | "/exit") {
             return Ok(());
         }
+        if ctx.stream {
+            if let Err(e) = chat_streamed(ctx, id, line, &format!("{id}> ")) {
+                eprintln!("choirctl: {e:#}");
+            }
+            continue;
+        }
         match ctx.client.post::<_, ChatResponse>(
             &format!("agents/{id}/chat"),
-            &ChatRequest { text: line.to_owned(), conversation: None, timeout_s: None },
+            &ChatRequest { text: line.to_owned(), conversation: None, timeout_s: None, stream: false },
         ) {
             Ok(r) if ctx.json => print_json(&r)?,
             Ok(r) => println!("{id}> {}", r.reply),

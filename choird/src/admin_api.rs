@@ -7,7 +7,7 @@ use choir_common::admin::{AgentList, ChatRequest, EventsResponse, StatusResponse
 use choir_common::commit::{verify_extension, ChainHead};
 use choir_common::ids::AgentId;
 
-use crate::daemon::Daemon;
+use crate::daemon::{ChatUpdate, Daemon};
 use crate::http::{ApiError, Request, Response};
 
 /// Answers `/admin/v1/...`.
@@ -66,7 +66,36 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let chat: ChatRequest = req.json()?;
             let conversation = chat.conversation.unwrap_or_else(|| "cli".to_owned());
             let timeout = Duration::from_secs(chat.timeout_s.unwrap_or(300).clamp(1, 3600));
-            Ok(Response::ok(&d.chat(id, &chat.text, &conversation, "choirctl", timeout)?))
+            if !chat.stream {
+                return Ok(Response::ok(&d.chat(id, &chat.text, &conversation, "choirctl", timeout)?));
+            }
+            let (message_id, updates) = d.chat_send(id, &chat.text, &conversation, "choirctl")?;
+            let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
+            let (daemon, id) = (d.clone(), id.to_string());
+            std::thread::Builder::new()
+                .name(format!("chat-{id}"))
+                .spawn(move || {
+                    use std::io::Write;
+                    let deadline = std::time::Instant::now() + timeout;
+                    loop {
+                        let line = match daemon.chat_next(&id, message_id, &updates, deadline) {
+                            Ok(ChatUpdate::Partial(text)) => serde_json::json!({"partial": text}),
+                            Ok(ChatUpdate::Done(Ok(reply))) => {
+                                serde_json::json!({"message_id": message_id, "reply": reply})
+                            }
+                            Ok(ChatUpdate::Done(Err(e))) => serde_json::json!({"error": e}),
+                            Err(e) => serde_json::json!({"error": e.to_string()}),
+                        };
+                        let last = line.get("partial").is_none();
+                        if writeln!(writer, "{line}").is_err() || last {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            let mut resp = Response::streaming(reader);
+            resp.content_type = "application/x-ndjson";
+            Ok(resp)
         }
         ("GET", ["agents", id, "events"]) => {
             let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;

@@ -284,8 +284,9 @@ fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Requ
         }
     }
     let sent = match response.stream {
-        // No length: tiny_http sends it chunked, as it is produced.
-        Some(reader) => rq.respond(tiny_http::Response::new(response.status.into(), headers, reader, None, None)),
+        // Written by hand, one flushed chunk per read: tiny_http's own chunked
+        // encoder would hold events back until 8 KiB had gathered.
+        Some(reader) => stream_chunked(rq, response.status, response.content_type, reader),
         None => {
             let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
             for h in headers {
@@ -297,6 +298,42 @@ fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Requ
     if let Err(e) = sent {
         log::debug!("client went away before the reply to {path}: {e}");
     }
+}
+
+/// Sends a `Transfer-Encoding: chunked` reply, flushing each piece the reader
+/// yields as soon as it has it.
+fn stream_chunked(
+    rq: tiny_http::Request,
+    status: u16,
+    content_type: &str,
+    mut reader: Box<dyn Read + Send>,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let reason = if status == 200 { "OK" } else { "Status" };
+    let mut w = rq.into_writer();
+    write!(
+        w,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
+    )?;
+    w.flush()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                log::debug!("stream source failed: {e}");
+                break;
+            }
+        };
+        write!(w, "{n:x}\r\n")?;
+        w.write_all(&buf[..n])?;
+        w.write_all(b"\r\n")?;
+        w.flush()?;
+    }
+    w.write_all(b"0\r\n\r\n")?;
+    w.flush()
 }
 
 fn parse_query(q: &str) -> Vec<(String, String)> {

@@ -81,6 +81,11 @@ pub struct ChatRequest {
     /// How long to wait for the answer, in seconds (default 300).
     #[serde(default)]
     pub timeout_s: Option<u64>,
+    /// Stream the answer as it is written: the reply is then JSON lines,
+    /// `{"partial": "text so far"}` … then `{"message_id": N, "reply": "…"}`
+    /// (or `{"error": "…"}`).
+    #[serde(default)]
+    pub stream: bool,
 }
 
 /// Answer to a chat request.

@@ -223,6 +223,15 @@ pub struct OutboundReply {
     pub text: String,
 }
 
+/// An answer still being written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialReply {
+    /// The inbound message being answered.
+    pub in_reply_to: u64,
+    /// The text so far (of the current model step).
+    pub text: String,
+}
+
 /// HEARTBEAT request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatRequest {
@@ -232,6 +241,9 @@ pub struct HeartbeatRequest {
     /// Finished answers.
     #[serde(default)]
     pub replies: Vec<OutboundReply>,
+    /// Answers still being written (the text so far of the current model step).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partials: Vec<PartialReply>,
     /// Highest inbound message id fully processed (answered).
     pub processed_upto: u64,
     /// Config version the agent runs with.

@@ -21,6 +21,11 @@ pub enum Step {
     /// An assistant message calling tools: (canonical or wire name, arguments
     /// JSON text exactly as the "model" produces it).
     ToolCalls(Vec<(String, String)>),
+    /// Text *and* tool calls in one assistant message (models "think aloud").
+    Said(String, Vec<(String, String)>),
+    /// For a streamed request: text sent in 8-character chunks, `delay` apart
+    /// (a model that writes slowly).
+    SlowText(String, Duration),
     /// For a streamed request: a tool call whose stream is cut in the middle
     /// (no `finish_reason`, no `[DONE]`).
     CutStream,
@@ -53,8 +58,14 @@ pub struct Recorded {
     pub body: Value,
 }
 
+/// Decides the answer to a request from its body and its number (1-based);
+/// `None` falls back to the script. It runs outside the fake's lock, so it
+/// may take its time.
+pub type Responder = Arc<dyn Fn(&Value, u64) -> Option<Step> + Send + Sync>;
+
 struct Shared {
     script: VecDeque<Step>,
+    responder: Option<Responder>,
     requests: Vec<Recorded>,
     /// When the script runs out: repeat this step forever (for the demo), or
     /// answer 500.
@@ -81,18 +92,37 @@ impl FakeLlm {
         let server = Arc::new(tiny_http::Server::http(addr).map_err(std::io::Error::other)?);
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let shared = Arc::new((
-            Mutex::new(Shared { script: script.into(), requests: Vec::new(), fallback, counter: 0 }),
+            Mutex::new(Shared { script: script.into(), responder: None, requests: Vec::new(), fallback, counter: 0 }),
             Condvar::new(),
         ));
         let (s2, srv2) = (shared.clone(), server.clone());
         let thread = std::thread::Builder::new().name("fake-llm".into()).spawn(move || {
             while let Ok(mut rq) = srv2.recv() {
+                let s2 = s2.clone();
+                // One thread per request: a slow answer does not hold up others.
+                std::thread::spawn(move || {
                 let mut body = String::new();
                 let _ = rq.as_reader().read_to_string(&mut body);
                 let auth =
                     rq.headers().iter().find(|h| h.field.equiv("Authorization")).map(|h| h.value.as_str().to_owned());
                 let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
                 let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
+                if let Some(delay) = headers.iter().find(|(k, _)| k == "X-Fake-Chunk-Delay-Ms").and_then(|(_, v)| v.parse().ok()) {
+                    // Send the events one by one, `delay` apart.
+                    // Written by hand: tiny_http's chunked encoder would hold
+                    // the events back until 8 KiB had gathered.
+                    use std::io::Write;
+                    let mut w = rq.into_writer();
+                    let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+                    for event in out.split_inclusive("\n\n") {
+                        std::thread::sleep(Duration::from_millis(delay));
+                        let _ = write!(w, "{:x}\r\n{event}\r\n", event.len());
+                        let _ = w.flush();
+                    }
+                    let _ = w.write_all(b"0\r\n\r\n");
+                    let _ = w.flush();
+                    return;
+                }
                 let mut resp = tiny_http::Response::from_string(out).with_status_code(status);
                 if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
                     resp.add_header(tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap());
@@ -101,6 +131,7 @@ impl FakeLlm {
                     resp.add_header(tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap());
                 }
                 let _ = rq.respond(resp);
+                });
             }
         })?;
         Ok(FakeLlm { shared, server, thread: Some(thread), addr })
@@ -122,6 +153,13 @@ impl FakeLlm {
         let mut g = self.shared.0.lock();
         while g.requests.len() < n && !self.shared.1.wait_until(&mut g, deadline).timed_out() {}
         g.requests.clone()
+    }
+
+    /// Starts a fake whose answers come from `responder` (then the script).
+    pub fn with_responder(responder: impl Fn(&Value, u64) -> Option<Step> + Send + Sync + 'static) -> FakeLlm {
+        let fake = FakeLlm::start(Vec::new());
+        fake.shared.0.lock().responder = Some(Arc::new(responder));
+        fake
     }
 
     /// Steps not yet consumed.
@@ -147,11 +185,16 @@ fn answer(
 ) -> (u16, String, Vec<(String, String)>) {
     let mut g = shared.0.lock();
     g.requests.push(Recorded { path: url.to_owned(), authorization: auth, body: body.clone() });
+    let number = g.requests.len() as u64;
     shared.1.notify_all();
+    let responder = g.responder.clone();
+    drop(g);
+    let decided = responder.and_then(|r| r(&body, number));
+    let mut g = shared.0.lock();
     if url != "/v1/chat/completions" {
         return (404, json!({"error": {"message": format!("Unknown request URL: POST {url}"), "type": "invalid_request_error", "param": null, "code": "unknown_url"}}).to_string(), vec![]);
     }
-    let step = match g.script.pop_front().or_else(|| g.fallback.clone()) {
+    let step = match decided.or_else(|| g.script.pop_front()).or_else(|| g.fallback.clone()) {
         Some(s) => s,
         None => {
             return (500, json!({"error": {"message": "the scripted model has no more steps", "type": "server_error", "param": null, "code": null}}).to_string(), vec![]);
@@ -170,20 +213,13 @@ fn answer(
             return (200, format!("data: {chunk}\n\n"), vec![("Content-Type".into(), "text/event-stream".into())]);
         }
         Step::Text(t) => (json!({"role": "assistant", "content": t, "refusal": null}), "stop"),
-        Step::ToolCalls(calls) => {
-            let calls: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(i, (name, args))| {
-                    json!({
-                        "id": format!("call_{n}_{i}"),
-                        "type": "function",
-                        "function": {"name": choir_common::ids::wire_tool_name(name), "arguments": args}
-                    })
-                })
-                .collect();
-            (json!({"role": "assistant", "content": null, "tool_calls": calls, "refusal": null}), "tool_calls")
+        Step::SlowText(t, delay) => {
+            let message = json!({"role": "assistant", "content": t, "refusal": null});
+            let headers = vec![("X-Fake-Chunk-Delay-Ms".to_owned(), delay.as_millis().to_string())];
+            return (200, sse(n, &model, &message, "stop", &body), headers);
         }
+        Step::ToolCalls(calls) => (calls_message(n, &calls, None), "tool_calls"),
+        Step::Said(text, calls) => (calls_message(n, &calls, Some(text)), "tool_calls"),
     };
     if streaming {
         return (
@@ -202,6 +238,23 @@ fn answer(
         "system_fingerprint": "fp_scripted"
     });
     (200, resp.to_string(), vec![])
+}
+
+/// An assistant message calling `calls` (canonical names mapped to the wire),
+/// with optional text beside them.
+fn calls_message(n: u64, calls: &[(String, String)], text: Option<String>) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({
+                "id": format!("call_{n}_{i}"),
+                "type": "function",
+                "function": {"name": choir_common::ids::wire_tool_name(name), "arguments": args}
+            })
+        })
+        .collect();
+    json!({"role": "assistant", "content": text, "tool_calls": calls, "refusal": null})
 }
 
 /// The same answer as `chat.completion.chunk` server-sent events, the way

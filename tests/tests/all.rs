@@ -5,6 +5,7 @@
 
 mod arbiter;
 mod bad_input;
+mod cognition;
 mod docker;
 mod e2e;
 mod lanes;

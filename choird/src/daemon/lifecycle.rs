@@ -476,7 +476,9 @@ impl Daemon {
                     slot.last_exit = Some(reason.to_owned());
                     let later = if will_restart { "; it is being restarted and will answer" } else { "" };
                     for (_, w) in slot.waiters.drain() {
-                        let _ = w.send(Err(format!("agent {id} stopped before answering ({reason}){later}")));
+                        let _ = w.send(super::ChatUpdate::Done(Err(format!(
+                            "agent {id} stopped before answering ({reason}){later}"
+                        ))));
                     }
                     slot.wake += 1;
                 }

@@ -20,7 +20,7 @@ use choir_common::rpc::{
     Bindings, ConversationTail, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest,
     InitHelloResponse, LaneModels, RecoverySnapshot, ReportStatusRequest,
 };
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -174,9 +174,18 @@ pub(crate) struct AgentSlot {
     status: Option<ReportStatusRequest>,
     replicated_seq: u64,
     /// Chat requests waiting for the answer to a message id.
-    waiters: HashMap<u64, Sender<Result<String, String>>>,
+    waiters: HashMap<u64, Sender<ChatUpdate>>,
     /// Bumped whenever a long-poll of this agent should look again.
     wake: u64,
+}
+
+/// What a waiting chat request hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatUpdate {
+    /// The answer so far (of the current model step).
+    Partial(String),
+    /// The answer, or why there will be none now.
+    Done(Result<String, String>),
 }
 
 /// The caller of an agent RPC, once its token checked out.
@@ -495,7 +504,7 @@ impl Daemon {
                 Err(ReplicationError::Db(e)) => return Err(e.into()),
             }
         };
-        let new_replies = if req.replies.is_empty() && req.processed_upto == 0 {
+        let new_replies = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
             Vec::new()
         } else {
             self.store.record_replies(&who.agent, &req.replies, req.processed_upto)?
@@ -509,7 +518,12 @@ impl Daemon {
         }
         for (id, text) in new_replies {
             if let Some(w) = slot.waiters.remove(&id) {
-                let _ = w.send(Ok(text));
+                let _ = w.send(ChatUpdate::Done(Ok(text)));
+            }
+        }
+        for p in &req.partials {
+            if let Some(w) = slot.waiters.get(&p.in_reply_to) {
+                let _ = w.send(ChatUpdate::Partial(p.text.clone()));
             }
         }
         let acked_seq = slot.replicated_seq;
@@ -675,6 +689,26 @@ impl Daemon {
         sender: &str,
         timeout: Duration,
     ) -> Result<ChatResponse, ApiError> {
+        let (message_id, updates) = self.chat_send(id, text, conversation, sender)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.chat_next(id, message_id, &updates, deadline)? {
+                ChatUpdate::Partial(_) => continue,
+                ChatUpdate::Done(Ok(reply)) => return Ok(ChatResponse { message_id, reply }),
+                ChatUpdate::Done(Err(why)) => return Err(ApiError::Unavailable(why)),
+            }
+        }
+    }
+
+    /// Queues a user message and registers for its answer; returns the message
+    /// id and the channel its partial and final answers arrive on.
+    pub fn chat_send(
+        &self,
+        id: &str,
+        text: &str,
+        conversation: &str,
+        sender: &str,
+    ) -> Result<(u64, Receiver<ChatUpdate>), ApiError> {
         let id = self.known(id)?;
         if text.trim().is_empty() {
             return Err(ApiError::BadRequest("the message is empty".into()));
@@ -689,11 +723,12 @@ impl Daemon {
             )));
         }
         let message_id = self.store.insert_message(&id, conversation, sender, text)?;
-        let (tx, rx) = bounded(1); // Exactly one answer per message.
+        // Unbounded: a handful of throttled partials, then one answer.
+        let (tx, rx) = unbounded();
         {
             let mut agents = self.agents.lock();
             if let Some(slot) = agents.get_mut(&id) {
-                slot.waiters.insert(message_id, tx);
+                slot.waiters.insert(message_id, tx.clone());
                 slot.wake += 1;
             }
         }
@@ -701,16 +736,27 @@ impl Daemon {
         // The answer may have been recorded before the waiter was registered.
         if let Some(reply) = self.store.reply_of(&id, message_id)? {
             self.agents.lock().get_mut(&id).map(|s| s.waiters.remove(&message_id));
-            return Ok(ChatResponse { message_id, reply });
+            let _ = tx.send(ChatUpdate::Done(Ok(reply)));
         }
-        match rx.recv_timeout(timeout) {
-            Ok(Ok(reply)) => Ok(ChatResponse { message_id, reply }),
-            Ok(Err(why)) => Err(ApiError::Unavailable(why)),
+        Ok((message_id, rx))
+    }
+
+    /// The next update of a chat, or a timeout error (the message stays queued).
+    pub fn chat_next(
+        &self,
+        id: &str,
+        message_id: u64,
+        updates: &Receiver<ChatUpdate>,
+        deadline: Instant,
+    ) -> Result<ChatUpdate, ApiError> {
+        match updates.recv_deadline(deadline) {
+            Ok(u) => Ok(u),
             Err(_) => {
-                self.agents.lock().get_mut(&id).map(|s| s.waiters.remove(&message_id));
+                if let Ok(agent) = AgentId::parse(id) {
+                    self.agents.lock().get_mut(&agent).map(|s| s.waiters.remove(&message_id));
+                }
                 Err(ApiError::Timeout(format!(
-                    "no answer from agent {id} within {} s; message {message_id} stays queued and will be answered",
-                    timeout.as_secs()
+                    "no answer from agent {id} in time; message {message_id} stays queued and will be answered"
                 )))
             }
         }
