@@ -51,6 +51,7 @@ bench: deps base-image
 	$(CARGO) bench -p choir-agent --bench arbiter
 	$(CARGO) build --release --workspace --bins
 	target/release/bench-docker
+	target/release/bench-turns
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir

@@ -149,6 +149,7 @@ impl EdgeLane {
             let outcome = match event {
                 EdgeEvent::Stop => break Ok(()),
                 EdgeEvent::Message(m) => {
+                    log::debug!("edge: message {} for {}", m.id, m.conversation);
                     let conv = m.conversation.clone();
                     self.turn(&mut st, &mut machine, &inbox, &conv, Start::User(m))
                 }
@@ -297,6 +298,7 @@ impl EdgeLane {
                 key: notice_key(),
             },
         };
+        log::debug!("edge: answer ready for {conv_name}");
         if self.out.send(Outbound::Reply(reply)).is_err() {
             st.stopping = true;
         }

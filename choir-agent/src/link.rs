@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use choir_common::rpc::{
     Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply, PartialReply,
@@ -30,6 +30,8 @@ use crate::rpc::{Rpc, RpcError};
 const POLL_WAIT_MS: u64 = 25_000;
 /// Liveness heartbeat period.
 const PERIOD: Duration = Duration::from_secs(5);
+/// Status reports are coalesced to at most one per this interval.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 /// State shared by the two link threads.
 pub struct Link {
@@ -142,17 +144,27 @@ impl Link {
         let mut replies: Vec<OutboundReply> = Vec::new();
         let mut partials: Vec<PartialReply> = Vec::new();
         let mut reported = 0u64;
+        let mut last_beat = Instant::now();
+        let mut last_report: Option<Instant> = None;
         let mut open = true;
         let mut failures = 0;
         loop {
+            let status_due = self.board.version() != reported;
             if open {
+                // A pending status report waits at most STATUS_EVERY; otherwise
+                // the period keeps the lease alive.
+                let wait = if status_due {
+                    STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
+                } else {
+                    PERIOD.saturating_sub(last_beat.elapsed())
+                };
                 select! {
                     recv(outbound) -> m => match m {
                         Ok(m) => take(m, &mut replies, &mut partials),
                         Err(_) => open = false,
                     },
                     recv(committed) -> _ => {},
-                    default(PERIOD) => {},
+                    default(wait) => {},
                 }
                 while let Ok(m) = outbound.try_recv() {
                     take(m, &mut replies, &mut partials);
@@ -162,48 +174,55 @@ impl Link {
                 return;
             }
             let events = self.log.unacked();
-            let processed =
-                replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
-            let req = HeartbeatRequest {
-                events,
-                replies: replies.clone(),
-                // Only the latest text of each message matters; none once it is answered.
-                partials: std::mem::take(&mut partials)
-                    .into_iter()
-                    .filter(|p| {
-                        !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
-                    })
-                    .collect(),
-                processed_upto: processed,
-                config_version: self.config_version.load(Ordering::SeqCst),
-                wait_ms: 0,
-                // Only the poller takes messages; this thread does not forward them.
-                receive: false,
-            };
-            match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
-                Ok(resp) => {
-                    failures = 0;
-                    self.log.ack(resp.acked_seq);
-                    self.processed.fetch_max(processed, Ordering::SeqCst);
-                    replies.clear();
-                }
-                Err(RpcError::Unauthorized(msg)) => {
-                    log::error!("lease lost: {msg}");
-                    self.lease_lost.store(true, Ordering::SeqCst);
-                    self.arbiter.set_lease_lost();
-                    return;
-                }
-                Err(e) => {
-                    failures += 1;
-                    log::warn!("replication failed ({e}); retrying");
-                    std::thread::sleep(backoff(failures));
-                    continue;
+            let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty();
+            if work || last_beat.elapsed() >= PERIOD {
+                let processed =
+                    replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
+                let req = HeartbeatRequest {
+                    events,
+                    replies: replies.clone(),
+                    // Only the latest text of each message matters; none once it is answered.
+                    partials: std::mem::take(&mut partials)
+                        .into_iter()
+                        .filter(|p| {
+                            !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
+                        })
+                        .collect(),
+                    processed_upto: processed,
+                    config_version: self.config_version.load(Ordering::SeqCst),
+                    wait_ms: 0,
+                    // Only the poller takes messages; this thread does not forward them.
+                    receive: false,
+                };
+                log::debug!("push: HEARTBEAT with {} event(s), {} repl(ies)", req.events.len(), req.replies.len());
+                match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
+                    Ok(resp) => {
+                        failures = 0;
+                        last_beat = Instant::now();
+                        self.log.ack(resp.acked_seq);
+                        self.processed.fetch_max(processed, Ordering::SeqCst);
+                        replies.clear();
+                    }
+                    Err(RpcError::Unauthorized(msg)) => {
+                        log::error!("lease lost: {msg}");
+                        self.lease_lost.store(true, Ordering::SeqCst);
+                        self.arbiter.set_lease_lost();
+                        return;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        log::warn!("replication failed ({e}); retrying");
+                        std::thread::sleep(backoff(failures));
+                        continue;
+                    }
                 }
             }
             let version = self.board.version();
-            if version != reported {
+            let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
+            if version != reported && report_due {
                 let (session_state, lanes) = self.board.snapshot();
                 let report = ReportStatusRequest { session_state, lanes };
+                last_report = Some(Instant::now());
                 match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
                     Ok(_) => reported = version,
                     Err(e) => log::warn!("status report failed: {e}"),

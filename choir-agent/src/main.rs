@@ -14,7 +14,9 @@ usage: choir-agent --agent ID --connect (unix:PATH | http://HOST:PORT) --workspa
 Started by choird. The lease token is read from the first line of stdin.";
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
     if let Err(e) = real_main() {
         eprintln!("choir-agent: {e:#}");
         std::process::exit(1);

@@ -71,6 +71,7 @@ fn init_logging(home: &std::path::Path) {
         .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(logs.join("choird.log")))
         .ok();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
         .target(env_logger::Target::Pipe(Box::new(Tee(file))))
         .init();
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::config::Lane;
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, RateClass};
 use crate::http::{ApiError, ListenerKind, Request, Response};
 
 /// Largest request body relayed.
@@ -24,7 +24,8 @@ const MAX_ANSWER: u64 = 32 * 1024 * 1024;
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
 pub fn handle(d: &Arc<Daemon>, kind: &ListenerKind, lane: &str, req: &Request) -> Result<Response, ApiError> {
-    let who = d.authenticate(kind, req.bearer.as_deref(), "LLM")?;
+    let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
+    let who = d.authenticate(kind, req.bearer.as_deref(), "LLM", class)?;
     let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
     if req.body.len() > MAX_REQUEST {
         return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));

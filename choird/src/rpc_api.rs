@@ -6,7 +6,7 @@ use choir_common::rpc::{
     ReportStatusRequest, TerminateSelfRequest, Verb,
 };
 
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, RateClass};
 use crate::http::{ApiError, ListenerKind, Request, Response};
 
 /// Largest RPC body (HEARTBEATs carry batches of events).
@@ -14,7 +14,7 @@ pub const MAX_RPC_BODY: usize = 8 * 1024 * 1024;
 
 /// Answers `POST /rpc/v1/<VERB>`.
 pub fn handle(d: &Daemon, kind: &ListenerKind, verb: Verb, req: &Request) -> Result<Response, ApiError> {
-    let who = d.authenticate(kind, req.bearer.as_deref(), verb.name())?;
+    let who = d.authenticate(kind, req.bearer.as_deref(), verb.name(), RateClass::Verb)?;
     if req.method != "POST" {
         return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
     }

@@ -56,6 +56,10 @@ pub struct Recorded {
     pub authorization: Option<String>,
     /// Parsed JSON body (`Value::Null` if it did not parse).
     pub body: Value,
+    /// When the request arrived.
+    pub at: Instant,
+    /// When its answer was ready to be written back.
+    pub answered_at: Option<Instant>,
 }
 
 /// Decides the answer to a request from its body and its number (1-based);
@@ -64,6 +68,8 @@ pub struct Recorded {
 pub type Responder = Arc<dyn Fn(&Value, u64) -> Option<Step> + Send + Sync>;
 
 struct Shared {
+    /// Keep request bodies (off for load benchmarks: only times are kept).
+    keep_bodies: bool,
     script: VecDeque<Step>,
     responder: Option<Responder>,
     requests: Vec<Recorded>,
@@ -92,7 +98,14 @@ impl FakeLlm {
         let server = Arc::new(tiny_http::Server::http(addr).map_err(std::io::Error::other)?);
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let shared = Arc::new((
-            Mutex::new(Shared { script: script.into(), responder: None, requests: Vec::new(), fallback, counter: 0 }),
+            Mutex::new(Shared {
+                keep_bodies: true,
+                script: script.into(),
+                responder: None,
+                requests: Vec::new(),
+                fallback,
+                counter: 0,
+            }),
             Condvar::new(),
         ));
         let (s2, srv2) = (shared.clone(), server.clone());
@@ -162,6 +175,11 @@ impl FakeLlm {
         fake
     }
 
+    /// Stops keeping request bodies (they are still answered): for load tests.
+    pub fn forget_bodies(&self) {
+        self.shared.0.lock().keep_bodies = false;
+    }
+
     /// Steps not yet consumed.
     pub fn remaining(&self) -> usize {
         self.shared.0.lock().script.len()
@@ -184,13 +202,23 @@ fn answer(
     body: Value,
 ) -> (u16, String, Vec<(String, String)>) {
     let mut g = shared.0.lock();
-    g.requests.push(Recorded { path: url.to_owned(), authorization: auth, body: body.clone() });
+    let kept = if g.keep_bodies { body.clone() } else { Value::Null };
+    g.requests.push(Recorded {
+        path: url.to_owned(),
+        authorization: auth,
+        body: kept,
+        at: Instant::now(),
+        answered_at: None,
+    });
     let number = g.requests.len() as u64;
     shared.1.notify_all();
     let responder = g.responder.clone();
     drop(g);
     let decided = responder.and_then(|r| r(&body, number));
     let mut g = shared.0.lock();
+    if let Some(r) = g.requests.get_mut(number as usize - 1) {
+        r.answered_at = Some(Instant::now());
+    }
     if url != "/v1/chat/completions" {
         return (404, json!({"error": {"message": format!("Unknown request URL: POST {url}"), "type": "invalid_request_error", "param": null, "code": "unknown_url"}}).to_string(), vec![]);
     }

@@ -37,10 +37,23 @@ use crate::store::{ReplicationError, Store};
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The lease lapses when no HEARTBEAT arrives for this long.
 pub const LEASE_TTL: Duration = Duration::from_secs(60);
-/// Agent RPC rate limit: sustained requests per second, per agent.
-const RATE_PER_S: f64 = 50.0;
+/// Agent RPC rate limit: sustained requests per second, per agent and per
+/// class (verbs, edge model calls, core model calls), so core jobs working
+/// hard never slow the user-facing lane down.
+const RATE_PER_S: f64 = 200.0;
 /// Agent RPC rate limit: burst size.
-const RATE_BURST: f64 = 200.0;
+const RATE_BURST: f64 = 400.0;
+
+/// What a rate-limited request is, for its bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateClass {
+    /// One of the eight verbs.
+    Verb = 0,
+    /// A model call of the edge lane.
+    EdgeModel = 1,
+    /// A model call of a core job.
+    CoreModel = 2,
+}
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;
 /// Answered exchanges per conversation handed to a (re)started agent.
@@ -136,7 +149,7 @@ pub(crate) struct Session {
     /// Its lapsed lease has been acted on.
     reaped: bool,
     tokens_used: u64,
-    bucket: Bucket,
+    buckets: [Bucket; 3],
 }
 
 impl Session {
@@ -153,7 +166,7 @@ impl Session {
             terminated: false,
             reaped: false,
             tokens_used: 0,
-            bucket: Bucket::new(),
+            buckets: [Bucket::new(), Bucket::new(), Bucket::new()],
         }
     }
 }
@@ -318,7 +331,13 @@ impl Daemon {
     // ----- agent RPC -------------------------------------------------------
 
     /// Checks a lease token, and the per-agent rate limit. Failures are audited.
-    pub fn authenticate(&self, kind: &ListenerKind, bearer: Option<&str>, what: &str) -> Result<Authed, ApiError> {
+    pub fn authenticate(
+        &self,
+        kind: &ListenerKind,
+        bearer: Option<&str>,
+        what: &str,
+        class: RateClass,
+    ) -> Result<Authed, ApiError> {
         let deny = |reason: &str| {
             let listener = match kind {
                 ListenerKind::Admin => "choird.sock".to_owned(),
@@ -348,7 +367,7 @@ impl Daemon {
                 return Err(deny("token belongs to another agent's socket"));
             }
         }
-        if let Err(wait) = session.bucket.take() {
+        if let Err(wait) = session.buckets[class as usize].take() {
             return Err(ApiError::RateLimited {
                 message: format!("agent {agent} is over its RPC rate limit ({RATE_PER_S}/s)"),
                 retry_after_s: Some(wait.as_secs().max(1)),
