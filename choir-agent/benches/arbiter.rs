@@ -74,14 +74,8 @@ fn main() {
         tx,
         SecretStore::default(),
     );
-    let lane = LaneCtx {
-        lane: "edge".into(),
-        kind: LaneKind::Edge,
-        allowlist: Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]),
-        turn: None,
-        hooks: None,
-        cancel: None,
-    };
+    let mut lane = LaneCtx::new("edge", LaneKind::Edge);
+    lane.allowlist = Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]);
     let call = ProposedCall {
         id: "c".into(),
         name: "choir__fs__write".into(),

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use choir_common::commit::{EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
-use choir_common::manifest::{placeholders, LockMode};
+use choir_common::manifest::{placeholders, LockMode, PROPOSAL_TOOLS};
 use crossbeam_channel::Sender;
 use serde_json::{json, Value};
 
@@ -35,6 +35,7 @@ use crate::locks::{LockManager, Resource};
 use crate::results::{for_model, Artifacts, LaneKind};
 use crate::secrets::SecretStore;
 use crate::tools::lane::LaneHooks;
+use crate::tools::propose::{self, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry, ToolError};
 use crate::workspace::Workspace;
 
@@ -54,8 +55,46 @@ pub struct LaneCtx {
     pub turn: Option<u64>,
     /// What lane tools act on (core pool, working memory).
     pub hooks: Option<Arc<dyn LaneHooks>>,
-    /// Set when the lane is cancelled: every later call is refused.
+    /// Set when the lane is cancelled: every later call is refused (also
+    /// after waiting for locks). `None` while a non-interruptible skill runs.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// The skill and state the lane is in, if any (recorded in every event).
+    pub skill: Option<SkillAt>,
+    /// The user conversation this work is for (proposals carry it, so the
+    /// decision is told there).
+    pub conversation: Option<String>,
+    /// Whether the lane waits for the decision on a proposal it makes.
+    pub waits_for_approval: bool,
+}
+
+/// Where a lane is in a skill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkillAt {
+    /// The skill.
+    pub name: String,
+    /// Its current state.
+    pub state: String,
+}
+
+impl LaneCtx {
+    /// A lane with no allowlist, turn, hooks, cancellation or skill.
+    pub fn new(lane: &str, kind: LaneKind) -> LaneCtx {
+        LaneCtx {
+            lane: lane.to_owned(),
+            kind,
+            allowlist: None,
+            turn: None,
+            hooks: None,
+            cancel: None,
+            skill: None,
+            conversation: None,
+            waits_for_approval: false,
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
+    }
 }
 
 impl std::fmt::Debug for LaneCtx {
@@ -64,6 +103,7 @@ impl std::fmt::Debug for LaneCtx {
             .field("lane", &self.lane)
             .field("allowlist", &self.allowlist)
             .field("turn", &self.turn)
+            .field("skill", &self.skill)
             .finish()
     }
 }
@@ -98,6 +138,10 @@ pub enum Refusal {
     Busy,
     /// The calling lane was cancelled.
     Cancelled,
+    /// choird refused a proposal's content.
+    InvalidProposal,
+    /// choird could not take a proposal now.
+    ProposalUnavailable,
 }
 
 impl Refusal {
@@ -112,6 +156,8 @@ impl Refusal {
             Refusal::LeaseLost => "lease_lost",
             Refusal::Busy => "busy",
             Refusal::Cancelled => "cancelled",
+            Refusal::InvalidProposal => "invalid_proposal",
+            Refusal::ProposalUnavailable => "proposal_unavailable",
         }
     }
 }
@@ -130,7 +176,8 @@ pub enum Decision {
         /// The manifest's timeout.
         timeout: Duration,
     },
-    /// A human must approve first (meta-tools; none are registered yet).
+    /// A human must approve first (the proposal meta-tools): the input goes
+    /// to choird as a proposal; nothing runs.
     NeedsApproval {
         /// Canonical tool name.
         tool: String,
@@ -164,6 +211,7 @@ pub struct Arbiter {
     artifacts: Artifacts,
     kill_switch: AtomicBool,
     lease_lost: AtomicBool,
+    proposals: std::sync::OnceLock<Arc<dyn ProposalSink>>,
 }
 
 impl Arbiter {
@@ -189,7 +237,13 @@ impl Arbiter {
             artifacts,
             kill_switch: AtomicBool::new(false),
             lease_lost: AtomicBool::new(false),
+            proposals: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where proposals go (set once, at start; without one they are refused).
+    pub fn set_proposals(&self, sink: Arc<dyn ProposalSink>) {
+        let _ = self.proposals.set(sink);
     }
 
     /// The registry.
@@ -291,7 +345,7 @@ impl Arbiter {
             }
             resources.push((Resource::new(&resource), lock.mode));
         }
-        if lane.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)) {
+        if lane.cancelled() {
             return forbid(Some(tool), input, Refusal::Cancelled, "this job was cancelled; nothing more runs".into());
         }
         if self.lease_lost.load(Ordering::SeqCst) {
@@ -305,6 +359,10 @@ impl Arbiter {
                 Refusal::KillSwitch,
                 "all tools are disabled by the operator's kill switch; tell the user you cannot act right now".into(),
             );
+        }
+        if PROPOSAL_TOOLS.contains(&tool.as_str()) {
+            let reason = format!("{tool} is a proposal: it goes to a human, and nothing runs before one approves it");
+            return Decision::NeedsApproval { tool, input, reason };
         }
         let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
         Decision::Allowed { tool, input, resources, timeout }
@@ -330,6 +388,13 @@ impl Arbiter {
             Decision::Allowed { tool, input, resources, timeout } => {
                 match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
                     Err(busy) => refused(Some(tool), input, Refusal::Busy, format!("{busy}; try again later")),
+                    // Cancelled while it waited for its locks: the boundary holds.
+                    Ok(_) if lane.cancelled() => refused(
+                        Some(tool),
+                        input,
+                        Refusal::Cancelled,
+                        "this job was cancelled while the call waited for its locks; nothing ran".into(),
+                    ),
                     Ok(guard) => {
                         _guard = Some(guard);
                         let (outcome, result, us) = self.execute(lane, &tool, &input, timeout);
@@ -338,8 +403,36 @@ impl Arbiter {
                 }
             }
             Decision::NeedsApproval { tool, input, reason } => {
-                let result = json!({"status": "needs_approval", "summary": reason, "error": {"code": "needs_approval", "message": reason}});
-                (tool, input, Outcome::Rejected, result, 0)
+                let started = Instant::now();
+                let sink = self.proposals.get();
+                let submitted = match (sink, propose::request(&tool, &input, lane)) {
+                    (Some(sink), Some(req)) => sink.submit(&req, lane.waits_for_approval),
+                    _ => Err(ProposalError::Unavailable("proposals cannot be submitted from here".into())),
+                };
+                let us = started.elapsed().as_micros() as u64;
+                match submitted {
+                    Ok(r) => {
+                        let result = json!({
+                            "status": "pending_approval",
+                            "summary": format!("{}: proposal {} is waiting for a human's decision ({reason})", r.summary, r.approval_id),
+                            "approval_id": r.approval_id,
+                            "sha256": r.sha256,
+                        });
+                        (tool, input, Outcome::Ok, result, us)
+                    }
+                    Err(ProposalError::Invalid(why)) => refused(
+                        Some(tool),
+                        input,
+                        Refusal::InvalidProposal,
+                        format!("choird refused the proposal: {why}"),
+                    ),
+                    Err(ProposalError::Unavailable(why)) => refused(
+                        Some(tool),
+                        input,
+                        Refusal::ProposalUnavailable,
+                        format!("the proposal could not be submitted now: {why}"),
+                    ),
+                }
             }
             Decision::Forbidden { tool, input, refusal, reason } => refused(tool, input, refusal, reason),
         };
@@ -350,8 +443,8 @@ impl Arbiter {
             tool,
             call_id: Some(call.id.clone()),
             turn: lane.turn,
-            skill: None,
-            state: None,
+            skill: lane.skill.as_ref().map(|s| s.name.clone()),
+            state: lane.skill.as_ref().map(|s| s.state.clone()),
             input: self.secrets.redact(&input),
             outcome,
             result: result.clone(),
@@ -388,8 +481,8 @@ impl Arbiter {
             tool: tool.to_owned(),
             call_id: None,
             turn: lane.turn,
-            skill: None,
-            state: None,
+            skill: lane.skill.as_ref().map(|s| s.name.clone()),
+            state: lane.skill.as_ref().map(|s| s.state.clone()),
             input: self.secrets.redact(&input),
             outcome,
             result: self.secrets.redact(&result),

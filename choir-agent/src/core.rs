@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use choir_common::commit::canonical_json;
 use choir_common::manifest::EDGE_ONLY_TOOLS;
 use choir_common::openai::Role;
 use choir_common::rpc::CoreBudget;
@@ -23,6 +24,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
+use crate::approvals::Approvals;
 use crate::arbiter::{Arbiter, LaneCtx};
 use crate::edge::EdgeEvent;
 use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
@@ -31,6 +33,8 @@ use crate::memory::Conversation;
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
 use crate::results::LaneKind;
+use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
+use crate::skills::{Skill, SkillBook};
 use crate::tools::lane::LaneHooks;
 use crate::tools::ToolError;
 
@@ -48,6 +52,10 @@ pub struct CoreSetup {
     pub board: Arc<StatusBoard>,
     /// The edge's inbox, for finished jobs.
     pub edge: Sender<EdgeEvent>,
+    /// The agent's skills.
+    pub skills: Arc<SkillBook>,
+    /// Where decisions on proposals arrive.
+    pub approvals: Arc<Approvals>,
 }
 
 /// Limits that may change at run time (dynamic config).
@@ -99,20 +107,17 @@ impl CorePool {
         *self.limits.lock() = limits;
     }
 
-    /// Starts job `name` for the edge conversation `conversation`.
+    /// Starts job `name` for the edge conversation `conversation`, running
+    /// `skill` with `input` if one is named (the input is checked first).
     pub fn start(
         &self,
         name: &str,
         objective: &str,
         skill: Option<&str>,
+        input: &Value,
         conversation: &str,
     ) -> Result<Value, ToolError> {
-        if let Some(skill) = skill {
-            return Err(ToolError::new(
-                "not_available",
-                format!("skill {skill:?} cannot be used: skills are not available in this agent yet"),
-            ));
-        }
+        let skill = skill.map(|s| self.setup.skills.prepare(s, input)).transpose()?;
         let limits = *self.limits.lock();
         let mut jobs = self.jobs.lock();
         let running: Vec<String> = jobs
@@ -154,6 +159,7 @@ impl CorePool {
             limits,
             name: name.to_owned(),
             objective: objective.to_owned(),
+            skill: skill.clone().map(|s| (s, input.clone())),
             conversation: conversation.to_owned(),
             cancel: cancel.clone(),
             quiet: quiet.clone(),
@@ -164,8 +170,9 @@ impl CorePool {
             .spawn(move || run.run())
             .map_err(|e| ToolError::new("start_failed", format!("cannot start a thread for the job: {e}")))?;
         jobs.insert(name.to_owned(), Job { cancel, quiet, handle: Some(handle), status });
+        let with = skill.map(|s| format!(" running skill {}", s.spec.name)).unwrap_or_default();
         Ok(json!({
-            "summary": format!("core job {name} started; its report will come back when it finishes"),
+            "summary": format!("core job {name} started{with}; its report will come back when it finishes"),
             "job": name,
             "budget": {"steps": limits.budget.steps, "tokens": limits.budget.tokens, "wall_s": limits.budget.wall_s},
         }))
@@ -194,12 +201,32 @@ impl CorePool {
         }
     }
 
-    /// Cancels a job: it stops at its next step or tool boundary.
+    /// Cancels a job for the edge (which knows, so no report comes back): it
+    /// stops at its next step or tool boundary.
     pub fn cancel(&self, name: &str) -> Result<Value, ToolError> {
+        self.cancel_job(name, true)
+    }
+
+    /// Cancels a job for someone else (the operator, a user): its report
+    /// still reaches the edge, which tells the user.
+    pub fn cancel_reported(&self, name: &str) -> Result<Value, ToolError> {
+        self.cancel_job(name, false)
+    }
+
+    /// Cancels every job, reporting each.
+    pub fn cancel_all(&self) {
+        for j in self.jobs.lock().values() {
+            j.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn cancel_job(&self, name: &str, quiet: bool) -> Result<Value, ToolError> {
         let jobs = self.jobs.lock();
         let j =
             jobs.get(name).ok_or_else(|| ToolError::new("not_found", format!("there is no core job named {name}")))?;
-        j.quiet.store(true, Ordering::SeqCst);
+        if quiet {
+            j.quiet.store(true, Ordering::SeqCst);
+        }
         j.cancel.store(true, Ordering::SeqCst);
         Ok(json!({"summary": format!("core job {name} is cancelled; it stops at its next step"), "job": name}))
     }
@@ -238,6 +265,7 @@ struct JobRun {
     limits: CoreLimits,
     name: String,
     objective: String,
+    skill: Option<(Arc<Skill>, Value)>,
     conversation: String,
     cancel: Arc<AtomicBool>,
     quiet: Arc<AtomicBool>,
@@ -250,8 +278,11 @@ struct CoreHooks {
 }
 
 impl LaneHooks for CoreHooks {
-    fn core_start(&self, _: &str, _: &str, _: Option<&str>) -> Result<Value, ToolError> {
+    fn core_start(&self, _: &str, _: &str, _: Option<&str>, _: &Value) -> Result<Value, ToolError> {
         Err(ToolError::new("not_available", "core jobs cannot start core jobs"))
+    }
+    fn skill_run(&self, _: &str, _: &Value) -> Result<Value, ToolError> {
+        Err(ToolError::new("not_available", "core jobs run a skill only when started with one"))
     }
     fn core_status(&self, _: Option<&str>) -> Result<Value, ToolError> {
         Err(ToolError::new("not_available", "core jobs cannot see other core jobs"))
@@ -277,14 +308,12 @@ impl JobRun {
             registry.names().into_iter().filter(|n| !EDGE_ONLY_TOOLS.contains(&n.as_str())).collect();
         let system = crate::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
         let hooks = Arc::new(CoreHooks { compact: AtomicBool::new(false) });
-        let lane = LaneCtx {
-            lane: lane_name.clone(),
-            kind: LaneKind::Core,
-            allowlist: Some(allowlist),
-            turn: None,
-            hooks: Some(hooks.clone()),
-            cancel: Some(self.cancel.clone()),
-        };
+        let mut lane = LaneCtx::new(&lane_name, LaneKind::Core);
+        lane.allowlist = Some(allowlist);
+        lane.hooks = Some(hooks.clone());
+        lane.cancel = Some(self.cancel.clone());
+        lane.conversation = Some(self.conversation.clone());
+        lane.waits_for_approval = true;
         let mind = Mind {
             arbiter: s.arbiter.clone(),
             llm: s.llm.clone(),
@@ -295,6 +324,16 @@ impl JobRun {
         let mut conv = Conversation::default();
         conv.push_user(0, &self.objective);
         let started = Instant::now();
+        let mut run = match &self.skill {
+            Some((skill, input)) => match SkillRun::start(skill.clone(), input.clone(), &mind, &lane) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    log::error!("core job {}: cannot commit the skill's start: {e}", self.name);
+                    None
+                }
+            },
+            None => None,
+        };
         let (mut steps, mut tokens, mut corrections) = (0u64, 0u64, 0u32);
         let (end, outcome): (LaneState, Result<String, String>) = loop {
             if self.cancel.load(Ordering::SeqCst) {
@@ -315,7 +354,21 @@ impl JobRun {
                 break (LaneState::Failed, Err(format!("commit log failure: {e}")));
             }
             steps += 1;
-            let step = mind.step(&lane, &mut machine, &system, &mut conv.messages, &mut tokens, &mut |_| {});
+            let step = match run.as_mut() {
+                Some(r) => {
+                    let step = r.step(&mind, &lane, &mut machine, &system, &mut conv.messages, &mut tokens);
+                    s.board.skill(&lane_name, Some(r.progress()));
+                    step.map(|st| match st {
+                        SkillStep::Continue => Step::Continue(Vec::new()),
+                        SkillStep::AwaitApproval(ids) if r.skill().spec.wait_for_approval => Step::Continue(ids),
+                        SkillStep::AwaitApproval(_) => Step::Continue(Vec::new()),
+                        SkillStep::Finished(output) => Step::Answer(canonical_json(&output)),
+                        SkillStep::Failed(why) => Step::ModelDown(format!("skill failed: {why}")),
+                        SkillStep::ModelDown(e) => Step::ModelDown(e),
+                    })
+                }
+                None => mind.step(&lane, &mut machine, &system, &mut conv.messages, &mut tokens, &mut |_| {}),
+            };
             {
                 let mut st = self.status.lock();
                 st.steps = steps;
@@ -325,7 +378,13 @@ impl JobRun {
             s.board.usage(&lane_name, steps, tokens);
             match step {
                 Ok(Step::Answer(report)) => break (LaneState::Done, Ok(report)),
-                Ok(Step::Continue) => corrections = 0,
+                Ok(Step::Continue(pending)) => {
+                    corrections = 0;
+                    if let Err(why) = self.await_decisions(&pending, &mut machine, &mut conv) {
+                        break (LaneState::Cancelled, Err(why));
+                    }
+                }
+                // A skill counts its own rejections (and takes its error path).
                 Ok(Step::Corrected(why)) => {
                     corrections += 1;
                     if corrections > self.limits.retry_budget {
@@ -336,8 +395,33 @@ impl JobRun {
                 Err(e) => break (LaneState::Failed, Err(format!("commit log failure: {e}"))),
             }
         };
+        let mut skill_report = None;
+        if let Some(r) = &run {
+            let outcome = match (&end, &outcome) {
+                (LaneState::Done, Ok(report)) => {
+                    SkillOutcome::Finished(serde_json::from_str(report).unwrap_or(Value::Null))
+                }
+                (LaneState::Cancelled, _) => SkillOutcome::Cancelled,
+                (_, Err(why)) => SkillOutcome::Failed(why.clone()),
+                (_, Ok(_)) => SkillOutcome::Failed("ended".into()),
+            };
+            if let Err(e) = r.end(&mind, &lane, &outcome) {
+                log::error!("core job {}: cannot commit the skill's end: {e}", self.name);
+            }
+            let mut v = outcome.to_json();
+            v["name"] = json!(r.skill().spec.name);
+            v["state"] = json!(r.state_name());
+            skill_report = Some(v);
+            s.board.skill(&lane_name, None);
+        }
+        if machine.state() == LaneState::WaitingApproval && end == LaneState::Done {
+            let _ = machine.go(LaneState::Reasoning);
+        }
         let _ = machine.go(end);
-        let report = self.summary(end, &outcome, &conv, steps, tokens, started);
+        let mut report = self.summary(end, &outcome, &conv, steps, tokens, started);
+        if let Some(v) = skill_report {
+            report["skill"] = v;
+        }
         {
             let mut st = self.status.lock();
             st.state = end;
@@ -352,6 +436,30 @@ impl JobRun {
             });
         }
         s.board.remove_lane(&lane_name);
+    }
+
+    /// Waits in WAITING_APPROVAL for the human decisions on `pending`
+    /// proposals and appends each to the history; fails if cancelled first.
+    fn await_decisions(
+        &self,
+        pending: &[i64],
+        machine: &mut LaneMachine,
+        conv: &mut Conversation,
+    ) -> Result<(), String> {
+        for id in pending {
+            let _ = machine.go(LaneState::WaitingApproval);
+            log::info!("core job {}: waiting for the decision on proposal {id}", self.name);
+            let Some(d) = self.setup.approvals.wait(*id, Some(&self.cancel)) else {
+                return Err(format!("cancelled while proposal {id} waited for a decision"));
+            };
+            let why = d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+            conv.push(choir_common::openai::ChatMessage::text(
+                Role::System,
+                format!("Proposal {id} ({}) was {} by {}{why}.", d.subject, d.status, d.decided_by),
+            ));
+            let _ = machine.go(LaneState::Reasoning);
+        }
+        Ok(())
     }
 
     /// The workflow summary: status, actions, artifacts and the final report —

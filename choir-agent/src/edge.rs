@@ -18,9 +18,11 @@ use std::sync::Arc;
 use choir_common::commit::{canonical_json, CommitEvent};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply};
+use choir_common::rpc::{
+    ApprovalDecision, ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply,
+};
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use crate::arbiter::LaneCtx;
@@ -31,6 +33,8 @@ use crate::memory::{self, Conversation};
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
 use crate::results::LaneKind;
+use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
+use crate::skills::{Skill, SkillBook};
 use crate::tools::lane::LaneHooks;
 use crate::tools::ToolError;
 
@@ -48,6 +52,8 @@ pub enum EdgeEvent {
         /// The workflow summary.
         report: Value,
     },
+    /// A human decided on a proposal no lane waits for: tell the user.
+    Decision(ApprovalDecision),
     /// Finish the current turn, then stop.
     Stop,
 }
@@ -90,18 +96,38 @@ pub struct EdgeLane {
     pub board: Arc<StatusBoard>,
     /// The lane's core jobs (owned: dropped with the lane).
     pub pool: Arc<CorePool>,
+    /// The agent's skills.
+    pub skills: Arc<SkillBook>,
+    /// Set (by the link) when the operator or user asks the edge to stop its
+    /// current turn or skill; cleared when a turn begins.
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// What lane tools act on during one edge turn.
 struct EdgeHooks {
     pool: Arc<CorePool>,
+    skills: Arc<SkillBook>,
     conversation: String,
     compact: AtomicBool,
+    /// A skill `choir.skill.run` asked for, run after the current step.
+    skill: Mutex<Option<(Arc<Skill>, Value)>>,
 }
 
 impl LaneHooks for EdgeHooks {
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>) -> Result<Value, ToolError> {
-        self.pool.start(name, objective, skill, &self.conversation)
+    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError> {
+        self.pool.start(name, objective, skill, input, &self.conversation)
+    }
+    fn skill_run(&self, name: &str, input: &Value) -> Result<Value, ToolError> {
+        let skill = self.skills.prepare(name, input)?;
+        let mut slot = self.skill.lock();
+        if let Some((other, _)) = slot.as_ref() {
+            return Err(ToolError::new(
+                "skill_active",
+                format!("skill {} is already about to run in this lane; one skill at a time", other.spec.name),
+            ));
+        }
+        *slot = Some((skill, input.clone()));
+        Ok(json!({"summary": format!("skill {name} starts now; its outcome follows when it ends")}))
     }
     fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError> {
         self.pool.status(name)
@@ -152,6 +178,15 @@ impl EdgeLane {
                     log::debug!("edge: message {} for {}", m.id, m.conversation);
                     let conv = m.conversation.clone();
                     self.turn(&mut st, &mut machine, &inbox, &conv, Start::User(m))
+                }
+                EdgeEvent::Decision(d) => {
+                    let why = d.reason.as_deref().map(|r| format!(" (reason: {r})")).unwrap_or_default();
+                    let note = format!(
+                        "A human decided on your proposal {} ({}): {} by {}{why}. Tell the user briefly.",
+                        d.approval_id, d.subject, d.status, d.decided_by
+                    );
+                    let conversation = d.conversation.clone().unwrap_or_else(|| "cli".to_owned());
+                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(note))
                 }
                 EdgeEvent::CoreDone { job, conversation, report } => {
                     let note = format!(
@@ -218,23 +253,29 @@ impl EdgeLane {
         }
         let hooks = Arc::new(EdgeHooks {
             pool: self.pool.clone(),
+            skills: self.skills.clone(),
             conversation: conv_name.to_owned(),
             compact: AtomicBool::new(false),
+            skill: Mutex::new(None),
         });
-        let lane = LaneCtx {
-            lane: "edge".into(),
-            kind: LaneKind::Edge,
-            allowlist: None,
-            turn: turn_id,
-            hooks: Some(hooks.clone()),
-            cancel: None,
-        };
-        let system = crate::prompt::edge(&self.identity, self.mind.arbiter.registry());
+        // A cancel asked for while the lane was idle has nothing to stop.
+        self.cancel.store(false, Ordering::SeqCst);
+        let mut lane = LaneCtx::new("edge", LaneKind::Edge);
+        lane.turn = turn_id;
+        lane.hooks = Some(hooks.clone());
+        lane.cancel = Some(self.cancel.clone());
+        lane.conversation = Some(conv_name.to_owned());
+        let system = crate::prompt::edge(&self.identity, self.mind.arbiter.registry(), &self.skills);
         let mut corrections = 0u32;
         let mut text: Option<String> = None;
         for step in 1..=u64::from(max_steps) {
             if step > 1 {
                 self.inject(st, inbox, conv_name, &mut covers);
+            }
+            if self.cancel.load(Ordering::SeqCst) {
+                let _ = machine.go(LaneState::Cancelled);
+                text = Some("Stopped, as asked.".to_owned());
+                break;
             }
             let conv = st.conversations.entry(conv_name.to_owned()).or_default();
             let force = hooks.compact.swap(false, Ordering::SeqCst);
@@ -258,7 +299,27 @@ impl EdgeLane {
                     text = Some(t);
                     break;
                 }
-                Step::Continue => corrections = 0,
+                Step::Continue(_) => {
+                    corrections = 0;
+                    let pending = hooks.skill.lock().take();
+                    if let Some((skill, input)) = pending {
+                        let name = skill.spec.name.clone();
+                        let outcome =
+                            self.run_skill(st, machine, inbox, conv_name, &mut covers, &lane, &system, skill, input)?;
+                        let note = format!(
+                            "The skill {name} ended: {}. Tell the user the outcome in your own words.",
+                            canonical_json(&outcome.to_json())
+                        );
+                        st.conversations
+                            .entry(conv_name.to_owned())
+                            .or_default()
+                            .push(ChatMessage::text(Role::System, note));
+                        if outcome == SkillOutcome::Cancelled {
+                            text = Some(format!("Stopped: the skill {name} was cancelled."));
+                            break;
+                        }
+                    }
+                }
                 Step::Corrected(why) => {
                     corrections += 1;
                     if corrections > retry_budget {
@@ -303,6 +364,46 @@ impl EdgeLane {
             st.stopping = true;
         }
         Ok(())
+    }
+
+    /// Runs a skill inside the current turn, step by step, with injection and
+    /// cancellation between steps. The edge never blocks on a human: a
+    /// proposal's decision comes back later as an event.
+    #[allow(clippy::too_many_arguments)]
+    fn run_skill(
+        &mut self,
+        st: &mut State,
+        machine: &mut LaneMachine,
+        inbox: &Receiver<EdgeEvent>,
+        conv_name: &str,
+        covers: &mut Vec<u64>,
+        lane: &LaneCtx,
+        system: &str,
+        skill: Arc<Skill>,
+        input: Value,
+    ) -> Result<SkillOutcome, LogError> {
+        let context_tokens = self.config.read().context_tokens;
+        let mut run = SkillRun::start(skill, input, &self.mind, lane)?;
+        self.board.skill("edge", Some(run.progress()));
+        let outcome = loop {
+            self.inject(st, inbox, conv_name, covers);
+            if st.stopping || self.cancel.load(Ordering::SeqCst) {
+                break SkillOutcome::Cancelled;
+            }
+            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            self.mind.maybe_compact(lane, conv_name, system, conv, Role::User, context_tokens, false)?;
+            let step = run.step(&self.mind, lane, machine, system, &mut conv.messages, &mut st.tokens)?;
+            self.board.skill("edge", Some(run.progress()));
+            match step {
+                SkillStep::Continue | SkillStep::AwaitApproval(_) => {}
+                SkillStep::Finished(output) => break SkillOutcome::Finished(output),
+                SkillStep::Failed(why) => break SkillOutcome::Failed(why),
+                SkillStep::ModelDown(e) => break SkillOutcome::Failed(format!("the model could not be reached: {e}")),
+            }
+        };
+        run.end(&self.mind, lane, &outcome)?;
+        self.board.skill("edge", None);
+        Ok(outcome)
     }
 
     /// Takes what arrived during the turn: messages of this conversation join

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use choir_common::rpc::LaneStatus;
+use choir_common::rpc::{LaneStatus, SkillProgress};
 use parking_lot::Mutex;
 
 /// The state of a lane.
@@ -125,6 +125,7 @@ struct Entry {
     max_tokens: Option<u64>,
     started: Option<Instant>,
     detail: Option<String>,
+    skill: Option<SkillProgress>,
 }
 
 /// Every lane's state and budget, shared by the lanes (who update it) and the
@@ -202,6 +203,15 @@ impl StatusBoard {
         self.changed(&mut b);
     }
 
+    /// Sets (or clears) the skill a lane runs and where it is.
+    pub fn skill(&self, lane: &str, progress: Option<SkillProgress>) {
+        let mut b = self.inner.lock();
+        if let Some(e) = b.lanes.get_mut(lane) {
+            e.skill = progress;
+        }
+        self.changed(&mut b);
+    }
+
     fn set_state(&self, lane: &str, s: LaneState) {
         let mut b = self.inner.lock();
         if let Some(e) = b.lanes.get_mut(lane) {
@@ -230,6 +240,7 @@ impl StatusBoard {
                 max_tokens: e.max_tokens,
                 elapsed_ms: e.started.map(|t| t.elapsed().as_millis() as u64),
                 detail: e.detail.clone(),
+                skill: e.skill.clone(),
             })
             .collect();
         (b.session.map(SessionState::as_str).unwrap_or("STARTING").to_owned(), lanes)

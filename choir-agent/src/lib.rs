@@ -2,6 +2,7 @@
 //! every tool call passes, the commit log, the built-in tools and the client of
 //! choird's RPC. See DESIGN.md; [`run::run`] is the entry point.
 
+pub mod approvals;
 pub mod arbiter;
 pub mod commitlog;
 pub mod core;
@@ -18,6 +19,8 @@ pub mod results;
 pub mod rpc;
 pub mod run;
 pub mod secrets;
+pub mod skill_run;
+pub mod skills;
 pub mod spawn;
 pub mod tools;
 pub mod workspace;

@@ -11,7 +11,7 @@
 //! acknowledged a sequence number at or above it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use choir_common::rpc::{
@@ -20,8 +20,10 @@ use choir_common::rpc::{
 };
 use crossbeam_channel::{select, Receiver, Sender};
 
+use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
 use crate::commitlog::DurableLog;
+use crate::core::CorePool;
 use crate::edge::{EdgeEvent, Outbound};
 use crate::lanes::StatusBoard;
 use crate::rpc::{Rpc, RpcError};
@@ -53,6 +55,12 @@ pub struct Link {
     pub config: Arc<parking_lot::RwLock<DynamicConfig>>,
     /// Lane states, reported when they change.
     pub board: Arc<StatusBoard>,
+    /// Where human decisions on proposals go.
+    pub approvals: Arc<Approvals>,
+    /// The edge lane's cancel flag (its current turn or skill).
+    pub edge_cancel: Arc<AtomicBool>,
+    /// The edge's core pool (owned by the edge lane; not kept alive by us).
+    pub pool: Weak<CorePool>,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -84,6 +92,17 @@ impl Link {
                     if resp.config_version != self.config_version.load(Ordering::SeqCst) {
                         self.refresh_config();
                     }
+                    for d in resp.decisions {
+                        log::info!("decision on proposal {}: {} by {}", d.approval_id, d.status, d.decided_by);
+                        if let Some(d) = self.approvals.deliver(d) {
+                            if edge.send(EdgeEvent::Decision(d)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    for lane in &resp.cancel {
+                        self.cancel(lane);
+                    }
                     for m in resp.messages {
                         // choird may hand a message out twice (a lost reply): ids only grow.
                         if m.id > highest {
@@ -110,6 +129,25 @@ impl Link {
                     failures += 1;
                     log::warn!("poll failed ({e}); retrying");
                     std::thread::sleep(backoff(failures));
+                }
+            }
+        }
+    }
+
+    /// A cancel request from choird: `edge` (its current turn or skill),
+    /// `core:<job>`, or `all`.
+    fn cancel(&self, lane: &str) {
+        log::info!("cancel requested for {lane}");
+        let pool = self.pool.upgrade();
+        if lane == "edge" || lane == "all" {
+            self.edge_cancel.store(true, Ordering::SeqCst);
+        }
+        if let Some(pool) = &pool {
+            if lane == "all" {
+                pool.cancel_all();
+            } else if let Some(job) = lane.strip_prefix("core:") {
+                if let Err(e) = pool.cancel_reported(job) {
+                    log::warn!("cancel {lane}: {e}");
                 }
             }
         }

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::skills::SkillBook;
 use crate::tools::Registry;
 
 /// The agent's identity.
@@ -53,7 +54,7 @@ fn tool_summary(registry: &Registry, allowlist: Option<&[String]>) -> String {
 }
 
 /// The edge lane's system prompt.
-pub fn edge(identity: &Identity, registry: &Registry) -> String {
+pub fn edge(identity: &Identity, registry: &Registry, skills: &SkillBook) -> String {
     let mut p = format!("You are {}, an agent run by Choir.", identity.name);
     if let Some(persona) = &identity.persona {
         p.push_str(&format!(" {persona}"));
@@ -67,6 +68,15 @@ pub fn edge(identity: &Identity, registry: &Registry) -> String {
         p.push_str(&format!("\n\nRules:\n{rules}"));
     }
     p.push_str(&format!("\n\nTools you can use now:{}", tool_summary(registry, None)));
+    let mut list = String::new();
+    for skill in skills.all() {
+        list.push_str(&format!("\n- {}: {}", skill.spec.name, first_sentence(&skill.spec.description)));
+    }
+    if !list.is_empty() {
+        p.push_str(&format!(
+            "\n\nSkills (guided procedures; run one with choir.skill.run, or as a core job with choir.core.start and skill):{list}"
+        ));
+    }
     p
 }
 
@@ -102,7 +112,7 @@ mod tests {
         assert_eq!(i, Identity { name: "Ada".into(), persona: None, rules: Some("Be kind.".into()) });
         assert_eq!(Identity::load(&dir.path().join("none"), "demo").name, "demo");
         let registry = Registry::builtins().unwrap();
-        let p = edge(&i, &registry);
+        let p = edge(&i, &registry, &SkillBook::default());
         assert!(p.starts_with("You are Ada, an agent run by Choir.") && p.contains("Rules:\nBe kind."), "{p}");
         assert!(p.contains("\n- choir.fs.read: Read a UTF-8 text file from the workspace: whole (up to 1 MiB), the first or last N lines, or a line range."));
     }

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use choir_common::commit::{EventKind, Outcome};
-use choir_common::openai::{ChatMessage, ChatRequest, Role};
+use choir_common::openai::{ChatMessage, ChatRequest, ChatResponse, Role, ToolCall, ToolSpec};
 use serde_json::{json, Value};
 
 use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
@@ -44,8 +44,9 @@ pub struct Mind {
 pub enum Step {
     /// The model answered in text.
     Answer(String),
-    /// Tool calls ran and were all acceptable; the model should look at the results.
-    Continue,
+    /// Tool calls ran and were all acceptable; the model should look at the
+    /// results. Carries the ids of proposals now waiting for a human.
+    Continue(Vec<i64>),
     /// The proposal was refused; a correction was appended to the history.
     Corrected(String),
     /// The model could not be reached (after retries).
@@ -84,7 +85,76 @@ pub fn poses_as_tool_call(text: &str, tool_names: &[String]) -> bool {
     })
 }
 
+/// Why a tool result counts as a refused proposal (the model must correct
+/// itself), or `None`: unknown tools, invalid arguments, tools outside the
+/// allowlist and proposals choird refused. Other failures (a busy lock, a
+/// tool's own error) are results the model may act on.
+pub fn refusal_of(result: &Value) -> Option<String> {
+    let code = result["error"]["code"].as_str().unwrap_or_default();
+    (result["status"] == "rejected"
+        && matches!(code, "unknown_tool" | "invalid_arguments" | "tool_not_allowed" | "invalid_proposal"))
+    .then(|| result["error"]["message"].as_str().unwrap_or(code).to_owned())
+}
+
+/// The proposal a tool result says is waiting for a human, if any.
+pub fn pending_approval(result: &Value) -> Option<i64> {
+    (result["status"] == "pending_approval").then(|| result["approval_id"].as_i64()).flatten()
+}
+
 impl Mind {
+    /// Asks the model: the system prompt, the history, and `tools`. Streams
+    /// when the lane does and `on_text` is given.
+    pub fn ask(
+        &self,
+        system: &str,
+        history: &[ChatMessage],
+        tools: Vec<ToolSpec>,
+        on_text: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<ChatResponse, crate::llm::LlmError> {
+        let mut messages = vec![ChatMessage::text(Role::System, system)];
+        messages.extend(history.iter().cloned());
+        let req = ChatRequest {
+            model: self.model.clone(),
+            messages,
+            tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
+            tools,
+            stream: None,
+            stream_options: None,
+        };
+        match on_text {
+            Some(on_text) if self.stream => self.llm.stream(self.llm_lane, &req, on_text),
+            _ => self.llm.complete(self.llm_lane, &req),
+        }
+    }
+
+    /// Runs tool calls through the arbiter — in parallel when there are
+    /// several (the lock manager serialises what conflicts) — and returns
+    /// their results in the model's order.
+    pub fn run_calls(&self, lane: &LaneCtx, calls: &[ToolCall]) -> Result<Vec<Value>, LogError> {
+        let proposed: Vec<ProposedCall> = calls
+            .iter()
+            .map(|c| ProposedCall {
+                id: c.id.clone(),
+                name: c.function.name.clone(),
+                arguments: c.function.arguments.clone(),
+            })
+            .collect();
+        let results: Vec<Result<Value, LogError>> = if proposed.len() == 1 {
+            vec![self.arbiter.invoke(lane, &proposed[0])]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| Ok(json!({"status": "error", "summary": "the tool call panicked"})))
+                    })
+                    .collect()
+            })
+        };
+        results.into_iter().collect()
+    }
+
     /// Takes one step. `on_text` receives streamed answer text as it arrives.
     /// Fails only when the commit log cannot be written.
     pub fn step(
@@ -105,22 +175,7 @@ impl Mind {
             Some(l) => l.clone(),
             None => registry.names(),
         };
-        let mut messages = vec![ChatMessage::text(Role::System, system)];
-        messages.extend(history.iter().cloned());
-        let req = ChatRequest {
-            model: self.model.clone(),
-            messages,
-            tools: tools.clone(),
-            tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
-            stream: None,
-            stream_options: None,
-        };
-        let resp = if self.stream {
-            self.llm.stream(self.llm_lane, &req, on_text)
-        } else {
-            self.llm.complete(self.llm_lane, &req)
-        };
-        let resp = match resp {
+        let resp = match self.ask(system, history, tools, Some(on_text)) {
             Ok(r) => r,
             Err(e) => return Ok(Step::ModelDown(e.to_string())),
         };
@@ -163,45 +218,18 @@ impl Mind {
             tool_calls: calls.clone(),
             tool_call_id: None,
         });
-        let proposed: Vec<ProposedCall> = calls
-            .iter()
-            .map(|c| ProposedCall {
-                id: c.id.clone(),
-                name: c.function.name.clone(),
-                arguments: c.function.arguments.clone(),
-            })
-            .collect();
-        let results: Vec<Result<Value, LogError>> = if proposed.len() == 1 {
-            vec![self.arbiter.invoke(lane, &proposed[0])]
-        } else {
-            // In parallel: the lock manager decides what may overlap.
-            std::thread::scope(|s| {
-                let handles: Vec<_> = proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| Ok(json!({"status": "error", "summary": "the tool call panicked"})))
-                    })
-                    .collect()
-            })
-        };
+        let results = self.run_calls(lane, &calls)?;
         let mut refused = Vec::new();
+        let mut pending = Vec::new();
         for (call, result) in calls.iter().zip(results) {
-            let result = result?;
-            let code = result["error"]["code"].as_str().unwrap_or_default();
-            if result["status"] == "rejected"
-                && matches!(code, "unknown_tool" | "invalid_arguments" | "tool_not_allowed")
-            {
-                refused.push(format!(
-                    "{}: {}",
-                    call.function.name,
-                    result["error"]["message"].as_str().unwrap_or(code)
-                ));
+            if let Some(why) = refusal_of(&result) {
+                refused.push(format!("{}: {why}", call.function.name));
             }
+            pending.extend(pending_approval(&result));
             history.push(ChatMessage::tool_result(&call.id, result.to_string()));
         }
         if refused.is_empty() {
-            Ok(Step::Continue)
+            Ok(Step::Continue(pending))
         } else {
             Ok(Step::Corrected(refused.join("; ")))
         }
@@ -253,7 +281,7 @@ impl Mind {
     }
 
     /// Appends (and commits) a correction for a refused proposal.
-    fn correct(
+    pub fn correct(
         &self,
         lane: &LaneCtx,
         history: &mut Vec<ChatMessage>,

@@ -15,6 +15,7 @@ use choir_common::rpc::{
 use crossbeam_channel::{bounded, unbounded};
 use parking_lot::RwLock;
 
+use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
 use crate::commitlog::{CommitLog, DurableLog};
 use crate::core::{CoreLimits, CorePool, CoreSetup};
@@ -26,6 +27,7 @@ use crate::prompt::Identity;
 use crate::reasoning::Mind;
 use crate::rpc::{Endpoint, Rpc, RpcError};
 use crate::secrets::SecretStore;
+use crate::skills::SkillBook;
 use crate::tools::Registry;
 use crate::workspace::Workspace;
 
@@ -100,10 +102,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let resume = log.take_turns_after(hello.recovery.processed_upto);
-    let registry = Registry::load(&args.choir_dir, &hello.bindings.secrets)?;
+    let registry = Registry::load(&args.choir_dir, &hello.bindings.secrets, rpc.clone(), &hello.bindings.host_tools)?;
     for (name, status) in registry.statuses() {
-        if let crate::tools::ToolStatus::Available { missing } = status {
-            log::warn!("tool {name} is not offered: secrets {missing:?} are not bound to this agent");
+        if let crate::tools::ToolStatus::Available { why } = status {
+            log::warn!("tool {name} is not offered: {why}");
         }
     }
     let log = Arc::new(DurableLog::new(log)?);
@@ -115,20 +117,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
     let config = Arc::new(RwLock::new(hello.config.clone()));
 
-    let link = Arc::new(Link {
-        rpc: rpc.clone(),
-        log,
-        processed: AtomicU64::new(hello.recovery.processed_upto),
-        config_version: AtomicU64::new(hello.config.version),
-        lease_lost: AtomicBool::new(false),
-        closing: AtomicBool::new(false),
-        arbiter: arbiter.clone(),
-        config: config.clone(),
-        board: board.clone(),
-    });
-    link.apply(&hello.config);
+    // Skills are checked against the registry before anything runs: a bad
+    // skill file fails start-up with the file, the state and the reason.
+    let skills = Arc::new(SkillBook::load(&args.choir_dir, arbiter.registry())?);
+    log::info!("skills: {}", skills.names().join(", "));
+    let approvals = Arc::new(Approvals::new(Some(rpc.clone())));
+    arbiter.set_proposals(approvals.clone());
     // Unbounded: choird hands out at most a small batch per poll, plus one
-    // event per finished core job.
+    // event per finished core job or decision.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
     // Unbounded: one reply per turn; the push thread drains it.
     let (out_tx, out_rx) = unbounded();
@@ -152,9 +148,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             identity: identity.clone(),
             board: board.clone(),
             edge: edge_tx.clone(),
+            skills: skills.clone(),
+            approvals: approvals.clone(),
         },
         limits,
     ));
+    let edge_cancel = Arc::new(AtomicBool::new(false));
+    let link = Arc::new(Link {
+        rpc: rpc.clone(),
+        log,
+        processed: AtomicU64::new(hello.recovery.processed_upto),
+        config_version: AtomicU64::new(hello.config.version),
+        lease_lost: AtomicBool::new(false),
+        closing: AtomicBool::new(false),
+        arbiter: arbiter.clone(),
+        config: config.clone(),
+        board: board.clone(),
+        approvals,
+        edge_cancel: edge_cancel.clone(),
+        pool: Arc::downgrade(&pool),
+    });
+    link.apply(&hello.config);
     let lane = EdgeLane {
         mind: Mind { arbiter, llm, llm_lane: "edge", model: hello.bindings.models.edge.clone(), stream: true },
         identity,
@@ -164,6 +178,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         recovered: hello.recovery.conversations.clone(),
         board: board.clone(),
         pool,
+        skills,
+        cancel: edge_cancel,
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     board.set_session(SessionState::Running);

@@ -38,6 +38,12 @@ pub enum EventKind {
     /// A model proposal refused before any tool (e.g. text posing as a tool
     /// call, an empty answer), with the correction sent back.
     Correction,
+    /// A lane started a skill (input validated).
+    SkillStart,
+    /// A running skill moved along one of its transitions.
+    SkillTransition,
+    /// A skill run ended: finished (with its output), failed, or cancelled.
+    SkillEnd,
 }
 
 /// One committed event. Field order is part of the hash definition only through

@@ -4,10 +4,12 @@
 
 pub mod admin;
 pub mod commit;
+pub mod host_tools;
 pub mod ids;
 pub mod manifest;
 pub mod openai;
 pub mod rpc;
+pub mod skill;
 pub mod unix_http;
 
 /// Protocol version spoken on the agent RPC and the admin API. Bumped on any

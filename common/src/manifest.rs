@@ -22,10 +22,25 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "choir.fs.search",
     "choir.fs.write",
     "choir.memory.compact",
+    "choir.propose.config_change",
+    "choir.propose.skill",
+    "choir.propose.tool",
+    "choir.skill.run",
 ];
 
-/// Tools that only the edge lane may use (core jobs cannot start core jobs).
-pub const EDGE_ONLY_TOOLS: &[&str] = &["choir.core.cancel", "choir.core.start", "choir.core.status"];
+/// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their
+/// input to a human through REQUEST_APPROVAL.
+pub const PROPOSAL_TOOLS: &[&str] = &["choir.propose.config_change", "choir.propose.skill", "choir.propose.tool"];
+
+/// Tools that only the edge lane may use (core jobs cannot start core jobs,
+/// and a skill never starts a skill).
+pub const EDGE_ONLY_TOOLS: &[&str] = &["choir.core.cancel", "choir.core.start", "choir.core.status", "choir.skill.run"];
+
+/// Whether `name` is reserved for Choir itself: a built-in, a host tool, or a
+/// skill control (`choir.skill.*`). No external tool may take such a name.
+pub fn reserved_tool_name(name: &str) -> bool {
+    BUILTIN_TOOLS.contains(&name) || crate::host_tools::HOST_TOOLS.contains(&name) || name.starts_with("choir.skill.")
+}
 
 /// A complete tool manifest as stored in `<name>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -212,7 +227,7 @@ pub fn load_tool_file(file: &Path) -> Result<LoadedTool, ToolFileError> {
     })?;
     manifest.validate().map_err(|e| err(e.to_string()))?;
     let name = &manifest.llm.name;
-    if BUILTIN_TOOLS.contains(&name.as_str()) {
+    if reserved_tool_name(name) {
         return Err(err(format!("{name} is a built-in tool and cannot be replaced")));
     }
     if manifest.runtime.network {
@@ -262,6 +277,19 @@ pub fn load_tool_layer(dir: &Path) -> Result<Vec<LoadedTool>, ToolFileError> {
         out.push(tool);
     }
     Ok(out)
+}
+
+/// Every tool name an agent loading these tool layers (global, then agent)
+/// registers: built-ins, host tools, and the layers' external tools. Skills
+/// are validated against this set outside the agent (image builds, proposal
+/// review, `choirctl skill validate`).
+pub fn known_tool_names(layers: &[PathBuf]) -> Result<std::collections::BTreeSet<String>, ToolFileError> {
+    let mut names: std::collections::BTreeSet<String> =
+        BUILTIN_TOOLS.iter().chain(crate::host_tools::HOST_TOOLS).map(|s| (*s).to_owned()).collect();
+    for dir in layers {
+        names.extend(load_tool_layer(dir)?.into_iter().map(|t| t.manifest.llm.name));
+    }
+    Ok(names)
 }
 
 /// The `{field}` placeholders of a lock template, in order.

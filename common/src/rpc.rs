@@ -123,6 +123,10 @@ pub struct Bindings {
     pub secrets: Vec<String>,
     /// Models per lane.
     pub models: LaneModels,
+    /// Host tools (run by choird through EXECUTE_HOST_TOOL) served to this
+    /// agent; the others are registered but not offered.
+    #[serde(default)]
+    pub host_tools: Vec<String>,
 }
 
 /// What a (re)started agent needs to resume: choird's replicated position.
@@ -273,6 +277,13 @@ pub struct HeartbeatResponse {
     pub config_version: u64,
     /// Whether choird asks the agent to stop.
     pub stop: bool,
+    /// Human decisions on this agent's proposals, each handed out once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<ApprovalDecision>,
+    /// Lanes the operator (or a user) asked to cancel: `edge` (its current
+    /// turn or skill) or `core:<job>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancel: Vec<String>,
 }
 
 /// State of one lane, as reported.
@@ -298,6 +309,123 @@ pub struct LaneStatus {
     /// A core job's objective, or what the lane is doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The skill the lane runs, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<SkillProgress>,
+}
+
+/// Where a running skill is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkillProgress {
+    /// The skill.
+    pub name: String,
+    /// Its current state.
+    pub state: String,
+    /// Model steps taken by this run.
+    pub steps: u64,
+    /// The skill's `max_steps`.
+    pub max_steps: u64,
+}
+
+/// What a proposal asks a human to approve (R-TOOL-8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposalKind {
+    /// A new or changed external tool: `{"manifest": {...}, "executable": "..."}`.
+    Tool,
+    /// A new or changed skill: `{"skill": {...}}`.
+    Skill,
+    /// A change of this agent's settings: `{"changes": {"key": value, ...}}`.
+    ConfigChange,
+}
+
+impl ProposalKind {
+    /// The protocol spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProposalKind::Tool => "tool",
+            ProposalKind::Skill => "skill",
+            ProposalKind::ConfigChange => "config_change",
+        }
+    }
+}
+
+/// Where an approved tool or skill goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposalScope {
+    /// This agent's repository (`repos/agents/<id>/`).
+    #[default]
+    Agent,
+    /// The global repository (`repos/global/`), shared by every agent.
+    Global,
+}
+
+impl ProposalScope {
+    /// The protocol spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProposalScope::Agent => "agent",
+            ProposalScope::Global => "global",
+        }
+    }
+}
+
+/// REQUEST_APPROVAL request: a proposal, as the agent's meta-tool received it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// What is proposed.
+    pub kind: ProposalKind,
+    /// Where it would go (tools and skills).
+    #[serde(default)]
+    pub scope: ProposalScope,
+    /// The proposal itself; its sha256 (of canonical JSON) binds the approval.
+    pub content: serde_json::Value,
+    /// Why, in the model's words (shown to the human).
+    pub reason: String,
+    /// The proposing lane.
+    pub lane: String,
+    /// The skill and state it was proposed from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
+    /// See `skill`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The user conversation the work belongs to (where a decision is told).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+}
+
+/// REQUEST_APPROVAL response: the proposal is stored, pending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalResponse {
+    /// Its id (`choirctl approvals show ID`).
+    pub approval_id: i64,
+    /// sha256 of its canonical content, hex.
+    pub sha256: String,
+    /// `pending` (or the status of an identical earlier proposal).
+    pub status: String,
+    /// One line for the model.
+    pub summary: String,
+}
+
+/// A human's decision on a proposal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    /// The proposal.
+    pub approval_id: i64,
+    /// `approved` or `rejected`.
+    pub status: String,
+    /// What was proposed (`tool`, `skill`, `config_change`) and its name.
+    pub subject: String,
+    /// Who decided (`admin`, or `telegram:<user id>`).
+    pub decided_by: String,
+    /// The rejection reason, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The conversation the proposal came from, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
 }
 
 /// REPORT_STATUS request.
@@ -376,4 +504,26 @@ fn default_context_tokens() -> u64 {
 }
 fn default_max_core_jobs() -> u32 {
     4
+}
+
+/// EXECUTE_HOST_TOOL request: a call the agent's arbiter already validated
+/// and committed to running; choird re-validates it against the same manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteHostToolRequest {
+    /// Canonical tool name (one of [`crate::host_tools::HOST_TOOLS`]).
+    pub tool: String,
+    /// The validated input.
+    pub input: serde_json::Value,
+    /// The calling lane.
+    pub lane: String,
+    /// The model's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+}
+
+/// EXECUTE_HOST_TOOL response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteHostToolResponse {
+    /// The tool's result object (with a `summary`).
+    pub result: serde_json::Value,
 }

@@ -1,5 +1,5 @@
-//! Lane tools: `choir.core.start`, `choir.core.status`, `choir.core.cancel` and
-//! `choir.memory.compact`. They go through the arbiter like any tool (schema,
+//! Lane tools: `choir.core.start`, `choir.core.status`, `choir.core.cancel`,
+//! `choir.skill.run` and `choir.memory.compact`. They go through the arbiter like any tool (schema,
 //! allowlist, commit), but what they act on is the calling lane itself — its
 //! core pool or its working memory — reached through [`LaneHooks`].
 
@@ -10,8 +10,10 @@ use super::{ExecContext, Tool, ToolError};
 
 /// What a lane offers its lane tools.
 pub trait LaneHooks: Send + Sync {
-    /// Starts a named core job.
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>) -> Result<Value, ToolError>;
+    /// Starts a named core job, optionally running a skill with `input`.
+    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError>;
+    /// Runs a skill in this lane, right after the current step.
+    fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
     /// Reports one core job, or all.
     fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError>;
     /// Cancels a core job.
@@ -40,7 +42,8 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
                     "properties": {
                         "name": name,
                         "objective": {"type": "string", "minLength": 1, "description": "What the job must achieve, with all the details it needs"},
-                        "skill": {"type": "string", "description": "Optional skill to run the job with"}
+                        "skill": {"type": "string", "description": "Optional skill to run the job with"},
+                        "input": {"type": "object", "description": "The skill's input (matching its input schema)"}
                     },
                     "required": ["name", "objective"],
                     "additionalProperties": false
@@ -69,6 +72,23 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
         ),
         (
             manifest(
+                "choir.skill.run",
+                "Run one of your skills (a guided, step-by-step procedure) now, in this conversation; its outcome comes back to you when it ends. For long work, start a core job with a skill instead.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "skill": {"type": "string", "minLength": 1},
+                        "input": {"type": "object", "description": "The skill's input (matching its input schema)"}
+                    },
+                    "required": ["skill"],
+                    "additionalProperties": false
+                }),
+                "write",
+            ),
+            std::sync::Arc::new(LaneTool::Skill),
+        ),
+        (
+            manifest(
                 "choir.memory.compact",
                 "Fold the older part of this conversation into a short summary to free context; recent turns and your current objective stay as they are.",
                 json!({"type": "object", "properties": {}, "additionalProperties": false}),
@@ -87,6 +107,8 @@ pub enum LaneTool {
     Status,
     /// `choir.core.cancel`.
     Cancel,
+    /// `choir.skill.run`.
+    Skill,
     /// `choir.memory.compact`.
     Compact,
 }
@@ -96,10 +118,15 @@ impl Tool for LaneTool {
         let hooks =
             ctx.hooks.ok_or_else(|| ToolError::new("not_available", "this tool is not available in this lane"))?;
         let s = |k: &str| input.get(k).and_then(Value::as_str);
+        let skill_input = input.get("input").cloned().unwrap_or_else(|| json!({}));
         match self {
-            LaneTool::Start => {
-                hooks.core_start(s("name").unwrap_or_default(), s("objective").unwrap_or_default(), s("skill"))
-            }
+            LaneTool::Start => hooks.core_start(
+                s("name").unwrap_or_default(),
+                s("objective").unwrap_or_default(),
+                s("skill"),
+                &skill_input,
+            ),
+            LaneTool::Skill => hooks.skill_run(s("skill").unwrap_or_default(), &skill_input),
             LaneTool::Status => hooks.core_status(s("name")),
             LaneTool::Cancel => hooks.core_cancel(s("name").unwrap_or_default()),
             LaneTool::Compact => hooks.compact(),

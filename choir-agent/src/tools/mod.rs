@@ -11,7 +11,9 @@
 pub mod exec;
 pub mod external;
 pub mod fs;
+pub mod host;
 pub mod lane;
+pub mod propose;
 pub mod search;
 
 use std::collections::BTreeMap;
@@ -72,10 +74,11 @@ pub trait Tool: Send + Sync {
 pub enum ToolStatus {
     /// Built in; needs nothing.
     System,
-    /// Known, but some declared secrets are not bound to this agent.
+    /// Known, but not usable now: some declared secrets are not bound to
+    /// this agent, or choird does not serve this host tool for it.
     Available {
-        /// The missing secrets.
-        missing: Vec<String>,
+        /// What is missing.
+        why: String,
     },
     /// Ready.
     Connected,
@@ -128,17 +131,33 @@ impl Registry {
             (search::manifest(), Arc::new(search::SearchTool)),
             (exec::manifest(), Arc::new(exec::ExecTool)),
         ];
-        let builtin = builtin.into_iter().chain(lane::tools());
+        let builtin = builtin.into_iter().chain(lane::tools()).chain(propose::tools());
         for (manifest, tool) in builtin {
             r.insert("built-in", manifest, tool, ToolStatus::System)?;
         }
         Ok(r)
     }
 
-    /// Built-ins plus the external tools under `choir_dir/tools/{global,agent}`.
-    /// `bound_secrets` are the secret names bound to this agent.
-    pub fn load(choir_dir: &Path, bound_secrets: &[String]) -> Result<Registry, RegistryError> {
+    /// Built-ins, host tools (run through `host`; connected if choird serves
+    /// them, i.e. they are in `served`), and the external tools under
+    /// `choir_dir/tools/{global,agent}`. `bound_secrets` are the secret names
+    /// bound to this agent.
+    pub fn load(
+        choir_dir: &Path,
+        bound_secrets: &[String],
+        host: Arc<dyn host::HostCaller>,
+        served: &[String],
+    ) -> Result<Registry, RegistryError> {
         let mut r = Registry::builtins()?;
+        for manifest in choir_common::host_tools::manifests() {
+            let name = manifest.llm.name.clone();
+            let status = if served.contains(&name) {
+                ToolStatus::Connected
+            } else {
+                ToolStatus::Available { why: "choird does not serve this host tool for this agent".into() }
+            };
+            r.insert("host", manifest, Arc::new(host::HostTool::new(&name, host.clone())), status)?;
+        }
         for layer in ["global", "agent"] {
             let dir = choir_dir.join("tools").join(layer);
             let loaded =
@@ -152,7 +171,11 @@ impl Registry {
                     .filter(|s| !bound_secrets.contains(s))
                     .cloned()
                     .collect();
-                let status = if missing.is_empty() { ToolStatus::Connected } else { ToolStatus::Available { missing } };
+                let status = if missing.is_empty() {
+                    ToolStatus::Connected
+                } else {
+                    ToolStatus::Available { why: format!("secrets {missing:?} are not bound to this agent") }
+                };
                 let tool = Arc::new(external::ExternalTool::new(t.exec.clone(), t.manifest.llm.name.clone()));
                 // A later layer (agent) replaces an earlier one (global) by name.
                 r.insert(&t.file.display().to_string(), t.manifest, tool, status)?;
@@ -182,6 +205,11 @@ impl Registry {
     /// A tool by canonical name (whatever its status).
     pub fn get(&self, name: &str) -> Option<&Registered> {
         self.tools.get(name)
+    }
+
+    /// Whether a tool of this name is registered (whatever its status).
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
     }
 
     /// Names of the tools that may be offered, sorted.
