@@ -3,11 +3,14 @@
 //! output by default, `--json` for scripts.
 
 mod client;
+mod proposals;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
-use choir_common::admin::{AgentList, AgentSummary, ChatRequest, ChatResponse, EventsResponse, StatusResponse};
+use choir_common::admin::{
+    AgentList, AgentSummary, CancelRequest, ChatRequest, ChatResponse, EventsResponse, StatusResponse,
+};
 use serde_json::Value;
 
 use client::Client;
@@ -24,6 +27,17 @@ commands:
   agent update ID               rebuild and roll the running agent onto the new image
   agent stop ID                 stop an agent (finishes its current message)
   agent events ID [--after N]   the agent's replicated commit log
+  agent cancel ID [LANE]        stop the agent's current work: LANE is edge
+                                (default: its current turn or skill), core:JOB, or all
+  approvals list [--status S] [--all] [--agent ID]
+                                proposals waiting for a decision (or of status S)
+  approvals show ID             a proposal's full content and what it would change
+  approvals approve ID [--sha256 HASH]
+                                approve (bound to the content's sha256) and apply it
+  approvals reject ID --reason TEXT
+                                reject it; the agent is told why
+  skill validate FILE [--agent ID]
+                                check a skill file as agents do at start, offline
   chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
                                 MESSAGE, read messages line by line; the answer
                                 is shown as it is written on a terminal or with
@@ -40,7 +54,7 @@ fn main() {
     }
 }
 
-struct Ctx {
+pub(crate) struct Ctx {
     client: Client,
     json: bool,
     stream: bool,
@@ -55,6 +69,10 @@ fn real_main() -> anyhow::Result<()> {
     let mut after: u64 = 0;
     let mut limit: u64 = 100;
     let mut agent_filter: Option<String> = None;
+    let mut status_filter: Option<String> = None;
+    let mut all = false;
+    let mut sha256: Option<String> = None;
+    let mut reason: Option<String> = None;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -64,6 +82,10 @@ fn real_main() -> anyhow::Result<()> {
             Long("after") => after = parser.value()?.parse()?,
             Long("limit") => limit = parser.value()?.parse()?,
             Long("agent") => agent_filter = Some(parser.value()?.string()?),
+            Long("status") => status_filter = Some(parser.value()?.string()?),
+            Long("all") => all = true,
+            Long("sha256") => sha256 = Some(parser.value()?.string()?),
+            Long("reason") => reason = Some(parser.value()?.string()?),
             Long("help") | Short('h') => {
                 println!("{USAGE}");
                 return Ok(());
@@ -82,8 +104,12 @@ fn real_main() -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
         .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
     let stream = !json && (stream || std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    let ctx = Ctx { client: Client::new(&home), json, stream };
     let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    // Offline: no choird needed.
+    if let ["skill", "validate", file] = w.as_slice() {
+        return proposals::validate(&home, file, agent_filter.as_deref());
+    }
+    let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {
         ["status"] => status(&ctx),
         ["agent", "list"] => agent_list(&ctx),
@@ -91,6 +117,14 @@ fn real_main() -> anyhow::Result<()> {
         ["agent", "start", id] => agent_action(&ctx, id, "start"),
         ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
         ["agent", "events", id] => events(&ctx, id, after),
+        ["agent", "cancel", id] => cancel(&ctx, id, "edge"),
+        ["agent", "cancel", id, lane] => cancel(&ctx, id, lane),
+        ["approvals"] | ["approvals", "list"] => {
+            proposals::list(&ctx, status_filter.as_deref(), agent_filter.as_deref(), all)
+        }
+        ["approvals", "show", id] => proposals::show(&ctx, id),
+        ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256),
+        ["approvals", "reject", id] => proposals::reject(&ctx, id, reason),
         ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
         ["chat", id] => chat_repl(&ctx, id),
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
@@ -101,7 +135,16 @@ fn real_main() -> anyhow::Result<()> {
     }
 }
 
-fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+fn cancel(ctx: &Ctx, id: &str, lane: &str) -> anyhow::Result<()> {
+    let r: Value = ctx.client.post(&format!("agents/{id}/cancel"), &CancelRequest { lane: lane.to_owned() })?;
+    if ctx.json {
+        return print_json(&r);
+    }
+    println!("asked agent {id} to cancel {lane}; it stops at its next step");
+    Ok(())
+}
+
+pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -189,6 +232,9 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
                 elapsed,
                 l.detail.as_deref().unwrap_or("")
             );
+            if let Some(s) = &l.skill {
+                println!("{:<20} skill {} in state {} ({}/{} steps)", "", s.name, s.state, s.steps, s.max_steps);
+            }
         }
     }
     Ok(())

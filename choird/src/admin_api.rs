@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use choir_common::admin::{AgentList, ChatRequest, EventsResponse, StatusResponse};
+use choir_common::admin::{
+    AgentList, ApproveRequest, CancelRequest, ChatRequest, EventsResponse, RejectRequest, StatusResponse,
+};
 use choir_common::commit::{verify_extension, ChainHead};
 use choir_common::ids::AgentId;
 
@@ -111,6 +113,21 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
                 && verify_extension(&start, &events).is_ok();
             Ok(Response::ok(&EventsResponse { events, chain_ok }))
         }
+        ("POST", ["agents", id, "cancel"]) => {
+            let r: CancelRequest = req.json()?;
+            d.cancel_lane(id, &r.lane, "admin")?;
+            Ok(Response::ok(&serde_json::json!({"cancel": r.lane})))
+        }
+        ("GET", ["approvals"]) => Ok(Response::ok(&d.approvals(req.query("status"), req.query("agent"))?)),
+        ("GET", ["approvals", id]) => Ok(Response::ok(&d.approval(parse_id(id)?)?)),
+        ("POST", ["approvals", id, "approve"]) => {
+            let r: ApproveRequest = req.json()?;
+            Ok(Response::ok(&d.approve(parse_id(id)?, &r)?))
+        }
+        ("POST", ["approvals", id, "reject"]) => {
+            let r: RejectRequest = req.json()?;
+            Ok(Response::ok(&d.reject(parse_id(id)?, &r.reason, r.by.as_deref())?))
+        }
         ("GET", ["audit"]) => {
             let agent =
                 req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -121,6 +138,10 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
         }
         _ => Err(ApiError::NotFound(format!("no admin endpoint {} {}", req.method, req.path))),
     }
+}
+
+fn parse_id(s: &str) -> Result<i64, ApiError> {
+    s.parse().map_err(|_| ApiError::BadRequest(format!("{s:?} is not a proposal id (a number)")))
 }
 
 fn parse_num<T: std::str::FromStr>(v: Option<&str>, default: T) -> Result<T, ApiError> {

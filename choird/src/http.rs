@@ -50,6 +50,10 @@ pub enum ApiError {
     /// Body over the cap (413). Not retryable.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// Well-formed, but its content is invalid (a proposal that fails
+    /// validation). Not retried: the content must change.
+    #[error("{0}")]
+    Unprocessable(String),
     /// Over a rate limit or budget (429). Retryable after `retry_after_s` when set.
     #[error("{message}")]
     RateLimited {
@@ -85,6 +89,7 @@ impl ApiError {
             ApiError::BadRequest(_) => (400, "bad_request"),
             ApiError::Conflict(_) => (409, "conflict"),
             ApiError::PayloadTooLarge(_) => (413, "payload_too_large"),
+            ApiError::Unprocessable(_) => (422, "invalid"),
             ApiError::RateLimited { retry_after_s: Some(_), .. } => (429, "rate_limited"),
             ApiError::RateLimited { retry_after_s: None, .. } => (429, "budget_exhausted"),
             ApiError::NotImplemented(_) => (501, "not_implemented"),

@@ -2,8 +2,8 @@
 //! [`Daemon`]. Authentication happens before any body is looked at.
 
 use choir_common::rpc::{
-    Ack, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest, InitHelloRequest,
-    ReportStatusRequest, TerminateSelfRequest, Verb,
+    Ack, ApprovalRequest, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest,
+    InitHelloRequest, ReportStatusRequest, TerminateSelfRequest, Verb,
 };
 
 use crate::daemon::{Daemon, RateClass};
@@ -41,8 +41,9 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, verb: Verb, req: &Request) -> Res
             let _: FetchDynamicConfigRequest = req.json()?;
             Ok(Response::ok(&d.dynamic_config(&who.agent)))
         }
-        Verb::RequestApproval | Verb::ExecuteHostTool => Err(ApiError::NotImplemented(format!(
-            "{} is not yet supported by this choird (approvals and host tools arrive in later releases)",
+        Verb::RequestApproval => Ok(Response::ok(&d.request_approval(&who, &req.json::<ApprovalRequest>()?)?)),
+        Verb::ExecuteHostTool => Err(ApiError::NotImplemented(format!(
+            "{} is not yet supported by this choird (host tools arrive with the memory release)",
             verb.name()
         ))),
     }

@@ -105,3 +105,95 @@ pub struct EventsResponse {
     /// Whether the returned range links and hashes correctly.
     pub chain_ok: bool,
 }
+
+/// A proposal as choird keeps it (`GET /admin/v1/approvals`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalInfo {
+    /// Its id.
+    pub id: i64,
+    /// The proposing agent.
+    pub agent: String,
+    /// `tool`, `skill` or `config_change`.
+    pub kind: String,
+    /// `agent` or `global`.
+    pub scope: String,
+    /// The tool or skill name, or the settings changed.
+    pub subject: String,
+    /// sha256 of the canonical content, fixed when it was proposed.
+    pub sha256: String,
+    /// Whether the stored content still hashes to `sha256`; an altered
+    /// proposal is never approved or applied.
+    pub intact: bool,
+    /// Why the agent proposed it.
+    pub reason: String,
+    /// The proposing lane, and skill/state if any.
+    pub lane: String,
+    /// See `lane`.
+    #[serde(default)]
+    pub skill: Option<String>,
+    /// See `lane`.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// `pending`, `approved` or `rejected`.
+    pub status: String,
+    /// When it was proposed.
+    pub created_at: String,
+    /// When it was decided.
+    #[serde(default)]
+    pub decided_at: Option<String>,
+    /// Who decided.
+    #[serde(default)]
+    pub decided_by: Option<String>,
+    /// The rejection reason.
+    #[serde(default)]
+    pub decision_reason: Option<String>,
+    /// How it was applied (the repository commit, or the settings changed).
+    #[serde(default)]
+    pub applied: Option<String>,
+}
+
+/// `GET /admin/v1/approvals?status=S&agent=ID`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalList {
+    /// Newest first.
+    pub approvals: Vec<ApprovalInfo>,
+}
+
+/// `GET /admin/v1/approvals/<id>`: the whole proposal and what it changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDetail {
+    /// Its record.
+    pub info: ApprovalInfo,
+    /// The content, exactly as stored (canonical JSON, parsed).
+    pub content: serde_json::Value,
+    /// A unified diff against what it would replace.
+    pub diff: String,
+}
+
+/// `POST /admin/v1/approvals/<id>/approve`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ApproveRequest {
+    /// The digest the approver saw; when given, it must match.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Who approves (default `admin`).
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// `POST /admin/v1/approvals/<id>/reject`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectRequest {
+    /// Why (told to the agent).
+    pub reason: String,
+    /// Who rejects (default `admin`).
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// `POST /admin/v1/agents/<id>/cancel`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    /// `edge` (its current turn or skill), `core:<job>`, or `all`.
+    pub lane: String,
+}

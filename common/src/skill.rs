@@ -167,7 +167,13 @@ pub fn parse_skill(text: &str) -> Result<SkillSpec, SkillError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
         let inner = e.into_inner();
-        whole(if at == "?" || at == "." { format!("not a valid skill: {inner}") } else { format!("{at}: {inner}") })
+        whole(if !inner.is_data() {
+            format!("not valid JSON: {inner}")
+        } else if at == "?" || at == "." {
+            format!("not a valid skill: {inner}")
+        } else {
+            format!("{at}: {inner}")
+        })
     })
 }
 

@@ -10,4 +10,5 @@ mod docker;
 mod e2e;
 mod lanes;
 mod managed;
+mod skills;
 mod tidy;

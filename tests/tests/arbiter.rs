@@ -142,12 +142,23 @@ fn agent_tools_override_global_and_the_model_sees_only_offered_llm_views() {
     assert_eq!(repo["function"]["parameters"], shipped["llm"]["parameters"]);
     let echo = tools.iter().find(|t| t["function"]["name"] == "x__echo").unwrap();
     assert_eq!(echo["function"]["description"], "Agent echo.");
+    // Only LLM views: exactly {type, function{name, description, parameters}}
+    // per tool, and no runtime view serialised anywhere in the request (the
+    // proposal meta-tools may *name* runtime fields in their descriptions, as
+    // documentation of the manifest format, but never carry their values).
+    for t in &tools {
+        let keys: Vec<&String> = t.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["function", "type"]);
+        let fkeys: Vec<&String> = t["function"].as_object().unwrap().keys().collect();
+        assert_eq!(fkeys, ["description", "name", "parameters"]);
+    }
     let text = reqs[0].body.to_string();
     for runtime_key in
         ["exec_path", "timeout_ms", "locks", "secret_resources", "side_effect", "prompt_mask", "exposure"]
     {
-        assert!(!text.contains(runtime_key), "{runtime_key} reached the model");
+        assert!(!text.contains(&format!("\"{runtime_key}\":")), "{runtime_key} reached the model");
     }
+    assert!(!text.contains("repo_status\""), "an executable path reached the model");
 
     let msgs = reqs[1].body["messages"].as_array().unwrap();
     let result =

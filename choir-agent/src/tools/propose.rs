@@ -109,7 +109,7 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
         (
             manifest(
                 "choir.propose.config_change",
-                "Propose a change to your own settings (e.g. max_steps_per_turn, context_tokens, core_budget) for a human to approve.",
+                "Propose a change to your own settings (such as max_steps_per_turn, context_tokens or core_budget) for a human to approve.",
                 json!({
                     "type": "object",
                     "properties": {

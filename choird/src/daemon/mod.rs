@@ -25,6 +25,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod approvals;
 mod lifecycle;
 
 use crate::config::{Config, Lane, RuntimeKind};
@@ -190,6 +191,10 @@ pub(crate) struct AgentSlot {
     waiters: HashMap<u64, Sender<ChatUpdate>>,
     /// Bumped whenever a long-poll of this agent should look again.
     wake: u64,
+    /// Decisions on its proposals wait to be handed over.
+    decisions_due: bool,
+    /// Lanes the operator asked to cancel, not yet handed over.
+    cancels: Vec<String>,
 }
 
 /// What a waiting chat request hears.
@@ -402,6 +407,8 @@ impl Daemon {
             let mut agents = self.agents.lock();
             if let Some(slot) = agents.get_mut(&who.agent) {
                 slot.replicated_seq = head.seq;
+                // A new session receives any decision its predecessor missed.
+                slot.decisions_due = true;
                 if let Some(s) = slot.session.as_mut() {
                     s.delivered_upto = processed;
                 }
@@ -423,6 +430,7 @@ impl Daemon {
                     edge: config.model(&who.agent, Lane::Edge),
                     core: config.model(&who.agent, Lane::Core),
                 },
+                host_tools: Vec::new(),
             },
             recovery: RecoverySnapshot {
                 replicated_head: head,
@@ -559,8 +567,23 @@ impl Daemon {
             if !req.receive {
                 return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
             }
+            let want_decisions = std::mem::take(&mut slot.decisions_due);
+            let cancel = std::mem::take(&mut slot.cancels);
             drop(agents);
             let mut messages = self.store.pending_messages(&who.agent, after, BATCH)?;
+            let decisions = if want_decisions {
+                match self.store.take_decisions(&who.agent) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        if let Some(slot) = self.agents.lock().get_mut(&who.agent) {
+                            slot.decisions_due = true;
+                        }
+                        return Err(e.into());
+                    }
+                }
+            } else {
+                Vec::new()
+            };
             agents = self.agents.lock();
             let slot = agents.get_mut(&who.agent).ok_or_else(|| ApiError::Internal("agent slot vanished".into()))?;
             if let Some(session) = slot.session.as_mut().filter(|s| s.id == who.session) {
@@ -568,7 +591,12 @@ impl Daemon {
                 messages.retain(|m| m.id > session.delivered_upto);
                 if let Some(last) = messages.last() {
                     session.delivered_upto = last.id;
-                    return Ok(self.heartbeat_reply(acked_seq, messages, false));
+                }
+                if !messages.is_empty() || !decisions.is_empty() || !cancel.is_empty() {
+                    let mut reply = self.heartbeat_reply(acked_seq, messages, false);
+                    reply.decisions = decisions;
+                    reply.cancel = cancel;
+                    return Ok(reply);
                 }
             }
             if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
@@ -588,7 +616,14 @@ impl Daemon {
         messages: Vec<choir_common::rpc::InboundMessage>,
         stop: bool,
     ) -> HeartbeatResponse {
-        HeartbeatResponse { acked_seq, messages, config_version: self.config_version.load(Ordering::SeqCst), stop }
+        HeartbeatResponse {
+            acked_seq,
+            messages,
+            config_version: self.config_version.load(Ordering::SeqCst),
+            stop,
+            decisions: Vec::new(),
+            cancel: Vec::new(),
+        }
     }
 
     /// REPORT_STATUS: keeps the latest report for `choirctl agent status`.

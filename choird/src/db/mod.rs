@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "0001_foundation.sql", include_str!("../../../sql/0001_foundation.sql")),
     (2, "0002_policy.sql", include_str!("../../../sql/0002_policy.sql")),
     (3, "0003_notices.sql", include_str!("../../../sql/0003_notices.sql")),
+    (4, "0004_approvals.sql", include_str!("../../../sql/0004_approvals.sql")),
 ];
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).

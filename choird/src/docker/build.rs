@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 
 use choir_common::ids::AgentId;
-use choir_common::manifest::load_tool_layer;
-use serde_json::{json, Value};
+use choir_common::manifest::known_tool_names;
+use choir_common::skill::load_skills;
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::{Engine, EngineError};
@@ -62,14 +63,11 @@ pub fn validate(home: &Home, id: &AgentId, agent_binary: &Path) -> Result<(), Bu
     let global = home.repos().join("global");
     let agent = home.repos().join("agents").join(id.as_str());
     let invalid = |file: &Path, reason: String| BuildError::Invalid { file: file.display().to_string(), reason };
-    for dir in [global.join("tools"), agent.join("tools")] {
-        load_tool_layer(&dir).map_err(|e| BuildError::Invalid { file: e.file, reason: e.reason })?;
-    }
-    for dir in [global.join("skills"), agent.join("skills")] {
-        for file in json_files(&dir).map_err(|e| invalid(&dir, e.to_string()))? {
-            check_skill_shape(&file)?;
-        }
-    }
+    // The same checks the agent makes at start: tools, then skills against them.
+    let known = known_tool_names(&[global.join("tools"), agent.join("tools")])
+        .map_err(|e| BuildError::Invalid { file: e.file, reason: e.reason })?;
+    load_skills(&[global.join("skills"), agent.join("skills")], &|t| known.contains(t))
+        .map_err(|e| BuildError::Invalid { file: e.file, reason: e.error.to_string() })?;
     if !agent_binary.is_file() {
         return Err(invalid(agent_binary, "the choir-agent binary is missing; set agent_binary in config.json".into()));
     }
@@ -160,30 +158,6 @@ pub fn build(
     engine.build(inputs.context, &inputs.tag, &labels, &args, &mut progress)?;
     progress(&format!("built {}", inputs.tag));
     Ok(inputs.tag)
-}
-
-fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    if !dir.exists() {
-        return Ok(Vec::new());
-    }
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-/// Skill files must be JSON objects with a string `name` (the full SkillSpec
-/// validation belongs to the skills work and will replace this check).
-fn check_skill_shape(file: &Path) -> Result<(), BuildError> {
-    let invalid = |reason: String| BuildError::Invalid { file: file.display().to_string(), reason };
-    let text = std::fs::read_to_string(file).map_err(|e| invalid(e.to_string()))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| invalid(format!("not JSON: {e}")))?;
-    if !v.get("name").is_some_and(Value::is_string) {
-        return Err(invalid("a skill needs a string \"name\"".into()));
-    }
-    Ok(())
 }
 
 /// Every file under `root` as (relative path, full path), sorted.

@@ -1,0 +1,137 @@
+//! `choirctl approvals …` (the human side of the approval pipeline) and
+//! `choirctl skill validate` (the skill checks, offline, for authors).
+
+use std::path::Path;
+
+use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest, RejectRequest};
+use choir_common::ids::AgentId;
+use choir_common::manifest::known_tool_names;
+use choir_common::skill::load_skill_file;
+
+use crate::{print_json, Ctx};
+
+/// `approvals list`: pending proposals by default.
+pub fn list(ctx: &Ctx, status: Option<&str>, agent: Option<&str>, all: bool) -> anyhow::Result<()> {
+    let mut query = Vec::new();
+    match (status, all) {
+        (Some(s), _) => query.push(format!("status={s}")),
+        (None, false) => query.push("status=pending".to_owned()),
+        (None, true) => {}
+    }
+    if let Some(a) = agent {
+        query.push(format!("agent={a}"));
+    }
+    let l: ApprovalList = ctx.client.get(&format!("approvals?{}", query.join("&")))?;
+    if ctx.json {
+        return print_json(&l);
+    }
+    if l.approvals.is_empty() {
+        println!("no {} proposals", if all { "" } else { status.unwrap_or("pending") });
+        return Ok(());
+    }
+    println!("{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  REASON", "ID", "AGENT", "KIND", "STATUS", "SUBJECT", "PROPOSED");
+    for a in &l.approvals {
+        let status = if a.intact { a.status.clone() } else { format!("{}!", a.status) };
+        println!(
+            "{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  {}",
+            a.id,
+            a.agent,
+            a.kind,
+            status,
+            a.subject,
+            a.created_at.chars().take(19).collect::<String>(),
+            a.reason.lines().next().unwrap_or("")
+        );
+    }
+    if l.approvals.iter().any(|a| !a.intact) {
+        println!("\n! altered after it was proposed: it cannot be approved");
+    }
+    Ok(())
+}
+
+fn describe(a: &ApprovalInfo) {
+    println!("proposal {} from agent {} ({}", a.id, a.agent, a.lane);
+    if let (Some(skill), Some(state)) = (&a.skill, &a.state) {
+        print!(", skill {skill}, state {state}");
+    }
+    println!(")");
+    println!("kind:     {} ({} scope)", a.kind, a.scope);
+    println!("subject:  {}", a.subject);
+    println!("status:   {}", a.status);
+    if let Some(by) = &a.decided_by {
+        println!("decided:  by {by} at {}", a.decided_at.as_deref().unwrap_or("?"));
+    }
+    if let Some(r) = &a.decision_reason {
+        println!("because:  {r}");
+    }
+    if let Some(applied) = &a.applied {
+        println!("applied:  {applied}");
+    }
+    println!("sha256:   {}", a.sha256);
+    if !a.intact {
+        println!("INTEGRITY: the stored content no longer has this sha256: it was altered after it was proposed and cannot be approved");
+    }
+    println!("reason:   {}", a.reason);
+}
+
+/// `approvals show ID`: everything a human needs to decide.
+pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let d: ApprovalDetail = ctx.client.get(&format!("approvals/{id}"))?;
+    if ctx.json {
+        return print_json(&d);
+    }
+    describe(&d.info);
+    println!("\ncontent:\n{}", serde_json::to_string_pretty(&d.content)?);
+    println!("\nchanges:\n{}", if d.diff.is_empty() { "(none)\n".to_owned() } else { d.diff.clone() });
+    if d.info.status == "pending" && d.info.intact {
+        println!("approve with: choirctl approvals approve {} --sha256 {}", d.info.id, d.info.sha256);
+    }
+    Ok(())
+}
+
+/// `approvals approve ID [--sha256 X]`.
+pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()> {
+    let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/approve"), &ApproveRequest { sha256, by: None })?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    println!("proposal {} ({} {}) approved: {}", a.id, a.kind, a.subject, a.applied.as_deref().unwrap_or("-"));
+    if a.kind != "config_change" {
+        println!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+    }
+    Ok(())
+}
+
+/// `approvals reject ID --reason TEXT`.
+pub fn reject(ctx: &Ctx, id: &str, reason: Option<String>) -> anyhow::Result<()> {
+    let reason = reason.ok_or_else(|| anyhow::anyhow!("say why: choirctl approvals reject {id} --reason TEXT"))?;
+    let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/reject"), &RejectRequest { reason, by: None })?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    println!("proposal {} ({} {}) rejected", a.id, a.kind, a.subject);
+    Ok(())
+}
+
+/// `skill validate FILE [--agent ID]`: the agent's start-up checks, offline,
+/// against the tools the home's repositories (global, and the agent's) hold.
+pub fn validate(home: &Path, file: &str, agent: Option<&str>) -> anyhow::Result<()> {
+    let mut layers = vec![home.join("repos").join("global").join("tools")];
+    if let Some(a) = agent {
+        let id = AgentId::parse(a)?;
+        layers.push(home.join("repos").join("agents").join(id.as_str()).join("tools"));
+    }
+    let known = known_tool_names(&layers)?;
+    let skill = load_skill_file(Path::new(file), &|t| known.contains(t))?;
+    let s = &skill.spec;
+    let terminal: Vec<&str> = s.states.iter().filter(|(_, st)| st.terminal).map(|(n, _)| n.as_str()).collect();
+    println!(
+        "{file}: skill {} is valid: {} states from {}, terminal {}, at most {} steps",
+        s.name,
+        s.states.len(),
+        s.initial_state,
+        terminal.join(", "),
+        s.max_steps
+    );
+    Ok(())
+}

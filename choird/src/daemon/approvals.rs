@@ -1,0 +1,260 @@
+//! The approval pipeline's control-plane side (R-TOOL-8, R-CTL-1):
+//! REQUEST_APPROVAL from agents, and the operator's list / show / approve /
+//! reject (choirctl today, Telegram admins later: both call these methods).
+//!
+//! **Invariant:** an approval is bound to the sha256 of the proposal's
+//! canonical content: approving checks that the stored content still has the
+//! digest it was proposed with (and the one the approver saw, when given),
+//! claims the row only if neither changed, and applies exactly that content.
+//! An altered proposal is reported and never applied; it needs a new proposal.
+
+use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest};
+use choir_common::ids::AgentId;
+use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
+use serde_json::{json, Value};
+
+use super::{Authed, Daemon};
+use crate::http::ApiError;
+use crate::proposals::{self, Approval};
+
+fn kind_of(s: &str) -> Result<ProposalKind, ApiError> {
+    match s {
+        "tool" => Ok(ProposalKind::Tool),
+        "skill" => Ok(ProposalKind::Skill),
+        "config_change" => Ok(ProposalKind::ConfigChange),
+        other => Err(ApiError::Internal(format!("stored proposal of unknown kind {other:?}"))),
+    }
+}
+
+fn scope_of(s: &str) -> ProposalScope {
+    if s == "global" {
+        ProposalScope::Global
+    } else {
+        ProposalScope::Agent
+    }
+}
+
+impl Daemon {
+    /// The agent's current settings, as JSON (every key, defaults included).
+    fn agent_settings(&self, agent: &AgentId) -> Value {
+        let config = self.config();
+        config.agents.get(agent).and_then(|a| serde_json::to_value(a).ok()).unwrap_or_else(|| json!({}))
+    }
+
+    /// REQUEST_APPROVAL: validates the proposal completely, stores it as
+    /// pending with its digest, and tells the operator's channels.
+    pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, ApiError> {
+        let settings = self.agent_settings(&who.agent);
+        let proposal = match proposals::validate(&self.home, &who.agent, &settings, req) {
+            Ok(p) => p,
+            Err(e) => {
+                self.audit(
+                    "agent-rpc",
+                    Some(&who.agent),
+                    "REQUEST_APPROVAL",
+                    "invalid",
+                    json!({"kind": req.kind.as_str(), "error": e.0}),
+                );
+                return Err(ApiError::Unprocessable(e.0));
+            }
+        };
+        let (id, status) = self.store.insert_approval(&who.agent, &proposal, req)?;
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "REQUEST_APPROVAL",
+            "pending",
+            json!({"approval": id, "kind": req.kind.as_str(), "subject": proposal.subject, "sha256": proposal.sha256, "lane": req.lane}),
+        );
+        log::info!(
+            "agent {}: proposal {id} ({} {}) waits for approval: choirctl approvals show {id}",
+            who.agent,
+            req.kind.as_str(),
+            proposal.subject
+        );
+        Ok(ApprovalResponse {
+            approval_id: id,
+            summary: format!("{} {} proposed", req.kind.as_str(), proposal.subject),
+            sha256: proposal.sha256,
+            status,
+        })
+    }
+
+    /// Proposals, newest first.
+    pub fn approvals(&self, status: Option<&str>, agent: Option<&str>) -> Result<ApprovalList, ApiError> {
+        if let Some(s) = status.filter(|s| !matches!(*s, "pending" | "approved" | "rejected")) {
+            return Err(ApiError::BadRequest(format!("no status {s:?}; use pending, approved or rejected")));
+        }
+        let agent = agent.map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let rows = self.store.approvals(status, agent.as_ref(), 500)?;
+        Ok(ApprovalList { approvals: rows.into_iter().map(|(info, _)| info).collect() })
+    }
+
+    fn load_approval(&self, id: i64) -> Result<(ApprovalInfo, String), ApiError> {
+        self.store.approval(id)?.ok_or_else(|| ApiError::NotFound(format!("there is no proposal {id}")))
+    }
+
+    /// One proposal: its content and a diff against what it would replace.
+    pub fn approval(&self, id: i64) -> Result<ApprovalDetail, ApiError> {
+        let (info, text) = self.load_approval(id)?;
+        let content: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let diff = if info.status == "pending" {
+            proposals::render(
+                &self.home,
+                &agent,
+                kind_of(&info.kind)?,
+                scope_of(&info.scope),
+                &content,
+                &self.agent_settings(&agent),
+            )
+        } else {
+            format!("(already {}; applied as {})\n", info.status, info.applied.as_deref().unwrap_or("-"))
+        };
+        Ok(ApprovalDetail { info, content, diff })
+    }
+
+    /// Approves proposal `id` and applies it: a tool or skill is committed to
+    /// its repository clone (picked up by the next `agent build`/`update`,
+    /// or the next start under the process runtime); a config change is
+    /// written to `config.json` and reloaded.
+    pub fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
+        let by = req.by.clone().unwrap_or_else(|| "admin".to_owned());
+        let (info, text) = self.load_approval(id)?;
+        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        if !info.intact {
+            self.audit(&by, Some(&agent), "approval.approve", "refused_altered", json!({"approval": id}));
+            return Err(ApiError::Conflict(format!(
+                "proposal {id} was altered after it was proposed: its content no longer has sha256 {}; it cannot be \
+                 approved and needs a new proposal",
+                info.sha256
+            )));
+        }
+        if let Some(seen) = req.sha256.as_deref().filter(|s| *s != info.sha256) {
+            return Err(ApiError::Conflict(format!(
+                "proposal {id} has sha256 {}, not the {seen} you approved; look at it again (choirctl approvals show {id})",
+                info.sha256
+            )));
+        }
+        if info.status != "pending" {
+            return Err(ApiError::Conflict(format!("proposal {id} is already {}", info.status)));
+        }
+        let content: Value = serde_json::from_str(&text).map_err(|e| ApiError::Internal(e.to_string()))?;
+        // Claim it first: only a row still pending with this very content moves on.
+        if !self.store.decide_approval(id, "approved", &by, None, &text, &info.sha256)? {
+            return Err(ApiError::Conflict(format!(
+                "proposal {id} changed or was decided meanwhile; look at it again"
+            )));
+        }
+        let kind = kind_of(&info.kind)?;
+        let applied = match kind {
+            ProposalKind::ConfigChange => self.apply_config_change(&agent, &content),
+            _ => proposals::apply(
+                &self.home,
+                &Approval {
+                    id,
+                    agent: &agent,
+                    kind,
+                    scope: scope_of(&info.scope),
+                    subject: &info.subject,
+                    content: &content,
+                    sha256: &info.sha256,
+                    reason: &info.reason,
+                    approver: &by,
+                },
+            )
+            .map(|commit| {
+                format!(
+                    "commit {commit} in {}",
+                    proposals::repo_dir(&self.home, &agent, scope_of(&info.scope)).display()
+                )
+            })
+            .map_err(|e| e.to_string()),
+        };
+        match applied {
+            Ok(applied) => {
+                self.store.set_applied(id, &applied)?;
+                self.audit(
+                    &by,
+                    Some(&agent),
+                    "approval.approve",
+                    "approved",
+                    json!({"approval": id, "sha256": info.sha256, "applied": applied}),
+                );
+                log::info!("proposal {id} approved by {by}: {applied}");
+                self.decision_due(&agent);
+                Ok(self.load_approval(id)?.0)
+            }
+            Err(e) => {
+                self.store.reopen_approval(id)?;
+                self.audit(&by, Some(&agent), "approval.approve", "apply_failed", json!({"approval": id, "error": e}));
+                Err(ApiError::Internal(format!("proposal {id} could not be applied, and stays pending: {e}")))
+            }
+        }
+    }
+
+    /// Rejects proposal `id`, with a reason the agent is told.
+    pub fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError> {
+        let by = by.unwrap_or("admin");
+        if reason.trim().is_empty() {
+            return Err(ApiError::BadRequest("a rejection needs a reason (--reason TEXT)".into()));
+        }
+        let (info, text) = self.load_approval(id)?;
+        if info.status != "pending" {
+            return Err(ApiError::Conflict(format!("proposal {id} is already {}", info.status)));
+        }
+        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        // A rejection stands whatever the content became; it binds the digest proposed.
+        if !self.store.decide_approval(id, "rejected", by, Some(reason), &text, &info.sha256)? {
+            return Err(ApiError::Conflict(format!(
+                "proposal {id} changed or was decided meanwhile; look at it again"
+            )));
+        }
+        self.audit(by, Some(&agent), "approval.reject", "rejected", json!({"approval": id, "reason": reason}));
+        self.decision_due(&agent);
+        Ok(self.load_approval(id)?.0)
+    }
+
+    /// Writes an approved config change into `config.json` and reloads it.
+    fn apply_config_change(&self, agent: &AgentId, content: &Value) -> Result<String, String> {
+        let path = self.home.config();
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (new, keys) = proposals::apply_config(&text, agent, content).map_err(|e| e.to_string())?;
+        let tmp = path.with_extension("json.choir-tmp");
+        std::fs::write(&tmp, &new).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config = crate::config::Config::load(&path).map_err(|e| e.to_string())?;
+        self.reload(config, (*self.secrets()).clone());
+        Ok(format!("config.json agents.{agent}: {}", keys.join(", ")))
+    }
+
+    /// Marks that the agent has a decision to receive and wakes its poll.
+    fn decision_due(&self, agent: &AgentId) {
+        if let Some(slot) = self.agents.lock().get_mut(agent) {
+            slot.decisions_due = true;
+            slot.wake += 1;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Asks a running agent to cancel `lane` (`edge`, `core:<job>` or `all`).
+    pub fn cancel_lane(&self, id: &str, lane: &str, actor: &str) -> Result<(), ApiError> {
+        let id = self.known(id)?;
+        let valid = lane == "edge" || lane == "all" || lane.strip_prefix("core:").is_some_and(|j| !j.is_empty());
+        if !valid {
+            return Err(ApiError::BadRequest(format!("no lane {lane:?}; use edge, core:<job> or all")));
+        }
+        {
+            let mut agents = self.agents.lock();
+            let slot = agents.get_mut(&id).ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
+            if slot.session.is_none() {
+                return Err(ApiError::Conflict(format!("agent {id} is not running")));
+            }
+            slot.cancels.push(lane.to_owned());
+            slot.wake += 1;
+        }
+        self.changed.notify_all();
+        self.audit(actor, Some(&id), "agent.cancel", "requested", json!({"lane": lane}));
+        Ok(())
+    }
+}

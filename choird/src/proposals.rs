@@ -1,0 +1,431 @@
+//! Proposals (R-TOOL-8) and how an approved one is applied (R-CTL-1).
+//!
+//! An agent's meta-tool call arrives as REQUEST_APPROVAL; [`validate`] checks
+//! it exactly as image builds and agents check the real thing (a tool
+//! manifest as at start-up, a skill against the tools that layer would have,
+//! a config change naming existing keys and still parsing), and binds it to
+//! the sha256 of its canonical JSON. [`render`] shows a human what it is and
+//! what it would replace; [`apply`] writes an approved tool or skill into the
+//! repository clone under `repos/` and commits it with git, the approver
+//! recorded, or changes `config.json`.
+//!
+//! **Invariant:** what [`apply`] writes is derived only from content whose
+//! sha256 matches the approval (the caller checks before calling), so no
+//! byte reaches a repository without a human approving exactly it.
+
+use std::path::{Path, PathBuf};
+
+use choir_common::commit::canonical_json;
+use choir_common::ids::AgentId;
+use choir_common::manifest::{known_tool_names, load_tool_layer, reserved_tool_name, ToolManifest};
+use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
+use choir_common::skill::{builtin_skill_names, parse_skill, SkillSpec};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::home::Home;
+use crate::spawn::Cmd;
+
+/// Largest proposal content accepted, in bytes of canonical JSON.
+pub const MAX_CONTENT: usize = 256 * 1024;
+
+/// A validated proposal, ready to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    /// What it is.
+    pub kind: ProposalKind,
+    /// Where it goes.
+    pub scope: ProposalScope,
+    /// The tool or skill name, or the config keys.
+    pub subject: String,
+    /// Canonical JSON of the content (what is hashed, stored and applied).
+    pub canonical: String,
+    /// sha256 of `canonical`, hex.
+    pub sha256: String,
+}
+
+/// Why a proposal is refused; the message is for the model that made it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+/// Why an approved proposal could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// A file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// git failed.
+    #[error("git: {0}")]
+    Git(String),
+    /// The content no longer applies (e.g. the config moved on).
+    #[error("{0}")]
+    Stale(String),
+}
+
+/// sha256 of a string, hex.
+pub fn digest(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The repository clone a scope writes to.
+pub fn repo_dir(home: &Home, agent: &AgentId, scope: ProposalScope) -> PathBuf {
+    match scope {
+        ProposalScope::Global => home.repos().join("global"),
+        ProposalScope::Agent => home.repos().join("agents").join(agent.as_str()),
+    }
+}
+
+/// The tool layers an agent's image would carry, for checking skills: the
+/// global one, plus the agent's own for an agent-scoped skill.
+fn tool_layers(home: &Home, agent: &AgentId, scope: ProposalScope) -> Vec<PathBuf> {
+    let mut layers = vec![home.repos().join("global").join("tools")];
+    if scope == ProposalScope::Agent {
+        layers.push(home.repos().join("agents").join(agent.as_str()).join("tools"));
+    }
+    layers
+}
+
+/// Checks a proposal completely and binds it to its digest. `agent_config`
+/// is the proposing agent's current section of `config.json` (as JSON).
+pub fn validate(
+    home: &Home,
+    agent: &AgentId,
+    agent_config: &Value,
+    req: &ApprovalRequest,
+) -> Result<Proposal, Invalid> {
+    if req.reason.trim().is_empty() {
+        return Err(Invalid("a proposal needs a reason for the human who decides".into()));
+    }
+    let canonical = canonical_json(&req.content);
+    if canonical.len() > MAX_CONTENT {
+        return Err(Invalid(format!("the proposal is {} bytes; at most {MAX_CONTENT} are accepted", canonical.len())));
+    }
+    let subject = match req.kind {
+        ProposalKind::Tool => check_tool(home, agent, req.scope, &req.content)?,
+        ProposalKind::Skill => check_skill(home, agent, req.scope, &req.content)?.name,
+        ProposalKind::ConfigChange => {
+            if req.scope != ProposalScope::Agent {
+                return Err(Invalid("a config change concerns the proposing agent only (scope agent)".into()));
+            }
+            let (keys, _) = changed_config(agent_config, &req.content)?;
+            format!("config: {}", keys.join(", "))
+        }
+    };
+    Ok(Proposal { kind: req.kind, scope: req.scope, subject, sha256: digest(&canonical), canonical })
+}
+
+fn parse_manifest(v: &Value) -> Result<ToolManifest, Invalid> {
+    let text = v.to_string();
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        Invalid(format!("manifest.{at}: {}", e.into_inner()))
+    })
+}
+
+/// The manifest and executable of a tool proposal, checked; returns the name.
+fn check_tool(home: &Home, agent: &AgentId, scope: ProposalScope, content: &Value) -> Result<String, Invalid> {
+    let manifest = parse_manifest(&content["manifest"])?;
+    manifest.validate().map_err(|e| Invalid(format!("manifest: {e}")))?;
+    let name = manifest.llm.name.clone();
+    if reserved_tool_name(&name) {
+        return Err(Invalid(format!("{name} is reserved for a built-in tool; choose another name")));
+    }
+    if manifest.runtime.network {
+        return Err(Invalid(format!(
+            "{name}: runtime.network is true; tools that need the network run on the host and cannot be proposed"
+        )));
+    }
+    let exec = exec_name(&manifest)?;
+    let Some(script) = content["executable"].as_str() else {
+        return Err(Invalid("executable: the executable's text is missing".into()));
+    };
+    if !script.starts_with("#!") {
+        return Err(Invalid("executable: must be a script starting with #! (an interpreter line)".into()));
+    }
+    if script.contains('\0') {
+        return Err(Invalid("executable: must be text".into()));
+    }
+    let tools = repo_dir(home, agent, scope).join("tools");
+    let layer = load_tool_layer(&tools).map_err(|e| Invalid(format!("the existing tools cannot be read: {e}")))?;
+    for t in layer {
+        let other_exec = t.exec.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        if t.manifest.llm.name != name && other_exec == exec {
+            return Err(Invalid(format!(
+                "runtime.exec_path {exec} is already the executable of {}; choose another file name",
+                t.manifest.llm.name
+            )));
+        }
+    }
+    Ok(name)
+}
+
+/// The executable's file name: a plain name next to the manifest.
+fn exec_name(manifest: &ToolManifest) -> Result<String, Invalid> {
+    let exec = manifest.runtime.exec_path.clone().unwrap_or_default();
+    let ok = !exec.is_empty()
+        && exec.len() <= 64
+        && !exec.starts_with('.')
+        && !exec.ends_with(".json")
+        && exec.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(exec)
+    } else {
+        Err(Invalid(format!(
+            "manifest.runtime.exec_path {exec:?}: name a file next to the manifest (letters, digits, '_', '-', '.'; not .json)"
+        )))
+    }
+}
+
+/// The skill of a skill proposal, checked against the tools its layer has.
+fn check_skill(home: &Home, agent: &AgentId, scope: ProposalScope, content: &Value) -> Result<SkillSpec, Invalid> {
+    let spec = parse_skill(&content["skill"].to_string()).map_err(|e| Invalid(format!("skill: {e}")))?;
+    if builtin_skill_names().contains(&spec.name) {
+        return Err(Invalid(format!("{} is a built-in skill and cannot be replaced; choose another name", spec.name)));
+    }
+    let known = known_tool_names(&tool_layers(home, agent, scope))
+        .map_err(|e| Invalid(format!("the existing tools cannot be read: {e}")))?;
+    spec.validate(&|t| known.contains(t)).map_err(|e| Invalid(format!("skill {}: {e}", spec.name)))?;
+    Ok(spec)
+}
+
+/// Keys a config change sets, and the agent's section with them applied.
+fn changed_config(current: &Value, content: &Value) -> Result<(Vec<String>, Value), Invalid> {
+    let Some(changes) = content["changes"].as_object().filter(|c| !c.is_empty()) else {
+        return Err(Invalid("changes: name at least one setting and its new value".into()));
+    };
+    let Some(section) = current.as_object() else {
+        return Err(Invalid("this agent has no settings section".into()));
+    };
+    let mut updated = section.clone();
+    for (key, value) in changes {
+        if !section.contains_key(key) {
+            let known: Vec<&str> = section.keys().map(String::as_str).collect();
+            return Err(Invalid(format!("{key} is not a setting; settings are: {}", known.join(", "))));
+        }
+        updated.insert(key.clone(), value.clone());
+    }
+    let updated = Value::Object(updated);
+    let parsed: Result<crate::config::AgentConfig, _> = serde_json::from_value(updated.clone());
+    parsed.map_err(|e| Invalid(format!("the changed settings do not parse: {e}")))?;
+    Ok((changes.keys().cloned().collect(), updated))
+}
+
+/// Where a proposal's files go: (relative path in the repo, text).
+fn files(
+    home: &Home,
+    agent: &AgentId,
+    scope: ProposalScope,
+    kind: ProposalKind,
+    content: &Value,
+) -> Vec<(String, String)> {
+    match kind {
+        ProposalKind::Tool => {
+            let manifest = parse_manifest(&content["manifest"]).ok();
+            let name = manifest.as_ref().map(|m| m.llm.name.clone()).unwrap_or_default();
+            let exec = manifest.as_ref().and_then(|m| m.runtime.exec_path.clone()).unwrap_or_default();
+            let tools = repo_dir(home, agent, scope).join("tools");
+            // An existing tool of that name keeps its file.
+            let file = load_tool_layer(&tools)
+                .ok()
+                .and_then(|l| l.into_iter().find(|t| t.manifest.llm.name == name))
+                .and_then(|t| t.file.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| format!("{}.json", name.replace('.', "_")));
+            vec![
+                (format!("tools/{file}"), pretty(&content["manifest"])),
+                (format!("tools/{exec}"), content["executable"].as_str().unwrap_or_default().to_owned()),
+            ]
+        }
+        ProposalKind::Skill => {
+            let name = content["skill"]["name"].as_str().unwrap_or_default().to_owned();
+            let skills = repo_dir(home, agent, scope).join("skills");
+            let file = skill_file(&skills, &name).unwrap_or_else(|| format!("{name}.json"));
+            vec![(format!("skills/{file}"), pretty(&content["skill"]))]
+        }
+        ProposalKind::ConfigChange => Vec::new(),
+    }
+}
+
+/// The file in `dir` defining skill `name`, if any.
+fn skill_file(dir: &Path, name: &str) -> Option<String> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    files.into_iter().find_map(|p| {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+        (v["name"] == name).then(|| p.file_name().map(|f| f.to_string_lossy().into_owned())).flatten()
+    })
+}
+
+fn pretty(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// A unified diff of `old` → `new` under `path`.
+fn diff(path: &str, old: Option<&str>, new: &str) -> String {
+    let old_text = old.unwrap_or("");
+    let d = similar::TextDiff::from_lines(old_text, new);
+    let from = if old.is_some() { format!("a/{path}") } else { "/dev/null".to_owned() };
+    d.unified_diff().context_radius(3).header(&from, &format!("b/{path}")).to_string()
+}
+
+/// What a human sees of a proposal: its content, and a diff against what it
+/// would replace (files in the repository, or the agent's current settings).
+pub fn render(
+    home: &Home,
+    agent: &AgentId,
+    kind: ProposalKind,
+    scope: ProposalScope,
+    content: &Value,
+    agent_config: &Value,
+) -> String {
+    let repo = repo_dir(home, agent, scope);
+    let mut out = String::new();
+    match kind {
+        ProposalKind::ConfigChange => match changed_config(agent_config, content) {
+            Ok((_, updated)) => out.push_str(&diff(
+                &format!("config.json agents.{agent}"),
+                Some(&pretty(agent_config)),
+                &pretty(&updated),
+            )),
+            Err(e) => out.push_str(&format!("(cannot be applied to the current config: {e})\n")),
+        },
+        _ => {
+            for (rel, text) in files(home, agent, scope, kind, content) {
+                let old = std::fs::read_to_string(repo.join(&rel)).ok();
+                out.push_str(&diff(&format!("{}/{rel}", scope_path(agent, scope)), old.as_deref(), &text));
+            }
+        }
+    }
+    out
+}
+
+fn scope_path(agent: &AgentId, scope: ProposalScope) -> String {
+    match scope {
+        ProposalScope::Global => "repos/global".to_owned(),
+        ProposalScope::Agent => format!("repos/agents/{agent}"),
+    }
+}
+
+/// What an approval records about the proposal it applies.
+#[derive(Debug, Clone)]
+pub struct Approval<'a> {
+    /// The proposal's id.
+    pub id: i64,
+    /// The proposing agent.
+    pub agent: &'a AgentId,
+    /// What it is.
+    pub kind: ProposalKind,
+    /// Where it goes.
+    pub scope: ProposalScope,
+    /// Its subject.
+    pub subject: &'a str,
+    /// The approved content.
+    pub content: &'a Value,
+    /// Its digest.
+    pub sha256: &'a str,
+    /// Why the agent proposed it.
+    pub reason: &'a str,
+    /// Who approved it.
+    pub approver: &'a str,
+}
+
+/// Applies an approved tool or skill: writes its files into the repository
+/// clone and commits them (author and committer: the approver). Returns the
+/// commit id. Config changes are applied by the daemon (see
+/// [`apply_config`]).
+pub fn apply(home: &Home, a: &Approval<'_>) -> Result<String, ApplyError> {
+    let repo = repo_dir(home, a.agent, a.scope);
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ApplyError::Io { path, source }
+    };
+    std::fs::create_dir_all(&repo).map_err(io(&repo))?;
+    if !repo.join(".git").exists() {
+        git(&repo, a.approver, &["init", "--quiet"])?;
+    }
+    let written = files(home, a.agent, a.scope, a.kind, a.content);
+    for (rel, text) in &written {
+        let path = repo.join(rel);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        let tmp = path.with_extension("choir-tmp");
+        std::fs::write(&tmp, text).map_err(io(&tmp))?;
+        let executable = a.kind == ProposalKind::Tool && !rel.ends_with(".json");
+        let mode = if executable { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(mode)).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    }
+    let mut add = vec!["add", "--"];
+    add.extend(written.iter().map(|(rel, _)| rel.as_str()));
+    git(&repo, a.approver, &add)?;
+    let message = format!(
+        "Approve proposal {}: {} {}\n\nProposed by agent {} ({}).\nReason: {}\n\nChoir-Approval: {}\nChoir-Content-Sha256: {}\nApproved-by: {}\n",
+        a.id,
+        a.kind.as_str(),
+        a.subject,
+        a.agent,
+        a.scope.as_str(),
+        a.reason,
+        a.id,
+        a.sha256,
+        a.approver
+    );
+    git(&repo, a.approver, &["commit", "--quiet", "--allow-empty", "-m", &message])?;
+    let head = git(&repo, a.approver, &["rev-parse", "HEAD"])?;
+    Ok(head.trim().to_owned())
+}
+
+/// Runs git in `repo` as `who` (author and committer), with no user or
+/// system configuration read.
+fn git(repo: &Path, who: &str, args: &[&str]) -> Result<String, ApplyError> {
+    let mut cmd = Cmd::new("git");
+    cmd.arg("-C").arg(repo.as_os_str()).args(args);
+    let email = format!("{}@choir.local", who.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
+    for (k, v) in [
+        ("GIT_AUTHOR_NAME", who),
+        ("GIT_AUTHOR_EMAIL", email.as_str()),
+        ("GIT_COMMITTER_NAME", who),
+        ("GIT_COMMITTER_EMAIL", email.as_str()),
+        ("GIT_CONFIG_NOSYSTEM", "1"),
+        ("GIT_CONFIG_GLOBAL", "/dev/null"),
+        ("HOME", "/nonexistent"),
+    ] {
+        cmd.env(k, v);
+    }
+    let out = cmd.run().map_err(|e| ApplyError::Git(e.to_string()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The new `config.json` text with an approved config change applied to
+/// agent `agent`, and the keys it changes.
+pub fn apply_config(config_text: &str, agent: &AgentId, content: &Value) -> Result<(String, Vec<String>), ApplyError> {
+    let mut doc: Value =
+        serde_json::from_str(config_text).map_err(|e| ApplyError::Stale(format!("config.json does not parse: {e}")))?;
+    let section = doc["agents"].get(agent.as_str()).cloned().unwrap_or_else(|| json!({}));
+    // Compare against the full section (defaults included) so only existing keys are accepted.
+    let full: Value = serde_json::from_value::<crate::config::AgentConfig>(section.clone())
+        .ok()
+        .and_then(|c| serde_json::to_value(c).ok())
+        .ok_or_else(|| ApplyError::Stale(format!("agents.{agent} no longer parses")))?;
+    let (keys, _) = changed_config(&full, content).map_err(|e| ApplyError::Stale(e.0))?;
+    let mut section = section;
+    for key in &keys {
+        section[key] = content["changes"][key].clone();
+    }
+    doc["agents"][agent.as_str()] = section;
+    let text = pretty(&doc);
+    crate::config::Config::parse(&text).map_err(|(field, reason)| {
+        ApplyError::Stale(format!("the changed config.json is invalid: {field}: {reason}"))
+    })?;
+    Ok((text, keys))
+}
