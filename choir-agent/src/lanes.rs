@@ -64,6 +64,8 @@ pub fn allowed(role: LaneRole, from: LaneState, to: LaneState) -> bool {
         (Reasoning, Reasoning) | (Reasoning, WaitingTool) | (Reasoning, WaitingApproval) => true,
         (Reasoning, Failed) | (Reasoning, Cancelled) => true,
         (WaitingTool, Reasoning) | (WaitingTool, Failed) | (WaitingTool, Cancelled) => true,
+        // A proposal tool returned "pending": the lane waits for the human.
+        (WaitingTool, WaitingApproval) => true,
         (WaitingApproval, Reasoning) | (WaitingApproval, Failed) | (WaitingApproval, Cancelled) => true,
         // The edge answers and goes back to waiting; a core job finishes.
         (Reasoning, Idle) => role == LaneRole::Edge,
@@ -315,6 +317,7 @@ mod tests {
                 (Reasoning, Failed),
                 (Reasoning, Cancelled),
                 (WaitingTool, Reasoning),
+                (WaitingTool, WaitingApproval),
                 (WaitingTool, Failed),
                 (WaitingTool, Cancelled),
                 (WaitingApproval, Reasoning),
