@@ -599,3 +599,48 @@ fn an_adversarial_model_gets_nothing_outside_the_allowlist_in_any_state_of_build
         ["understand>plan", "plan>modify", "modify>validate", "validate>modify", "modify>validate", "validate>done"]
     );
 }
+
+#[test]
+fn the_edge_runs_research_and_summarize_in_its_turn_with_read_only_tools() {
+    let Some(pg) = TestPg::start() else { return };
+    let edge = FakeLlm::start(vec![
+        Step::call(
+            "choir.skill.run",
+            json!({"skill": "research_and_summarize", "input": {"question": "What colour is the sky, by my notes?"}}),
+        ),
+        Step::call("choir.fs.search", json!({"pattern": "sky"})),
+        Step::call("choir.fs.write", json!({"path": "notes/sky.md", "content": "green"})), // read-only skill: refused
+        Step::call("choir.fs.read", json!({"path": "notes/sky.md"})),
+        transition("complete", Some("notes/sky.md says the sky is blue")),
+        transition("complete", None),
+        finish(json!({"summary": "The sky is blue.", "sources": ["notes/sky.md"]})),
+        Step::Text("By your notes the sky is blue (notes/sky.md).".into()),
+    ]);
+    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    let ws = choird.workspace("demo");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("notes/sky.md"), "The sky is blue.\n").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(
+        choird.ctl_ok(&["chat", "demo", "what colour is the sky?"]),
+        "By your notes the sky is blue (notes/sky.md).\n"
+    );
+    let r = edge.requests();
+    assert_eq!(r.len(), 8);
+    assert_eq!(tool_names(&r[1].body), ["choir__fs__read", "choir__fs__search", "choir__skill__transition"]);
+    assert_eq!(last_tool_result(&r[3].body)["error"]["code"], "tool_not_allowed");
+    assert_eq!(std::fs::read_to_string(ws.join("notes/sky.md")).unwrap(), "The sky is blue.\n");
+    assert_eq!(tool_names(&r[5].body), ["choir__fs__read", "choir__skill__transition"]);
+    // Back in the edge's own turn: every tool again, and the skill's outcome.
+    assert!(tool_names(&r[7].body).contains(&"choir__exec".to_owned()));
+    let note = r[7].body["messages"].as_array().unwrap().last().unwrap().clone();
+    let text = note["content"].as_str().unwrap();
+    assert!(
+        text.starts_with("The skill research_and_summarize ended: {\"output\":{\"sources\":[\"notes/sky.md\"]"),
+        "{text}"
+    );
+    let events = replicated_events(&pg, "demo", 8);
+    let end = events.iter().find(|e| e.kind == EventKind::SkillEnd).unwrap();
+    assert_eq!((end.lane.as_str(), end.result["status"].as_str()), ("edge", Some("finished")));
+    assert!(end.turn.is_some(), "the skill's events belong to the user's message");
+}
