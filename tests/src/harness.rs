@@ -281,6 +281,13 @@ pub fn test_config(llm_base_url: &str, database_url: Option<&str>, agents: &[&st
     c
 }
 
+/// [`test_config`] with the core lane on its own endpoint.
+pub fn two_lane_config(edge_url: &str, core_url: &str, database_url: &str, agents: &[&str]) -> Value {
+    let mut c = test_config(edge_url, Some(database_url), agents);
+    c["llm"]["core"]["base_url"] = Value::String(core_url.to_owned());
+    c
+}
+
 /// Compares `actual` with the snapshot `tests/snapshots/<name>.json`; with
 /// `CHOIR_UPDATE_SNAPSHOTS=1` the snapshot is (re)written instead.
 pub fn assert_snapshot(name: &str, actual: &Value) {

@@ -13,6 +13,7 @@
 pub mod docker;
 pub mod fake_llm;
 pub mod harness;
+pub mod observe;
 pub mod pg;
 
 /// Whether missing services must fail tests instead of skipping them.

@@ -6,42 +6,21 @@
 //! is applied.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use choir_common::commit::{EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
+use choir_tests::observe::{notices, state_of, wait_for};
 use choir_tests::pg::TestPg;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
 
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn approvals(choird: &Choird, status: &str) -> Vec<Value> {
     let v: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--status", status])).unwrap();
     v["approvals"].as_array().unwrap().clone()
-}
-
-fn notices(pg: &TestPg) -> Vec<String> {
-    pg.client().query("SELECT text FROM notices ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
-}
-
-fn system_of(req: &Value) -> String {
-    req["messages"][0]["content"].as_str().unwrap_or_default().to_owned()
-}
-
-fn state_of(req: &Value) -> String {
-    let s = system_of(req);
-    let at = s.find("Current state: ").map(|i| i + "Current state: ".len()).unwrap_or(0);
-    s[at..].split('.').next().unwrap_or("").to_owned()
 }
 
 fn wc_manifest(description: &str) -> Value {

@@ -6,39 +6,16 @@ use std::time::{Duration, Instant};
 
 use choir_common::commit::{EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::harness::{bin, test_config, two_lane_config, Choird};
+use choir_tests::observe::{notices, system_of, wait_for};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
 
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Config with the core lane on its own fake.
-fn two_lanes(edge: &FakeLlm, core: &FakeLlm, pg: &TestPg) -> Value {
-    let mut c = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
-    c["llm"]["core"]["base_url"] = json!(core.base_url());
-    c
-}
-
-/// The system prompt of a request.
-fn system_of(req: &Value) -> String {
-    req["messages"][0]["content"].as_str().unwrap_or_default().to_owned()
-}
-
 /// How many tool results a request already carries.
 fn tool_results(req: &Value) -> usize {
     req["messages"].as_array().map(|m| m.iter().filter(|m| m["role"] == "tool").count()).unwrap_or(0)
-}
-
-fn notices(pg: &TestPg) -> Vec<String> {
-    pg.client().query("SELECT text FROM notices ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
 }
 
 fn agent_pid(choird: &Choird) -> u32 {
@@ -74,7 +51,10 @@ fn the_edge_starts_a_core_job_and_relays_its_summary_but_never_its_reasoning() {
         ),
         Step::Text("REPORT: notes/ holds 2 files.".into()),
     ]);
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     std::fs::create_dir_all(choird.workspace("demo").join("notes")).unwrap();
     for f in ["a.md", "b.md"] {
         std::fs::write(choird.workspace("demo").join("notes").join(f), "x").unwrap();
@@ -141,7 +121,10 @@ fn two_core_jobs_share_the_workspace_through_the_lock_manager() {
             Some(Step::call("choir.fs.read", json!({"path": "config.txt"})))
         }
     });
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     std::fs::create_dir_all(choird.workspace("demo")).unwrap();
     std::fs::write(choird.workspace("demo").join("config.txt"), "setting=1\n").unwrap();
     choird.ctl_ok(&["agent", "start", "demo"]);
@@ -176,7 +159,7 @@ fn stopping_the_edge_stops_its_core_jobs_and_leaves_no_thread() {
     });
     // Core jobs that never finish on their own: one short tool call per step.
     let core = FakeLlm::with_responder(|_, _| Some(Step::call("choir.exec", json!({"command": "sleep 0.2"}))));
-    let mut config = two_lanes(&edge, &core, &pg);
+    let mut config = two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]);
     config["agents"]["demo"]["core_budget"] = json!({"steps": 10000, "tokens": 100000000, "wall_s": 3600});
     let choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "demo"]);

@@ -8,30 +8,17 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use choir_common::commit::{CommitEvent, EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::harness::{bin, test_config, two_lane_config, Choird};
+use choir_tests::observe::{job_of, last_tool_result, notices, state_of, system_of, tool_names, wait_for};
 use choir_tests::pg::TestPg;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
-
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn two_lanes(edge: &FakeLlm, core: &FakeLlm, pg: &TestPg) -> Value {
-    let mut c = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
-    c["llm"]["core"]["base_url"] = json!(core.base_url());
-    c
-}
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/skills").join(name).display().to_string()
@@ -42,44 +29,6 @@ fn install_skill(choird: &Choird, skill: &Value) {
     let dir = choird.tools_dir("demo").parent().unwrap().join("skills");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{}.json", skill["name"].as_str().unwrap())), skill.to_string()).unwrap();
-}
-
-/// Names (wire) of the tools a request offers.
-fn tool_names(req: &Value) -> Vec<String> {
-    let mut v: Vec<String> = req["tools"]
-        .as_array()
-        .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect())
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// The last tool result a request carries, parsed.
-fn last_tool_result(req: &Value) -> Value {
-    let m = req["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
-    serde_json::from_str(m["content"].as_str().unwrap()).unwrap()
-}
-
-fn system_of(req: &Value) -> String {
-    req["messages"][0]["content"].as_str().unwrap_or_default().to_owned()
-}
-
-/// The skill state a request is made in (from its system prompt).
-fn state_of(req: &Value) -> String {
-    let s = system_of(req);
-    let at = s.find("Current state: ").map(|i| i + "Current state: ".len()).unwrap_or(0);
-    s[at..].split('.').next().unwrap_or("").to_owned()
-}
-
-/// The core job a request belongs to.
-fn job_of(req: &Value) -> String {
-    let s = system_of(req);
-    let at = s.find("on the job '").map(|i| i + "on the job '".len()).unwrap_or(0);
-    s[at..].split('\'').next().unwrap_or("").to_owned()
-}
-
-fn notices(pg: &TestPg) -> Vec<String> {
-    pg.client().query("SELECT text FROM notices ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
 }
 
 /// The workflow summary a core job reported to the edge (from the edge's requests).
@@ -226,7 +175,10 @@ fn a_skill_offers_only_its_states_tools_and_refuses_everything_else_with_a_struc
         finish(json!({})),                                                                   // 8: invalid output
         finish(json!({"written": "notes/a.md"})),                                            // 9: finished
     ]);
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     install_skill(&choird, &edit_notes());
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(ws.join("notes")).unwrap();
@@ -342,7 +294,10 @@ fn the_retry_budget_takes_the_fail_edge_and_max_steps_ends_a_skill() {
             _ => Step::Text("unexpected".into()),
         })
     });
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     install_skill(&choird, &edit_notes());
     install_skill(
         &choird,
@@ -409,7 +364,10 @@ fn cancel_while_a_write_waits_for_its_lock(interruptible: bool) {
             _ => Step::Text("held".into()),
         })
     });
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     install_skill(
         &choird,
         &json!({"name": "careful", "description": "One careful edit.", "initial_state": "edit",
@@ -545,7 +503,10 @@ fn an_adversarial_model_gets_nothing_outside_the_allowlist_in_any_state_of_build
         *c = if phase == 2 { (visit + 1, 0) } else { (visit, phase + 1) };
         Some(step)
     });
-    let choird = Choird::start(&two_lanes(&edge, &core, &pg), &json!({"llm_key": "k"}));
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(ws.join("seed.txt"), "seed\n").unwrap();

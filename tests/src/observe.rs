@@ -1,0 +1,59 @@
+//! What a test observes of a running system: the requests a fake model
+//! received (system prompt, offered tools, the last tool result, the skill
+//! state and core job they were made in), the notices an agent sent on its
+//! own, and waiting until something holds.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::pg::TestPg;
+
+/// Waits until `cond` holds, failing the test after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The system prompt of a chat-completions request.
+pub fn system_of(req: &Value) -> String {
+    req["messages"][0]["content"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The (wire) names of the tools a request offers, sorted.
+pub fn tool_names(req: &Value) -> Vec<String> {
+    let mut v: Vec<String> = req["tools"]
+        .as_array()
+        .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The last tool result a request carries, parsed.
+pub fn last_tool_result(req: &Value) -> Value {
+    let m = req["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
+    serde_json::from_str(m["content"].as_str().unwrap()).unwrap()
+}
+
+/// The skill state a request was made in (from its system prompt).
+pub fn state_of(req: &Value) -> String {
+    let s = system_of(req);
+    let at = s.find("Current state: ").map(|i| i + "Current state: ".len()).unwrap_or(0);
+    s[at..].split('.').next().unwrap_or("").to_owned()
+}
+
+/// The core job a request belongs to (from its system prompt).
+pub fn job_of(req: &Value) -> String {
+    let s = system_of(req);
+    let at = s.find("on the job '").map(|i| i + "on the job '".len()).unwrap_or(0);
+    s[at..].split('\'').next().unwrap_or("").to_owned()
+}
+
+/// What agents said on their own (relayed core-job results, decisions), oldest first.
+pub fn notices(pg: &TestPg) -> Vec<String> {
+    pg.client().query("SELECT text FROM notices ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
