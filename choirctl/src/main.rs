@@ -9,7 +9,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use choir_common::admin::{
-    AgentList, AgentSummary, CancelRequest, ChatRequest, ChatResponse, EventsResponse, StatusResponse,
+    AgentList, AgentSummary, CancelRequest, ChatRequest, ChatResponse, EventsResponse, StatusResponse, TelegramStatus,
 };
 use serde_json::Value;
 
@@ -36,6 +36,7 @@ commands:
                                 approve (bound to the content's sha256) and apply it
   approvals reject ID --reason TEXT
                                 reject it; the agent is told why
+  telegram status               the Telegram gateway: bots, last poll, queues, errors
   skill validate FILE [--agent ID]
                                 check a skill file as agents do at start, offline
   chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
@@ -123,6 +124,7 @@ fn real_main() -> anyhow::Result<()> {
             proposals::list(&ctx, status_filter.as_deref(), agent_filter.as_deref(), all)
         }
         ["approvals", "show", id] => proposals::show(&ctx, id),
+        ["telegram", "status"] => telegram_status(&ctx),
         ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256),
         ["approvals", "reject", id] => proposals::reject(&ctx, id, reason),
         ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
@@ -133,6 +135,38 @@ fn real_main() -> anyhow::Result<()> {
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }
+}
+
+fn telegram_status(ctx: &Ctx) -> anyhow::Result<()> {
+    let t: TelegramStatus = ctx.client.get("telegram")?;
+    if ctx.json {
+        return print_json(&t);
+    }
+    if t.bots.is_empty() {
+        println!("no Telegram bots configured (add them under \"telegram\".\"bots\" in config.json)");
+        return Ok(());
+    }
+    println!("Bot API: {}", t.api_base);
+    println!(
+        "{:<14} {:<4} {:>6} {:>10} {:>8} {:>8} {:>7} {:>9} {:>9}  LAST ERROR",
+        "BOT", "ON", "USERS", "LAST POLL", "UPDATES", "SENT", "ERRORS", "QUEUED IN", "QUEUED OUT"
+    );
+    for b in &t.bots {
+        println!(
+            "{:<14} {:<4} {:>6} {:>10} {:>8} {:>8} {:>7} {:>9} {:>9}  {}",
+            b.bot,
+            if b.enabled { "yes" } else { "no" },
+            format!("{} ({}a)", b.users, b.admins),
+            b.last_poll_s_ago.map(|s| format!("{s} s ago")).unwrap_or_else(|| "never".into()),
+            b.updates,
+            b.sent,
+            b.errors,
+            b.queued_updates,
+            b.queued_outbox,
+            b.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
 }
 
 fn cancel(ctx: &Ctx, id: &str, lane: &str) -> anyhow::Result<()> {

@@ -128,6 +128,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let r: RejectRequest = req.json()?;
             Ok(Response::ok(&d.reject(parse_id(id)?, &r.reason, r.by.as_deref())?))
         }
+        ("GET", ["telegram"]) => Ok(Response::ok(&crate::telegram::status(d)?)),
         ("GET", ["audit"]) => {
             let agent =
                 req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;

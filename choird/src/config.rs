@@ -264,6 +264,92 @@ impl Default for AgentConfig {
     }
 }
 
+/// The Telegram gateway (R-GW): bots, who may talk to which agent, limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramConfig {
+    /// The Bot API's base URL (a local Bot API server, or a fake in tests).
+    #[serde(default = "default_telegram_api")]
+    pub api_base: String,
+    /// Long-poll timeout of `getUpdates`, in seconds.
+    #[serde(default = "default_poll_timeout")]
+    pub poll_timeout_s: u64,
+    /// Least time between two messages to one chat (Telegram: about 1/s).
+    #[serde(default = "default_chat_interval")]
+    pub per_chat_interval_ms: u64,
+    /// Most messages per second per bot (Telegram: about 30/s).
+    #[serde(default = "default_bot_rate")]
+    pub per_bot_per_s: u32,
+    /// Largest file received from a user, in MiB (the cloud Bot API serves up to 20).
+    #[serde(default = "default_max_file_mb")]
+    pub max_file_mb: u64,
+    /// Bots by name (`[a-z][a-z0-9_]{0,31}`).
+    #[serde(default)]
+    pub bots: BTreeMap<String, BotConfig>,
+}
+
+fn default_telegram_api() -> String {
+    "https://api.telegram.org".to_owned()
+}
+fn default_poll_timeout() -> u64 {
+    25
+}
+fn default_chat_interval() -> u64 {
+    1000
+}
+fn default_bot_rate() -> u32 {
+    30
+}
+fn default_max_file_mb() -> u64 {
+    20
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        TelegramConfig {
+            api_base: default_telegram_api(),
+            poll_timeout_s: default_poll_timeout(),
+            per_chat_interval_ms: default_chat_interval(),
+            per_bot_per_s: default_bot_rate(),
+            max_file_mb: default_max_file_mb(),
+            bots: BTreeMap::new(),
+        }
+    }
+}
+
+/// One bot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BotConfig {
+    /// Name of the bot token in `secrets.json`.
+    pub token_secret: String,
+    /// Telegram user id → what the user may do through this bot.
+    #[serde(default)]
+    pub users: BTreeMap<String, BotUser>,
+    /// Group chat id → the agent that serves it; other groups are ignored.
+    #[serde(default)]
+    pub groups: BTreeMap<String, BotGroup>,
+}
+
+/// A Telegram user bound to an agent through a bot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BotUser {
+    /// The agent their private messages go to.
+    pub agent: AgentId,
+    /// Admins decide proposals and may use /status, /stop, /approvals.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+/// A group chat served by an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BotGroup {
+    /// The agent the group's messages go to.
+    pub agent: AgentId,
+}
+
 /// The whole `config.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -297,6 +383,9 @@ pub struct Config {
     /// Agents by id.
     #[serde(default)]
     pub agents: BTreeMap<AgentId, AgentConfig>,
+    /// The Telegram gateway (no bots: off).
+    #[serde(default)]
+    pub telegram: TelegramConfig,
 }
 
 fn default_runtime() -> RuntimeKind {
@@ -412,6 +501,52 @@ impl Config {
                 }
             }
         }
+        self.validate_telegram()
+    }
+
+    fn validate_telegram(&self) -> Result<(), (String, String)> {
+        let e = |field: &str, reason: &str| Err((field.to_owned(), reason.to_owned()));
+        let t = &self.telegram;
+        if !(t.api_base.starts_with("http://") || t.api_base.starts_with("https://")) {
+            return e("telegram.api_base", "must start with http:// or https://");
+        }
+        if t.poll_timeout_s == 0 || t.poll_timeout_s > 50 {
+            return e("telegram.poll_timeout_s", "must be between 1 and 50");
+        }
+        if t.per_bot_per_s == 0 {
+            return e("telegram.per_bot_per_s", "must be at least 1");
+        }
+        if t.max_file_mb == 0 || t.max_file_mb > 2000 {
+            return e("telegram.max_file_mb", "must be between 1 and 2000");
+        }
+        for (name, bot) in &t.bots {
+            let at = |f: &str| format!("telegram.bots.{name}.{f}");
+            if AgentId::parse(name).is_err() {
+                return e(
+                    &format!("telegram.bots.{name}"),
+                    "bot names use 1-32 characters: a lowercase letter, then lowercase letters, digits or '_'",
+                );
+            }
+            if bot.token_secret.is_empty() {
+                return e(&at("token_secret"), "must name a secret in secrets.json");
+            }
+            for (user, u) in &bot.users {
+                if user.parse::<i64>().map_or(true, |id| id <= 0) {
+                    return e(&at(&format!("users.{user}")), "must be a Telegram user id (a positive number)");
+                }
+                if !self.agents.contains_key(&u.agent) {
+                    return e(&at(&format!("users.{user}.agent")), &format!("no agent {} in agents", u.agent));
+                }
+            }
+            for (group, g) in &bot.groups {
+                if group.parse::<i64>().map_or(true, |id| id >= 0) {
+                    return e(&at(&format!("groups.{group}")), "must be a Telegram group chat id (a negative number)");
+                }
+                if !self.agents.contains_key(&g.agent) {
+                    return e(&at(&format!("groups.{group}.agent")), &format!("no agent {} in agents", g.agent));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -432,6 +567,14 @@ impl Config {
                 if !secrets.contains(name) {
                     out.push(format!("agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"));
                 }
+            }
+        }
+        for (name, bot) in &self.telegram.bots {
+            if !secrets.contains(&bot.token_secret) {
+                out.push(format!(
+                    "telegram.bots.{name}.token_secret: secret {:?} is not in secrets.json; the bot stays off",
+                    bot.token_secret
+                ));
             }
         }
         out

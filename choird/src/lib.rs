@@ -17,6 +17,7 @@ pub mod runtime;
 pub mod secrets;
 pub mod spawn;
 pub mod store;
+pub mod telegram;
 
 mod serve;
 

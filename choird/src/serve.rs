@@ -197,9 +197,14 @@ fn serve(
         }
     }
 
-    let outcome = signal_loop(&daemon, signals);
+    let mut gateway = crate::telegram::Gateway::start(&daemon)?;
+    let outcome = signal_loop(&daemon, signals, &mut gateway);
 
     log::info!("shutting down");
+    // No new user messages while the agents stop; queued answers stay queued.
+    if let Some(g) = gateway.take() {
+        g.stop(&daemon);
+    }
     daemon.shutting_down.store(true, Ordering::SeqCst);
     daemon.stop_all();
     daemon.wake_all();
@@ -222,12 +227,26 @@ fn serve(
 }
 
 /// Waits for signals; also reaps lapsed leases every few seconds.
-fn signal_loop(daemon: &Arc<Daemon>, mut signals: signal_hook::iterator::Signals) -> anyhow::Result<()> {
+fn signal_loop(
+    daemon: &Arc<Daemon>,
+    mut signals: signal_hook::iterator::Signals,
+    gateway: &mut Option<crate::telegram::Gateway>,
+) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     loop {
         for sig in signals.pending() {
             match sig {
-                SIGHUP => reload(daemon),
+                SIGHUP => {
+                    reload(daemon);
+                    // Bots, users and tokens may have changed: the gateway starts afresh.
+                    if let Some(g) = gateway.take() {
+                        g.stop(daemon);
+                    }
+                    match crate::telegram::Gateway::start(daemon) {
+                        Ok(g) => *gateway = g,
+                        Err(e) => log::error!("telegram gateway not restarted: {e}"),
+                    }
+                }
                 SIGTERM | SIGINT => return Ok(()),
                 other => bail!("unexpected signal {other}"),
             }

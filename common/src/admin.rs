@@ -197,3 +197,43 @@ pub struct CancelRequest {
     /// `edge` (its current turn or skill), `core:<job>`, or `all`.
     pub lane: String,
 }
+
+/// `GET /admin/v1/telegram`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelegramStatus {
+    /// The Bot API base URL in use.
+    pub api_base: String,
+    /// Every configured bot.
+    pub bots: Vec<BotStatus>,
+}
+
+/// One bot of the gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BotStatus {
+    /// Its name in config.
+    pub bot: String,
+    /// Whether it runs (its token is in secrets.json).
+    pub enabled: bool,
+    /// Users bound through it.
+    pub users: usize,
+    /// Of whom admins.
+    pub admins: usize,
+    /// Seconds since `getUpdates` last answered.
+    #[serde(default)]
+    pub last_poll_s_ago: Option<u64>,
+    /// The last error (tokens masked).
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Updates received since choird started.
+    pub updates: u64,
+    /// Messages and files sent since choird started.
+    pub sent: u64,
+    /// Failed requests since choird started.
+    pub errors: u64,
+    /// Stored updates not yet handled.
+    pub queued_updates: i64,
+    /// Outbox rows not yet sent.
+    pub queued_outbox: i64,
+    /// Outbox rows given up on (refused by Telegram).
+    pub failed_outbox: i64,
+}

@@ -66,6 +66,9 @@ impl Daemon {
             "pending",
             json!({"approval": id, "kind": req.kind.as_str(), "subject": proposal.subject, "sha256": proposal.sha256, "lane": req.lane}),
         );
+        if status == "pending" {
+            crate::telegram::announce_proposal(self, id);
+        }
         log::info!(
             "agent {}: proposal {id} ({} {}) waits for approval: choirctl approvals show {id}",
             who.agent,
@@ -130,7 +133,10 @@ impl Daemon {
                 info.sha256
             )));
         }
-        if let Some(seen) = req.sha256.as_deref().filter(|s| *s != info.sha256) {
+        // The digest seen, or (from a Telegram button, whose data is short) a
+        // prefix of at least 32 hex digits of it.
+        let matches = |seen: &str| seen == info.sha256 || (seen.len() >= 32 && info.sha256.starts_with(seen));
+        if let Some(seen) = req.sha256.as_deref().filter(|s| !matches(s)) {
             return Err(ApiError::Conflict(format!(
                 "proposal {id} has sha256 {}, not the {seen} you approved; look at it again (choirctl approvals show {id})",
                 info.sha256
@@ -183,6 +189,7 @@ impl Daemon {
                 );
                 log::info!("proposal {id} approved by {by}: {applied}");
                 self.decision_due(&agent);
+                crate::telegram::announce_decision(self, id);
                 Ok(self.load_approval(id)?.0)
             }
             Err(e) => {
@@ -212,6 +219,7 @@ impl Daemon {
         }
         self.audit(by, Some(&agent), "approval.reject", "rejected", json!({"approval": id, "reason": reason}));
         self.decision_due(&agent);
+        crate::telegram::announce_decision(self, id);
         Ok(self.load_approval(id)?.0)
     }
 

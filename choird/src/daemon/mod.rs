@@ -237,6 +237,8 @@ pub struct Daemon {
     agent_binary: PathBuf,
     /// Supervisor threads of docker agents, joined at shutdown.
     supervisors: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The Telegram gateway's pokes and counters.
+    pub telegram: crate::telegram::Link,
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -278,6 +280,7 @@ impl Daemon {
             agent_binary,
             kill_switch: AtomicBool::new(kill_switch),
             supervisors: Mutex::new(Vec::new()),
+            telegram: crate::telegram::Link::default(),
         }
     }
 
@@ -531,11 +534,19 @@ impl Daemon {
                 Err(ReplicationError::Db(e)) => return Err(e.into()),
             }
         };
-        let new_replies = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
-            Vec::new()
+        let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
+            crate::store::Recorded::default()
         } else {
             self.store.record_replies(&who.agent, &req.replies, req.processed_upto)?
         };
+        if !recorded.telegram.is_empty() {
+            // Files the agent left to send go after its answer, to the same chat.
+            for (bot, chat) in &recorded.telegram {
+                crate::telegram::collect_files(self, &who.agent, bot, *chat);
+            }
+            self.telegram.wake_senders();
+        }
+        let new_replies = recorded.new;
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         let mut agents = self.agents.lock();
@@ -722,6 +733,14 @@ impl Daemon {
         let agents = self.agents.lock();
         let slot = agents.get(&id).ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
         Ok(summary(&id, slot, runtime))
+    }
+
+    /// Wakes the agent's long-poll: a message for it was queued.
+    pub fn wake_agent(&self, id: &AgentId) {
+        if let Some(slot) = self.agents.lock().get_mut(id) {
+            slot.wake += 1;
+        }
+        self.changed.notify_all();
     }
 
     /// Wakes every long-poll (shutdown).

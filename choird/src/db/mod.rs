@@ -18,6 +18,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (2, "0002_policy.sql", include_str!("../../../sql/0002_policy.sql")),
     (3, "0003_notices.sql", include_str!("../../../sql/0003_notices.sql")),
     (4, "0004_approvals.sql", include_str!("../../../sql/0004_approvals.sql")),
+    (5, "0005_telegram.sql", include_str!("../../../sql/0005_telegram.sql")),
 ];
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).

@@ -1,14 +1,15 @@
 //! Typed access to choird's tables. Every SQL statement choird runs lives here,
 //! with parameters only (no SQL is built from data).
 
-use choir_common::admin::ApprovalInfo;
 use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
 use choir_common::ids::AgentId;
-use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ConversationTail, Exchange, InboundMessage, OutboundReply};
+use choir_common::rpc::{ConversationTail, Exchange, InboundMessage, OutboundReply};
 use serde_json::Value;
 
 use crate::db::{Db, DbError};
-use crate::proposals::Proposal;
+
+mod approvals;
+pub mod telegram;
 
 /// Replication refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -21,9 +22,18 @@ pub enum ReplicationError {
     Db(#[from] DbError),
 }
 
+/// What [`Store::record_replies`] recorded.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// (message id, text) of every answer that was new.
+    pub new: Vec<(u64, String)>,
+    /// Telegram chats (bot, chat id) an answer was queued for.
+    pub telegram: Vec<(String, i64)>,
+}
+
 /// The store, a thin layer over the pool.
 pub struct Store {
-    db: Db,
+    pub(crate) db: Db,
 }
 
 impl Store {
@@ -323,36 +333,45 @@ impl Store {
 
     /// Records answers (the first answer to a message wins; one text may
     /// answer several injected messages), the agent's own notices (once per
-    /// key) and its processed position. Returns (message id, text) of every
-    /// answer that was new.
+    /// key) and its processed position. An answer (or notice) in a Telegram
+    /// conversation is queued for sending in the same transaction, once.
     pub fn record_replies(
         &self,
         agent: &AgentId,
         replies: &[OutboundReply],
         processed_upto: u64,
-    ) -> Result<Vec<(u64, String)>, DbError> {
+    ) -> Result<Recorded, DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            let mut new = Vec::new();
+            let mut out = Recorded::default();
             for r in replies {
-                if r.in_reply_to == 0 {
+                let fresh = if r.in_reply_to == 0 {
                     tx.execute(
                         "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
                          ON CONFLICT (agent_id, key) DO NOTHING",
                         &[&agent.as_str(), &r.conversation, &r.key, &r.text],
-                    )?;
-                    continue;
-                }
-                let ids = if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() };
-                for id in ids {
-                    let n = tx.execute(
-                        "UPDATE messages SET reply = $3, replied_at = now()
-                         WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
-                        &[&agent.as_str(), &(id as i64), &r.text],
-                    )?;
-                    if n == 1 {
-                        new.push((id, r.text.clone()));
+                    )? == 1
+                } else {
+                    let ids = if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() };
+                    let mut any = false;
+                    for id in ids {
+                        let n = tx.execute(
+                            "UPDATE messages SET reply = $3, replied_at = now()
+                             WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
+                            &[&agent.as_str(), &(id as i64), &r.text],
+                        )?;
+                        if n == 1 {
+                            out.new.push((id, r.text.clone()));
+                            any = true;
+                        }
                     }
+                    any
+                };
+                if let (true, Some((bot, chat))) = (fresh, crate::telegram::chat_of(&r.conversation)) {
+                    for chunk in crate::telegram::text::split(&r.text) {
+                        telegram::enqueue(&mut tx, &bot, chat, "text", &serde_json::json!({"text": chunk}))?;
+                    }
+                    out.telegram.push((bot, chat));
                 }
             }
             tx.execute(
@@ -360,7 +379,7 @@ impl Store {
                 &[&agent.as_str(), &(processed_upto as i64)],
             )?;
             tx.commit()?;
-            Ok(new)
+            Ok(out)
         })
     }
 
@@ -439,163 +458,4 @@ impl Store {
             .map(drop)
         })
     }
-
-    /// Stores a validated proposal as pending; an identical pending one of
-    /// the same agent (same digest) is returned instead. Returns (id, status).
-    pub fn insert_approval(
-        &self,
-        agent: &AgentId,
-        p: &Proposal,
-        req: &ApprovalRequest,
-    ) -> Result<(i64, String), DbError> {
-        self.db.with(|c| {
-            let mut tx = c.transaction()?;
-            let same = tx.query_opt(
-                "SELECT id FROM approvals WHERE agent_id = $1 AND sha256 = $2 AND kind = $3 AND scope = $4 AND status = 'pending'",
-                &[&agent.as_str(), &p.sha256, &p.kind.as_str(), &p.scope.as_str()],
-            )?;
-            if let Some(row) = same {
-                return Ok((row.get(0), "pending".to_owned()));
-            }
-            let row = tx.query_one(
-                "INSERT INTO approvals (agent_id, kind, scope, subject, content, sha256, reason, lane, skill, state, conversation)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
-                &[
-                    &agent.as_str(),
-                    &p.kind.as_str(),
-                    &p.scope.as_str(),
-                    &p.subject,
-                    &p.canonical,
-                    &p.sha256,
-                    &req.reason,
-                    &req.lane,
-                    &req.skill,
-                    &req.state,
-                    &req.conversation,
-                ],
-            )?;
-            tx.commit()?;
-            Ok((row.get(0), "pending".to_owned()))
-        })
-    }
-
-    /// Proposals, newest first, optionally of one status and one agent.
-    pub fn approvals(
-        &self,
-        status: Option<&str>,
-        agent: Option<&AgentId>,
-        limit: i64,
-    ) -> Result<Vec<(ApprovalInfo, String)>, DbError> {
-        self.db.with(|c| {
-            let rows = c.query(
-                &format!(
-                    "{APPROVAL_COLUMNS} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR agent_id = $2)
-                     ORDER BY id DESC LIMIT $3"
-                ),
-                &[&status, &agent.map(AgentId::as_str), &limit],
-            )?;
-            Ok(rows.iter().map(approval_row).collect())
-        })
-    }
-
-    /// One proposal and its stored content.
-    pub fn approval(&self, id: i64) -> Result<Option<(ApprovalInfo, String)>, DbError> {
-        self.db.with(|c| {
-            let row = c.query_opt(&format!("{APPROVAL_COLUMNS} WHERE id = $1"), &[&id])?;
-            Ok(row.as_ref().map(approval_row))
-        })
-    }
-
-    /// Records a decision on a pending proposal whose stored content and
-    /// digest are still exactly `content` and `sha256`; false if it was
-    /// decided meanwhile or changed since it was read.
-    pub fn decide_approval(
-        &self,
-        id: i64,
-        status: &str,
-        by: &str,
-        reason: Option<&str>,
-        content: &str,
-        sha256: &str,
-    ) -> Result<bool, DbError> {
-        self.db.with(|c| {
-            let n = c.execute(
-                "UPDATE approvals SET status = $2, decided_by = $3, decision_reason = $4, decided_at = now()
-                 WHERE id = $1 AND status = 'pending' AND content = $5 AND sha256 = $6",
-                &[&id, &status, &by, &reason, &content, &sha256],
-            )?;
-            Ok(n == 1)
-        })
-    }
-
-    /// Records how an approved proposal was applied; the decision is handed
-    /// to the agent from now on.
-    pub fn set_applied(&self, id: i64, applied: &str) -> Result<(), DbError> {
-        self.db.with(|c| c.execute("UPDATE approvals SET applied = $2 WHERE id = $1", &[&id, &applied]).map(drop))
-    }
-
-    /// Puts an approval whose application failed back to pending.
-    pub fn reopen_approval(&self, id: i64) -> Result<(), DbError> {
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE approvals SET status = 'pending', decided_by = NULL, decided_at = NULL WHERE id = $1",
-                &[&id],
-            )
-            .map(drop)
-        })
-    }
-
-    /// Decisions not yet handed to the agent, marked handed over now.
-    pub fn take_decisions(&self, agent: &AgentId) -> Result<Vec<ApprovalDecision>, DbError> {
-        self.db.with(|c| {
-            let rows = c.query(
-                "UPDATE approvals SET delivered_at = now()
-                 WHERE agent_id = $1 AND decided_at IS NOT NULL AND delivered_at IS NULL
-                   AND (status = 'rejected' OR applied IS NOT NULL)
-                 RETURNING id, status, kind, subject, decided_by, decision_reason, conversation",
-                &[&agent.as_str()],
-            )?;
-            let mut out: Vec<ApprovalDecision> = rows
-                .iter()
-                .map(|r| ApprovalDecision {
-                    approval_id: r.get(0),
-                    status: r.get(1),
-                    subject: format!("{} {}", r.get::<_, String>(2), r.get::<_, String>(3)),
-                    decided_by: r.get::<_, Option<String>>(4).unwrap_or_default(),
-                    reason: r.get(5),
-                    conversation: r.get(6),
-                })
-                .collect();
-            out.sort_by_key(|d| d.approval_id);
-            Ok(out)
-        })
-    }
-}
-
-const APPROVAL_COLUMNS: &str = "SELECT id, agent_id, kind, scope, subject, sha256, reason, lane, skill, state, status,
-        created_at::text, decided_at::text, decided_by, decision_reason, applied, content FROM approvals";
-
-fn approval_row(r: &postgres::Row) -> (ApprovalInfo, String) {
-    let content: String = r.get(16);
-    let sha256: String = r.get(5);
-    let info = ApprovalInfo {
-        id: r.get(0),
-        agent: r.get(1),
-        kind: r.get(2),
-        scope: r.get(3),
-        subject: r.get(4),
-        intact: crate::proposals::digest(&content) == sha256,
-        sha256,
-        reason: r.get(6),
-        lane: r.get(7),
-        skill: r.get(8),
-        state: r.get(9),
-        status: r.get(10),
-        created_at: r.get(11),
-        decided_at: r.get(12),
-        decided_by: r.get(13),
-        decision_reason: r.get(14),
-        applied: r.get(15),
-    };
-    (info, content)
 }

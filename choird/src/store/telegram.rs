@@ -1,0 +1,241 @@
+//! The Telegram gateway's tables: received updates and offsets, the
+//! outbox, refused users, and messages that came from Telegram.
+//!
+//! **Invariant:** an update becomes at most one user message (unique per
+//! (bot, update id)), written in the same transaction that marks the update
+//! handled; an outbox row is written in the same transaction as the answer it
+//! carries.
+
+use choir_common::ids::AgentId;
+use serde_json::Value;
+
+use super::Store;
+use crate::db::DbError;
+
+/// One row of the outbox.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Its id (order of sending within a chat).
+    pub id: i64,
+    /// The chat.
+    pub chat_id: i64,
+    /// `text`, `file` or `edit`.
+    pub kind: String,
+    /// What to send.
+    pub body: Value,
+    /// Failed attempts so far.
+    pub attempts: i32,
+}
+
+/// Queue depths of one bot.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Depths {
+    /// Stored updates not yet handled.
+    pub updates: i64,
+    /// Outbox rows not yet sent (nor given up).
+    pub outbox: i64,
+    /// Outbox rows given up on.
+    pub failed: i64,
+}
+
+/// Queues an outbox row inside a transaction.
+pub fn enqueue(
+    tx: &mut postgres::Transaction<'_>,
+    bot: &str,
+    chat: i64,
+    kind: &str,
+    body: &Value,
+) -> Result<i64, postgres::Error> {
+    let row = tx.query_one(
+        "INSERT INTO telegram_outbox (bot, chat_id, kind, body) VALUES ($1, $2, $3, $4) RETURNING id",
+        &[&bot, &chat, &kind, body],
+    )?;
+    Ok(row.get(0))
+}
+
+impl Store {
+    /// The offset to ask `bot` for next (0: from the start).
+    pub fn telegram_offset(&self, bot: &str) -> Result<i64, DbError> {
+        self.db.with(|c| {
+            let row = c.query_opt("SELECT next_offset FROM telegram_offsets WHERE bot = $1", &[&bot])?;
+            Ok(row.map(|r| r.get(0)).unwrap_or(0))
+        })
+    }
+
+    /// Stores updates (a resent one once) and moves the offset past them, in
+    /// one transaction: only then may the offset be confirmed to Telegram.
+    pub fn store_updates(&self, bot: &str, updates: &[(i64, Value)]) -> Result<i64, DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            for (id, payload) in updates {
+                tx.execute(
+                    "INSERT INTO telegram_updates (bot, update_id, payload) VALUES ($1, $2, $3)
+                     ON CONFLICT (bot, update_id) DO NOTHING",
+                    &[&bot, id, payload],
+                )?;
+            }
+            let next = updates.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
+            let row = tx.query_one(
+                "INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1, $2)
+                 ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $2), updated_at = now()
+                 RETURNING next_offset",
+                &[&bot, &next],
+            )?;
+            tx.commit()?;
+            Ok(row.get(0))
+        })
+    }
+
+    /// Updates not yet handled, oldest first: (bot, update id, payload).
+    pub fn pending_updates(&self, limit: i64) -> Result<Vec<(String, i64, Value)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT bot, update_id, payload FROM telegram_updates WHERE handled_at IS NULL
+                 ORDER BY bot, update_id LIMIT $1",
+                &[&limit],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+        })
+    }
+
+    /// Marks an update handled with `outcome`.
+    pub fn mark_update(&self, bot: &str, update_id: i64, outcome: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE telegram_updates SET handled_at = now(), outcome = $3 WHERE bot = $1 AND update_id = $2",
+                &[&bot, &update_id, &outcome],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Turns an update into a user message for `agent` and marks it handled,
+    /// in one transaction; `None` if it already was (a replay after a crash).
+    pub fn telegram_message(
+        &self,
+        agent: &AgentId,
+        conversation: &str,
+        sender: &str,
+        text: &str,
+        origin: &Value,
+    ) -> Result<Option<u64>, DbError> {
+        let bot = origin["bot"].as_str().unwrap_or_default().to_owned();
+        let update_id = origin["update_id"].as_i64().unwrap_or_default();
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            let row = tx.query_opt(
+                "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
+                 RETURNING id",
+                &[&agent.as_str(), &conversation, &sender, &text, origin],
+            )?;
+            tx.execute(
+                "UPDATE telegram_updates SET handled_at = now(), outcome = 'queued' WHERE bot = $1 AND update_id = $2",
+                &[&bot, &update_id],
+            )?;
+            tx.commit()?;
+            Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+        })
+    }
+
+    /// Records that `user` was refused by `bot`; true the first time only.
+    pub fn refuse_once(&self, bot: &str, user: i64) -> Result<bool, DbError> {
+        self.db.with(|c| {
+            let n = c.execute(
+                "INSERT INTO telegram_refused (bot, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&bot, &user],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    /// Queues rows to send (in order).
+    pub fn enqueue_outbox(&self, bot: &str, chat: i64, rows: &[(&str, Value)]) -> Result<(), DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            for (kind, body) in rows {
+                enqueue(&mut tx, bot, chat, kind, body)?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Unsent rows of `bot`, oldest first.
+    pub fn unsent(&self, bot: &str, limit: i64) -> Result<Vec<OutboxRow>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT id, chat_id, kind, body, attempts FROM telegram_outbox
+                 WHERE bot = $1 AND sent_at IS NULL AND failed IS NULL ORDER BY id LIMIT $2",
+                &[&bot, &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| OutboxRow { id: r.get(0), chat_id: r.get(1), kind: r.get(2), body: r.get(3), attempts: r.get(4) })
+                .collect())
+        })
+    }
+
+    /// Marks a row sent (with the message Telegram made of it, if any).
+    pub fn mark_sent(&self, id: i64, message_id: Option<i64>) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE telegram_outbox SET sent_at = now(), telegram_message_id = $2 WHERE id = $1",
+                &[&id, &message_id],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Records a failed attempt; with `give_up`, the row is not tried again.
+    pub fn mark_attempt(&self, id: i64, error: &str, give_up: bool) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE telegram_outbox SET attempts = attempts + 1, last_error = $2,
+                        failed = CASE WHEN $3 THEN $2 ELSE NULL END WHERE id = $1",
+                &[&id, &error, &give_up],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Messages sent for proposal `approval`: (bot, chat, message id, text).
+    pub fn approval_messages(&self, approval: i64) -> Result<Vec<(String, i64, i64, String)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT bot, chat_id, telegram_message_id, body->>'text' FROM telegram_outbox
+                 WHERE kind = 'text' AND (body->>'approval_id')::bigint = $1 AND telegram_message_id IS NOT NULL",
+                &[&approval],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect())
+        })
+    }
+
+    /// Chats of `bot` with a message still waiting for its answer (for the
+    /// typing indicator), recent ones only.
+    pub fn chats_waiting(&self, bot: &str) -> Result<Vec<i64>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT DISTINCT (origin->>'chat_id')::bigint FROM messages
+                 WHERE origin IS NOT NULL AND origin->>'bot' = $1 AND replied_at IS NULL
+                   AND created_at > now() - interval '10 minutes'",
+                &[&bot],
+            )?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    /// Queue depths of `bot`.
+    pub fn telegram_depths(&self, bot: &str) -> Result<Depths, DbError> {
+        self.db.with(|c| {
+            let u: i64 = c
+                .query_one("SELECT count(*) FROM telegram_updates WHERE bot = $1 AND handled_at IS NULL", &[&bot])?
+                .get(0);
+            let row = c.query_one(
+                "SELECT count(*) FILTER (WHERE sent_at IS NULL AND failed IS NULL), count(*) FILTER (WHERE failed IS NOT NULL)
+                 FROM telegram_outbox WHERE bot = $1",
+                &[&bot],
+            )?;
+            Ok(Depths { updates: u, outbox: row.get(0), failed: row.get(1) })
+        })
+    }
+}

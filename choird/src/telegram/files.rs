@@ -1,0 +1,226 @@
+//! Files between Telegram and an agent's workspace: what the agent put in
+//! `.choirtmp/send/` goes out (and is removed); what a user sends lands in
+//! `.choirtmp/recv/`.
+//!
+//! **Invariant:** the workspace belongs to a possibly hostile agent, so
+//! choird touches it only through descriptors: every path is resolved with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the workspace root,
+//! files are opened with `O_NOFOLLOW` and checked to be regular files, and
+//! outgoing files are copied into choird's own spool before anything reads
+//! them by path. A symlink the agent plants can neither make choird send a
+//! host file nor write outside the workspace.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+
+/// Telegram's upload limit for bots (50 MB).
+pub const MAX_UPLOAD: u64 = 50 * 1024 * 1024;
+
+const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS);
+
+/// A file taken from `.choirtmp/send/`, now in choird's spool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Where choird keeps it until it is sent.
+    pub spool: PathBuf,
+    /// Its name in the workspace.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// How an outgoing file is sent: `sendVoice` for OGG/Opus audio,
+/// `sendAudio` for other audio, else `sendDocument`.
+pub fn method_for(name: &str) -> &'static str {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
+    match ext.as_str() {
+        "ogg" | "oga" | "opus" => "sendVoice",
+        "mp3" | "m4a" | "wav" | "flac" | "aac" => "sendAudio",
+        _ => "sendDocument",
+    }
+}
+
+/// A name safe to create: letters, digits, `.`, `_`, `-`; no leading dot.
+pub fn safe_name(raw: &str) -> String {
+    let cleaned: String = raw
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .take(100)
+        .collect();
+    let cleaned = cleaned.trim_start_matches('.').to_owned();
+    if cleaned.is_empty() {
+        "file".to_owned()
+    } else {
+        cleaned
+    }
+}
+
+fn io(e: rustix::io::Errno) -> std::io::Error {
+    std::io::Error::from(e)
+}
+
+fn open_root(workspace: &Path) -> std::io::Result<OwnedFd> {
+    rustix::fs::open(workspace, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(io)
+}
+
+/// Opens (creating when asked) the directory `rel` beneath the workspace root.
+fn dir_beneath(root: &OwnedFd, rel: &str, create: bool) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut prefix = String::new();
+    for part in rel.split('/') {
+        if !prefix.is_empty() {
+            prefix.push('/');
+        }
+        prefix.push_str(part);
+        match rustix::fs::openat2(root, prefix.as_str(), flags, Mode::empty(), BENEATH) {
+            Ok(fd) => drop(fd),
+            Err(rustix::io::Errno::NOENT) if create => {
+                match rustix::fs::mkdirat(root, prefix.as_str(), Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(io(e)),
+                }
+            }
+            Err(e) => return Err(io(e)),
+        }
+    }
+    rustix::fs::openat2(root, rel, flags, Mode::empty(), BENEATH).map_err(io)
+}
+
+/// Moves every regular file of `<workspace>/.choirtmp/send/` into `spool`
+/// (copied through descriptors, then unlinked). Anything else there — links,
+/// directories, files over [`MAX_UPLOAD`] — is left alone and reported in the
+/// log. A missing directory means nothing to send.
+pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outgoing>> {
+    let root = open_root(workspace)?;
+    let send = match dir_beneath(&root, ".choirtmp/send", false) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    std::fs::create_dir_all(spool)?;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&send).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != "." && name != ".." && name != ".gitignore" {
+            names.push(name);
+        }
+    }
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let fd = match rustix::fs::openat2(
+            &send,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                log::warn!("not sending .choirtmp/send/{name}: {e} (only plain files are sent)");
+                continue;
+            }
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(io)?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            log::warn!("not sending .choirtmp/send/{name}: not a plain file");
+            continue;
+        }
+        let size = stat.st_size as u64;
+        if size > MAX_UPLOAD {
+            log::warn!("not sending .choirtmp/send/{name}: {size} bytes is over Telegram's 50 MB limit");
+            continue;
+        }
+        let mut rnd = [0u8; 6];
+        let _ = getrandom::fill(&mut rnd);
+        let spooled = spool.join(format!("{}-{}", hex::encode(rnd), safe_name(&name)));
+        let mut src = std::fs::File::from(fd);
+        let mut dst = std::fs::OpenOptions::new().write(true).create_new(true).open(&spooled)?;
+        let copied = std::io::copy(&mut (&mut src).take(MAX_UPLOAD), &mut dst)?;
+        dst.flush()?;
+        rustix::fs::unlinkat(&send, name.as_str(), AtFlags::empty()).map_err(io)?;
+        out.push(Outgoing { spool: spooled, name, size: copied });
+    }
+    Ok(out)
+}
+
+/// Writes a received file as `.choirtmp/recv/<name>` in the workspace (a
+/// new file; an existing one is replaced), owned like the workspace root so
+/// the agent can read it. Returns its workspace-relative path.
+pub fn store_incoming(workspace: &Path, name: &str, data: &[u8]) -> std::io::Result<String> {
+    let root = open_root(workspace)?;
+    let recv = dir_beneath(&root, ".choirtmp/recv", true)?;
+    let name = safe_name(name);
+    match rustix::fs::unlinkat(&recv, name.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(io(e)),
+    }
+    let fd = rustix::fs::openat2(
+        &recv,
+        name.as_str(),
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+        BENEATH,
+    )
+    .map_err(io)?;
+    let owner = rustix::fs::fstat(&root).map_err(io)?;
+    if rustix::process::geteuid().is_root() {
+        let uid = Some(rustix::fs::Uid::from_raw(owner.st_uid));
+        let gid = Some(rustix::fs::Gid::from_raw(owner.st_gid));
+        rustix::fs::fchown(&fd, uid, gid).map_err(io)?;
+        rustix::fs::fchown(&recv, uid, gid).map_err(io)?;
+    }
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data)?;
+    file.flush()?;
+    Ok(format!(".choirtmp/recv/{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_files_are_spooled_and_removed_and_links_never_followed() {
+        let ws = tempfile::tempdir().unwrap();
+        let spool = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "host secret").unwrap();
+        let send = ws.path().join(".choirtmp/send");
+        std::fs::create_dir_all(&send).unwrap();
+        std::fs::write(send.join("hello.ogg"), b"OggS voice").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), send.join("steal.txt")).unwrap();
+        let out = take_outgoing(ws.path(), spool.path()).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].name.as_str(), out[0].size), ("hello.ogg", 10));
+        assert_eq!(std::fs::read(&out[0].spool).unwrap(), b"OggS voice");
+        assert!(!send.join("hello.ogg").exists());
+        assert!(send.join("steal.txt").symlink_metadata().is_ok(), "the link is left, not followed");
+        assert_eq!(std::fs::read_to_string(outside.path().join("secret")).unwrap(), "host secret");
+
+        // The send directory itself swapped for a link out of the workspace.
+        std::fs::remove_dir_all(&send).unwrap();
+        std::os::unix::fs::symlink(outside.path(), &send).unwrap();
+        assert!(take_outgoing(ws.path(), spool.path()).is_err());
+        assert!(outside.path().join("secret").exists());
+    }
+
+    #[test]
+    fn incoming_files_stay_inside_the_workspace() {
+        let ws = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        assert_eq!(store_incoming(ws.path(), "../../etc/passwd", b"x").unwrap(), ".choirtmp/recv/_.._etc_passwd");
+        std::fs::create_dir_all(ws.path().join(".choirtmp")).unwrap();
+        std::fs::remove_dir_all(ws.path().join(".choirtmp/recv")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.path().join(".choirtmp/recv")).unwrap();
+        assert!(store_incoming(ws.path(), "a.txt", b"x").is_err());
+        assert!(!outside.path().join("a.txt").exists());
+        assert_eq!(method_for("Hi.OGG"), "sendVoice");
+        assert_eq!(method_for("song.mp3"), "sendAudio");
+        assert_eq!(method_for("report.pdf"), "sendDocument");
+    }
+}

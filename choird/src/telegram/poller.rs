@@ -1,0 +1,94 @@
+//! `tg-poll-<bot>`: long-polls `getUpdates` for one bot (R-GW-1, -4).
+//!
+//! Each batch is stored, with the offset past it, in one transaction before
+//! anything else happens; the offset is sent to Telegram only with the next
+//! poll, which is what confirms the batch. A crash anywhere loses nothing:
+//! unconfirmed updates are sent again and stored once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crossbeam_channel::Sender;
+use frankenstein::methods::GetUpdatesParams;
+use frankenstein::types::AllowedUpdate;
+use frankenstein::TelegramApi;
+
+use super::{backoff, classify, client, nap, BotSpec, Failure};
+use crate::config::TelegramConfig;
+use crate::daemon::Daemon;
+
+/// Updates asked for per poll.
+const LIMIT: u32 = 100;
+
+/// Runs until `stop`.
+pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, dispatch: &Sender<()>) {
+    let bot = client(&tg.api_base, &spec.token, Duration::from_secs(tg.poll_timeout_s + 15));
+    let mut failures = 0u32;
+    let mut offset: Option<i64> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let next = match offset {
+            Some(o) => o,
+            None => match d.store.telegram_offset(&spec.name) {
+                Ok(o) => {
+                    offset = Some(o);
+                    o
+                }
+                Err(e) => {
+                    failures += 1;
+                    log::warn!("telegram {}: cannot read the stored offset ({e}); retrying", spec.name);
+                    nap(backoff(failures), stop);
+                    continue;
+                }
+            },
+        };
+        let params = GetUpdatesParams::builder()
+            .offset(next)
+            .limit(LIMIT)
+            .timeout(tg.poll_timeout_s as u32)
+            .allowed_updates(vec![AllowedUpdate::Message, AllowedUpdate::CallbackQuery])
+            .build();
+        match bot.get_updates(&params) {
+            Ok(resp) => {
+                d.telegram.count(&spec.name, |c| c.last_poll = Some(SystemTime::now()));
+                if resp.result.is_empty() {
+                    failures = 0;
+                    continue;
+                }
+                let batch: Vec<(i64, serde_json::Value)> = resp
+                    .result
+                    .iter()
+                    .filter_map(|u| Some((i64::from(u.update_id), serde_json::to_value(u).ok()?)))
+                    .collect();
+                // Durable first; the next poll's offset confirms them.
+                match d.store.store_updates(&spec.name, &batch) {
+                    Ok(o) => {
+                        failures = 0;
+                        offset = Some(o);
+                        d.telegram.count(&spec.name, |c| c.updates += batch.len() as u64);
+                        let _ = dispatch.try_send(());
+                    }
+                    Err(e) => {
+                        // Not stored: not confirmed either; Telegram sends them again.
+                        failures += 1;
+                        log::warn!("telegram {}: cannot store {} update(s) ({e}); retrying", spec.name, batch.len());
+                        nap(backoff(failures), stop);
+                    }
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                let (wait, why) = match classify(&e, &spec.token) {
+                    Failure::RetryAfter(w) => (w, "rate limited".to_owned()),
+                    Failure::Permanent(m) => (backoff(failures).max(Duration::from_secs(5)), m),
+                    Failure::Transient(m) => (backoff(failures), m),
+                };
+                log::warn!("telegram {}: getUpdates failed: {why}; next try in {wait:?}", spec.name);
+                d.telegram.count(&spec.name, |c| {
+                    c.errors += 1;
+                    c.last_error = Some(format!("getUpdates: {why}"));
+                });
+                nap(wait, stop);
+            }
+        }
+    }
+}
