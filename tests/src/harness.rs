@@ -174,6 +174,20 @@ impl Choird {
     pub fn restart(&mut self) {
         let status = self.stop();
         assert!(status.is_some_and(|s| s.success()), "choird did not stop cleanly:\n{}", self.stderr());
+        self.respawn();
+    }
+
+    /// Kills choird with SIGKILL — no shutdown at all — and starts it again
+    /// on the same home.
+    pub fn kill_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.respawn();
+    }
+
+    fn respawn(&mut self) {
         let stderr = std::fs::OpenOptions::new().append(true).open(self.home.path().join("choird.stderr")).unwrap();
         let child = Command::new(bin("choird"))
             .arg("--home")

@@ -1,6 +1,7 @@
 //! Test support for Choir: RAII handles for a disposable PostgreSQL cluster and
 //! a running choird, the protocol-exact fakes of services that cannot be
-//! reached offline (an OpenAI-compatible chat-completions server), and the
+//! reached offline (an OpenAI-compatible chat-completions server, the Telegram
+//! Bot API), and the
 //! end-to-end tests under `tests/`.
 //!
 //! Services a test needs are *required* when `CHOIR_TEST_REQUIRE_SERVICES=1`
@@ -12,6 +13,7 @@
 
 pub mod docker;
 pub mod fake_llm;
+pub mod fake_telegram;
 pub mod harness;
 pub mod observe;
 pub mod pg;

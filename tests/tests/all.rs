@@ -12,4 +12,5 @@ mod e2e;
 mod lanes;
 mod managed;
 mod skills;
+mod telegram;
 mod tidy;

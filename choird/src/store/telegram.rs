@@ -109,18 +109,20 @@ impl Store {
         })
     }
 
-    /// Turns an update into a user message for `agent` and marks it handled,
-    /// in one transaction; `None` if it already was (a replay after a crash).
+    /// Turns update `update_id` of `bot` into a user message for `agent` and
+    /// marks it handled, in one transaction; `None` if it already was (a
+    /// replay after a crash). `origin` must carry the same bot and update id.
+    #[allow(clippy::too_many_arguments)]
     pub fn telegram_message(
         &self,
+        bot: &str,
+        update_id: i64,
         agent: &AgentId,
         conversation: &str,
         sender: &str,
         text: &str,
         origin: &Value,
     ) -> Result<Option<u64>, DbError> {
-        let bot = origin["bot"].as_str().unwrap_or_default().to_owned();
-        let update_id = origin["update_id"].as_i64().unwrap_or_default();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             let row = tx.query_opt(
@@ -170,7 +172,13 @@ impl Store {
             )?;
             Ok(rows
                 .iter()
-                .map(|r| OutboxRow { id: r.get(0), chat_id: r.get(1), kind: r.get(2), body: r.get(3), attempts: r.get(4) })
+                .map(|r| OutboxRow {
+                    id: r.get(0),
+                    chat_id: r.get(1),
+                    kind: r.get(2),
+                    body: r.get(3),
+                    attempts: r.get(4),
+                })
                 .collect())
         })
     }

@@ -164,7 +164,7 @@ fn message(d: &Daemon, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     let origin = json!({"bot": bot, "update_id": update_id.to_string(), "chat_id": chat, "user_id": user,
                         "message_id": m.message_id});
     let sender = format!("telegram:{user}");
-    if d.store.telegram_message(&agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
+    if d.store.telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
         d.wake_agent(&agent);
     }
     Ok(())
@@ -260,17 +260,16 @@ fn fetch(api_base: &str, token: &str, file_id: &str, cap: u64) -> Result<Vec<u8>
     let path = file.file_path.ok_or("Telegram gave no file path")?;
     let url = format!("{}/file/bot{token}/{path}", api_base.trim_end_matches('/'));
     let agent = ureq::Agent::new_with_config(
-        ureq::config::Config::builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))).build(),
+        ureq::config::Config::builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build(),
     );
     let mut resp = agent.get(&url).call().map_err(|e| text::mask(&e.to_string(), token))?;
     if resp.status() != 200 {
         return Err(format!("download answered {}", resp.status()));
     }
-    resp.body_mut()
-        .with_config()
-        .limit(cap)
-        .read_to_vec()
-        .map_err(|e| text::mask(&e.to_string(), token))
+    resp.body_mut().with_config().limit(cap).read_to_vec().map_err(|e| text::mask(&e.to_string(), token))
 }
 
 fn answer(spec: &BotSpec, query: &CallbackQuery, text: &str, alert: bool) {

@@ -182,7 +182,10 @@ impl Gateway {
         let specs = bots(d);
         for (name, b) in &d.config().telegram.bots {
             if !specs.iter().any(|s| &s.name == name) {
-                log::warn!("telegram bot {name}: secret {:?} is not in secrets.json; the bot stays off", b.token_secret);
+                log::warn!(
+                    "telegram bot {name}: secret {:?} is not in secrets.json; the bot stays off",
+                    b.token_secret
+                );
             }
         }
         if specs.is_empty() {
@@ -196,7 +199,8 @@ impl Gateway {
         let mut workers = Vec::new();
         let mut senders = Vec::new();
         for spec in specs {
-            let (d2, stop2, poke, tg2, spec2) = (d.clone(), stop.clone(), dispatch_tx.clone(), tg.clone(), spec.clone());
+            let (d2, stop2, poke, tg2, spec2) =
+                (d.clone(), stop.clone(), dispatch_tx.clone(), tg.clone(), spec.clone());
             pollers.push(
                 std::thread::Builder::new()
                     .name(format!("tg-poll-{}", spec.name))

@@ -134,7 +134,12 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                             break;
                         }
                         Failure::Permanent(why) => {
-                            log::error!("telegram {}: Telegram refused row {} ({}): {why}", spec.name, row.id, row.kind);
+                            log::error!(
+                                "telegram {}: Telegram refused row {} ({}): {why}",
+                                spec.name,
+                                row.id,
+                                row.kind
+                            );
                             let _ = d.store.mark_attempt(row.id, &why, true);
                         }
                         Failure::Transient(why) => {
@@ -188,7 +193,11 @@ fn send(d: &Daemon, bot: &frankenstein::client_ureq::Bot, row: &OutboxRow) -> Re
                 if let Ok(Some((info, _))) = d.store.approval(id) {
                     if info.status != "pending" {
                         buttons = None;
-                        text.push_str(&format!("\n\nAlready {} by {}.", info.status, info.decided_by.unwrap_or_default()));
+                        text.push_str(&format!(
+                            "\n\nAlready {} by {}.",
+                            info.status,
+                            info.decided_by.unwrap_or_default()
+                        ));
                     }
                 }
             }

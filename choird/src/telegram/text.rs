@@ -92,6 +92,9 @@ mod tests {
 
     #[test]
     fn tokens_are_masked() {
-        assert_eq!(mask("GET http://x/bot123:ABC/getUpdates failed", "123:ABC"), "GET http://x/bot<token>/getUpdates failed");
+        assert_eq!(
+            mask("GET http://x/bot123:ABC/getUpdates failed", "123:ABC"),
+            "GET http://x/bot<token>/getUpdates failed"
+        );
     }
 }
