@@ -232,6 +232,12 @@ impl FakeTelegram {
         self.shared.0.lock().bots.get(token).map(|b| b.delivered.clone()).unwrap_or_default()
     }
 
+    /// The id of the (latest) message a bot sent to `chat` with `text`.
+    pub fn message_id_of(&self, chat: i64, text: &str) -> Option<i64> {
+        let g = self.shared.0.lock();
+        g.sent.iter().filter(|((c, _), t)| *c == chat && t.as_str() == text).map(|((_, m), _)| *m).max()
+    }
+
     /// Updates not yet confirmed by an offset.
     pub fn unconfirmed(&self, token: &str) -> usize {
         self.shared.0.lock().bots.get(token).map(|b| b.updates.len()).unwrap_or(0)
