@@ -416,7 +416,10 @@ fn serve(shared: &Arc<(Mutex<State>, Condvar)>, mut rq: tiny_http::Request) {
     let (status, out) = match fault {
         Some(Fault::Drop) => {
             record(0);
-            drop(rq.into_writer());
+            // The connection is taken over and closed: the client gets no
+            // HTTP answer it can use (tiny_http has no other way to hang up).
+            let stream = rq.upgrade("close", tiny_http::Response::empty(101));
+            drop(stream);
             return;
         }
         Some(Fault::Malformed) => (200, "{\"ok\": true, \"result\": [{\"update_id\": ".to_owned()),

@@ -180,10 +180,16 @@ impl Choird {
     /// Kills choird with SIGKILL — no shutdown at all — and starts it again
     /// on the same home.
     pub fn kill_and_restart(&mut self) {
+        self.kill_and_restart_with(|| {});
+    }
+
+    /// Like [`Choird::kill_and_restart`], running `meanwhile` while choird is down.
+    pub fn kill_and_restart_with(&mut self, meanwhile: impl FnOnce()) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+        meanwhile();
         self.respawn();
     }
 

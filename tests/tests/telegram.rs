@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
+use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram, Fault};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::observe::{system_of, wait_for};
 use choir_tests::pg::TestPg;
@@ -260,4 +260,176 @@ fn admins_approve_and_reject_from_inline_buttons_and_others_cannot() {
 /// The message id the fake gave the bot's message with `text` in `chat`.
 fn sent_message_id(tg: &FakeTelegram, chat: i64, text: &str) -> i64 {
     tg.message_id_of(chat, text).expect("the fake knows the message")
+}
+
+#[test]
+fn a_document_comes_in_and_a_voice_file_goes_out() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        let last = msgs.last()?.clone();
+        let text = last["content"].as_str().unwrap_or_default();
+        if last["role"] == "user" && text.contains("[The user sent a document: ") {
+            let path = text.split("document: ").nth(1)?.split(' ').next()?.to_owned();
+            return Some(Step::call("choir.fs.read", json!({"path": path})));
+        }
+        if last["role"] == "user" && text == "say hi" {
+            return Some(Step::call(
+                "choir.exec",
+                json!({"command": "mkdir -p .choirtmp/send && printf 'OggS fake voice' > .choirtmp/send/hi.ogg && printf 'a,b\\n' > .choirtmp/send/table.csv"}),
+            ));
+        }
+        if last["role"] == "tool" {
+            let result: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
+            if result["summary"].as_str().unwrap_or("").starts_with("read") {
+                return Some(Step::Text(format!(
+                    "The file says: {}",
+                    result["content"].as_str().unwrap_or("?").trim()
+                )));
+            }
+            return Some(Step::Text("Here you go.".into()));
+        }
+        Some(Step::Text("?".into()))
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+
+    // In: the document lands in .choirtmp/recv/ and the agent is told where.
+    let update =
+        tg.user_sends_document(TOKEN_A, 501, "notes.txt", b"the meeting is at noon\n", Some("what does it say?"));
+    tg.wait_calls("the answer about the document", Duration::from_secs(30), |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| !t.is_empty())
+    });
+    assert_eq!(sent_to(&tg, TOKEN_A, 501), ["The file says: the meeting is at noon"]);
+    let rel = format!(".choirtmp/recv/{update}_notes.txt");
+    assert_eq!(std::fs::read_to_string(choird.workspace("alpha").join(&rel)).unwrap(), "the meeting is at noon\n");
+    let message: String = pg.client().query_one("SELECT text FROM messages ORDER BY id LIMIT 1", &[]).unwrap().get(0);
+    assert_eq!(message, format!("what does it say?\n\n[The user sent a document: {rel} (23 bytes)]"));
+    assert!(tg.sent("getFile").len() == 1);
+
+    // Out: files the agent writes to .choirtmp/send/ follow its answer, then vanish.
+    tg.user_says(TOKEN_A, 501, "say hi");
+    let calls = tg.wait_calls("the voice and the document", Duration::from_secs(30), |c| {
+        c.iter().any(|c| c.method == "sendVoice" && c.status == 200)
+            && c.iter().any(|c| c.method == "sendDocument" && c.status == 200)
+    });
+    let voice = calls.iter().find(|c| c.method == "sendVoice").unwrap();
+    assert_eq!(voice.params["chat_id"], 501);
+    assert_eq!(voice.files, [("voice".to_owned(), voice.files[0].1.clone(), b"OggS fake voice".to_vec())]);
+    assert!(voice.files[0].1.ends_with("hi.ogg"), "{}", voice.files[0].1);
+    let doc = calls.iter().find(|c| c.method == "sendDocument").unwrap();
+    assert_eq!(doc.files[0].2, b"a,b\n");
+    let order: Vec<&str> = calls
+        .iter()
+        .filter(|c| {
+            c.params["chat_id"] == 501
+                && c.status == 200
+                && c.method.starts_with("send")
+                && c.method != "sendChatAction"
+        })
+        .map(|c| c.method.as_str())
+        .collect();
+    assert_eq!(order, ["sendMessage", "sendMessage", "sendVoice", "sendDocument"], "the answer first, then its files");
+    let send_dir = choird.workspace("alpha").join(".choirtmp/send");
+    assert_eq!(std::fs::read_dir(&send_dir).unwrap().count(), 0, "sent files are removed");
+    wait_for("the spool to empty", Duration::from_secs(10), || {
+        std::fs::read_dir(choird.home.path().join("telegram/spool")).map(|d| d.count() == 0).unwrap_or(true)
+    });
+}
+
+#[test]
+fn choird_killed_between_receiving_and_replying_answers_every_update_exactly_once() {
+    let Some(pg) = TestPg::start() else { return };
+    // A slow model, so the answers are still being written when choird dies.
+    let llm = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        let last_answer = msgs.iter().rposition(|m| m["role"] == "assistant").map(|i| i + 1).unwrap_or(0);
+        let heard: Vec<&str> =
+            msgs[last_answer..].iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"].as_str()).collect();
+        Some(Step::SlowText(format!("answered: {}", heard.join(", ")), Duration::from_millis(150)))
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let mut choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let agent_pid = || -> Option<u64> {
+        let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "alpha"])).ok()?;
+        s["pid"].as_u64()
+    };
+    let old_agent = agent_pid().unwrap();
+    for i in 1..=3 {
+        tg.user_says(TOKEN_A, 501, &format!("m{i}"));
+    }
+    wait_for("the model to be asked", Duration::from_secs(20), || !llm.requests().is_empty());
+    wait_for("the updates to be stored", Duration::from_secs(20), || {
+        pg.client().query_one("SELECT count(*) FROM telegram_updates", &[]).unwrap().get::<_, i64>(0) == 3
+    });
+    assert!(sent_to(&tg, TOKEN_A, 501).is_empty(), "nothing answered yet");
+
+    choird.kill_and_restart_with(|| {
+        // While choird is down, more arrive.
+        tg.user_says(TOKEN_A, 501, "m4");
+        tg.user_says(TOKEN_A, 501, "m5");
+    });
+    // The old agent loses its lease and leaves; then a new one starts.
+    wait_for("the old agent to leave", Duration::from_secs(30), || {
+        !std::path::Path::new(&format!("/proc/{old_agent}")).exists()
+            || std::fs::read_to_string(format!("/proc/{old_agent}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    wait_for("every message answered", Duration::from_secs(60), || {
+        let unanswered: i64 =
+            pg.client().query_one("SELECT count(*) FROM messages WHERE replied_at IS NULL", &[]).unwrap().get(0);
+        let outbox: i64 =
+            pg.client().query_one("SELECT count(*) FROM telegram_outbox WHERE sent_at IS NULL", &[]).unwrap().get(0);
+        let messages: i64 = pg.client().query_one("SELECT count(*) FROM messages", &[]).unwrap().get(0);
+        messages == 5 && unanswered == 0 && outbox == 0
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let answers = sent_to(&tg, TOKEN_A, 501);
+    let mut covered: Vec<String> = answers
+        .iter()
+        .flat_map(|a| a.trim_start_matches("answered: ").split(", ").map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    covered.sort();
+    assert_eq!(covered, ["m1", "m2", "m3", "m4", "m5"], "each update answered exactly once: {answers:?}");
+    let rows: i64 = pg.client().query_one("SELECT count(*) FROM messages", &[]).unwrap().get(0);
+    assert_eq!(rows, 5, "one message per update");
+    assert_eq!(tg.unconfirmed(TOKEN_A), 0);
+}
+
+#[test]
+fn the_gateway_rides_out_429s_502s_garbage_and_dropped_connections_and_loses_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = echo_model();
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    tg.fail_next("getUpdates", vec![Fault::RetryAfter(1), Fault::Status(502), Fault::Malformed, Fault::Drop]);
+    tg.fail_next("sendMessage", vec![Fault::RetryAfter(1), Fault::Status(502), Fault::Drop]);
+    for i in 1..=3 {
+        tg.user_says(TOKEN_A, 500 + i, &format!("message {i}"));
+    }
+    let bots = json!({"a": {"token_secret": "tg_a", "users": {
+        "501": {"agent": "alpha"}, "502": {"agent": "alpha"}, "503": {"agent": "alpha"}}}});
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], bots), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let calls = tg.wait_calls("three answers", Duration::from_secs(60), |c| {
+        c.iter().filter(|c| c.method == "sendMessage" && c.status == 200).count() >= 3
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 1..=3 {
+        assert_eq!(sent_to(&tg, TOKEN_A, 500 + i), [format!("alpha heard: message {i}")], "exactly one answer each");
+    }
+    let polls: Vec<_> = calls.iter().filter(|c| c.method == "getUpdates").collect();
+    let statuses: Vec<u16> = polls.iter().take(5).map(|c| c.status).collect();
+    assert_eq!(statuses, [429, 502, 200, 0, 200], "the faults happened, in order (200 = the garbled one)");
+    assert!(polls[1].at.duration_since(polls[0].at) >= Duration::from_millis(990), "retry_after was honoured");
+    let sends: Vec<u16> = calls.iter().filter(|c| c.method == "sendMessage").map(|c| c.status).collect();
+    assert_eq!(&sends[..3], [429, 502, 0]);
+    assert_eq!(tg.unconfirmed(TOKEN_A), 0);
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "telegram", "status"])).unwrap();
+    assert!(status["bots"][0]["errors"].as_u64().unwrap() >= 7, "{status}");
+    assert_eq!(status["bots"][0]["queued_outbox"], 0);
 }

@@ -62,7 +62,9 @@ impl Bucket {
 
 /// Runs until `stop`.
 pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, wake: &Receiver<()>) {
-    let bot = client(&tg.api_base, &spec.token, Duration::from_secs(120));
+    // A hung connection is given up on: 30 s for a message, 120 s for an upload.
+    let bot = client(&tg.api_base, &spec.token, Duration::from_secs(30));
+    let uploads = client(&tg.api_base, &spec.token, Duration::from_secs(120));
     let interval = Duration::from_millis(tg.per_chat_interval_ms);
     let mut bucket = Bucket::new(tg.per_bot_per_s);
     let mut next_for_chat: HashMap<i64, Instant> = HashMap::new();
@@ -106,7 +108,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                 soonest = Some(soonest.map_or(due, |s| s.min(due)));
                 break;
             }
-            match send(d, &bot, &row) {
+            match send(d, if row.kind == "file" { &uploads } else { &bot }, &row) {
                 Ok(message_id) => {
                     failures = 0;
                     next_for_chat.insert(row.chat_id, Instant::now() + interval);
