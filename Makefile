@@ -52,6 +52,7 @@ bench: deps base-image
 	$(CARGO) build --release --workspace --bins
 	target/release/bench-docker
 	target/release/bench-turns
+	target/release/bench-telegram
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir
