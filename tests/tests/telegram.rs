@@ -433,3 +433,43 @@ fn the_gateway_rides_out_429s_502s_garbage_and_dropped_connections_and_loses_not
     assert!(status["bots"][0]["errors"].as_u64().unwrap() >= 7, "{status}");
     assert_eq!(status["bots"][0]["queued_outbox"], 0);
 }
+
+#[test]
+fn admins_have_status_stop_and_approvals_in_chat_and_regular_users_do_not() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|req, _| {
+        let last = req["messages"].as_array()?.last()?.clone();
+        match last["content"].as_str() {
+            Some("work hard") => Some(Step::call("choir.exec", json!({"command": "sleep 5"}))),
+            _ => Some(Step::Text("done".into())),
+        }
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(true)), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+
+    tg.user_says(TOKEN_A, 502, "/status");
+    tg.user_says(TOKEN_A, 501, "/status");
+    tg.user_says(TOKEN_A, 501, "/approvals");
+    tg.wait_calls("three answers", Duration::from_secs(20), |c| {
+        texts_by_chat(c).values().map(Vec::len).sum::<usize>() >= 3
+    });
+    assert_eq!(sent_to(&tg, TOKEN_A, 502), ["Only this bot's admins can use /status."]);
+    let admin = sent_to(&tg, TOKEN_A, 501);
+    assert!(admin[0].starts_with("alpha: running (RUNNING)\nedge: IDLE"), "{admin:?}");
+    assert_eq!(admin[1], "No proposals of alpha are waiting.");
+    assert!(llm.requests().is_empty(), "commands never reach the model");
+
+    // /stop cuts a long tool call's turn short at its next step.
+    tg.user_says(TOKEN_A, 501, "work hard");
+    wait_for("the long tool call", Duration::from_secs(20), || !llm.requests().is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    tg.user_says(TOKEN_A, 501, "/stop");
+    tg.wait_calls("the stop and the cut turn", Duration::from_secs(40), |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "Stopped, as asked."))
+    });
+    assert!(sent_to(&tg, TOKEN_A, 501).iter().any(|t| t.starts_with("Stopping what alpha is doing")));
+    assert_eq!(llm.requests().len(), 1, "no model step after the stop");
+    assert!(choird.ctl_ok(&["audit", "--limit", "50"]).contains("agent.cancel"));
+}
