@@ -46,6 +46,18 @@ CREATE TABLE telegram_refused (
     PRIMARY KEY (bot, user_id)
 );
 
+-- Unknown users who asked to be let in (bots with `pairing`), and the decision.
+CREATE TABLE telegram_pairings (
+    bot           text        NOT NULL,
+    user_id       bigint      NOT NULL,
+    username      text,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    status        text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'refused')),
+    decided_by    text,
+    decided_at    timestamptz,
+    PRIMARY KEY (bot, user_id)
+);
+
 -- Where a message came from, when it came from Telegram:
 -- {"bot", "update_id", "chat_id", "user_id", "message_id"}.
 ALTER TABLE messages ADD COLUMN origin jsonb;

@@ -37,6 +37,9 @@ commands:
   approvals reject ID --reason TEXT
                                 reject it; the agent is told why
   telegram status               the Telegram gateway: bots, last poll, queues, errors
+  telegram pairings [--all]     users who asked a bot (with pairing) to be let in
+  telegram pair BOT USER [--refuse]
+                                let a user in (adds them to config.json), or refuse them
   skill validate FILE [--agent ID]
                                 check a skill file as agents do at start, offline
   chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
@@ -74,6 +77,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut all = false;
     let mut sha256: Option<String> = None;
     let mut reason: Option<String> = None;
+    let mut refuse = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -87,6 +91,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("all") => all = true,
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
+            Long("refuse") => refuse = true,
             Long("help") | Short('h') => {
                 println!("{USAGE}");
                 return Ok(());
@@ -125,6 +130,18 @@ fn real_main() -> anyhow::Result<()> {
         }
         ["approvals", "show", id] => proposals::show(&ctx, id),
         ["telegram", "status"] => telegram_status(&ctx),
+        ["telegram", "pairings"] => telegram_pairings(&ctx, all),
+        ["telegram", "pair", bot, user] => {
+            let r: serde_json::Value = ctx.client.post(
+                &format!("telegram/pairings/{bot}/{user}"),
+                &choir_common::admin::PairDecision { approve: !refuse },
+            )?;
+            if ctx.json {
+                return print_json(&r);
+            }
+            println!("{}", r["done"].as_str().unwrap_or(""));
+            Ok(())
+        }
         ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256),
         ["approvals", "reject", id] => proposals::reject(&ctx, id, reason),
         ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
@@ -135,6 +152,31 @@ fn real_main() -> anyhow::Result<()> {
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }
+}
+
+fn telegram_pairings(ctx: &Ctx, all: bool) -> anyhow::Result<()> {
+    let l: choir_common::admin::PairingList =
+        ctx.client.get(&format!("telegram/pairings{}", if all { "?all=1" } else { "" }))?;
+    if ctx.json {
+        return print_json(&l);
+    }
+    if l.pairings.is_empty() {
+        println!("no {}requests to be let in", if all { "" } else { "pending " });
+        return Ok(());
+    }
+    println!("{:<14} {:>14} {:<20} {:<9} {:<19}  DECIDED BY", "BOT", "USER", "USERNAME", "STATUS", "ASKED");
+    for p in &l.pairings {
+        println!(
+            "{:<14} {:>14} {:<20} {:<9} {:<19}  {}",
+            p.bot,
+            p.user_id,
+            p.username.as_deref().map(|u| format!("@{u}")).unwrap_or_else(|| "-".into()),
+            p.status,
+            p.requested_at.chars().take(19).collect::<String>(),
+            p.decided_by.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
 }
 
 fn telegram_status(ctx: &Ctx) -> anyhow::Result<()> {

@@ -129,6 +129,16 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             Ok(Response::ok(&d.reject(parse_id(id)?, &r.reason, r.by.as_deref())?))
         }
         ("GET", ["telegram"]) => Ok(Response::ok(&crate::telegram::status(d)?)),
+        ("GET", ["telegram", "pairings"]) => {
+            Ok(Response::ok(&crate::telegram::pairing::list(d, req.query("all").is_some_and(|v| v == "1"))?))
+        }
+        ("POST", ["telegram", "pairings", bot, user]) => {
+            let r: choir_common::admin::PairDecision = req.json()?;
+            let user: i64 =
+                user.parse().map_err(|_| ApiError::BadRequest(format!("{user:?} is not a Telegram user id")))?;
+            let done = crate::telegram::pairing::decide(d, bot, user, r.approve, "admin")?;
+            Ok(Response::ok(&serde_json::json!({"done": done})))
+        }
         ("GET", ["audit"]) => {
             let agent =
                 req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;

@@ -329,6 +329,11 @@ pub struct BotConfig {
     /// Group chat id → the agent that serves it; other groups are ignored.
     #[serde(default)]
     pub groups: BTreeMap<String, BotGroup>,
+    /// When set, a user the bot does not know may ask to be let in: the bot's
+    /// admins decide (in chat or with `choirctl telegram pair`), and a user let
+    /// in talks to this agent. Unset: unknown users are only refused.
+    #[serde(default)]
+    pub pairing: Option<AgentId>,
 }
 
 /// A Telegram user bound to an agent through a bot.
@@ -536,6 +541,11 @@ impl Config {
                 }
                 if !self.agents.contains_key(&u.agent) {
                     return e(&at(&format!("users.{user}.agent")), &format!("no agent {} in agents", u.agent));
+                }
+            }
+            if let Some(agent) = &bot.pairing {
+                if !self.agents.contains_key(agent) {
+                    return e(&at("pairing"), &format!("no agent {agent} in agents"));
                 }
             }
             for (group, g) in &bot.groups {

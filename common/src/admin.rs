@@ -237,3 +237,36 @@ pub struct BotStatus {
     /// Outbox rows given up on (refused by Telegram).
     pub failed_outbox: i64,
 }
+
+/// A user who asked a bot to be let in (`GET /admin/v1/telegram/pairings`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairingInfo {
+    /// The bot.
+    pub bot: String,
+    /// The Telegram user id.
+    pub user_id: i64,
+    /// Their @username, if any.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// `pending`, `approved` or `refused`.
+    pub status: String,
+    /// When they asked.
+    pub requested_at: String,
+    /// Who decided.
+    #[serde(default)]
+    pub decided_by: Option<String>,
+}
+
+/// `GET /admin/v1/telegram/pairings`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairingList {
+    /// Newest first.
+    pub pairings: Vec<PairingInfo>,
+}
+
+/// `POST /admin/v1/telegram/pairings/<bot>/<user id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairDecision {
+    /// Let them in (true) or refuse (false).
+    pub approve: bool,
+}

@@ -473,3 +473,58 @@ fn admins_have_status_stop_and_approvals_in_chat_and_regular_users_do_not() {
     assert_eq!(llm.requests().len(), 1, "no model step after the stop");
     assert!(choird.ctl_ok(&["audit", "--limit", "50"]).contains("agent.cancel"));
 }
+
+#[test]
+fn an_unknown_user_on_a_pairing_bot_is_let_in_by_an_admin_and_can_then_talk() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = echo_model();
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let mut bots = one_bot(true);
+    bots["a"]["pairing"] = json!("alpha");
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], bots), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+
+    tg.user_says(TOKEN_A, 777, "let me in");
+    tg.user_says(TOKEN_A, 777, "please?");
+    tg.user_says(TOKEN_A, 888, "me too");
+    let calls = tg.wait_calls("the admin asked twice", Duration::from_secs(20), |c| {
+        c.iter().filter(|c| c.method == "sendMessage" && c.params["chat_id"] == 501).count() == 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sent_to(&tg, TOKEN_A, 777).len(), 1, "asked once, told once");
+    assert!(sent_to(&tg, TOKEN_A, 777)[0].starts_with("I don't know you yet"));
+    let ask = calls
+        .iter()
+        .find(|c| c.method == "sendMessage" && c.params["text"].as_str().unwrap_or("").contains("777"))
+        .unwrap();
+    assert_eq!(ask.params["text"], "User 777 (@user777) asks to talk to alpha through this bot.");
+    let listed = choird.ctl_ok(&["telegram", "pairings"]);
+    assert!(listed.contains("777") && listed.contains("888") && listed.contains("pending"), "{listed}");
+
+    // A regular user cannot let anyone in; the admin can, in chat.
+    let asked = sent_message_id(&tg, 501, ask.params["text"].as_str().unwrap());
+    tg.user_presses(TOKEN_A, 502, asked, "pl:777");
+    tg.user_presses(TOKEN_A, 501, asked, "pl:777");
+    tg.wait_calls("both answers", Duration::from_secs(20), |c| {
+        c.iter().filter(|c| c.method == "answerCallbackQuery").count() == 2
+    });
+    let answers = tg.sent("answerCallbackQuery");
+    assert!(answers[0].params["text"].as_str().unwrap().contains("Only this bot's admins"));
+    assert_eq!(answers[1].params["text"], "user 777 may now talk to alpha through bot a");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(choird.home.path().join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["telegram"]["bots"]["a"]["users"]["777"], json!({"agent": "alpha"}));
+
+    // Let in: their messages now reach the agent.
+    tg.user_says(TOKEN_A, 777, "hello, finally");
+    tg.wait_calls("the answer", Duration::from_secs(20), |c| {
+        texts_by_chat(c).get(&777).is_some_and(|t| t.iter().any(|t| t == "alpha heard: hello, finally"))
+    });
+    assert_eq!(sent_to(&tg, TOKEN_A, 777)[1], "You're in: you can talk to alpha here now.");
+    // And from choirctl: refused.
+    assert!(choird.ctl_ok(&["telegram", "pair", "a", "888", "--refuse"]).contains("user 888 was refused"));
+    assert!(choird.ctl_err(&["telegram", "pair", "a", "888"]).contains("has no pending request"));
+    tg.wait_calls("the refusal", Duration::from_secs(20), |c| texts_by_chat(c).get(&888).is_some_and(|t| t.len() == 2));
+    assert!(choird.ctl_ok(&["audit", "--limit", "100"]).contains("telegram.pairing"));
+}

@@ -225,15 +225,13 @@ impl Daemon {
 
     /// Writes an approved config change into `config.json` and reloads it.
     fn apply_config_change(&self, agent: &AgentId, content: &Value) -> Result<String, String> {
-        let path = self.home.config();
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let (new, keys) = proposals::apply_config(&text, agent, content).map_err(|e| e.to_string())?;
-        let tmp = path.with_extension("json.choir-tmp");
-        std::fs::write(&tmp, &new).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let config = crate::config::Config::load(&path).map_err(|e| e.to_string())?;
-        self.reload(config, (*self.secrets()).clone());
-        Ok(format!("config.json agents.{agent}: {}", keys.join(", ")))
+        let mut changed = Vec::new();
+        self.rewrite_config(|text| {
+            let (new, keys) = proposals::apply_config(text, agent, content).map_err(|e| e.to_string())?;
+            changed = keys;
+            Ok(new)
+        })?;
+        Ok(format!("config.json agents.{agent}: {}", changed.join(", ")))
     }
 
     /// Marks that the agent has a decision to receive and wakes its poll.

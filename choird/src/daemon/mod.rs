@@ -239,6 +239,8 @@ pub struct Daemon {
     supervisors: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The Telegram gateway's pokes and counters.
     pub telegram: crate::telegram::Link,
+    /// Held while `config.json` is rewritten (approved changes, pairings).
+    config_write: Mutex<()>,
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -281,6 +283,7 @@ impl Daemon {
             kill_switch: AtomicBool::new(kill_switch),
             supervisors: Mutex::new(Vec::new()),
             telegram: crate::telegram::Link::default(),
+            config_write: Mutex::new(()),
         }
     }
 
@@ -312,6 +315,24 @@ impl Daemon {
         *self.secrets.write() = Arc::new(secrets);
         self.config_version.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_all();
+    }
+
+    /// Rewrites `config.json` with `edit` (old text → new text), refuses a
+    /// result that does not validate, replaces the file atomically and
+    /// reloads it. One rewrite at a time.
+    pub fn rewrite_config(&self, edit: impl FnOnce(&str) -> Result<String, String>) -> Result<(), String> {
+        let _one = self.config_write.lock();
+        let path = self.home.config();
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let new = edit(&text)?;
+        Config::parse(&new)
+            .map_err(|(field, reason)| format!("the changed config.json is invalid: {field}: {reason}"))?;
+        let tmp = path.with_extension("json.choir-tmp");
+        std::fs::write(&tmp, &new).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config = Config::load(&path).map_err(|e| e.to_string())?;
+        self.reload(config, (*self.secrets()).clone());
+        Ok(())
     }
 
     /// Writes an audit record; a database failure is logged, not propagated,

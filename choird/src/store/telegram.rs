@@ -247,3 +247,80 @@ impl Store {
         })
     }
 }
+
+/// A request to be let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pairing {
+    /// The bot.
+    pub bot: String,
+    /// The Telegram user.
+    pub user_id: i64,
+    /// Their @username, if any.
+    pub username: Option<String>,
+    /// `pending`, `approved` or `refused`.
+    pub status: String,
+    /// When they asked.
+    pub requested_at: String,
+    /// Who decided.
+    pub decided_by: Option<String>,
+}
+
+impl Store {
+    /// Records that `user` asked `bot` to be let in; true the first time.
+    pub fn request_pairing(&self, bot: &str, user: i64, username: Option<&str>) -> Result<bool, DbError> {
+        self.db.with(|c| {
+            let n = c.execute(
+                "INSERT INTO telegram_pairings (bot, user_id, username) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                &[&bot, &user, &username],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    /// Decides a pending request; false if there is none (or it was decided).
+    pub fn decide_pairing(&self, bot: &str, user: i64, approve: bool, by: &str) -> Result<bool, DbError> {
+        let status = if approve { "approved" } else { "refused" };
+        self.db.with(|c| {
+            let n = c.execute(
+                "UPDATE telegram_pairings SET status = $3, decided_by = $4, decided_at = now()
+                 WHERE bot = $1 AND user_id = $2 AND status = 'pending'",
+                &[&bot, &user, &status, &by],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    /// Reopens a request whose approval could not be applied.
+    pub fn decide_pairing_undo(&self, bot: &str, user: i64) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE telegram_pairings SET status = 'pending', decided_by = NULL, decided_at = NULL
+                 WHERE bot = $1 AND user_id = $2",
+                &[&bot, &user],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Requests, newest first (pending only, unless `all`).
+    pub fn pairings(&self, all: bool) -> Result<Vec<Pairing>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT bot, user_id, username, status, requested_at::text, decided_by FROM telegram_pairings
+                 WHERE $1 OR status = 'pending' ORDER BY requested_at DESC LIMIT 500",
+                &[&all],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| Pairing {
+                    bot: r.get(0),
+                    user_id: r.get(1),
+                    username: r.get(2),
+                    status: r.get(3),
+                    requested_at: r.get(4),
+                    decided_by: r.get(5),
+                })
+                .collect())
+        })
+    }
+}

@@ -104,6 +104,10 @@ fn message(d: &Daemon, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
                     "refused",
                     json!({"bot": bot, "user": user, "username": username, "update": update_id}),
                 );
+                if spec.config.pairing.is_some() {
+                    super::pairing::request(d, spec, user, username.as_deref(), chat)?;
+                    return d.store.mark_update(bot, update_id, "pairing");
+                }
                 if d.store.refuse_once(bot, user)? {
                     reply(
                         d,
@@ -285,6 +289,22 @@ fn callback(d: &Daemon, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Re
     let bot = spec.name.as_str();
     let user = q.from.id as i64;
     let data = q.data.clone().unwrap_or_default();
+    if let Some((kind, who)) = data.split_once(':').filter(|(k, _)| matches!(*k, "pl" | "pn")) {
+        let admin = spec.config.users.get(&user.to_string()).is_some_and(|u| u.admin);
+        if !admin {
+            d.audit(&format!("telegram:{user}"), None, "telegram.pairing", "refused_not_admin", json!({"bot": bot}));
+            answer(spec, q, "Only this bot's admins can let people in.", true);
+            return d.store.mark_update(bot, update_id, "callback_refused");
+        }
+        let outcome = who.parse::<i64>().map_err(|_| "that button names no user".to_owned()).and_then(|u| {
+            super::pairing::decide(d, bot, u, kind == "pl", &format!("telegram:{user}")).map_err(|e| e.to_string())
+        });
+        match outcome {
+            Ok(done) => answer(spec, q, &done, false),
+            Err(e) => answer(spec, q, &e, true),
+        }
+        return d.store.mark_update(bot, update_id, "callback");
+    }
     let mut parts = data.splitn(3, ':');
     let (action, id) = (parts.next().unwrap_or(""), parts.next().and_then(|i| i.parse::<i64>().ok()));
     let sha = parts.next().map(str::to_owned);

@@ -24,6 +24,7 @@
 
 pub mod dispatch;
 pub mod files;
+pub mod pairing;
 pub mod poller;
 pub mod sender;
 pub mod text;
