@@ -397,7 +397,7 @@ impl Arbiter {
                     ),
                     Ok(guard) => {
                         _guard = Some(guard);
-                        let (outcome, result, us) = self.execute(lane, &tool, &input, timeout);
+                        let (outcome, result, us) = self.execute(lane, &call.id, &tool, &input, timeout);
                         (tool, input, outcome, result, us)
                     }
                 }
@@ -495,7 +495,14 @@ impl Arbiter {
 
     /// Step 7 plus result shaping: runs the tool and returns (outcome, what the
     /// model sees, microseconds).
-    fn execute(&self, lane: &LaneCtx, tool: &str, input: &Value, timeout: Duration) -> (Outcome, Value, u64) {
+    fn execute(
+        &self,
+        lane: &LaneCtx,
+        call_id: &str,
+        tool: &str,
+        input: &Value,
+        timeout: Duration,
+    ) -> (Outcome, Value, u64) {
         let Some(reg) = self.registry.get(tool) else {
             return (Outcome::Error, json!({"status": "error", "summary": "tool vanished"}), 0);
         };
@@ -503,6 +510,7 @@ impl Arbiter {
         let ctx = ExecContext {
             workspace: &self.workspace,
             lane: &lane.lane,
+            call_id,
             state_dir: &self.state_dir,
             deadline: started + timeout,
             secrets: self.secrets.subset(&reg.manifest.runtime.secret_resources),

@@ -92,6 +92,21 @@ impl Client {
         Ok(())
     }
 
+    /// GET `path` and copy the streamed reply to `out` as it comes.
+    pub fn get_to(&self, path: &str, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
+        let resp = self.agent.get(&format!("http://localhost/admin/v1/{path}")).call();
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        if resp.status().as_u16() != 200 {
+            let status = resp.status().as_u16();
+            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(e) => anyhow::anyhow!("{}", e.error.message),
+                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        Ok(std::io::copy(&mut resp.into_body().into_reader(), out)?)
+    }
+
     fn finish<T: DeserializeOwned>(
         &self,
         resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,

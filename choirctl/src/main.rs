@@ -36,6 +36,9 @@ commands:
                                 approve (bound to the content's sha256) and apply it
   approvals reject ID --reason TEXT
                                 reject it; the agent is told why
+  memory stats ID               items per tier, pending embeddings, index size
+  memory search ID TEXT [--k N] the items nearest to TEXT (semantic), for debugging
+  memory export ID              every item as JSON lines (with embeddings), to stdout
   telegram status               the Telegram gateway: bots, last poll, queues, errors
   telegram pairings [--all]     users who asked a bot (with pairing) to be let in
   telegram pair BOT USER [--refuse]
@@ -78,6 +81,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut sha256: Option<String> = None;
     let mut reason: Option<String> = None;
     let mut refuse = false;
+    let mut k: u64 = 5;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -92,6 +96,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
             Long("refuse") => refuse = true,
+            Long("k") => k = parser.value()?.parse()?,
             Long("help") | Short('h') => {
                 println!("{USAGE}");
                 return Ok(());
@@ -129,6 +134,13 @@ fn real_main() -> anyhow::Result<()> {
             proposals::list(&ctx, status_filter.as_deref(), agent_filter.as_deref(), all)
         }
         ["approvals", "show", id] => proposals::show(&ctx, id),
+        ["memory", "stats", id] => memory_stats(&ctx, id),
+        ["memory", "search", id, text @ ..] if !text.is_empty() => memory_search(&ctx, id, &text.join(" "), k),
+        ["memory", "export", id] => {
+            let out = std::io::stdout();
+            ctx.client.get_to(&format!("agents/{id}/memory/export"), &mut out.lock())?;
+            Ok(())
+        }
         ["telegram", "status"] => telegram_status(&ctx),
         ["telegram", "pairings"] => telegram_pairings(&ctx, all),
         ["telegram", "pair", bot, user] => {
@@ -152,6 +164,51 @@ fn real_main() -> anyhow::Result<()> {
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }
+}
+
+fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let s: serde_json::Value = ctx.client.get(&format!("agents/{id}/memory/stats"))?;
+    if ctx.json {
+        return print_json(&s);
+    }
+    println!("agent {id}: {} item(s) in schema {}", s["items"], s["schema"].as_str().unwrap_or("?"));
+    for tier in ["working", "session", "knowledge"] {
+        println!("  {tier:<10} {}", s["tiers"][tier].as_i64().unwrap_or(0));
+    }
+    println!("pending embeddings: {}", s["pending_embeddings"]);
+    println!(
+        "HNSW index: {} KiB; table with indexes: {} KiB; {}-dimensional {}",
+        s["index_bytes"].as_i64().unwrap_or(0) / 1024,
+        s["total_bytes"].as_i64().unwrap_or(0) / 1024,
+        s["dimensions"],
+        s["model"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+fn memory_search(ctx: &Ctx, id: &str, text: &str, k: u64) -> anyhow::Result<()> {
+    let q: String = text
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let r: serde_json::Value = ctx.client.get(&format!("agents/{id}/memory/search?q={q}&k={k}"))?;
+    if ctx.json {
+        return print_json(&r);
+    }
+    let items = r["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        println!("nothing found");
+    }
+    for i in items {
+        println!(
+            "{:.4}  #{:<6} {:<9} {}",
+            i["score"].as_f64().unwrap_or(0.0),
+            i["id"],
+            i["tier"].as_str().unwrap_or(""),
+            i["content"].as_str().unwrap_or("").lines().next().unwrap_or("")
+        );
+    }
+    Ok(())
 }
 
 fn telegram_pairings(ctx: &Ctx, all: bool) -> anyhow::Result<()> {

@@ -128,6 +128,53 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let r: RejectRequest = req.json()?;
             Ok(Response::ok(&d.reject(parse_id(id)?, &r.reason, r.by.as_deref())?))
         }
+        ("GET", ["agents", id, "memory", what]) => {
+            let agent = d.known_agent(id)?;
+            let memory = d
+                .memory
+                .get()
+                .ok_or_else(|| ApiError::NotFound("memory is not configured (add \"memory\" to config.json)".into()))?;
+            match *what {
+                "stats" => Ok(Response::ok(&memory.stats(d, &agent)?)),
+                "search" => {
+                    let q =
+                        req.query("q").ok_or_else(|| ApiError::BadRequest("give the text to search: ?q=".into()))?;
+                    Ok(Response::ok(&memory.search(d, &agent, q, parse_num(req.query("k"), 5)?)?))
+                }
+                "export" => {
+                    // JSON lines, streamed page by page: the whole memory never sits in RAM.
+                    let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
+                    let first = memory.export(d, &agent, 0, 500)?;
+                    let (daemon, memory) = (d.clone(), memory.clone());
+                    std::thread::Builder::new()
+                        .name(format!("export-{agent}"))
+                        .spawn(move || {
+                            use std::io::Write;
+                            let mut page = first;
+                            while !page.is_empty() {
+                                let last = page.last().and_then(|v| v["id"].as_i64()).unwrap_or(i64::MAX);
+                                for v in &page {
+                                    if writeln!(writer, "{v}").is_err() {
+                                        return;
+                                    }
+                                }
+                                page = match memory.export(&daemon, &agent, last, 500) {
+                                    Ok(p) => p,
+                                    Err(e) => {
+                                        let _ = writeln!(writer, "{}", serde_json::json!({"error": e.to_string()}));
+                                        return;
+                                    }
+                                };
+                            }
+                        })
+                        .map_err(|e| ApiError::Internal(e.to_string()))?;
+                    let mut resp = Response::streaming(reader);
+                    resp.content_type = "application/x-ndjson";
+                    Ok(resp)
+                }
+                other => Err(ApiError::NotFound(format!("no memory endpoint {other:?}; use stats, search or export"))),
+            }
+        }
         ("GET", ["telegram"]) => Ok(Response::ok(&crate::telegram::status(d)?)),
         ("GET", ["telegram", "pairings"]) => {
             Ok(Response::ok(&crate::telegram::pairing::list(d, req.query("all").is_some_and(|v| v == "1"))?))

@@ -355,6 +355,65 @@ pub struct BotGroup {
     pub agent: AgentId,
 }
 
+/// Agent memory (R-MEM): Postgres + pgvector, with embeddings from an
+/// OpenAI-compatible endpoint. Without this section the memory tools are not
+/// served (agents see them as available, not connected).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// The embeddings endpoint.
+    pub embeddings: EmbeddingsConfig,
+    /// Most texts per embeddings request.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// How long the batcher waits to fill a batch, in milliseconds.
+    #[serde(default = "default_batch_ms")]
+    pub batch_ms: u64,
+    /// How long an upsert waits for its embeddings before answering
+    /// "pending" (they are made later either way), in milliseconds.
+    #[serde(default = "default_upsert_wait_ms")]
+    pub upsert_wait_ms: u64,
+    /// HNSW search breadth (`hnsw.ef_search`) for semantic queries.
+    #[serde(default = "default_ef_search")]
+    pub ef_search: u32,
+}
+
+fn default_batch_size() -> usize {
+    64
+}
+fn default_batch_ms() -> u64 {
+    20
+}
+fn default_upsert_wait_ms() -> u64 {
+    5000
+}
+fn default_ef_search() -> u32 {
+    100
+}
+
+/// An OpenAI-compatible `/v1/embeddings` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingsConfig {
+    /// Base URL including the version; choird posts to `<base_url>/embeddings`.
+    pub base_url: String,
+    /// The embedding model.
+    pub model: String,
+    /// Name of the API key in `secrets.json` (none for keyless servers).
+    #[serde(default)]
+    pub api_key_secret: Option<String>,
+    /// The model's output dimension; the `vector(N)` of every agent schema.
+    /// Checked against the endpoint at start: a mismatch is an error.
+    pub dimensions: u32,
+    /// Timeout of one request, in seconds.
+    #[serde(default = "default_embed_timeout")]
+    pub timeout_s: u64,
+}
+
+fn default_embed_timeout() -> u64 {
+    30
+}
+
 /// The whole `config.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -391,6 +450,9 @@ pub struct Config {
     /// The Telegram gateway (no bots: off).
     #[serde(default)]
     pub telegram: TelegramConfig,
+    /// Agent memory (none: memory tools are not served).
+    #[serde(default)]
+    pub memory: Option<MemoryConfig>,
 }
 
 fn default_runtime() -> RuntimeKind {
@@ -506,6 +568,24 @@ impl Config {
                 }
             }
         }
+        if let Some(m) = &self.memory {
+            let em = &m.embeddings;
+            if !(em.base_url.starts_with("http://") || em.base_url.starts_with("https://")) {
+                return e("memory.embeddings.base_url", "must start with http:// or https://");
+            }
+            if em.model.trim().is_empty() {
+                return e("memory.embeddings.model", "must not be empty");
+            }
+            if em.dimensions == 0 || em.dimensions > 2000 {
+                return e("memory.embeddings.dimensions", "must be between 1 and 2000 (pgvector's HNSW limit)");
+            }
+            if m.batch_size == 0 || m.batch_size > 2048 {
+                return e("memory.batch_size", "must be between 1 and 2048");
+            }
+            if m.ef_search == 0 || m.ef_search > 1000 {
+                return e("memory.ef_search", "must be between 1 and 1000");
+            }
+        }
         self.validate_telegram()
     }
 
@@ -577,6 +657,11 @@ impl Config {
                 if !secrets.contains(name) {
                     out.push(format!("agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"));
                 }
+            }
+        }
+        if let Some(name) = self.memory.as_ref().and_then(|m| m.embeddings.api_key_secret.as_ref()) {
+            if !secrets.contains(name) {
+                out.push(format!("memory.embeddings.api_key_secret: secret {name:?} is not in secrets.json"));
             }
         }
         for (name, bot) in &self.telegram.bots {

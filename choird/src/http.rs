@@ -128,6 +128,9 @@ impl ApiError {
 
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
+        if let DbError::Dimensions { .. } = e {
+            return ApiError::Conflict(e.to_string());
+        }
         log::error!("{e}");
         ApiError::Unavailable(format!("choird's database is unavailable, try again: {e}"))
     }

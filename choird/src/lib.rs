@@ -10,6 +10,7 @@ pub mod db;
 pub mod docker;
 pub mod home;
 pub mod http;
+pub mod memory;
 pub mod proposals;
 pub mod relay;
 pub mod rpc_api;

@@ -42,9 +42,8 @@ pub fn handle(d: &Daemon, kind: &ListenerKind, verb: Verb, req: &Request) -> Res
             Ok(Response::ok(&d.dynamic_config(&who.agent)))
         }
         Verb::RequestApproval => Ok(Response::ok(&d.request_approval(&who, &req.json::<ApprovalRequest>()?)?)),
-        Verb::ExecuteHostTool => Err(ApiError::NotImplemented(format!(
-            "{} is not yet supported by this choird (host tools arrive with the memory release)",
-            verb.name()
-        ))),
+        Verb::ExecuteHostTool => {
+            Ok(Response::ok(&d.execute_host_tool(&who, &req.json::<choir_common::rpc::ExecuteHostToolRequest>()?)?))
+        }
     }
 }

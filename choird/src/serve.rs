@@ -140,6 +140,9 @@ fn serve(
     }
     let daemon =
         Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary, kill_switch));
+    if let Some(memory) = crate::memory::Memory::start(&daemon)? {
+        let _ = daemon.memory.set(memory);
+    }
     daemon.adopt_containers()?;
     let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
     let stop = Arc::new(AtomicBool::new(false));
@@ -209,6 +212,9 @@ fn serve(
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();
+    if let Some(m) = daemon.memory.get() {
+        m.stop();
+    }
     stop.store(true, Ordering::SeqCst);
     for l in &listeners {
         for _ in 0..l.threads.len() {

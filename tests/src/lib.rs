@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 pub mod docker;
+pub mod fake_embeddings;
 pub mod fake_llm;
 pub mod fake_telegram;
 pub mod harness;

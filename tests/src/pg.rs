@@ -37,6 +37,29 @@ impl TestPg {
         self.cluster.as_ref().map(|c| c.url()).unwrap_or_default()
     }
 
+    /// Restarts the server crash-like (`pg_ctl restart -m immediate`).
+    pub fn restart_immediate(&self) {
+        if let Some(c) = &self.cluster {
+            c.restart_immediate().expect("restart the test cluster");
+        }
+    }
+
+    /// Stops the server crash-like and keeps it down until [`TestPg::start_again`].
+    pub fn stop_immediate(&self) {
+        if let Some(c) = &self.cluster {
+            c.stop_immediate().expect("stop the test cluster");
+        }
+    }
+
+    /// Starts the server again after [`TestPg::stop_immediate`].
+    pub fn start_again(&mut self) {
+        let (dir, bin) = (
+            self.dir.as_ref().expect("a test dir").path().join("pg"),
+            ManagedCluster::find_bin_dir(None).expect("bin"),
+        );
+        self.cluster = Some(ManagedCluster::start(&dir, &bin).expect("restart the test cluster"));
+    }
+
     /// A connected client.
     pub fn client(&self) -> postgres::Client {
         postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect to the test cluster")

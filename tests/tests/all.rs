@@ -11,6 +11,7 @@ mod docker;
 mod e2e;
 mod lanes;
 mod managed;
+mod memory;
 mod skills;
 mod telegram;
 mod tidy;

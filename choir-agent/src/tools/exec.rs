@@ -178,6 +178,7 @@ mod tests {
         let ctx = ExecContext {
             workspace: &f.ws,
             lane,
+            call_id: "test",
             state_dir: f.state.path(),
             deadline: Instant::now() + Duration::from_secs(60),
             secrets: SecretStore::default(),

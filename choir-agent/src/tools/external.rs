@@ -132,6 +132,7 @@ mod tests {
         let ctx = ExecContext {
             workspace: &ws,
             lane: "edge",
+            call_id: "test",
             state_dir: ws_dir.path(),
             deadline: Instant::now() + timeout,
             secrets,

@@ -305,6 +305,7 @@ mod tests {
         let ctx = ExecContext {
             workspace: &ws,
             lane: "edge",
+            call_id: "test",
             state_dir: dir.path(),
             deadline: Instant::now() + Duration::from_secs(10),
             secrets: SecretStore::default(),

@@ -14,17 +14,25 @@ use crate::rpc::{Rpc, RpcError};
 
 /// Runs a host tool (choird, in production).
 pub trait HostCaller: Send + Sync {
-    /// Calls `tool` with validated `input` for `lane`, by `deadline`.
-    fn call(&self, tool: &str, input: &Value, lane: &str, deadline: Instant) -> Result<Value, ToolError>;
+    /// Calls `tool` with validated `input` for `lane` (call `call_id`), by `deadline`.
+    fn call(&self, tool: &str, input: &Value, lane: &str, call_id: &str, deadline: Instant)
+        -> Result<Value, ToolError>;
 }
 
 impl HostCaller for Rpc {
-    fn call(&self, tool: &str, input: &Value, lane: &str, deadline: Instant) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tool: &str,
+        input: &Value,
+        lane: &str,
+        call_id: &str,
+        deadline: Instant,
+    ) -> Result<Value, ToolError> {
         let req = ExecuteHostToolRequest {
             tool: tool.to_owned(),
             input: input.clone(),
             lane: lane.to_owned(),
-            call_id: None,
+            call_id: Some(call_id.to_owned()),
         };
         let timeout = deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(100));
         match Rpc::call::<_, ExecuteHostToolResponse>(self, Verb::ExecuteHostTool, &req, timeout) {
@@ -50,7 +58,7 @@ impl HostTool {
 
 impl Tool for HostTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
-        self.caller.call(&self.name, input, ctx.lane, ctx.deadline)
+        self.caller.call(&self.name, input, ctx.lane, ctx.call_id, ctx.deadline)
     }
 }
 
@@ -59,7 +67,7 @@ impl Tool for HostTool {
 pub struct NoHost;
 
 impl HostCaller for NoHost {
-    fn call(&self, tool: &str, _: &Value, _: &str, _: Instant) -> Result<Value, ToolError> {
+    fn call(&self, tool: &str, _: &Value, _: &str, _: &str, _: Instant) -> Result<Value, ToolError> {
         Err(ToolError::new("host_unavailable", format!("{tool} runs on the host, and there is no host here")))
     }
 }

@@ -35,6 +35,8 @@ pub struct ExecContext<'a> {
     pub workspace: &'a Workspace,
     /// The calling lane (per-lane state such as the shell's cwd).
     pub lane: &'a str,
+    /// The model's id for this call (host tools record it with what they store).
+    pub call_id: &'a str,
     /// The agent's private state directory.
     pub state_dir: &'a Path,
     /// When the call must be finished (the manifest's `timeout_ms`).

@@ -143,6 +143,7 @@ mod tests {
         let ctx = ExecContext {
             workspace: &ws,
             lane: "edge",
+            call_id: "test",
             state_dir: root,
             deadline: Instant::now() + Duration::from_secs(30),
             secrets: SecretStore::default(),

@@ -241,6 +241,8 @@ pub struct Daemon {
     pub telegram: crate::telegram::Link,
     /// Held while `config.json` is rewritten (approved changes, pairings).
     config_write: Mutex<()>,
+    /// Agent memory, when configured (set once at start).
+    pub memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -284,6 +286,7 @@ impl Daemon {
             supervisors: Mutex::new(Vec::new()),
             telegram: crate::telegram::Link::default(),
             config_write: Mutex::new(()),
+            memory: std::sync::OnceLock::new(),
         }
     }
 
@@ -341,6 +344,11 @@ impl Daemon {
         if let Err(e) = self.store.audit(actor, agent, action, outcome, &detail) {
             log::error!("audit record lost ({action} {outcome}): {e}");
         }
+    }
+
+    /// A configured agent's id, or a clear error.
+    pub fn known_agent(&self, id: &str) -> Result<AgentId, ApiError> {
+        self.known(id)
     }
 
     fn known(&self, id: &str) -> Result<AgentId, ApiError> {
@@ -424,6 +432,14 @@ impl Daemon {
         }
         let (head, processed) = self.store.agent_position(&who.agent)?;
         self.store.session_hello(who.session)?;
+        // The agent's memory schema is made (or checked) before it runs.
+        let host_tools = match self.memory.get() {
+            Some(m) => {
+                m.ensure(self, &who.agent)?;
+                choir_common::host_tools::HOST_TOOLS.iter().map(|s| (*s).to_owned()).collect()
+            }
+            None => Vec::new(),
+        };
         let config = self.config();
         // An agent removed from config while running still gets a valid answer.
         let agent_cfg = config.agents.get(&who.agent).cloned().unwrap_or_default();
@@ -454,7 +470,7 @@ impl Daemon {
                     edge: config.model(&who.agent, Lane::Edge),
                     core: config.model(&who.agent, Lane::Core),
                 },
-                host_tools: Vec::new(),
+                host_tools,
             },
             recovery: RecoverySnapshot {
                 replicated_head: head,
@@ -540,7 +556,10 @@ impl Daemon {
             None
         } else {
             match self.store.append_events(&who.agent, who.session, &req.events) {
-                Ok(seq) => Some(seq),
+                Ok(seq) => {
+                    self.note_memory_sources(&who.agent, &req.events);
+                    Some(seq)
+                }
                 Err(ReplicationError::Chain(e)) => {
                     log::error!("ALERT: agent {}: {e}; replication refused", who.agent);
                     self.audit(
@@ -754,6 +773,52 @@ impl Daemon {
         let agents = self.agents.lock();
         let slot = agents.get(&id).ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
         Ok(summary(&id, slot, runtime))
+    }
+
+    /// Records, on the items a memory upsert stored, the commit sequence of
+    /// the call that stored them (known only once the event replicates).
+    fn note_memory_sources(&self, agent: &AgentId, events: &[choir_common::commit::CommitEvent]) {
+        if self.memory.get().is_none() {
+            return;
+        }
+        for e in
+            events.iter().filter(|e| e.tool == "choir.memory.upsert" && e.outcome == choir_common::commit::Outcome::Ok)
+        {
+            if let Some(call) = &e.call_id {
+                if let Err(err) = self.store.memory_set_commit_seq(agent, call, e.seq as i64) {
+                    log::warn!("memory: commit sequence of {call} not recorded: {err}");
+                }
+            }
+        }
+    }
+
+    /// EXECUTE_HOST_TOOL: runs a host tool for the authenticated agent (its
+    /// own memory only), audited.
+    pub fn execute_host_tool(
+        &self,
+        who: &Authed,
+        req: &choir_common::rpc::ExecuteHostToolRequest,
+    ) -> Result<choir_common::rpc::ExecuteHostToolResponse, ApiError> {
+        let Some(memory) = self.memory.get() else {
+            return Err(ApiError::NotImplemented(format!(
+                "{} is not served: memory is not configured (add \"memory\" to config.json)",
+                req.tool
+            )));
+        };
+        let started = Instant::now();
+        let result = memory.execute(self, &who.agent, req);
+        let outcome = match &result {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.status_and_code().1.to_owned(),
+        };
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "EXECUTE_HOST_TOOL",
+            &outcome,
+            json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64}),
+        );
+        Ok(choir_common::rpc::ExecuteHostToolResponse { result: result? })
     }
 
     /// Wakes the agent's long-poll: a message for it was queued.

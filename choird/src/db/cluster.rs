@@ -207,6 +207,17 @@ impl ManagedCluster {
         self.pg_ctl_stop("immediate")
     }
 
+    /// Restarts the server crash-like (`pg_ctl restart -m immediate`): every
+    /// connection breaks at once, and recovery runs before it accepts new ones.
+    pub fn restart_immediate(&self) -> Result<(), ClusterError> {
+        let logfile = self.dir.join("postgres.log");
+        Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
+            .args(["-D".into(), self.data_dir().into_os_string(), "-l".into(), logfile.into_os_string()])
+            .args(["-m", "immediate", "-w", "-t", "60", "restart"])
+            .run()?;
+        Ok(())
+    }
+
     fn pg_ctl_stop(&self, mode: &str) -> Result<(), ClusterError> {
         Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
             .args(["-D".into(), self.data_dir().into_os_string()])

@@ -19,7 +19,14 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (3, "0003_notices.sql", include_str!("../../../sql/0003_notices.sql")),
     (4, "0004_approvals.sql", include_str!("../../../sql/0004_approvals.sql")),
     (5, "0005_telegram.sql", include_str!("../../../sql/0005_telegram.sql")),
+    (6, "0006_memory.sql", include_str!("../../../sql/0006_memory.sql")),
 ];
+
+/// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to
+/// each agent's own schema on its first use and recorded in
+/// `agent_migrations`. A tidy test checks this matches `sql/agent/`.
+pub const AGENT_MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "0001_items.sql", include_str!("../../../sql/agent/0001_items.sql"))];
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).
 const MIGRATION_LOCK: i64 = 0x63686f6972;
@@ -38,6 +45,20 @@ pub enum DbError {
     /// A query failed.
     #[error("database error: {0}")]
     Query(#[from] postgres::Error),
+    /// An agent's memory schema was made for another embedding dimension.
+    #[error(
+        "agent {agent}'s memory was made for {schema}-dimensional embeddings, but memory.embeddings.dimensions is \
+         {configured}; vectors are never truncated: set dimensions back to {schema}, or export and drop the \
+         agent's memory to start afresh"
+    )]
+    Dimensions {
+        /// The agent.
+        agent: String,
+        /// The dimension of its schema.
+        schema: u32,
+        /// The configured dimension.
+        configured: u32,
+    },
     /// A migration failed; the message names it.
     #[error("migration {name} failed: {source}{hint}")]
     Migration {
@@ -127,6 +148,59 @@ impl Db {
     }
 }
 
+impl Db {
+    /// Brings `agent`'s schema (`agent_<id>`) up to date for embeddings of
+    /// `dims` dimensions; returns the migrations applied now. A schema made
+    /// for another dimension is refused with a clear error: vectors are never
+    /// truncated or padded.
+    pub fn migrate_agent(&self, agent: &choir_common::ids::AgentId, dims: u32) -> Result<Vec<String>, DbError> {
+        let schema = agent_schema(agent);
+        let mut client = self.open()?;
+        let mut tx = client.transaction()?;
+        // One lock per agent: two choirds never interleave its migrations.
+        tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", &[&(MIGRATION_LOCK as i32), &agent.as_str()])?;
+        let made: Option<i32> = tx
+            .query_opt(
+                "SELECT dimensions FROM agent_migrations WHERE agent_id = $1 ORDER BY version LIMIT 1",
+                &[&agent.as_str()],
+            )?
+            .map(|r| r.get(0));
+        if let Some(d) = made.filter(|d| *d as u32 != dims) {
+            return Err(DbError::Dimensions { agent: agent.to_string(), schema: d as u32, configured: dims });
+        }
+        let mut applied = Vec::new();
+        for (version, name, template) in AGENT_MIGRATIONS {
+            let done = tx.query_opt(
+                "SELECT 1 FROM agent_migrations WHERE agent_id = $1 AND version = $2",
+                &[&agent.as_str(), version],
+            )?;
+            if done.is_some() {
+                continue;
+            }
+            // Identifiers cannot be parameters: the schema name comes from a
+            // validated agent id ([a-z][a-z0-9_]{0,31}) and is quoted besides.
+            let sql = template.replace("{schema}", &schema).replace("{dims}", &dims.to_string());
+            tx.batch_execute(&sql).map_err(|e| DbError::Migration {
+                name: format!("{schema}/{name}"),
+                source: e,
+                hint: String::new(),
+            })?;
+            tx.execute(
+                "INSERT INTO agent_migrations (agent_id, version, name, dimensions) VALUES ($1, $2, $3, $4)",
+                &[&agent.as_str(), version, name, &(dims as i32)],
+            )?;
+            applied.push(format!("{schema}/{name}"));
+        }
+        tx.commit()?;
+        Ok(applied)
+    }
+}
+
+/// The quoted name of an agent's schema: `"agent_<id>"`.
+pub fn agent_schema(agent: &choir_common::ids::AgentId) -> String {
+    format!("\"agent_{}\"", agent.as_str())
+}
+
 /// Drops a password from a connection string for messages.
 fn redact(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
@@ -165,6 +239,17 @@ mod tests {
         assert_eq!(files, listed);
         for (i, m) in MIGRATIONS.iter().enumerate() {
             assert_eq!(m.0 as usize, i + 1);
+        }
+        let mut agent: Vec<String> = std::fs::read_dir(format!("{dir}/agent"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        agent.sort();
+        let listed: Vec<String> = AGENT_MIGRATIONS.iter().map(|m| m.1.to_owned()).collect();
+        assert_eq!(agent, listed);
+        for (i, m) in AGENT_MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.0 as usize, i + 1);
+            assert!(m.2.contains("{schema}"), "{} must use the {{schema}} placeholder", m.1);
         }
     }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::db::{Db, DbError};
 
 mod approvals;
+pub mod memory;
 pub mod telegram;
 
 /// Replication refused or failed.

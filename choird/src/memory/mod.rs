@@ -1,0 +1,328 @@
+//! Agent memory (R-MEM-1..3, R-TOOL-5): the host side of `choir.memory.upsert`
+//! and `choir.memory.query`, reached by agents through EXECUTE_HOST_TOOL.
+//!
+//! Each agent's items live in its own schema `agent_<id>` (made on its first
+//! start by the per-agent migrations), in three tiers (working, session,
+//! knowledge), deduplicated by sha256 within a tier, with a `vector(N)`
+//! embedding under an HNSW (cosine) index. Queries: `semantic` (embed the
+//! query, nearest neighbours, tier and metadata filters), `hash` (exact
+//! content hash), `range` (commit sequence or time).
+//!
+//! **Invariant:** an agent reaches only its own schema: the schema comes
+//! from the authenticated session, never from the request; inputs are
+//! validated here against the same manifests the agent validated them with.
+//! **Invariant:** an item is stored before its embedding exists; the
+//! embedding outbox guarantees it gets one (the `memory-embed` thread), so an
+//! embedding endpoint that is down delays semantic search but loses nothing.
+
+pub mod batcher;
+pub mod embeddings;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use choir_common::ids::AgentId;
+use choir_common::rpc::ExecuteHostToolRequest;
+use crossbeam_channel::{bounded, Sender};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use self::batcher::Progress;
+use self::embeddings::{EmbedError, Embedder};
+use crate::config::MemoryConfig;
+use crate::daemon::Daemon;
+use crate::http::ApiError;
+use crate::store::memory::{NewItem, Range};
+
+/// Items returned by a query at most.
+const MAX_K: i64 = 100;
+/// Characters of an item's content shown to a model (the rest is elided).
+const SHOWN: usize = 4000;
+
+/// Whether `t` is an RFC 3339 date or time (`2026-11-22`, `2026-11-22T10:00:00Z`, …).
+fn looks_like_time(t: &str) -> bool {
+    let b = t.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));
+    let date = b.len() >= 10 && digits(0..4) && b[4] == b'-' && digits(5..7) && b[7] == b'-' && digits(8..10);
+    let rest = &t[10.min(t.len())..];
+    date && (rest.is_empty()
+        || (rest.len() >= 6
+            && matches!(rest.as_bytes()[0], b'T' | b't' | b' ')
+            && rest[1..].chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | 'Z' | 'z' | '+' | '-'))))
+}
+
+/// The memory service.
+pub struct Memory {
+    cfg: MemoryConfig,
+    embedder: Arc<Embedder>,
+    progress: Arc<Progress>,
+    poke: Sender<()>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    validators: BTreeMap<String, jsonschema::Validator>,
+    /// Agents whose schema is known to be migrated (by this process).
+    ready: Mutex<HashSet<AgentId>>,
+}
+
+fn sha256(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+impl Memory {
+    /// Starts memory when configured: checks the embedding dimension against
+    /// the endpoint (a mismatch is an error; an endpoint that does not answer
+    /// is only a warning, since items are queued until it does) and starts the
+    /// batcher.
+    pub fn start(d: &Arc<Daemon>) -> anyhow::Result<Option<Arc<Memory>>> {
+        let Some(cfg) = d.config().memory.clone() else { return Ok(None) };
+        let embedder = Arc::new(Embedder::new(&cfg, &d.secrets()));
+        match embedder.embed(&["choir: checking the embedding dimension".to_owned()]) {
+            Ok(_) => log::info!(
+                "memory: {}-dimensional embeddings from {} ({})",
+                embedder.dims(),
+                cfg.embeddings.base_url,
+                embedder.model()
+            ),
+            Err(e @ EmbedError::Dimensions { .. }) => anyhow::bail!("memory.embeddings: {e}"),
+            Err(e) => log::warn!(
+                "memory: {e}; the dimension will be checked on first use, and items are queued for embedding until \
+                 the endpoint answers"
+            ),
+        }
+        let mut validators = BTreeMap::new();
+        for m in choir_common::host_tools::manifests() {
+            let v = jsonschema::validator_for(&m.llm.parameters)
+                .map_err(|e| anyhow::anyhow!("host tool {}: {e}", m.llm.name))?;
+            validators.insert(m.llm.name.clone(), v);
+        }
+        // Bounded(1): one pending poke means "look at the outbox".
+        let (poke, poked) = bounded::<()>(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let thread = {
+            let (d, embedder, cfg, progress, stop) =
+                (d.clone(), embedder.clone(), cfg.clone(), progress.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("memory-embed".into())
+                .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &poked, &stop))?
+        };
+        let _ = poke.try_send(());
+        Ok(Some(Arc::new(Memory {
+            cfg,
+            embedder,
+            progress,
+            poke,
+            stop,
+            thread: Mutex::new(Some(thread)),
+            validators,
+            ready: Mutex::new(HashSet::new()),
+        })))
+    }
+
+    /// Stops the batcher (what it has not embedded stays in the outbox).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.poke.try_send(());
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Makes (or checks) `agent`'s schema.
+    pub fn ensure(&self, d: &Daemon, agent: &AgentId) -> Result<(), ApiError> {
+        if self.ready.lock().contains(agent) {
+            return Ok(());
+        }
+        for name in d.store.db.migrate_agent(agent, self.cfg.embeddings.dimensions)? {
+            log::info!("memory: applied {name}");
+        }
+        self.ready.lock().insert(agent.clone());
+        Ok(())
+    }
+
+    /// EXECUTE_HOST_TOOL for a memory tool, for `agent` (authenticated).
+    pub fn execute(&self, d: &Daemon, agent: &AgentId, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+        let Some(validator) = self.validators.get(&req.tool) else {
+            return Err(ApiError::NotFound(format!("{} is not a host tool choird serves", req.tool)));
+        };
+        let problems: Vec<String> = validator.iter_errors(&req.input).map(|e| e.to_string()).collect();
+        if !problems.is_empty() {
+            return Err(ApiError::BadRequest(format!("invalid arguments: {}", problems.join("; "))));
+        }
+        self.ensure(d, agent)?;
+        match req.tool.as_str() {
+            "choir.memory.upsert" => self.upsert(d, agent, &req.input, &req.lane, req.call_id.as_deref()),
+            "choir.memory.query" => self.query(d, agent, &req.input),
+            other => Err(ApiError::NotFound(format!("{other} is not a host tool choird serves"))),
+        }
+    }
+
+    fn upsert(
+        &self,
+        d: &Daemon,
+        agent: &AgentId,
+        input: &Value,
+        lane: &str,
+        call_id: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let one = input.get("content").is_some();
+        let many = input.get("items").is_some();
+        let raw: Vec<Value> = match (one, many) {
+            (true, false) => vec![input.clone()],
+            (false, true) => input["items"].as_array().cloned().unwrap_or_default(),
+            _ => {
+                return Err(ApiError::BadRequest(
+                    "give either content (with tier) or items (a list of {tier, content, metadata})".into(),
+                ))
+            }
+        };
+        let mut items = Vec::new();
+        for (i, r) in raw.iter().enumerate() {
+            let Some(tier) = r["tier"].as_str() else {
+                return Err(ApiError::BadRequest(format!(
+                    "item {i}: tier is required (working, session or knowledge)"
+                )));
+            };
+            let content = r["content"].as_str().unwrap_or_default().to_owned();
+            let metadata = r.get("metadata").cloned().unwrap_or_else(|| json!({}));
+            items.push(NewItem { tier: tier.to_owned(), sha256: sha256(&content), content, metadata });
+        }
+        let seen = self.progress.count();
+        let stored = d.store.memory_upsert(agent, &items, lane, call_id)?;
+        let new: Vec<i64> = stored.iter().filter(|s| s.inserted).map(|s| s.id).collect();
+        let mut pending = new.len() as i64;
+        if pending > 0 {
+            let _ = self.poke.try_send(());
+            // Wait (a little) so a query right after finds the new items by meaning.
+            let deadline = Instant::now() + Duration::from_millis(self.cfg.upsert_wait_ms);
+            let mut last = seen;
+            while pending > 0 && Instant::now() < deadline {
+                self.progress.wait_after(last, deadline.saturating_duration_since(Instant::now()));
+                last = self.progress.count();
+                pending = d.store.outbox_pending(agent, &new)?;
+            }
+        }
+        let inserted = new.len();
+        let updated = stored.len() - inserted;
+        let embedding = if pending == 0 { "done" } else { "pending" };
+        Ok(json!({
+            "summary": format!(
+                "stored {} item(s): {inserted} new, {updated} already known (metadata merged); embeddings {embedding}",
+                stored.len()
+            ),
+            "items": stored.iter().map(|s| json!({"id": s.id, "tier": s.tier, "sha256": s.sha256,
+                                                   "status": if s.inserted { "inserted" } else { "updated" }})).collect::<Vec<_>>(),
+            "embedding": embedding,
+        }))
+    }
+
+    fn query(&self, d: &Daemon, agent: &AgentId, input: &Value) -> Result<Value, ApiError> {
+        let s = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
+        let tier = s("tier");
+        let metadata = input.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let mode = s("mode").unwrap_or_default();
+        let (items, scores): (Vec<_>, Vec<Option<f64>>) = match mode.as_str() {
+            "semantic" => {
+                let Some(q) = s("query") else {
+                    return Err(ApiError::BadRequest("mode semantic needs a query".into()));
+                };
+                let k = input["k"].as_i64().unwrap_or(5).clamp(1, MAX_K);
+                let v = self.embed_one(&q)?;
+                d.store
+                    .memory_semantic(agent, v, tier.as_deref(), &metadata, k, self.cfg.ef_search)?
+                    .into_iter()
+                    .map(|(i, score)| (i, Some(score)))
+                    .unzip()
+            }
+            "hash" => {
+                let Some(h) = s("hash") else { return Err(ApiError::BadRequest("mode hash needs a hash".into())) };
+                d.store.memory_by_hash(agent, &h, tier.as_deref())?.into_iter().map(|i| (i, None)).unzip()
+            }
+            "range" => {
+                let range = Range {
+                    tier: tier.clone(),
+                    from_seq: input["from_seq"].as_i64(),
+                    to_seq: input["to_seq"].as_i64(),
+                    since: s("since"),
+                    until: s("until"),
+                    metadata,
+                };
+                for (name, t) in [("since", &range.since), ("until", &range.until)] {
+                    if t.as_ref().is_some_and(|t| !looks_like_time(t)) {
+                        return Err(ApiError::BadRequest(format!("{name} must be an RFC 3339 time")));
+                    }
+                }
+                let k = input["k"].as_i64().unwrap_or(20).clamp(1, MAX_K);
+                d.store.memory_range(agent, &range, k)?.into_iter().map(|i| (i, None)).unzip()
+            }
+            other => return Err(ApiError::BadRequest(format!("no mode {other:?}; use semantic, hash or range"))),
+        };
+        let shown: Vec<Value> = items
+            .iter()
+            .zip(&scores)
+            .map(|(i, score)| {
+                let mut v = i.to_json();
+                if i.content.chars().count() > SHOWN {
+                    v["content"] = json!(format!("{}…", i.content.chars().take(SHOWN).collect::<String>()));
+                    v["truncated"] = json!(true);
+                }
+                if let Some(sc) = score {
+                    v["score"] = json!((sc * 10_000.0).round() / 10_000.0);
+                }
+                v
+            })
+            .collect();
+        Ok(json!({"summary": format!("{} item(s) found ({mode})", shown.len()), "items": shown}))
+    }
+
+    /// Embeds one text now (for a query), retrying a transient failure once.
+    pub fn embed_one(&self, text: &str) -> Result<Vec<f32>, ApiError> {
+        let texts = [text.to_owned()];
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.embedder.embed(&texts) {
+                Ok(mut v) => return v.pop().ok_or_else(|| ApiError::Internal("no embedding returned".into())),
+                Err(e) if e.retryable() && attempt < 2 => std::thread::sleep(Duration::from_millis(300)),
+                Err(e) => {
+                    return Err(ApiError::Unavailable(format!(
+                        "semantic search is unavailable right now ({e}); hash and range queries still work"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// `choirctl memory stats ID`.
+    pub fn stats(&self, d: &Daemon, agent: &AgentId) -> Result<Value, ApiError> {
+        self.ensure(d, agent)?;
+        let st = d.store.memory_stats(agent)?;
+        let tiers: serde_json::Map<String, Value> = st.tiers.iter().map(|(t, n)| (t.clone(), json!(n))).collect();
+        Ok(json!({"agent": agent, "schema": format!("agent_{agent}"), "tiers": tiers,
+                  "items": st.tiers.iter().map(|(_, n)| n).sum::<i64>(), "pending_embeddings": st.pending,
+                  "index_bytes": st.index_bytes, "total_bytes": st.total_bytes,
+                  "dimensions": self.cfg.embeddings.dimensions, "model": self.embedder.model()}))
+    }
+
+    /// `choirctl memory search ID TEXT`: a semantic query, for debugging.
+    pub fn search(&self, d: &Daemon, agent: &AgentId, text: &str, k: i64) -> Result<Value, ApiError> {
+        self.ensure(d, agent)?;
+        let input = json!({"mode": "semantic", "query": text, "k": k.clamp(1, MAX_K)});
+        self.query(d, agent, &input)
+    }
+
+    /// A page of `choirctl memory export ID` (items with `id > after`).
+    pub fn export(&self, d: &Daemon, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, ApiError> {
+        self.ensure(d, agent)?;
+        Ok(d.store.memory_export(agent, after, limit)?)
+    }
+
+    /// The embedder (tool discovery shares it).
+    pub fn embedder(&self) -> &Embedder {
+        &self.embedder
+    }
+}

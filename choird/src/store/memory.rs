@@ -1,0 +1,343 @@
+//! Agent memory: each agent's `agent_<id>.items` table (made by the
+//! per-agent migrations) and the shared embedding outbox.
+//!
+//! **Invariant:** the schema an operation touches is named from the agent
+//! id the caller authenticated as — a validated identifier, quoted — and
+//! never from anything in a request; every value is a parameter.
+
+use choir_common::ids::AgentId;
+use pgvector::Vector;
+use serde_json::{json, Value};
+
+use super::Store;
+use crate::db::{agent_schema, DbError};
+
+/// An item to store.
+#[derive(Debug, Clone)]
+pub struct NewItem {
+    /// `working`, `session` or `knowledge`.
+    pub tier: String,
+    /// The text.
+    pub content: String,
+    /// Its sha256, hex.
+    pub sha256: String,
+    /// Metadata (merged into an existing item's).
+    pub metadata: Value,
+}
+
+/// What an upsert did to one item.
+#[derive(Debug, Clone)]
+pub struct Upserted {
+    /// The item's id.
+    pub id: i64,
+    /// Its tier.
+    pub tier: String,
+    /// Its sha256.
+    pub sha256: String,
+    /// New (true) or an existing item whose metadata was merged (false).
+    pub inserted: bool,
+}
+
+/// A stored item.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Its id.
+    pub id: i64,
+    /// Its tier.
+    pub tier: String,
+    /// The text.
+    pub content: String,
+    /// Its sha256.
+    pub sha256: String,
+    /// Its metadata.
+    pub metadata: Value,
+    /// The lane that stored it.
+    pub lane: Option<String>,
+    /// The commit sequence of the call that stored it, once replicated.
+    pub commit_seq: Option<i64>,
+    /// When it was stored.
+    pub created_at: String,
+    /// Whether it has its embedding yet.
+    pub embedded: bool,
+}
+
+impl Item {
+    /// As the model sees it.
+    pub fn to_json(&self) -> Value {
+        json!({"id": self.id, "tier": self.tier, "content": self.content, "sha256": self.sha256,
+               "metadata": self.metadata, "lane": self.lane, "commit_seq": self.commit_seq,
+               "created_at": self.created_at})
+    }
+}
+
+const COLUMNS: &str =
+    "id, tier, content, content_sha256, metadata, lane, commit_seq, created_at::text, embedding IS NOT NULL";
+
+fn item(r: &postgres::Row) -> Item {
+    Item {
+        id: r.get(0),
+        tier: r.get(1),
+        content: r.get(2),
+        sha256: r.get(3),
+        metadata: r.get(4),
+        lane: r.get(5),
+        commit_seq: r.get(6),
+        created_at: r.get(7),
+        embedded: r.get(8),
+    }
+}
+
+/// A range query's bounds.
+#[derive(Debug, Clone, Default)]
+pub struct Range {
+    /// Only this tier.
+    pub tier: Option<String>,
+    /// Commit sequence from (inclusive).
+    pub from_seq: Option<i64>,
+    /// Commit sequence to (inclusive).
+    pub to_seq: Option<i64>,
+    /// Stored at or after (RFC 3339).
+    pub since: Option<String>,
+    /// Stored before (RFC 3339).
+    pub until: Option<String>,
+    /// Metadata containing this.
+    pub metadata: Value,
+}
+
+/// Per-agent figures for `choirctl memory stats`.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// (tier, items) for each tier present.
+    pub tiers: Vec<(String, i64)>,
+    /// Items waiting for their embedding.
+    pub pending: i64,
+    /// Size of the HNSW index, bytes.
+    pub index_bytes: i64,
+    /// Size of the table with its indexes, bytes.
+    pub total_bytes: i64,
+}
+
+impl Store {
+    /// Stores items (one transaction): new ones are queued for embedding;
+    /// an item already in its tier (same sha256) gets its metadata merged.
+    pub fn memory_upsert(
+        &self,
+        agent: &AgentId,
+        items: &[NewItem],
+        lane: &str,
+        call_id: Option<&str>,
+    ) -> Result<Vec<Upserted>, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            let mut out = Vec::new();
+            for it in items {
+                let row = tx.query_one(
+                    &format!(
+                        "INSERT INTO {schema}.items (tier, content, content_sha256, metadata, lane, call_id)
+                         VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (tier, content_sha256) DO UPDATE
+                           SET metadata = {schema}.items.metadata || EXCLUDED.metadata, updated_at = now()
+                         RETURNING id, (xmax = 0)"
+                    ),
+                    &[&it.tier, &it.content, &it.sha256, &it.metadata, &lane, &call_id],
+                )?;
+                let (id, inserted): (i64, bool) = (row.get(0), row.get(1));
+                if inserted {
+                    tx.execute(
+                        "INSERT INTO embedding_outbox (agent_id, item_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                        &[&agent.as_str(), &id],
+                    )?;
+                }
+                out.push(Upserted { id, tier: it.tier.clone(), sha256: it.sha256.clone(), inserted });
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// Items with this content hash (in `tier`, if given).
+    pub fn memory_by_hash(&self, agent: &AgentId, sha256: &str, tier: Option<&str>) -> Result<Vec<Item>, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let rows = c.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM {schema}.items WHERE content_sha256 = $1 AND ($2::text IS NULL OR tier = $2)
+                     ORDER BY id"
+                ),
+                &[&sha256, &tier],
+            )?;
+            Ok(rows.iter().map(item).collect())
+        })
+    }
+
+    /// Items within a commit-sequence or time range, oldest first.
+    pub fn memory_range(&self, agent: &AgentId, r: &Range, limit: i64) -> Result<Vec<Item>, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let rows = c.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM {schema}.items
+                     WHERE ($1::text IS NULL OR tier = $1)
+                       AND ($2::bigint IS NULL OR commit_seq >= $2) AND ($3::bigint IS NULL OR commit_seq <= $3)
+                       AND ($4::text IS NULL OR created_at >= $4::timestamptz)
+                       AND ($5::text IS NULL OR created_at < $5::timestamptz)
+                       AND metadata @> $6
+                     ORDER BY created_at, id LIMIT $7"
+                ),
+                &[&r.tier, &r.from_seq, &r.to_seq, &r.since, &r.until, &r.metadata, &limit],
+            )?;
+            Ok(rows.iter().map(item).collect())
+        })
+    }
+
+    /// The `k` items nearest to `query` by cosine distance (HNSW), with their
+    /// similarity (1 − distance). Filters apply inside the index scan
+    /// (pgvector's iterative scan), so a narrow filter still finds `k`.
+    pub fn memory_semantic(
+        &self,
+        agent: &AgentId,
+        query: Vec<f32>,
+        tier: Option<&str>,
+        metadata: &Value,
+        k: i64,
+        ef_search: u32,
+    ) -> Result<Vec<(Item, f64)>, DbError> {
+        let schema = agent_schema(agent);
+        let v = Vector::from(query);
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&format!(
+                "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order"
+            ))?;
+            let rows = tx.query(
+                &format!(
+                    "SELECT {COLUMNS}, 1 - (embedding <=> $1) FROM {schema}.items
+                     WHERE embedding IS NOT NULL AND ($2::text IS NULL OR tier = $2) AND metadata @> $3
+                     ORDER BY embedding <=> $1 LIMIT $4"
+                ),
+                &[&v, &tier, metadata, &k],
+            )?;
+            tx.commit()?;
+            Ok(rows.iter().map(|r| (item(r), r.get::<_, f64>(9))).collect())
+        })
+    }
+
+    /// Items waiting for their embedding, oldest first, across agents:
+    /// (outbox id, agent, item id, content). Rows whose item is gone are dropped.
+    pub fn outbox_batch(&self, limit: i64) -> Result<Vec<(i64, AgentId, i64, String)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT id, agent_id, item_id FROM embedding_outbox ORDER BY attempts, id LIMIT $1",
+                &[&limit],
+            )?;
+            let mut out = Vec::new();
+            for r in &rows {
+                let (id, agent, item_id): (i64, String, i64) = (r.get(0), r.get(1), r.get(2));
+                let Ok(agent) = AgentId::parse(&agent) else { continue };
+                let schema = agent_schema(&agent);
+                match c.query_opt(&format!("SELECT content FROM {schema}.items WHERE id = $1"), &[&item_id])? {
+                    Some(row) => out.push((id, agent, item_id, row.get(0))),
+                    None => {
+                        c.execute("DELETE FROM embedding_outbox WHERE id = $1", &[&id])?;
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Stores embeddings and clears their outbox rows, in one transaction.
+    pub fn store_embeddings(&self, done: &[(i64, AgentId, i64, Vec<f32>)]) -> Result<(), DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            for (outbox, agent, item_id, v) in done {
+                let schema = agent_schema(agent);
+                tx.execute(
+                    &format!("UPDATE {schema}.items SET embedding = $1 WHERE id = $2"),
+                    &[&Vector::from(v.clone()), item_id],
+                )?;
+                tx.execute("DELETE FROM embedding_outbox WHERE id = $1", &[outbox])?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Records a failed embedding attempt for outbox rows.
+    pub fn outbox_failed(&self, ids: &[i64], error: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE embedding_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1)",
+                &[&ids, &error],
+            )
+            .map(drop)
+        })
+    }
+
+    /// How many of `items` still wait for their embedding.
+    pub fn outbox_pending(&self, agent: &AgentId, items: &[i64]) -> Result<i64, DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "SELECT count(*) FROM embedding_outbox WHERE agent_id = $1 AND item_id = ANY($2)",
+                &[&agent.as_str(), &items],
+            )?;
+            Ok(row.get(0))
+        })
+    }
+
+    /// Sets the commit sequence of what call `call_id` stored (at replication).
+    pub fn memory_set_commit_seq(&self, agent: &AgentId, call_id: &str, seq: i64) -> Result<(), DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            c.execute(
+                &format!("UPDATE {schema}.items SET commit_seq = $2 WHERE call_id = $1 AND commit_seq IS NULL"),
+                &[&call_id, &seq],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Figures for `choirctl memory stats`.
+    pub fn memory_stats(&self, agent: &AgentId) -> Result<Stats, DbError> {
+        let schema = agent_schema(agent);
+        let plain = format!("agent_{}", agent.as_str());
+        self.db.with(|c| {
+            let tiers = c
+                .query(&format!("SELECT tier, count(*) FROM {schema}.items GROUP BY tier ORDER BY tier"), &[])?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let pending: i64 =
+                c.query_one("SELECT count(*) FROM embedding_outbox WHERE agent_id = $1", &[&agent.as_str()])?.get(0);
+            let sizes = c.query_one(
+                "SELECT pg_relation_size(($1 || '.items_embedding')::regclass),
+                        pg_total_relation_size(($1 || '.items')::regclass)",
+                &[&plain],
+            )?;
+            Ok(Stats { tiers, pending, index_bytes: sizes.get(0), total_bytes: sizes.get(1) })
+        })
+    }
+
+    /// Every item of an agent, oldest first, with its embedding (for export).
+    pub fn memory_export(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let rows = c.query(
+                &format!(
+                    "SELECT {COLUMNS}, embedding, updated_at::text FROM {schema}.items WHERE id > $1 ORDER BY id LIMIT $2"
+                ),
+                &[&after, &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let mut v = item(r).to_json();
+                    let e: Option<Vector> = r.get(9);
+                    v["embedding"] = json!(e.map(|e| e.to_vec()));
+                    v["updated_at"] = json!(r.get::<_, String>(10));
+                    v
+                })
+                .collect())
+        })
+    }
+}

@@ -1,0 +1,292 @@
+//! Agent memory end to end: a real PostgreSQL with pgvector, a deterministic
+//! fake of the embeddings API, and agents calling `choir.memory.upsert` and
+//! `choir.memory.query` through the arbiter and EXECUTE_HOST_TOOL.
+
+use std::time::Duration;
+
+use choir_tests::fake_embeddings::FakeEmbeddings;
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{test_config, Choird, TempHome};
+use choir_tests::observe::{system_of, wait_for};
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+fn config(llm: &FakeLlm, pg: &TestPg, emb: &FakeEmbeddings, agents: &[&str]) -> Value {
+    let mut c = test_config(&llm.base_url(), Some(&pg.url()), agents);
+    c["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
+                                        "timeout_s": 5},
+                         "batch_ms": 30, "upsert_wait_ms": 2000});
+    c
+}
+
+fn sha(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The tool results (parsed) of every request, in order.
+fn tool_results(llm: &FakeLlm) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in llm.requests() {
+        for m in r.body["messages"].as_array().into_iter().flatten() {
+            if m["role"] == "tool" {
+                let id = m["tool_call_id"].as_str().unwrap_or("").to_owned();
+                if seen.insert(id) {
+                    out.push(serde_json::from_str(m["content"].as_str().unwrap()).unwrap());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn contents(result: &Value) -> Vec<String> {
+    result["items"].as_array().into_iter().flatten().map(|i| i["content"].as_str().unwrap().to_owned()).collect()
+}
+
+const WIFI: &str = "The office wifi password is on the fridge";
+const TEA: &str = "User prefers tea over coffee";
+const BACKUPS: &str = "Backups run nightly at two";
+
+#[test]
+fn memory_round_trips_in_three_modes_dedupes_filters_and_keeps_agents_apart() {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(64);
+    let alpha_steps = vec![
+        Step::call(
+            "choir.memory.upsert",
+            json!({"items": [
+            {"tier": "knowledge", "content": WIFI, "metadata": {"topic": "office"}},
+            {"tier": "session", "content": TEA, "metadata": {"topic": "drinks"}},
+            {"tier": "knowledge", "content": BACKUPS, "metadata": {"topic": "ops"}}]}),
+        ),
+        Step::call("choir.memory.upsert", json!({"tier": "knowledge", "content": WIFI, "metadata": {"seen": 2}})),
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "where is the wifi password", "k": 2})),
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "wifi password", "tier": "session"})),
+        Step::call(
+            "choir.memory.query",
+            json!({"mode": "semantic", "query": "password", "metadata": {"topic": "ops"}}),
+        ),
+        Step::call("choir.memory.query", json!({"mode": "hash", "hash": sha(TEA)})),
+        Step::call("choir.memory.query", json!({"mode": "range", "since": "2000-01-01T00:00:00Z"})),
+        Step::call(
+            "choir.memory.query",
+            json!({"mode": "semantic", "query": "wifi",
+                                                 "metadata": {"x": "'; SELECT * FROM agent_beta.items; --"}}),
+        ),
+        Step::Text("done".into()),
+    ];
+    let beta_steps = vec![
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "where is the wifi password"})),
+        Step::call("choir.memory.query", json!({"mode": "hash", "hash": sha(WIFI)})),
+        Step::call("choir.memory.upsert", json!({"tier": "working", "content": "beta's own note"})),
+        Step::Text("done".into()),
+    ];
+    let queues = std::sync::Arc::new(parking_lot::Mutex::new((alpha_steps, beta_steps)));
+    let llm = FakeLlm::with_responder(move |req, _| {
+        let mut q = queues.lock();
+        let list = if system_of(req).starts_with("You are alpha") { &mut q.0 } else { &mut q.1 };
+        (!list.is_empty()).then(|| list.remove(0))
+    });
+    let choird = Choird::start(&config(&llm, &pg, &emb, &["alpha", "beta"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    choird.ctl_ok(&["agent", "start", "beta"]);
+    assert_eq!(choird.ctl_ok(&["chat", "alpha", "remember things"]), "done\n");
+    let r = tool_results(&llm);
+    assert_eq!(r[0]["items"].as_array().unwrap().len(), 3);
+    assert_eq!(r[0]["embedding"], "done", "{}", r[0]);
+    assert!(r[0]["items"].as_array().unwrap().iter().all(|i| i["status"] == "inserted"));
+    // The same content in the same tier: one item, metadata merged.
+    assert_eq!(r[1]["items"][0]["status"], "updated");
+    assert_eq!(r[1]["items"][0]["id"], r[0]["items"][0]["id"]);
+    assert_eq!(contents(&r[2])[0], WIFI, "{}", r[2]);
+    assert!(r[2]["items"][0]["score"].as_f64().unwrap() > r[2]["items"][1]["score"].as_f64().unwrap());
+    assert_eq!(r[2]["items"][0]["metadata"], json!({"topic": "office", "seen": 2}));
+    assert_eq!(contents(&r[3]), [TEA], "tier filter");
+    assert_eq!(contents(&r[4]), [BACKUPS], "metadata filter");
+    assert_eq!(contents(&r[5]), [TEA], "hash lookup");
+    assert_eq!(contents(&r[6]), [WIFI, TEA, BACKUPS], "range, oldest first");
+    assert!(contents(&r[7]).is_empty(), "a crafted filter is only data");
+
+    // Beta sees none of alpha's memory, by meaning or by hash.
+    assert_eq!(choird.ctl_ok(&["chat", "beta", "what do you know"]), "done\n");
+    let r = tool_results(&llm);
+    assert!(contents(&r[8]).is_empty() && contents(&r[9]).is_empty(), "{} {}", r[8], r[9]);
+    let count = |schema: &str| -> i64 {
+        pg.client().query_one(&format!("SELECT count(*) FROM {schema}.items"), &[]).unwrap().get(0)
+    };
+    assert_eq!((count("agent_alpha"), count("agent_beta")), (3, 1));
+
+    // The source of each item: lane, call, and (once replicated) its commit sequence.
+    wait_for("commit sequences", Duration::from_secs(20), || {
+        let missing: i64 = pg
+            .client()
+            .query_one("SELECT count(*) FROM agent_alpha.items WHERE commit_seq IS NULL", &[])
+            .unwrap()
+            .get(0);
+        missing == 0
+    });
+    let row =
+        pg.client().query_one("SELECT lane, commit_seq FROM agent_alpha.items WHERE content = $1", &[&TEA]).unwrap();
+    assert_eq!(row.get::<_, String>(0), "edge");
+    assert!(row.get::<_, i64>(1) >= 1);
+
+    // The operator's view.
+    let stats: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "memory", "stats", "alpha"])).unwrap();
+    assert_eq!(stats["tiers"], json!({"knowledge": 2, "session": 1}));
+    assert_eq!((stats["pending_embeddings"].as_i64(), stats["dimensions"].as_i64()), (Some(0), Some(64)));
+    assert!(stats["index_bytes"].as_i64().unwrap() > 0);
+    let found = choird.ctl_ok(&["memory", "search", "alpha", "wifi password"]);
+    assert!(found.lines().next().unwrap().ends_with(WIFI), "{found}");
+    let export = choird.ctl_ok(&["memory", "export", "alpha"]);
+    let lines: Vec<Value> = export.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["embedding"].as_array().unwrap().len(), 64);
+    assert!(choird.ctl_err(&["memory", "stats", "nobody"]).contains("no agent"));
+}
+
+#[test]
+fn with_the_embedding_endpoint_down_upserts_wait_in_the_outbox_and_are_embedded_when_it_returns() {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(64);
+    emb.set_down(true);
+    let llm = FakeLlm::start(vec![
+        Step::call(
+            "choir.memory.upsert",
+            json!({"items": [
+            {"tier": "knowledge", "content": "The cat is called Tom"},
+            {"tier": "knowledge", "content": "The dog is called Rex"}]}),
+        ),
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "cat name"})),
+        Step::call("choir.memory.query", json!({"mode": "hash", "hash": sha("The cat is called Tom")})),
+        Step::Text("stored".into()),
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "what is the cat called", "k": 1})),
+        Step::Text("found".into()),
+    ]);
+    let mut cfg = config(&llm, &pg, &emb, &["alpha"]);
+    cfg["memory"]["upsert_wait_ms"] = json!(300);
+    let choird = Choird::start(&cfg, &json!({"llm_key": "k"}));
+    assert!(choird.stderr().contains("the embedding endpoint is unavailable"), "the outage is reported at start");
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    assert_eq!(choird.ctl_ok(&["chat", "alpha", "remember the pets"]), "stored\n");
+    let r = tool_results(&llm);
+    assert_eq!(r[0]["embedding"], "pending");
+    assert_eq!(r[1]["status"], "error");
+    assert!(r[1]["summary"].as_str().unwrap().contains("semantic search is unavailable right now"), "{}", r[1]);
+    assert_eq!(contents(&r[2]), ["The cat is called Tom"], "hash queries work without embeddings");
+    let outbox = || -> (i64, i64) {
+        let row =
+            pg.client().query_one("SELECT count(*), coalesce(max(attempts), 0) FROM embedding_outbox", &[]).unwrap();
+        (row.get(0), row.get::<_, i32>(1) as i64)
+    };
+    wait_for("a failed attempt", Duration::from_secs(20), || outbox().1 >= 1);
+    assert_eq!(outbox().0, 2, "both items wait in the outbox");
+
+    emb.set_down(false);
+    wait_for("the outbox to drain", Duration::from_secs(60), || outbox().0 == 0);
+    assert!(emb.batches().contains(&2), "both were embedded in one request: {:?}", emb.batches());
+    assert_eq!(choird.ctl_ok(&["chat", "alpha", "what is the cat called?"]), "found\n");
+    let r = tool_results(&llm);
+    assert_eq!(contents(&r[3]), ["The cat is called Tom"]);
+}
+
+#[test]
+fn a_dimension_mismatch_is_a_clear_error_never_a_truncation() {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(64);
+    let llm = FakeLlm::start(vec![]);
+    // The endpoint answers with 64 dimensions; config says 32: choird refuses to start.
+    let mut cfg = config(&llm, &pg, &emb, &["alpha"]);
+    cfg["memory"]["embeddings"]["dimensions"] = json!(32);
+    let home = TempHome::new(&cfg, &json!({"llm_key": "k"}));
+    let (status, stderr) = home.run_choird_to_exit(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("the embedding model returns 64-dimensional vectors, but memory.embeddings.dimensions is 32"),
+        "{stderr}"
+    );
+
+    // A schema made for 64 dimensions, then config changed to 32 while the
+    // endpoint is down (so start-up cannot tell): the agent's start says why.
+    let choird = Choird::start(&config(&llm, &pg, &emb, &["alpha"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    drop(choird);
+    emb.set_down(true);
+    let choird = Choird::start(&cfg, &json!({"llm_key": "k"}));
+    let err = choird.ctl_err(&["agent", "start", "alpha"]);
+    assert!(err.contains("agent alpha's memory was made for 64-dimensional embeddings"), "{err}");
+    let dims: String = pg
+        .client()
+        .query_one(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = 'agent_alpha.items'::regclass AND attname = 'embedding'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(dims, "vector(64)", "the schema was left as it was");
+}
+
+#[test]
+fn a_postgres_restart_under_load_fails_operations_clearly_and_loses_nothing() {
+    let Some(mut pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(64);
+    // The model stores whatever note the user gives, then reports the outcome.
+    let llm = FakeLlm::with_responder(|req, _| {
+        let last = req["messages"].as_array()?.last()?.clone();
+        if last["role"] == "user" {
+            let note = last["content"].as_str()?.to_owned();
+            return Some(Step::call("choir.memory.upsert", json!({"tier": "working", "content": note})));
+        }
+        let result: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
+        Some(Step::Text(format!(
+            "{}: {}",
+            result["status"].as_str().unwrap_or("?"),
+            result["summary"].as_str().unwrap_or("")
+        )))
+    });
+    let choird = Choird::start(&config(&llm, &pg, &emb, &["alpha"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let mut outcomes = Vec::new();
+    for i in 0..30 {
+        if i == 10 {
+            // Crash-restart while the agent works.
+            pg.restart_immediate();
+        }
+        if i == 20 {
+            // Down for a while: what is asked meanwhile fails, and says so.
+            pg.stop_immediate();
+            let out = choird.ctl(&["chat", "alpha", "note during the outage"]);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!out.status.success() && err.contains("database is unavailable, try again"), "{err}");
+            pg.start_again();
+        }
+        // A note is retried until it is stored; every attempt's outcome is kept.
+        for _attempt in 0..20 {
+            let out = choird.ctl(&["chat", "alpha", &format!("note {i}")]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            outcomes.push(text.clone());
+            if text.starts_with("success: stored 1 item") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let failures: Vec<&String> = outcomes.iter().filter(|o| !o.starts_with("success")).collect();
+    for f in &failures {
+        assert!(
+            f.contains("unavailable") || f.contains("database") || f.contains("try again"),
+            "an outage error that says what happened: {f}"
+        );
+    }
+    let rows = pg.client().query("SELECT content FROM agent_alpha.items ORDER BY content", &[]).unwrap();
+    let mut stored: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    stored.sort();
+    let mut expected: Vec<String> = (0..30).map(|i| format!("note {i}")).collect();
+    expected.sort();
+    assert_eq!(stored, expected, "every note once, none lost or doubled");
+    wait_for("every embedding", Duration::from_secs(30), || {
+        pg.client().query_one("SELECT count(*) FROM embedding_outbox", &[]).unwrap().get::<_, i64>(0) == 0
+    });
+}
