@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps base-image build release demo test lint fmt bench install clean
+.PHONY: all deps base-image build release demo test lint fmt bench bench-memory install clean
 
 all: build
 
@@ -53,6 +53,11 @@ bench: deps base-image
 	target/release/bench-docker
 	target/release/bench-turns
 	target/release/bench-telegram
+
+# The memory store at scale (1,000,000 vectors; about half an hour): not part of `make bench`.
+bench-memory: deps
+	$(CARGO) build --release -p choir-tests --bin bench-memory
+	target/release/bench-memory
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir

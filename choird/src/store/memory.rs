@@ -193,7 +193,9 @@ impl Store {
 
     /// The `k` items nearest to `query` by cosine distance (HNSW), with their
     /// similarity (1 − distance). Filters apply inside the index scan
-    /// (pgvector's iterative scan), so a narrow filter still finds `k`.
+    /// (pgvector's iterative scan), so a narrow filter still finds `k`. Only
+    /// the filters given appear in the statement: a catch-all predicate would
+    /// steer the planner away from the HNSW index.
     pub fn memory_semantic(
         &self,
         agent: &AgentId,
@@ -205,21 +207,32 @@ impl Store {
     ) -> Result<Vec<(Item, f64)>, DbError> {
         let schema = agent_schema(agent);
         let v = Vector::from(query);
+        let filter_meta = metadata.as_object().is_some_and(|m| !m.is_empty());
+        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&v, &k];
+        let mut filters = String::new();
+        if let Some(t) = &tier {
+            params.push(t);
+            filters.push_str(&format!(" AND tier = ${}", params.len()));
+        }
+        if filter_meta {
+            params.push(metadata);
+            filters.push_str(&format!(" AND metadata @> ${}", params.len()));
+        }
+        let sql = format!(
+            "SELECT {COLUMNS}, 1 - (embedding <=> $1) FROM {schema}.items
+             WHERE embedding IS NOT NULL{filters} ORDER BY embedding <=> $1 LIMIT $2"
+        );
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.batch_execute(&format!(
                 "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order"
             ))?;
-            let rows = tx.query(
-                &format!(
-                    "SELECT {COLUMNS}, 1 - (embedding <=> $1) FROM {schema}.items
-                     WHERE embedding IS NOT NULL AND ($2::text IS NULL OR tier = $2) AND metadata @> $3
-                     ORDER BY embedding <=> $1 LIMIT $4"
-                ),
-                &[&v, &tier, metadata, &k],
-            )?;
+            let rows = tx.query(&sql, &params)?;
             tx.commit()?;
-            Ok(rows.iter().map(|r| (item(r), r.get::<_, f64>(9))).collect())
+            // relaxed_order may return neighbours slightly out of order: sort exactly.
+            let mut out: Vec<(Item, f64)> = rows.iter().map(|r| (item(r), r.get::<_, f64>(9))).collect();
+            out.sort_by(|a, b| b.1.total_cmp(&a.1));
+            Ok(out)
         })
     }
 

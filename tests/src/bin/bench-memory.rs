@@ -1,0 +1,194 @@
+//! `bench-memory` (not part of `make test`; `make bench-memory`): the memory
+//! store at scale, on a private PostgreSQL cluster with pgvector — load
+//! 1,000,000 random 384-dimensional vectors into an agent schema made by the
+//! real per-agent migration, build its HNSW index, then report recall@10
+//! against exact search and p50/p99 query latency for `ef_search` 40 and 100,
+//! and upsert throughput (batches of 100 through `Store::memory_upsert` and
+//! `Store::store_embeddings`, the index maintained).
+//!
+//! `CHOIR_BENCH_N` changes the number of vectors (default 1,000,000);
+//! `CHOIR_BENCH_DATA=clustered` draws them around 1,000 random centres (as
+//! text embeddings are: structured) instead of uniformly on the sphere (the
+//! default, the hardest case for any approximate index).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use std::time::{Duration, Instant};
+
+use choir_common::ids::AgentId;
+use choir_tests::pg::TestPg;
+use choird::db::Db;
+use choird::store::memory::NewItem;
+use choird::store::Store;
+use pgvector::Vector;
+use serde_json::json;
+
+const DIMS: usize = 384;
+const QUERIES: usize = 100;
+
+/// xorshift64*: reproducible vectors without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn vector(&mut self) -> Vec<f32> {
+        let v: Vec<f32> = (0..DIMS).map(|_| self.next()).collect();
+        normalised(v)
+    }
+}
+
+fn normalised(mut v: Vec<f32>) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= n);
+    v
+}
+
+/// Where the vectors come from.
+struct Source {
+    rng: Rng,
+    centres: Vec<Vec<f32>>,
+}
+
+impl Source {
+    fn new(clustered: bool) -> Source {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let centres = if clustered { (0..1000).map(|_| rng.vector()).collect() } else { Vec::new() };
+        Source { rng, centres }
+    }
+
+    fn vector(&mut self) -> Vec<f32> {
+        if self.centres.is_empty() {
+            return self.rng.vector();
+        }
+        let c = (self.rng.next().abs() * self.centres.len() as f32) as usize % self.centres.len();
+        let noise = self.rng.vector();
+        normalised(self.centres[c].iter().zip(noise).map(|(a, b)| a + 0.6 * b).collect())
+    }
+}
+
+fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1e3
+}
+
+fn main() {
+    let n: usize = std::env::var("CHOIR_BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let pg = TestPg::start().expect("PostgreSQL is needed");
+    let db = Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let agent = AgentId::parse("bench").unwrap();
+    db.migrate_agent(&agent, DIMS as u32).unwrap();
+    let mut c = pg.client();
+    // Bulk load first, then build the index once (as one would for a big import).
+    c.batch_execute("DROP INDEX agent_bench.items_embedding").unwrap();
+    let clustered = std::env::var("CHOIR_BENCH_DATA").is_ok_and(|v| v == "clustered");
+    let mut rng = Source::new(clustered);
+    println!("data: {}", if clustered { "clustered (1,000 centres)" } else { "uniform on the sphere" });
+    let started = Instant::now();
+    let chunk = 1000;
+    for start in (0..n).step_by(chunk) {
+        let mut tx = c.transaction().unwrap();
+        let stmt = tx
+            .prepare(
+                "INSERT INTO agent_bench.items (tier, content, content_sha256, embedding)
+                 SELECT 'knowledge', 'item ' || i, md5(i::text), e FROM unnest($1::bigint[], $2::vector[]) AS t(i, e)",
+            )
+            .unwrap();
+        let ids: Vec<i64> = (start..(start + chunk).min(n)).map(|i| i as i64).collect();
+        let vecs: Vec<Vector> = ids.iter().map(|_| Vector::from(rng.vector())).collect();
+        tx.execute(&stmt, &[&ids, &vecs]).unwrap();
+        tx.commit().unwrap();
+    }
+    let load = started.elapsed();
+    println!(
+        "loaded {n} vectors of {DIMS} dimensions in {:.1} s ({:.0}/s)",
+        load.as_secs_f64(),
+        n as f64 / load.as_secs_f64()
+    );
+
+    c.batch_execute("SET maintenance_work_mem = '6GB'; SET max_parallel_maintenance_workers = 1").unwrap();
+    let started = Instant::now();
+    c.batch_execute("CREATE INDEX items_embedding ON agent_bench.items USING hnsw (embedding vector_cosine_ops)")
+        .unwrap();
+    let build = started.elapsed();
+    let size: i64 = c.query_one("SELECT pg_relation_size('agent_bench.items_embedding')", &[]).unwrap().get(0);
+    println!("HNSW index (m=16, ef_construction=64) built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
+
+    let queries: Vec<Vec<f32>> = (0..QUERIES).map(|_| rng.vector()).collect();
+    // Exact answers: a sequential scan.
+    let mut truth = Vec::new();
+    let started = Instant::now();
+    for q in &queries {
+        let mut tx = c.transaction().unwrap();
+        tx.batch_execute("SET LOCAL enable_indexscan = off; SET LOCAL max_parallel_workers_per_gather = 2").unwrap();
+        let rows = tx
+            .query("SELECT id FROM agent_bench.items ORDER BY embedding <=> $1 LIMIT 10", &[&Vector::from(q.clone())])
+            .unwrap();
+        truth.push(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>());
+        tx.commit().unwrap();
+    }
+    println!(
+        "exact search: {:.0} ms per query (sequential scan)",
+        started.elapsed().as_secs_f64() * 1e3 / QUERIES as f64
+    );
+
+    let store = Store::new(Db::connect(&pg.url()).unwrap());
+    for ef in [40u32, 100] {
+        // Warm the cache once, then measure what the agents' queries run.
+        for q in queries.iter().take(10) {
+            store.memory_semantic(&agent, q.clone(), None, &json!({}), 10, ef).unwrap();
+        }
+        let (mut times, mut hits) = (Vec::new(), 0usize);
+        for (q, want) in queries.iter().zip(&truth) {
+            let t = Instant::now();
+            let got = store.memory_semantic(&agent, q.clone(), None, &json!({}), 10, ef).unwrap();
+            times.push(t.elapsed());
+            hits += got.iter().filter(|(i, _)| want.contains(&i.id)).count();
+        }
+        println!(
+            "ef_search {ef}: recall@10 {:.3}, latency p50 {:.2} ms p99 {:.2} ms ({QUERIES} queries)",
+            hits as f64 / (10 * QUERIES) as f64,
+            pct(times.clone(), 0.5),
+            pct(times, 0.99)
+        );
+    }
+
+    // Upserts through the store, with their embeddings, the index maintained.
+    let started = Instant::now();
+    let total = 10_000;
+    for b in 0..total / 100 {
+        let items: Vec<NewItem> = (0..100)
+            .map(|i| {
+                let content = format!("new item {b}-{i}");
+                NewItem {
+                    tier: "session".into(),
+                    sha256: format!("{:x}", md5ish(&content)),
+                    content,
+                    metadata: json!({}),
+                }
+            })
+            .collect();
+        let stored = store.memory_upsert(&agent, &items, "edge", None).unwrap();
+        let done: Vec<(i64, AgentId, i64, Vec<f32>)> =
+            store.outbox_batch(200).unwrap().into_iter().map(|(o, a, id, _)| (o, a, id, rng.vector())).collect();
+        assert_eq!(done.len(), stored.len());
+        store.store_embeddings(&done).unwrap();
+    }
+    let up = started.elapsed();
+    println!(
+        "upserts: {total} items in batches of 100 (insert + outbox + embedding stored, HNSW maintained): {:.0} items/s",
+        total as f64 / up.as_secs_f64()
+    );
+}
+
+/// A cheap distinct hash for synthetic contents.
+fn md5ish(s: &str) -> u128 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u128, |h, b| (h ^ u128::from(b)).wrapping_mul(0x1000_0000_0000_0000_0000_013b))
+}
