@@ -65,6 +65,9 @@ pub struct LaneCtx {
     pub conversation: Option<String>,
     /// Whether the lane waits for the decision on a proposal it makes.
     pub waits_for_approval: bool,
+    /// When set, the tools listed to the model are narrowed to these (the
+    /// allowlist still decides what may run).
+    pub offer: Option<Vec<String>>,
 }
 
 /// Where a lane is in a skill.
@@ -89,6 +92,7 @@ impl LaneCtx {
             skill: None,
             conversation: None,
             waits_for_approval: false,
+            offer: None,
         }
     }
 

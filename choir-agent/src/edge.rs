@@ -101,6 +101,9 @@ pub struct EdgeLane {
     /// Set (by the link) when the operator or user asks the edge to stop its
     /// current turn or skill; cleared when a turn begins.
     pub cancel: Arc<AtomicBool>,
+    /// Tools `choir.tools.find` found, per conversation (offered with
+    /// `tool_exposure: find`).
+    pub discovered: Arc<Mutex<HashMap<String, std::collections::BTreeSet<String>>>>,
 }
 
 /// What lane tools act on during one edge turn.
@@ -111,6 +114,7 @@ struct EdgeHooks {
     compact: AtomicBool,
     /// A skill `choir.skill.run` asked for, run after the current step.
     skill: Mutex<Option<(Arc<Skill>, Value)>>,
+    discovered: Arc<Mutex<HashMap<String, std::collections::BTreeSet<String>>>>,
 }
 
 impl LaneHooks for EdgeHooks {
@@ -138,6 +142,9 @@ impl LaneHooks for EdgeHooks {
     fn compact(&self) -> Result<Value, ToolError> {
         self.compact.store(true, Ordering::SeqCst);
         Ok(json!({"summary": "the conversation will be compacted before the next step"}))
+    }
+    fn discovered(&self, names: &[String]) {
+        self.discovered.lock().entry(self.conversation.clone()).or_default().extend(names.iter().cloned());
     }
 }
 
@@ -257,6 +264,7 @@ impl EdgeLane {
             conversation: conv_name.to_owned(),
             compact: AtomicBool::new(false),
             skill: Mutex::new(None),
+            discovered: self.discovered.clone(),
         });
         // A cancel asked for while the lane was idle has nothing to stop.
         self.cancel.store(false, Ordering::SeqCst);
@@ -265,7 +273,18 @@ impl EdgeLane {
         lane.hooks = Some(hooks.clone());
         lane.cancel = Some(self.cancel.clone());
         lane.conversation = Some(conv_name.to_owned());
-        let system = crate::prompt::edge(&self.identity, self.mind.arbiter.registry(), &self.skills);
+        let finding = self.config.read().tool_exposure == "find";
+        let own: Vec<String> = choir_common::manifest::BUILTIN_TOOLS
+            .iter()
+            .chain(choir_common::host_tools::HOST_TOOLS)
+            .map(|s| (*s).to_owned())
+            .collect();
+        let system = crate::prompt::edge(
+            &self.identity,
+            self.mind.arbiter.registry(),
+            &self.skills,
+            finding.then_some(own.as_slice()),
+        );
         let mut corrections = 0u32;
         let mut text: Option<String> = None;
         for step in 1..=u64::from(max_steps) {
@@ -276,6 +295,12 @@ impl EdgeLane {
                 let _ = machine.go(LaneState::Cancelled);
                 text = Some("Stopped, as asked.".to_owned());
                 break;
+            }
+            if finding {
+                // Choir's own tools, then whatever choir.tools.find has found here.
+                let mut offer = own.clone();
+                offer.extend(self.discovered.lock().get(conv_name).into_iter().flatten().cloned());
+                lane.offer = Some(offer);
             }
             let conv = st.conversations.entry(conv_name.to_owned()).or_default();
             let force = hooks.compact.swap(false, Ordering::SeqCst);

@@ -53,8 +53,9 @@ fn tool_summary(registry: &Registry, allowlist: Option<&[String]>) -> String {
     out
 }
 
-/// The edge lane's system prompt.
-pub fn edge(identity: &Identity, registry: &Registry, skills: &SkillBook) -> String {
+/// The edge lane's system prompt. With `only`, the tool summary lists just
+/// those tools (the agent's tools are found with `choir.tools.find`).
+pub fn edge(identity: &Identity, registry: &Registry, skills: &SkillBook, only: Option<&[String]>) -> String {
     let mut p = format!("You are {}, an agent run by Choir.", identity.name);
     if let Some(persona) = &identity.persona {
         p.push_str(&format!(" {persona}"));
@@ -67,7 +68,10 @@ pub fn edge(identity: &Identity, registry: &Registry, skills: &SkillBook) -> Str
     if let Some(rules) = &identity.rules {
         p.push_str(&format!("\n\nRules:\n{rules}"));
     }
-    p.push_str(&format!("\n\nTools you can use now:{}", tool_summary(registry, None)));
+    p.push_str(&format!("\n\nTools you can use now:{}", tool_summary(registry, only)));
+    if only.is_some() {
+        p.push_str("\nYou have more tools than these: find them with choir.tools.find, then call them.");
+    }
     let mut list = String::new();
     for skill in skills.all() {
         list.push_str(&format!("\n- {}: {}", skill.spec.name, first_sentence(&skill.spec.description)));
@@ -112,7 +116,7 @@ mod tests {
         assert_eq!(i, Identity { name: "Ada".into(), persona: None, rules: Some("Be kind.".into()) });
         assert_eq!(Identity::load(&dir.path().join("none"), "demo").name, "demo");
         let registry = Registry::builtins().unwrap();
-        let p = edge(&i, &registry, &SkillBook::default());
+        let p = edge(&i, &registry, &SkillBook::default(), None);
         assert!(p.starts_with("You are Ada, an agent run by Choir.") && p.contains("Rules:\nBe kind."), "{p}");
         assert!(p.contains("\n- choir.fs.read: Read a UTF-8 text file from the workspace: whole (up to 1 MiB), the first or last N lines, or a line range."));
     }

@@ -170,7 +170,12 @@ impl Mind {
             let _ = machine.go(LaneState::Reasoning);
         }
         let registry = self.arbiter.registry();
-        let tools = registry.llm_tools(lane.allowlist.as_deref());
+        let mut tools = registry.llm_tools(lane.allowlist.as_deref());
+        if let Some(offer) = &lane.offer {
+            tools.retain(|t| {
+                choir_common::ids::canonical_tool_name(&t.function.name).is_some_and(|n| offer.contains(&n))
+            });
+        }
         let allowed: Vec<String> = match &lane.allowlist {
             Some(l) => l.clone(),
             None => registry.names(),

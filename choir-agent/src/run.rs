@@ -180,6 +180,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pool,
         skills,
         cancel: edge_cancel,
+        discovered: Arc::default(),
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     board.set_session(SessionState::Running);

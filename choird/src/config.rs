@@ -155,10 +155,36 @@ pub struct AgentConfig {
     /// Total LLM tokens one session may spend through the relay (none = unlimited).
     #[serde(default)]
     pub llm_token_budget: Option<u64>,
+    /// `all` (default): the model is sent every tool; `find`: Choir's own
+    /// tools and `choir.tools.find`, then whatever it found (for agents with
+    /// many tools).
+    #[serde(default)]
+    pub tool_exposure: ToolExposure,
     /// Container network (docker runtime): `none` (default: the agent reaches
     /// choird only through its socket) or `bridge`.
     #[serde(default)]
     pub network: NetworkMode,
+}
+
+/// Which tools the model is sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolExposure {
+    /// Every offered tool.
+    #[default]
+    All,
+    /// Choir's own tools and `choir.tools.find`, then the tools found.
+    Find,
+}
+
+impl ToolExposure {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolExposure::All => "all",
+            ToolExposure::Find => "find",
+        }
+    }
 }
 
 /// A container's network.
@@ -259,6 +285,7 @@ impl Default for AgentConfig {
             max_core_jobs: default_max_core_jobs(),
             core_budget: choir_common::rpc::CoreBudget::default(),
             llm_token_budget: None,
+            tool_exposure: ToolExposure::All,
             network: NetworkMode::None,
         }
     }

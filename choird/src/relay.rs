@@ -131,6 +131,60 @@ pub fn handle(d: &Arc<Daemon>, kind: &ListenerKind, lane: &str, req: &Request) -
     Ok(resp)
 }
 
+/// A completion choird asks for on an agent's behalf (e.g. folding its
+/// memory), with the agent's model for `lane`, counted against its budget
+/// and recorded like its own calls. Returns the answer's text.
+pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, messages: Value) -> Result<String, ApiError> {
+    d.llm_budget_check(who)?;
+    let config = d.config();
+    let model = config.model(&who.agent, lane);
+    let endpoint = config.endpoint(lane).clone();
+    let mut request = d
+        .upstream
+        .post(&format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/')))
+        .config()
+        .timeout_global(Some(Duration::from_secs(endpoint.timeout_s)))
+        .build()
+        .header("Content-Type", "application/json");
+    if let Some(name) = &endpoint.api_key_secret {
+        let key = d.secrets().get(name).map(str::to_owned).ok_or_else(|| {
+            ApiError::Unavailable(format!("the {} lane's API key secret {name:?} is not set", lane.as_str()))
+        })?;
+        request = request.header("Authorization", &format!("Bearer {key}"));
+    }
+    let started = Instant::now();
+    let body = serde_json::json!({"model": model, "messages": messages}).to_string();
+    let mut answer = request
+        .send(body.as_bytes())
+        .map_err(|e| ApiError::BadGateway(format!("cannot reach LLM endpoint {}: {e}", endpoint.base_url)))?;
+    let status = answer.status().as_u16();
+    let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let count = |k: &str| v["usage"][k].as_u64().unwrap_or(0);
+    d.llm_tokens_used(who, count("prompt_tokens") + count("completion_tokens"));
+    let ms = started.elapsed().as_millis() as u64;
+    if let Err(e) = d.store.record_llm_call(
+        &who.agent,
+        who.session,
+        lane.as_str(),
+        &model,
+        status,
+        count("prompt_tokens"),
+        count("completion_tokens"),
+        ms,
+    ) {
+        log::error!("LLM call of {} not recorded: {e}", who.agent);
+    }
+    if status != 200 {
+        return Err(ApiError::BadGateway(format!("the model answered {status}")));
+    }
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .map(str::to_owned)
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| ApiError::BadGateway("the model's answer had no text".into()))
+}
+
 /// Records a streamed call's (prompt, completion) tokens once it ended.
 type RecordUsage = Box<dyn FnOnce((u64, u64)) + Send>;
 

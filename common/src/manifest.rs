@@ -26,6 +26,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "choir.propose.skill",
     "choir.propose.tool",
     "choir.skill.run",
+    "choir.tools.find",
 ];
 
 /// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their

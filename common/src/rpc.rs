@@ -477,6 +477,14 @@ pub struct DynamicConfig {
     /// Budget of each core job.
     #[serde(default)]
     pub core_budget: CoreBudget,
+    /// `all`: every offered tool is listed to the model; `find`: Choir's own
+    /// tools and `choir.tools.find` are, and other tools once found.
+    #[serde(default = "default_exposure")]
+    pub tool_exposure: String,
+}
+
+fn default_exposure() -> String {
+    "all".to_owned()
 }
 
 /// The budget of one core job.

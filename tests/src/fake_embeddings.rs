@@ -5,8 +5,10 @@
 //! "model", "usage": {"prompt_tokens", "total_tokens"}}`, errors in OpenAI's
 //! `{"error": {...}}` shape.
 //!
-//! Vectors are feature-hashed bags of lowercase words, normalised: texts that
-//! share words are close, the same text always gives the same vector. It can
+//! Vectors are feature-hashed bags of content words (lowercase, three letters
+//! or more, common function words left out, a plural `s` dropped),
+//! normalised: texts that share content words are close, and the same text
+//! always gives the same vector. It can
 //! be switched "down" (503) to test the outbox, and records each request's
 //! batch size.
 
@@ -31,10 +33,23 @@ pub struct FakeEmbeddings {
     dims: usize,
 }
 
+const STOP: &[&str] = &[
+    "the", "and", "for", "with", "from", "into", "this", "that", "what", "which", "are", "was", "will", "our", "your",
+    "how", "its", "has", "have", "can", "some", "all", "out", "not", "but", "you",
+];
+
 /// The fake's vector for `text` in `dims` dimensions.
 pub fn embed(text: &str, dims: usize) -> Vec<f32> {
     let mut v = vec![0f32; dims];
-    for word in text.to_lowercase().split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+    let lower = text.to_lowercase();
+    let words = lower.split(|c: char| !c.is_alphanumeric()).filter(|w| w.len() >= 3 && !STOP.contains(w)).map(|w| {
+        if w.len() > 3 {
+            w.strip_suffix('s').unwrap_or(w)
+        } else {
+            w
+        }
+    });
+    for word in words {
         let h = Sha256::digest(word.as_bytes());
         let i = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize % dims;
         v[i] += if h[4] & 1 == 0 { 1.0 } else { -1.0 };

@@ -1,6 +1,7 @@
 //! The embedded default (R-MEM-3): with no database_url, choird runs its own
 //! PostgreSQL under <home>/pg, with pgvector, and stops it on shutdown.
 
+use choir_tests::fake_embeddings::FakeEmbeddings;
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use serde_json::json;
@@ -12,8 +13,14 @@ fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
         eprintln!("SKIPPED: no PostgreSQL server binaries");
         return;
     }
-    let fake = FakeLlm::start(vec![Step::Text("hello from the managed setup".into())]);
-    let mut choird = Choird::start(&test_config(&fake.base_url(), None, &["demo"]), &json!({"llm_key": "k"}));
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.memory.upsert", json!({"tier": "knowledge", "content": "managed memory works"})),
+        Step::Text("hello from the managed setup".into()),
+    ]);
+    let emb = FakeEmbeddings::start(16);
+    let mut config = test_config(&fake.base_url(), None, &["demo"]);
+    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake", "dimensions": 16}});
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k"}));
     let status = choird.ctl_ok(&["status"]);
     assert!(status.contains("database: managed"), "{status}");
     choird.ctl_ok(&["agent", "start", "demo"]);
@@ -31,6 +38,18 @@ fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
         .unwrap();
     let d: f64 = client.query_one("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector", &[]).unwrap().get(0);
     assert!((d - 1.0).abs() < 1e-9);
+    // The same per-agent migrations made the agent's memory, and it was used.
+    let (content, dims): (String, String) = {
+        let r = client
+            .query_one(
+                "SELECT content, format_type(atttypid, atttypmod) FROM agent_demo.items, pg_attribute
+                 WHERE attrelid = 'agent_demo.items'::regclass AND attname = 'embedding'",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((content.as_str(), dims.as_str()), ("managed memory works", "vector(16)"));
     drop(client);
 
     let status = choird.stop().unwrap();

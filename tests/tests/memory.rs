@@ -290,3 +290,190 @@ fn a_postgres_restart_under_load_fails_operations_clearly_and_loses_nothing() {
         pg.client().query_one("SELECT count(*) FROM embedding_outbox", &[]).unwrap().get::<_, i64>(0) == 0
     });
 }
+
+#[test]
+fn compact_folds_session_items_into_a_knowledge_summary_written_by_the_core_model() {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(64);
+    let llm = FakeLlm::start(vec![
+        Step::call(
+            "choir.memory.upsert",
+            json!({"items": [
+            {"tier": "session", "content": "The user lives in Lyon"},
+            {"tier": "session", "content": "The user's daughter is called Ada"},
+            {"tier": "knowledge", "content": "Backups run nightly"}]}),
+        ),
+        Step::call("choir.memory.compact", json!({})),
+        Step::Text("compacted".into()),
+    ]);
+    let core = FakeLlm::start(vec![Step::Text("The user lives in Lyon and has a daughter, Ada.".into())]);
+    let mut cfg = config(&llm, &pg, &emb, &["alpha"]);
+    cfg["llm"]["core"]["base_url"] = json!(core.base_url());
+    let choird = Choird::start(&cfg, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    assert_eq!(choird.ctl_ok(&["chat", "alpha", "tidy your memory"]), "compacted\n");
+    let r = tool_results(&llm);
+    assert!(r[1]["summary"].as_str().unwrap().contains("folded 2 session item(s) into knowledge item"), "{}", r[1]);
+    // The core model was asked to fold exactly the session notes.
+    let asked = core.requests()[0].body["messages"][1]["content"].as_str().unwrap().to_owned();
+    assert!(asked.contains("1. The user lives in Lyon\n2. The user's daughter is called Ada"), "{asked}");
+    assert!(!asked.contains("Backups"), "knowledge is not refolded");
+    let rows = pg.client().query("SELECT tier, content, metadata FROM agent_alpha.items ORDER BY id", &[]).unwrap();
+    let tiers: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        tiers,
+        [
+            ("knowledge".to_owned(), "Backups run nightly".to_owned()),
+            ("knowledge".to_owned(), "The user lives in Lyon and has a daughter, Ada.".to_owned())
+        ]
+    );
+    assert_eq!(rows[1].get::<_, Value>(2)["folded"], 2);
+    // The fold is the agent's own model call, on its account.
+    let calls: i64 = pg
+        .client()
+        .query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'alpha' AND lane = 'core'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(calls, 1);
+}
+
+/// 32 tools with ordinary descriptions, and queries that say the same thing
+/// in other words: (query, the tool that should come first).
+const TOOLS: &[(&str, &str)] = &[
+    ("x.mail.send", "Send an email message to a recipient with a subject and body."),
+    ("x.mail.search", "Search the mailbox for messages matching a sender or subject."),
+    ("x.calendar.add", "Add an event or meeting to the calendar at a given date and time."),
+    ("x.calendar.list", "List upcoming calendar entries for the coming days."),
+    ("x.weather.forecast", "Get the weather forecast, rain and wind for a city."),
+    ("x.currency.convert", "Convert an amount of money between currencies using exchange rates."),
+    ("x.translate.text", "Translate text from one language into another language."),
+    ("x.timer.set", "Set a countdown timer or alarm that rings after some minutes."),
+    ("x.notes.create", "Create a new note in the notebook with a title and text."),
+    ("x.todo.add", "Add a task to the to-do list with an optional due date."),
+    ("x.todo.complete", "Mark a task on the to-do list as done."),
+    ("x.contacts.lookup", "Look up a person's phone number and address in the contacts."),
+    ("x.maps.route", "Plan a route and travel directions between two places."),
+    ("x.music.play", "Play a song, album or playlist on the speakers."),
+    ("x.lights.dim", "Dim or switch off the lights in a room of the house."),
+    ("x.thermostat.set", "Set the heating thermostat to a target temperature."),
+    ("x.shop.order", "Order groceries or products from the online shop."),
+    ("x.bank.balance", "Show the balance and recent transactions of a bank account."),
+    ("x.stocks.quote", "Get the current share price of a company on the stock market."),
+    ("x.news.headlines", "Fetch today's news headlines on a topic."),
+    ("x.pdf.extract", "Extract the text content of a PDF document."),
+    ("x.image.resize", "Resize or crop a picture to given dimensions."),
+    ("x.zip.archive", "Compress files and folders into a zip archive."),
+    ("x.backup.run", "Back up the workspace to remote storage."),
+    ("x.server.ping", "Check whether a server or website is reachable and how fast it answers."),
+    ("x.dns.resolve", "Resolve a domain name to its IP addresses."),
+    ("x.git.commit", "Commit staged changes in a git repository with a message."),
+    ("x.docker.restart", "Restart a running Docker container by name."),
+    ("x.sql.query", "Run a read-only SQL query against the reporting database."),
+    ("x.chart.plot", "Plot numbers as a line or bar chart image."),
+    ("x.flight.search", "Search flights between two airports on a date."),
+    ("x.hotel.book", "Book a hotel room in a city for some nights."),
+];
+
+const QUERIES: &[(&str, &str)] = &[
+    ("write an email to my landlord", "x.mail.send"),
+    ("will it rain in Paris tomorrow", "x.weather.forecast"),
+    ("convert 50 euros into dollars", "x.currency.convert"),
+    ("put a meeting with Sam in my calendar on Tuesday", "x.calendar.add"),
+    ("ring me in ten minutes", "x.timer.set"),
+    ("what is Anna's phone number", "x.contacts.lookup"),
+    ("directions to the museum", "x.maps.route"),
+    ("turn the living room lights off", "x.lights.dim"),
+    ("how much is left in my bank account", "x.bank.balance"),
+    ("pull the text out of this PDF file", "x.pdf.extract"),
+    ("make this picture smaller", "x.image.resize"),
+    ("is our website reachable right now", "x.server.ping"),
+    ("save my changes to git", "x.git.commit"),
+    ("find me a cheap flight to Rome", "x.flight.search"),
+    ("bounce the web container", "x.docker.restart"),
+];
+
+fn install_tools(choird: &Choird) {
+    let dir = choird.tools_dir("alpha");
+    for (name, description) in TOOLS {
+        let stem = name.replace('.', "_");
+        let manifest = json!({
+            "llm": {"name": name, "description": description,
+                    "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "additionalProperties": false}},
+            "runtime": {"exec_path": stem, "timeout_ms": 5000, "side_effect": "read", "version": "1"}
+        });
+        std::fs::write(dir.join(format!("{stem}.json")), manifest.to_string()).unwrap();
+        let script = format!("#!/bin/sh\ncat >/dev/null\necho '{{\"summary\": \"{name} ran\"}}'\n");
+        std::fs::write(dir.join(&stem), script).unwrap();
+        std::fs::set_permissions(dir.join(&stem), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+}
+
+fn find_everything(with_memory: bool) {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = FakeEmbeddings::start(384);
+    let calls: Vec<(String, String)> =
+        QUERIES.iter().map(|(q, _)| ("choir.tools.find".to_owned(), json!({"query": q, "k": 3}).to_string())).collect();
+    let llm = FakeLlm::start(vec![
+        Step::ToolCalls(calls),
+        Step::call("x.mail.send", json!({"input": "hello"})),
+        Step::Text("done".into()),
+    ]);
+    let mut cfg = config(&llm, &pg, &emb, &["alpha"]);
+    if !with_memory {
+        cfg.as_object_mut().unwrap().remove("memory");
+    }
+    cfg["agents"]["alpha"] = json!({"tool_exposure": "find"});
+    let choird = Choird::start(&cfg, &json!({"llm_key": "k"}));
+    install_tools(&choird);
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    assert_eq!(choird.ctl_ok(&["chat", "alpha", "do things"]), "done\n");
+    let reqs = llm.requests();
+    let listed = |i: usize| -> Vec<String> {
+        reqs[i].body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Only Choir's own tools at first: the agent's 32 are found, not listed.
+    assert!(listed(0).contains(&"choir__tools__find".to_owned()));
+    assert!(!listed(0).iter().any(|n| n.starts_with("x__")), "{:?}", listed(0));
+    assert!(!system_of(&reqs[0].body).contains("x.mail.send"));
+    let results = tool_results(&llm);
+    let method = if with_memory { "semantic" } else { "keyword" };
+    let mut misses = Vec::new();
+    for ((query, want), r) in QUERIES.iter().zip(&results) {
+        assert_eq!(r["method"], method, "{r}");
+        let first = r["tools"][0]["name"].as_str().unwrap_or("");
+        if first != *want {
+            misses.push(format!("{query:?}: got {first}, wanted {want}"));
+        }
+        // LLM views only: name, description, parameters (and a score).
+        let keys: Vec<&String> = r["tools"][0].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["description", "name", "parameters", "score"]);
+    }
+    assert!(misses.is_empty(), "{} of {} ranked wrong:\n{}", misses.len(), QUERIES.len(), misses.join("\n"));
+    // What was found is offered from then on (and nothing else of the
+    // agent's), and can be called.
+    let mut found: Vec<String> = results[..QUERIES.len()]
+        .iter()
+        .flat_map(|r| r["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().replace('.', "__")))
+        .collect();
+    found.sort();
+    found.dedup();
+    let agents_own: Vec<String> = listed(1).into_iter().filter(|n| n.starts_with("x__")).collect();
+    assert_eq!(agents_own, found);
+    assert!(found.len() < TOOLS.len(), "not everything was found, so the check means something");
+    assert_eq!(results[QUERIES.len()]["summary"], "x.mail.send ran");
+}
+
+#[test]
+fn tools_find_ranks_the_right_tool_first_for_paraphrased_queries_by_meaning() {
+    find_everything(true);
+}
+
+#[test]
+fn tools_find_falls_back_to_keywords_without_embeddings() {
+    find_everything(false);
+}

@@ -3,9 +3,12 @@
 //! allowlist, commit), but what they act on is the calling lane itself — its
 //! core pool or its working memory — reached through [`LaneHooks`].
 
+use std::sync::Arc;
+
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
+use super::host::HostCaller;
 use super::{ExecContext, Tool, ToolError};
 
 /// What a lane offers its lane tools.
@@ -20,6 +23,9 @@ pub trait LaneHooks: Send + Sync {
     fn core_cancel(&self, name: &str) -> Result<Value, ToolError>;
     /// Asks for working-memory compaction before the next model step.
     fn compact(&self) -> Result<Value, ToolError>;
+    /// Tools `choir.tools.find` found (offered from now on when the agent's
+    /// tools are found rather than all listed).
+    fn discovered(&self, _names: &[String]) {}
 }
 
 fn manifest(name: &str, description: &str, parameters: Value, side_effect: &str) -> ToolManifest {
@@ -94,9 +100,16 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
                 json!({"type": "object", "properties": {}, "additionalProperties": false}),
                 "write",
             ),
-            std::sync::Arc::new(LaneTool::Compact),
+            std::sync::Arc::new(LaneTool::Compact(None)),
         ),
     ]
+}
+
+/// `choir.memory.compact` with its host half: after asking for the lane's
+/// working memory to be folded, it asks choird to fold the agent's session
+/// tier into knowledge summaries.
+pub fn compact_with_host(host: Arc<dyn HostCaller>) -> Arc<dyn Tool> {
+    Arc::new(LaneTool::Compact(Some(host)))
 }
 
 /// A lane tool.
@@ -109,8 +122,8 @@ pub enum LaneTool {
     Cancel,
     /// `choir.skill.run`.
     Skill,
-    /// `choir.memory.compact`.
-    Compact,
+    /// `choir.memory.compact` (with choird's half when it serves one).
+    Compact(Option<Arc<dyn HostCaller>>),
 }
 
 impl Tool for LaneTool {
@@ -129,7 +142,21 @@ impl Tool for LaneTool {
             LaneTool::Skill => hooks.skill_run(s("skill").unwrap_or_default(), &skill_input),
             LaneTool::Status => hooks.core_status(s("name")),
             LaneTool::Cancel => hooks.core_cancel(s("name").unwrap_or_default()),
-            LaneTool::Compact => hooks.compact(),
+            LaneTool::Compact(None) => hooks.compact(),
+            LaneTool::Compact(Some(host)) => {
+                let mut out = hooks.compact()?;
+                let lane_part = out["summary"].as_str().unwrap_or_default().to_owned();
+                let host_part = match host.call("choir.memory.compact", &json!({}), ctx.lane, ctx.call_id, ctx.deadline)
+                {
+                    Ok(r) => {
+                        out["memory"] = r.clone();
+                        r["summary"].as_str().unwrap_or("session memory folded").to_owned()
+                    }
+                    Err(e) => format!("session memory not folded ({})", e.message),
+                };
+                out["summary"] = json!(format!("{lane_part}; {host_part}"));
+                Ok(out)
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod exec;
 pub mod external;
+pub mod find;
 pub mod fs;
 pub mod host;
 pub mod lane;
@@ -132,6 +133,8 @@ impl Registry {
             (fs::write_manifest(), Arc::new(fs::WriteTool)),
             (search::manifest(), Arc::new(search::SearchTool)),
             (exec::manifest(), Arc::new(exec::ExecTool)),
+            // Ranks the registry's tools; rebuilt over the final registry by `load`.
+            (find::manifest(), Arc::new(find::FindTool::new(Vec::new(), None))),
         ];
         let builtin = builtin.into_iter().chain(lane::tools()).chain(propose::tools());
         for (manifest, tool) in builtin {
@@ -183,6 +186,25 @@ impl Registry {
                 r.insert(&t.file.display().to_string(), t.manifest, tool, status)?;
             }
         }
+        if served.iter().any(|s| s == "choir.memory.compact") {
+            let compact = r.get("choir.memory.compact").map(|t| t.manifest.clone());
+            if let Some(m) = compact {
+                r.insert("built-in", m, lane::compact_with_host(host.clone()), ToolStatus::System)?;
+            }
+        }
+        // Tool discovery over the agent's own offered tools (Choir's are always listed).
+        let views: Vec<find::View> = r
+            .tools
+            .values()
+            .filter(|t| t.status.offered() && !choir_common::manifest::reserved_tool_name(&t.manifest.llm.name))
+            .map(|t| find::View {
+                name: t.manifest.llm.name.clone(),
+                description: t.manifest.llm.description.clone(),
+                parameters: t.manifest.llm.parameters.clone(),
+            })
+            .collect();
+        let ranker = served.iter().any(|s| s == find::NAME).then(|| host.clone());
+        r.insert("built-in", find::manifest(), Arc::new(find::FindTool::new(views, ranker)), ToolStatus::System)?;
         Ok(r)
     }
 

@@ -436,7 +436,7 @@ impl Daemon {
         let host_tools = match self.memory.get() {
             Some(m) => {
                 m.ensure(self, &who.agent)?;
-                choir_common::host_tools::HOST_TOOLS.iter().map(|s| (*s).to_owned()).collect()
+                crate::memory::SERVED.iter().map(|s| (*s).to_owned()).collect()
             }
             None => Vec::new(),
         };
@@ -519,6 +519,7 @@ impl Daemon {
             context_tokens: agent.context_tokens,
             max_core_jobs: agent.max_core_jobs,
             core_budget: agent.core_budget,
+            tool_exposure: agent.tool_exposure.as_str().to_owned(),
         }
     }
 
@@ -806,7 +807,7 @@ impl Daemon {
             )));
         };
         let started = Instant::now();
-        let result = memory.execute(self, &who.agent, req);
+        let result = memory.execute(self, who, req);
         let outcome = match &result {
             Ok(_) => "ok".to_owned(),
             Err(e) => e.status_and_code().1.to_owned(),

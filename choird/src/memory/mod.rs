@@ -34,14 +34,37 @@ use sha2::{Digest, Sha256};
 use self::batcher::Progress;
 use self::embeddings::{EmbedError, Embedder};
 use crate::config::MemoryConfig;
+use crate::daemon::Authed;
 use crate::daemon::Daemon;
 use crate::http::ApiError;
 use crate::store::memory::{NewItem, Range};
+
+/// What choird serves agents when memory is configured: the memory host
+/// tools, the host half of `choir.memory.compact`, and the ranking behind
+/// `choir.tools.find`.
+pub const SERVED: &[&str] = &["choir.memory.query", "choir.memory.upsert", "choir.memory.compact", "choir.tools.find"];
+
+/// Session items folded into one summary at most.
+const FOLD_MAX: i64 = 200;
+/// Tools ranked at most per `choir.tools.find`.
+const RANK_MAX: usize = 1000;
 
 /// Items returned by a query at most.
 const MAX_K: i64 = 100;
 /// Characters of an item's content shown to a model (the rest is elided).
 const SHOWN: usize = 4000;
+
+/// Cosine similarity.
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
 
 /// Whether `t` is an RFC 3339 date or time (`2026-11-22`, `2026-11-22T10:00:00Z`, …).
 fn looks_like_time(t: &str) -> bool {
@@ -144,8 +167,17 @@ impl Memory {
         Ok(())
     }
 
-    /// EXECUTE_HOST_TOOL for a memory tool, for `agent` (authenticated).
-    pub fn execute(&self, d: &Daemon, agent: &AgentId, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+    /// EXECUTE_HOST_TOOL for a memory tool, for `who` (authenticated).
+    pub fn execute(&self, d: &Daemon, who: &Authed, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+        let agent = &who.agent;
+        match req.tool.as_str() {
+            "choir.memory.compact" => {
+                self.ensure(d, agent)?;
+                return self.fold(d, who, &req.lane, req.call_id.as_deref());
+            }
+            "choir.tools.find" => return self.rank_tools(d, &req.input),
+            _ => {}
+        }
         let Some(validator) = self.validators.get(&req.tool) else {
             return Err(ApiError::NotFound(format!("{} is not a host tool choird serves", req.tool)));
         };
@@ -277,6 +309,83 @@ impl Memory {
             })
             .collect();
         Ok(json!({"summary": format!("{} item(s) found ({mode})", shown.len()), "items": shown}))
+    }
+
+    /// Folds the agent's session items (oldest first, at most [`FOLD_MAX`])
+    /// into one knowledge item: a summary written by the agent's core model.
+    fn fold(&self, d: &Daemon, who: &Authed, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
+        let agent = &who.agent;
+        let range = Range { tier: Some("session".into()), metadata: json!({}), ..Range::default() };
+        let items = d.store.memory_range(agent, &range, FOLD_MAX)?;
+        if items.is_empty() {
+            return Ok(json!({"summary": "no session items to fold", "folded": 0}));
+        }
+        let notes: String = items.iter().enumerate().map(|(i, it)| format!("{}. {}\n", i + 1, it.content)).collect();
+        let messages = json!([
+            {"role": "system", "content": "You fold an agent's session notes into durable knowledge. Write one concise \
+              summary that keeps every fact, decision, preference and open question in the notes; no preamble."},
+            {"role": "user", "content": format!("Session notes, oldest first:\n{notes}")}
+        ]);
+        let text = crate::relay::complete_for(d, who, crate::config::Lane::Core, messages)?;
+        let ids: Vec<i64> = items.iter().map(|i| i.id).collect();
+        let summary = NewItem {
+            tier: "knowledge".into(),
+            sha256: sha256(&text),
+            metadata: json!({"kind": "summary", "folded": ids.len(),
+                             "from": items.first().map(|i| i.created_at.clone()),
+                             "to": items.last().map(|i| i.created_at.clone())}),
+            content: text,
+        };
+        let id = d.store.memory_fold(agent, &ids, &summary, lane, call_id)?;
+        let _ = self.poke.try_send(());
+        Ok(json!({"summary": format!("folded {} session item(s) into knowledge item {id}", ids.len()),
+                  "folded": ids.len(), "item_id": id}))
+    }
+
+    /// Ranks tools (`{query, k, tools: [{name, description}]}`) by the
+    /// similarity of their descriptions to the query. Each description is
+    /// embedded once per model (cached by its hash).
+    fn rank_tools(&self, d: &Daemon, input: &Value) -> Result<Value, ApiError> {
+        let query = input["query"].as_str().filter(|q| !q.trim().is_empty());
+        let Some(query) = query else { return Err(ApiError::BadRequest("query is required".into())) };
+        let k = input["k"].as_u64().unwrap_or(5).clamp(1, 50) as usize;
+        let tools: Vec<(String, String)> = input["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| Some((t["name"].as_str()?.to_owned(), t["description"].as_str()?.to_owned())))
+            .take(RANK_MAX)
+            .collect();
+        let texts: Vec<String> = tools.iter().map(|(n, desc)| format!("{n}: {desc}")).collect();
+        let shas: Vec<String> = texts.iter().map(|t| sha256(t)).collect();
+        let model = self.embedder.model().to_owned();
+        let mut known: std::collections::HashMap<String, Vec<f32>> =
+            d.store.tool_embeddings(&shas, &model)?.into_iter().collect();
+        let missing: Vec<(String, String)> = shas
+            .iter()
+            .zip(&texts)
+            .filter(|(s, _)| !known.contains_key(*s))
+            .map(|(s, t)| (s.clone(), t.clone()))
+            .collect();
+        for chunk in missing.chunks(self.cfg.batch_size.max(1)) {
+            let texts: Vec<String> = chunk.iter().map(|(_, t)| t.clone()).collect();
+            let vectors = self
+                .embedder
+                .embed(&texts)
+                .map_err(|e| ApiError::Unavailable(format!("tool ranking is unavailable right now ({e})")))?;
+            let rows: Vec<(String, Vec<f32>)> = chunk.iter().map(|(s, _)| s.clone()).zip(vectors).collect();
+            d.store.put_tool_embeddings(&rows, &model)?;
+            known.extend(rows);
+        }
+        let q = self.embed_one(query)?;
+        let mut ranked: Vec<(String, f64)> = tools
+            .iter()
+            .zip(&shas)
+            .filter_map(|((name, _), sha)| Some((name.clone(), cosine(&q, known.get(sha)?))))
+            .collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        ranked.truncate(k);
+        Ok(json!({"ranked": ranked.iter().map(|(n, s)| json!({"name": n, "score": s})).collect::<Vec<_>>()}))
     }
 
     /// Embeds one text now (for a query), retrying a transient failure once.

@@ -310,6 +310,70 @@ impl Store {
         })
     }
 
+    /// Replaces session items `folded` by one knowledge item (a summary), in
+    /// one transaction; the summary is queued for embedding.
+    pub fn memory_fold(
+        &self,
+        agent: &AgentId,
+        folded: &[i64],
+        summary: &NewItem,
+        lane: &str,
+        call_id: Option<&str>,
+    ) -> Result<i64, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            let row = tx.query_one(
+                &format!(
+                    "INSERT INTO {schema}.items (tier, content, content_sha256, metadata, lane, call_id)
+                     VALUES ('knowledge', $1, $2, $3, $4, $5)
+                     ON CONFLICT (tier, content_sha256) DO UPDATE SET updated_at = now()
+                     RETURNING id, (xmax = 0)"
+                ),
+                &[&summary.content, &summary.sha256, &summary.metadata, &lane, &call_id],
+            )?;
+            let (id, inserted): (i64, bool) = (row.get(0), row.get(1));
+            if inserted {
+                tx.execute(
+                    "INSERT INTO embedding_outbox (agent_id, item_id) VALUES ($1, $2)",
+                    &[&agent.as_str(), &id],
+                )?;
+            }
+            tx.execute(&format!("DELETE FROM {schema}.items WHERE tier = 'session' AND id = ANY($1)"), &[&folded])?;
+            tx.execute(
+                "DELETE FROM embedding_outbox WHERE agent_id = $1 AND item_id = ANY($2)",
+                &[&agent.as_str(), &folded],
+            )?;
+            tx.commit()?;
+            Ok(id)
+        })
+    }
+
+    /// Cached embeddings of tool descriptions, by text sha256.
+    pub fn tool_embeddings(&self, shas: &[String], model: &str) -> Result<Vec<(String, Vec<f32>)>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT text_sha256, embedding FROM tool_embeddings WHERE model = $2 AND text_sha256 = ANY($1)",
+                &[&shas, &model],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    /// Caches embeddings of tool descriptions.
+    pub fn put_tool_embeddings(&self, rows: &[(String, Vec<f32>)], model: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            for (sha, v) in rows {
+                tx.execute(
+                    "INSERT INTO tool_embeddings (text_sha256, model, embedding) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[sha, &model, v],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
     /// Figures for `choirctl memory stats`.
     pub fn memory_stats(&self, agent: &AgentId) -> Result<Stats, DbError> {
         let schema = agent_schema(agent);
