@@ -441,6 +441,7 @@ fn every_tool_call(state: &str) -> Vec<(String, String)> {
         ("choir.propose.skill", json!({"skill": skill, "reason": "r"})),
         ("choir.propose.tool", json!({"manifest": tool, "executable": "#!/bin/sh\necho '{}'\n", "reason": "r"})),
         ("choir.skill.run", json!({"skill": "build_feature", "input": {"feature": "x"}})),
+        ("choir.tools.find", json!({"query": "anything"})),
     ];
     calls.into_iter().map(|(n, a)| (n.to_owned(), a.to_string())).collect()
 }
