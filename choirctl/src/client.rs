@@ -45,12 +45,7 @@ impl Client {
         let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_empty();
         let mut resp = resp.map_err(|e| self.transport_error(e))?;
         if resp.status().as_u16() != 200 {
-            let status = resp.status().as_u16();
-            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(e) => anyhow::anyhow!("{}", e.error.message),
-                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
-            });
+            return Err(refusal(&mut resp));
         }
         let reader = std::io::BufReader::new(resp.into_body().into_reader());
         let mut last = String::new();
@@ -79,12 +74,7 @@ impl Client {
         let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_json(body);
         let mut resp = resp.map_err(|e| self.transport_error(e))?;
         if resp.status().as_u16() != 200 {
-            let status = resp.status().as_u16();
-            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(e) => anyhow::anyhow!("{}", e.error.message),
-                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
-            });
+            return Err(refusal(&mut resp));
         }
         for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
             on_line(serde_json::from_str(&line?)?);
@@ -97,12 +87,7 @@ impl Client {
         let resp = self.agent.get(&format!("http://localhost/admin/v1/{path}")).call();
         let mut resp = resp.map_err(|e| self.transport_error(e))?;
         if resp.status().as_u16() != 200 {
-            let status = resp.status().as_u16();
-            let body = resp.body_mut().with_config().limit(1024 * 1024).read_to_vec()?;
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(e) => anyhow::anyhow!("{}", e.error.message),
-                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
-            });
+            return Err(refusal(&mut resp));
         }
         Ok(std::io::copy(&mut resp.into_body().into_reader(), out)?)
     }
@@ -115,10 +100,7 @@ impl Client {
         let status = resp.status().as_u16();
         let body = resp.body_mut().with_config().limit(256 * 1024 * 1024).read_to_vec()?;
         if status != 200 {
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(e) => anyhow::anyhow!("{}", e.error.message),
-                Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(&body)),
-            });
+            return Err(refusal_of(status, &body));
         }
         Ok(serde_json::from_slice(&body)?)
     }
@@ -141,5 +123,21 @@ impl Client {
         } else {
             anyhow::anyhow!("cannot talk to choird on {}: {e}", self.socket.display())
         }
+    }
+}
+
+/// choird's refusal as an error: its message, or the status and body.
+fn refusal(resp: &mut ureq::http::Response<ureq::Body>) -> anyhow::Error {
+    let status = resp.status().as_u16();
+    match resp.body_mut().with_config().limit(1024 * 1024).read_to_vec() {
+        Ok(body) => refusal_of(status, &body),
+        Err(e) => anyhow::anyhow!("choird answered {status}, and its answer could not be read: {e}"),
+    }
+}
+
+fn refusal_of(status: u16, body: &[u8]) -> anyhow::Error {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => anyhow::anyhow!("{}", e.error.message),
+        Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(body)),
     }
 }

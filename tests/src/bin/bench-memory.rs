@@ -2,9 +2,10 @@
 //! store at scale, on a private PostgreSQL cluster with pgvector — load
 //! 1,000,000 random 384-dimensional vectors into an agent schema made by the
 //! real per-agent migration, build its HNSW index, then report recall@10
-//! against exact search and p50/p99 query latency for `ef_search` 40 and 100,
-//! and upsert throughput (batches of 100 through `Store::memory_upsert` and
-//! `Store::store_embeddings`, the index maintained).
+//! against exact search and p50/p99 query latency for `ef_search` 40, 100,
+//! 200 and 400, and upsert throughput (batches of 100 through
+//! `Store::memory_upsert` and `Store::store_embeddings`, the index
+//! maintained).
 //!
 //! `CHOIR_BENCH_N` changes the number of vectors (default 1,000,000);
 //! `CHOIR_BENCH_DATA=clustered` draws them around 1,000 random centres (as
@@ -140,7 +141,7 @@ fn main() {
     );
 
     let store = Store::new(Db::connect(&pg.url()).unwrap());
-    for ef in [40u32, 100] {
+    for ef in [40u32, 100, 200, 400] {
         // Warm the cache once, then measure what the agents' queries run.
         for q in queries.iter().take(10) {
             store.memory_semantic(&agent, q.clone(), None, &json!({}), 10, ef).unwrap();
