@@ -8,6 +8,8 @@
 //! maintained).
 //!
 //! `CHOIR_BENCH_N` changes the number of vectors (default 1,000,000);
+//! `CHOIR_BENCH_M` and `CHOIR_BENCH_EFC` the index's `m` and
+//! `ef_construction` (default: the per-agent migration's index);
 //! `CHOIR_BENCH_DATA=clustered` draws them around 1,000 random centres (as
 //! text embeddings are: structured) instead of uniformly on the sphere (the
 //! default, the hardest case for any approximate index).
