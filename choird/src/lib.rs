@@ -11,6 +11,7 @@ pub mod docker;
 pub mod home;
 pub mod http;
 pub mod memory;
+pub mod pace;
 pub mod proposals;
 pub mod relay;
 pub mod rpc_api;

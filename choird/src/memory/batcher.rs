@@ -14,6 +14,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::embeddings::Embedder;
 use crate::config::MemoryConfig;
+use crate::pace::{backoff, nap};
 use crate::store::Store;
 
 /// Tells waiting upserts that a batch was stored.
@@ -41,11 +42,6 @@ impl Progress {
         *self.batches.lock() += 1;
         self.changed.notify_all();
     }
-}
-
-/// Backoff after `n` failures: 0.5 s doubling to 30 s.
-fn backoff(n: u32) -> Duration {
-    Duration::from_millis((500u64 << n.min(6)).min(30_000))
 }
 
 /// Runs until `stop`.
@@ -102,12 +98,5 @@ pub fn run(
                 nap(wait, stop);
             }
         }
-    }
-}
-
-fn nap(d: Duration, stop: &AtomicBool) {
-    let until = std::time::Instant::now() + d;
-    while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
     }
 }

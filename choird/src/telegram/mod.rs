@@ -43,6 +43,7 @@ use serde_json::json;
 
 use crate::config::{BotConfig, TelegramConfig};
 use crate::daemon::Daemon;
+pub use crate::pace::{backoff, nap};
 
 /// The conversation key of a Telegram chat: `tg:<bot>:<chat id>` (a private
 /// chat's id is its user's id, so each user has their own conversation).
@@ -132,11 +133,6 @@ pub fn classify(e: &frankenstein::Error, token: &str) -> Failure {
         }
         other => Failure::Transient(text::mask(&other.to_string(), token)),
     }
-}
-
-/// Backoff after `n` consecutive failures: 0.5 s doubling to 30 s.
-pub fn backoff(n: u32) -> Duration {
-    Duration::from_millis((500u64 << n.min(6)).min(30_000))
 }
 
 /// A configured bot with its token.
@@ -253,14 +249,6 @@ impl Gateway {
                 let _ = p.join();
             }
         }
-    }
-}
-
-/// Sleeps `d` in short slices, returning early when `stop` is set.
-pub fn nap(d: Duration, stop: &AtomicBool) {
-    let until = Instant::now() + d;
-    while !stop.load(Ordering::SeqCst) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50).min(until.saturating_duration_since(Instant::now())));
     }
 }
 

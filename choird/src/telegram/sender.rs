@@ -108,7 +108,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                 soonest = Some(soonest.map_or(due, |s| s.min(due)));
                 break;
             }
-            match send(d, if row.kind == "file" { &uploads } else { &bot }, &row) {
+            match send(d, if row.kind == "file" { &uploads } else { &bot }, &spec.token, &row) {
                 Ok(message_id) => {
                     failures = 0;
                     next_for_chat.insert(row.chat_id, Instant::now() + interval);
@@ -183,8 +183,13 @@ fn markup(buttons: &Value) -> Option<ReplyMarkup> {
 }
 
 /// Sends one row; the id of the message Telegram made of it, if any.
-fn send(d: &Daemon, bot: &frankenstein::client_ureq::Bot, row: &OutboxRow) -> Result<Option<i64>, Failure> {
-    let token_mask = |e: frankenstein::Error| classify(&e, token_of(bot));
+fn send(
+    d: &Daemon,
+    bot: &frankenstein::client_ureq::Bot,
+    token: &str,
+    row: &OutboxRow,
+) -> Result<Option<i64>, Failure> {
+    let token_mask = |e: frankenstein::Error| classify(&e, token);
     let chat = row.chat_id;
     match row.kind.as_str() {
         "text" => {
@@ -240,9 +245,4 @@ fn send(d: &Daemon, bot: &frankenstein::client_ureq::Bot, row: &OutboxRow) -> Re
         }
         other => Err(Failure::Permanent(format!("unknown outbox kind {other:?}"))),
     }
-}
-
-/// The token inside a client's URL (for masking errors).
-fn token_of(bot: &frankenstein::client_ureq::Bot) -> &str {
-    bot.api_url.rsplit_once("/bot").map(|(_, t)| t).unwrap_or("")
 }

@@ -117,12 +117,20 @@ fn main() {
     );
 
     c.batch_execute("SET maintenance_work_mem = '6GB'; SET max_parallel_maintenance_workers = 1").unwrap();
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let with = match (env("CHOIR_BENCH_M"), env("CHOIR_BENCH_EFC")) {
+        (None, None) => String::new(),
+        (m, efc) => format!(" WITH (m = {}, ef_construction = {})", m.unwrap_or(16), efc.unwrap_or(64)),
+    };
     let started = Instant::now();
-    c.batch_execute("CREATE INDEX items_embedding ON agent_bench.items USING hnsw (embedding vector_cosine_ops)")
-        .unwrap();
+    c.batch_execute(&format!(
+        "CREATE INDEX items_embedding ON agent_bench.items USING hnsw (embedding vector_cosine_ops){with}"
+    ))
+    .unwrap();
     let build = started.elapsed();
     let size: i64 = c.query_one("SELECT pg_relation_size('agent_bench.items_embedding')", &[]).unwrap().get(0);
-    println!("HNSW index (m=16, ef_construction=64) built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
+    let params = if with.is_empty() { " (m=16, ef_construction=64)".to_owned() } else { with };
+    println!("HNSW index{params} built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
 
     let queries: Vec<Vec<f32>> = (0..QUERIES).map(|_| rng.vector()).collect();
     // Exact answers: a sequential scan.
