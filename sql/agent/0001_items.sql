@@ -17,7 +17,10 @@ CREATE TABLE {schema}.items (
     embedding       vector({dims}),
     UNIQUE (tier, content_sha256)
 );
-CREATE INDEX items_embedding ON {schema}.items USING hnsw (embedding vector_cosine_ops);
+-- m = 32, ef_construction = 128: measured (bench-memory, 1M × 384) to give
+-- recall@10 ≥ 0.95 at ef_search 100 where pgvector's defaults (16, 64) gave 0.85.
+CREATE INDEX items_embedding ON {schema}.items USING hnsw (embedding vector_cosine_ops)
+    WITH (m = 32, ef_construction = 128);
 CREATE INDEX items_created ON {schema}.items (created_at);
 CREATE INDEX items_commit_seq ON {schema}.items (commit_seq);
 CREATE INDEX items_metadata ON {schema}.items USING gin (metadata jsonb_path_ops);

@@ -9,7 +9,7 @@
 //!
 //! `CHOIR_BENCH_N` changes the number of vectors (default 1,000,000);
 //! `CHOIR_BENCH_M` and `CHOIR_BENCH_EFC` the index's `m` and
-//! `ef_construction` (default: the per-agent migration's index);
+//! `ef_construction` (default 32 and 128, as the per-agent migration);
 //! `CHOIR_BENCH_DATA=clustered` draws them around 1,000 random centres (as
 //! text embeddings are: structured) instead of uniformly on the sphere (the
 //! default, the hardest case for any approximate index).
@@ -118,10 +118,11 @@ fn main() {
 
     c.batch_execute("SET maintenance_work_mem = '6GB'; SET max_parallel_maintenance_workers = 1").unwrap();
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-    let with = match (env("CHOIR_BENCH_M"), env("CHOIR_BENCH_EFC")) {
-        (None, None) => String::new(),
-        (m, efc) => format!(" WITH (m = {}, ef_construction = {})", m.unwrap_or(16), efc.unwrap_or(64)),
-    };
+    let with = format!(
+        " WITH (m = {}, ef_construction = {})",
+        env("CHOIR_BENCH_M").unwrap_or(32),
+        env("CHOIR_BENCH_EFC").unwrap_or(128)
+    );
     let started = Instant::now();
     c.batch_execute(&format!(
         "CREATE INDEX items_embedding ON agent_bench.items USING hnsw (embedding vector_cosine_ops){with}"
@@ -129,8 +130,7 @@ fn main() {
     .unwrap();
     let build = started.elapsed();
     let size: i64 = c.query_one("SELECT pg_relation_size('agent_bench.items_embedding')", &[]).unwrap().get(0);
-    let params = if with.is_empty() { " (m=16, ef_construction=64)".to_owned() } else { with };
-    println!("HNSW index{params} built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
+    println!("HNSW index{with} built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
 
     let queries: Vec<Vec<f32>> = (0..QUERIES).map(|_| rng.vector()).collect();
     // Exact answers: a sequential scan.
