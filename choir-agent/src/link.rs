@@ -32,6 +32,9 @@ use crate::rpc::{Rpc, RpcError};
 const POLL_WAIT_MS: u64 = 25_000;
 /// Liveness heartbeat period.
 const PERIOD: Duration = Duration::from_secs(5);
+/// How long a stopping agent keeps trying to reach choird before it leaves
+/// (its committed events are safe in the local log either way).
+const GIVE_UP_WHEN_STOPPING: Duration = Duration::from_secs(10);
 /// Status reports are coalesced to at most one per this interval.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
@@ -185,8 +188,12 @@ impl Link {
         let mut last_beat = Instant::now();
         let mut last_report: Option<Instant> = None;
         let mut open = true;
+        let mut closed_at: Option<Instant> = None;
         let mut failures = 0;
         loop {
+            if !open && closed_at.is_none() {
+                closed_at = Some(Instant::now());
+            }
             let status_due = self.board.version() != reported;
             if open {
                 // A pending status report waits at most STATUS_EVERY; otherwise
@@ -249,6 +256,15 @@ impl Link {
                     }
                     Err(e) => {
                         failures += 1;
+                        // Stopping and choird unreachable: what is committed stays
+                        // in the local log and is replicated at the next start.
+                        if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
+                            log::warn!(
+                                "choird unreachable while stopping ({e}); {} event(s) stay in the local log for the next start",
+                                self.log.unacked().len()
+                            );
+                            return;
+                        }
                         log::warn!("replication failed ({e}); retrying");
                         std::thread::sleep(backoff(failures));
                         continue;

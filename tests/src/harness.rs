@@ -183,6 +183,14 @@ impl Choird {
         self.kill_and_restart_with(|| {});
     }
 
+    /// Kills choird with SIGKILL and leaves it down.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Like [`Choird::kill_and_restart`], running `meanwhile` while choird is down.
     pub fn kill_and_restart_with(&mut self, meanwhile: impl FnOnce()) {
         if let Some(mut child) = self.child.take() {

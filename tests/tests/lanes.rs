@@ -140,3 +140,47 @@ fn regression_a_message_is_never_handed_to_the_replication_heartbeat() {
         assert_eq!(choird.ctl_ok(&["chat", "demo", &format!("question {i}")]), format!("answer {i}\n"));
     }
 }
+
+/// Regression: an agent whose choird died for good never left, even on
+/// SIGTERM, because it kept trying to ship its last answer and events.
+#[test]
+fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "x"})),
+        Step::SlowText("a slow answer that choird will not live to see".into(), Duration::from_millis(300)),
+    ]);
+    let mut choird =
+        Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    let pid = s["pid"].as_u64().unwrap() as i32;
+    // Whatever happens below, the agent does not outlive the test.
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            if let Some(p) = rustix::process::Pid::from_raw(self.0) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    let _reap = Reap(pid);
+    let workspace = choird.workspace("demo");
+    let home = choird.home.path().to_owned();
+    let chat = std::thread::spawn(move || {
+        Command::new(bin("choirctl")).arg("--home").arg(home).args(["chat", "demo", "write"]).output()
+    });
+    fake.wait_requests(2, Duration::from_secs(20));
+    choird.kill();
+    let _ = chat.join();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::TERM).unwrap();
+    let started = Instant::now();
+    let gone = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    while !gone() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the agent is still there after SIGTERM");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // What it committed is still in its local log, for the next start.
+    let log = std::fs::read_to_string(workspace.join(".choir/commit.log")).unwrap_or_default();
+    assert!(log.contains("choir.fs.write"), "the commit log keeps the call");
+}
