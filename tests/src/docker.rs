@@ -34,3 +34,12 @@ pub fn available() -> bool {
 pub fn images_with_prefix(engine: &Engine, prefix: &str) -> Vec<String> {
     engine.images_of(&format!("{prefix}-agent-*")).unwrap_or_default()
 }
+
+/// Held by docker tests that build images, for their whole run: builds share
+/// the engine's layer cache, and one test removing its images (on drop) must
+/// not delete a cached parent layer from under another test's build ("unknown
+/// parent image ID").
+pub fn exclusive() -> parking_lot::MutexGuard<'static, ()> {
+    static LOCK: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    LOCK.lock()
+}

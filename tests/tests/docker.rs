@@ -32,6 +32,8 @@ fn an_agent_in_a_hardened_container_answers_and_never_sees_its_secrets_leak() {
     if !choir_tests::docker::available() {
         return;
     }
+    // Builds share the layer cache: one at a time (held until the images are gone).
+    let _one_builder = choir_tests::docker::exclusive();
     let Some(pg) = TestPg::start() else { return };
     let fake = FakeLlm::start(vec![
         Step::call("choir.fs.write", json!({"path": "notes/hello.txt", "content": "hello from a container\n"})),
@@ -123,6 +125,8 @@ fn a_killed_container_is_restarted_and_the_conversation_resumes_without_loss() {
     if !choir_tests::docker::available() {
         return;
     }
+    // Builds share the layer cache: one at a time (held until the images are gone).
+    let _one_builder = choir_tests::docker::exclusive();
     let Some(pg) = TestPg::start() else { return };
     let fake = FakeLlm::start(vec![
         Step::call("choir.fs.write", json!({"path": "a.txt", "content": "once\n", "mode": "append"})),
@@ -192,6 +196,8 @@ fn a_running_agent_survives_a_choird_restart_and_refuses_a_second_start() {
     if !choir_tests::docker::available() {
         return;
     }
+    // Builds share the layer cache: one at a time (held until the images are gone).
+    let _one_builder = choir_tests::docker::exclusive();
     let Some(pg) = TestPg::start() else { return };
     let fake =
         FakeLlm::start(vec![Step::Text("before".into()), Step::Text("after".into()), Step::Text("updated".into())]);
