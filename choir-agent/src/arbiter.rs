@@ -17,7 +17,11 @@
 //! the complete audit trail of what models proposed.
 //!
 //! **Invariant:** a call that is not `Allowed` executes nothing.
-//! **Invariant:** no result reaches a model before its commit record is on disk.
+//! **Invariant:** no result reaches a model before its commit record is
+//! durable: stored by choird in production ([`Durability::Replicated`]); a
+//! record choird does not store in time withholds the result.
+//!
+//! [`Durability::Replicated`]: crate::commitlog::Durability::Replicated
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -146,6 +150,9 @@ pub enum Refusal {
     InvalidProposal,
     /// choird could not take a proposal now.
     ProposalUnavailable,
+    /// choird has not stored this agent's log for longer than the
+    /// fail-closed time: nothing runs until it does again.
+    ReplicationDown,
 }
 
 impl Refusal {
@@ -162,6 +169,7 @@ impl Refusal {
             Refusal::Cancelled => "cancelled",
             Refusal::InvalidProposal => "invalid_proposal",
             Refusal::ProposalUnavailable => "proposal_unavailable",
+            Refusal::ReplicationDown => "replication_down",
         }
     }
 }
@@ -230,6 +238,7 @@ impl Arbiter {
         secrets: SecretStore,
     ) -> Arbiter {
         let artifacts = Artifacts::new(workspace.root());
+        log.set_poke(committed.clone());
         Arbiter {
             registry,
             workspace,
@@ -356,6 +365,14 @@ impl Arbiter {
             let reason = "choird no longer accepts this agent's lease; nothing can run".to_owned();
             return forbid(Some(tool), input, Refusal::LeaseLost, reason);
         }
+        if let Some(why) = self.log.failed_closed() {
+            return forbid(
+                Some(tool),
+                input,
+                Refusal::ReplicationDown,
+                format!("{why}; no tool runs until it does again: tell the user you cannot act right now and why"),
+            );
+        }
         if self.kill_switch.load(Ordering::SeqCst) {
             return forbid(
                 Some(tool),
@@ -454,7 +471,21 @@ impl Arbiter {
             result: result.clone(),
             duration_us,
         };
-        let committed = self.log.append(event)?;
+        let committed = match self.log.append(event) {
+            Ok(c) => c,
+            Err(LogError::NotReplicated { seq, why }) => {
+                // The tool's result is withheld: no model sees what choird's
+                // copy of the log does not hold.
+                drop(_guard);
+                log::error!("commit {seq}: not stored by choird ({why}); its result is withheld from the model");
+                return Ok(json!({
+                    "status": "error",
+                    "summary": format!("the call's record was not stored by choird ({why}); its result is withheld, and tools stay off until choird stores this agent's log again"),
+                    "error": {"code": Refusal::ReplicationDown.code(), "message": why},
+                }));
+            }
+            Err(e) => return Err(e),
+        };
         drop(_guard);
         let _ = self.committed.try_send(());
         log::info!(

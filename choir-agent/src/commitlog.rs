@@ -1,8 +1,17 @@
 //! The agent's commit log (R-ARB-3): an append-only file of hash-chained JSON
-//! lines under the agent's state directory, fsynced before an append returns,
-//! and replicated to choird, which holds the authoritative copy.
+//! lines under the agent's state directory, replicated to choird, which holds
+//! the authoritative copy.
+//!
+//! Events are normalised before they are sealed, so that choird can always
+//! store them: NUL characters are written as `\u0000` and strings that would
+//! push an event over `MAX_EVENT_BYTES` are elided (the event's `escaped`
+//! field says which was done).
 //!
 //! **Invariant:** an event returned by [`CommitLog::append`] is on disk.
+//! **Invariant:** with [`Durability::Replicated`] (what agents run with), an
+//! event returned by [`DurableLog::append`] is stored by choird: a result
+//! reaches a model only once choird holds its record, so the local file (which
+//! a shell in the workspace can edit) is only a cache.
 //! **Invariant:** on open, only a torn *last* line (no trailing newline: a crash
 //! mid-write) is dropped; any other damage refuses to start, naming the
 //! sequence number, so a tampered log is never silently accepted.
@@ -54,6 +63,24 @@ pub enum LogError {
         /// Where they disagree.
         seq: u64,
     },
+    /// choird has not stored the event (it has been unreachable or refusing
+    /// for longer than the fail-closed time, or refused this event's
+    /// content). Its result must not reach a model; the agent carries on.
+    #[error("event {seq} is not stored by choird: {why}")]
+    NotReplicated {
+        /// The event.
+        seq: u64,
+        /// Why.
+        why: String,
+    },
+}
+
+impl LogError {
+    /// Whether the lane can carry on (the log itself is sound; choird is
+    /// not storing it right now).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LogError::NotReplicated { .. })
+    }
 }
 
 /// An event before it is numbered and chained.
@@ -215,7 +242,8 @@ impl CommitLog {
 
     /// Numbers, chains and writes an event, without waiting for the disk:
     /// callers must make it durable ([`DurableLog`] does) before using it.
-    fn write(&mut self, new: NewEvent) -> Result<CommitEvent, LogError> {
+    fn write(&mut self, mut new: NewEvent) -> Result<CommitEvent, LogError> {
+        let escaped = storable_content(&mut new);
         let ev = CommitEvent {
             seq: self.head.seq + 1,
             prev_hash: self.head.hash.clone(),
@@ -231,6 +259,7 @@ impl CommitLog {
             outcome: new.outcome,
             result: new.result,
             duration_us: new.duration_us,
+            escaped,
             hash: String::new(),
         }
         .seal();
@@ -247,6 +276,34 @@ impl CommitLog {
     /// Events not yet acknowledged by choird.
     pub fn unacked(&self) -> Vec<CommitEvent> {
         self.unacked.iter().cloned().collect()
+    }
+
+    /// The oldest unacknowledged events, at most `max` of them and `bytes`
+    /// serialised bytes (always at least one, when there is one).
+    pub fn unacked_batch(&self, max: usize, bytes: usize) -> Vec<CommitEvent> {
+        let mut out = Vec::new();
+        let mut size = 0;
+        for ev in self.unacked.iter().take(max) {
+            let n = serde_json::to_vec(ev).map(|v| v.len()).unwrap_or(0);
+            if !out.is_empty() && size + n > bytes {
+                break;
+            }
+            size += n;
+            out.push(ev.clone());
+        }
+        out
+    }
+
+    /// Replaces the unacknowledged event `seq` with its placeholder (choird
+    /// cannot store it). Returns whether there was such an event.
+    pub fn quarantine(&mut self, seq: u64, reason: &str) -> bool {
+        match self.unacked.iter_mut().find(|e| e.seq == seq) {
+            Some(ev) if ev.kind != EventKind::Quarantined => {
+                *ev = ev.quarantined(reason);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Records choird's acknowledgement up to `seq`.
@@ -281,21 +338,43 @@ impl CommitLog {
     }
 }
 
-/// The commit log shared by every lane, with group commit: appends are
-/// written in order under a short lock, and one fsync makes everything written
-/// so far durable for all the lanes waiting on it.
+/// What [`DurableLog::append`] waits for before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The event is fsynced to the local file (group commit). For tests and
+    /// benchmarks of the log alone.
+    Local,
+    /// choird has stored the event (acknowledged it on a HEARTBEAT). The
+    /// local file is written, not fsynced: it is a cache.
+    Replicated,
+}
+
+/// How long a failing replication is tolerated before appends stop waiting
+/// and tools are refused, unless the dynamic config says otherwise.
+pub const DEFAULT_FAIL_CLOSED: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The commit log shared by every lane. Appends are written in order under a
+/// short lock; then, depending on its [`Durability`], an append waits for one
+/// fsync that covers every lane waiting on it (group commit), or for choird
+/// to acknowledge a HEARTBEAT that carries every event written so far (one
+/// round trip for concurrent lanes).
 ///
-/// **Invariant:** [`DurableLog::append`] returns only once the event and every
-/// event before it are on disk.
+/// **Invariant:** [`DurableLog::append`] returns `Ok` only once the event and
+/// every event before it are durable in the chosen sense.
 pub struct DurableLog {
     log: parking_lot::Mutex<CommitLog>,
     sync_file: File,
+    durability: Durability,
     /// Highest sequence number written to the file.
     written: std::sync::atomic::AtomicU64,
     sync: parking_lot::Mutex<SyncState>,
     synced_cv: parking_lot::Condvar,
     /// fsyncs issued (for benchmarks and status).
     fsyncs: std::sync::atomic::AtomicU64,
+    repl: parking_lot::Mutex<ReplState>,
+    repl_cv: parking_lot::Condvar,
+    /// Wakes the replicator.
+    poke: std::sync::OnceLock<crossbeam_channel::Sender<()>>,
 }
 
 #[derive(Default)]
@@ -308,19 +387,54 @@ struct SyncState {
     failed: Option<String>,
 }
 
+/// What the replicator has learned from choird.
+struct ReplState {
+    /// Highest sequence number choird acknowledged.
+    acked: u64,
+    /// Events replaced by placeholders, with why.
+    quarantined: std::collections::BTreeMap<u64, String>,
+    /// Since when replication has been failing, and the last reason.
+    failing: Option<(std::time::Instant, String)>,
+    /// How long failing is tolerated.
+    fail_closed: std::time::Duration,
+    /// The lease is gone: nothing will ever be acknowledged again.
+    closed: Option<String>,
+}
+
 impl DurableLog {
-    /// Wraps an opened (and reconciled) log.
+    /// Wraps an opened (and reconciled) log, waiting for the local disk.
     pub fn new(log: CommitLog) -> Result<DurableLog, LogError> {
+        DurableLog::with_durability(log, Durability::Local)
+    }
+
+    /// Wraps an opened (and reconciled) log with the chosen durability.
+    pub fn with_durability(log: CommitLog, durability: Durability) -> Result<DurableLog, LogError> {
         let sync_file = log.sync_handle()?;
         let head = log.head().seq;
+        let acked = log.acked;
         Ok(DurableLog {
             log: parking_lot::Mutex::new(log),
             sync_file,
+            durability,
             written: std::sync::atomic::AtomicU64::new(head),
             sync: parking_lot::Mutex::new(SyncState { synced: head, ..SyncState::default() }),
             synced_cv: parking_lot::Condvar::new(),
             fsyncs: std::sync::atomic::AtomicU64::new(0),
+            repl: parking_lot::Mutex::new(ReplState {
+                acked,
+                quarantined: std::collections::BTreeMap::new(),
+                failing: None,
+                fail_closed: DEFAULT_FAIL_CLOSED,
+                closed: None,
+            }),
+            repl_cv: parking_lot::Condvar::new(),
+            poke: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where to poke the replicator after each append (set once).
+    pub fn set_poke(&self, poke: crossbeam_channel::Sender<()>) {
+        let _ = self.poke.set(poke);
     }
 
     /// Appends an event and waits until it is durable.
@@ -333,9 +447,39 @@ impl DurableLog {
             ev
         };
         crate::failpoints::hit("after_write_before_fsync");
-        self.wait_durable(ev.seq)?;
+        if let Some(p) = self.poke.get() {
+            let _ = p.try_send(());
+        }
+        match self.durability {
+            Durability::Local => self.wait_durable(ev.seq)?,
+            Durability::Replicated => self.wait_replicated(ev.seq)?,
+        }
         crate::failpoints::hit("after_fsync_before_reply");
         Ok(ev)
+    }
+
+    fn wait_replicated(&self, seq: u64) -> Result<(), LogError> {
+        let mut st = self.repl.lock();
+        loop {
+            if let Some(why) = st.quarantined.get(&seq) {
+                return Err(LogError::NotReplicated { seq, why: format!("choird refused its content ({why})") });
+            }
+            if st.acked >= seq {
+                return Ok(());
+            }
+            if let Some(why) = &st.closed {
+                return Err(LogError::NotReplicated { seq, why: why.clone() });
+            }
+            if let Some((since, why)) = &st.failing {
+                if since.elapsed() >= st.fail_closed {
+                    return Err(LogError::NotReplicated {
+                        seq,
+                        why: format!("replication has failed for {} s: {why}", since.elapsed().as_secs()),
+                    });
+                }
+            }
+            self.repl_cv.wait_for(&mut st, std::time::Duration::from_millis(200));
+        }
     }
 
     fn wait_durable(&self, seq: u64) -> Result<(), LogError> {
@@ -376,14 +520,77 @@ impl DurableLog {
         self.log.lock().unacked()
     }
 
+    /// The next batch to replicate (see [`CommitLog::unacked_batch`]).
+    pub fn unacked_batch(&self, max: usize, bytes: usize) -> Vec<CommitEvent> {
+        self.log.lock().unacked_batch(max, bytes)
+    }
+
+    /// Whether everything written has been acknowledged.
+    pub fn all_acked(&self) -> bool {
+        self.log.lock().unacked.is_empty()
+    }
+
     /// How many fsyncs made appends durable so far.
     pub fn fsyncs(&self) -> u64 {
         self.fsyncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Records choird's acknowledgement.
+    /// Records choird's acknowledgement: replication works.
     pub fn ack(&self, seq: u64) {
         self.log.lock().ack(seq);
+        let mut st = self.repl.lock();
+        st.acked = st.acked.max(seq);
+        st.failing = None;
+        drop(st);
+        self.repl_cv.notify_all();
+    }
+
+    /// choird cannot store event `seq`: a placeholder goes instead, and the
+    /// append waiting for it fails (its result never reaches a model).
+    pub fn quarantine(&self, seq: u64, reason: &str) -> bool {
+        let replaced = self.log.lock().quarantine(seq, reason);
+        if replaced {
+            log::error!("event {seq} quarantined: choird cannot store it ({reason}); a placeholder keeps the chain");
+            self.repl.lock().quarantined.insert(seq, reason.chars().take(300).collect());
+            self.repl_cv.notify_all();
+        }
+        replaced
+    }
+
+    /// A replication attempt failed.
+    pub fn replication_failed(&self, why: &str) {
+        let mut st = self.repl.lock();
+        let since = st.failing.as_ref().map_or_else(std::time::Instant::now, |(t, _)| *t);
+        st.failing = Some((since, why.chars().take(300).collect()));
+        drop(st);
+        self.repl_cv.notify_all();
+    }
+
+    /// The lease is gone: nothing waiting will be acknowledged.
+    pub fn close_replication(&self, why: &str) {
+        self.repl.lock().closed = Some(why.to_owned());
+        self.repl_cv.notify_all();
+    }
+
+    /// Sets how long failing replication is tolerated.
+    pub fn set_fail_closed(&self, d: std::time::Duration) {
+        self.repl.lock().fail_closed = d;
+        self.repl_cv.notify_all();
+    }
+
+    /// `Some(why)` while replication has been failing for longer than the
+    /// fail-closed time (tools are refused meanwhile).
+    pub fn failed_closed(&self) -> Option<String> {
+        let st = self.repl.lock();
+        if self.durability == Durability::Local {
+            return None;
+        }
+        match &st.failing {
+            Some((since, why)) if since.elapsed() >= st.fail_closed => {
+                Some(format!("choird has not stored this agent's log for {} s ({why})", since.elapsed().as_secs()))
+            }
+            _ => None,
+        }
     }
 
     /// The local head.
@@ -410,6 +617,43 @@ fn lock_dir(dir: &Path, log_path: &Path, wait: std::time::Duration) -> Result<Fi
             Err(_) => return Err(LogError::Busy { path: log_path.to_owned(), lock: lock_path }),
         }
     }
+}
+
+/// Strings longer than this are cut when an event would be over the limit.
+const ELIDE_KEEP: [usize; 4] = [64 * 1024, 16 * 1024, 4 * 1024, 1024];
+
+/// Makes an event's content storable by choird (see the module doc);
+/// returns what was done, for the event's `escaped` field.
+fn storable_content(new: &mut NewEvent) -> Option<String> {
+    use choir_common::commit::{elide_long_strings, normalize, MAX_EVENT_BYTES};
+    let mut done = Vec::new();
+    let nul = normalize(&mut new.input) | normalize(&mut new.result);
+    if nul {
+        done.push("nul");
+    }
+    let size = |n: &NewEvent| {
+        serde_json::to_vec(&n.input).map(|v| v.len()).unwrap_or(0)
+            + serde_json::to_vec(&n.result).map(|v| v.len()).unwrap_or(0)
+    };
+    // Room for the other fields of the event.
+    let budget = MAX_EVENT_BYTES - 16 * 1024;
+    for keep in ELIDE_KEEP {
+        if size(new) <= budget {
+            break;
+        }
+        elide_long_strings(&mut new.input, keep);
+        elide_long_strings(&mut new.result, keep);
+        if !done.contains(&"elided") {
+            done.push("elided");
+        }
+    }
+    if size(new) > budget {
+        // Wide rather than long (many short strings): keep a note of its size.
+        let note = |v: &Value| serde_json::json!({"elided": true, "bytes": serde_json::to_vec(v).map(|b| b.len()).unwrap_or(0)});
+        new.input = note(&new.input);
+        new.result = note(&new.result);
+    }
+    (!done.is_empty()).then(|| done.join(","))
 }
 
 fn now_ms() -> u64 {

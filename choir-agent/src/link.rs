@@ -125,6 +125,7 @@ impl Link {
                     log::error!("lease lost: {msg}");
                     self.lease_lost.store(true, Ordering::SeqCst);
                     self.arbiter.set_lease_lost();
+                    self.log.close_replication("choird no longer accepts this agent's lease");
                     let _ = edge.send(EdgeEvent::Stop);
                     return;
                 }
@@ -159,6 +160,7 @@ impl Link {
     /// Applies a dynamic config (at start and whenever choird's version moves).
     pub fn apply(&self, config: &DynamicConfig) {
         self.arbiter.set_kill_switch(config.kill_switch);
+        self.log.set_fail_closed(Duration::from_secs(config.fail_closed_s.max(1)));
         *self.config.write() = config.clone();
         self.config_version.store(config.version, Ordering::SeqCst);
     }
@@ -198,7 +200,10 @@ impl Link {
             if open {
                 // A pending status report waits at most STATUS_EVERY; otherwise
                 // the period keeps the lease alive.
-                let wait = if status_due {
+                let wait = if !self.log.all_acked() && failures == 0 {
+                    // More to replicate (a batch was split): at once.
+                    Duration::ZERO
+                } else if status_due {
                     STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
                 } else {
                     PERIOD.saturating_sub(last_beat.elapsed())
@@ -218,19 +223,23 @@ impl Link {
             if self.lease_lost.load(Ordering::SeqCst) {
                 return;
             }
-            let events = self.log.unacked();
+            let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
             let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty();
             if work || last_beat.elapsed() >= PERIOD {
                 let processed =
                     replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
                 let req = HeartbeatRequest {
                     events,
-                    replies: replies.clone(),
+                    replies: replies.iter().cloned().map(storable_reply).collect(),
                     // Only the latest text of each message matters; none once it is answered.
                     partials: std::mem::take(&mut partials)
                         .into_iter()
                         .filter(|p| {
                             !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
+                        })
+                        .map(|mut p| {
+                            p.text = storable_text(&p.text);
+                            p
                         })
                         .collect(),
                     processed_upto: processed,
@@ -252,10 +261,26 @@ impl Link {
                         log::error!("lease lost: {msg}");
                         self.lease_lost.store(true, Ordering::SeqCst);
                         self.arbiter.set_lease_lost();
+                        self.log.close_replication("choird no longer accepts this agent's lease");
                         return;
+                    }
+                    Err(RpcError::EventRefused { seq, message }) => {
+                        // Not retried as is: a placeholder keeps the chain,
+                        // and the batch goes again at once.
+                        if !self.log.quarantine(seq, &message) {
+                            let first = req.events.first().map(|e| e.seq);
+                            log::error!(
+                                "choird refused event {seq}, which is not waiting ({message}); quarantining {first:?}"
+                            );
+                            if let Some(first) = first {
+                                self.log.quarantine(first, &message);
+                            }
+                        }
+                        continue;
                     }
                     Err(e) => {
                         failures += 1;
+                        self.log.replication_failed(&e.to_string());
                         // Stopping and choird unreachable: what is committed stays
                         // in the local log and is replicated at the next start.
                         if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
@@ -263,6 +288,7 @@ impl Link {
                                 "choird unreachable while stopping ({e}); {} event(s) stay in the local log for the next start",
                                 self.log.unacked().len()
                             );
+                            self.log.close_replication("the agent is stopping and choird is unreachable");
                             return;
                         }
                         log::warn!("replication failed ({e}); retrying");
@@ -282,11 +308,30 @@ impl Link {
                     Err(e) => log::warn!("status report failed: {e}"),
                 }
             }
-            if !open && replies.is_empty() && self.log.unacked().is_empty() {
+            if !open && replies.is_empty() && self.log.all_acked() {
                 return;
             }
         }
     }
+}
+
+/// Events per replication HEARTBEAT.
+const MAX_BATCH_EVENTS: usize = 512;
+/// Bytes of events per replication HEARTBEAT (choird takes bodies up to 8 MiB).
+const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
+
+/// Text choird can store: NUL written as `\u0000`.
+fn storable_text(text: &str) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\\u0000")
+    } else {
+        text.to_owned()
+    }
+}
+
+fn storable_reply(mut r: OutboundReply) -> OutboundReply {
+    r.text = storable_text(&r.text);
+    r
 }
 
 /// Sorts what the edge handed over: replies queue; a partial replaces an

@@ -53,6 +53,15 @@ pub enum RpcError {
         /// Seconds choird asked us to wait.
         retry_after_s: Option<u64>,
     },
+    /// choird cannot store one of the replicated events (not retryable as
+    /// is: the event is replaced by a placeholder).
+    #[error("choird cannot store event {seq}: {message}")]
+    EventRefused {
+        /// The event.
+        seq: u64,
+        /// Why.
+        message: String,
+    },
     /// choird could not be reached (retryable).
     #[error("cannot reach choird: {0}")]
     Transport(String),
@@ -65,7 +74,7 @@ impl RpcError {
     /// Whether retrying later may help.
     pub fn retryable(&self) -> bool {
         match self {
-            RpcError::Unauthorized(_) | RpcError::Decode(_) => false,
+            RpcError::Unauthorized(_) | RpcError::Decode(_) | RpcError::EventRefused { .. } => false,
             RpcError::Refused { retryable, .. } => *retryable,
             RpcError::Transport(_) => true,
         }
@@ -174,6 +183,11 @@ impl Rpc {
 /// Turns a non-200 answer into an error.
 pub fn refusal(what: &str, answer: &RawAnswer) -> RpcError {
     let parsed: Option<ErrorBody> = serde_json::from_slice(&answer.body).ok();
+    if let Some(ErrorBody { error }) = &parsed {
+        if let (422, Some(seq)) = (answer.status, error.event_seq) {
+            return RpcError::EventRefused { seq, message: error.message.clone() };
+        }
+    }
     let (code, message, retryable) = match parsed {
         Some(b) => (b.error.code, b.error.message, b.error.retryable),
         None => (

@@ -17,7 +17,7 @@ use parking_lot::RwLock;
 
 use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
-use crate::commitlog::{CommitLog, DurableLog};
+use crate::commitlog::{CommitLog, Durability, DurableLog};
 use crate::core::{CoreLimits, CorePool, CoreSetup};
 use crate::edge::{EdgeEvent, EdgeLane};
 use crate::lanes::{SessionState, StatusBoard};
@@ -108,7 +108,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             log::warn!("tool {name} is not offered: {why}");
         }
     }
-    let log = Arc::new(DurableLog::new(log)?);
+    // A result reaches a model only once choird holds its record.
+    let log = Arc::new(DurableLog::with_durability(log, Durability::Replicated)?);
     // Bounded(1): a pending poke already means "ship what is committed (or changed)".
     let (committed_tx, committed_rx) = bounded(1);
     let board = StatusBoard::with_poke(committed_tx.clone());

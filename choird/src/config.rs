@@ -164,6 +164,14 @@ pub struct AgentConfig {
     /// choird only through its socket) or `bridge`.
     #[serde(default)]
     pub network: NetworkMode,
+    /// Seconds replication of the agent's log to choird may fail before the
+    /// agent refuses every tool call (fail closed) until it recovers.
+    #[serde(default = "default_fail_closed_s")]
+    pub fail_closed_s: u64,
+}
+
+fn default_fail_closed_s() -> u64 {
+    30
 }
 
 /// Which tools the model is sent.
@@ -287,6 +295,7 @@ impl Default for AgentConfig {
             llm_token_budget: None,
             tool_exposure: ToolExposure::All,
             network: NetworkMode::None,
+            fail_closed_s: default_fail_closed_s(),
         }
     }
 }

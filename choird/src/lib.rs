@@ -17,6 +17,7 @@ pub mod relay;
 pub mod rpc_api;
 pub mod runtime;
 pub mod secrets;
+pub mod sockets;
 pub mod spawn;
 pub mod store;
 pub mod telegram;

@@ -1,25 +1,36 @@
 //! The agent RPC endpoint: decodes the eight verbs and hands them to
-//! [`Daemon`]. Authentication happens before any body is looked at.
+//! [`Daemon`]. Authentication happened before any body byte was read (the
+//! router's `admit`, from the request head), and the body was read within
+//! the verb's cap ([`max_body`]).
 
 use choir_common::rpc::{
     Ack, ApprovalRequest, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest,
     InitHelloRequest, ReportStatusRequest, TerminateSelfRequest, Verb,
 };
 
-use crate::daemon::{Daemon, RateClass};
-use crate::http::{ApiError, ListenerKind, Request, Response};
+use crate::daemon::Daemon;
+use crate::http::{ApiError, Request, Response};
 
-/// Largest RPC body (HEARTBEATs carry batches of events).
+/// Largest HEARTBEAT body: agents split their replication batches well below
+/// it (see `choir_common::rpc::MAX_BATCH_BYTES`).
 pub const MAX_RPC_BODY: usize = 8 * 1024 * 1024;
 
+/// The largest body each verb takes.
+pub fn max_body(verb: Verb) -> usize {
+    match verb {
+        Verb::Heartbeat => MAX_RPC_BODY,
+        Verb::RequestApproval | Verb::ExecuteHostTool => 2 * 1024 * 1024,
+        Verb::ReportStatus => 256 * 1024,
+        Verb::InitHello | Verb::GetSecrets | Verb::TerminateSelf | Verb::FetchDynamicConfig => 64 * 1024,
+    }
+}
+
 /// Answers `POST /rpc/v1/<VERB>`.
-pub fn handle(d: &Daemon, kind: &ListenerKind, verb: Verb, req: &Request) -> Result<Response, ApiError> {
-    let who = d.authenticate(kind, req.bearer.as_deref(), verb.name(), RateClass::Verb)?;
+pub fn handle(d: &Daemon, verb: Verb, req: &Request) -> Result<Response, ApiError> {
+    let who =
+        req.caller.clone().ok_or_else(|| ApiError::Internal("an RPC reached its handler unauthenticated".into()))?;
     if req.method != "POST" {
         return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
-    }
-    if req.body.len() > MAX_RPC_BODY {
-        return Err(ApiError::PayloadTooLarge(format!("{} body over {MAX_RPC_BODY} bytes", verb.name())));
     }
     match verb {
         Verb::InitHello => Ok(Response::ok(&d.init_hello(&who, &req.json::<InitHelloRequest>()?)?)),

@@ -6,22 +6,23 @@
 //! Shutdown (SIGTERM/SIGINT): stop agents → stop listeners → stop the managed
 //! cluster → remove sockets. SIGHUP reloads config.json and secrets.json.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use choir_common::ids::AgentId;
 use choir_common::rpc::Verb;
 
 use crate::config::Config;
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, RateClass};
 use crate::db::cluster::ManagedCluster;
 use crate::db::Db;
 use crate::home::Home;
-use crate::http::{ApiError, Handler, ListenerKind, Request, Response};
+use crate::http::server::{Admitted, Head, Limits, Server, Socket};
+use crate::http::{printable, ApiError, Handler, ListenerKind, Request, Response};
 use crate::secrets::Secrets;
 use crate::store::Store;
 
@@ -40,48 +41,89 @@ struct Router {
     daemon: Arc<Daemon>,
 }
 
+/// Largest body of an admin request (chat messages, proposals shown back, …).
+const MAX_ADMIN_BODY: usize = 1024 * 1024;
+
 impl Handler for Router {
+    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError> {
+        let d = &self.daemon;
+        if let Some(verb) = Verb::from_path(&head.path) {
+            let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), RateClass::Verb)?;
+            return Ok(Admitted { max_body: crate::rpc_api::max_body(verb), caller: Some(who) });
+        }
+        if let Some(rest) = head.path.strip_prefix("/llm/") {
+            let lane = rest.split_once('/').map_or(rest, |(l, _)| l);
+            let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
+            let who = d.authenticate(kind, head.bearer.as_deref(), "LLM", class)?;
+            return Ok(Admitted { max_body: crate::relay::MAX_REQUEST, caller: Some(who) });
+        }
+        if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
+            return Ok(Admitted { max_body: MAX_ADMIN_BODY, caller: None });
+        }
+        // The admin API exists only on choird.sock; agents cannot reach it.
+        Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&head.method), printable(&head.path))))
+    }
+
     fn handle(&self, kind: &ListenerKind, req: Request) -> Response {
         let d = &self.daemon;
         let result = if let Some(verb) = Verb::from_path(&req.path) {
-            crate::rpc_api::handle(d, kind, verb, &req)
+            crate::rpc_api::handle(d, verb, &req)
         } else if let Some(rest) = req.path.strip_prefix("/llm/") {
             match rest.split_once('/') {
-                Some((lane, "v1/chat/completions")) if req.method == "POST" => {
-                    crate::relay::handle(d, kind, lane, &req)
-                }
-                _ => Err(ApiError::NotFound(format!("no LLM endpoint {}", req.path))),
+                Some((lane, "v1/chat/completions")) if req.method == "POST" => crate::relay::handle(d, lane, &req),
+                _ => Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&req.path)))),
             }
-        } else if req.path.starts_with("/admin/") {
-            if *kind == ListenerKind::Admin {
-                crate::admin_api::handle(d, &req)
-            } else {
-                // The admin API exists only on choird.sock; agents cannot reach it.
-                Err(ApiError::NotFound(format!("no endpoint {}", req.path)))
-            }
+        } else if req.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
+            crate::admin_api::handle(d, &req)
         } else {
-            Err(ApiError::NotFound(format!("no endpoint {} {}", req.method, req.path)))
+            Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&req.method), printable(&req.path))))
         };
         result.unwrap_or_else(ApiError::into_response)
     }
 }
 
-struct Listener {
-    server: Arc<tiny_http::Server>,
-    threads: Vec<JoinHandle<()>>,
-    socket: Option<PathBuf>,
+/// Connections an agent's socket serves at once: its long-poll, replication,
+/// streamed model calls of the edge and of its core jobs, host tools and
+/// status reports, with room to spare.
+const AGENT_CONNECTIONS: usize = 64;
+
+/// Every listener choird serves. Agent sockets come and go with the config
+/// (SIGHUP).
+struct Listeners {
+    admin: Option<Server>,
+    agents: BTreeMap<AgentId, Server>,
+    tcp: Option<Server>,
+    router: Arc<dyn Handler>,
 }
 
-fn bind_unix(path: &Path) -> anyhow::Result<tiny_http::Server> {
-    // We hold the instance lock, so a socket file left here is stale.
-    if path.exists() {
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+impl Listeners {
+    /// Binds an agent's socket (see [`crate::sockets::bind_agent`]) and serves it.
+    fn add_agent(&mut self, home: &Home, id: &AgentId) -> anyhow::Result<()> {
+        let owner = rustix::process::geteuid().is_root().then(crate::runtime::docker::agent_ids);
+        let (listener, path) = crate::sockets::bind_agent(&home.socks().join("agents"), id.as_str(), owner)?;
+        let limits = Limits { max_connections: AGENT_CONNECTIONS, ..Limits::default() };
+        let server = Server::start(
+            Socket::Unix(listener, path),
+            ListenerKind::Agent(id.clone()),
+            self.router.clone(),
+            limits,
+            &format!("rpc-{id}"),
+        )?;
+        self.agents.insert(id.clone(), server);
+        Ok(())
     }
-    let server =
-        tiny_http::Server::http_unix(path).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 600 {}", path.display()))?;
-    Ok(server)
+
+    fn stop_all(mut self) {
+        if let Some(a) = self.admin.take() {
+            a.stop();
+        }
+        for (_, s) in std::mem::take(&mut self.agents) {
+            s.stop();
+        }
+        if let Some(t) = self.tcp.take() {
+            t.stop();
+        }
+    }
 }
 
 /// Runs choird until SIGTERM or SIGINT.
@@ -145,45 +187,25 @@ fn serve(
     }
     daemon.adopt_containers()?;
     let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
-    let stop = Arc::new(AtomicBool::new(false));
+    let nofile = crate::http::server::raise_nofile_limit();
+    log::debug!("open-file limit {nofile}");
 
-    let mut listeners = Vec::new();
-    let admin = Arc::new(bind_unix(&home.admin_socket())?);
-    let threads = crate::http::serve(admin.clone(), ListenerKind::Admin, router.clone(), 16, "admin", stop.clone())?;
-    listeners.push(Listener { server: admin, threads, socket: Some(home.admin_socket()) });
+    let mut listeners = Listeners { admin: None, agents: BTreeMap::new(), tcp: None, router: router.clone() };
+    let (admin, admin_path) = crate::sockets::bind_admin(&home.socks())?;
+    listeners.admin = Some(Server::start(
+        Socket::Unix(admin, admin_path),
+        ListenerKind::Admin,
+        router.clone(),
+        Limits::default(),
+        "admin",
+    )?);
     for id in config.agents.keys() {
-        let dir = home.agent_socket_dir(id);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        let path = home.agent_socket(id);
-        let server = Arc::new(bind_unix(&path)?);
-        if rustix::process::geteuid().is_root() {
-            // A containerised agent runs as its own non-root user: the socket
-            // (and only it) is theirs. Re-done on every start of choird.
-            let (uid, gid) = crate::runtime::docker::agent_ids();
-            for p in [&dir, &path] {
-                rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
-                    .with_context(|| format!("chown {}", p.display()))?;
-            }
-        }
-        let threads = crate::http::serve(
-            server.clone(),
-            ListenerKind::Agent(id.clone()),
-            router.clone(),
-            // The long-poll, replication, streamed model calls of the edge and
-            // of up to a handful of core jobs, and status reports at once.
-            16,
-            &format!("rpc-{id}"),
-            stop.clone(),
-        )?;
-        listeners.push(Listener { server, threads, socket: Some(path) });
+        listeners.add_agent(&home, id)?;
     }
     if let Some(addr) = &config.http_listen {
-        let server =
-            Arc::new(tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?);
-        let threads =
-            crate::http::serve(server.clone(), ListenerKind::Tcp, router.clone(), 8, "rpc-tcp", stop.clone())?;
-        listeners.push(Listener { server, threads, socket: None });
+        let tcp = std::net::TcpListener::bind(addr.as_str()).with_context(|| format!("cannot listen on {addr}"))?;
+        let limits = Limits { max_connections: 128, ..Limits::default() };
+        listeners.tcp = Some(Server::start(Socket::Tcp(tcp), ListenerKind::Tcp, router.clone(), limits, "rpc-tcp")?);
     }
     log::info!(
         "choird {} serving {} (admin socket {})",
@@ -201,7 +223,7 @@ fn serve(
     }
 
     let mut gateway = crate::telegram::Gateway::start(&daemon)?;
-    let outcome = signal_loop(&daemon, signals, &mut gateway);
+    let outcome = signal_loop(&daemon, signals, &mut gateway, &mut listeners);
 
     log::info!("shutting down");
     // No new user messages while the agents stop; queued answers stay queued.
@@ -215,20 +237,7 @@ fn serve(
     if let Some(m) = daemon.memory.get() {
         m.stop();
     }
-    stop.store(true, Ordering::SeqCst);
-    for l in &listeners {
-        for _ in 0..l.threads.len() {
-            l.server.unblock();
-        }
-    }
-    for l in listeners {
-        for t in l.threads {
-            let _ = t.join();
-        }
-        if let Some(path) = l.socket {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    listeners.stop_all();
     outcome
 }
 
@@ -237,13 +246,16 @@ fn signal_loop(
     daemon: &Arc<Daemon>,
     mut signals: signal_hook::iterator::Signals,
     gateway: &mut Option<crate::telegram::Gateway>,
+    listeners: &mut Listeners,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     loop {
         for sig in signals.pending() {
             match sig {
                 SIGHUP => {
-                    reload(daemon);
+                    if reload(daemon) {
+                        apply_agent_set(daemon, listeners);
+                    }
                     // Bots, users and tokens may have changed: the gateway starts afresh.
                     if let Some(g) = gateway.take() {
                         g.stop(daemon);
@@ -271,7 +283,29 @@ fn signal_loop(
     }
 }
 
-fn reload(daemon: &Daemon) {
+/// After a reload: agents removed from config are stopped (their lease
+/// revoked) and their sockets closed; agents added get their socket.
+fn apply_agent_set(daemon: &Arc<Daemon>, listeners: &mut Listeners) {
+    let config = daemon.config();
+    let gone: Vec<AgentId> = listeners.agents.keys().filter(|id| !config.agents.contains_key(*id)).cloned().collect();
+    for id in gone {
+        log::warn!("agent {id} was removed from config.json: stopping it and closing its socket");
+        daemon.revoke_agent(&id, "choird (removed from config.json)");
+        if let Some(s) = listeners.agents.remove(&id) {
+            s.stop();
+        }
+    }
+    let added: Vec<AgentId> = config.agents.keys().filter(|id| !listeners.agents.contains_key(*id)).cloned().collect();
+    for id in added {
+        match listeners.add_agent(&daemon.home, &id) {
+            Ok(()) => log::info!("agent {id} was added to config.json: its socket is open"),
+            Err(e) => log::error!("agent {id} was added to config.json, but its socket could not be opened: {e:#}"),
+        }
+    }
+}
+
+/// Reloads config.json and secrets.json; false when refused.
+fn reload(daemon: &Daemon) -> bool {
     let home = &daemon.home;
     let loaded = home
         .check_secrets_mode()
@@ -282,7 +316,11 @@ fn reload(daemon: &Daemon) {
         Ok((config, secrets)) => {
             daemon.reload(config, secrets);
             log::info!("reloaded config.json and secrets.json");
+            true
         }
-        Err(e) => log::error!("reload refused, keeping the running config: {e}"),
+        Err(e) => {
+            log::error!("reload refused, keeping the running config: {e}");
+            false
+        }
     }
 }

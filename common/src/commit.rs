@@ -44,6 +44,10 @@ pub enum EventKind {
     SkillTransition,
     /// A skill run ended: finished (with its output), failed, or cancelled.
     SkillEnd,
+    /// Stands in for an event choird could not store (see
+    /// [`CommitEvent::quarantined`]): it keeps the original's position and
+    /// hash, so the chain continues, but not its content.
+    Quarantined,
 }
 
 /// One committed event. Field order is part of the hash definition only through
@@ -84,6 +88,11 @@ pub struct CommitEvent {
     pub result: Value,
     /// Time spent executing, in microseconds (0 for rejected calls).
     pub duration_us: u64,
+    /// How the agent normalised content PostgreSQL cannot store (see
+    /// [`normalize`]), when it had to: e.g. `"nul"` when NUL characters were
+    /// written as the six characters `\u0000`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escaped: Option<String>,
     /// `sha256(prev_hash || canonical body)`, hex.
     pub hash: String,
 }
@@ -107,6 +116,127 @@ impl CommitEvent {
     pub fn seal(mut self) -> CommitEvent {
         self.hash = self.compute_hash();
         self
+    }
+
+    /// The placeholder stored instead of this event when choird cannot store
+    /// it: the same position, links and hash (so the chain continues), the
+    /// same lane, tool and outcome, but none of the content, only why and the
+    /// sha256 of what was left out. Its hash cannot be recomputed; chain
+    /// verification checks only its links.
+    pub fn quarantined(&self, reason: &str) -> CommitEvent {
+        let content = canonical_json(&serde_json::to_value(self).unwrap_or(Value::Null));
+        let reason: String = reason.chars().filter(|c| *c != '\0').take(500).collect();
+        CommitEvent {
+            seq: self.seq,
+            prev_hash: self.prev_hash.clone(),
+            ts_ms: self.ts_ms,
+            lane: self.lane.clone(),
+            kind: EventKind::Quarantined,
+            tool: self.tool.clone(),
+            call_id: self.call_id.clone(),
+            turn: self.turn,
+            skill: self.skill.clone(),
+            state: self.state.clone(),
+            input: Value::Object(serde_json::Map::new()),
+            outcome: self.outcome,
+            result: serde_json::json!({
+                "quarantined": reason,
+                "content_sha256": hex::encode(Sha256::digest(content.as_bytes())),
+                "content_bytes": content.len(),
+            }),
+            duration_us: self.duration_us,
+            escaped: None,
+            hash: self.hash.clone(),
+        }
+    }
+
+    /// Whether choird can store this event as it is: its serialised size is
+    /// within [`MAX_EVENT_BYTES`], and no string in it (key or value) holds a
+    /// character PostgreSQL refuses in text and `jsonb` (NUL).
+    pub fn storable(&self) -> Result<(), String> {
+        let strings = [&self.prev_hash, &self.lane, &self.tool, &self.hash]
+            .into_iter()
+            .chain(self.call_id.as_ref())
+            .chain(self.skill.as_ref())
+            .chain(self.state.as_ref())
+            .chain(self.escaped.as_ref());
+        for s in strings {
+            if s.contains('\0') {
+                return Err("a NUL character in one of its fields".into());
+            }
+        }
+        if has_nul(&self.input) || has_nul(&self.result) {
+            return Err("a NUL character in its input or result (agents write NUL as \\u0000)".into());
+        }
+        let size = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > MAX_EVENT_BYTES {
+            return Err(format!("{size} bytes, over the {MAX_EVENT_BYTES}-byte limit of one event"));
+        }
+        Ok(())
+    }
+}
+
+/// Largest serialised event choird stores; agents elide long strings to stay
+/// under it.
+pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+/// Makes `v` storable by PostgreSQL: every NUL character in a string (keys
+/// included) is written as the six characters `\u0000`. Returns whether
+/// anything changed. Other characters are left alone: Rust strings cannot
+/// hold the lone surrogates `jsonb` would also refuse.
+pub fn normalize(v: &mut Value) -> bool {
+    match v {
+        Value::String(s) if s.contains('\0') => {
+            *s = s.replace('\0', "\\u0000");
+            true
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |acc, i| normalize(i) | acc),
+        Value::Object(map) => {
+            let mut changed = false;
+            if map.keys().any(|k| k.contains('\0')) {
+                let old = std::mem::take(map);
+                for (k, val) in old {
+                    map.insert(k.replace('\0', "\\u0000"), val);
+                }
+                changed = true;
+            }
+            map.values_mut().fold(changed, |acc, i| normalize(i) | acc)
+        }
+        _ => false,
+    }
+}
+
+/// Shortens every string in `v` longer than `keep` bytes to its first `keep`
+/// bytes (at a character boundary) and a note of what was left out, with
+/// its length and sha256. Returns whether anything changed.
+pub fn elide_long_strings(v: &mut Value, keep: usize) -> bool {
+    match v {
+        Value::String(s) if s.len() > keep => {
+            let mut cut = keep;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let note = format!(
+                "…[{} bytes elided from the log; sha256 {}]",
+                s.len() - cut,
+                hex::encode(Sha256::digest(s.as_bytes()))
+            );
+            s.truncate(cut);
+            s.push_str(&note);
+            true
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |acc, i| elide_long_strings(i, keep) | acc),
+        Value::Object(map) => map.values_mut().fold(false, |acc, i| elide_long_strings(i, keep) | acc),
+        _ => false,
     }
 }
 
@@ -165,7 +295,9 @@ pub fn verify_extension(head: &ChainHead, events: &[CommitEvent]) -> Result<Chai
         if ev.prev_hash != cur.hash {
             return Err(ChainError::Fork { seq: ev.seq, prev: cur.seq });
         }
-        if ev.compute_hash() != ev.hash {
+        // A placeholder keeps the hash of what it stands for: only its links
+        // can be checked.
+        if ev.kind != EventKind::Quarantined && ev.compute_hash() != ev.hash {
             return Err(ChainError::BadHash { seq: ev.seq });
         }
         cur = ChainHead { seq: ev.seq, hash: ev.hash.clone() };
@@ -233,6 +365,7 @@ mod tests {
             outcome: Outcome::Ok,
             result: json!({"status": "success"}),
             duration_us: 12,
+            escaped: None,
             hash: String::new(),
         }
         .seal()
@@ -271,6 +404,31 @@ mod tests {
             verify_extension(&ChainHead::genesis(), &[evs[0].clone(), other]),
             Err(ChainError::Fork { seq: 2, prev: 1 })
         );
+    }
+
+    #[test]
+    fn nul_is_escaped_and_a_quarantined_event_keeps_the_chain() {
+        let mut v = json!({"path": "nul.txt", "content": "before\0after", "k\0": ["\0"]});
+        assert!(normalize(&mut v));
+        assert_eq!(v, json!({"path": "nul.txt", "content": "before\\u0000after", "k\\u0000": ["\\u0000"]}));
+        assert!(!normalize(&mut v));
+
+        let mut evs = chain(3);
+        evs[1].input = json!({"content": "a\0b"});
+        evs[1] = evs[1].clone().seal();
+        evs[2].prev_hash = evs[1].hash.clone();
+        evs[2] = evs[2].clone().seal();
+        assert!(evs[1].storable().unwrap_err().contains("NUL"));
+        let placeholder = evs[1].quarantined("NUL");
+        assert!(placeholder.storable().is_ok());
+        assert_eq!(placeholder.hash, evs[1].hash);
+        let stored = [evs[0].clone(), placeholder, evs[2].clone()];
+        assert_eq!(verify_extension(&ChainHead::genesis(), &stored).unwrap().hash, evs[2].hash);
+
+        let mut big = json!({"content": "é".repeat(700_000)});
+        assert!(elide_long_strings(&mut big, 1001));
+        let s = big["content"].as_str().unwrap();
+        assert!(s.len() < 1200 && s.contains("bytes elided"), "{s}");
     }
 
     #[test]

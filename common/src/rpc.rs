@@ -92,6 +92,11 @@ pub struct ErrorInfo {
     pub message: String,
     /// Whether the same request may succeed if retried later.
     pub retryable: bool,
+    /// For `event_refused`: the sequence number of the replicated event
+    /// choird cannot store (the agent stores a placeholder instead, see
+    /// `CommitEvent::quarantined`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_seq: Option<u64>,
 }
 
 /// INIT_HELLO request.
@@ -481,6 +486,14 @@ pub struct DynamicConfig {
     /// tools and `choir.tools.find` are, and other tools once found.
     #[serde(default = "default_exposure")]
     pub tool_exposure: String,
+    /// Seconds replication to choird may fail before the agent refuses tool
+    /// calls (fail closed) until it recovers.
+    #[serde(default = "default_fail_closed_s")]
+    pub fail_closed_s: u64,
+}
+
+fn default_fail_closed_s() -> u64 {
+    30
 }
 
 fn default_exposure() -> String {

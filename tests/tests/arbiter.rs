@@ -342,6 +342,7 @@ fn choird_refuses_forked_and_gapped_chains() {
             outcome: Outcome::Ok,
             result: json!({}),
             duration_us: 0,
+            escaped: None,
             hash: String::new(),
         }
         .seal()

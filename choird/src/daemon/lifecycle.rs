@@ -258,14 +258,16 @@ impl Daemon {
                 log::info!("build {id}: {l}")
             })?;
         let (uid, gid) = rt::agent_ids();
+        // The socket directory stays choird's (mounted read-only); the socket
+        // itself was handed to the agent's user when it was bound. The
+        // workspace is the agent's: handed over through a descriptor, and
+        // only when it is not theirs yet.
         let socket_dir = self.home.agent_socket_dir(id);
         if rustix::process::geteuid().is_root() {
-            // The agent's user owns its workspace and socket (and nothing else of ours).
-            for path in [workspace.to_owned(), socket_dir.clone(), self.home.agent_socket(id)] {
-                let (u, g) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
-                rustix::fs::chown(&path, Some(u), Some(g)).map_err(|e| {
-                    ApiError::Internal(format!("cannot hand {} to the agent's user: {e}", path.display()))
-                })?;
+            match crate::sockets::hand_over_dir(workspace, uid, gid) {
+                Ok(true) => log::info!("agent {id}: workspace {} handed to uid {uid}", workspace.display()),
+                Ok(false) => {}
+                Err(e) => return Err(ApiError::Internal(format!("cannot prepare the workspace: {e}"))),
             }
         }
         let label = rt::home_label(&self.home);
@@ -522,6 +524,41 @@ impl Daemon {
         }
         self.audit(actor, Some(&id), "agent.stop", "ok", json!({"graceful": polite}));
         self.summary(id.as_str())
+    }
+
+    /// Ends an agent's lease at once (its token stops working) and stops its
+    /// instance; for an agent removed from config.json, which `stop_agent`
+    /// no longer knows.
+    pub fn revoke_agent(&self, id: &AgentId, actor: &str) {
+        let live = {
+            let mut agents = self.agents.lock();
+            match agents.get_mut(id) {
+                Some(slot) => {
+                    slot.desired = false;
+                    match slot.session.as_mut() {
+                        Some(s) => {
+                            s.terminated = true;
+                            s.stop = true;
+                            slot.phase = Phase::Stopping;
+                            slot.wake += 1;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                None => false,
+            }
+        };
+        self.changed.notify_all();
+        if live {
+            if let Err(e) = self.stop_instance(id) {
+                log::warn!("agent {id}: stopping its instance: {e}");
+            }
+            if !self.wait_stopped(id, Duration::from_secs(15)) {
+                log::warn!("agent {id}: still not gone 15 s after its lease was revoked");
+            }
+        }
+        self.audit(actor, Some(id), "agent.revoke", "ok", json!({"was_running": live}));
     }
 
     /// Terminates the instance without asking the agent.

@@ -18,7 +18,7 @@ use choir_common::admin::{AgentSummary, ChatResponse};
 use choir_common::ids::AgentId;
 use choir_common::rpc::{
     Bindings, ConversationTail, DynamicConfig, HeartbeatRequest, HeartbeatResponse, InitHelloRequest,
-    InitHelloResponse, LaneModels, RecoverySnapshot, ReportStatusRequest,
+    InitHelloResponse, LaneModels, OutboundReply, RecoverySnapshot, ReportStatusRequest,
 };
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -61,6 +61,12 @@ const BATCH: i64 = 32;
 const RECOVERED_EXCHANGES: i64 = 10;
 /// How long `agent start` waits for the agent to report RUNNING.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An attacker-controlled string as audit details keep it: at most 200
+/// characters, control characters escaped.
+pub(crate) fn clip(s: &str) -> String {
+    crate::http::printable(s)
+}
 
 /// The last `n` lines of a text file (for error messages).
 fn tail(path: &std::path::Path, n: usize) -> String {
@@ -207,13 +213,7 @@ pub enum ChatUpdate {
 }
 
 /// The caller of an agent RPC, once its token checked out.
-#[derive(Debug, Clone)]
-pub struct Authed {
-    /// The agent.
-    pub agent: AgentId,
-    /// Its session.
-    pub session: i64,
-}
+pub use crate::http::Caller as Authed;
 
 /// choird's state, shared by every thread.
 pub struct Daemon {
@@ -243,6 +243,39 @@ pub struct Daemon {
     config_write: Mutex<()>,
     /// Agent memory, when configured (set once at start).
     pub memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
+    /// Paces audit records of unauthenticated requests.
+    unauth_audit: Mutex<AuditPace>,
+}
+
+/// Unauthenticated requests recorded per listener per minute.
+const UNAUTH_AUDITS_PER_MIN: u32 = 20;
+
+/// Paces audit records of a recurring event per key: at most
+/// [`UNAUTH_AUDITS_PER_MIN`] a minute, the next one carrying how many were
+/// not recorded.
+#[derive(Default)]
+struct AuditPace {
+    keys: HashMap<String, (Instant, u32, u64)>,
+}
+
+impl AuditPace {
+    /// `Some(unrecorded so far)` when this one is to be recorded.
+    fn admit(&mut self, key: &str) -> Option<u64> {
+        if self.keys.len() > 1024 {
+            self.keys.retain(|_, (t, _, _)| t.elapsed() < Duration::from_secs(60));
+        }
+        let e = self.keys.entry(key.to_owned()).or_insert((Instant::now(), 0, 0));
+        if e.0.elapsed() >= Duration::from_secs(60) {
+            *e = (Instant::now(), 0, e.2);
+        }
+        if e.1 < UNAUTH_AUDITS_PER_MIN {
+            e.1 += 1;
+            Some(std::mem::take(&mut e.2))
+        } else {
+            e.2 += 1;
+            None
+        }
+    }
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -287,6 +320,7 @@ impl Daemon {
             telegram: crate::telegram::Link::default(),
             config_write: Mutex::new(()),
             memory: std::sync::OnceLock::new(),
+            unauth_audit: Mutex::new(AuditPace::default()),
         }
     }
 
@@ -381,7 +415,17 @@ impl Daemon {
                 ListenerKind::Agent(id) => format!("agents/{id}"),
                 ListenerKind::Tcp => "tcp".to_owned(),
             };
-            self.audit("agent-rpc", None, what, "unauthorized", json!({"listener": listener, "reason": reason}));
+            // A flood of bad tokens must not flood the audit table: a few
+            // records per minute per listener, each counting what it stands for.
+            if let Some(suppressed) = self.unauth_audit.lock().admit(&listener) {
+                self.audit(
+                    "agent-rpc",
+                    None,
+                    what,
+                    "unauthorized",
+                    json!({"listener": listener, "reason": reason, "unrecorded_before": suppressed}),
+                );
+            }
             ApiError::Unauthorized(format!("{reason}: every agent RPC needs the lease token of a live session"))
         };
         let Some(token) = bearer else {
@@ -520,6 +564,7 @@ impl Daemon {
             max_core_jobs: agent.max_core_jobs,
             core_budget: agent.core_budget,
             tool_exposure: agent.tool_exposure.as_str().to_owned(),
+            fail_closed_s: agent.fail_closed_s,
         }
     }
 
@@ -553,6 +598,20 @@ impl Daemon {
     /// HEARTBEAT: stores replicated events and replies, then hands out new
     /// messages, waiting up to `wait_ms` for some to arrive.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        // Content PostgreSQL cannot store is refused, naming the event, so the
+        // agent quarantines it instead of retrying it forever.
+        for ev in &req.events {
+            if let Err(reason) = ev.storable() {
+                self.audit(
+                    "agent-rpc",
+                    Some(&who.agent),
+                    "HEARTBEAT",
+                    "event_refused",
+                    json!({"seq": ev.seq, "reason": reason}),
+                );
+                return Err(ApiError::EventRefused { seq: ev.seq, reason });
+            }
+        }
         let acked = if req.events.is_empty() {
             None
         } else {
@@ -572,14 +631,29 @@ impl Daemon {
                     );
                     return Err(ApiError::Conflict(format!("commit log refused: {e}")));
                 }
+                Err(ReplicationError::Db(e)) if e.is_data_error() => {
+                    let seq = req.events.first().map_or(0, |e| e.seq);
+                    log::error!("agent {}: the database refused event {seq}: {e}", who.agent);
+                    return Err(ApiError::EventRefused { seq, reason: "the database refused its content".into() });
+                }
                 Err(ReplicationError::Db(e)) => return Err(e.into()),
             }
         };
+        let replies = self.speakable_replies(who, &req.replies);
         let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
             crate::store::Recorded::default()
         } else {
-            self.store.record_replies(&who.agent, &req.replies, req.processed_upto)?
+            self.store.record_replies(&who.agent, &replies, req.processed_upto)?
         };
+        for conversation in &recorded.refused {
+            self.audit(
+                "agent-rpc",
+                Some(&who.agent),
+                "HEARTBEAT",
+                "notice_refused",
+                json!({"conversation": clip(conversation), "reason": "the agent was never addressed there"}),
+            );
+        }
         if !recorded.telegram.is_empty() {
             // Files the agent left to send go after its answer, to the same chat.
             for (bot, chat) in &recorded.telegram {
@@ -660,6 +734,38 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// The replies of a HEARTBEAT as choird stores them: text PostgreSQL
+    /// cannot hold escaped, and notices to a Telegram chat this agent does not
+    /// serve (through that bot, under the current config) dropped and audited.
+    fn speakable_replies(&self, who: &Authed, replies: &[OutboundReply]) -> Vec<OutboundReply> {
+        let config = self.config();
+        let mut out = Vec::with_capacity(replies.len());
+        for r in replies {
+            let mut r = r.clone();
+            for s in [&mut r.text, &mut r.conversation, &mut r.key] {
+                if s.contains('\0') {
+                    *s = s.replace('\0', "\\u0000");
+                }
+            }
+            if r.in_reply_to == 0 {
+                if let Some((bot, chat)) = crate::telegram::chat_of(&r.conversation) {
+                    if !crate::telegram::may_reach(&config, &bot, chat, &who.agent) {
+                        self.audit(
+                            "agent-rpc",
+                            Some(&who.agent),
+                            "HEARTBEAT",
+                            "notice_refused",
+                            json!({"conversation": clip(&r.conversation), "reason": "not a chat this agent serves"}),
+                        );
+                        continue;
+                    }
+                }
+            }
+            out.push(r);
+        }
+        out
     }
 
     fn heartbeat_reply(

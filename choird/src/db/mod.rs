@@ -71,6 +71,18 @@ pub enum DbError {
     },
 }
 
+impl DbError {
+    /// Whether PostgreSQL refused the data itself (SQLSTATE class 22, "data
+    /// exception": e.g. a character it cannot store): sending the same again
+    /// fails the same way, so it is not a reason to retry.
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            DbError::Query(e) => e.code().is_some_and(|c| c.code().starts_with("22")),
+            _ => false,
+        }
+    }
+}
+
 /// A pool of blocking connections. Connections are created on demand up to
 /// `max`; a broken connection is dropped rather than returned.
 pub struct Db {

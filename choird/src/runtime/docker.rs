@@ -112,7 +112,9 @@ pub fn hardened(spec: &ContainerSpec<'_>) -> Value {
             "Tmpfs": {"/tmp": format!("rw,nosuid,nodev,size={}m", spec.tmp_mb)},
             "Binds": [
                 format!("{}:/workspace:rw", spec.workspace.display()),
-                format!("{}:{SOCKET_DIR_IN_CONTAINER}:rw", spec.socket_dir.display()),
+                // choird's directory, read-only: the agent connects to its socket
+                // (connect() works on a read-only mount) and can plant nothing.
+                format!("{}:{SOCKET_DIR_IN_CONTAINER}:ro", spec.socket_dir.display()),
             ],
             "NetworkMode": spec.network.as_str(),
             "PidMode": "",
@@ -157,7 +159,7 @@ mod tests {
         assert_eq!(h["Privileged"], false);
         assert_eq!(h["CapDrop"], json!(["ALL"]));
         assert_eq!(h["ReadonlyRootfs"], true);
-        assert_eq!(h["Binds"], json!(["/srv/ws:/workspace:rw", "/srv/socks/demo:/run/choir:rw"]));
+        assert_eq!(h["Binds"], json!(["/srv/ws:/workspace:rw", "/srv/socks/demo:/run/choir:ro"]));
         assert_eq!(
             (h["Memory"].as_i64(), h["NanoCpus"].as_i64(), h["PidsLimit"].as_u64()),
             (Some(512 << 20), Some(500_000_000), Some(64))

@@ -26,6 +26,9 @@ pub enum ReplicationError {
 /// What [`Store::record_replies`] recorded.
 #[derive(Debug, Default)]
 pub struct Recorded {
+    /// Conversations of notices refused because the agent was never
+    /// addressed there.
+    pub refused: Vec<String>,
     /// (message id, text) of every answer that was new.
     pub new: Vec<(u64, String)>,
     /// Telegram chats (bot, chat id) an answer was queued for.
@@ -336,6 +339,12 @@ impl Store {
     /// answer several injected messages), the agent's own notices (once per
     /// key) and its processed position. An answer (or notice) in a Telegram
     /// conversation is queued for sending in the same transaction, once.
+    ///
+    /// **Invariant:** an agent speaks only where it was spoken to. An answer
+    /// goes to the conversation of the stored message it answers (whatever
+    /// conversation the agent named); a notice only to a conversation in
+    /// which this agent has received a message, else it is dropped and
+    /// counted in [`Recorded::refused`].
     pub fn record_replies(
         &self,
         agent: &AgentId,
@@ -346,29 +355,45 @@ impl Store {
             let mut tx = c.transaction()?;
             let mut out = Recorded::default();
             for r in replies {
-                let fresh = if r.in_reply_to == 0 {
-                    tx.execute(
+                let (fresh, conversation) = if r.in_reply_to == 0 {
+                    let addressed = tx
+                        .query_opt(
+                            "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1",
+                            &[&agent.as_str(), &r.conversation],
+                        )?
+                        .is_some();
+                    if !addressed {
+                        out.refused.push(r.conversation.clone());
+                        continue;
+                    }
+                    let n = tx.execute(
                         "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
                          ON CONFLICT (agent_id, key) DO NOTHING",
                         &[&agent.as_str(), &r.conversation, &r.key, &r.text],
-                    )? == 1
+                    )?;
+                    (n == 1, Some(r.conversation.clone()))
                 } else {
                     let ids = if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() };
-                    let mut any = false;
+                    let mut conversation = None;
                     for id in ids {
-                        let n = tx.execute(
+                        let row = tx.query_opt(
                             "UPDATE messages SET reply = $3, replied_at = now()
-                             WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL",
+                             WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL
+                             RETURNING conversation",
                             &[&agent.as_str(), &(id as i64), &r.text],
                         )?;
-                        if n == 1 {
+                        if let Some(row) = row {
                             out.new.push((id, r.text.clone()));
-                            any = true;
+                            // The first answered message names the chat; covered
+                            // messages of other conversations are answered
+                            // there, not sent elsewhere.
+                            conversation.get_or_insert(row.get::<_, String>(0));
                         }
                     }
-                    any
+                    (conversation.is_some(), conversation)
                 };
-                if let (true, Some((bot, chat))) = (fresh, crate::telegram::chat_of(&r.conversation)) {
+                let chat = conversation.as_deref().and_then(crate::telegram::chat_of);
+                if let (true, Some((bot, chat))) = (fresh, chat) {
                     for chunk in crate::telegram::text::split(&r.text) {
                         telegram::enqueue(&mut tx, &bot, chat, "text", &serde_json::json!({"text": chunk}))?;
                     }

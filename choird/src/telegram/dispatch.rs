@@ -24,7 +24,7 @@ use frankenstein::updates::{Update, UpdateContent};
 use frankenstein::TelegramApi;
 use serde_json::{json, Value};
 
-use super::{backoff, bots, client, conversation, nap, proposal_message, serves, text, wait, BotSpec};
+use super::{backoff, bots, client, conversation, nap, proposal_message, text, wait, BotSpec};
 use crate::daemon::Daemon;
 use crate::db::DbError;
 
@@ -198,7 +198,8 @@ fn status_text(d: &Daemon, agent: &AgentId) -> String {
 fn pending_for(d: &Daemon, bot: &str, chat: i64, agent: &AgentId) -> Result<String, DbError> {
     let pending = d.store.approvals(Some("pending"), Some(agent), 20)?;
     for (info, _) in &pending {
-        d.store.enqueue_outbox(bot, chat, &[("text", proposal_message(info))])?;
+        let diff = d.approval(info.id).map(|detail| detail.diff).unwrap_or_default();
+        d.store.enqueue_outbox(bot, chat, &[("text", proposal_message(info, &diff))])?;
     }
     Ok(match pending.len() {
         0 => format!("No proposals of {agent} are waiting."),
@@ -316,7 +317,9 @@ fn callback(d: &Daemon, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Re
         answer(spec, q, &format!("There is no proposal {id}."), true);
         return d.store.mark_update(bot, update_id, "callback_unknown");
     };
-    let admin = spec.config.users.get(&user.to_string()).is_some_and(|u| u.admin) && serves(&spec.config, &info.agent);
+    // Per agent, as /status and /stop: an admin decides the proposals of the
+    // agent they are an admin of, not of every agent the bot serves.
+    let admin = spec.config.users.get(&user.to_string()).is_some_and(|u| u.admin && u.agent.as_str() == info.agent);
     if !admin {
         d.audit(
             &format!("telegram:{user}"),

@@ -288,13 +288,15 @@ pub fn status(d: &Daemon) -> Result<TelegramStatus, crate::http::ApiError> {
 /// `id`, with Approve / Reject / Show buttons.
 pub fn announce_proposal(d: &Daemon, id: i64) {
     let Ok(Some((info, _))) = d.store.approval(id) else { return };
+    let diff = d.approval(id).map(|detail| detail.diff).unwrap_or_default();
     for spec in bots(d) {
         if !serves(&spec.config, &info.agent) {
             continue;
         }
-        for (user, _) in spec.config.users.iter().filter(|(_, u)| u.admin) {
+        // The admins of this agent, not of every agent the bot serves.
+        for (user, _) in spec.config.users.iter().filter(|(_, u)| u.admin && u.agent.as_str() == info.agent) {
             let Ok(chat) = user.parse::<i64>() else { continue };
-            if let Err(e) = d.store.enqueue_outbox(&spec.name, chat, &[("text", proposal_message(&info))]) {
+            if let Err(e) = d.store.enqueue_outbox(&spec.name, chat, &[("text", proposal_message(&info, &diff))]) {
                 log::error!("telegram: cannot queue proposal {id} for {}: {e}", spec.name);
             }
         }
@@ -302,22 +304,58 @@ pub fn announce_proposal(d: &Daemon, id: i64) {
     d.telegram.wake_senders();
 }
 
+/// Whether `agent` may send to `chat` through `bot` under `config`: the
+/// chat is a private chat of a user bound to this agent on that bot, or a
+/// group the bot routes to this agent.
+pub fn may_reach(config: &crate::config::Config, bot: &str, chat: i64, agent: &choir_common::ids::AgentId) -> bool {
+    let Some(b) = config.telegram.bots.get(bot) else { return false };
+    let key = chat.to_string();
+    b.users.get(&key).is_some_and(|u| &u.agent == agent) || b.groups.get(&key).is_some_and(|g| &g.agent == agent)
+}
+
 /// Whether a bot serves `agent` (a user or group of it is bound to it).
 pub fn serves(bot: &BotConfig, agent: &str) -> bool {
     bot.users.values().any(|u| u.agent.as_str() == agent) || bot.groups.values().any(|g| g.agent.as_str() == agent)
 }
 
-/// The message (with buttons) that asks an admin to decide a proposal.
-pub fn proposal_message(info: &choir_common::admin::ApprovalInfo) -> serde_json::Value {
+/// Characters of a proposal's diff shown in Telegram before it is cut.
+const DIFF_SHOWN: usize = 2500;
+
+/// The message (with buttons) that asks an admin to decide a proposal: what
+/// it is, why, and the exact change (the diff, cut at a line with a pointer
+/// to `choirctl approvals show` when long).
+pub fn proposal_message(info: &choir_common::admin::ApprovalInfo, diff: &str) -> serde_json::Value {
+    let mut shown = String::new();
+    let total = diff.lines().count();
+    let mut lines = 0;
+    for line in diff.lines() {
+        if shown.chars().count() + line.chars().count() + 1 > DIFF_SHOWN {
+            break;
+        }
+        shown.push_str(line);
+        shown.push('\n');
+        lines += 1;
+    }
+    if lines < total {
+        shown.push_str(&format!(
+            "… {} more line(s): see `choirctl approvals show {}` or press Show\n",
+            total - lines,
+            info.id
+        ));
+    }
+    if diff.trim().is_empty() {
+        shown = "(no change to show)\n".into();
+    }
     let text = format!(
-        "Proposal {} from agent {}: {} {} ({} scope)\nReason: {}\nsha256 {}…",
+        "Proposal {} from agent {}: {} {} ({} scope)\nReason: {}\nsha256 {}…\n\nThe change:\n{}",
         info.id,
         info.agent,
         info.kind,
-        info.subject,
+        crate::http::printable(&info.subject),
         info.scope,
-        info.reason,
-        &info.sha256[..16.min(info.sha256.len())]
+        crate::http::printable(&info.reason),
+        &info.sha256[..16.min(info.sha256.len())],
+        shown
     );
     let short = &info.sha256[..32.min(info.sha256.len())];
     json!({

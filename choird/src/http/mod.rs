@@ -1,20 +1,16 @@
-//! The HTTP plumbing shared by every listener: a fixed pool of named worker
-//! threads per listener pulling requests from tiny_http, body size caps, panic
-//! containment, and the one mapping from [`ApiError`] to a status code.
-//!
-//! **Invariant:** a panicking handler is answered with 500 and the worker keeps
-//! serving; the daemon never dies because of one request.
+//! The HTTP plumbing shared by every listener: requests and replies as
+//! handlers see them, the [`Handler`] trait, and the one mapping from
+//! [`ApiError`] to a status code. The server itself is [`server`].
 
 use std::io::Read;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use choir_common::ids::AgentId;
 use choir_common::rpc::{ErrorBody, ErrorInfo};
 use serde::Serialize;
 
 use crate::db::DbError;
+
+pub mod server;
 
 /// Which API a listener exposes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +50,16 @@ pub enum ApiError {
     /// validation). Not retried: the content must change.
     #[error("{0}")]
     Unprocessable(String),
+    /// A replicated event choird cannot store (422 `event_refused`, naming
+    /// its sequence number). Not retried: the agent replaces it with a
+    /// placeholder.
+    #[error("event {seq} cannot be stored: {reason}")]
+    EventRefused {
+        /// The event's sequence number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
     /// Over a rate limit or budget (429). Retryable after `retry_after_s` when set.
     #[error("{message}")]
     RateLimited {
@@ -90,6 +96,7 @@ impl ApiError {
             ApiError::Conflict(_) => (409, "conflict"),
             ApiError::PayloadTooLarge(_) => (413, "payload_too_large"),
             ApiError::Unprocessable(_) => (422, "invalid"),
+            ApiError::EventRefused { .. } => (422, "event_refused"),
             ApiError::RateLimited { retry_after_s: Some(_), .. } => (429, "rate_limited"),
             ApiError::RateLimited { retry_after_s: None, .. } => (429, "budget_exhausted"),
             ApiError::NotImplemented(_) => (501, "not_implemented"),
@@ -119,7 +126,12 @@ impl ApiError {
         if let ApiError::RateLimited { retry_after_s: Some(s), .. } = &self {
             headers.push(("Retry-After".to_owned(), s.to_string()));
         }
-        let body = ErrorBody { error: ErrorInfo { code: code.to_owned(), message: self.to_string(), retryable } };
+        let event_seq = match &self {
+            ApiError::EventRefused { seq, .. } => Some(*seq),
+            _ => None,
+        };
+        let body =
+            ErrorBody { error: ErrorInfo { code: code.to_owned(), message: self.to_string(), retryable, event_seq } };
         let mut resp = Response::json(status, &body);
         resp.headers = headers;
         resp
@@ -131,8 +143,10 @@ impl From<DbError> for ApiError {
         if let DbError::Dimensions { .. } = e {
             return ApiError::Conflict(e.to_string());
         }
+        // The detail (hosts, sockets, SQL) stays in choird's log: an agent or a
+        // client learns only that it may try again.
         log::error!("{e}");
-        ApiError::Unavailable(format!("choird's database is unavailable, try again: {e}"))
+        ApiError::Unavailable("choird's database is unavailable, try again".into())
     }
 }
 
@@ -148,6 +162,8 @@ pub struct Request {
     pub bearer: Option<String>,
     /// The body.
     pub body: Vec<u8>,
+    /// The agent it authenticated as, when its route needs one.
+    pub caller: Option<Caller>,
 }
 
 impl Request {
@@ -204,144 +220,46 @@ impl Response {
     }
 }
 
+/// The agent a request authenticated as (its lease token checked from the
+/// head, before any body byte was read).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The agent.
+    pub agent: AgentId,
+    /// Its session.
+    pub session: i64,
+}
+
 /// What serves requests on a listener.
 pub trait Handler: Send + Sync + 'static {
-    /// Answers one request.
+    /// Judges a request from its head alone: authentication, rate limits and
+    /// the body cap of its route. A refusal is answered without reading the
+    /// body.
+    fn admit(&self, kind: &ListenerKind, head: &server::Head) -> Result<server::Admitted, ApiError>;
+    /// Answers one admitted request.
     fn handle(&self, kind: &ListenerKind, req: Request) -> Response;
 }
 
 /// Largest body accepted on any listener; per-route caps are smaller.
 pub const MAX_BODY: usize = 32 * 1024 * 1024;
 
-/// Starts `workers` named threads serving `server`. They stop when
-/// `server.unblock()` has been called once per worker after `stop` is set.
-pub fn serve(
-    server: Arc<tiny_http::Server>,
-    kind: ListenerKind,
-    handler: Arc<dyn Handler>,
-    workers: usize,
-    name: &str,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> std::io::Result<Vec<JoinHandle<()>>> {
-    let mut threads = Vec::new();
-    for i in 0..workers {
-        let (server, kind, handler, stop) = (server.clone(), kind.clone(), handler.clone(), stop.clone());
-        let t = std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || loop {
-            match server.recv() {
-                Ok(rq) => serve_one(&kind, handler.as_ref(), rq),
-                Err(e) => {
-                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                        break;
-                    }
-                    log::debug!("listener error: {e}");
-                }
-            }
-        })?;
-        threads.push(t);
-    }
-    Ok(threads)
-}
-
-fn serve_one(kind: &ListenerKind, handler: &dyn Handler, mut rq: tiny_http::Request) {
-    let url = rq.url().to_owned();
-    let (path, query) = match url.split_once('?') {
-        Some((p, q)) => (p.to_owned(), parse_query(q)),
-        None => (url.clone(), Vec::new()),
-    };
-    let bearer = rq
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .and_then(|h| h.value.as_str().strip_prefix("Bearer ").map(str::to_owned));
-    let method = rq.method().as_str().to_owned();
-
-    let response = if rq.body_length().is_some_and(|n| n > MAX_BODY) {
-        ApiError::PayloadTooLarge(format!("request body over {MAX_BODY} bytes")).into_response()
-    } else {
-        let mut body = Vec::new();
-        let read = rq.as_reader().take(MAX_BODY as u64 + 1).read_to_end(&mut body);
-        match read {
-            Err(e) => ApiError::BadRequest(format!("cannot read request body: {e}")).into_response(),
-            Ok(_) if body.len() > MAX_BODY => {
-                ApiError::PayloadTooLarge(format!("request body over {MAX_BODY} bytes")).into_response()
-            }
-            Ok(_) => {
-                let req = Request { method, path: path.clone(), query, bearer, body };
-                match catch_unwind(AssertUnwindSafe(|| handler.handle(kind, req))) {
-                    Ok(r) => r,
-                    Err(panic) => {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        log::error!("handler for {path} panicked: {what}");
-                        ApiError::Internal("internal error (a bug in choird; see choird.log)".into()).into_response()
-                    }
-                }
-            }
+/// `s` with control characters (including newlines, escape sequences and
+/// bidi overrides) shown as escapes, at most 200 characters: for log lines
+/// and messages that carry a string a client chose.
+pub fn printable(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == 200 {
+            out.push('…');
+            break;
         }
-    };
-    let mut headers: Vec<tiny_http::Header> = Vec::new();
-    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", response.content_type) {
-        headers.push(h);
-    }
-    for (k, v) in &response.headers {
-        if let Ok(h) = tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()) {
-            headers.push(h);
+        if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
         }
     }
-    let sent = match response.stream {
-        // Written by hand, one flushed chunk per read: tiny_http's own chunked
-        // encoder would hold events back until 8 KiB had gathered.
-        Some(reader) => stream_chunked(rq, response.status, response.content_type, reader),
-        None => {
-            let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
-            for h in headers {
-                out.add_header(h);
-            }
-            rq.respond(out)
-        }
-    };
-    if let Err(e) = sent {
-        log::debug!("client went away before the reply to {path}: {e}");
-    }
-}
-
-/// Sends a `Transfer-Encoding: chunked` reply, flushing each piece the reader
-/// yields as soon as it has it.
-fn stream_chunked(
-    rq: tiny_http::Request,
-    status: u16,
-    content_type: &str,
-    mut reader: Box<dyn Read + Send>,
-) -> std::io::Result<()> {
-    use std::io::Write;
-    let reason = if status == 200 { "OK" } else { "Status" };
-    let mut w = rq.into_writer();
-    write!(
-        w,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
-    )?;
-    w.flush()?;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                log::debug!("stream source failed: {e}");
-                break;
-            }
-        };
-        write!(w, "{n:x}\r\n")?;
-        w.write_all(&buf[..n])?;
-        w.write_all(b"\r\n")?;
-        w.flush()?;
-    }
-    w.write_all(b"0\r\n\r\n")?;
-    w.flush()
+    out
 }
 
 fn parse_query(q: &str) -> Vec<(String, String)> {
