@@ -43,6 +43,10 @@ use crate::tools::propose::{self, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry, ToolError};
 use crate::workspace::Workspace;
 
+/// The lock `choir.exec` holds exclusively and every tool with secrets
+/// shares, so no shell command runs while a secret is in a tool's process.
+pub const PROCESSES: &str = "processes";
+
 /// Longest wait for a lockset before the call is refused as busy.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -357,6 +361,14 @@ impl Arbiter {
                 }
             }
             resources.push((Resource::new(&resource), lock.mode));
+        }
+        // A tool holding secrets never runs beside a shell command (whose
+        // processes could read its environment or memory): `choir.exec`
+        // holds `processes` exclusively, tools with secrets share it.
+        if tool == "choir.exec" {
+            resources.push((Resource::new(PROCESSES), LockMode::X));
+        } else if !reg.manifest.runtime.secret_resources.is_empty() {
+            resources.push((Resource::new(PROCESSES), LockMode::S));
         }
         if lane.cancelled() {
             return forbid(Some(tool), input, Refusal::Cancelled, "this job was cancelled; nothing more runs".into());

@@ -14,6 +14,7 @@ pub mod llm;
 pub mod locks;
 pub mod memory;
 pub mod prompt;
+pub mod reaper;
 pub mod reasoning;
 pub mod results;
 pub mod rpc;

@@ -57,6 +57,13 @@ fn real_main() -> anyhow::Result<()> {
     if !token_stdin {
         anyhow::bail!("--token-stdin is required: the lease token is never taken from the command line");
     }
+    // Before the token (and later the secrets) is in memory: no process of
+    // the same user — a shell a tool started — may read this process's
+    // memory, environment or descriptors (/proc/<pid>/mem, ptrace, core dumps).
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| anyhow::anyhow!("cannot make the agent non-dumpable: {e}"))?;
+    // Whatever a tool starts and leaves behind is reparented to us and killed.
+    choir_agent::reaper::init().map_err(|e| anyhow::anyhow!("cannot become the subreaper of tool processes: {e}"))?;
     let mut token = String::new();
     std::io::stdin().lock().read_line(&mut token)?;
     let token = token.trim().to_owned();

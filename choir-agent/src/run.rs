@@ -225,6 +225,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = poll.join();
     signal_handle.close();
     let _ = sig.join();
+    // Nothing a tool started outlives the agent.
+    crate::reaper::kill_all();
     log::info!("agent exiting: {reason}");
     match lane_result {
         Ok(Ok(())) => Ok(()),

@@ -1,7 +1,9 @@
 //! The one place choir-agent starts programs (external tools, `choir.exec`,
 //! ripgrep). Children get a cleared environment plus what the caller sets, their
-//! own process group (so a timeout kills the whole tree), and are reaped with a
-//! deadline.
+//! own process group (so a timeout kills the whole tree), are registered with
+//! the [`crate::reaper`], and are reaped with a deadline; when one ends,
+//! whatever it left behind outside its group is swept before its call
+//! returns.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -48,9 +50,11 @@ impl Cmd {
         self
     }
 
-    /// Starts the child.
+    /// Starts the child (registered with the reaper, so no sweep takes it
+    /// for a stray).
     pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
-        self.inner.stdin(stdin).stdout(stdout).stderr(stderr).spawn()
+        let inner = self.inner.stdin(stdin).stdout(stdout).stderr(stderr);
+        crate::reaper::spawn(|| inner.spawn())
     }
 }
 
@@ -73,6 +77,16 @@ impl Ended {
     }
 }
 
+/// Reaps a child that is known to be ending (its output was read to the
+/// end, or its group was killed), then sweeps what it left behind.
+pub fn reap(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let status = child.wait();
+    kill_group(child);
+    crate::reaper::forget(child);
+    crate::reaper::sweep();
+    status
+}
+
 /// Kills the child's whole process group.
 pub fn kill_group(child: &Child) {
     if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
@@ -81,17 +95,23 @@ pub fn kill_group(child: &Child) {
 }
 
 /// Waits for the child until `deadline`; past it, kills its process group.
+/// Either way, what it left behind (in its group, or reparented to the agent)
+/// is killed before this returns.
 pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Ended> {
     let mut nap = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
-            // Children it left behind in its group go too.
+            // Children it left behind in its group go too, and any that left it.
             kill_group(child);
+            crate::reaper::forget(child);
+            crate::reaper::sweep();
             return Ok(Ended::Exited(status));
         }
         if Instant::now() >= deadline {
             kill_group(child);
             let _ = child.wait();
+            crate::reaper::forget(child);
+            crate::reaper::sweep();
             return Ok(Ended::TimedOut);
         }
         std::thread::sleep(nap);

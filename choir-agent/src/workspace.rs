@@ -52,6 +52,21 @@ pub enum PathError {
     },
 }
 
+/// A file type in words, for error messages.
+pub fn kind_name(kind: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match kind {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "of unknown type",
+    }
+}
+
 /// A canonical path relative to the workspace root (no `.`/`..`, no leading `/`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RelPath(String);
@@ -132,12 +147,18 @@ impl Workspace {
             .map_err(|e| errno_to(rel.as_str(), e))
     }
 
-    /// Reads a whole file, up to `cap` bytes (more is an error).
+    /// Reads a whole file, up to `cap` bytes (more is an error). Opened
+    /// non-blocking and checked to be a regular file before any read: a FIFO
+    /// or device planted in the workspace is refused, never waited on.
     pub fn read(&self, rel: &RelPath, cap: u64) -> Result<Vec<u8>, PathError> {
-        let fd = self.open_beneath(rel, OFlags::RDONLY)?;
+        let fd = self.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| errno_to(rel.as_str(), e))?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(PathError::Io { path: rel.0.clone(), reason: "not a regular file".into() });
+        let kind = rustix::fs::FileType::from_raw_mode(stat.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            return Err(PathError::Io {
+                path: rel.0.clone(),
+                reason: format!("not a regular file ({})", kind_name(kind)),
+            });
         }
         let mut out = Vec::new();
         File::from(fd)
@@ -148,6 +169,19 @@ impl Workspace {
             return Err(PathError::Io { path: rel.0.clone(), reason: format!("file is larger than {cap} bytes") });
         }
         Ok(out)
+    }
+
+    /// What kind of file `rel` is (looked at through `O_PATH`, never opened
+    /// for reading), or `None` when it does not exist.
+    pub fn kind(&self, rel: &RelPath) -> Result<Option<rustix::fs::FileType>, PathError> {
+        match self.open_beneath(rel, OFlags::PATH) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd).map_err(|e| errno_to(rel.as_str(), e))?;
+                Ok(Some(rustix::fs::FileType::from_raw_mode(stat.st_mode)))
+            }
+            Err(PathError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether a file exists (following only in-root symlinks).
@@ -242,6 +276,25 @@ mod tests {
         std::os::unix::fs::symlink("sub/file.txt", root.path().join("in_link")).unwrap();
         let w = Workspace::open(root.path()).unwrap();
         (root, outside, w)
+    }
+
+    #[test]
+    fn regression_a_fifo_in_the_workspace_is_refused_not_waited_on() {
+        let (root, _o, w) = ws();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &root.path().join("pipe"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let rel = w.normalize("pipe").unwrap();
+        let started = std::time::Instant::now();
+        let err = w.read(&rel, 1024).unwrap_err();
+        assert!(err.to_string().contains("not a regular file (a FIFO)"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the read blocked on the FIFO");
+        assert_eq!(w.kind(&rel).unwrap(), Some(rustix::fs::FileType::Fifo));
     }
 
     #[test]

@@ -154,16 +154,33 @@ fn check_tool(home: &Home, agent: &AgentId, scope: ProposalScope, content: &Valu
     }
     let tools = repo_dir(home, agent, scope).join("tools");
     let layer = load_tool_layer(&tools).map_err(|e| Invalid(format!("the existing tools cannot be read: {e}")))?;
+    let file = manifest_file_name(&name);
     for t in layer {
         let other_exec = t.exec.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-        if t.manifest.llm.name != name && other_exec == exec {
+        let other_file = t.file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        if t.manifest.llm.name == name {
+            continue;
+        }
+        if other_exec == exec || other_exec == file {
             return Err(Invalid(format!(
                 "runtime.exec_path {exec} is already the executable of {}; choose another file name",
                 t.manifest.llm.name
             )));
         }
+        // `a.b_c` and `a_b.c` would both be written as `a_b_c.json`.
+        if other_file == file || other_file == exec {
+            return Err(Invalid(format!(
+                "{name} would be stored as tools/{file}, which is already the file of {}; choose another name",
+                t.manifest.llm.name
+            )));
+        }
     }
     Ok(name)
+}
+
+/// The file a new tool's manifest is written to.
+fn manifest_file_name(name: &str) -> String {
+    format!("{}.json", name.replace('.', "_"))
 }
 
 /// The executable's file name: a plain name next to the manifest.
@@ -195,6 +212,42 @@ fn check_skill(home: &Home, agent: &AgentId, scope: ProposalScope, content: &Val
     Ok(spec)
 }
 
+/// The settings an agent may propose to change, with the values allowed:
+/// only how it behaves, never what it may reach or spend. Everything else —
+/// secret bindings, workspace, network, runtime, resources, models, token
+/// and core budgets, autostart, fail-closed time — is the operator's alone
+/// and refused at proposal time.
+pub const PROPOSABLE_SETTINGS: &[(&str, u64, u64)] =
+    &[("max_steps_per_turn", 1, 256), ("retry_budget", 0, 10), ("context_tokens", 1_000, 1_000_000)];
+
+/// `tool_exposure` is proposable too (`all` or `find`).
+const PROPOSABLE_EXPOSURE: &str = "tool_exposure";
+
+/// Checks one proposed setting against [`PROPOSABLE_SETTINGS`].
+fn proposable(key: &str, value: &Value) -> Result<(), Invalid> {
+    if key == PROPOSABLE_EXPOSURE {
+        return match value.as_str() {
+            Some("all" | "find") => Ok(()),
+            _ => Err(Invalid(format!("{key} must be \"all\" or \"find\""))),
+        };
+    }
+    match PROPOSABLE_SETTINGS.iter().find(|(k, _, _)| *k == key) {
+        Some((_, lo, hi)) => match value.as_u64() {
+            Some(v) if (*lo..=*hi).contains(&v) => Ok(()),
+            _ => Err(Invalid(format!("{key} must be a whole number from {lo} to {hi}"))),
+        },
+        None => {
+            let mut allowed: Vec<&str> = PROPOSABLE_SETTINGS.iter().map(|(k, _, _)| *k).collect();
+            allowed.push(PROPOSABLE_EXPOSURE);
+            Err(Invalid(format!(
+                "{key} cannot be changed by a proposal: it decides what the agent may reach or spend, so only the \
+                 operator changes it in config.json; an agent may propose: {}",
+                allowed.join(", ")
+            )))
+        }
+    }
+}
+
 /// Keys a config change sets, and the agent's section with them applied.
 fn changed_config(current: &Value, content: &Value) -> Result<(Vec<String>, Value), Invalid> {
     let Some(changes) = content["changes"].as_object().filter(|c| !c.is_empty()) else {
@@ -209,6 +262,7 @@ fn changed_config(current: &Value, content: &Value) -> Result<(Vec<String>, Valu
             let known: Vec<&str> = section.keys().map(String::as_str).collect();
             return Err(Invalid(format!("{key} is not a setting; settings are: {}", known.join(", "))));
         }
+        proposable(key, value)?;
         updated.insert(key.clone(), value.clone());
     }
     let updated = Value::Object(updated);
@@ -236,7 +290,7 @@ fn files(
                 .ok()
                 .and_then(|l| l.into_iter().find(|t| t.manifest.llm.name == name))
                 .and_then(|t| t.file.file_name().map(|f| f.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| format!("{}.json", name.replace('.', "_")));
+                .unwrap_or_else(|| manifest_file_name(&name));
             vec![
                 (format!("tools/{file}"), pretty(&content["manifest"])),
                 (format!("tools/{exec}"), content["executable"].as_str().unwrap_or_default().to_owned()),
@@ -353,6 +407,25 @@ pub fn apply(home: &Home, a: &Approval<'_>) -> Result<String, ApplyError> {
         git(&repo, a.approver, &["init", "--quiet"])?;
     }
     let written = files(home, a.agent, a.scope, a.kind, a.content);
+    if a.kind == ProposalKind::Tool {
+        // Checked again now: another tool approved meanwhile may hold the file.
+        let tools = repo.join("tools");
+        for t in load_tool_layer(&tools).unwrap_or_default() {
+            if t.manifest.llm.name == a.subject {
+                continue;
+            }
+            let theirs: Vec<String> = [&t.file, &t.exec]
+                .iter()
+                .filter_map(|p| p.file_name().map(|f| format!("tools/{}", f.to_string_lossy())))
+                .collect();
+            if let Some((rel, _)) = written.iter().find(|(rel, _)| theirs.contains(rel)) {
+                return Err(ApplyError::Stale(format!(
+                    "{rel} now belongs to tool {}; the proposal must be made again under another name",
+                    t.manifest.llm.name
+                )));
+            }
+        }
+    }
     for (rel, text) in &written {
         let path = repo.join(rel);
         if let Some(dir) = path.parent() {

@@ -1,6 +1,8 @@
 //! Wire types and shared validation for Choir: everything that crosses a process
 //! boundary (agent RPC, admin API, commit events, OpenAI-compatible messages, tool
 //! manifests) is defined here and only here, so the two ends cannot drift apart.
+//! Besides, the few helpers both binaries need in the same form (`proc_tree`:
+//! process trees from `/proc`; `unix_http`: HTTP over a Unix socket).
 
 pub mod admin;
 pub mod commit;
@@ -8,6 +10,7 @@ pub mod host_tools;
 pub mod ids;
 pub mod manifest;
 pub mod openai;
+pub mod proc_tree;
 pub mod rpc;
 pub mod skill;
 pub mod unix_http;

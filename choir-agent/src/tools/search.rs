@@ -57,9 +57,21 @@ impl Tool for SearchTool {
         let pattern = input.get("pattern").and_then(Value::as_str).unwrap_or_default();
         let raw_path = input.get("path").and_then(Value::as_str).unwrap_or(".");
         let rel = ctx.workspace.normalize(raw_path).map_err(|e| ToolError::new("path_forbidden", e.to_string()))?;
-        match ctx.workspace.exists(&rel) {
-            Ok(true) => {}
-            Ok(false) => return Err(ToolError::new("not_found", format!("{} does not exist", rel.as_str()))),
+        // Only a directory (whose special files ripgrep skips) or a regular
+        // file: a FIFO or device would block ripgrep until the timeout.
+        match ctx.workspace.kind(&rel) {
+            Ok(Some(rustix::fs::FileType::Directory | rustix::fs::FileType::RegularFile)) => {}
+            Ok(Some(other)) => {
+                return Err(ToolError::new(
+                    "not_a_file",
+                    format!(
+                        "{} is {}; only regular files and directories can be searched",
+                        rel.as_str(),
+                        crate::workspace::kind_name(other)
+                    ),
+                ))
+            }
+            Ok(None) => return Err(ToolError::new("not_found", format!("{} does not exist", rel.as_str()))),
             Err(e @ PathError::Escapes(_)) => return Err(ToolError::new("path_forbidden", e.to_string())),
             Err(e) => return Err(ToolError::new("io_error", e.to_string())),
         }
@@ -117,7 +129,7 @@ impl Tool for SearchTool {
                 break;
             }
         }
-        let status = child.wait().map_err(|e| ToolError::new("search_failed", e.to_string()))?;
+        let status = crate::spawn::reap(&mut child).map_err(|e| ToolError::new("search_failed", e.to_string()))?;
         let (err, _) = stderr.join().unwrap_or_default();
         // rg: 0 = matches, 1 = none, 2 = error (e.g. a bad pattern).
         if !truncated && status.code() == Some(2) && matches.is_empty() {

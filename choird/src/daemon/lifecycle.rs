@@ -566,11 +566,13 @@ impl Daemon {
         let instance = self.agents.lock().get(id).and_then(|s| s.session.as_ref()).and_then(|s| s.instance.clone());
         match instance {
             Some(Instance::Process { pid }) => {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    if !self.wait_stopped(id, Duration::from_secs(5)) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    }
+                choir_common::proc_tree::signal(pid as i32, rustix::process::Signal::TERM);
+                if !self.wait_stopped(id, Duration::from_secs(5)) {
+                    // The agent and everything below it (its tool processes
+                    // are reparented to it): frozen, then killed, so none
+                    // outlives it on the host.
+                    let n = choir_common::proc_tree::kill_trees(&[pid as i32]);
+                    log::warn!("agent {id}: killed its process tree ({n} process(es))");
                 }
             }
             Some(Instance::Container { id: cid, .. }) => self.engine().stop(&cid, Duration::from_secs(5))?,

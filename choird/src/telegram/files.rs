@@ -115,7 +115,9 @@ pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outg
         let fd = match rustix::fs::openat2(
             &send,
             name.as_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            // Non-blocking: a FIFO planted here opens at once (and is then
+            // refused as not a plain file) instead of blocking this thread.
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
             BENEATH,
         ) {
@@ -138,6 +140,8 @@ pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outg
         let mut rnd = [0u8; 6];
         let _ = getrandom::fill(&mut rnd);
         let spooled = spool.join(format!("{}-{}", hex::encode(rnd), safe_name(&name)));
+        // Back to blocking reads for a regular file (no effect on its reads, but explicit).
+        let _ = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY);
         let mut src = std::fs::File::from(fd);
         let mut dst = std::fs::OpenOptions::new().write(true).create_new(true).open(&spooled)?;
         let copied = std::io::copy(&mut (&mut src).take(MAX_UPLOAD), &mut dst)?;
@@ -194,8 +198,16 @@ mod tests {
         std::fs::create_dir_all(&send).unwrap();
         std::fs::write(send.join("hello.ogg"), b"OggS voice").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), send.join("steal.txt")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &send.join("pipe.ogg"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
         let out = take_outgoing(ws.path(), spool.path()).unwrap();
-        assert_eq!(out.len(), 1);
+        assert_eq!(out.len(), 1, "neither the link nor the FIFO (which would block) is taken");
         assert_eq!((out[0].name.as_str(), out[0].size), ("hello.ogg", 10));
         assert_eq!(std::fs::read(&out[0].spool).unwrap(), b"OggS voice");
         assert!(!send.join("hello.ogg").exists());

@@ -1,0 +1,112 @@
+//! Process trees from `/proc`: the children of a process, and killing a
+//! whole tree so that no member can fork its way out. Used by choir-agent (a
+//! child subreaper: nothing a tool starts outlives its call) and by choird
+//! (stopping a process-runtime agent ends every process it started).
+
+use std::collections::BTreeSet;
+
+use rustix::process::{Pid, Signal};
+
+/// The direct children of `pid`, from `/proc/<pid>/task/*/children`
+/// (falling back to a scan of `/proc/*/stat` where that file is missing).
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = BTreeSet::new();
+    let mut found_file = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                found_file = true;
+                out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    if !found_file {
+        out.extend(scan_parents().into_iter().filter(|(_, ppid)| *ppid == pid).map(|(p, _)| p));
+    }
+    out.into_iter().collect()
+}
+
+/// Every (pid, parent pid) in `/proc`.
+fn scan_parents() -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+            // "pid (comm) state ppid …": comm may hold spaces and parentheses.
+            if let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) {
+                if let Ok(ppid) = ppid.parse() {
+                    out.push((pid, ppid));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every descendant of `pid` (children first, then theirs), at most `cap`.
+pub fn descendants_of(pid: i32, cap: usize) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    let mut seen = BTreeSet::new();
+    while let Some(p) = queue.pop() {
+        for c in children_of(p) {
+            if seen.insert(c) && out.len() < cap {
+                out.push(c);
+                queue.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Sends `sig` to `pid`, ignoring a process that is already gone.
+pub fn signal(pid: i32, sig: Signal) {
+    if let Some(p) = Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(p, sig);
+    }
+}
+
+/// Stops `pids` and every descendant of theirs (SIGSTOP, so none forks
+/// again), then kills them all (SIGKILL). Returns how many were signalled.
+/// Processes are not reaped here: their parent (or subreaper) reaps them.
+pub fn kill_trees(pids: &[i32]) -> usize {
+    let mut all: BTreeSet<i32> = BTreeSet::new();
+    // Freeze, looking again until no new descendant appears (one may have
+    // forked before its SIGSTOP arrived).
+    for _ in 0..16 {
+        let mut found = false;
+        for &p in pids {
+            for q in std::iter::once(p).chain(descendants_of(p, 4096)) {
+                if all.insert(q) {
+                    found = true;
+                    signal(q, Signal::STOP);
+                }
+            }
+        }
+        if !found {
+            break;
+        }
+    }
+    for &p in &all {
+        signal(p, Signal::KILL);
+    }
+    all.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_own_children_are_found() {
+        #[allow(clippy::disallowed_methods)]
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let me = std::process::id() as i32;
+        assert!(children_of(me).contains(&(child.id() as i32)));
+        assert!(descendants_of(me, 100).contains(&(child.id() as i32)));
+        assert_eq!(kill_trees(&[child.id() as i32]), 1);
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+    }
+}
