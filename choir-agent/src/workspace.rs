@@ -283,7 +283,7 @@ mod tests {
         let (root, _o, w) = ws();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &root.path().join("pipe"),
+            root.path().join("pipe"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o644),
             0,

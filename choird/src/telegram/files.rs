@@ -200,7 +200,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("secret"), send.join("steal.txt")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &send.join("pipe.ogg"),
+            send.join("pipe.ogg"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o644),
             0,
