@@ -15,7 +15,19 @@ Started by choird. The lease token is read from the first line of stdin.";
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_millis()
+        // One record, one line: whatever a client or a model put in a
+        // message (newlines, escape sequences) is escaped, never a new line.
+        .format(|buf, record| {
+            use std::io::Write;
+            let ts = buf.timestamp_millis();
+            writeln!(
+                buf,
+                "[{ts} {:<5} {}] {}",
+                record.level(),
+                record.target(),
+                choir_common::text::one_line(&record.args().to_string())
+            )
+        })
         .init();
     if let Err(e) = real_main() {
         eprintln!("choir-agent: {e:#}");

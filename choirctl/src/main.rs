@@ -2,6 +2,8 @@
 //! is one or a few admin API calls over choird's Unix socket. Human-readable
 //! output by default, `--json` for scripts.
 
+#[macro_use]
+mod term;
 mod client;
 mod proposals;
 
@@ -56,7 +58,7 @@ DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
 
 fn main() {
     if let Err(e) = real_main() {
-        eprintln!("choirctl: {e:#}");
+        say_err!("choirctl: {e:#}");
         std::process::exit(1);
     }
 }
@@ -98,11 +100,11 @@ fn real_main() -> anyhow::Result<()> {
             Long("refuse") => refuse = true,
             Long("k") => k = parser.value()?.parse()?,
             Long("help") | Short('h') => {
-                println!("{USAGE}");
+                say!("{USAGE}");
                 return Ok(());
             }
             Long("version") | Short('V') => {
-                println!("choirctl {}", env!("CARGO_PKG_VERSION"));
+                say!("choirctl {}", env!("CARGO_PKG_VERSION"));
                 return Ok(());
             }
             Value(v) => words.push(v.string()?),
@@ -151,7 +153,7 @@ fn real_main() -> anyhow::Result<()> {
             if ctx.json {
                 return print_json(&r);
             }
-            println!("{}", r["done"].as_str().unwrap_or(""));
+            say!("{}", r["done"].as_str().unwrap_or(""));
             Ok(())
         }
         ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256),
@@ -171,12 +173,16 @@ fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&s);
     }
-    println!("agent {id}: {} item(s) in schema {}", s["items"], s["schema"].as_str().unwrap_or("?"));
+    say!("agent {id}: {} item(s) in schema {}", s["items"], s["schema"].as_str().unwrap_or("?"));
     for tier in ["working", "session", "knowledge"] {
-        println!("  {tier:<10} {}", s["tiers"][tier].as_i64().unwrap_or(0));
+        say!("  {tier:<10} {}", s["tiers"][tier].as_i64().unwrap_or(0));
     }
-    println!("pending embeddings: {}", s["pending_embeddings"]);
-    println!(
+    say!("pending embeddings: {}", s["pending_embeddings"]);
+    let failed = s["failed_embeddings"].as_i64().unwrap_or(0);
+    if failed > 0 {
+        say!("failed embeddings: {failed} (the endpoint refused them every time; set aside, not searchable)");
+    }
+    say!(
         "HNSW index: {} KiB; table with indexes: {} KiB; {}-dimensional {}",
         s["index_bytes"].as_i64().unwrap_or(0) / 1024,
         s["total_bytes"].as_i64().unwrap_or(0) / 1024,
@@ -197,10 +203,10 @@ fn memory_search(ctx: &Ctx, id: &str, text: &str, k: u64) -> anyhow::Result<()> 
     }
     let items = r["items"].as_array().cloned().unwrap_or_default();
     if items.is_empty() {
-        println!("nothing found");
+        say!("nothing found");
     }
     for i in items {
-        println!(
+        say!(
             "{:.4}  #{:<6} {:<9} {}",
             i["score"].as_f64().unwrap_or(0.0),
             i["id"],
@@ -218,12 +224,12 @@ fn telegram_pairings(ctx: &Ctx, all: bool) -> anyhow::Result<()> {
         return print_json(&l);
     }
     if l.pairings.is_empty() {
-        println!("no {}requests to be let in", if all { "" } else { "pending " });
+        say!("no {}requests to be let in", if all { "" } else { "pending " });
         return Ok(());
     }
-    println!("{:<14} {:>14} {:<20} {:<9} {:<19}  DECIDED BY", "BOT", "USER", "USERNAME", "STATUS", "ASKED");
+    say!("{:<14} {:>14} {:<20} {:<9} {:<19}  DECIDED BY", "BOT", "USER", "USERNAME", "STATUS", "ASKED");
     for p in &l.pairings {
-        println!(
+        say!(
             "{:<14} {:>14} {:<20} {:<9} {:<19}  {}",
             p.bot,
             p.user_id,
@@ -242,16 +248,24 @@ fn telegram_status(ctx: &Ctx) -> anyhow::Result<()> {
         return print_json(&t);
     }
     if t.bots.is_empty() {
-        println!("no Telegram bots configured (add them under \"telegram\".\"bots\" in config.json)");
+        say!("no Telegram bots configured (add them under \"telegram\".\"bots\" in config.json)");
         return Ok(());
     }
-    println!("Bot API: {}", t.api_base);
-    println!(
+    say!("Bot API: {}", t.api_base);
+    say!(
         "{:<14} {:<4} {:>6} {:>10} {:>8} {:>8} {:>7} {:>9} {:>9}  LAST ERROR",
-        "BOT", "ON", "USERS", "LAST POLL", "UPDATES", "SENT", "ERRORS", "QUEUED IN", "QUEUED OUT"
+        "BOT",
+        "ON",
+        "USERS",
+        "LAST POLL",
+        "UPDATES",
+        "SENT",
+        "ERRORS",
+        "QUEUED IN",
+        "QUEUED OUT"
     );
     for b in &t.bots {
-        println!(
+        say!(
             "{:<14} {:<4} {:>6} {:>10} {:>8} {:>8} {:>7} {:>9} {:>9}  {}",
             b.bot,
             if b.enabled { "yes" } else { "no" },
@@ -273,26 +287,23 @@ fn cancel(ctx: &Ctx, id: &str, lane: &str) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&r);
     }
-    println!("asked agent {id} to cancel {lane}; it stops at its next step");
+    say!("asked agent {id} to cancel {lane}; it stops at its next step");
     Ok(())
 }
 
 pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    say!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
 fn agents_table(agents: &[AgentSummary]) {
     if agents.is_empty() {
-        println!("no agents configured (add one under \"agents\" in config.json)");
+        say!("no agents configured (add one under \"agents\" in config.json)");
         return;
     }
-    println!(
-        "{:<16} {:<8} {:<9} {:>8} {:>8} {:>9}  LAST EXIT",
-        "AGENT", "RUNTIME", "STATE", "SESSION", "PID", "COMMITS"
-    );
+    say!("{:<16} {:<8} {:<9} {:>8} {:>8} {:>9}  LAST EXIT", "AGENT", "RUNTIME", "STATE", "SESSION", "PID", "COMMITS");
     for a in agents {
-        println!(
+        say!(
             "{:<16} {:<8} {:<9} {:>8} {:>8} {:>9}  {}",
             a.id,
             a.runtime,
@@ -300,7 +311,7 @@ fn agents_table(agents: &[AgentSummary]) {
             a.session_id.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
             a.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             a.replicated_seq,
-            a.last_exit.as_deref().unwrap_or("-")
+            term::one_line(a.last_exit.as_deref().unwrap_or("-"))
         );
     }
 }
@@ -310,15 +321,53 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&s);
     }
-    println!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
-    println!("home:     {}", s.home);
-    println!("database: {}", s.database);
+    say!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
+    say!("home:     {}", s.home);
+    say!("database: {}", s.database);
     if s.kill_switch {
-        println!("kill switch: ON (no agent runs any tool; `choirctl policy kill-switch off` to allow again)");
+        say!("kill switch: ON (no agent runs any tool; `choirctl policy kill-switch off` to allow again)");
     }
-    println!();
+    say!();
     agents_table(&s.agents);
+    if !s.usage.is_empty() {
+        say!();
+        usage_table(&s.usage);
+    }
     Ok(())
+}
+
+/// Each agent's use of its quotas and budget, `used/limit` (`-` unknown,
+/// `∞` unlimited).
+fn usage_table(usage: &[choir_common::admin::AgentUsage]) {
+    let cell = |u: &choir_common::admin::Use| {
+        let used = u.used.map_or("-".to_owned(), |n| n.to_string());
+        let limit = u.limit.map_or("∞".to_owned(), |n| n.to_string());
+        format!("{used}/{limit}")
+    };
+    say!(
+        "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13}",
+        "QUOTAS",
+        "TOKENS TODAY",
+        "TOKENS TOTAL",
+        "MEMORY ITEMS",
+        "PROPOSALS",
+        "NOTICES/H",
+        "SPOOL BYTES",
+        "AUDIT/H"
+    );
+    for u in usage {
+        say!(
+            "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13}",
+            u.id,
+            cell(&u.tokens_today),
+            cell(&u.tokens_total),
+            cell(&u.memory_items),
+            cell(&u.pending_proposals),
+            cell(&u.notices_this_hour),
+            cell(&u.spool_bytes),
+            cell(&u.audit_this_hour)
+        );
+    }
 }
 
 fn agent_list(ctx: &Ctx) -> anyhow::Result<()> {
@@ -337,36 +386,43 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     }
     agents_table(std::slice::from_ref(&a));
     if let Some(s) = &a.session_state {
-        println!("\nsession state: {s}");
+        say!("\nsession state: {s}");
     }
     if let Some(c) = &a.container {
-        println!("container: {}", &c[..12.min(c.len())]);
+        say!("container: {}", &c[..12.min(c.len())]);
     }
     if let Some(i) = &a.image {
-        println!("image: {i}");
+        say!("image: {i}");
     }
     if let Some(ms) = a.last_heartbeat_ms {
-        println!("last heartbeat: {ms} ms ago");
+        say!("last heartbeat: {ms} ms ago");
     }
     if !a.lanes.is_empty() {
-        println!("\n{:<20} {:<16} {:>12} {:>16} {:>9}  DETAIL", "LANE", "STATE", "STEPS", "TOKENS", "ELAPSED");
+        say!("\n{:<20} {:<16} {:>12} {:>16} {:>9}  DETAIL", "LANE", "STATE", "STEPS", "TOKENS", "ELAPSED");
         for l in &a.lanes {
             let of = |used: u64, max: Option<u64>| match max {
                 Some(m) => format!("{used}/{m}"),
                 None => used.to_string(),
             };
             let elapsed = l.elapsed_ms.map(|ms| format!("{} s", ms / 1000)).unwrap_or_else(|| "-".into());
-            println!(
+            say!(
                 "{:<20} {:<16} {:>12} {:>16} {:>9}  {}",
-                l.lane,
-                l.state,
+                term::one_line(&l.lane),
+                term::one_line(&l.state),
                 of(l.steps, l.max_steps),
                 of(l.tokens, l.max_tokens),
                 elapsed,
-                l.detail.as_deref().unwrap_or("")
+                term::one_line(l.detail.as_deref().unwrap_or(""))
             );
             if let Some(s) = &l.skill {
-                println!("{:<20} skill {} in state {} ({}/{} steps)", "", s.name, s.state, s.steps, s.max_steps);
+                say!(
+                    "{:<20} skill {} in state {} ({}/{} steps)",
+                    "",
+                    term::one_line(&s.name),
+                    term::one_line(&s.state),
+                    s.steps,
+                    s.max_steps
+                );
             }
         }
     }
@@ -381,19 +437,19 @@ fn agent_action(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
     match action {
         "start" => {
             let sandbox = if a.runtime == "process" { ": UNSANDBOXED, for development" } else { "" };
-            println!("agent {} started ({} runtime{sandbox}; session {})", a.id, a.runtime, a.session_id.unwrap_or(0))
+            say!("agent {} started ({} runtime{sandbox}; session {})", a.id, a.runtime, a.session_id.unwrap_or(0))
         }
-        _ => println!("agent {} stopped", a.id),
+        _ => say!("agent {} stopped", a.id),
     }
     Ok(())
 }
 
 fn build(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
-    let image = ctx.client.post_streaming(&format!("agents/{id}/{action}"), |line| println!("{line}"))?;
+    let image = ctx.client.post_streaming(&format!("agents/{id}/{action}"), |line| say!("{line}"))?;
     if action == "build" {
-        println!("image: {image}");
+        say!("image: {image}");
     } else {
-        println!("agent {id} runs {image}");
+        say!("agent {id} runs {image}");
     }
     Ok(())
 }
@@ -404,24 +460,25 @@ fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
         return print_json(&r);
     }
     if r.events.is_empty() {
-        println!("no committed events after {after}");
+        say!("no committed events after {after}");
         return Ok(());
     }
     for e in &r.events {
         let input = serde_json::to_string(&e.input)?;
         let input: String =
             if input.chars().count() > 100 { input.chars().take(97).collect::<String>() + "..." } else { input };
-        println!(
-            "#{:<4} {:<6} {:<16} {:<9} {:>7} µs  {}",
+        let kind = if e.kind == choir_common::commit::EventKind::Quarantined { " (quarantined)" } else { "" };
+        say!(
+            "#{:<4} {:<6} {:<16} {:<9} {:>7} µs  {}{kind}",
             e.seq,
-            e.lane,
-            e.tool,
+            term::one_line(&e.lane),
+            term::one_line(&e.tool),
             format!("{:?}", e.outcome).to_lowercase(),
             e.duration_us,
-            input
+            term::one_line(&input)
         );
     }
-    println!(
+    say!(
         "chain: {} ({} events, head {})",
         if r.chain_ok { "intact" } else { "BROKEN" },
         r.events.len(),
@@ -436,9 +493,9 @@ fn kill_switch(ctx: &Ctx, on: bool) -> anyhow::Result<()> {
         return print_json(&v);
     }
     if on {
-        println!("kill switch ON: every agent refuses all tool calls from its next step (calls in flight finish)");
+        say!("kill switch ON: every agent refuses all tool calls from its next step (calls in flight finish)");
     } else {
-        println!("kill switch off: tools run again");
+        say!("kill switch off: tools run again");
     }
     Ok(())
 }
@@ -452,7 +509,7 @@ fn chat_once(ctx: &Ctx, id: &str, message: &str) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&r);
     }
-    println!("{}", r.reply);
+    say!("{}", r.reply);
     Ok(())
 }
 
@@ -463,13 +520,13 @@ fn chat_streamed(ctx: &Ctx, id: &str, message: &str, prefix: &str) -> anyhow::Re
     let mut shown = String::new();
     let mut error = None;
     let mut out = std::io::stdout();
-    print!("{prefix}");
+    say_raw!("{prefix}");
     ctx.client.post_ndjson(&format!("agents/{id}/chat"), &req, |line| {
         let text = line.get("partial").or_else(|| line.get("reply")).and_then(Value::as_str).map(str::to_owned);
         if let Some(text) = text {
             match text.strip_prefix(shown.as_str()) {
-                Some(rest) => print!("{rest}"),
-                None => print!("\n{prefix}{text}"),
+                Some(rest) => say_raw!("{rest}"),
+                None => say_raw!("\n{prefix}{text}"),
             }
             shown = text;
             let _ = out.flush();
@@ -478,7 +535,7 @@ fn chat_streamed(ctx: &Ctx, id: &str, message: &str, prefix: &str) -> anyhow::Re
             error = Some(e.to_owned());
         }
     })?;
-    println!();
+    say!();
     match error {
         Some(e) => anyhow::bail!("{e}"),
         None => Ok(()),
@@ -490,7 +547,7 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     let interactive = stdin_is_terminal();
     loop {
         if interactive {
-            print!("you> ");
+            say_raw!("you> ");
             std::io::stdout().flush()?;
         }
         let mut line = String::new();
@@ -506,7 +563,7 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         }
         if ctx.stream {
             if let Err(e) = chat_streamed(ctx, id, line, &format!("{id}> ")) {
-                eprintln!("choirctl: {e:#}");
+                say_err!("choirctl: {e:#}");
             }
             continue;
         }
@@ -515,8 +572,8 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
             &ChatRequest { text: line.to_owned(), conversation: None, timeout_s: None, stream: false },
         ) {
             Ok(r) if ctx.json => print_json(&r)?,
-            Ok(r) => println!("{id}> {}", r.reply),
-            Err(e) => eprintln!("choirctl: {e:#}"),
+            Ok(r) => say!("{id}> {}", r.reply),
+            Err(e) => say_err!("choirctl: {e:#}"),
         }
     }
 }
@@ -536,7 +593,7 @@ fn audit(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
         return print_json(&v);
     }
     for r in v["records"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "{} {:<10} {:<10} {:<16} {:<12} {}",
             r["at"].as_str().unwrap_or(""),
             r["actor"].as_str().unwrap_or(""),

@@ -26,52 +26,54 @@ pub fn list(ctx: &Ctx, status: Option<&str>, agent: Option<&str>, all: bool) -> 
         return print_json(&l);
     }
     if l.approvals.is_empty() {
-        println!("no {} proposals", if all { "" } else { status.unwrap_or("pending") });
+        say!("no {} proposals", if all { "" } else { status.unwrap_or("pending") });
         return Ok(());
     }
-    println!("{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  REASON", "ID", "AGENT", "KIND", "STATUS", "SUBJECT", "PROPOSED");
+    say!("{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  REASON", "ID", "AGENT", "KIND", "STATUS", "SUBJECT", "PROPOSED");
     for a in &l.approvals {
         let status = if a.intact { a.status.clone() } else { format!("{}!", a.status) };
-        println!(
+        say!(
             "{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  {}",
             a.id,
             a.agent,
             a.kind,
             status,
-            a.subject,
+            crate::term::one_line(&a.subject),
             a.created_at.chars().take(19).collect::<String>(),
-            a.reason.lines().next().unwrap_or("")
+            crate::term::one_line(a.reason.lines().next().unwrap_or(""))
         );
     }
     if l.approvals.iter().any(|a| !a.intact) {
-        println!("\n! altered after it was proposed: it cannot be approved");
+        say!("\n! altered after it was proposed: it cannot be approved");
     }
     Ok(())
 }
 
 fn describe(a: &ApprovalInfo) {
-    println!("proposal {} from agent {} ({}", a.id, a.agent, a.lane);
-    if let (Some(skill), Some(state)) = (&a.skill, &a.state) {
-        print!(", skill {skill}, state {state}");
-    }
-    println!(")");
-    println!("kind:     {} ({} scope)", a.kind, a.scope);
-    println!("subject:  {}", a.subject);
-    println!("status:   {}", a.status);
+    let at = match (&a.skill, &a.state) {
+        (Some(skill), Some(state)) => {
+            format!(", skill {}, state {}", crate::term::one_line(skill), crate::term::one_line(state))
+        }
+        _ => String::new(),
+    };
+    say!("proposal {} from agent {} ({}{at})", a.id, a.agent, crate::term::one_line(&a.lane));
+    say!("kind:     {} ({} scope)", a.kind, a.scope);
+    say!("subject:  {}", crate::term::one_line(&a.subject));
+    say!("status:   {}", a.status);
     if let Some(by) = &a.decided_by {
-        println!("decided:  by {by} at {}", a.decided_at.as_deref().unwrap_or("?"));
+        say!("decided:  by {by} at {}", a.decided_at.as_deref().unwrap_or("?"));
     }
     if let Some(r) = &a.decision_reason {
-        println!("because:  {r}");
+        say!("because:  {}", crate::term::one_line(r));
     }
     if let Some(applied) = &a.applied {
-        println!("applied:  {applied}");
+        say!("applied:  {applied}");
     }
-    println!("sha256:   {}", a.sha256);
+    say!("sha256:   {}", a.sha256);
     if !a.intact {
-        println!("INTEGRITY: the stored content no longer has this sha256: it was altered after it was proposed and cannot be approved");
+        say!("INTEGRITY: the stored content no longer has this sha256: it was altered after it was proposed and cannot be approved");
     }
-    println!("reason:   {}", a.reason);
+    say!("reason:   {}", crate::term::one_line(&a.reason));
 }
 
 /// `approvals show ID`: everything a human needs to decide.
@@ -81,10 +83,10 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         return print_json(&d);
     }
     describe(&d.info);
-    println!("\ncontent:\n{}", serde_json::to_string_pretty(&d.content)?);
-    println!("\nchanges:\n{}", if d.diff.is_empty() { "(none)\n".to_owned() } else { d.diff.clone() });
+    say!("\ncontent:\n{}", serde_json::to_string_pretty(&d.content)?);
+    say!("\nchanges:\n{}", if d.diff.is_empty() { "(none)\n".to_owned() } else { d.diff.clone() });
     if d.info.status == "pending" && d.info.intact {
-        println!("approve with: choirctl approvals approve {} --sha256 {}", d.info.id, d.info.sha256);
+        say!("approve with: choirctl approvals approve {} --sha256 {}", d.info.id, d.info.sha256);
     }
     Ok(())
 }
@@ -95,9 +97,15 @@ pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()
     if ctx.json {
         return print_json(&a);
     }
-    println!("proposal {} ({} {}) approved: {}", a.id, a.kind, a.subject, a.applied.as_deref().unwrap_or("-"));
+    say!(
+        "proposal {} ({} {}) approved: {}",
+        a.id,
+        a.kind,
+        crate::term::one_line(&a.subject),
+        a.applied.as_deref().unwrap_or("-")
+    );
     if a.kind != "config_change" {
-        println!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+        say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
     }
     Ok(())
 }
@@ -109,7 +117,7 @@ pub fn reject(ctx: &Ctx, id: &str, reason: Option<String>) -> anyhow::Result<()>
     if ctx.json {
         return print_json(&a);
     }
-    println!("proposal {} ({} {}) rejected", a.id, a.kind, a.subject);
+    say!("proposal {} ({} {}) rejected", a.id, a.kind, crate::term::one_line(&a.subject));
     Ok(())
 }
 
@@ -125,7 +133,7 @@ pub fn validate(home: &Path, file: &str, agent: Option<&str>) -> anyhow::Result<
     let skill = load_skill_file(Path::new(file), &|t| known.contains(t))?;
     let s = &skill.spec;
     let terminal: Vec<&str> = s.states.iter().filter(|(_, st)| st.terminal).map(|(n, _)| n.as_str()).collect();
-    println!(
+    say!(
         "{file}: skill {} is valid: {} states from {}, terminal {}, at most {} steps",
         s.name,
         s.states.len(),

@@ -25,6 +25,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             database: d.database.clone(),
             kill_switch: d.kill_switch(),
             agents: d.summaries(),
+            usage: d.usage(),
         })),
         ("POST", ["policy", "kill-switch"]) => {
             let body: serde_json::Value = req.json()?;

@@ -152,9 +152,10 @@ pub struct AgentConfig {
     /// Budget of each core job (steps, tokens, wall seconds).
     #[serde(default)]
     pub core_budget: choir_common::rpc::CoreBudget,
-    /// Total LLM tokens one session may spend through the relay (none = unlimited).
+    /// Tokens the agent's model calls may spend per UTC day and in total,
+    /// across sessions (none = unlimited); then 429 `budget_exhausted`.
     #[serde(default)]
-    pub llm_token_budget: Option<u64>,
+    pub token_budget: crate::budget::TokenBudget,
     /// `all` (default): the model is sent every tool; `find`: Choir's own
     /// tools and `choir.tools.find`, then whatever it found (for agents with
     /// many tools).
@@ -168,6 +169,67 @@ pub struct AgentConfig {
     /// agent refuses every tool call (fail closed) until it recovers.
     #[serde(default = "default_fail_closed_s")]
     pub fail_closed_s: u64,
+    /// What the agent may make choird store (see [`Quotas`]).
+    #[serde(default)]
+    pub quotas: Quotas,
+}
+
+/// Bounds on what an agent (a possibly hostile client) can make choird keep.
+/// Every field has a default; `choirctl status` shows usage against them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// Largest memory item (its content), in bytes.
+    #[serde(default = "default_memory_item_bytes")]
+    pub memory_item_bytes: u64,
+    /// Memory items, all tiers together.
+    #[serde(default = "default_memory_items")]
+    pub memory_items: u64,
+    /// Proposals waiting for a human at once.
+    #[serde(default = "default_pending_proposals")]
+    pub pending_proposals: u64,
+    /// Notices (messages of its own, not answers) per hour.
+    #[serde(default = "default_notices_per_hour")]
+    pub notices_per_hour: u64,
+    /// Files waiting in choird's Telegram spool, in MiB.
+    #[serde(default = "default_spool_mb")]
+    pub spool_mb: u64,
+    /// Audit records of the agent's own requests per hour (past it, one
+    /// record per hour says how many were not written).
+    #[serde(default = "default_audit_per_hour")]
+    pub audit_per_hour: u64,
+}
+
+fn default_memory_item_bytes() -> u64 {
+    32 * 1024
+}
+fn default_memory_items() -> u64 {
+    100_000
+}
+fn default_pending_proposals() -> u64 {
+    20
+}
+fn default_notices_per_hour() -> u64 {
+    120
+}
+fn default_spool_mb() -> u64 {
+    256
+}
+fn default_audit_per_hour() -> u64 {
+    20_000
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            memory_item_bytes: default_memory_item_bytes(),
+            memory_items: default_memory_items(),
+            pending_proposals: default_pending_proposals(),
+            notices_per_hour: default_notices_per_hour(),
+            spool_mb: default_spool_mb(),
+            audit_per_hour: default_audit_per_hour(),
+        }
+    }
 }
 
 fn default_fail_closed_s() -> u64 {
@@ -292,10 +354,11 @@ impl Default for AgentConfig {
             context_tokens: default_context_tokens(),
             max_core_jobs: default_max_core_jobs(),
             core_budget: choir_common::rpc::CoreBudget::default(),
-            llm_token_budget: None,
+            token_budget: crate::budget::TokenBudget::default(),
             tool_exposure: ToolExposure::All,
             network: NetworkMode::None,
             fail_closed_s: default_fail_closed_s(),
+            quotas: Quotas::default(),
         }
     }
 }

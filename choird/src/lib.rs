@@ -4,6 +4,7 @@
 //! bird's-eye view; [`run`] is the entry point.
 
 pub mod admin_api;
+pub mod budget;
 pub mod config;
 pub mod daemon;
 pub mod db;

@@ -71,7 +71,19 @@ fn init_logging(home: &std::path::Path) {
         .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(logs.join("choird.log")))
         .ok();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_millis()
+        // One record, one line: whatever a client or a model put in a
+        // message (newlines, escape sequences) is escaped, never a new line.
+        .format(|buf, record| {
+            use std::io::Write;
+            let ts = buf.timestamp_millis();
+            writeln!(
+                buf,
+                "[{ts} {:<5} {}] {}",
+                record.level(),
+                record.target(),
+                choir_common::text::one_line(&record.args().to_string())
+            )
+        })
         .target(env_logger::Target::Pipe(Box::new(Tee(file))))
         .init();
 }

@@ -22,6 +22,27 @@ pub const MAX_REQUEST: usize = 16 * 1024 * 1024;
 /// Largest upstream answer accepted.
 const MAX_ANSWER: u64 = 32 * 1024 * 1024;
 
+/// The request fields forwarded upstream; every other field an agent sends
+/// (`n`, `service_tier`, provider routing lists, extra headers or bodies …)
+/// is dropped: an agent cannot buy more than one answer per call, pick a
+/// pricier tier, or steer choird's request.
+pub const FORWARDED_FIELDS: &[&str] = &[
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "response_format",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+];
+
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
 pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, ApiError> {
     let who = req
@@ -32,17 +53,27 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     if req.body.len() > MAX_REQUEST {
         return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
-    let mut body: Value =
+    let sent: Value =
         serde_json::from_slice(&req.body).map_err(|e| ApiError::BadRequest(format!("LLM request is not JSON: {e}")))?;
-    let obj = body.as_object_mut().ok_or_else(|| ApiError::BadRequest("LLM request must be a JSON object".into()))?;
-    if !obj.get("messages").is_some_and(Value::is_array) {
+    let sent = sent.as_object().ok_or_else(|| ApiError::BadRequest("LLM request must be a JSON object".into()))?;
+    if !sent.get("messages").is_some_and(Value::is_array) {
         return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
     }
+    let mut obj = serde_json::Map::new();
+    for (k, v) in sent {
+        if FORWARDED_FIELDS.contains(&k.as_str()) {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
     let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
-    d.llm_budget_check(&who)?;
+    if streaming {
+        // Streamed calls are counted too: the endpoint must report usage.
+        obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+    }
     let config = d.config();
     let model = config.model(&who.agent, lane);
     obj.insert("model".into(), Value::String(model.clone()));
+    let body = Value::Object(obj);
     let endpoint = config.endpoint(lane).clone();
     let key = match &endpoint.api_key_secret {
         None => None,
@@ -55,6 +86,8 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     };
     let url = format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/'));
     let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
+    let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(payload.len(), &body))?;
 
     let started = Instant::now();
     let mut request = d
@@ -72,35 +105,51 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     let answer = match result {
         Ok(a) => a,
         Err(e) => {
-            let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms);
+            let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms, false);
+            // The endpoint's address stays in choird's log, never in an answer to an agent.
+            log::warn!("agent {}: LLM endpoint {} ({} lane): {e}", who.agent, endpoint.base_url, lane.as_str());
             return Err(match e {
                 ureq::Error::Timeout(_) => ApiError::Timeout(format!(
-                    "LLM endpoint {} did not answer within {} s",
-                    endpoint.base_url, endpoint.timeout_s
+                    "the {} model did not answer within {} s",
+                    lane.as_str(),
+                    endpoint.timeout_s
                 )),
-                other => ApiError::BadGateway(format!("cannot reach LLM endpoint {}: {other}", endpoint.base_url)),
+                _ => ApiError::BadGateway(format!("the {} model's endpoint cannot be reached", lane.as_str())),
             });
         }
     };
     let status = answer.status().as_u16();
+    let prompt_estimate = payload.len() as u64 / crate::budget::BYTES_PER_TOKEN;
     if streaming && status == 200 {
         // Server-sent events pass through as they come; usage is read on the way.
         let tap = UsageTap {
             inner: answer.into_body().into_reader(),
             line: Vec::new(),
-            usage: (0, 0),
+            usage: None,
+            bytes: 0,
             done: false,
             record: Some(Box::new({
                 let (d, who, model) = (d.clone(), who.clone(), model.clone());
                 let lane = lane.as_str();
-                move |(prompt, completion): (u64, u64)| {
+                move |usage: Option<(u64, u64)>, bytes: u64| {
                     let ms = started.elapsed().as_millis() as u64;
-                    d.llm_tokens_used(&who, prompt + completion);
-                    if let Err(e) =
-                        d.store.record_llm_call(&who.agent, who.session, lane, &model, 200, prompt, completion, ms)
-                    {
+                    let estimated = usage.is_none();
+                    let (prompt, completion) =
+                        usage.unwrap_or((prompt_estimate, bytes / crate::budget::BYTES_PER_TOKEN));
+                    if let Err(e) = d.store.record_llm_call(
+                        &who.agent,
+                        who.session,
+                        lane,
+                        &model,
+                        200,
+                        prompt,
+                        completion,
+                        ms,
+                        estimated,
+                    ) {
                         log::error!("LLM call of {} not recorded: {e}", who.agent);
                     }
+                    reservation.settle(prompt + completion);
                 }
             })),
         };
@@ -110,21 +159,35 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     }
     let mut answer = answer;
     let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let bytes = answer
-        .body_mut()
-        .with_config()
-        .limit(MAX_ANSWER)
-        .read_to_vec()
-        .map_err(|e| ApiError::BadGateway(format!("LLM endpoint {}: bad answer body: {e}", endpoint.base_url)))?;
-    let usage = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned());
-    let count = |k: &str| usage.as_ref().and_then(|u| u.get(k)).and_then(Value::as_u64).unwrap_or(0);
-    let (prompt, completion) = (count("prompt_tokens"), count("completion_tokens"));
-    d.llm_tokens_used(&who, prompt + completion);
-    if let Err(e) =
-        d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, status, prompt, completion, elapsed_ms)
-    {
+    let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().map_err(|e| {
+        log::warn!("agent {}: LLM endpoint {}: bad answer body: {e}", who.agent, endpoint.base_url);
+        ApiError::BadGateway(format!("the {} model's answer could not be read", lane.as_str()))
+    })?;
+    let usage =
+        serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned()).filter(|u| u.is_object());
+    let (prompt, completion, estimated) = match &usage {
+        Some(u) => {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            (n("prompt_tokens"), n("completion_tokens"), false)
+        }
+        // An answer without usage still costs: estimated from its size.
+        None if status == 200 => (prompt_estimate, bytes.len() as u64 / crate::budget::BYTES_PER_TOKEN, true),
+        None => (0, 0, false),
+    };
+    if let Err(e) = d.store.record_llm_call(
+        &who.agent,
+        who.session,
+        lane.as_str(),
+        &model,
+        status,
+        prompt,
+        completion,
+        elapsed_ms,
+        estimated,
+    ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
+    reservation.settle(prompt + completion);
     let mut resp =
         Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
     if let Some(ra) = retry_after {
@@ -137,10 +200,13 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
 /// memory), with the agent's model for `lane`, counted against its budget
 /// and recorded like its own calls. Returns the answer's text.
 pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, messages: Value) -> Result<String, ApiError> {
-    d.llm_budget_check(who)?;
     let config = d.config();
     let model = config.model(&who.agent, lane);
     let endpoint = config.endpoint(lane).clone();
+    let body = serde_json::json!({"model": model, "messages": messages});
+    let text = body.to_string();
+    let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
+    let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(text.len(), &body))?;
     let mut request = d
         .upstream
         .post(&format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/')))
@@ -155,15 +221,23 @@ pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, message
         request = request.header("Authorization", &format!("Bearer {key}"));
     }
     let started = Instant::now();
-    let body = serde_json::json!({"model": model, "messages": messages}).to_string();
-    let mut answer = request
-        .send(body.as_bytes())
-        .map_err(|e| ApiError::BadGateway(format!("cannot reach LLM endpoint {}: {e}", endpoint.base_url)))?;
+    let mut answer = request.send(text.as_bytes()).map_err(|e| {
+        log::warn!("agent {}: LLM endpoint {}: {e}", who.agent, endpoint.base_url);
+        ApiError::BadGateway(format!("the {} model's endpoint cannot be reached", lane.as_str()))
+    })?;
     let status = answer.status().as_u16();
     let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let count = |k: &str| v["usage"][k].as_u64().unwrap_or(0);
-    d.llm_tokens_used(who, count("prompt_tokens") + count("completion_tokens"));
+    let (prompt, completion, estimated) = if v["usage"].is_object() {
+        (
+            v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+            v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+            false,
+        )
+    } else {
+        let per = crate::budget::BYTES_PER_TOKEN;
+        (text.len() as u64 / per, bytes.len() as u64 / per, status == 200)
+    };
     let ms = started.elapsed().as_millis() as u64;
     if let Err(e) = d.store.record_llm_call(
         &who.agent,
@@ -171,12 +245,14 @@ pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, message
         lane.as_str(),
         &model,
         status,
-        count("prompt_tokens"),
-        count("completion_tokens"),
+        prompt,
+        completion,
         ms,
+        estimated,
     ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
+    reservation.settle(prompt + completion);
     if status != 200 {
         return Err(ApiError::BadGateway(format!("the model answered {status}")));
     }
@@ -187,15 +263,17 @@ pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, message
         .ok_or_else(|| ApiError::BadGateway("the model's answer had no text".into()))
 }
 
-/// Records a streamed call's (prompt, completion) tokens once it ended.
-type RecordUsage = Box<dyn FnOnce((u64, u64)) + Send>;
+/// Records a streamed call once it ended: the usage it reported (`None` when
+/// it reported none) and the bytes of its events (for an estimate).
+type RecordUsage = Box<dyn FnOnce(Option<(u64, u64)>, u64) + Send>;
 
 /// Passes a server-sent event stream through, picking up the `usage` of the
 /// final chunk, and records the call once the stream ends (or is dropped).
 struct UsageTap<R: Read> {
     inner: R,
     line: Vec<u8>,
-    usage: (u64, u64),
+    usage: Option<(u64, u64)>,
+    bytes: u64,
     done: bool,
     record: Option<RecordUsage>,
 }
@@ -203,22 +281,26 @@ struct UsageTap<R: Read> {
 impl<R: Read> UsageTap<R> {
     fn finish(&mut self) {
         if let Some(record) = self.record.take() {
-            record(self.usage);
+            record(self.usage, self.bytes);
         }
     }
 
     fn scan(&mut self, bytes: &[u8]) {
+        self.bytes += bytes.len() as u64;
         for &b in bytes {
             if b != b'\n' {
-                self.line.push(b);
+                // A line is an event's data; nothing sane is longer.
+                if self.line.len() < 4 * 1024 * 1024 {
+                    self.line.push(b);
+                }
                 continue;
             }
             let line = std::mem::take(&mut self.line);
             let Some(data) = line.strip_prefix(b"data:") else { continue };
             let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                 let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-                self.usage = (n("prompt_tokens"), n("completion_tokens"));
+                self.usage = Some((n("prompt_tokens"), n("completion_tokens")));
             }
         }
     }

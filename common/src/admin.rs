@@ -24,6 +24,42 @@ pub struct StatusResponse {
     pub kill_switch: bool,
     /// Every configured agent.
     pub agents: Vec<AgentSummary>,
+    /// What each configured agent uses of its quotas and budget.
+    #[serde(default)]
+    pub usage: Vec<AgentUsage>,
+}
+
+/// One quota or budget: how much is used of how much (`None`: unlimited,
+/// or not known — e.g. memory not configured).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Use {
+    /// Used.
+    #[serde(default)]
+    pub used: Option<u64>,
+    /// Allowed.
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+/// An agent's use of its quotas and token budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentUsage {
+    /// Agent id.
+    pub id: String,
+    /// Tokens today (UTC) against the daily budget.
+    pub tokens_today: Use,
+    /// Tokens in all against the total budget.
+    pub tokens_total: Use,
+    /// Memory items.
+    pub memory_items: Use,
+    /// Proposals waiting for a human.
+    pub pending_proposals: Use,
+    /// Notices this hour.
+    pub notices_this_hour: Use,
+    /// Bytes in choird's Telegram spool.
+    pub spool_bytes: Use,
+    /// Audit records of its requests this hour.
+    pub audit_this_hour: Use,
 }
 
 /// One agent, as choird sees it.

@@ -1,8 +1,9 @@
 //! Wire types and shared validation for Choir: everything that crosses a process
 //! boundary (agent RPC, admin API, commit events, OpenAI-compatible messages, tool
 //! manifests) is defined here and only here, so the two ends cannot drift apart.
-//! Besides, the few helpers both binaries need in the same form (`proc_tree`:
-//! process trees from `/proc`; `unix_http`: HTTP over a Unix socket).
+//! Besides, the few helpers the binaries need in the same form (`proc_tree`:
+//! process trees from `/proc`; `text`: hostile text made safe to show;
+//! `unix_http`: HTTP over a Unix socket).
 
 pub mod admin;
 pub mod commit;
@@ -13,6 +14,7 @@ pub mod openai;
 pub mod proc_tree;
 pub mod rpc;
 pub mod skill;
+pub mod text;
 pub mod unix_http;
 
 /// Protocol version spoken on the agent RPC and the admin API. Bumped on any

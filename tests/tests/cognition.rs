@@ -165,7 +165,7 @@ fn stopping_the_edge_stops_its_core_jobs_and_leaves_no_thread() {
     choird.ctl_ok(&["agent", "start", "demo"]);
     let pid = agent_pid(&choird);
     let baseline = threads(pid);
-    assert_eq!(baseline, ["choir-agent", "edge", "link-poll", "link-push", "signals"]);
+    assert_eq!(baseline, ["choir-agent", "edge", "link-poll", "link-push", "reaper", "signals"]);
 
     choird.ctl_ok(&["chat", "demo", "start two"]);
     wait_for("two core threads", Duration::from_secs(20), || {

@@ -335,7 +335,7 @@ fn a_document_comes_in_and_a_voice_file_goes_out() {
     let send_dir = choird.workspace("alpha").join(".choirtmp/send");
     assert_eq!(std::fs::read_dir(&send_dir).unwrap().count(), 0, "sent files are removed");
     wait_for("the spool to empty", Duration::from_secs(10), || {
-        std::fs::read_dir(choird.home.path().join("telegram/spool")).map(|d| d.count() == 0).unwrap_or(true)
+        std::fs::read_dir(choird.home.path().join("telegram/spool/alpha")).map(|d| d.count() == 0).unwrap_or(true)
     });
 }
 

@@ -58,6 +58,21 @@ impl Daemon {
                 return Err(ApiError::Unprocessable(e.0));
             }
         };
+        let quota = self.config().agents.get(&who.agent).map(|a| a.quotas.pending_proposals).unwrap_or_default();
+        let waiting = self.store.pending_count(&who.agent)?;
+        if waiting >= quota {
+            self.audit(
+                "agent-rpc",
+                Some(&who.agent),
+                "REQUEST_APPROVAL",
+                "over_quota",
+                json!({"kind": req.kind.as_str(), "pending": waiting}),
+            );
+            return Err(ApiError::Unprocessable(format!(
+                "{waiting} proposal(s) of this agent already wait for a human (quotas.pending_proposals is {quota}); \
+                 wait for their decisions before proposing more"
+            )));
+        }
         let (id, status) = self.store.insert_approval(&who.agent, &proposal, req)?;
         self.audit(
             "agent-rpc",

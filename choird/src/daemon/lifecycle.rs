@@ -252,6 +252,7 @@ impl Daemon {
     ) -> Result<Instance, ApiError> {
         let engine = self.engine();
         engine.ping()?;
+        rt::check_seccomp(&engine.info()?).map_err(ApiError::Conflict)?;
         let docker = &config.docker;
         let image =
             build::build(&engine, &self.home, id, &self.agent_binary, &docker.base_image, &docker.image_prefix, |l| {

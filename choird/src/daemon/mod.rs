@@ -155,7 +155,6 @@ pub(crate) struct Session {
     terminated: bool,
     /// Its lapsed lease has been acted on.
     reaped: bool,
-    tokens_used: u64,
     buckets: [Bucket; 3],
 }
 
@@ -172,7 +171,6 @@ impl Session {
             stop: false,
             terminated: false,
             reaped: false,
-            tokens_used: 0,
             buckets: [Bucket::new(), Bucket::new(), Bucket::new()],
         }
     }
@@ -245,6 +243,38 @@ pub struct Daemon {
     pub memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
     /// Paces audit records of unauthenticated requests.
     unauth_audit: Mutex<AuditPace>,
+    /// Tokens spent and reserved per agent (the token budget).
+    pub budgets: Arc<crate::budget::Budgets>,
+    /// Hourly counters of what agents make choird keep (quotas).
+    hourly: Mutex<HashMap<(AgentId, &'static str), Window>>,
+}
+
+/// One hour of a counted thing.
+struct Window {
+    start: Instant,
+    count: u64,
+    dropped: u64,
+}
+
+/// What [`Daemon::hourly`] says.
+pub(crate) enum Hourly {
+    /// Counted; `dropped_before` were refused in the hour that just ended.
+    Within {
+        /// Refused in the previous hour (to be reported once).
+        dropped_before: u64,
+    },
+    /// Over the limit: refuse it.
+    Over,
+}
+
+/// Clips every string in an audit record's detail (see [`clip`]).
+fn clip_strings(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) if s.chars().count() > 200 || s.chars().any(char::is_control) => *s = clip(s),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(clip_strings),
+        serde_json::Value::Object(map) => map.values_mut().for_each(clip_strings),
+        _ => {}
+    }
 }
 
 /// Unauthenticated requests recorded per listener per minute.
@@ -321,6 +351,8 @@ impl Daemon {
             config_write: Mutex::new(()),
             memory: std::sync::OnceLock::new(),
             unauth_audit: Mutex::new(AuditPace::default()),
+            budgets: Arc::default(),
+            hourly: Mutex::new(HashMap::new()),
         }
     }
 
@@ -373,11 +405,94 @@ impl Daemon {
     }
 
     /// Writes an audit record; a database failure is logged, not propagated,
-    /// so auditing never turns an answer into an error.
+    /// so auditing never turns an answer into an error. Strings in `detail`
+    /// are clipped (an agent chooses many of them); records of an agent's own
+    /// requests (`agent-rpc`) count against its `audit_per_hour` quota, and
+    /// past it one record per hour says how many were not written.
     pub fn audit(&self, actor: &str, agent: Option<&AgentId>, action: &str, outcome: &str, detail: serde_json::Value) {
+        let mut detail = detail;
+        clip_strings(&mut detail);
+        if let (Some(agent), "agent-rpc") = (agent, actor) {
+            let quota = self.config().agents.get(agent).map(|a| a.quotas.audit_per_hour).unwrap_or_default();
+            match self.hourly(agent, "audit", quota) {
+                Hourly::Within { dropped_before: 0 } => {}
+                Hourly::Within { dropped_before } => {
+                    let note = json!({"not_written": dropped_before, "quota_per_hour": quota});
+                    if let Err(e) = self.store.audit("choird", Some(agent), "audit.over_quota", "dropped", &note) {
+                        log::error!("audit record lost (audit.over_quota): {e}");
+                    }
+                }
+                Hourly::Over => return,
+            }
+        }
         if let Err(e) = self.store.audit(actor, agent, action, outcome, &detail) {
             log::error!("audit record lost ({action} {outcome}): {e}");
         }
+    }
+
+    /// Counts one `what` of `agent` in the current hour against `limit`.
+    pub(crate) fn hourly(&self, agent: &AgentId, what: &'static str, limit: u64) -> Hourly {
+        let mut windows = self.hourly.lock();
+        let w = windows.entry((agent.clone(), what)).or_insert_with(|| Window {
+            start: Instant::now(),
+            count: 0,
+            dropped: 0,
+        });
+        let mut dropped_before = 0;
+        if w.start.elapsed() >= Duration::from_secs(3600) {
+            dropped_before = w.dropped;
+            *w = Window { start: Instant::now(), count: 0, dropped: 0 };
+        }
+        if w.count >= limit {
+            w.dropped += 1;
+            return Hourly::Over;
+        }
+        w.count += 1;
+        Hourly::Within { dropped_before }
+    }
+
+    /// Every configured agent's use of its quotas and budget (for `status`).
+    /// A figure the database cannot give now is left unknown.
+    pub fn usage(&self) -> Vec<choir_common::admin::AgentUsage> {
+        use choir_common::admin::{AgentUsage, Use};
+        let config = self.config();
+        config
+            .agents
+            .iter()
+            .map(|(id, a)| {
+                let q = a.quotas;
+                let tokens = self.budgets.standing(&self.store, id);
+                let memory = self.memory.get().and_then(|m| m.count(self, id).ok());
+                let spool = crate::telegram::files::dir_bytes(
+                    &self.home.root().join("telegram").join("spool").join(id.as_str()),
+                );
+                AgentUsage {
+                    id: id.to_string(),
+                    tokens_today: Use { used: Some(tokens.today + tokens.reserved), limit: a.token_budget.per_day },
+                    tokens_total: Use { used: Some(tokens.total + tokens.reserved), limit: a.token_budget.total },
+                    memory_items: Use { used: memory, limit: Some(q.memory_items) },
+                    pending_proposals: Use {
+                        used: self.store.pending_count(id).ok(),
+                        limit: Some(q.pending_proposals),
+                    },
+                    notices_this_hour: Use {
+                        used: Some(self.hourly_count(id, "notices")),
+                        limit: Some(q.notices_per_hour),
+                    },
+                    spool_bytes: Use { used: Some(spool), limit: Some(q.spool_mb * 1024 * 1024) },
+                    audit_this_hour: Use { used: Some(self.hourly_count(id, "audit")), limit: Some(q.audit_per_hour) },
+                }
+            })
+            .collect()
+    }
+
+    /// How many `what` of `agent` were counted this hour (for `status`).
+    pub(crate) fn hourly_count(&self, agent: &AgentId, what: &'static str) -> u64 {
+        self.hourly
+            .lock()
+            .get(&(agent.clone(), what))
+            .filter(|w| w.start.elapsed() < Duration::from_secs(3600))
+            .map_or(0, |w| w.count)
     }
 
     /// A configured agent's id, or a clear error.
@@ -750,6 +865,17 @@ impl Daemon {
                 }
             }
             if r.in_reply_to == 0 {
+                let quota = config.agents.get(&who.agent).map(|a| a.quotas.notices_per_hour).unwrap_or_default();
+                if let Hourly::Over = self.hourly(&who.agent, "notices", quota) {
+                    self.audit(
+                        "agent-rpc",
+                        Some(&who.agent),
+                        "HEARTBEAT",
+                        "notice_refused",
+                        json!({"reason": "over quotas.notices_per_hour", "quota": quota}),
+                    );
+                    continue;
+                }
                 if let Some((bot, chat)) = crate::telegram::chat_of(&r.conversation) {
                     if !crate::telegram::may_reach(&config, &bot, chat, &who.agent) {
                         self.audit(
@@ -834,30 +960,6 @@ impl Daemon {
             json!({"session": who.session, "reason": reason}),
         );
         Ok(())
-    }
-
-    /// Accounts relayed LLM tokens; refuses when the session budget is spent.
-    pub fn llm_budget_check(&self, who: &Authed) -> Result<(), ApiError> {
-        let budget = self.config().agents.get(&who.agent).and_then(|a| a.llm_token_budget);
-        let used =
-            self.agents.lock().get(&who.agent).and_then(|s| s.session.as_ref()).map(|s| s.tokens_used).unwrap_or(0);
-        match budget {
-            Some(b) if used >= b => Err(ApiError::RateLimited {
-                message: format!(
-                    "agent {} has spent its LLM budget for this session ({used} of {b} tokens)",
-                    who.agent
-                ),
-                retry_after_s: None,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// Adds relayed tokens to the session's count.
-    pub fn llm_tokens_used(&self, who: &Authed, tokens: u64) {
-        if let Some(s) = self.agents.lock().get_mut(&who.agent).and_then(|slot| slot.session.as_mut()) {
-            s.tokens_used += tokens;
-        }
     }
 
     // ----- admin ----------------------------------------------------------

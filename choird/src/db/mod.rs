@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "0004_approvals.sql", include_str!("../../../sql/0004_approvals.sql")),
     (5, "0005_telegram.sql", include_str!("../../../sql/0005_telegram.sql")),
     (6, "0006_memory.sql", include_str!("../../../sql/0006_memory.sql")),
+    (7, "0007_quotas.sql", include_str!("../../../sql/0007_quotas.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

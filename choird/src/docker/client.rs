@@ -149,6 +149,13 @@ impl Engine {
         self.check("ping", status, &body)
     }
 
+    /// `GET /info`: the engine's configuration.
+    pub fn info(&self) -> Result<Value, EngineError> {
+        let (status, body) = self.call("GET", "/info", None, Some(Duration::from_secs(10)))?;
+        self.check("info", status, &body)?;
+        Ok(body)
+    }
+
     /// Image metadata, or `None` when there is no such image.
     pub fn image(&self, name: &str) -> Result<Option<Value>, EngineError> {
         let (status, body) = self.call("GET", &format!("/images/{name}/json"), None, Some(Duration::from_secs(30)))?;

@@ -247,19 +247,7 @@ pub const MAX_BODY: usize = 32 * 1024 * 1024;
 /// bidi overrides) shown as escapes, at most 200 characters: for log lines
 /// and messages that carry a string a client chose.
 pub fn printable(s: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i == 200 {
-            out.push('…');
-            break;
-        }
-        if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    choir_common::text::clipped(s, 200)
 }
 
 fn parse_query(q: &str) -> Vec<(String, String)> {

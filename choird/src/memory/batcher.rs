@@ -4,6 +4,10 @@
 //! embeds them in one request, stores the vectors and clears the rows in one
 //! transaction, and tells waiting upserts. When the endpoint is down it backs
 //! off and tries again: the outbox keeps everything, so nothing is lost.
+//! When the endpoint *refuses* a batch (4xx), its items are embedded one by
+//! one; an item refused alone [`GIVE_UP_AFTER`] times is set aside
+//! (`failed_at`, shown by `choirctl memory stats`), so one poisoned item
+//! never stops embeddings for every agent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,6 +20,9 @@ use super::embeddings::Embedder;
 use crate::config::MemoryConfig;
 use crate::pace::{backoff, nap};
 use crate::store::Store;
+
+/// Refusals of one item (embedded alone) before it is set aside.
+pub const GIVE_UP_AFTER: i32 = 3;
 
 /// Tells waiting upserts that a batch was stored.
 #[derive(Default)]
@@ -86,6 +93,43 @@ pub fn run(
                         nap(backoff(failures), stop);
                     }
                 }
+            }
+            Err(super::embeddings::EmbedError::Refused(why)) => {
+                // One bad item must not stop embeddings for every agent: each
+                // item alone, so only those refused alone count against
+                // themselves (and are set aside after a few refusals).
+                failures = 0;
+                log::warn!(
+                    "memory: the endpoint refused a batch of {} ({why}); embedding them one by one",
+                    batch.len()
+                );
+                for (o, agent, item, text) in batch {
+                    match embedder.embed(std::slice::from_ref(&text)) {
+                        Ok(mut v) if v.len() == 1 => {
+                            if let Some(v) = v.pop() {
+                                if let Err(e) = store.store_embeddings(&[(o, agent, item, v)]) {
+                                    log::warn!("memory: cannot store an embedding ({e})");
+                                }
+                            }
+                        }
+                        Ok(_) => log::warn!("memory: the endpoint answered no vector for item {item} of {agent}"),
+                        Err(e @ super::embeddings::EmbedError::Refused(_)) => {
+                            match store.outbox_refused(o, &e.to_string(), GIVE_UP_AFTER) {
+                                Ok(true) => log::error!(
+                                    "memory: item {item} of agent {agent} refused {GIVE_UP_AFTER} times ({e}); set aside \
+                                     (see `choirctl memory stats {agent}`)"
+                                ),
+                                Ok(false) => {}
+                                Err(db) => log::warn!("memory: cannot record a refusal ({db})"),
+                            }
+                        }
+                        Err(e) => {
+                            let _ = store.outbox_failed(&[o], &e.to_string());
+                            break;
+                        }
+                    }
+                }
+                progress.bump();
             }
             Err(e) => {
                 failures += 1;

@@ -99,7 +99,9 @@ impl Embedder {
             .limit(256 * 1024 * 1024)
             .read_to_string()
             .map_err(|e| EmbedError::Unavailable(format!("reading the answer: {e}")))?;
-        if status == 429 || status >= 500 {
+        // 401/403/404 say the endpoint or its key is wrong, not an item:
+        // kept and retried like an outage, never held against the items.
+        if status == 429 || status >= 500 || matches!(status, 401 | 403 | 404) {
             return Err(EmbedError::Unavailable(format!("{status}: {}", excerpt(&text))));
         }
         if status != 200 {

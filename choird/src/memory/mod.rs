@@ -71,11 +71,16 @@ fn looks_like_time(t: &str) -> bool {
     let b = t.as_bytes();
     let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));
     let date = b.len() >= 10 && digits(0..4) && b[4] == b'-' && digits(5..7) && b[7] == b'-' && digits(8..10);
-    let rest = &t[10.min(t.len())..];
+    // `get`, not indexing: byte 10 of a hostile string may fall inside a character.
+    let rest = t.get(10..).unwrap_or("");
     date && (rest.is_empty()
         || (rest.len() >= 6
             && matches!(rest.as_bytes()[0], b'T' | b't' | b' ')
-            && rest[1..].chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | 'Z' | 'z' | '+' | '-'))))
+            && rest
+                .get(1..)
+                .unwrap_or("")
+                .chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | 'Z' | 'z' | '+' | '-'))))
 }
 
 /// The memory service.
@@ -89,6 +94,8 @@ pub struct Memory {
     validators: BTreeMap<String, jsonschema::Validator>,
     /// Agents whose schema is known to be migrated (by this process).
     ready: Mutex<HashSet<AgentId>>,
+    /// Items per agent (counted once, then kept up to date), for the quota.
+    counts: Mutex<std::collections::HashMap<AgentId, u64>>,
 }
 
 fn sha256(text: &str) -> String {
@@ -143,7 +150,18 @@ impl Memory {
             thread: Mutex::new(Some(thread)),
             validators,
             ready: Mutex::new(HashSet::new()),
+            counts: Mutex::new(std::collections::HashMap::new()),
         })))
+    }
+
+    /// The agent's items (all tiers), counted once and kept up to date.
+    pub fn count(&self, d: &Daemon, agent: &AgentId) -> Result<u64, ApiError> {
+        if let Some(n) = self.counts.lock().get(agent) {
+            return Ok(*n);
+        }
+        let n = d.store.memory_count(agent)?;
+        self.counts.lock().insert(agent.clone(), n);
+        Ok(n)
     }
 
     /// Stops the batcher (what it has not embedded stays in the outbox).
@@ -212,6 +230,7 @@ impl Memory {
                 ))
             }
         };
+        let quotas = d.config().agents.get(agent).map(|a| a.quotas).unwrap_or_default();
         let mut items = Vec::new();
         for (i, r) in raw.iter().enumerate() {
             let Some(tier) = r["tier"].as_str() else {
@@ -220,12 +239,32 @@ impl Memory {
                 )));
             };
             let content = r["content"].as_str().unwrap_or_default().to_owned();
+            if content.len() as u64 > quotas.memory_item_bytes {
+                return Err(ApiError::PayloadTooLarge(format!(
+                    "item {i} is {} bytes; a memory item may be at most {} bytes (quotas.memory_item_bytes): store \
+                     a summary, or split it",
+                    content.len(),
+                    quotas.memory_item_bytes
+                )));
+            }
             let metadata = r.get("metadata").cloned().unwrap_or_else(|| json!({}));
             items.push(NewItem { tier: tier.to_owned(), sha256: sha256(&content), content, metadata });
+        }
+        let held = self.count(d, agent)?;
+        if held + items.len() as u64 > quotas.memory_items {
+            return Err(ApiError::Unprocessable(format!(
+                "memory holds {held} item(s); {} more would pass the quota of {} (quotas.memory_items): fold or \
+                 drop items first",
+                items.len(),
+                quotas.memory_items
+            )));
         }
         let seen = self.progress.count();
         let stored = d.store.memory_upsert(agent, &items, lane, call_id)?;
         let new: Vec<i64> = stored.iter().filter(|s| s.inserted).map(|s| s.id).collect();
+        if let Some(n) = self.counts.lock().get_mut(agent) {
+            *n += new.len() as u64;
+        }
         let mut pending = new.len() as i64;
         if pending > 0 {
             let _ = self.poke.try_send(());
@@ -337,6 +376,7 @@ impl Memory {
             content: text,
         };
         let id = d.store.memory_fold(agent, &ids, &summary, lane, call_id)?;
+        self.counts.lock().remove(agent);
         let _ = self.poke.try_send(());
         Ok(json!({"summary": format!("folded {} session item(s) into knowledge item {id}", ids.len()),
                   "folded": ids.len(), "item_id": id}))
@@ -413,6 +453,7 @@ impl Memory {
         let tiers: serde_json::Map<String, Value> = st.tiers.iter().map(|(t, n)| (t.clone(), json!(n))).collect();
         Ok(json!({"agent": agent, "schema": format!("agent_{agent}"), "tiers": tiers,
                   "items": st.tiers.iter().map(|(_, n)| n).sum::<i64>(), "pending_embeddings": st.pending,
+                  "failed_embeddings": st.failed,
                   "index_bytes": st.index_bytes, "total_bytes": st.total_bytes,
                   "dimensions": self.cfg.embeddings.dimensions, "model": self.embedder.model()}))
     }
@@ -433,5 +474,20 @@ impl Memory {
     /// The embedder (tool discovery shares it).
     pub fn embedder(&self) -> &Embedder {
         &self.embedder
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regression_a_multibyte_since_does_not_panic() {
+        // Byte 10 falls inside "é": slicing there used to panic the worker.
+        assert!(!looks_like_time("aaaaaaaaaé"));
+        assert!(!looks_like_time("2026-11-22é"));
+        assert!(!looks_like_time("2026-11-22Té"));
+        assert!(looks_like_time("2026-11-22"));
+        assert!(looks_like_time("2026-11-22T10:00:00Z"));
     }
 }

@@ -24,6 +24,35 @@ pub const SOCKET_DIR_IN_CONTAINER: &str = "/run/choir";
 /// The uid/gid agents run as when choird is root (matches the base image's `choir` user).
 pub const AGENT_UID: u32 = 10001;
 
+/// Open files of any process in an agent container.
+pub const NOFILE: u64 = 4096;
+/// Processes of the agent's user (RLIMIT_NPROC counts them host-wide; the
+/// cgroup's `PidsLimit` is the per-container bound).
+pub const NPROC: u64 = 8192;
+
+/// Checks the engine applies its built-in default seccomp profile to
+/// containers that name none (as ours do): `GET /info` must list
+/// `name=seccomp,profile=default` (20.10) or `profile=builtin` (later
+/// engines). An engine without seccomp, or whose daemon replaces the default
+/// profile, is refused: the agent's syscall surface is then not what this
+/// template promises.
+pub fn check_seccomp(info: &Value) -> Result<(), String> {
+    let opts: Vec<&str> =
+        info["SecurityOptions"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let seccomp: Vec<&&str> = opts.iter().filter(|o| o.starts_with("name=seccomp")).collect();
+    match seccomp.as_slice() {
+        [] => Err("the Docker engine applies no seccomp profile (it reports no seccomp support); choird runs agents \
+                   only under the engine's built-in default profile"
+            .into()),
+        [one] if one.ends_with("profile=default") || one.ends_with("profile=builtin") => Ok(()),
+        other => Err(format!(
+            "the Docker engine's default seccomp profile is not its built-in one ({}); choird runs agents only under \
+             the built-in profile: remove the daemon's seccomp-profile setting",
+            other.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
 /// Label naming the choird home a container belongs to.
 pub const LABEL_HOME: &str = "choir.home";
 /// Label naming the agent.
@@ -107,6 +136,8 @@ pub fn hardened(spec: &ContainerSpec<'_>) -> Value {
             "Privileged": false,
             "CapDrop": ["ALL"],
             "CapAdd": [],
+            // No seccomp option: the engine's built-in default profile, which
+            // `check_engine` requires the engine to have (never unconfined).
             "SecurityOpt": ["no-new-privileges:true"],
             "ReadonlyRootfs": true,
             "Tmpfs": {"/tmp": format!("rw,nosuid,nodev,size={}m", spec.tmp_mb)},
@@ -124,6 +155,12 @@ pub fn hardened(spec: &ContainerSpec<'_>) -> Value {
             "Devices": [],
             "DeviceCgroupRules": [],
             "PidsLimit": spec.resources.pids,
+            // Per-process limits, besides the cgroup's: descriptors, and
+            // processes of the agent's user (counted host-wide by the kernel).
+            "Ulimits": [
+                {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
+                {"Name": "nproc", "Soft": NPROC, "Hard": NPROC},
+            ],
             "Memory": memory,
             "MemorySwap": memory,
             "NanoCpus": (spec.resources.cpus * 1e9) as i64,
@@ -167,5 +204,16 @@ mod tests {
         assert_eq!(c["NetworkDisabled"], true);
         assert!(!c.to_string().contains("docker.sock"));
         assert_ne!(c["User"], "0:0");
+        assert!(!c.to_string().contains("seccomp"), "the engine's built-in profile, never an override");
+        assert_eq!(h["Ulimits"][0], json!({"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE}));
+    }
+
+    #[test]
+    fn only_the_engines_builtin_seccomp_profile_is_accepted() {
+        assert!(check_seccomp(&json!({"SecurityOptions": ["name=apparmor", "name=seccomp,profile=default"]})).is_ok());
+        assert!(check_seccomp(&json!({"SecurityOptions": ["name=seccomp,profile=builtin"]})).is_ok());
+        assert!(check_seccomp(&json!({"SecurityOptions": ["name=apparmor"]})).unwrap_err().contains("no seccomp"));
+        let custom = check_seccomp(&json!({"SecurityOptions": ["name=seccomp,profile=/etc/x.json"]})).unwrap_err();
+        assert!(custom.contains("profile=/etc/x.json"), "{custom}");
     }
 }

@@ -10,6 +10,17 @@ use crate::db::DbError;
 use crate::proposals::Proposal;
 
 impl Store {
+    /// How many proposals of an agent wait for a decision.
+    pub fn pending_count(&self, agent: &AgentId) -> Result<u64, DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "SELECT count(*) FROM approvals WHERE agent_id = $1 AND status = 'pending'",
+                &[&agent.as_str()],
+            )?;
+            Ok(row.get::<_, i64>(0) as u64)
+        })
+    }
+
     /// Stores a validated proposal as pending; an identical pending one of
     /// the same agent (same digest) is returned instead. Returns (id, status).
     pub fn insert_approval(

@@ -111,6 +111,8 @@ pub struct Stats {
     pub tiers: Vec<(String, i64)>,
     /// Items waiting for their embedding.
     pub pending: i64,
+    /// Items the endpoint kept refusing: set aside, never embedded.
+    pub failed: i64,
     /// Size of the HNSW index, bytes.
     pub index_bytes: i64,
     /// Size of the table with its indexes, bytes.
@@ -241,7 +243,7 @@ impl Store {
     pub fn outbox_batch(&self, limit: i64) -> Result<Vec<(i64, AgentId, i64, String)>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "SELECT id, agent_id, item_id FROM embedding_outbox ORDER BY attempts, id LIMIT $1",
+                "SELECT id, agent_id, item_id FROM embedding_outbox WHERE failed_at IS NULL ORDER BY attempts, id LIMIT $1",
                 &[&limit],
             )?;
             let mut out = Vec::new();
@@ -284,6 +286,21 @@ impl Store {
                 &[&ids, &error],
             )
             .map(drop)
+        })
+    }
+
+    /// The endpoint refused this one item (embedded alone): counted, and set
+    /// aside for good (`failed_at`) after `give_up_after` refusals, so it no
+    /// longer holds up the items behind it. Returns whether it was set aside.
+    pub fn outbox_refused(&self, id: i64, error: &str, give_up_after: i32) -> Result<bool, DbError> {
+        self.db.with(|c| {
+            let row = c.query_opt(
+                "UPDATE embedding_outbox SET attempts = attempts + 1, last_error = $2,
+                        failed_at = CASE WHEN attempts + 1 >= $3 THEN now() END
+                 WHERE id = $1 RETURNING failed_at IS NOT NULL",
+                &[&id, &error, &give_up_after],
+            )?;
+            Ok(row.is_some_and(|r| r.get(0)))
         })
     }
 
@@ -374,6 +391,12 @@ impl Store {
         })
     }
 
+    /// How many items an agent's memory holds.
+    pub fn memory_count(&self, agent: &AgentId) -> Result<u64, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| Ok(c.query_one(&format!("SELECT count(*) FROM {schema}.items"), &[])?.get::<_, i64>(0) as u64))
+    }
+
     /// Figures for `choirctl memory stats`.
     pub fn memory_stats(&self, agent: &AgentId) -> Result<Stats, DbError> {
         let schema = agent_schema(agent);
@@ -384,14 +407,18 @@ impl Store {
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
-            let pending: i64 =
-                c.query_one("SELECT count(*) FROM embedding_outbox WHERE agent_id = $1", &[&agent.as_str()])?.get(0);
+            let counts = c.query_one(
+                "SELECT count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL)
+                 FROM embedding_outbox WHERE agent_id = $1",
+                &[&agent.as_str()],
+            )?;
+            let (pending, failed): (i64, i64) = (counts.get(0), counts.get(1));
             let sizes = c.query_one(
                 "SELECT pg_relation_size(($1 || '.items_embedding')::regclass),
                         pg_total_relation_size(($1 || '.items')::regclass)",
                 &[&plain],
             )?;
-            Ok(Stats { tiers, pending, index_bytes: sizes.get(0), total_bytes: sizes.get(1) })
+            Ok(Stats { tiers, pending, failed, index_bytes: sizes.get(0), total_bytes: sizes.get(1) })
         })
     }
 

@@ -453,7 +453,8 @@ impl Store {
         })
     }
 
-    /// Records one relayed LLM call.
+    /// Records one relayed LLM call and adds its tokens to the agent's
+    /// usage of the day (UTC), in one transaction.
     #[allow(clippy::too_many_arguments)]
     pub fn record_llm_call(
         &self,
@@ -465,11 +466,13 @@ impl Store {
         prompt_tokens: u64,
         completion_tokens: u64,
         duration_ms: u64,
+        estimated: bool,
     ) -> Result<(), DbError> {
         self.db.with(|c| {
-            c.execute(
-                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 &[
                     &agent.as_str(),
                     &session,
@@ -479,9 +482,31 @@ impl Store {
                     &(prompt_tokens as i64),
                     &(completion_tokens as i64),
                     &(duration_ms as i64),
+                    &estimated,
                 ],
-            )
-            .map(drop)
+            )?;
+            let tokens = (prompt_tokens + completion_tokens) as i64;
+            if tokens > 0 {
+                tx.execute(
+                    "INSERT INTO token_usage (agent_id, day, tokens) VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2)
+                     ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
+                    &[&agent.as_str(), &tokens],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// An agent's tokens spent today (UTC) and in total.
+    pub fn token_usage(&self, agent: &AgentId) -> Result<(u64, u64), DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "SELECT COALESCE(sum(tokens) FILTER (WHERE day = (now() AT TIME ZONE 'UTC')::date), 0)::bigint,
+                        COALESCE(sum(tokens), 0)::bigint
+                 FROM token_usage WHERE agent_id = $1",
+                &[&agent.as_str()],
+            )?;
+            Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
         })
     }
 }

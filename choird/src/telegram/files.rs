@@ -93,7 +93,8 @@ fn dir_beneath(root: &OwnedFd, rel: &str, create: bool) -> std::io::Result<Owned
 /// (copied through descriptors, then unlinked). Anything else there — links,
 /// directories, files over [`MAX_UPLOAD`] — is left alone and reported in the
 /// log. A missing directory means nothing to send.
-pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outgoing>> {
+pub fn take_outgoing(workspace: &Path, spool: &Path, room: u64) -> std::io::Result<Vec<Outgoing>> {
+    let mut room = room;
     let root = open_root(workspace)?;
     let send = match dir_beneath(&root, ".choirtmp/send", false) {
         Ok(fd) => fd,
@@ -137,6 +138,14 @@ pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outg
             log::warn!("not sending .choirtmp/send/{name}: {size} bytes is over Telegram's 50 MB limit");
             continue;
         }
+        if size > room {
+            log::warn!(
+                "not sending .choirtmp/send/{name} now: the agent's spool is full (quotas.spool_mb); it stays in the \
+                 workspace and goes with a later answer"
+            );
+            continue;
+        }
+        room -= size;
         let mut rnd = [0u8; 6];
         let _ = getrandom::fill(&mut rnd);
         let spooled = spool.join(format!("{}-{}", hex::encode(rnd), safe_name(&name)));
@@ -150,6 +159,15 @@ pub fn take_outgoing(workspace: &Path, spool: &Path) -> std::io::Result<Vec<Outg
         out.push(Outgoing { spool: spooled, name, size: copied });
     }
     Ok(out)
+}
+
+/// Bytes of the regular files directly in `dir` (0 when it is missing).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+        })
+        .unwrap_or(0)
 }
 
 /// Writes a received file as `.choirtmp/recv/<name>` in the workspace (a
@@ -206,7 +224,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let out = take_outgoing(ws.path(), spool.path()).unwrap();
+        let out = take_outgoing(ws.path(), spool.path(), u64::MAX).unwrap();
         assert_eq!(out.len(), 1, "neither the link nor the FIFO (which would block) is taken");
         assert_eq!((out[0].name.as_str(), out[0].size), ("hello.ogg", 10));
         assert_eq!(std::fs::read(&out[0].spool).unwrap(), b"OggS voice");
@@ -217,7 +235,7 @@ mod tests {
         // The send directory itself swapped for a link out of the workspace.
         std::fs::remove_dir_all(&send).unwrap();
         std::os::unix::fs::symlink(outside.path(), &send).unwrap();
-        assert!(take_outgoing(ws.path(), spool.path()).is_err());
+        assert!(take_outgoing(ws.path(), spool.path(), u64::MAX).is_err());
         assert!(outside.path().join("secret").exists());
     }
 

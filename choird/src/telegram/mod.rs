@@ -392,9 +392,12 @@ pub fn announce_decision(d: &Daemon, id: i64) {
 
 /// Moves what the agent put in `.choirtmp/send/` into the outbox of `chat`.
 pub fn collect_files(d: &Daemon, agent: &choir_common::ids::AgentId, bot: &str, chat: i64) {
-    let workspace = d.config().workspace(&d.home, agent);
-    let spool = d.home.root().join("telegram").join("spool");
-    match files::take_outgoing(&workspace, &spool) {
+    let config = d.config();
+    let workspace = config.workspace(&d.home, agent);
+    let spool = d.home.root().join("telegram").join("spool").join(agent.as_str());
+    let quota = config.agents.get(agent).map(|a| a.quotas.spool_mb).unwrap_or_default() * 1024 * 1024;
+    let room = quota.saturating_sub(files::dir_bytes(&spool));
+    match files::take_outgoing(&workspace, &spool, room) {
         Ok(taken) if !taken.is_empty() => {
             let rows: Vec<(&str, serde_json::Value)> = taken
                 .iter()

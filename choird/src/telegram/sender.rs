@@ -115,11 +115,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                     if let Err(e) = d.store.mark_sent(row.id, message_id) {
                         log::error!("telegram {}: row {} was sent but not marked ({e})", spec.name, row.id);
                     }
-                    if row.kind == "file" {
-                        if let Some(p) = row.body["path"].as_str() {
-                            let _ = std::fs::remove_file(p);
-                        }
-                    }
+                    drop_spooled(&row);
                     d.telegram.count(&spec.name, |c| c.sent += 1);
                 }
                 Err(failure) => {
@@ -143,12 +139,16 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                                 row.kind
                             );
                             let _ = d.store.mark_attempt(row.id, &why, true);
+                            drop_spooled(&row);
                         }
                         Failure::Transient(why) => {
                             failures += 1;
                             let give_up = row.attempts + 1 >= MAX_ATTEMPTS;
                             log::warn!("telegram {}: sending row {} failed: {why}; retrying", spec.name, row.id);
                             let _ = d.store.mark_attempt(row.id, &why, give_up);
+                            if give_up {
+                                drop_spooled(&row);
+                            }
                             nap(backoff(failures), stop);
                             break;
                         }
@@ -159,6 +159,16 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
         let until = soonest.unwrap_or(typing_at).min(typing_at);
         let pause = until.saturating_duration_since(Instant::now()).max(Duration::from_millis(5));
         wait(wake, pause);
+    }
+}
+
+/// A file row's spooled copy is removed once the row is done with: sent,
+/// refused, or given up. The spool never keeps what will not be sent.
+fn drop_spooled(row: &crate::store::telegram::OutboxRow) {
+    if row.kind == "file" {
+        if let Some(p) = row.body["path"].as_str() {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 

@@ -1,0 +1,182 @@
+//! The token budget of each agent (R-RPC-5): tokens its model calls may
+//! spend per UTC day and in total, whatever the session, kept in
+//! PostgreSQL (`token_usage`) and cached here.
+//!
+//! A call *reserves* its estimated cost before it goes upstream and is
+//! *settled* with what it really cost (the endpoint's `usage`, or an
+//! estimate when the endpoint reports none); a budget is checked against
+//! spent + reserved, so calls made in parallel cannot overshoot it together.
+//!
+//! **Invariant:** no model call goes upstream for an agent whose spent and
+//! reserved tokens already reach its daily or total budget.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use choir_common::ids::AgentId;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::http::ApiError;
+use crate::store::Store;
+
+/// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBudget {
+    /// Tokens per UTC day.
+    #[serde(default)]
+    pub per_day: Option<u64>,
+    /// Tokens in all.
+    #[serde(default)]
+    pub total: Option<u64>,
+}
+
+/// Roughly four bytes of text per token (for estimates).
+pub const BYTES_PER_TOKEN: u64 = 4;
+/// Completion tokens reserved for a call that names no `max_tokens`.
+pub const DEFAULT_COMPLETION_RESERVE: u64 = 4096;
+
+fn today() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0)
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    day: u64,
+    today: u64,
+    total: u64,
+    reserved: u64,
+}
+
+/// Spent and reserved tokens per agent.
+#[derive(Default)]
+pub struct Budgets {
+    usage: Mutex<HashMap<AgentId, Usage>>,
+}
+
+/// An agent's standing, for `choirctl status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Spent today (UTC).
+    pub today: u64,
+    /// Spent in all.
+    pub total: u64,
+    /// Reserved by calls in flight.
+    pub reserved: u64,
+}
+
+/// Tokens held for a call in flight; settle it with what the call cost.
+/// Dropped unsettled (the call failed before any answer), it is released.
+#[must_use]
+pub struct Reservation {
+    budgets: std::sync::Arc<Budgets>,
+    agent: AgentId,
+    tokens: u64,
+}
+
+impl Budgets {
+    fn load(&self, store: &Store, agent: &AgentId) -> Result<Usage, ApiError> {
+        let day = today();
+        if let Some(u) = self.usage.lock().get(agent).filter(|u| u.day == day) {
+            return Ok(*u);
+        }
+        let (spent_today, total) = store.token_usage(agent)?;
+        let mut usage = self.usage.lock();
+        let u = usage.entry(agent.clone()).or_default();
+        if u.day != day {
+            // A new day (or first use): what the database says, plus what is in flight.
+            *u = Usage { day, today: spent_today, total, reserved: u.reserved };
+        }
+        Ok(*u)
+    }
+
+    /// Reserves `estimate` tokens for a call of `agent`, or refuses with 429
+    /// `budget_exhausted` naming the budget and when it renews.
+    pub fn reserve(
+        self: &std::sync::Arc<Self>,
+        store: &Store,
+        agent: &AgentId,
+        budget: TokenBudget,
+        estimate: u64,
+    ) -> Result<Reservation, ApiError> {
+        self.load(store, agent)?;
+        let mut usage = self.usage.lock();
+        let u = usage.entry(agent.clone()).or_default();
+        let committed_today = u.today + u.reserved;
+        let committed_total = u.total + u.reserved;
+        if let Some(b) = budget.per_day {
+            if committed_today >= b {
+                return Err(ApiError::RateLimited {
+                    message: format!(
+                        "agent {agent} has spent its token budget for today ({} spent, {} in flight, of {b}); it \
+                         renews at 00:00 UTC",
+                        u.today, u.reserved
+                    ),
+                    retry_after_s: None,
+                });
+            }
+        }
+        if let Some(b) = budget.total {
+            if committed_total >= b {
+                return Err(ApiError::RateLimited {
+                    message: format!(
+                        "agent {agent} has spent its total token budget ({} spent, {} in flight, of {b}); the \
+                         operator can raise agents.{agent}.token_budget.total",
+                        u.total, u.reserved
+                    ),
+                    retry_after_s: None,
+                });
+            }
+        }
+        u.reserved += estimate;
+        Ok(Reservation { budgets: self.clone(), agent: agent.clone(), tokens: estimate })
+    }
+
+    /// An agent's spent and reserved tokens.
+    pub fn standing(&self, store: &Store, agent: &AgentId) -> Standing {
+        match self.load(store, agent) {
+            Ok(u) => Standing { today: u.today, total: u.total, reserved: u.reserved },
+            Err(_) => Standing::default(),
+        }
+    }
+}
+
+impl Reservation {
+    /// Replaces the reservation by what the call cost (already recorded in
+    /// the database by the caller).
+    pub fn settle(mut self, tokens: u64) {
+        let mut usage = self.budgets.usage.lock();
+        if let Some(u) = usage.get_mut(&self.agent) {
+            u.reserved = u.reserved.saturating_sub(self.tokens);
+            let day = today();
+            if u.day != day {
+                *u = Usage { day, today: 0, total: u.total, reserved: u.reserved };
+            }
+            u.today += tokens;
+            u.total += tokens;
+        }
+        self.tokens = 0;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.tokens > 0 {
+            if let Some(u) = self.budgets.usage.lock().get_mut(&self.agent) {
+                u.reserved = u.reserved.saturating_sub(self.tokens);
+            }
+        }
+    }
+}
+
+/// What a request may cost: its prompt (from its size) and its completion
+/// (its `max_tokens`/`max_completion_tokens`, else a default).
+pub fn estimate(request_bytes: usize, body: &serde_json::Value) -> u64 {
+    let prompt = request_bytes as u64 / BYTES_PER_TOKEN;
+    let completion = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
+        .unwrap_or(DEFAULT_COMPLETION_RESERVE);
+    prompt + completion
+}

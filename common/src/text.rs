@@ -1,0 +1,75 @@
+//! Text from a possibly hostile source, made safe to show: on an operator's
+//! terminal (choirctl), in a log line (choird, choir-agent) or in an audit
+//! record. One definition of what is escaped, for every place that shows it.
+//!
+//! **Invariant:** the output of [`clean`] holds no control character but
+//! newline and tab, no C1 control and no bidi or invisible formatting
+//! character; the output of [`one_line`] holds no newline or tab either, so
+//! it cannot start a line that looks like the program's own.
+
+/// Whether `c` must never be shown as is.
+fn hostile(c: char, keep_lines: bool) -> bool {
+    (c.is_control() && !(keep_lines && (c == '\n' || c == '\t')))
+        || matches!(c,
+            '\u{200b}'..='\u{200f}' // zero-width, LRM, RLM
+            | '\u{202a}'..='\u{202e}' // bidi embeddings and overrides
+            | '\u{2066}'..='\u{2069}' // bidi isolates
+            | '\u{061c}' | '\u{feff}')
+}
+
+fn escape(text: &str, keep_lines: bool, max_chars: Option<usize>) -> String {
+    let mut out = String::with_capacity(text.len().min(4096) + 16);
+    for (i, c) in text.chars().enumerate() {
+        if max_chars == Some(i) {
+            out.push('…');
+            break;
+        }
+        if !hostile(c, keep_lines) {
+            out.push(c);
+        } else if c == '\n' {
+            out.push_str("\\n");
+        } else if c == '\t' {
+            out.push_str("\\t");
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    out
+}
+
+/// `text` with every hostile character escaped; newlines and tabs kept.
+pub fn clean(text: &str) -> String {
+    if !text.chars().any(|c| hostile(c, true)) {
+        return text.to_owned();
+    }
+    escape(text, true, None)
+}
+
+/// `text` for a place inside one line: [`clean`], and newlines and tabs
+/// escaped too.
+pub fn one_line(text: &str) -> String {
+    if !text.chars().any(|c| hostile(c, false)) {
+        return text.to_owned();
+    }
+    escape(text, false, None)
+}
+
+/// [`one_line`], at most `max` characters (then `…`): for a string a
+/// client chose, quoted in a message, a log line or an audit record.
+pub fn clipped(text: &str, max: usize) -> String {
+    escape(text, false, Some(max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_bidi_and_terminal_controls_but_keeps_lines_where_asked() {
+        assert_eq!(clean("a\u{1b}[2Jb\u{202e}c\nd\te"), "a\\u{1b}[2Jb\\u{202e}c\nd\te");
+        assert_eq!(one_line("reason\nAPPROVED by admin"), "reason\\nAPPROVED by admin");
+        assert_eq!(clean("\u{9b}31m plain"), "\\u{9b}31m plain");
+        assert_eq!(clean("naïve 日本"), "naïve 日本");
+        assert_eq!(clipped("abcdef", 3), "abc…");
+    }
+}
