@@ -9,6 +9,7 @@ mod bad_input;
 mod cognition;
 mod docker;
 mod e2e;
+mod hostile;
 mod lanes;
 mod managed;
 mod memory;

@@ -865,28 +865,29 @@ impl Daemon {
                 }
             }
             if r.in_reply_to == 0 {
-                let quota = config.agents.get(&who.agent).map(|a| a.quotas.notices_per_hour).unwrap_or_default();
-                if let Hourly::Over = self.hourly(&who.agent, "notices", quota) {
+                let refuse = |reason: &str| {
                     self.audit(
                         "agent-rpc",
                         Some(&who.agent),
                         "HEARTBEAT",
                         "notice_refused",
-                        json!({"reason": "over quotas.notices_per_hour", "quota": quota}),
+                        json!({"conversation": clip(&r.conversation), "reason": reason}),
                     );
-                    continue;
-                }
+                };
                 if let Some((bot, chat)) = crate::telegram::chat_of(&r.conversation) {
                     if !crate::telegram::may_reach(&config, &bot, chat, &who.agent) {
-                        self.audit(
-                            "agent-rpc",
-                            Some(&who.agent),
-                            "HEARTBEAT",
-                            "notice_refused",
-                            json!({"conversation": clip(&r.conversation), "reason": "not a chat this agent serves"}),
-                        );
+                        refuse("not a chat this agent serves");
                         continue;
                     }
+                }
+                if !self.store.addressed(&who.agent, &r.conversation).unwrap_or(false) {
+                    refuse("the agent was never addressed there");
+                    continue;
+                }
+                let quota = config.agents.get(&who.agent).map(|a| a.quotas.notices_per_hour).unwrap_or_default();
+                if let Hourly::Over = self.hourly(&who.agent, "notices", quota) {
+                    refuse("over quotas.notices_per_hour");
+                    continue;
                 }
             }
             out.push(r);

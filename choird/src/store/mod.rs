@@ -409,6 +409,17 @@ impl Store {
         })
     }
 
+    /// Whether `agent` has received a message in `conversation`.
+    pub fn addressed(&self, agent: &AgentId, conversation: &str) -> Result<bool, DbError> {
+        self.db.with(|c| {
+            Ok(c.query_opt(
+                "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1",
+                &[&agent.as_str(), &conversation],
+            )?
+            .is_some())
+        })
+    }
+
     /// An agent's notices with `id > after`, oldest first, as (id, conversation, text).
     pub fn notices(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<(i64, String, String)>, DbError> {
         self.db.with(|c| {

@@ -1,0 +1,418 @@
+//! The hostile agent (threat model T0–T2). Each test plays the attacker —
+//! a client on an agent socket holding the session's valid token (T2, the
+//! `hostile-agent` binary hands its token to the test), or a model whose
+//! every step is an attack and a shell in its container (T0/T1, through the
+//! real docker runtime) — and asserts what a user and an operator care
+//! about: nothing changed on the host, choird still answers (`choirctl
+//! status` within a second), every other agent still answers, and choird's
+//! copy of the log lost nothing.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use choir_common::commit::{CommitEvent, EventKind, Outcome, GENESIS_HASH};
+use choir_tests::fake_embeddings::FakeEmbeddings;
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
+use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::observe::wait_for;
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+const TOKEN_A: &str = "111111:AAAA-secret-token-a";
+
+/// The attacker's end of an agent socket: the evil agent's token and raw
+/// access to the socket.
+struct Evil {
+    socket: PathBuf,
+    token: String,
+    client: ureq::Agent,
+}
+
+impl Evil {
+    /// Waits for the hostile agent of `id` to hand over its token.
+    fn of(choird: &Choird, id: &str) -> Evil {
+        let ws = choird.workspace(id);
+        let token_file = ws.join("hostile.token");
+        let mut token = String::new();
+        wait_for("the hostile agent's token", Duration::from_secs(20), || {
+            token = std::fs::read_to_string(&token_file).unwrap_or_default();
+            !token.is_empty()
+        });
+        let socket = choird.home.path().join("socks/agents").join(id).join("choird.sock");
+        let client = choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(30)));
+        Evil { socket, token, client }
+    }
+
+    /// POSTs `body` to `path` with the token; (status, JSON answer).
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let mut resp = self
+            .client
+            .post(&format!("http://localhost{path}"))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    fn rpc(&self, verb: &str, body: &Value) -> (u16, Value) {
+        self.post(&format!("/rpc/v1/{verb}"), body)
+    }
+
+    /// Writes raw bytes, half-closes, and returns what choird answered
+    /// (within 10 s).
+    fn raw(&self, bytes: &[u8]) -> String {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Sends only a request head (no body), then reads the answer: choird
+    /// must answer from the head alone.
+    fn head_only(&self, head: &str) -> (String, Duration) {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let started = Instant::now();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap_or(0);
+        (String::from_utf8_lossy(&buf[..n]).into_owned(), started.elapsed())
+    }
+}
+
+fn event(seq: u64, prev: &str, input: Value) -> CommitEvent {
+    CommitEvent {
+        seq,
+        prev_hash: prev.to_owned(),
+        ts_ms: 1,
+        lane: "edge".into(),
+        kind: EventKind::ToolCall,
+        tool: "choir.fs.write".into(),
+        call_id: Some(format!("call_{seq}")),
+        turn: None,
+        skill: None,
+        state: None,
+        input,
+        outcome: Outcome::Ok,
+        result: json!({"status": "success"}),
+        duration_us: 1,
+        escaped: None,
+        hash: String::new(),
+    }
+    .seal()
+}
+
+fn heartbeat(events: Vec<CommitEvent>, replies: Value) -> Value {
+    json!({"events": events, "replies": replies, "processed_upto": 0, "config_version": 0, "wait_ms": 0, "receive": false})
+}
+
+/// `choirctl status` answers, and how long it took.
+fn status_time(choird: &Choird) -> Duration {
+    let started = Instant::now();
+    choird.ctl_ok(&["status"]);
+    started.elapsed()
+}
+
+fn proc_status(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn audit_count(pg: &TestPg, filter: &str) -> i64 {
+    pg.client().query_one(&format!("SELECT count(*) FROM audit WHERE {filter}"), &[]).unwrap().get(0)
+}
+
+fn messages_of(ws: &Path) -> Vec<Value> {
+    std::fs::read_to_string(ws.join("hostile.messages"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The config of the T2 tests: `evil` (the hostile agent) and `good` (a
+/// real agent) on one choird, a Telegram bot serving one user of each, and
+/// memory.
+fn t2_config(llm: &FakeLlm, pg: &TestPg, tg: &FakeTelegram, emb: &FakeEmbeddings) -> Value {
+    let mut c = test_config(&llm.base_url(), Some(&pg.url()), &["evil", "good"]);
+    c["agent_binary"] = json!(bin("hostile-agent"));
+    c["agents"]["evil"] = json!({
+        "quotas": {"memory_item_bytes": 1024, "memory_items": 5, "pending_proposals": 2, "notices_per_hour": 3,
+                   "audit_per_hour": 40},
+        "token_budget": {"per_day": 3000}
+    });
+    c["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 20,
+                           "bots": {"alpha": {"token_secret": "tg_a", "users": {"501": {"agent": "good"},
+                                                                                "502": {"agent": "evil"}}}}});
+    c["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
+                                        "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    c
+}
+
+#[test]
+fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
+    let Some(pg) = TestPg::start() else { return };
+    // The good agent's model answers; requests the evil client relays get a
+    // stream that reports no usage (the budget must still count them).
+    let llm = FakeLlm::with_responder(|req, _| {
+        if req["stream"] == true && req["messages"][0]["content"].as_str().is_some_and(|c| c.starts_with("xxxx")) {
+            let chunk = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-edge",
+                               "choices": [{"index": 0, "delta": {"content": "spent"}, "finish_reason": "stop"}]});
+            return Some(Step::Raw {
+                status: 200,
+                body: format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+                headers: vec![("Content-Type".into(), "text/event-stream".into())],
+            });
+        }
+        Some(Step::Text("good answers".into()))
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let emb = FakeEmbeddings::start(16);
+    let choird = Choird::start(&t2_config(&llm, &pg, &tg, &emb), &json!({"llm_key": "k", "tg_a": TOKEN_A}));
+    choird.ctl_ok(&["agent", "start", "good"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let evil_ws = choird.workspace("evil");
+
+    // --- The head is judged before any body byte is read. ---
+    let (answer, took) = evil.head_only(
+        "POST /rpc/v1/HEARTBEAT HTTP/1.1\r\nAuthorization: Bearer not-the-token\r\nContent-Length: 5000000\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(took < Duration::from_secs(2), "refused from the head, not after a body ({took:?})");
+    let (answer, _) = evil.head_only(&format!(
+        "POST /rpc/v1/HEARTBEAT HTTP/1.1\r\nAuthorization: Bearer {}\r\nContent-Length: 9000000\r\n\r\n",
+        evil.token
+    ));
+    assert!(answer.starts_with("HTTP/1.1 413"), "over the HEARTBEAT cap, refused before reading: {answer}");
+    let mut flood = b"GET /rpc/v1/HEARTBEAT HTTP/1.1\r\n".to_vec();
+    for i in 0..200 {
+        flood.extend_from_slice(format!("X-Flood-{i}: y\r\n").as_bytes());
+    }
+    flood.extend_from_slice(b"\r\n");
+    assert!(evil.raw(&flood).starts_with("HTTP/1.1 431"), "header count");
+    let mut long = b"GET /rpc/v1/HEARTBEAT HTTP/1.1\r\nX-Long: ".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 100_000));
+    assert!(evil.raw(&long).starts_with("HTTP/1.1 431"), "header size");
+    let before = audit_count(&pg, "outcome = 'unauthorized'");
+    for i in 0..300 {
+        let wrong = Evil { token: format!("wrong-{i}"), ..Evil::of(&choird, "evil") };
+        assert_eq!(wrong.rpc("HEARTBEAT", &heartbeat(vec![], json!([]))).0, 401);
+    }
+    let recorded = audit_count(&pg, "outcome = 'unauthorized'") - before;
+    assert!((1..=25).contains(&recorded), "300 bad tokens, {recorded} audit rows (paced)");
+
+    // --- Nothing the client sends can stop replication. ---
+    let head: Value = serde_json::from_str(&std::fs::read_to_string(evil_ws.join("hostile.head")).unwrap()).unwrap();
+    assert_eq!(head["seq"], 0);
+    let nul = event(1, GENESIS_HASH, json!({"path": "nul.txt", "content": "before\u{0}after"}));
+    let (status, body) = evil.rpc("HEARTBEAT", &heartbeat(vec![nul.clone()], json!([])));
+    assert_eq!(status, 422, "{body}");
+    assert_eq!((body["error"]["code"].as_str(), body["error"]["event_seq"].as_u64()), (Some("event_refused"), Some(1)));
+    let e2 = event(2, &nul.hash, json!({"path": "b.txt", "content": "after the NUL"}));
+    let (status, body) = evil.rpc("HEARTBEAT", &heartbeat(vec![nul.quarantined("NUL"), e2.clone()], json!([])));
+    assert_eq!((status, body["acked_seq"].as_u64()), (200, Some(2)), "{body}");
+    let big = event(3, &e2.hash, json!({"content": "x".repeat(1_200_000)}));
+    let (status, body) = evil.rpc("HEARTBEAT", &heartbeat(vec![big], json!([])));
+    assert_eq!((status, body["error"]["event_seq"].as_u64()), (422, Some(3)), "{body}");
+    let events = choird.ctl_ok(&["agent", "events", "evil"]);
+    assert!(events.contains("#1") && events.contains("(quarantined)") && events.contains("#2"), "{events}");
+    assert!(events.contains("chain: intact"), "{events}");
+
+    // --- An agent speaks only to its own users. ---
+    tg.user_says(TOKEN_A, 502, "hello evil");
+    wait_for("evil to be handed the message", Duration::from_secs(20), || !messages_of(&evil_ws).is_empty());
+    let m = messages_of(&evil_ws)[0].clone();
+    assert_eq!(m["conversation"], "tg:alpha:502");
+    std::fs::create_dir_all(evil_ws.join(".choirtmp/send")).unwrap();
+    std::fs::write(evil_ws.join(".choirtmp/send/loot.txt"), "for 501").unwrap();
+    let replies = json!([
+        // An answer naming another user's chat goes to its own message's chat.
+        {"in_reply_to": m["id"], "conversation": "tg:alpha:501", "text": "answer, claimed for 501"},
+        // Notices: to a user of another agent, to a chat never addressed, and one allowed.
+        {"in_reply_to": 0, "conversation": "tg:alpha:501", "key": "n1", "text": "notice for 501"},
+        {"in_reply_to": 0, "conversation": "cli-never-addressed", "key": "n2", "text": "notice nowhere"},
+        {"in_reply_to": 0, "conversation": "tg:alpha:502", "key": "n3", "text": "notice for 502"}
+    ]);
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], replies)).0, 200);
+    // A flood of notices to its own user meets the hourly quota (3).
+    let flood: Vec<Value> = (0..10)
+        .map(|i| json!({"in_reply_to": 0, "conversation": "tg:alpha:502", "key": format!("f{i}"), "text": format!("flood {i}")}))
+        .collect();
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], json!(flood))).0, 200);
+    tg.wait_calls("the answer and its file to 502", Duration::from_secs(20), |c| {
+        c.iter().any(|c| c.method == "sendDocument" && c.params["chat_id"] == 502)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let calls = tg.calls();
+    let texts = texts_by_chat(&calls);
+    assert!(texts.get(&501).is_none(), "nothing reached good's user: {:?}", texts.get(&501));
+    assert!(!calls.iter().any(|c| c.params["chat_id"] == 501), "no call of any kind to chat 501");
+    let to_502 = texts.get(&502).cloned().unwrap_or_default();
+    assert!(to_502.contains(&"answer, claimed for 501".to_owned()), "{to_502:?}");
+    assert_eq!(to_502.iter().filter(|t| t.starts_with("notice") || t.starts_with("flood")).count(), 3, "{to_502:?}");
+    assert_eq!(audit_count(&pg, "outcome = 'notice_refused'"), 2 + 8, "two misdirected, eight over the quota");
+
+    // --- The token budget cannot be bypassed. ---
+    let ask = json!({"messages": [{"role": "user", "content": "x".repeat(4000)}], "stream": true, "n": 5,
+                     "service_tier": "priority", "models": ["big-a", "big-b"], "max_tokens": 500});
+    let mut refused = None;
+    for i in 0..10 {
+        let (status, body) = evil.post("/llm/edge/v1/chat/completions", &ask);
+        if status == 429 {
+            refused = Some((i, body));
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+    }
+    let (spent_calls, body) = refused.expect("the daily budget ends the calls");
+    assert!(spent_calls >= 1 && body["error"]["code"] == "budget_exhausted", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("renews at 00:00 UTC"), "{body}");
+    let relayed = llm
+        .requests()
+        .into_iter()
+        .find(|r| r.body["messages"][0]["content"].as_str().is_some_and(|c| c.starts_with("xxxx")))
+        .unwrap()
+        .body;
+    for field in ["n", "service_tier", "models"] {
+        assert!(relayed.get(field).is_none(), "{field} was relayed: {relayed}");
+    }
+    assert_eq!(relayed["stream_options"]["include_usage"], true);
+    assert_eq!(relayed["model"], "fake-edge");
+    let estimated: i64 = pg
+        .client()
+        .query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'evil' AND estimated", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(estimated, spent_calls as i64, "usage the endpoint did not report was estimated");
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "status"])).unwrap();
+    let usage = status["usage"].as_array().unwrap().iter().find(|u| u["id"] == "evil").unwrap().clone();
+    assert!(usage["tokens_today"]["used"].as_u64().unwrap() >= 3000, "{usage}");
+    assert_eq!(usage["tokens_today"]["limit"], 3000);
+    // The budget is the agent's, not the session's: a new session is refused too.
+    std::fs::remove_file(evil_ws.join("hostile.token")).unwrap();
+    choird.ctl_ok(&["agent", "stop", "evil"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    assert_eq!(evil.post("/llm/edge/v1/chat/completions", &ask).0, 429, "the next session's calls are refused too");
+
+    // --- Growth is bounded. ---
+    let propose = |n: u32| {
+        evil.rpc(
+            "REQUEST_APPROVAL",
+            &json!({"kind": "config_change", "scope": "agent", "reason": "r", "lane": "edge",
+                    "content": {"changes": {"max_steps_per_turn": n}}}),
+        )
+    };
+    assert_eq!(propose(5).0, 200);
+    assert_eq!(propose(6).0, 200);
+    let (status, body) = propose(7);
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("quotas.pending_proposals"), "{body}");
+    let (status, body) = evil.rpc(
+        "REQUEST_APPROVAL",
+        &json!({"kind": "config_change", "scope": "agent", "reason": "r", "lane": "edge",
+                "content": {"changes": {"secrets": ["llm_key"]}}}),
+    );
+    assert_eq!(status, 422, "{body}");
+    let upsert = |input: Value| {
+        evil.rpc(
+            "EXECUTE_HOST_TOOL",
+            &json!({"tool": "choir.memory.upsert", "lane": "edge", "call_id": "c", "input": input}),
+        )
+    };
+    let (status, body) = upsert(json!({"tier": "session", "content": "y".repeat(2000)}));
+    assert_eq!(status, 413, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("quotas.memory_item_bytes"), "{body}");
+    let items: Vec<Value> = (0..6).map(|i| json!({"tier": "session", "content": format!("note {i}")})).collect();
+    let (status, body) = upsert(json!({"items": items}));
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("quotas.memory_items"), "{body}");
+    let long_name = format!("{}\nFORGED LINE", "n".repeat(5000));
+    assert_eq!(evil.rpc("GET_SECRETS", &json!({"names": [long_name]})).0, 403);
+    let recorded: String = pg
+        .client()
+        .query_one("SELECT detail->>'name' FROM audit WHERE action = 'GET_SECRETS' ORDER BY id DESC LIMIT 1", &[])
+        .unwrap()
+        .get(0);
+    assert!(recorded.chars().count() <= 201 && !recorded.contains('\n'), "attacker strings are clipped: {recorded}");
+    let before = audit_count(&pg, "agent_id = 'evil' AND action = 'GET_SECRETS'");
+    for _ in 0..100 {
+        assert_eq!(evil.rpc("GET_SECRETS", &json!({"names": ["llm_key"]})).0, 403);
+    }
+    let written = audit_count(&pg, "agent_id = 'evil' AND action = 'GET_SECRETS'") - before;
+    assert!(written < 40, "100 refused GET_SECRETS wrote {written} audit rows (quota 40 an hour, all records)");
+
+    // --- Afterwards: choird answers, the other agent answers, nothing lost. ---
+    assert!(status_time(&choird) < Duration::from_secs(1));
+    assert_eq!(choird.ctl_ok(&["chat", "good", "are you there?"]), "good answers\n");
+    let stored: i64 =
+        pg.client().query_one("SELECT count(*) FROM commit_events WHERE agent_id = 'evil'", &[]).unwrap().get(0);
+    assert_eq!(stored, 2, "the placeholder and the event after it");
+}
+
+#[test]
+fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("good answers".into())));
+    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil", "good"]);
+    config["agent_binary"] = json!(bin("hostile-agent"));
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "good"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    assert_eq!(choird.ctl_ok(&["chat", "good", "warm up"]), "good answers\n");
+    let pid = choird.pid();
+    let (threads0, rss0) = (proc_status(pid, "Threads:"), proc_status(pid, "VmRSS:"));
+
+    // The test process needs descriptors for its 1,100 connections.
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let max = limit.maximum.unwrap_or(4096);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit { current: Some(max), maximum: Some(max) },
+    )
+    .unwrap();
+    let idle: Vec<UnixStream> = (0..1100).filter_map(|_| UnixStream::connect(&evil.socket).ok()).collect();
+    assert!(idle.len() >= 1000, "{} connections opened", idle.len());
+    // A slow client trickles a body in.
+    let mut slow = UnixStream::connect(&evil.socket).unwrap();
+    slow.write_all(
+        format!(
+            "POST /rpc/v1/REPORT_STATUS HTTP/1.1\r\nAuthorization: Bearer {}\r\nContent-Length: 1000\r\n\r\n",
+            evil.token
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    for _ in 0..5 {
+        let _ = slow.write_all(b" ");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (threads1, rss1) = (proc_status(pid, "Threads:"), proc_status(pid, "VmRSS:"));
+    assert!(status_time(&choird) < Duration::from_secs(1), "the admin socket is not starved");
+    assert_eq!(choird.ctl_ok(&["chat", "good", "still there?"]), "good answers\n", "another agent is not starved");
+    assert!(threads1 <= threads0 + 64 + 4, "threads {threads0} → {threads1} with 1,100 idle connections");
+    assert!(rss1 <= rss0 + 32 * 1024, "RSS {rss0} kB → {rss1} kB with 1,100 idle connections");
+
+    // Held connections are cut by the head timeout; threads go back.
+    drop(idle);
+    drop(slow);
+    wait_for("choird's threads to come back", Duration::from_secs(20), || proc_status(pid, "Threads:") <= threads0 + 2);
+    assert!(status_time(&choird) < Duration::from_secs(1));
+    // The hostile agent's own socket works again.
+    assert_eq!(evil.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 200);
+}
