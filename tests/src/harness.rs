@@ -172,8 +172,14 @@ impl Choird {
 
     /// Stops choird (SIGTERM) and starts it again on the same home.
     pub fn restart(&mut self) {
+        self.restart_with(|| {});
+    }
+
+    /// Like [`Choird::restart`], running `meanwhile` while choird is down.
+    pub fn restart_with(&mut self, meanwhile: impl FnOnce()) {
         let status = self.stop();
         assert!(status.is_some_and(|s| s.success()), "choird did not stop cleanly:\n{}", self.stderr());
+        meanwhile();
         self.respawn();
     }
 

@@ -416,3 +416,271 @@ fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     // The hostile agent's own socket works again.
     assert_eq!(evil.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 200);
 }
+
+/// Whether any process's command line is exactly `words` (NUL-separated).
+fn process_running(words: &[&str]) -> bool {
+    let want: Vec<u8> = words.iter().flat_map(|w| w.bytes().chain(std::iter::once(0))).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+}
+
+#[test]
+fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stopping_ends_the_tree() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        let last = msgs.last()?;
+        let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+        let tools_so_far =
+            msgs.iter().rev().take_while(|m| m["role"] != "user").filter(|m| m["role"] == "tool").count();
+        let step = |name: &str, args: Value| Some(Step::call(name, args));
+        match (asked.as_str(), tools_so_far) {
+            ("detach", 0) => step(
+                "choir.exec",
+                json!({"command": "setsid sh -c 'sleep 3; echo late > late.txt' >/dev/null 2>&1 </dev/null & (sleep 3; echo late > late2.txt) >/dev/null 2>&1 &"}),
+            ),
+            ("fifo", 0) => {
+                step("choir.exec", json!({"command": "mkdir -p .choirtmp/send && mkfifo pipe .choirtmp/send/pipe.ogg"}))
+            }
+            ("fifo", 1) => step("choir.fs.read", json!({"path": "pipe"})),
+            ("fifo", 2) => step("choir.fs.search", json!({"pattern": "x", "path": "pipe"})),
+            ("hang", 0) => step("choir.exec", json!({"command": "sleep 313", "timeout_s": 600})),
+            _ if last["role"] == "tool" || asked == "hello" => Some(Step::Text(format!("done: {asked}"))),
+            _ => Some(Step::Text("?".into())),
+        }
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["demo"]);
+    config["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 20,
+                                "bots": {"alpha": {"token_secret": "tg_a", "users": {"501": {"agent": "demo"}}}}});
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN_A}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let ws = choird.workspace("demo");
+
+    // setsid and a subshell's background job: killed before the call commits.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "detach"]), "done: detach\n");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!ws.join("late.txt").exists() && !ws.join("late2.txt").exists(), "a detached child acted after its call");
+
+    // A FIFO in the workspace: refused by fs.read and fs.search at once, and
+    // choird's spool collection (a Telegram answer) passes it by.
+    tg.user_says(TOKEN_A, 501, "fifo");
+    tg.wait_calls("the answer in Telegram", Duration::from_secs(30), |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "done: fifo"))
+    });
+    let results: Vec<Value> = llm
+        .requests()
+        .iter()
+        .filter_map(|r| r.body["messages"].as_array()?.last().cloned())
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| serde_json::from_str(m["content"].as_str()?).ok())
+        .collect();
+    let read = results.iter().find(|r| r["summary"].as_str().is_some_and(|s| s.contains("pipe"))).unwrap();
+    assert_eq!(read["status"], "error", "{read}");
+    assert!(read["summary"].as_str().unwrap().contains("a FIFO"), "{read}");
+    assert!(results.iter().any(|r| r["error"]["code"] == "not_a_file"), "fs.search refused the FIFO: {results:?}");
+    let left = std::fs::symlink_metadata(ws.join(".choirtmp/send/pipe.ogg")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&left.file_type()), "the FIFO was left where it was, not opened");
+    assert!(status_time(&choird) < Duration::from_secs(1));
+
+    // A command in flight when the agent is stopped dies with it.
+    let home = choird.home.path().to_owned();
+    let chat = std::thread::spawn(move || {
+        std::process::Command::new(bin("choirctl")).arg("--home").arg(home).args(["chat", "demo", "hang"]).output()
+    });
+    wait_for("the command to run", Duration::from_secs(20), || process_running(&["sleep", "313"]));
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    let _ = chat.join();
+    assert!(!process_running(&["sleep", "313"]), "a tool's process outlived its agent on the host");
+    // Shutdown completes (nothing blocks on the FIFO).
+    let started = Instant::now();
+    choird.stop();
+    assert!(started.elapsed() < Duration::from_secs(20), "shutdown took {:?}", started.elapsed());
+}
+
+const CANARY: &str = "CANARY-7be41c09-never-in-a-prompt";
+
+/// Standard base64 (for looking for an encoded copy of the canary).
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+        }
+    }
+    out
+}
+
+/// Every run of 64 hex digits in `text`, as it stands and reversed.
+fn hex64_runs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in [text.to_owned(), text.chars().rev().collect::<String>()] {
+        let b = t.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let j = (i..b.len()).find(|&j| !b[j].is_ascii_hexdigit()).unwrap_or(b.len());
+            if j - i >= 64 {
+                for k in i..=j - 64 {
+                    out.push(t[k..k + 64].to_ascii_lowercase());
+                }
+            }
+            i = j + 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
+    if !choir_tests::docker::available() {
+        return;
+    }
+    // Builds share the layer cache: one at a time (held until the images are gone).
+    let _one_builder = choir_tests::docker::exclusive();
+    let Some(pg) = TestPg::start() else { return };
+    let victim = tempfile::Builder::new().prefix("choir-victim-").tempfile().unwrap();
+    std::fs::write(victim.path(), "host file").unwrap();
+    let victim_path = victim.path().display().to_string();
+    let uid = |p: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::symlink_metadata(p).unwrap());
+    let victim_owner = uid(victim.path());
+    let steal = r#"perl -e 'for $p (glob "/proc/[0-9]*") { for $f ("environ", "cmdline") { if (open F, "<", "$p/$f") { local $/; $d = <F>; print "$p/$f: ", scalar reverse($d), "\n" } else { print "$p/$f: $!\n" } } open MEM, "<", "$p/mem" or do { print "$p/mem: $!\n"; next }; open M, "<", "$p/maps" or do { print "$p/maps: $!\n"; next }; while (<M>) { next unless /^([0-9a-f]+)-([0-9a-f]+) r/; ($s, $e) = (hex $1, hex $2); next if $e - $s > 67108864; seek MEM, $s, 0; read MEM, $buf, $e - $s; while ($buf =~ /(CANARY[-\w]*|[0-9a-f]{64})/g) { print "$p: ", scalar reverse($1), "\n" } } }'"#;
+    let victim2 = victim_path.clone();
+    let llm = FakeLlm::with_responder(move |req, _| {
+        let msgs = req["messages"].as_array()?;
+        let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+        let results: Vec<Value> = msgs
+            .iter()
+            .rev()
+            .take_while(|m| m["role"] != "user")
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| serde_json::from_str(m["content"].as_str()?).ok())
+            .collect();
+        let call = |name: &str, args: Value| Some(Step::call(name, args));
+        if asked != "attack" {
+            return Some(Step::Text(format!("done: {asked}")));
+        }
+        match results.len() {
+            0 => call(
+                "choir.exec",
+                json!({"command": format!("rm -f /run/choir/choird.sock; ln -s {victim2} /run/choir/choird.sock; mkdir /run/choir/choird.sock.d; ls /run/choir")}),
+            ),
+            1 => call("choir.fs.write", json!({"path": "nul.txt", "content": "before\u{0}after"})),
+            2 => call(
+                "choir.exec",
+                json!({"command": "setsid sh -c 'sleep 3; echo late > /workspace/late.txt' >/dev/null 2>&1 </dev/null &"}),
+            ),
+            3 => call("choir.exec", json!({"command": "mkfifo /workspace/pipe"})),
+            4 => call("choir.fs.read", json!({"path": "pipe"})),
+            5 => call("choir.exec", json!({"command": steal, "timeout_s": 120})),
+            // The whole output of the theft, not just its preview.
+            6 => call("choir.fs.read", json!({"path": results[0]["log_path"].as_str()?})),
+            7 => call(
+                "choir.exec",
+                json!({"command": "grep Seccomp: /proc/self/status; unshare -U true 2>/dev/null; echo unshare=$?; cat /proc/*/environ | tr '\\0' '\\n'"}),
+            ),
+            _ => Some(Step::Text("attack done".into())),
+        }
+    });
+    let mut config = choir_tests::harness::docker_config(&llm.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"] = json!({"secrets": ["canary"]});
+    config["docker"]["keep_agents_on_shutdown"] = json!(false);
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k", "canary": CANARY}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "attack"]), "attack done\n");
+
+    let results: Vec<Value> = llm
+        .requests()
+        .iter()
+        .filter_map(|r| r.body["messages"].as_array()?.last().cloned())
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| serde_json::from_str(m["content"].as_str()?).ok())
+        .collect();
+    let preview = |i: usize| results[i]["output_preview"].as_str().unwrap_or_default().to_owned();
+    // The socket directory is read-only to the agent: nothing planted.
+    assert!(preview(0).contains("Read-only file system") && preview(0).ends_with("choird.sock\n"), "{}", preview(0));
+    // The FIFO was refused at once.
+    assert!(results[4]["summary"].as_str().unwrap().contains("a FIFO"), "{}", results[4]);
+    // The container is under the engine's seccomp filter.
+    assert!(preview(7).contains("Seccomp:\t2") && !preview(7).contains("unshare=0"), "{}", preview(7));
+    // Neither the bound secret nor the lease token reached any model request,
+    // in any form the attacker tried.
+    let digests: Vec<Vec<u8>> = pg
+        .client()
+        .query("SELECT token_sha256 FROM sessions WHERE agent_id = 'demo'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for r in llm.requests() {
+        let text = r.body.to_string();
+        let reversed: String = CANARY.chars().rev().collect();
+        for form in [CANARY.to_owned(), reversed, base64(CANARY.as_bytes())] {
+            assert!(!text.contains(&form), "the canary reached a model request as {form}");
+        }
+        for run in hex64_runs(&text) {
+            let digest: Vec<u8> = <sha2::Sha256 as sha2::Digest>::digest(run.as_bytes()).to_vec();
+            assert!(!digests.contains(&digest), "the lease token reached a model request");
+        }
+    }
+    // It was the kernel that said no: the agent is not dumpable.
+    let theft =
+        std::fs::read_to_string(choird.workspace("demo").join(results[5]["log_path"].as_str().unwrap())).unwrap();
+    let agent_proc = theft
+        .lines()
+        // Its command line, reversed, ends with its path (docker-init's names it too, first).
+        .find(|l| {
+            l.contains("/cmdline: ")
+                && l.trim_end_matches(|c: char| c == '\0' || c.is_whitespace()).ends_with("tnega-riohc/nib/lacol/rsu/")
+        })
+        .and_then(|l| l.split("/cmdline").next())
+        .unwrap()
+        .to_owned();
+    for what in ["environ", "mem"] {
+        assert!(theft.contains(&format!("{agent_proc}/{what}: Permission denied")), "{agent_proc}/{what}:\n{theft}");
+    }
+
+    // A crash, then a choird restart over a socket directory an older choird
+    // had left to the agent (a link named like the socket, a directory): the
+    // host file is untouched, choird starts, the agent answers.
+    let engine = choir_tests::docker::engine();
+    let first: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    engine.kill(first["container"].as_str().unwrap(), "KILL").unwrap();
+    wait_for("the restarted agent", Duration::from_secs(60), || {
+        serde_json::from_str::<Value>(&choird.ctl_ok(&["--json", "agent", "status", "demo"]))
+            .is_ok_and(|s| s["state"] == "running" && s["container"] != first["container"])
+    });
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "still there?"]), "done: still there?\n");
+    let dir = choird.home.path().join("socks/agents/demo");
+    choird.restart_with(|| {
+        let _ = std::fs::remove_file(dir.join("choird.sock"));
+        std::os::unix::fs::symlink(victim.path(), dir.join("choird.sock")).unwrap();
+        std::fs::create_dir_all(dir.join("planted/deeper")).unwrap();
+        let agent = (Some(rustix::fs::Uid::from_raw(10001)), Some(rustix::fs::Gid::from_raw(10001)));
+        rustix::fs::chown(&dir, agent.0, agent.1).unwrap();
+    });
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "and now?"]), "done: and now?\n");
+    assert_eq!(std::fs::read_to_string(victim.path()).unwrap(), "host file");
+    assert_eq!(uid(victim.path()), victim_owner, "choird never changed the owner of a host file");
+    assert_eq!(uid(&dir), rustix::process::geteuid().as_raw(), "the socket directory is choird's again");
+    assert!(!dir.join("planted").exists());
+    assert!(status_time(&choird) < Duration::from_secs(1));
+
+    // No process outlived its call; choird's copy of the log lost nothing,
+    // NUL included.
+    assert!(!choird.workspace("demo").join("late.txt").exists(), "the detached child acted after its call");
+    let events = crate::e2e::replicated_events(&pg, "demo", 8);
+    let nul = events.iter().find(|e| e.tool == "choir.fs.write").unwrap();
+    assert_eq!(nul.input["content"], "before\\u0000after");
+    assert_eq!(nul.escaped.as_deref(), Some("nul"));
+    let local = std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
+    assert_eq!(events.len(), local.lines().count(), "choird holds every event the agent committed");
+}
