@@ -583,3 +583,53 @@ impl Arbiter {
         (outcome, shown, us)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::host::NoHost;
+
+    #[test]
+    fn a_tool_with_secrets_never_runs_beside_a_shell_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = dir.path().join("choir/tools/agent");
+        std::fs::create_dir_all(&tools).unwrap();
+        let manifest = json!({
+            "llm": {"name": "x.deploy.run", "description": "Deploy.", "parameters": {"type": "object"}},
+            "runtime": {"exec_path": "deploy", "timeout_ms": 1000, "side_effect": "external", "version": "1",
+                        "secret_resources": ["deploy_key"]}
+        });
+        std::fs::write(tools.join("deploy.json"), manifest.to_string()).unwrap();
+        std::fs::write(tools.join("deploy"), "#!/bin/sh\necho '{}'\n").unwrap();
+        std::fs::set_permissions(tools.join("deploy"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let registry =
+            Registry::load(&dir.path().join("choir"), &["deploy_key".to_owned()], Arc::new(NoHost), &[]).unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let (log, _) = crate::commitlog::CommitLog::open(&dir.path().join("state")).unwrap();
+        let (tx, _rx) = crossbeam_channel::bounded(1);
+        let arbiter = Arbiter::new(
+            registry,
+            Workspace::open(&ws).unwrap(),
+            dir.path().join("state"),
+            Arc::new(DurableLog::new(log).unwrap()),
+            tx,
+            SecretStore::default(),
+        );
+        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let resources = |name: &str, args: &str| match arbiter
+            .decide(&lane, &ProposedCall { id: "c".into(), name: name.into(), arguments: args.into() })
+        {
+            Decision::Allowed { resources, .. } => resources,
+            other => panic!("{other:?}"),
+        };
+        let exec = resources("choir__exec", r#"{"command": "true"}"#);
+        let deploy = resources("x__deploy__run", "{}");
+        assert!(exec.contains(&(Resource::new(PROCESSES), LockMode::X)), "{exec:?}");
+        assert!(deploy.contains(&(Resource::new(PROCESSES), LockMode::S)), "{deploy:?}");
+        // So they can never hold their locks at once.
+        let held = arbiter.locks().acquire("edge/1", exec, Duration::from_secs(1)).unwrap();
+        assert!(arbiter.locks().acquire("core/1", deploy, Duration::from_millis(100)).is_err());
+        drop(held);
+    }
+}

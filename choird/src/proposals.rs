@@ -502,3 +502,77 @@ pub fn apply_config(config_text: &str, agent: &AgentId, content: &Value) -> Resu
     })?;
     Ok((text, keys))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use choir_common::rpc::{ProposalKind, ProposalScope};
+
+    fn manifest(name: &str, exec: &str) -> Value {
+        json!({
+            "llm": {"name": name, "description": "Count words.", "parameters": {"type": "object"}},
+            "runtime": {"exec_path": exec, "timeout_ms": 1000, "side_effect": "read", "version": "1"}
+        })
+    }
+
+    fn request(kind: ProposalKind, content: Value) -> ApprovalRequest {
+        ApprovalRequest {
+            kind,
+            scope: ProposalScope::Agent,
+            content,
+            reason: "r".into(),
+            lane: "edge".into(),
+            skill: None,
+            state: None,
+            conversation: None,
+        }
+    }
+
+    #[test]
+    fn regression_tool_names_whose_files_collide_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_owned());
+        let agent = AgentId::parse("demo").unwrap();
+        let tools = home.repos().join("agents/demo/tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::write(tools.join("x_a_b.json"), manifest("x_a.b", "count_ab").to_string()).unwrap();
+        std::fs::write(tools.join("count_ab"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(tools.join("count_ab"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let content = json!({"manifest": manifest("x.a_b", "other"), "executable": "#!/bin/sh\necho {}\n"});
+        let err = validate(&home, &agent, &json!({}), &request(ProposalKind::Tool, content)).unwrap_err();
+        assert!(err.0.contains("tools/x_a_b.json") && err.0.contains("x_a.b"), "{}", err.0);
+        // Another name is fine.
+        let content = json!({"manifest": manifest("x.other", "other"), "executable": "#!/bin/sh\necho {}\n"});
+        assert!(validate(&home, &agent, &json!({}), &request(ProposalKind::Tool, content)).is_ok());
+    }
+
+    #[test]
+    fn an_agent_cannot_propose_away_its_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_owned());
+        let agent = AgentId::parse("demo").unwrap();
+        let settings = serde_json::to_value(crate::config::AgentConfig::default()).unwrap();
+        for (key, value) in [
+            ("secrets", json!(["llm_key"])),
+            ("workspace", json!("/")),
+            ("network", json!("bridge")),
+            ("resources", json!({"memory_mb": 65536, "cpus": 64.0, "pids": 100000})),
+            ("models", json!({"edge": "gpt-expensive"})),
+            ("token_budget", json!({"per_day": 1000000000})),
+            ("core_budget", json!({"steps": 1, "tokens": 1000000000, "wall_s": 1})),
+            ("quotas", json!({"memory_items": 1000000000})),
+            ("fail_closed_s", json!(100000)),
+            ("autostart", json!(true)),
+            ("max_core_jobs", json!(100)),
+        ] {
+            let req = request(ProposalKind::ConfigChange, json!({"changes": {key: value}}));
+            let err = validate(&home, &agent, &settings, &req).unwrap_err();
+            assert!(err.0.contains("cannot be changed by a proposal"), "{key}: {}", err.0);
+        }
+        let req = request(ProposalKind::ConfigChange, json!({"changes": {"max_steps_per_turn": 100000}}));
+        assert!(validate(&home, &agent, &settings, &req).unwrap_err().0.contains("from 1 to 256"));
+        let req =
+            request(ProposalKind::ConfigChange, json!({"changes": {"max_steps_per_turn": 8, "tool_exposure": "find"}}));
+        assert!(validate(&home, &agent, &settings, &req).is_ok());
+    }
+}

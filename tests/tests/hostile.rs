@@ -158,6 +158,8 @@ fn t2_config(llm: &FakeLlm, pg: &TestPg, tg: &FakeTelegram, emb: &FakeEmbeddings
                                                                                 "502": {"agent": "evil"}}}}});
     c["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
                                         "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    // An endpoint that does not answer, at an address agents must never learn.
+    c["llm"]["core"]["base_url"] = json!("http://127.0.0.1:9/internal-gateway-7f3a/v1");
     c
 }
 
@@ -266,6 +268,13 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(to_502.iter().filter(|t| t.starts_with("notice") || t.starts_with("flood")).count(), 3, "{to_502:?}");
     assert_eq!(audit_count(&pg, "outcome = 'notice_refused'"), 2 + 8, "two misdirected, eight over the quota");
 
+    // Errors carry no internal address.
+    let (status, body) =
+        evil.post("/llm/core/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(status, 502, "{body}");
+    let said = body.to_string();
+    assert!(!said.contains("127.0.0.1") && !said.contains("internal-gateway"), "{said}");
+
     // --- The token budget cannot be bypassed. ---
     let ask = json!({"messages": [{"role": "user", "content": "x".repeat(4000)}], "stream": true, "n": 5,
                      "service_tier": "priority", "models": ["big-a", "big-b"], "max_tokens": 500});
@@ -310,15 +319,24 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(evil.post("/llm/edge/v1/chat/completions", &ask).0, 429, "the next session's calls are refused too");
 
     // --- Growth is bounded. ---
+    // What an agent writes reaches the operator's terminal escaped.
+    let hostile_reason = "fewer steps\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnissim\nAPPROVED by admin";
     let propose = |n: u32| {
         evil.rpc(
             "REQUEST_APPROVAL",
-            &json!({"kind": "config_change", "scope": "agent", "reason": "r", "lane": "edge",
+            &json!({"kind": "config_change", "scope": "agent", "reason": hostile_reason, "lane": "edge\u{1b}[31m",
                     "content": {"changes": {"max_steps_per_turn": n}}}),
         )
     };
     assert_eq!(propose(5).0, 200);
     assert_eq!(propose(6).0, 200);
+    let list = choird.ctl_ok(&["approvals", "list"]);
+    let show = choird.ctl_ok(&["approvals", "show", "1"]);
+    for out in [&list, &show] {
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{202e}'), "{out}");
+    }
+    assert!(show.contains("\\u{1b}[2J") && show.contains("\\u{202e}"), "escapes shown: {show}");
+    assert!(!show.lines().any(|l| l.starts_with("APPROVED")), "no forged line: {show}");
     let (status, body) = propose(7);
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("quotas.pending_proposals"), "{body}");
@@ -447,6 +465,9 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
             ("fifo", 1) => step("choir.fs.read", json!({"path": "pipe"})),
             ("fifo", 2) => step("choir.fs.search", json!({"pattern": "x", "path": "pipe"})),
             ("hang", 0) => step("choir.exec", json!({"command": "sleep 313", "timeout_s": 600})),
+            ("forge", 0) => {
+                Some(Step::ToolCalls(vec![("x\n[2020-01-01T00:00:00Z ERROR choird] forged".into(), "{}".into())]))
+            }
             _ if last["role"] == "tool" || asked == "hello" => Some(Step::Text(format!("done: {asked}"))),
             _ => Some(Step::Text("?".into())),
         }
@@ -485,6 +506,12 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
     let left = std::fs::symlink_metadata(ws.join(".choirtmp/send/pipe.ogg")).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&left.file_type()), "the FIFO was left where it was, not opened");
     assert!(status_time(&choird) < Duration::from_secs(1));
+
+    // A name the model chose cannot forge a log line.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "forge"]), "done: forge\n");
+    let log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
+    assert!(log.contains("?x\\n[2020-01-01T00:00:00Z ERROR choird] forged"), "the name is there, escaped");
+    assert!(!log.lines().any(|l| l.starts_with("[2020-01-01T00:00:00Z ERROR choird]")), "a forged line");
 
     // A command in flight when the agent is stopped dies with it.
     let home = choird.home.path().to_owned();
@@ -683,4 +710,93 @@ fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
     assert_eq!(nul.escaped.as_deref(), Some("nul"));
     let local = std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
     assert_eq!(events.len(), local.lines().count(), "choird holds every event the agent committed");
+}
+
+#[test]
+fn regression_replication_down_fails_closed_withholds_results_and_recovers() {
+    let Some(mut pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+        let tools = msgs.iter().rev().take_while(|m| m["role"] != "user").filter(|m| m["role"] == "tool").count();
+        match (asked.as_str(), tools) {
+            ("work", 0) => Some(Step::call("choir.exec", json!({"command": "sleep 2; echo slept"}))),
+            ("work", 1) => Some(Step::call("choir.fs.write", json!({"path": "a.txt", "content": "x"}))),
+            ("again", 0) => Some(Step::call("choir.exec", json!({"command": "echo fine"}))),
+            _ => Some(Step::Text(format!("done: {asked}"))),
+        }
+    });
+    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"]["fail_closed_s"] = json!(2);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let home = choird.home.path().to_owned();
+    let chat = std::thread::spawn(move || {
+        std::process::Command::new(bin("choirctl"))
+            .arg("--home")
+            .arg(home)
+            .args(["chat", "demo", "work"])
+            .output()
+            .unwrap()
+    });
+    // While the command runs, choird loses its database: events cannot be stored.
+    wait_for("the command to start", Duration::from_secs(20), || !llm.requests().is_empty());
+    pg.stop_immediate();
+    wait_for("the model to hear back twice", Duration::from_secs(60), || llm.requests().len() >= 3);
+    let result = |i: usize| -> Value {
+        let m = llm.requests()[i].body["messages"].as_array().unwrap().last().unwrap().clone();
+        serde_json::from_str(m["content"].as_str().unwrap()).unwrap()
+    };
+    // The command ran, but its output never reached the model: withheld.
+    let withheld = result(1);
+    assert_eq!(withheld["error"]["code"], "replication_down", "{withheld}");
+    assert!(!withheld.to_string().contains("slept"), "{withheld}");
+    // Then tools are refused until replication recovers (fail closed).
+    let refused = result(2);
+    assert_eq!(refused["error"]["code"], "replication_down", "{refused}");
+    assert!(!choird.workspace("demo").join("a.txt").exists(), "nothing ran while closed");
+
+    pg.start_again();
+    let out = chat.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done: work\n", "{}", String::from_utf8_lossy(&out.stderr));
+    // Recovered: tools run again, and choird holds every event.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "again"]), "done: again\n");
+    let events = crate::e2e::replicated_events(&pg, "demo", 3);
+    let tools: Vec<(&str, Outcome)> = events.iter().map(|e| (e.tool.as_str(), e.outcome)).collect();
+    assert_eq!(
+        tools,
+        [("choir.exec", Outcome::Ok), ("choir.fs.write", Outcome::Rejected), ("choir.exec", Outcome::Ok)],
+        "the withheld call is on record too"
+    );
+}
+
+#[test]
+fn regression_sighup_revokes_a_removed_agent_and_opens_a_socket_for_an_added_one() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("late answers".into())));
+    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil"]);
+    config["agent_binary"] = json!(bin("hostile-agent"));
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    assert_eq!(evil.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 200);
+
+    config["agents"] = json!({"late": {}});
+    std::fs::write(choird.home.path().join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    choir_common::proc_tree::signal(choird.pid() as i32, rustix::process::Signal::HUP);
+    // The removed agent's lease is revoked and its socket closed.
+    wait_for("the removed agent's socket to go", Duration::from_secs(30), || !evil.socket.exists());
+    let admin = Evil {
+        socket: choird.home.path().join("socks/choird.sock"),
+        token: evil.token.clone(),
+        client: choir_common::unix_http::agent_for_socket(
+            &choird.home.path().join("socks/choird.sock"),
+            Some(Duration::from_secs(10)),
+        ),
+    };
+    assert_eq!(admin.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 401, "the old token works nowhere");
+    assert!(audit_count(&pg, "action = 'agent.revoke'") == 1);
+    // The added agent has its socket without a restart of choird.
+    choird.ctl_ok(&["agent", "start", "late"]);
+    assert_eq!(choird.ctl_ok(&["chat", "late", "hi"]), "late answers\n");
 }

@@ -189,7 +189,10 @@ fn admins_approve_and_reject_from_inline_buttons_and_others_cannot() {
     });
     let tg = FakeTelegram::start();
     tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(true)), &secrets());
+    // 503 is an admin too, but of another agent on the same bot.
+    let mut bots = one_bot(true);
+    bots["a"]["users"]["503"] = json!({"agent": "beta", "admin": true});
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha", "beta"], bots), &secrets());
     choird.ctl_ok(&["agent", "start", "alpha"]);
 
     tg.user_says(TOKEN_A, 502, "propose 5");
@@ -201,6 +204,9 @@ fn admins_approve_and_reject_from_inline_buttons_and_others_cannot() {
     assert_eq!(ask.params["chat_id"], 501);
     let text = ask.params["text"].as_str().unwrap();
     assert!(text.starts_with("Proposal 1 from agent alpha: config_change config: max_steps_per_turn"), "{text}");
+    // The exact change, not just a title.
+    assert!(text.contains("The change:") && text.contains("+  \"max_steps_per_turn\": 5,"), "{text}");
+    assert!(!calls.iter().any(|c| c.params["chat_id"] == 503), "beta's admin is not asked about alpha's proposal");
     let buttons = &ask.params["reply_markup"]["inline_keyboard"][0];
     let labels: Vec<&str> = buttons.as_array().unwrap().iter().map(|b| b["text"].as_str().unwrap()).collect();
     assert_eq!(labels, ["Approve", "Reject", "Show"]);
@@ -217,6 +223,14 @@ fn admins_approve_and_reject_from_inline_buttons_and_others_cannot() {
     let pending: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list"])).unwrap();
     assert_eq!(pending["approvals"].as_array().unwrap().len(), 1);
     assert!(choird.ctl_ok(&["audit", "--limit", "100"]).contains("refused_not_admin"));
+    // Another agent's admin cannot decide it either.
+    tg.user_presses(TOKEN_A, 503, asked, &data(0));
+    tg.wait_calls("the second refusal", Duration::from_secs(20), |c| {
+        c.iter().filter(|c| c.method == "answerCallbackQuery").count() == 2
+    });
+    assert!(tg.sent("answerCallbackQuery")[1].params["text"].as_str().unwrap().contains("Only this bot's admins"));
+    let pending: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list"])).unwrap();
+    assert_eq!(pending["approvals"][0]["status"], "pending");
 
     // Show, then Approve: the decision is recorded as the admin's and the question edited.
     tg.user_presses(TOKEN_A, 501, asked, &data(2));

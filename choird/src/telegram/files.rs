@@ -240,6 +240,20 @@ mod tests {
     }
 
     #[test]
+    fn the_spool_takes_no_more_than_its_room() {
+        let ws = tempfile::tempdir().unwrap();
+        let spool = tempfile::tempdir().unwrap();
+        let send = ws.path().join(".choirtmp/send");
+        std::fs::create_dir_all(&send).unwrap();
+        std::fs::write(send.join("a.txt"), vec![b'a'; 600]).unwrap();
+        std::fs::write(send.join("b.txt"), vec![b'b'; 600]).unwrap();
+        let taken = take_outgoing(ws.path(), spool.path(), 1000).unwrap();
+        assert_eq!(taken.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a.txt"]);
+        assert!(send.join("b.txt").exists(), "what does not fit stays in the workspace for later");
+        assert_eq!(dir_bytes(spool.path()), 600);
+    }
+
+    #[test]
     fn incoming_files_stay_inside_the_workspace() {
         let ws = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
