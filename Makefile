@@ -53,6 +53,8 @@ bench: deps base-image
 	target/release/bench-docker
 	target/release/bench-turns
 	target/release/bench-telegram
+	target/release/bench-replication
+	target/release/bench-hostile
 
 # The memory store at scale (1,000,000 vectors; about half an hour): not part of `make bench`.
 bench-memory: deps

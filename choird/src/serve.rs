@@ -48,7 +48,8 @@ impl Handler for Router {
     fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError> {
         let d = &self.daemon;
         if let Some(verb) = Verb::from_path(&head.path) {
-            let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), RateClass::Verb)?;
+            let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
+            let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
             return Ok(Admitted { max_body: crate::rpc_api::max_body(verb), caller: Some(who) });
         }
         if let Some(rest) = head.path.strip_prefix("/llm/") {

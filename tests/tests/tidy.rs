@@ -31,3 +31,12 @@ fn every_rust_file_opens_with_a_doc_line_and_nothing_is_ignored() {
         assert!(!text.contains(&should_panic), "{} uses should_panic; assert on the error instead", f.display());
     }
 }
+
+#[test]
+fn the_systemd_unit_bounds_choird() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let unit = std::fs::read_to_string(root.join("packaging/choird.service")).unwrap();
+    for key in ["LimitNOFILE=", "TasksMax=", "MemoryMax=", "NoNewPrivileges=yes"] {
+        assert!(unit.lines().any(|l| l.starts_with(key)), "packaging/choird.service has no {key}");
+    }
+}

@@ -42,18 +42,23 @@ pub const LEASE_TTL: Duration = Duration::from_secs(60);
 /// class (verbs, edge model calls, core model calls), so core jobs working
 /// hard never slow the user-facing lane down.
 const RATE_PER_S: f64 = 200.0;
-/// Agent RPC rate limit: burst size.
-const RATE_BURST: f64 = 400.0;
+/// HEARTBEATs have their own, larger bucket: every tool result waits for
+/// one (replicate before acknowledging), so they come as fast as tools end;
+/// concurrent lanes share one, and a slow choird makes batches larger, not
+/// more frequent.
+const HEARTBEAT_PER_S: f64 = 1000.0;
 
 /// What a rate-limited request is, for its bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateClass {
-    /// One of the eight verbs.
+    /// One of the eight verbs, but HEARTBEAT.
     Verb = 0,
     /// A model call of the edge lane.
     EdgeModel = 1,
     /// A model call of a core job.
     CoreModel = 2,
+    /// HEARTBEAT (replication, answers, the long-poll).
+    Heartbeat = 3,
 }
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;
@@ -104,23 +109,25 @@ impl Phase {
 struct Bucket {
     tokens: f64,
     at: Instant,
+    rate: f64,
+    burst: f64,
 }
 
 impl Bucket {
-    fn new() -> Bucket {
-        Bucket { tokens: RATE_BURST, at: Instant::now() }
+    fn new(rate: f64) -> Bucket {
+        Bucket { tokens: 2.0 * rate, at: Instant::now(), rate, burst: 2.0 * rate }
     }
 
     /// Takes one token, or says how long until one is available.
     fn take(&mut self) -> Result<(), Duration> {
         let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE_PER_S).min(RATE_BURST);
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
         self.at = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / RATE_PER_S))
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
         }
     }
 }
@@ -155,7 +162,7 @@ pub(crate) struct Session {
     terminated: bool,
     /// Its lapsed lease has been acted on.
     reaped: bool,
-    buckets: [Bucket; 3],
+    buckets: [Bucket; 4],
 }
 
 impl Session {
@@ -171,7 +178,12 @@ impl Session {
             stop: false,
             terminated: false,
             reaped: false,
-            buckets: [Bucket::new(), Bucket::new(), Bucket::new()],
+            buckets: [
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(HEARTBEAT_PER_S),
+            ],
         }
     }
 }
@@ -565,7 +577,10 @@ impl Daemon {
         }
         if let Err(wait) = session.buckets[class as usize].take() {
             return Err(ApiError::RateLimited {
-                message: format!("agent {agent} is over its RPC rate limit ({RATE_PER_S}/s)"),
+                message: format!(
+                    "agent {agent} is over its RPC rate limit ({}/s)",
+                    session.buckets[class as usize].rate
+                ),
                 retry_after_s: Some(wait.as_secs().max(1)),
             });
         }
