@@ -295,6 +295,28 @@ mod tests {
         assert_eq!(stale, vec![std::ffi::OsString::from("a")], "stale directories removed");
     }
 
+    #[test]
+    fn as_root_only_the_socket_is_the_agents() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: the hand-over to the agent's user needs root (CI runs as root)");
+            return;
+        }
+        let (_d, agents) = agents_dir();
+        // An older choird had handed the directory to the agent's user.
+        std::fs::create_dir(agents.join("a")).unwrap();
+        rustix::fs::chown(
+            &agents.join("a"),
+            Some(rustix::fs::Uid::from_raw(10001)),
+            Some(rustix::fs::Gid::from_raw(10001)),
+        )
+        .unwrap();
+        let (_l, path) = bind_agent(&agents, "a", Some((10001, 10001))).unwrap();
+        let dir = std::fs::metadata(agents.join("a")).unwrap();
+        assert_eq!((dir.uid(), dir.mode() & 0o777), (0, 0o755), "the directory is choird's, traversable");
+        let sock = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!((sock.uid(), sock.gid(), sock.mode() & 0o777), (10001, 10001, 0o600));
+    }
+
     trait SocketLike {
         fn is_socket_like(&self) -> bool;
     }

@@ -22,6 +22,9 @@ use sha2::{Digest, Sha256};
 struct State {
     down: bool,
     batches: Vec<usize>,
+    /// Inputs longer than this (in words, the fake's tokens) are refused with
+    /// the API's 400 for a too-long input, failing the whole request.
+    max_input_tokens: usize,
 }
 
 /// The fake server.
@@ -68,7 +71,7 @@ impl FakeEmbeddings {
     pub fn start(dims: usize) -> FakeEmbeddings {
         let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the fake embeddings"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
-        let state = Arc::new(Mutex::new(State { down: false, batches: Vec::new() }));
+        let state = Arc::new(Mutex::new(State { down: false, batches: Vec::new(), max_input_tokens: 8191 }));
         let (s2, srv2) = (state.clone(), server.clone());
         let thread = std::thread::Builder::new()
             .name("fake-embeddings".into())
@@ -101,6 +104,12 @@ impl FakeEmbeddings {
         self.state.lock().down = down;
     }
 
+    /// Sets the longest input (in words) accepted; a request with a longer
+    /// one is refused whole (400), as the real endpoint does.
+    pub fn set_max_input_tokens(&self, n: usize) {
+        self.state.lock().max_input_tokens = n;
+    }
+
     /// The number of texts of each request answered so far.
     pub fn batches(&self) -> Vec<usize> {
         self.state.lock().batches.clone()
@@ -128,6 +137,18 @@ fn answer(state: &Mutex<State>, url: &str, body: &str, dims: usize) -> (u16, Str
     };
     if inputs.is_empty() || inputs.iter().any(String::is_empty) {
         return error(400, "'input' cannot be an empty string or list", "invalid_request_error");
+    }
+    let max = state.lock().max_input_tokens;
+    if let Some(long) = inputs.iter().map(|t| t.split_whitespace().count()).find(|n| *n > max) {
+        return error(
+            400,
+            &format!(
+                "This model's maximum context length is {} tokens, however you requested {long} tokens ({long} in your \
+                 prompt; 0 for the completion). Please reduce your prompt; or completion length.",
+                max + 1
+            ),
+            "invalid_request_error",
+        );
     }
     state.lock().batches.push(inputs.len());
     let tokens: usize = inputs.iter().map(|t| t.split_whitespace().count()).sum();

@@ -352,6 +352,17 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
             &json!({"tool": "choir.memory.upsert", "lane": "edge", "call_id": "c", "input": input}),
         )
     };
+    // One item the embedding endpoint refuses does not stop the others'.
+    emb.set_max_input_tokens(20);
+    let poison = vec!["word"; 40].join(" ");
+    let items = json!([{"tier": "session", "content": "alpha note"}, {"tier": "session", "content": poison},
+                       {"tier": "session", "content": "gamma note"}]);
+    assert_eq!(upsert(json!({"items": items})).0, 200);
+    wait_for("the refused item to be set aside", Duration::from_secs(30), || {
+        let stats: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "memory", "stats", "evil"])).unwrap();
+        stats["failed_embeddings"] == 1 && stats["pending_embeddings"] == 0
+    });
+    assert!(choird.ctl_ok(&["memory", "stats", "evil"]).contains("failed embeddings: 1"));
     let (status, body) = upsert(json!({"tier": "session", "content": "y".repeat(2000)}));
     assert_eq!(status, 413, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("quotas.memory_item_bytes"), "{body}");
@@ -468,6 +479,7 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
             ("fifo", 1) => step("choir.fs.read", json!({"path": "pipe"})),
             ("fifo", 2) => step("choir.fs.search", json!({"pattern": "x", "path": "pipe"})),
             ("hang", 0) => step("choir.exec", json!({"command": "sleep 313", "timeout_s": 600})),
+            ("file", 0) => step("choir.exec", json!({"command": "echo data > .choirtmp/send/refused.txt"})),
             ("forge", 0) => {
                 Some(Step::ToolCalls(vec![("x\n[2020-01-01T00:00:00Z ERROR choird] forged".into(), "{}".into())]))
             }
@@ -509,6 +521,17 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
     let left = std::fs::symlink_metadata(ws.join(".choirtmp/send/pipe.ogg")).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&left.file_type()), "the FIFO was left where it was, not opened");
     assert!(status_time(&choird) < Duration::from_secs(1));
+
+    // A file Telegram refuses leaves nothing behind in choird's spool.
+    tg.fail_next("sendDocument", vec![choir_tests::fake_telegram::Fault::Status(400)]);
+    tg.user_says(TOKEN_A, 501, "file");
+    tg.wait_calls("the refused upload", Duration::from_secs(30), |c| {
+        c.iter().any(|c| c.method == "sendDocument" && c.status == 400)
+    });
+    let spool = choird.home.path().join("telegram/spool/demo");
+    wait_for("the spool to be emptied", Duration::from_secs(10), || {
+        std::fs::read_dir(&spool).map(|d| d.count() == 0).unwrap_or(true)
+    });
 
     // A name the model chose cannot forge a log line.
     assert_eq!(choird.ctl_ok(&["chat", "demo", "forge"]), "done: forge\n");
