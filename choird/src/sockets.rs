@@ -305,7 +305,7 @@ mod tests {
         // An older choird had handed the directory to the agent's user.
         std::fs::create_dir(agents.join("a")).unwrap();
         rustix::fs::chown(
-            &agents.join("a"),
+            agents.join("a"),
             Some(rustix::fs::Uid::from_raw(10001)),
             Some(rustix::fs::Gid::from_raw(10001)),
         )
