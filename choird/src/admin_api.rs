@@ -13,7 +13,7 @@ use crate::daemon::{ChatUpdate, Daemon};
 use crate::http::{ApiError, Request, Response};
 
 /// Answers `/admin/v1/...`.
-pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, ApiError> {
+pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Request) -> Result<Response, ApiError> {
     let rest = req.path.strip_prefix("/admin/v1/").unwrap_or("");
     let parts: Vec<&str> = rest.split('/').collect();
     match (req.method.as_str(), parts.as_slice()) {
@@ -133,20 +133,20 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
             let agent = d.known_agent(id)?;
             let memory = d
                 .memory
-                .get()
+                .as_ref()
                 .ok_or_else(|| ApiError::NotFound("memory is not configured (add \"memory\" to config.json)".into()))?;
             match *what {
-                "stats" => Ok(Response::ok(&memory.stats(d, &agent)?)),
+                "stats" => Ok(Response::ok(&memory.stats(&agent)?)),
                 "search" => {
                     let q =
                         req.query("q").ok_or_else(|| ApiError::BadRequest("give the text to search: ?q=".into()))?;
-                    Ok(Response::ok(&memory.search(d, &agent, q, parse_num(req.query("k"), 5)?)?))
+                    Ok(Response::ok(&memory.search(&agent, q, parse_num(req.query("k"), 5)?)?))
                 }
                 "export" => {
                     // JSON lines, streamed page by page: the whole memory never sits in RAM.
                     let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
-                    let first = memory.export(d, &agent, 0, 500)?;
-                    let (daemon, memory) = (d.clone(), memory.clone());
+                    let first = memory.export(&agent, 0, 500)?;
+                    let memory = memory.clone();
                     std::thread::Builder::new()
                         .name(format!("export-{agent}"))
                         .spawn(move || {
@@ -159,7 +159,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
                                         return;
                                     }
                                 }
-                                page = match memory.export(&daemon, &agent, last, 500) {
+                                page = match memory.export(&agent, last, 500) {
                                     Ok(p) => p,
                                     Err(e) => {
                                         let _ = writeln!(writer, "{}", serde_json::json!({"error": e.to_string()}));
@@ -176,15 +176,15 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Result<Response, Api
                 other => Err(ApiError::NotFound(format!("no memory endpoint {other:?}; use stats, search or export"))),
             }
         }
-        ("GET", ["telegram"]) => Ok(Response::ok(&crate::telegram::status(d)?)),
+        ("GET", ["telegram"]) => Ok(Response::ok(&crate::telegram::status(tg)?)),
         ("GET", ["telegram", "pairings"]) => {
-            Ok(Response::ok(&crate::telegram::pairing::list(d, req.query("all").is_some_and(|v| v == "1"))?))
+            Ok(Response::ok(&crate::telegram::pairing::list(tg, req.query("all").is_some_and(|v| v == "1"))?))
         }
         ("POST", ["telegram", "pairings", bot, user]) => {
             let r: choir_common::admin::PairDecision = req.json()?;
             let user: i64 =
                 user.parse().map_err(|_| ApiError::BadRequest(format!("{user:?} is not a Telegram user id")))?;
-            let done = crate::telegram::pairing::decide(d, bot, user, r.approve, "admin")?;
+            let done = crate::telegram::pairing::decide(tg, bot, user, r.approve, "admin")?;
             Ok(Response::ok(&serde_json::json!({"done": done})))
         }
         ("GET", ["audit"]) => {

@@ -15,22 +15,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use choir_common::ids::AgentId;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
+pub use crate::config::TokenBudget;
 use crate::http::ApiError;
 use crate::store::Store;
-
-/// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenBudget {
-    /// Tokens per UTC day.
-    #[serde(default)]
-    pub per_day: Option<u64>,
-    /// Tokens in all.
-    #[serde(default)]
-    pub total: Option<u64>,
-}
 
 /// Roughly four bytes of text per token (for estimates).
 pub const BYTES_PER_TOKEN: u64 = 4;

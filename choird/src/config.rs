@@ -13,18 +13,6 @@ use serde::{Deserialize, Serialize};
 use crate::home::Home;
 use crate::secrets::Secrets;
 
-/// The file choird writes on first start: a process-runtime setup with an
-/// OpenAI endpoint and no agents, valid as it stands.
-pub const STARTER_CONFIG: &str = r#"{
-  "runtime": "docker",
-  "llm": {
-    "edge": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini", "api_key_secret": "openai_api_key" },
-    "core": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o", "api_key_secret": "openai_api_key" }
-  },
-  "agents": {}
-}
-"#;
-
 /// How agents are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -155,7 +143,7 @@ pub struct AgentConfig {
     /// Tokens the agent's model calls may spend per UTC day and in total,
     /// across sessions (none = unlimited); then 429 `budget_exhausted`.
     #[serde(default)]
-    pub token_budget: crate::budget::TokenBudget,
+    pub token_budget: TokenBudget,
     /// `all` (default): the model is sent every tool; `find`: Choir's own
     /// tools and `choir.tools.find`, then whatever it found (for agents with
     /// many tools).
@@ -172,6 +160,18 @@ pub struct AgentConfig {
     /// What the agent may make choird store (see [`Quotas`]).
     #[serde(default)]
     pub quotas: Quotas,
+}
+
+/// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBudget {
+    /// Tokens per UTC day.
+    #[serde(default)]
+    pub per_day: Option<u64>,
+    /// Tokens in all.
+    #[serde(default)]
+    pub total: Option<u64>,
 }
 
 /// Bounds on what an agent (a possibly hostile client) can make choird keep.
@@ -354,7 +354,7 @@ impl Default for AgentConfig {
             context_tokens: default_context_tokens(),
             max_core_jobs: default_max_core_jobs(),
             core_budget: choir_common::rpc::CoreBudget::default(),
-            token_budget: crate::budget::TokenBudget::default(),
+            token_budget: TokenBudget::default(),
             tool_exposure: ToolExposure::All,
             network: NetworkMode::None,
             fail_closed_s: default_fail_closed_s(),
@@ -774,6 +774,15 @@ impl Config {
         out
     }
 
+    /// Whether `agent` may send to `chat` through Telegram bot `bot`: the
+    /// chat is a private chat of a user bound to this agent on that bot, or
+    /// a group the bot routes to this agent.
+    pub fn serves_chat(&self, bot: &str, chat: i64, agent: &AgentId) -> bool {
+        let Some(b) = self.telegram.bots.get(bot) else { return false };
+        let key = chat.to_string();
+        b.users.get(&key).is_some_and(|u| &u.agent == agent) || b.groups.get(&key).is_some_and(|g| &g.agent == agent)
+    }
+
     /// The workspace directory of an agent.
     pub fn workspace(&self, home: &Home, id: &AgentId) -> PathBuf {
         self.agents.get(id).and_then(|a| a.workspace.clone()).unwrap_or_else(|| home.default_workspace(id))
@@ -831,7 +840,7 @@ mod tests {
 
     #[test]
     fn the_starter_config_is_valid() {
-        let c = Config::parse(STARTER_CONFIG).unwrap();
+        let c = Config::parse(crate::home::STARTER_CONFIG).unwrap();
         assert_eq!(c.runtime, RuntimeKind::Docker);
         assert!(c.agents.is_empty());
     }
@@ -870,7 +879,7 @@ mod tests {
 
     #[test]
     fn missing_secrets_are_listed() {
-        let c = Config::parse(STARTER_CONFIG).unwrap();
+        let c = Config::parse(crate::home::STARTER_CONFIG).unwrap();
         assert_eq!(c.missing_secrets(&Secrets::from_pairs(&[("openai_api_key", "k")])), Vec::<String>::new());
         assert_eq!(c.missing_secrets(&Secrets::default()).len(), 2);
     }

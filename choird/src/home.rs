@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 
 use choir_common::ids::AgentId;
 
+/// The file choird writes on first start: a docker-runtime setup with an
+/// OpenAI endpoint and no agents, valid as it stands.
+pub const STARTER_CONFIG: &str = r#"{
+  "runtime": "docker",
+  "llm": {
+    "edge": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini", "api_key_secret": "openai_api_key" },
+    "core": { "base_url": "https://api.openai.com/v1", "model": "gpt-4o", "api_key_secret": "openai_api_key" }
+  },
+  "agents": {}
+}
+"#;
+
 /// Paths inside a Choir home.
 #[derive(Debug, Clone)]
 pub struct Home {
@@ -101,6 +113,10 @@ impl Home {
     pub fn default_workspace(&self, id: &AgentId) -> PathBuf {
         self.root.join("workspaces").join(id.as_str())
     }
+    /// choird's spool of an agent's files waiting to be sent to a chat.
+    pub fn spool(&self, id: &AgentId) -> PathBuf {
+        self.root.join("telegram").join("spool").join(id.as_str())
+    }
     /// Directory of the managed PostgreSQL cluster.
     pub fn pg(&self) -> PathBuf {
         self.root.join("pg")
@@ -119,7 +135,7 @@ impl Home {
         }
         let config = self.config();
         if !config.exists() {
-            write_new(&config, crate::config::STARTER_CONFIG.as_bytes(), 0o644)?;
+            write_new(&config, STARTER_CONFIG.as_bytes(), 0o644)?;
         }
         let secrets = self.secrets();
         if !secrets.exists() {
@@ -165,6 +181,15 @@ impl Home {
         writeln!(file, "{}", std::process::id()).map_err(io_err(&path))?;
         Ok(HomeLock { _file: file })
     }
+}
+
+/// Bytes of the regular files directly in `dir` (0 when it is missing).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+        })
+        .unwrap_or(0)
 }
 
 /// Held for the life of the daemon; the kernel releases the lock when the file

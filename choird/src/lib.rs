@@ -6,10 +6,13 @@
 pub mod admin_api;
 pub mod budget;
 pub mod config;
+pub mod conversations;
 pub mod daemon;
 pub mod db;
 pub mod docker;
+pub mod events;
 pub mod home;
+pub mod host_tools;
 pub mod http;
 pub mod memory;
 pub mod pace;
@@ -18,10 +21,13 @@ pub mod relay;
 pub mod rpc_api;
 pub mod runtime;
 pub mod secrets;
+pub mod sessions;
+pub mod shared;
 pub mod sockets;
 pub mod spawn;
 pub mod store;
 pub mod telegram;
+pub mod upstream;
 
 mod serve;
 

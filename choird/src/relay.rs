@@ -9,13 +9,13 @@
 
 use std::io::Read;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::config::Lane;
-use crate::daemon::Daemon;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Caller, Request, Response};
+use crate::shared::Shared;
 
 /// Largest request body relayed.
 pub const MAX_REQUEST: usize = 16 * 1024 * 1024;
@@ -44,7 +44,7 @@ pub const FORWARDED_FIELDS: &[&str] = &[
 ];
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
-pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, ApiError> {
+pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, ApiError> {
     let who = req
         .caller
         .clone()
@@ -74,48 +74,18 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     let model = config.model(&who.agent, lane);
     obj.insert("model".into(), Value::String(model.clone()));
     let body = Value::Object(obj);
-    let endpoint = config.endpoint(lane).clone();
-    let key = match &endpoint.api_key_secret {
-        None => None,
-        Some(name) => Some(d.secrets().get(name).map(str::to_owned).ok_or_else(|| {
-            ApiError::Unavailable(format!(
-                "the {} lane's API key secret {name:?} is not set in secrets.json",
-                lane.as_str()
-            ))
-        })?),
-    };
-    let url = format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/'));
     let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
     let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
     let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(payload.len(), &body))?;
 
     let started = Instant::now();
-    let mut request = d
-        .upstream
-        .post(&url)
-        .config()
-        .timeout_global(Some(Duration::from_secs(endpoint.timeout_s)))
-        .build()
-        .header("Content-Type", "application/json");
-    if let Some(key) = &key {
-        request = request.header("Authorization", &format!("Bearer {key}"));
-    }
-    let result = request.send(&payload[..]);
+    let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let answer = match result {
         Ok(a) => a,
         Err(e) => {
             let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms, false);
-            // The endpoint's address stays in choird's log, never in an answer to an agent.
-            log::warn!("agent {}: LLM endpoint {} ({} lane): {e}", who.agent, endpoint.base_url, lane.as_str());
-            return Err(match e {
-                ureq::Error::Timeout(_) => ApiError::Timeout(format!(
-                    "the {} model did not answer within {} s",
-                    lane.as_str(),
-                    endpoint.timeout_s
-                )),
-                _ => ApiError::BadGateway(format!("the {} model's endpoint cannot be reached", lane.as_str())),
-            });
+            return Err(e);
         }
     };
     let status = answer.status().as_u16();
@@ -160,7 +130,7 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
     let mut answer = answer;
     let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().map_err(|e| {
-        log::warn!("agent {}: LLM endpoint {}: bad answer body: {e}", who.agent, endpoint.base_url);
+        log::warn!("agent {}: the {} model's answer could not be read: {e}", who.agent, lane.as_str());
         ApiError::BadGateway(format!("the {} model's answer could not be read", lane.as_str()))
     })?;
     let usage =
@@ -199,32 +169,15 @@ pub fn handle(d: &Arc<Daemon>, lane: &str, req: &Request) -> Result<Response, Ap
 /// A completion choird asks for on an agent's behalf (e.g. folding its
 /// memory), with the agent's model for `lane`, counted against its budget
 /// and recorded like its own calls. Returns the answer's text.
-pub fn complete_for(d: &Daemon, who: &crate::daemon::Authed, lane: Lane, messages: Value) -> Result<String, ApiError> {
+pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Result<String, ApiError> {
     let config = d.config();
     let model = config.model(&who.agent, lane);
-    let endpoint = config.endpoint(lane).clone();
     let body = serde_json::json!({"model": model, "messages": messages});
     let text = body.to_string();
     let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
     let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(text.len(), &body))?;
-    let mut request = d
-        .upstream
-        .post(&format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/')))
-        .config()
-        .timeout_global(Some(Duration::from_secs(endpoint.timeout_s)))
-        .build()
-        .header("Content-Type", "application/json");
-    if let Some(name) = &endpoint.api_key_secret {
-        let key = d.secrets().get(name).map(str::to_owned).ok_or_else(|| {
-            ApiError::Unavailable(format!("the {} lane's API key secret {name:?} is not set", lane.as_str()))
-        })?;
-        request = request.header("Authorization", &format!("Bearer {key}"));
-    }
     let started = Instant::now();
-    let mut answer = request.send(text.as_bytes()).map_err(|e| {
-        log::warn!("agent {}: LLM endpoint {}: {e}", who.agent, endpoint.base_url);
-        ApiError::BadGateway(format!("the {} model's endpoint cannot be reached", lane.as_str()))
-    })?;
+    let mut answer = d.upstream.chat(&config, &d.secrets(), lane, text.as_bytes(), &format!("agent {}", who.agent))?;
     let status = answer.status().as_u16();
     let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -297,6 +250,12 @@ impl<R: Read> UsageTap<R> {
             }
             let line = std::mem::take(&mut self.line);
             let Some(data) = line.strip_prefix(b"data:") else { continue };
+            if data.trim_ascii() == b"[DONE]" {
+                // Recorded before the agent sees the end of the stream: it
+                // may act on `[DONE]` without waiting for the connection to end.
+                self.done = true;
+                continue;
+            }
             let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                 let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -310,7 +269,7 @@ impl<R: Read> Read for UsageTap<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.scan(&buf[..n]);
-        if n == 0 && !self.done {
+        if n == 0 || self.done {
             self.done = true;
             self.finish();
         }

@@ -17,14 +17,16 @@ use choir_common::ids::AgentId;
 use choir_common::rpc::Verb;
 
 use crate::config::Config;
-use crate::daemon::{Daemon, RateClass};
+use crate::daemon::{Daemon, Parts, RateClass};
 use crate::db::cluster::ManagedCluster;
 use crate::db::Db;
 use crate::home::Home;
 use crate::http::server::{Admitted, Head, Limits, Server, Socket};
 use crate::http::{printable, ApiError, Handler, ListenerKind, Request, Response};
 use crate::secrets::Secrets;
+use crate::shared::Shared;
 use crate::store::Store;
+use std::sync::atomic::AtomicBool;
 
 /// What `choird` was asked to do.
 #[derive(Debug, Clone)]
@@ -39,6 +41,38 @@ pub struct Options {
 /// according to what the listener exposes.
 struct Router {
     daemon: Arc<Daemon>,
+    tg: crate::telegram::Handle,
+}
+
+/// The control plane as the Telegram gateway sees it.
+struct DaemonControl(Arc<Daemon>);
+
+impl crate::telegram::Control for DaemonControl {
+    fn wake_agent(&self, agent: &AgentId) {
+        self.0.wake_agent(agent);
+    }
+    fn summary(&self, agent: &str) -> Result<choir_common::admin::AgentSummary, ApiError> {
+        self.0.summary(agent)
+    }
+    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), ApiError> {
+        self.0.cancel_lane(agent, lane, actor)
+    }
+    fn approve(
+        &self,
+        id: i64,
+        req: &choir_common::admin::ApproveRequest,
+    ) -> Result<choir_common::admin::ApprovalInfo, ApiError> {
+        self.0.approve(id, req)
+    }
+    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<choir_common::admin::ApprovalInfo, ApiError> {
+        self.0.reject(id, reason, by)
+    }
+    fn approval(&self, id: i64) -> Result<choir_common::admin::ApprovalDetail, ApiError> {
+        self.0.approval(id)
+    }
+    fn rewrite_config(&self, edit: crate::telegram::ConfigEdit<'_>) -> Result<(), String> {
+        self.0.rewrite_config(edit)
+    }
 }
 
 /// Largest body of an admin request (chat messages, proposals shown back, …).
@@ -71,11 +105,13 @@ impl Handler for Router {
             crate::rpc_api::handle(d, verb, &req)
         } else if let Some(rest) = req.path.strip_prefix("/llm/") {
             match rest.split_once('/') {
-                Some((lane, "v1/chat/completions")) if req.method == "POST" => crate::relay::handle(d, lane, &req),
+                Some((lane, "v1/chat/completions")) if req.method == "POST" => {
+                    crate::relay::handle(d.shared(), lane, &req)
+                }
                 _ => Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&req.path)))),
             }
         } else if req.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
-            crate::admin_api::handle(d, &req)
+            crate::admin_api::handle(d, &self.tg, &req)
         } else {
             Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&req.method), printable(&req.path))))
         };
@@ -181,13 +217,40 @@ fn serve(
     if kill_switch {
         log::warn!("the kill switch is ON: agents will run no tools until `choirctl policy kill-switch off`");
     }
-    let daemon =
-        Arc::new(Daemon::new(home.clone(), config.clone(), secrets, store, database, agent_binary, kill_switch));
-    if let Some(memory) = crate::memory::Memory::start(&daemon)? {
-        let _ = daemon.memory.set(memory);
+    // The pieces, bottom up: the shared services, the host tools (memory is
+    // one registrant), the control plane, and the gateway's handle on it.
+    let (events, events_rx) = crate::events::channel();
+    let shared = Arc::new(Shared::new(home.clone(), config.clone(), secrets, store, events));
+    let memory = crate::memory::Memory::start(&shared)?;
+    let mut host_tools = crate::host_tools::Registry::new(shared.clone());
+    if let Some(m) = &memory {
+        crate::memory::register(m, &mut host_tools)?;
     }
+    #[cfg(feature = "test-tools")]
+    host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
+    let daemon = Arc::new(Daemon::new(Parts {
+        shared: shared.clone(),
+        host_tools,
+        memory,
+        delivery: Arc::new(crate::telegram::TelegramDelivery),
+        database,
+        agent_binary,
+        kill_switch,
+    }));
+    let tg = crate::telegram::Handle {
+        shared: shared.clone(),
+        control: Arc::new(DaemonControl(daemon.clone())),
+        link: Arc::default(),
+    };
+    let events_stop = Arc::new(AtomicBool::new(false));
+    let events_thread = {
+        let (tg, stop) = (tg.clone(), events_stop.clone());
+        std::thread::Builder::new()
+            .name("tg-events".into())
+            .spawn(move || crate::telegram::run_events(&tg, &events_rx, &stop))?
+    };
     daemon.adopt_containers()?;
-    let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone() });
+    let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
     let nofile = crate::http::server::raise_nofile_limit();
     log::debug!("open-file limit {nofile}");
 
@@ -223,28 +286,31 @@ fn serve(
         }
     }
 
-    let mut gateway = crate::telegram::Gateway::start(&daemon)?;
-    let outcome = signal_loop(&daemon, signals, &mut gateway, &mut listeners);
+    let mut gateway = crate::telegram::Gateway::start(&tg)?;
+    let outcome = signal_loop(&daemon, &tg, signals, &mut gateway, &mut listeners);
 
     log::info!("shutting down");
     // No new user messages while the agents stop; queued answers stay queued.
     if let Some(g) = gateway.take() {
-        g.stop(&daemon);
+        g.stop(&tg);
     }
     daemon.shutting_down.store(true, Ordering::SeqCst);
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();
-    if let Some(m) = daemon.memory.get() {
+    if let Some(m) = &daemon.memory {
         m.stop();
     }
     listeners.stop_all();
+    events_stop.store(true, Ordering::SeqCst);
+    let _ = events_thread.join();
     outcome
 }
 
 /// Waits for signals; also reaps lapsed leases every few seconds.
 fn signal_loop(
     daemon: &Arc<Daemon>,
+    tg: &crate::telegram::Handle,
     mut signals: signal_hook::iterator::Signals,
     gateway: &mut Option<crate::telegram::Gateway>,
     listeners: &mut Listeners,
@@ -259,9 +325,9 @@ fn signal_loop(
                     }
                     // Bots, users and tokens may have changed: the gateway starts afresh.
                     if let Some(g) = gateway.take() {
-                        g.stop(daemon);
+                        g.stop(tg);
                     }
-                    match crate::telegram::Gateway::start(daemon) {
+                    match crate::telegram::Gateway::start(tg) {
                         Ok(g) => *gateway = g,
                         Err(e) => log::error!("telegram gateway not restarted: {e}"),
                     }

@@ -122,7 +122,7 @@ pub struct LaneModels {
 }
 
 /// Resources bound to this agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bindings {
     /// Names of secrets the agent may fetch with GET_SECRETS.
     pub secrets: Vec<String>,
@@ -132,6 +132,18 @@ pub struct Bindings {
     /// agent; the others are registered but not offered.
     #[serde(default)]
     pub host_tools: Vec<String>,
+    /// The manifests of the served host tools that have one (the host
+    /// halves of an agent's built-ins have none), so an agent can offer a
+    /// host tool it was not built knowing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_tool_manifests: Vec<HostToolBinding>,
+}
+
+/// A served host tool's manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostToolBinding {
+    /// Its manifest (LLM view and runtime view).
+    pub manifest: crate::manifest::ToolManifest,
 }
 
 /// What a (re)started agent needs to resume: choird's replicated position.
@@ -169,7 +181,7 @@ pub struct Exchange {
 }
 
 /// INIT_HELLO response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InitHelloResponse {
     /// Session id (one per lease).
     pub session_id: i64,

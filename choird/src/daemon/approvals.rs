@@ -82,7 +82,7 @@ impl Daemon {
             json!({"approval": id, "kind": req.kind.as_str(), "subject": proposal.subject, "sha256": proposal.sha256, "lane": req.lane}),
         );
         if status == "pending" {
-            crate::telegram::announce_proposal(self, id);
+            self.events.send(crate::events::Event::ProposalPending { id });
         }
         log::info!(
             "agent {}: proposal {id} ({} {}) waits for approval: choirctl approvals show {id}",
@@ -204,7 +204,7 @@ impl Daemon {
                 );
                 log::info!("proposal {id} approved by {by}: {applied}");
                 self.decision_due(&agent);
-                crate::telegram::announce_decision(self, id);
+                self.events.send(crate::events::Event::ProposalDecided { id });
                 Ok(self.load_approval(id)?.0)
             }
             Err(e) => {
@@ -234,7 +234,7 @@ impl Daemon {
         }
         self.audit(by, Some(&agent), "approval.reject", "rejected", json!({"approval": id, "reason": reason}));
         self.decision_due(&agent);
-        crate::telegram::announce_decision(self, id);
+        self.events.send(crate::events::Event::ProposalDecided { id });
         Ok(self.load_approval(id)?.0)
     }
 
@@ -251,11 +251,7 @@ impl Daemon {
 
     /// Marks that the agent has a decision to receive and wakes its poll.
     fn decision_due(&self, agent: &AgentId) {
-        if let Some(slot) = self.agents.lock().get_mut(agent) {
-            slot.decisions_due = true;
-            slot.wake += 1;
-        }
-        self.changed.notify_all();
+        self.sessions.decision_due(agent);
     }
 
     /// Asks a running agent to cancel `lane` (`edge`, `core:<job>` or `all`).
@@ -265,16 +261,11 @@ impl Daemon {
         if !valid {
             return Err(ApiError::BadRequest(format!("no lane {lane:?}; use edge, core:<job> or all")));
         }
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.get_mut(&id).ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))?;
-            if slot.session.is_none() {
-                return Err(ApiError::Conflict(format!("agent {id} is not running")));
-            }
-            slot.cancels.push(lane.to_owned());
-            slot.wake += 1;
+        match self.sessions.cancel(&id, lane) {
+            None => return Err(ApiError::NotFound(format!("no agent {id}"))),
+            Some(false) => return Err(ApiError::Conflict(format!("agent {id} is not running"))),
+            Some(true) => {}
         }
-        self.changed.notify_all();
         self.audit(actor, Some(&id), "agent.cancel", "requested", json!({"lane": lane}));
         Ok(())
     }

@@ -17,11 +17,12 @@ use choir_common::admin::AgentSummary;
 use choir_common::ids::AgentId;
 use serde_json::json;
 
-use super::{random_token, sha256, tail, Daemon, Instance, Phase, Session, START_TIMEOUT};
+use super::{random_token, sha256, tail, Daemon, START_TIMEOUT};
 use crate::config::{Config, RuntimeKind};
 use crate::docker::{build, Engine, EngineError};
 use crate::http::ApiError;
 use crate::runtime::docker::{self as rt, ContainerSpec};
+use crate::sessions::{Instance, Ready, Watch};
 
 /// Longest wait between restarts of a crashing container.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -61,37 +62,15 @@ impl Daemon {
     pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
         let id = self.known(id)?;
         let config = self.config();
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            if slot.phase != Phase::Stopped {
-                let what = slot
-                    .session
-                    .as_ref()
-                    .map(|s| match &s.instance {
-                        Some(Instance::Container { id: c, .. }) => {
-                            format!("session {}, container {}", s.id, &c[..12.min(c.len())])
-                        }
-                        Some(Instance::Process { pid }) => format!("session {}, pid {pid}", s.id),
-                        None => format!("session {}", s.id),
-                    })
-                    .unwrap_or_else(|| "restarting".into());
-                self.audit(
-                    actor,
-                    Some(&id),
-                    "agent.start",
-                    "refused",
-                    json!({"reason": "already running", "detail": what}),
-                );
-                return Err(ApiError::Conflict(format!(
-                    "agent {id} is already {} ({what}); stop it first",
-                    slot.phase.as_str()
-                )));
-            }
-            slot.phase = Phase::Starting;
-            slot.desired = true;
-            slot.crashes = 0;
-            slot.generation += 1;
+        if let Err((what, phase)) = self.sessions.begin_start(&id) {
+            self.audit(
+                actor,
+                Some(&id),
+                "agent.start",
+                "refused",
+                json!({"reason": "already running", "detail": what}),
+            );
+            return Err(ApiError::Conflict(format!("agent {id} is already {phase} ({what}); stop it first")));
         }
         let launched = self.launch(&id, &config).and_then(|()| {
             if config.runtime == RuntimeKind::Docker {
@@ -112,16 +91,7 @@ impl Daemon {
                 self.summary(id.as_str())
             }
             Err(e) => {
-                let mut agents = self.agents.lock();
-                if let Some(slot) = agents.get_mut(&id) {
-                    slot.desired = false;
-                    if slot.session.is_none() {
-                        slot.phase = Phase::Stopped;
-                    }
-                    slot.last_exit.get_or_insert_with(|| format!("failed to start: {e}"));
-                }
-                drop(agents);
-                self.changed.notify_all();
+                self.sessions.start_failed(&id, &e.to_string());
                 self.audit(actor, Some(&id), "agent.start", "error", json!({"error": e.to_string()}));
                 // A half-started instance must not linger.
                 let _ = self.stop_instance(&id);
@@ -133,31 +103,23 @@ impl Daemon {
     /// Waits until a just-started agent reports RUNNING; if it exits instead,
     /// the error carries the end of its log (why it could not start).
     fn wait_ready(&self, id: &AgentId) -> Result<(), ApiError> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut agents = self.agents.lock();
-        loop {
-            match agents.get(id).map(|s| (s.phase, s.session.is_some(), s.last_exit.clone())) {
-                Some((Phase::Running, _, _)) => return Ok(()),
-                Some((Phase::Starting, true, _)) => {}
-                Some((_, _, exit)) => {
-                    drop(agents);
-                    let log = self.home.logs().join(format!("{id}.log"));
-                    return Err(ApiError::Conflict(format!(
-                        "agent {id} failed to start ({}); the end of {}:\n{}",
-                        exit.unwrap_or_else(|| "stopped".into()),
-                        log.display(),
-                        tail(&log, 6)
-                    )));
-                }
-                None => return Err(ApiError::NotFound(format!("no agent {id}"))),
+        match self.sessions.wait_ready(id, START_TIMEOUT) {
+            Ready::Running => Ok(()),
+            Ready::Exited(exit) => {
+                let log = self.home.logs().join(format!("{id}.log"));
+                Err(ApiError::Conflict(format!(
+                    "agent {id} failed to start ({}); the end of {}:\n{}",
+                    exit.unwrap_or_else(|| "stopped".into()),
+                    log.display(),
+                    tail(&log, 6)
+                )))
             }
-            if self.changed.wait_until(&mut agents, deadline).timed_out() {
-                return Err(ApiError::Timeout(format!(
-                    "agent {id} did not finish starting within {} s; see {}",
-                    START_TIMEOUT.as_secs(),
-                    self.home.logs().join(format!("{id}.log")).display()
-                )));
-            }
+            Ready::Unknown => Err(ApiError::NotFound(format!("no agent {id}"))),
+            Ready::TimedOut => Err(ApiError::Timeout(format!(
+                "agent {id} did not finish starting within {} s; see {}",
+                START_TIMEOUT.as_secs(),
+                self.home.logs().join(format!("{id}.log")).display()
+            ))),
         }
     }
 
@@ -170,34 +132,19 @@ impl Daemon {
             .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
         let (_, processed) = self.store.agent_position(id)?;
         let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            slot.last_session = Some(session_id);
-            slot.phase = Phase::Starting;
-            slot.session = Some(Session::new(session_id, digest, None, processed));
-        }
+        self.sessions.open(id, session_id, digest, processed);
         let instance = match config.runtime {
             RuntimeKind::Process => self.launch_process(id, session_id, &token, &workspace),
             RuntimeKind::Docker => self.launch_container(id, session_id, &token, &workspace, config),
         };
         match instance {
             Ok(instance) => {
-                if let Some(s) = self.agents.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
-                    s.instance = Some(instance);
-                }
+                self.sessions.set_instance(id, instance);
                 Ok(())
             }
             Err(e) => {
-                let mut agents = self.agents.lock();
-                if let Some(slot) = agents.get_mut(id) {
-                    slot.session = None;
-                    slot.phase = Phase::Stopped;
-                    slot.last_exit = Some(format!("failed to start: {e}"));
-                }
-                drop(agents);
+                self.sessions.launch_failed(id, &e.to_string());
                 let _ = self.store.end_session(session_id, "failed to start");
-                self.changed.notify_all();
                 Err(e)
             }
         }
@@ -309,7 +256,7 @@ impl Daemon {
     fn spawn_supervisor(self: &Arc<Self>, id: &AgentId) -> Result<(), ApiError> {
         let me = self.clone();
         let agent = id.clone();
-        let generation = self.agents.lock().get(id).map(|s| s.generation).unwrap_or(0);
+        let generation = self.sessions.generation(id);
         let handle = std::thread::Builder::new()
             .name(format!("supervise-{id}"))
             .spawn(move || me.supervise(&agent, generation))
@@ -322,16 +269,11 @@ impl Daemon {
     /// the exit, and restarts it with backoff while the agent is wanted.
     fn supervise(self: &Arc<Self>, id: &AgentId, generation: u64) {
         loop {
-            if self.agents.lock().get(id).is_none_or(|s| s.generation != generation) {
-                return; // A later start has its own supervisor.
-            }
-            let current = self.agents.lock().get(id).and_then(|slot| {
-                let s = slot.session.as_ref()?;
-                match &s.instance {
-                    Some(Instance::Container { id: cid, .. }) => Some((cid.clone(), s.id, s.started)),
-                    _ => None,
-                }
-            });
+            let current = match self.sessions.watch(id, generation) {
+                Watch::Superseded => return, // A later start has its own supervisor.
+                Watch::Container(cid, session, started) => Some((cid, session, started)),
+                Watch::None => None,
+            };
             let Some((cid, session, started)) = current else {
                 if self.shutting_down.load(Ordering::SeqCst) || !self.wanted(id, generation) {
                     return;
@@ -356,9 +298,7 @@ impl Daemon {
             }
             self.on_exit(id, session, &reason);
             if started.elapsed() >= HEALTHY_AFTER {
-                if let Some(slot) = self.agents.lock().get_mut(id) {
-                    slot.crashes = 0;
-                }
+                self.sessions.healthy(id);
             }
             if self.shutting_down.load(Ordering::SeqCst) || !self.wanted(id, generation) {
                 return;
@@ -372,37 +312,16 @@ impl Daemon {
 
     /// Whether the agent should still run under this supervisor's generation.
     fn wanted(&self, id: &AgentId, generation: u64) -> bool {
-        self.agents.lock().get(id).is_some_and(|s| s.desired && s.generation == generation)
+        self.sessions.wanted(id, generation)
     }
 
     /// Waits out the backoff (interrupted by stop or shutdown) and launches a
     /// new instance; false when the agent should no longer run.
     fn restart_after_backoff(self: &Arc<Self>, id: &AgentId, generation: u64) -> bool {
-        let crashes = {
-            let mut agents = self.agents.lock();
-            let Some(slot) = agents.get_mut(id) else { return false };
-            slot.crashes += 1;
-            slot.phase = Phase::Starting;
-            slot.crashes
-        };
+        let Some(crashes) = self.sessions.begin_restart(id) else { return false };
         let backoff = Duration::from_secs(1u64 << (crashes - 1).min(6)).min(MAX_BACKOFF);
-        let deadline = Instant::now() + backoff;
-        {
-            let mut agents = self.agents.lock();
-            let wanted = |a: &std::collections::BTreeMap<AgentId, super::AgentSlot>| {
-                a.get(id).is_some_and(|s| s.desired && s.generation == generation)
-            };
-            while wanted(&agents) && !self.shutting_down.load(Ordering::SeqCst) {
-                if self.changed.wait_until(&mut agents, deadline).timed_out() {
-                    break;
-                }
-            }
-            if !wanted(&agents) || self.shutting_down.load(Ordering::SeqCst) {
-                if let Some(slot) = agents.get_mut(id).filter(|s| s.session.is_none()) {
-                    slot.phase = Phase::Stopped;
-                }
-                return false;
-            }
+        if !self.sessions.wait_backoff(id, generation, Instant::now() + backoff, &self.shutting_down) {
+            return false;
         }
         let config = self.config();
         match self.launch(id, &config) {
@@ -465,29 +384,8 @@ impl Daemon {
 
     /// Called when an agent's instance is gone (both runtimes).
     pub(super) fn on_exit(&self, id: &AgentId, session_id: i64, reason: &str) {
-        {
-            let mut agents = self.agents.lock();
-            if let Some(slot) = agents.get_mut(id) {
-                if slot.session.as_ref().is_some_and(|s| s.id == session_id) {
-                    let will_restart =
-                        slot.desired && self.config().runtime == RuntimeKind::Docker && slot.phase != Phase::Stopping;
-                    slot.session = None;
-                    slot.phase = if will_restart { Phase::Starting } else { Phase::Stopped };
-                    if !will_restart {
-                        slot.desired = false;
-                    }
-                    slot.last_exit = Some(reason.to_owned());
-                    let later = if will_restart { "; it is being restarted and will answer" } else { "" };
-                    for (_, w) in slot.waiters.drain() {
-                        let _ = w.send(super::ChatUpdate::Done(Err(format!(
-                            "agent {id} stopped before answering ({reason}){later}"
-                        ))));
-                    }
-                    slot.wake += 1;
-                }
-            }
-        }
-        self.changed.notify_all();
+        let may_restart = self.config().runtime == RuntimeKind::Docker;
+        self.sessions.ended(id, session_id, reason, may_restart);
         log::info!("agent {id}: session {session_id} ended: {reason}");
         if let Err(e) = self.store.end_session(session_id, reason) {
             log::error!("cannot record the end of session {session_id}: {e}");
@@ -499,24 +397,9 @@ impl Daemon {
     /// container stopped.
     pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
         let id = self.known(id)?;
-        {
-            let mut agents = self.agents.lock();
-            let slot = agents.entry(id.clone()).or_default();
-            let was_desired = std::mem::replace(&mut slot.desired, false);
-            match slot.session.as_mut() {
-                Some(session) => {
-                    session.stop = true;
-                    slot.phase = Phase::Stopping;
-                    slot.wake += 1;
-                }
-                None if was_desired => {
-                    // Between restarts: wanting it stopped is enough.
-                    slot.phase = Phase::Stopped;
-                }
-                None => return Err(ApiError::Conflict(format!("agent {id} is not running"))),
-            }
+        if !self.sessions.request_stop(&id) {
+            return Err(ApiError::Conflict(format!("agent {id} is not running")));
         }
-        self.changed.notify_all();
         let polite = self.wait_stopped(&id, Duration::from_secs(10));
         if !polite {
             log::warn!("agent {id} did not stop within 10 s; stopping it");
@@ -531,26 +414,7 @@ impl Daemon {
     /// instance; for an agent removed from config.json, which `stop_agent`
     /// no longer knows.
     pub fn revoke_agent(&self, id: &AgentId, actor: &str) {
-        let live = {
-            let mut agents = self.agents.lock();
-            match agents.get_mut(id) {
-                Some(slot) => {
-                    slot.desired = false;
-                    match slot.session.as_mut() {
-                        Some(s) => {
-                            s.terminated = true;
-                            s.stop = true;
-                            slot.phase = Phase::Stopping;
-                            slot.wake += 1;
-                            true
-                        }
-                        None => false,
-                    }
-                }
-                None => false,
-            }
-        };
-        self.changed.notify_all();
+        let live = self.sessions.revoke(id);
         if live {
             if let Err(e) = self.stop_instance(id) {
                 log::warn!("agent {id}: stopping its instance: {e}");
@@ -564,7 +428,7 @@ impl Daemon {
 
     /// Terminates the instance without asking the agent.
     fn stop_instance(&self, id: &AgentId) -> Result<(), ApiError> {
-        let instance = self.agents.lock().get(id).and_then(|s| s.session.as_ref()).and_then(|s| s.instance.clone());
+        let instance = self.sessions.instance(id);
         match instance {
             Some(Instance::Process { pid }) => {
                 choir_common::proc_tree::signal(pid as i32, rustix::process::Signal::TERM);
@@ -583,16 +447,7 @@ impl Daemon {
     }
 
     fn wait_stopped(&self, id: &AgentId, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut agents = self.agents.lock();
-        loop {
-            if agents.get(id).is_none_or(|s| s.session.is_none()) {
-                return true;
-            }
-            if self.changed.wait_until(&mut agents, deadline).timed_out() {
-                return agents.get(id).is_none_or(|s| s.session.is_none());
-            }
-        }
+        self.sessions.wait_stopped(id, timeout)
     }
 
     /// Shutdown: stops process-runtime agents; docker agents are stopped too
@@ -600,15 +455,7 @@ impl Daemon {
     /// choird, which adopts them).
     pub fn stop_all(&self) {
         let keep = self.config().docker.keep_agents_on_shutdown;
-        let running: Vec<(AgentId, bool)> = self
-            .agents
-            .lock()
-            .iter()
-            .filter_map(|(id, s)| {
-                let container = matches!(s.session.as_ref()?.instance, Some(Instance::Container { .. }));
-                Some((id.clone(), container))
-            })
-            .collect();
+        let running = self.sessions.live();
         for (id, container) in running {
             if container && keep {
                 log::info!("agent {id}: left running; the next choird adopts it");
@@ -655,15 +502,8 @@ impl Daemon {
                         token_sha256.copy_from_slice(&digest);
                         let (_, processed) = self.store.agent_position(&agent)?;
                         let image = c["Image"].as_str().unwrap_or_default().to_owned();
-                        {
-                            let mut agents = self.agents.lock();
-                            let slot = agents.entry(agent.clone()).or_default();
-                            slot.phase = Phase::Running;
-                            slot.desired = true;
-                            slot.last_session = Some(session);
-                            let instance = Instance::Container { id: cid.clone(), image };
-                            slot.session = Some(Session::new(session, token_sha256, Some(instance), processed));
-                        }
+                        let instance = Instance::Container { id: cid.clone(), image };
+                        self.sessions.adopt(&agent, session, token_sha256, instance, processed);
                         self.spawn_supervisor(&agent)?;
                         log::info!(
                             "agent {agent}: adopted running container {} (session {session})",

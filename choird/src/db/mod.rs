@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (5, "0005_telegram.sql", include_str!("../../../sql/0005_telegram.sql")),
     (6, "0006_memory.sql", include_str!("../../../sql/0006_memory.sql")),
     (7, "0007_quotas.sql", include_str!("../../../sql/0007_quotas.sql")),
+    (8, "0008_host_calls.sql", include_str!("../../../sql/0008_host_calls.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

@@ -18,14 +18,13 @@
 pub mod batcher;
 pub mod embeddings;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use choir_common::ids::AgentId;
-use choir_common::rpc::ExecuteHostToolRequest;
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -34,15 +33,55 @@ use sha2::{Digest, Sha256};
 use self::batcher::Progress;
 use self::embeddings::{EmbedError, Embedder};
 use crate::config::MemoryConfig;
-use crate::daemon::Authed;
-use crate::daemon::Daemon;
+use crate::host_tools::{HostCall, HostTool, Registry, RegistryError, Status};
 use crate::http::ApiError;
+use crate::http::Caller as Authed;
+use crate::shared::Shared;
 use crate::store::memory::{NewItem, Range};
 
 /// What choird serves agents when memory is configured: the memory host
 /// tools, the host half of `choir.memory.compact`, and the ranking behind
 /// `choir.tools.find`.
 pub const SERVED: &[&str] = &["choir.memory.query", "choir.memory.upsert", "choir.memory.compact", "choir.tools.find"];
+
+/// One memory tool in the host-tool registry (the memory service serves
+/// several names).
+struct MemoryTool {
+    memory: Arc<Memory>,
+    name: &'static str,
+}
+
+impl HostTool for MemoryTool {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn manifest(&self) -> Option<choir_common::manifest::ToolManifest> {
+        // compact and tools.find are the host halves of agent built-ins.
+        choir_common::host_tools::manifests().into_iter().find(|m| m.llm.name == self.name)
+    }
+
+    fn status(&self, _config: &crate::config::Config, _secrets: &crate::secrets::Secrets, _agent: &AgentId) -> Status {
+        // Registered only when memory is configured.
+        Status::Connected
+    }
+
+    fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
+        self.memory.ensure(agent)
+    }
+
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+        self.memory.execute(call)
+    }
+}
+
+/// Registers the memory tools ([`SERVED`]) with the host-tool registry.
+pub fn register(memory: &Arc<Memory>, registry: &mut Registry) -> Result<(), RegistryError> {
+    for name in SERVED {
+        registry.register(Arc::new(MemoryTool { memory: memory.clone(), name }))?;
+    }
+    Ok(())
+}
 
 /// Session items folded into one summary at most.
 const FOLD_MAX: i64 = 200;
@@ -85,13 +124,13 @@ fn looks_like_time(t: &str) -> bool {
 
 /// The memory service.
 pub struct Memory {
+    shared: Arc<Shared>,
     cfg: MemoryConfig,
     embedder: Arc<Embedder>,
     progress: Arc<Progress>,
     poke: Sender<()>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    validators: BTreeMap<String, jsonschema::Validator>,
     /// Agents whose schema is known to be migrated (by this process).
     ready: Mutex<HashSet<AgentId>>,
     /// Items per agent (counted once, then kept up to date), for the quota.
@@ -107,7 +146,7 @@ impl Memory {
     /// the endpoint (a mismatch is an error; an endpoint that does not answer
     /// is only a warning, since items are queued until it does) and starts the
     /// batcher.
-    pub fn start(d: &Arc<Daemon>) -> anyhow::Result<Option<Arc<Memory>>> {
+    pub fn start(d: &Arc<Shared>) -> anyhow::Result<Option<Arc<Memory>>> {
         let Some(cfg) = d.config().memory.clone() else { return Ok(None) };
         let embedder = Arc::new(Embedder::new(&cfg, &d.secrets()));
         match embedder.embed(&["choir: checking the embedding dimension".to_owned()]) {
@@ -123,12 +162,6 @@ impl Memory {
                  the endpoint answers"
             ),
         }
-        let mut validators = BTreeMap::new();
-        for m in choir_common::host_tools::manifests() {
-            let v = jsonschema::validator_for(&m.llm.parameters)
-                .map_err(|e| anyhow::anyhow!("host tool {}: {e}", m.llm.name))?;
-            validators.insert(m.llm.name.clone(), v);
-        }
         // Bounded(1): one pending poke means "look at the outbox".
         let (poke, poked) = bounded::<()>(1);
         let stop = Arc::new(AtomicBool::new(false));
@@ -142,24 +175,24 @@ impl Memory {
         };
         let _ = poke.try_send(());
         Ok(Some(Arc::new(Memory {
+            shared: d.clone(),
             cfg,
             embedder,
             progress,
             poke,
             stop,
             thread: Mutex::new(Some(thread)),
-            validators,
             ready: Mutex::new(HashSet::new()),
             counts: Mutex::new(std::collections::HashMap::new()),
         })))
     }
 
     /// The agent's items (all tiers), counted once and kept up to date.
-    pub fn count(&self, d: &Daemon, agent: &AgentId) -> Result<u64, ApiError> {
+    pub fn count(&self, agent: &AgentId) -> Result<u64, ApiError> {
         if let Some(n) = self.counts.lock().get(agent) {
             return Ok(*n);
         }
-        let n = d.store.memory_count(agent)?;
+        let n = self.shared.store.memory_count(agent)?;
         self.counts.lock().insert(agent.clone(), n);
         Ok(n)
     }
@@ -174,51 +207,39 @@ impl Memory {
     }
 
     /// Makes (or checks) `agent`'s schema.
-    pub fn ensure(&self, d: &Daemon, agent: &AgentId) -> Result<(), ApiError> {
+    pub fn ensure(&self, agent: &AgentId) -> Result<(), ApiError> {
         if self.ready.lock().contains(agent) {
             return Ok(());
         }
-        for name in d.store.db.migrate_agent(agent, self.cfg.embeddings.dimensions)? {
+        for name in self.shared.store.db.migrate_agent(agent, self.cfg.embeddings.dimensions)? {
             log::info!("memory: applied {name}");
         }
         self.ready.lock().insert(agent.clone());
         Ok(())
     }
 
-    /// EXECUTE_HOST_TOOL for a memory tool, for `who` (authenticated).
-    pub fn execute(&self, d: &Daemon, who: &Authed, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
-        let agent = &who.agent;
-        match req.tool.as_str() {
+    /// Runs one memory host tool call for the authenticated agent.
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+        let agent = &call.caller.agent;
+        match call.tool {
             "choir.memory.compact" => {
-                self.ensure(d, agent)?;
-                return self.fold(d, who, &req.lane, req.call_id.as_deref());
+                self.ensure(agent)?;
+                self.fold(call.caller, call.lane, call.call_id)
             }
-            "choir.tools.find" => return self.rank_tools(d, &req.input),
-            _ => {}
-        }
-        let Some(validator) = self.validators.get(&req.tool) else {
-            return Err(ApiError::NotFound(format!("{} is not a host tool choird serves", req.tool)));
-        };
-        let problems: Vec<String> = validator.iter_errors(&req.input).map(|e| e.to_string()).collect();
-        if !problems.is_empty() {
-            return Err(ApiError::BadRequest(format!("invalid arguments: {}", problems.join("; "))));
-        }
-        self.ensure(d, agent)?;
-        match req.tool.as_str() {
-            "choir.memory.upsert" => self.upsert(d, agent, &req.input, &req.lane, req.call_id.as_deref()),
-            "choir.memory.query" => self.query(d, agent, &req.input),
-            other => Err(ApiError::NotFound(format!("{other} is not a host tool choird serves"))),
+            "choir.tools.find" => self.rank_tools(call.input),
+            "choir.memory.upsert" => {
+                self.ensure(agent)?;
+                self.upsert(agent, call.input, call.lane, call.call_id)
+            }
+            "choir.memory.query" => {
+                self.ensure(agent)?;
+                self.query(agent, call.input)
+            }
+            other => Err(ApiError::NotFound(format!("{other} is not a memory tool"))),
         }
     }
 
-    fn upsert(
-        &self,
-        d: &Daemon,
-        agent: &AgentId,
-        input: &Value,
-        lane: &str,
-        call_id: Option<&str>,
-    ) -> Result<Value, ApiError> {
+    fn upsert(&self, agent: &AgentId, input: &Value, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
         let one = input.get("content").is_some();
         let many = input.get("items").is_some();
         let raw: Vec<Value> = match (one, many) {
@@ -230,7 +251,7 @@ impl Memory {
                 ))
             }
         };
-        let quotas = d.config().agents.get(agent).map(|a| a.quotas).unwrap_or_default();
+        let quotas = self.shared.config().agents.get(agent).map(|a| a.quotas).unwrap_or_default();
         let mut items = Vec::new();
         for (i, r) in raw.iter().enumerate() {
             let Some(tier) = r["tier"].as_str() else {
@@ -250,7 +271,7 @@ impl Memory {
             let metadata = r.get("metadata").cloned().unwrap_or_else(|| json!({}));
             items.push(NewItem { tier: tier.to_owned(), sha256: sha256(&content), content, metadata });
         }
-        let held = self.count(d, agent)?;
+        let held = self.count(agent)?;
         if held + items.len() as u64 > quotas.memory_items {
             return Err(ApiError::Unprocessable(format!(
                 "memory holds {held} item(s); {} more would pass the quota of {} (quotas.memory_items): fold or \
@@ -260,7 +281,7 @@ impl Memory {
             )));
         }
         let seen = self.progress.count();
-        let stored = d.store.memory_upsert(agent, &items, lane, call_id)?;
+        let stored = self.shared.store.memory_upsert(agent, &items, lane, call_id)?;
         let new: Vec<i64> = stored.iter().filter(|s| s.inserted).map(|s| s.id).collect();
         if let Some(n) = self.counts.lock().get_mut(agent) {
             *n += new.len() as u64;
@@ -274,7 +295,7 @@ impl Memory {
             while pending > 0 && Instant::now() < deadline {
                 self.progress.wait_after(last, deadline.saturating_duration_since(Instant::now()));
                 last = self.progress.count();
-                pending = d.store.outbox_pending(agent, &new)?;
+                pending = self.shared.store.outbox_pending(agent, &new)?;
             }
         }
         let inserted = new.len();
@@ -291,7 +312,7 @@ impl Memory {
         }))
     }
 
-    fn query(&self, d: &Daemon, agent: &AgentId, input: &Value) -> Result<Value, ApiError> {
+    fn query(&self, agent: &AgentId, input: &Value) -> Result<Value, ApiError> {
         let s = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
         let tier = s("tier");
         let metadata = input.get("metadata").cloned().unwrap_or_else(|| json!({}));
@@ -303,7 +324,8 @@ impl Memory {
                 };
                 let k = input["k"].as_i64().unwrap_or(5).clamp(1, MAX_K);
                 let v = self.embed_one(&q)?;
-                d.store
+                self.shared
+                    .store
                     .memory_semantic(agent, v, tier.as_deref(), &metadata, k, self.cfg.ef_search)?
                     .into_iter()
                     .map(|(i, score)| (i, Some(score)))
@@ -311,7 +333,7 @@ impl Memory {
             }
             "hash" => {
                 let Some(h) = s("hash") else { return Err(ApiError::BadRequest("mode hash needs a hash".into())) };
-                d.store.memory_by_hash(agent, &h, tier.as_deref())?.into_iter().map(|i| (i, None)).unzip()
+                self.shared.store.memory_by_hash(agent, &h, tier.as_deref())?.into_iter().map(|i| (i, None)).unzip()
             }
             "range" => {
                 let range = Range {
@@ -328,7 +350,7 @@ impl Memory {
                     }
                 }
                 let k = input["k"].as_i64().unwrap_or(20).clamp(1, MAX_K);
-                d.store.memory_range(agent, &range, k)?.into_iter().map(|i| (i, None)).unzip()
+                self.shared.store.memory_range(agent, &range, k)?.into_iter().map(|i| (i, None)).unzip()
             }
             other => return Err(ApiError::BadRequest(format!("no mode {other:?}; use semantic, hash or range"))),
         };
@@ -352,10 +374,10 @@ impl Memory {
 
     /// Folds the agent's session items (oldest first, at most [`FOLD_MAX`])
     /// into one knowledge item: a summary written by the agent's core model.
-    fn fold(&self, d: &Daemon, who: &Authed, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
+    fn fold(&self, who: &Authed, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
         let agent = &who.agent;
         let range = Range { tier: Some("session".into()), metadata: json!({}), ..Range::default() };
-        let items = d.store.memory_range(agent, &range, FOLD_MAX)?;
+        let items = self.shared.store.memory_range(agent, &range, FOLD_MAX)?;
         if items.is_empty() {
             return Ok(json!({"summary": "no session items to fold", "folded": 0}));
         }
@@ -365,7 +387,7 @@ impl Memory {
               summary that keeps every fact, decision, preference and open question in the notes; no preamble."},
             {"role": "user", "content": format!("Session notes, oldest first:\n{notes}")}
         ]);
-        let text = crate::relay::complete_for(d, who, crate::config::Lane::Core, messages)?;
+        let text = crate::relay::complete_for(&self.shared, who, crate::config::Lane::Core, messages)?;
         let ids: Vec<i64> = items.iter().map(|i| i.id).collect();
         let summary = NewItem {
             tier: "knowledge".into(),
@@ -375,7 +397,7 @@ impl Memory {
                              "to": items.last().map(|i| i.created_at.clone())}),
             content: text,
         };
-        let id = d.store.memory_fold(agent, &ids, &summary, lane, call_id)?;
+        let id = self.shared.store.memory_fold(agent, &ids, &summary, lane, call_id)?;
         self.counts.lock().remove(agent);
         let _ = self.poke.try_send(());
         Ok(json!({"summary": format!("folded {} session item(s) into knowledge item {id}", ids.len()),
@@ -385,7 +407,7 @@ impl Memory {
     /// Ranks tools (`{query, k, tools: [{name, description}]}`) by the
     /// similarity of their descriptions to the query. Each description is
     /// embedded once per model (cached by its hash).
-    fn rank_tools(&self, d: &Daemon, input: &Value) -> Result<Value, ApiError> {
+    fn rank_tools(&self, input: &Value) -> Result<Value, ApiError> {
         let query = input["query"].as_str().filter(|q| !q.trim().is_empty());
         let Some(query) = query else { return Err(ApiError::BadRequest("query is required".into())) };
         let k = input["k"].as_u64().unwrap_or(5).clamp(1, 50) as usize;
@@ -400,7 +422,7 @@ impl Memory {
         let shas: Vec<String> = texts.iter().map(|t| sha256(t)).collect();
         let model = self.embedder.model().to_owned();
         let mut known: std::collections::HashMap<String, Vec<f32>> =
-            d.store.tool_embeddings(&shas, &model)?.into_iter().collect();
+            self.shared.store.tool_embeddings(&shas, &model)?.into_iter().collect();
         let missing: Vec<(String, String)> = shas
             .iter()
             .zip(&texts)
@@ -414,7 +436,7 @@ impl Memory {
                 .embed(&texts)
                 .map_err(|e| ApiError::Unavailable(format!("tool ranking is unavailable right now ({e})")))?;
             let rows: Vec<(String, Vec<f32>)> = chunk.iter().map(|(s, _)| s.clone()).zip(vectors).collect();
-            d.store.put_tool_embeddings(&rows, &model)?;
+            self.shared.store.put_tool_embeddings(&rows, &model)?;
             known.extend(rows);
         }
         let q = self.embed_one(query)?;
@@ -447,9 +469,9 @@ impl Memory {
     }
 
     /// `choirctl memory stats ID`.
-    pub fn stats(&self, d: &Daemon, agent: &AgentId) -> Result<Value, ApiError> {
-        self.ensure(d, agent)?;
-        let st = d.store.memory_stats(agent)?;
+    pub fn stats(&self, agent: &AgentId) -> Result<Value, ApiError> {
+        self.ensure(agent)?;
+        let st = self.shared.store.memory_stats(agent)?;
         let tiers: serde_json::Map<String, Value> = st.tiers.iter().map(|(t, n)| (t.clone(), json!(n))).collect();
         Ok(json!({"agent": agent, "schema": format!("agent_{agent}"), "tiers": tiers,
                   "items": st.tiers.iter().map(|(_, n)| n).sum::<i64>(), "pending_embeddings": st.pending,
@@ -459,16 +481,16 @@ impl Memory {
     }
 
     /// `choirctl memory search ID TEXT`: a semantic query, for debugging.
-    pub fn search(&self, d: &Daemon, agent: &AgentId, text: &str, k: i64) -> Result<Value, ApiError> {
-        self.ensure(d, agent)?;
+    pub fn search(&self, agent: &AgentId, text: &str, k: i64) -> Result<Value, ApiError> {
+        self.ensure(agent)?;
         let input = json!({"mode": "semantic", "query": text, "k": k.clamp(1, MAX_K)});
-        self.query(d, agent, &input)
+        self.query(agent, &input)
     }
 
     /// A page of `choirctl memory export ID` (items with `id > after`).
-    pub fn export(&self, d: &Daemon, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, ApiError> {
-        self.ensure(d, agent)?;
-        Ok(d.store.memory_export(agent, after, limit)?)
+    pub fn export(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, ApiError> {
+        self.ensure(agent)?;
+        Ok(self.shared.store.memory_export(agent, after, limit)?)
     }
 
     /// The embedder (tool discovery shares it).

@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::db::{Db, DbError};
 
 mod approvals;
+pub mod host_calls;
 pub mod memory;
 pub mod telegram;
 
@@ -31,8 +32,41 @@ pub struct Recorded {
     pub refused: Vec<String>,
     /// (message id, text) of every answer that was new.
     pub new: Vec<(u64, String)>,
-    /// Telegram chats (bot, chat id) an answer was queued for.
-    pub telegram: Vec<(String, i64)>,
+    /// Conversations an answer or notice was queued for outside choird
+    /// (by the [`Delivery`]).
+    pub delivered: Vec<String>,
+}
+
+/// One row of the outbox of a chat outside choird (today: Telegram's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRow {
+    /// The bot that sends it.
+    pub bot: String,
+    /// The chat it goes to.
+    pub chat: i64,
+    /// `text`, `file`, … (the sender's kinds).
+    pub kind: &'static str,
+    /// What the sender needs.
+    pub body: serde_json::Value,
+}
+
+/// How a recorded answer reaches a chat outside choird: the outbox rows it
+/// becomes, written in the answer's own transaction (so an answer is queued
+/// exactly once with the answer itself). The Telegram gateway implements it;
+/// the store knows only the outbox table.
+pub trait Delivery: Send + Sync {
+    /// The rows for `text` answered in `conversation` (none: not a chat
+    /// this delivers to).
+    fn rows(&self, conversation: &str, text: &str) -> Vec<OutboxRow>;
+}
+
+/// Delivers nowhere (choirctl conversations, tests).
+pub struct Nowhere;
+
+impl Delivery for Nowhere {
+    fn rows(&self, _conversation: &str, _text: &str) -> Vec<OutboxRow> {
+        Vec::new()
+    }
 }
 
 /// The store, a thin layer over the pool.
@@ -350,6 +384,7 @@ impl Store {
         agent: &AgentId,
         replies: &[OutboundReply],
         processed_upto: u64,
+        delivery: &dyn Delivery,
     ) -> Result<Recorded, DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
@@ -392,12 +427,14 @@ impl Store {
                     }
                     (conversation.is_some(), conversation)
                 };
-                let chat = conversation.as_deref().and_then(crate::telegram::chat_of);
-                if let (true, Some((bot, chat))) = (fresh, chat) {
-                    for chunk in crate::telegram::text::split(&r.text) {
-                        telegram::enqueue(&mut tx, &bot, chat, "text", &serde_json::json!({"text": chunk}))?;
+                if let (true, Some(conversation)) = (fresh, conversation) {
+                    let rows = delivery.rows(&conversation, &r.text);
+                    if !rows.is_empty() {
+                        for row in rows {
+                            telegram::enqueue(&mut tx, &row.bot, row.chat, row.kind, &row.body)?;
+                        }
+                        out.delivered.push(conversation);
                     }
-                    out.telegram.push((bot, chat));
                 }
             }
             tx.execute(

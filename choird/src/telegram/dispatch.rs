@@ -24,12 +24,12 @@ use frankenstein::updates::{Update, UpdateContent};
 use frankenstein::TelegramApi;
 use serde_json::{json, Value};
 
+use super::Handle;
 use super::{backoff, bots, client, conversation, nap, proposal_message, text, wait, BotSpec};
-use crate::daemon::Daemon;
 use crate::db::DbError;
 
 /// Runs until `stop`.
-pub fn run(d: &Daemon, stop: &AtomicBool, poke: &Receiver<()>) {
+pub fn run(d: &Handle, stop: &AtomicBool, poke: &Receiver<()>) {
     let mut failures = 0u32;
     while !stop.load(Ordering::SeqCst) {
         let batch = match d.store.pending_updates(100) {
@@ -61,7 +61,7 @@ pub fn run(d: &Daemon, stop: &AtomicBool, poke: &Receiver<()>) {
     }
 }
 
-fn handle(d: &Daemon, bot: &str, update_id: i64, payload: &Value) -> Result<(), DbError> {
+fn handle(d: &Handle, bot: &str, update_id: i64, payload: &Value) -> Result<(), DbError> {
     let Some(spec) = bots(d).into_iter().find(|b| b.name == bot) else {
         return d.store.mark_update(bot, update_id, "no_bot");
     };
@@ -80,14 +80,14 @@ fn handle(d: &Daemon, bot: &str, update_id: i64, payload: &Value) -> Result<(), 
 }
 
 /// Queues a plain reply to `chat`.
-fn reply(d: &Daemon, bot: &str, chat: i64, text: &str) -> Result<(), DbError> {
+fn reply(d: &Handle, bot: &str, chat: i64, text: &str) -> Result<(), DbError> {
     let rows: Vec<(&str, Value)> = text::split(text).into_iter().map(|t| ("text", json!({"text": t}))).collect();
     d.store.enqueue_outbox(bot, chat, &rows)?;
-    d.telegram.wake_senders();
+    d.link.wake_senders();
     Ok(())
 }
 
-fn message(d: &Daemon, spec: &BotSpec, update_id: i64, m: &Message) -> Result<(), DbError> {
+fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<(), DbError> {
     let bot = spec.name.as_str();
     let chat = m.chat.id;
     let user = m.from.as_ref().map(|u| u.id as i64).unwrap_or_default();
@@ -141,7 +141,7 @@ fn message(d: &Daemon, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
             )),
             "status" | "stop" | "approvals" if !admin => Some(format!("Only this bot's admins can use /{name}.")),
             "status" => Some(status_text(d, &agent)),
-            "stop" => Some(match d.cancel_lane(agent.as_str(), "all", &format!("telegram:{user}")) {
+            "stop" => Some(match d.control.cancel_lane(agent.as_str(), "all", &format!("telegram:{user}")) {
                 Ok(()) => format!("Stopping what {agent} is doing; it stops at its next step."),
                 Err(e) => format!("Cannot stop {agent}: {e}"),
             }),
@@ -169,14 +169,14 @@ fn message(d: &Daemon, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
                         "message_id": m.message_id});
     let sender = format!("telegram:{user}");
     if d.store.telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
-        d.wake_agent(&agent);
+        d.control.wake_agent(&agent);
     }
     Ok(())
 }
 
 /// The agent's state in a few lines, for `/status`.
-fn status_text(d: &Daemon, agent: &AgentId) -> String {
-    match d.summary(agent.as_str()) {
+fn status_text(d: &Handle, agent: &AgentId) -> String {
+    match d.control.summary(agent.as_str()) {
         Ok(s) => {
             let mut t = format!("{}: {}", s.id, s.state);
             if let Some(state) = &s.session_state {
@@ -195,10 +195,10 @@ fn status_text(d: &Daemon, agent: &AgentId) -> String {
 }
 
 /// Queues each pending proposal of `agent`, with its buttons; says how many.
-fn pending_for(d: &Daemon, bot: &str, chat: i64, agent: &AgentId) -> Result<String, DbError> {
+fn pending_for(d: &Handle, bot: &str, chat: i64, agent: &AgentId) -> Result<String, DbError> {
     let pending = d.store.approvals(Some("pending"), Some(agent), 20)?;
     for (info, _) in &pending {
-        let diff = d.approval(info.id).map(|detail| detail.diff).unwrap_or_default();
+        let diff = d.control.approval(info.id).map(|detail| detail.diff).unwrap_or_default();
         d.store.enqueue_outbox(bot, chat, &[("text", proposal_message(info, &diff))])?;
     }
     Ok(match pending.len() {
@@ -209,7 +209,7 @@ fn pending_for(d: &Daemon, bot: &str, chat: i64, agent: &AgentId) -> Result<Stri
 
 /// Receives the files of a message into the agent's workspace; returns a
 /// note per file for the agent.
-fn receive_files(d: &Daemon, spec: &BotSpec, agent: &AgentId, update_id: i64, m: &Message) -> Vec<String> {
+fn receive_files(d: &Handle, spec: &BotSpec, agent: &AgentId, update_id: i64, m: &Message) -> Vec<String> {
     let mut wanted: Vec<(String, String, Option<u64>, &str)> = Vec::new();
     if let Some(doc) = &m.document {
         let name = doc.file_name.clone().unwrap_or_else(|| "document".into());
@@ -286,7 +286,7 @@ fn answer(spec: &BotSpec, query: &CallbackQuery, text: &str, alert: bool) {
     }
 }
 
-fn callback(d: &Daemon, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Result<(), DbError> {
+fn callback(d: &Handle, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Result<(), DbError> {
     let bot = spec.name.as_str();
     let user = q.from.id as i64;
     let data = q.data.clone().unwrap_or_default();
@@ -338,15 +338,15 @@ fn callback(d: &Daemon, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Re
         None => user,
     };
     match action {
-        "ap" => match d.approve(id, &ApproveRequest { sha256: sha, by: Some(by) }) {
+        "ap" => match d.control.approve(id, &ApproveRequest { sha256: sha, by: Some(by) }) {
             Ok(_) => answer(spec, q, &format!("Proposal {id} approved."), false),
             Err(e) => answer(spec, q, &e.to_string(), true),
         },
-        "rj" => match d.reject(id, &format!("rejected in Telegram by {user}"), Some(&by)) {
+        "rj" => match d.control.reject(id, &format!("rejected in Telegram by {user}"), Some(&by)) {
             Ok(_) => answer(spec, q, &format!("Proposal {id} rejected."), false),
             Err(e) => answer(spec, q, &e.to_string(), true),
         },
-        _ => match d.approval(id) {
+        _ => match d.control.approval(id) {
             Ok(detail) => {
                 let shown = format!(
                     "Proposal {id}: {} {}\n\n{}\n\nChanges:\n{}",

@@ -161,15 +161,6 @@ pub fn take_outgoing(workspace: &Path, spool: &Path, room: u64) -> std::io::Resu
     Ok(out)
 }
 
-/// Bytes of the regular files directly in `dir` (0 when it is missing).
-pub fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
-        })
-        .unwrap_or(0)
-}
-
 /// Writes a received file as `.choirtmp/recv/<name>` in the workspace (a
 /// new file; an existing one is replaced), owned like the workspace root so
 /// the agent can read it. Returns its workspace-relative path.
@@ -250,7 +241,7 @@ mod tests {
         let taken = take_outgoing(ws.path(), spool.path(), 1000).unwrap();
         assert_eq!(taken.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a.txt"]);
         assert!(send.join("b.txt").exists(), "what does not fit stays in the workspace for later");
-        assert_eq!(dir_bytes(spool.path()), 600);
+        assert_eq!(crate::home::dir_bytes(spool.path()), 600);
     }
 
     #[test]

@@ -13,8 +13,15 @@
 //!   Telegram's rate limits, uploads files, shows "typing" while an agent
 //!   works ([`sender`]).
 //!
-//! Channels: the pollers poke the dispatcher and the daemon pokes the senders
+//! * `tg-events` — for the life of choird (not restarted with the rest):
+//!   acts on what the daemon tells the gateway ([`crate::events::Event`]):
+//!   files that follow an answer, questions to admins about proposals,
+//!   edits when they are decided ([`run_events`]).
+//!
+//! Channels: the pollers poke the dispatcher and the senders are poked
 //! through bounded(1) channels: one pending poke already means "look again".
+//! The gateway reaches the control plane only through [`Control`] and the
+//! [`Shared`] services (its [`Handle`]); the daemon never calls into it.
 //!
 //! **Invariant:** no update is lost (its offset is confirmed only after it
 //! is stored) and none is answered twice (an update becomes at most one user
@@ -41,22 +48,17 @@ use frankenstein::client_ureq::Bot;
 use parking_lot::Mutex;
 use serde_json::json;
 
+use choir_common::admin::{AgentSummary, ApprovalDetail, ApprovalInfo, ApproveRequest};
+use choir_common::ids::AgentId;
+
 use crate::config::{BotConfig, TelegramConfig};
-use crate::daemon::Daemon;
+use crate::events::Event;
+use crate::http::ApiError;
 pub use crate::pace::{backoff, nap};
+use crate::shared::Shared;
+use crate::store::{Delivery, OutboxRow};
 
-/// The conversation key of a Telegram chat: `tg:<bot>:<chat id>` (a private
-/// chat's id is its user's id, so each user has their own conversation).
-pub fn conversation(bot: &str, chat: i64) -> String {
-    format!("tg:{bot}:{chat}")
-}
-
-/// The (bot, chat id) of a Telegram conversation key.
-pub fn chat_of(conversation: &str) -> Option<(String, i64)> {
-    let rest = conversation.strip_prefix("tg:")?;
-    let (bot, chat) = rest.split_once(':')?;
-    Some((bot.to_owned(), chat.parse().ok()?))
-}
+pub use crate::conversations::{telegram as conversation, telegram_chat as chat_of};
 
 /// What the gateway knows of one bot, for `choirctl telegram status`.
 #[derive(Debug, Default, Clone)]
@@ -73,7 +75,49 @@ pub struct Counters {
     pub errors: u64,
 }
 
-/// Shared between the daemon (which pokes and reports) and the gateway.
+/// A rewrite of config.json's text (old → new, or why not).
+pub type ConfigEdit<'a> = Box<dyn FnOnce(&str) -> Result<String, String> + 'a>;
+
+/// What the gateway asks of the control plane. The daemon implements it
+/// (see `serve.rs`); the gateway never holds the daemon itself.
+pub trait Control: Send + Sync {
+    /// Wakes the agent's long-poll: a message for it was queued.
+    fn wake_agent(&self, agent: &AgentId);
+    /// The agent's state (for `/status`).
+    fn summary(&self, agent: &str) -> Result<AgentSummary, ApiError>;
+    /// Cancels the agent's current work (for `/stop`).
+    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), ApiError>;
+    /// Approves a proposal (an admin's button).
+    fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError>;
+    /// Rejects a proposal (an admin's button).
+    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError>;
+    /// A proposal with its diff.
+    fn approval(&self, id: i64) -> Result<ApprovalDetail, ApiError>;
+    /// Rewrites config.json (a user let in by pairing) and reloads it.
+    fn rewrite_config(&self, edit: ConfigEdit<'_>) -> Result<(), String>;
+}
+
+/// Everything the gateway's threads hold: the shared services, the control
+/// plane's [`Control`], and the gateway's own [`Link`].
+#[derive(Clone)]
+pub struct Handle {
+    /// Config, secrets, store, audit.
+    pub shared: Arc<Shared>,
+    /// What the gateway asks of the control plane.
+    pub control: Arc<dyn Control>,
+    /// Pokes and counters (outlives gateway restarts).
+    pub link: Arc<Link>,
+}
+
+impl std::ops::Deref for Handle {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// Pokes and counters of the gateway, kept across its restarts (SIGHUP).
 #[derive(Default)]
 pub struct Link {
     senders: Mutex<Vec<Sender<()>>>,
@@ -149,7 +193,7 @@ pub struct BotSpec {
 }
 
 /// The bots that can run: configured and with a token in secrets.json.
-pub fn bots(d: &Daemon) -> Vec<BotSpec> {
+pub fn bots(d: &Handle) -> Vec<BotSpec> {
     let config = d.config();
     let secrets = d.secrets();
     config
@@ -175,7 +219,7 @@ pub struct Gateway {
 impl Gateway {
     /// Starts the gateway's threads for every bot with a token; `None` when
     /// there is none.
-    pub fn start(d: &Arc<Daemon>) -> std::io::Result<Option<Gateway>> {
+    pub fn start(d: &Handle) -> std::io::Result<Option<Gateway>> {
         let specs = bots(d);
         for (name, b) in &d.config().telegram.bots {
             if !specs.iter().any(|s| &s.name == name) {
@@ -212,7 +256,7 @@ impl Gateway {
                     .spawn(move || sender::run(&d2, &tg2, &spec, &stop2, &wake_rx))?,
             );
         }
-        *d.telegram.senders.lock() = senders.clone();
+        *d.link.senders.lock() = senders.clone();
         let (d2, stop2) = (d.clone(), stop.clone());
         workers.push(
             std::thread::Builder::new()
@@ -230,9 +274,9 @@ impl Gateway {
     /// then left to end with the process (its batch, if one arrives, is
     /// stored or not — either way nothing is lost, since only a later poll
     /// would confirm it).
-    pub fn stop(self, d: &Daemon) {
+    pub fn stop(self, d: &Handle) {
         self.stop.store(true, Ordering::SeqCst);
-        d.telegram.senders.lock().clear();
+        d.link.senders.lock().clear();
         let _ = self.dispatch.try_send(());
         for s in &self.senders {
             let _ = s.try_send(());
@@ -258,9 +302,9 @@ pub fn wait(rx: &Receiver<()>, timeout: Duration) {
 }
 
 /// `choirctl telegram status`: every configured bot.
-pub fn status(d: &Daemon) -> Result<TelegramStatus, crate::http::ApiError> {
+pub fn status(d: &Handle) -> Result<TelegramStatus, crate::http::ApiError> {
     let config = d.config();
-    let counters = d.telegram.counters();
+    let counters = d.link.counters();
     let secrets = d.secrets();
     let mut bots = Vec::new();
     for (name, b) in &config.telegram.bots {
@@ -286,9 +330,9 @@ pub fn status(d: &Daemon) -> Result<TelegramStatus, crate::http::ApiError> {
 
 /// Tells the admins of every bot that serves `agent` about pending proposal
 /// `id`, with Approve / Reject / Show buttons.
-pub fn announce_proposal(d: &Daemon, id: i64) {
+pub fn announce_proposal(d: &Handle, id: i64) {
     let Ok(Some((info, _))) = d.store.approval(id) else { return };
-    let diff = d.approval(id).map(|detail| detail.diff).unwrap_or_default();
+    let diff = d.control.approval(id).map(|detail| detail.diff).unwrap_or_default();
     for spec in bots(d) {
         if !serves(&spec.config, &info.agent) {
             continue;
@@ -301,16 +345,7 @@ pub fn announce_proposal(d: &Daemon, id: i64) {
             }
         }
     }
-    d.telegram.wake_senders();
-}
-
-/// Whether `agent` may send to `chat` through `bot` under `config`: the
-/// chat is a private chat of a user bound to this agent on that bot, or a
-/// group the bot routes to this agent.
-pub fn may_reach(config: &crate::config::Config, bot: &str, chat: i64, agent: &choir_common::ids::AgentId) -> bool {
-    let Some(b) = config.telegram.bots.get(bot) else { return false };
-    let key = chat.to_string();
-    b.users.get(&key).is_some_and(|u| &u.agent == agent) || b.groups.get(&key).is_some_and(|g| &g.agent == agent)
+    d.link.wake_senders();
 }
 
 /// Whether a bot serves `agent` (a user or group of it is bound to it).
@@ -370,7 +405,7 @@ pub fn proposal_message(info: &choir_common::admin::ApprovalInfo, diff: &str) ->
 }
 
 /// Edits every message that asked about proposal `id` to show its outcome.
-pub fn announce_decision(d: &Daemon, id: i64) {
+pub fn announce_decision(d: &Handle, id: i64) {
     let Ok(Some((info, _))) = d.store.approval(id) else { return };
     let Ok(sent) = d.store.approval_messages(id) else { return };
     let outcome = match info.status.as_str() {
@@ -387,16 +422,16 @@ pub fn announce_decision(d: &Daemon, id: i64) {
             log::error!("telegram: cannot queue the outcome of proposal {id}: {e}");
         }
     }
-    d.telegram.wake_senders();
+    d.link.wake_senders();
 }
 
 /// Moves what the agent put in `.choirtmp/send/` into the outbox of `chat`.
-pub fn collect_files(d: &Daemon, agent: &choir_common::ids::AgentId, bot: &str, chat: i64) {
+pub fn collect_files(d: &Handle, agent: &choir_common::ids::AgentId, bot: &str, chat: i64) {
     let config = d.config();
     let workspace = config.workspace(&d.home, agent);
-    let spool = d.home.root().join("telegram").join("spool").join(agent.as_str());
+    let spool = d.home.spool(agent);
     let quota = config.agents.get(agent).map(|a| a.quotas.spool_mb).unwrap_or_default() * 1024 * 1024;
-    let room = quota.saturating_sub(files::dir_bytes(&spool));
+    let room = quota.saturating_sub(crate::home::dir_bytes(&spool));
     match files::take_outgoing(&workspace, &spool, room) {
         Ok(taken) if !taken.is_empty() => {
             let rows: Vec<(&str, serde_json::Value)> = taken
@@ -407,11 +442,43 @@ pub fn collect_files(d: &Daemon, agent: &choir_common::ids::AgentId, bot: &str, 
                 })
                 .collect();
             match d.store.enqueue_outbox(bot, chat, &rows) {
-                Ok(()) => d.telegram.wake_senders(),
+                Ok(()) => d.link.wake_senders(),
                 Err(e) => log::error!("telegram: cannot queue {} file(s) of agent {agent}: {e}", rows.len()),
             }
         }
         Ok(_) => {}
         Err(e) => log::warn!("telegram: cannot take the files of agent {agent} to send: {e}"),
+    }
+}
+
+/// Answers become Telegram outbox rows: split at Telegram's limits, in the
+/// answer's own transaction (see [`Delivery`]).
+pub struct TelegramDelivery;
+
+impl Delivery for TelegramDelivery {
+    fn rows(&self, conversation: &str, text: &str) -> Vec<OutboxRow> {
+        let Some((bot, chat)) = chat_of(conversation) else { return Vec::new() };
+        text::split(text)
+            .into_iter()
+            .map(|chunk| OutboxRow { bot: bot.clone(), chat, kind: "text", body: json!({"text": chunk}) })
+            .collect()
+    }
+}
+
+/// `tg-events`: acts on the daemon's events until the channel closes or
+/// `stop` is set.
+pub fn run_events(d: &Handle, events: &Receiver<Event>, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        let Ok(event) = events.recv_timeout(Duration::from_millis(500)) else { continue };
+        match event {
+            Event::Answered { agent, conversation } => {
+                if let Some((bot, chat)) = chat_of(&conversation) {
+                    collect_files(d, &agent, &bot, chat);
+                }
+                d.link.wake_senders();
+            }
+            Event::ProposalPending { id } => announce_proposal(d, id),
+            Event::ProposalDecided { id } => announce_decision(d, id),
+        }
     }
 }

@@ -9,12 +9,12 @@ use choir_common::admin::{PairingInfo, PairingList};
 use serde_json::{json, Value};
 
 use super::BotSpec;
-use crate::daemon::Daemon;
+use super::Handle;
 use crate::db::DbError;
 use crate::http::ApiError;
 
 /// An unknown user wrote to a bot with pairing: asks its admins, once.
-pub fn request(d: &Daemon, spec: &BotSpec, user: i64, username: Option<&str>, chat: i64) -> Result<(), DbError> {
+pub fn request(d: &Handle, spec: &BotSpec, user: i64, username: Option<&str>, chat: i64) -> Result<(), DbError> {
     let Some(agent) = &spec.config.pairing else { return Ok(()) };
     if !d.store.request_pairing(&spec.name, user, username)? {
         return Ok(());
@@ -36,12 +36,12 @@ pub fn request(d: &Daemon, spec: &BotSpec, user: i64, username: Option<&str>, ch
         });
         d.store.enqueue_outbox(&spec.name, admin_chat, &[("text", ask)])?;
     }
-    d.telegram.wake_senders();
+    d.link.wake_senders();
     Ok(())
 }
 
 /// Lets `user` in to `bot` (or refuses them), for `by`.
-pub fn decide(d: &Daemon, bot: &str, user: i64, approve: bool, by: &str) -> Result<String, ApiError> {
+pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Result<String, ApiError> {
     let config = d.config();
     let Some(bot_cfg) = config.telegram.bots.get(bot) else {
         return Err(ApiError::NotFound(format!("no bot {bot:?} in config.json")));
@@ -53,11 +53,11 @@ pub fn decide(d: &Daemon, bot: &str, user: i64, approve: bool, by: &str) -> Resu
         return Err(ApiError::Conflict(format!("user {user} has no pending request on bot {bot}")));
     }
     if approve {
-        let added = d.rewrite_config(|text| {
+        let added = d.control.rewrite_config(Box::new(|text| {
             let mut doc: Value = serde_json::from_str(text).map_err(|e| format!("config.json does not parse: {e}"))?;
             doc["telegram"]["bots"][bot]["users"][user.to_string()] = json!({"agent": agent});
             serde_json::to_string_pretty(&doc).map(|t| t + "\n").map_err(|e| e.to_string())
-        });
+        }));
         if let Err(e) = added {
             // Not let in after all: the request stays open.
             d.store.decide_pairing_undo(bot, user)?;
@@ -72,7 +72,7 @@ pub fn decide(d: &Daemon, bot: &str, user: i64, approve: bool, by: &str) -> Resu
         "Sorry, an admin decided not to let you in.".to_owned()
     };
     d.store.enqueue_outbox(bot, user, &[("text", json!({"text": told}))])?;
-    d.telegram.wake_senders();
+    d.link.wake_senders();
     Ok(if approve {
         format!("user {user} may now talk to {agent} through bot {bot}")
     } else {
@@ -81,7 +81,7 @@ pub fn decide(d: &Daemon, bot: &str, user: i64, approve: bool, by: &str) -> Resu
 }
 
 /// Requests for `choirctl telegram pairings`.
-pub fn list(d: &Daemon, all: bool) -> Result<PairingList, ApiError> {
+pub fn list(d: &Handle, all: bool) -> Result<PairingList, ApiError> {
     Ok(PairingList {
         pairings: d
             .store

@@ -13,15 +13,15 @@ use frankenstein::methods::GetUpdatesParams;
 use frankenstein::types::AllowedUpdate;
 use frankenstein::TelegramApi;
 
+use super::Handle;
 use super::{backoff, classify, client, nap, BotSpec, Failure};
 use crate::config::TelegramConfig;
-use crate::daemon::Daemon;
 
 /// Updates asked for per poll.
 const LIMIT: u32 = 100;
 
 /// Runs until `stop`.
-pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, dispatch: &Sender<()>) {
+pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, dispatch: &Sender<()>) {
     let bot = client(&tg.api_base, &spec.token, Duration::from_secs(tg.poll_timeout_s + 15));
     let mut failures = 0u32;
     let mut offset: Option<i64> = None;
@@ -49,7 +49,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
             .build();
         match bot.get_updates(&params) {
             Ok(resp) => {
-                d.telegram.count(&spec.name, |c| c.last_poll = Some(SystemTime::now()));
+                d.link.count(&spec.name, |c| c.last_poll = Some(SystemTime::now()));
                 if resp.result.is_empty() {
                     failures = 0;
                     continue;
@@ -64,7 +64,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                     Ok(o) => {
                         failures = 0;
                         offset = Some(o);
-                        d.telegram.count(&spec.name, |c| c.updates += batch.len() as u64);
+                        d.link.count(&spec.name, |c| c.updates += batch.len() as u64);
                         let _ = dispatch.try_send(());
                     }
                     Err(e) => {
@@ -83,7 +83,7 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                     Failure::Transient(m) => (backoff(failures), m),
                 };
                 log::warn!("telegram {}: getUpdates failed: {why}; next try in {wait:?}", spec.name);
-                d.telegram.count(&spec.name, |c| {
+                d.link.count(&spec.name, |c| {
                     c.errors += 1;
                     c.last_error = Some(format!("getUpdates: {why}"));
                 });

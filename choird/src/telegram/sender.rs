@@ -24,9 +24,9 @@ use frankenstein::types::{ChatAction, InlineKeyboardButton, InlineKeyboardMarkup
 use frankenstein::TelegramApi;
 use serde_json::Value;
 
+use super::Handle;
 use super::{backoff, classify, client, nap, wait, BotSpec, Failure};
 use crate::config::TelegramConfig;
-use crate::daemon::Daemon;
 use crate::store::telegram::OutboxRow;
 
 /// How often "typing" is shown (it lasts about 5 s on the client).
@@ -61,7 +61,7 @@ impl Bucket {
 }
 
 /// Runs until `stop`.
-pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, wake: &Receiver<()>) {
+pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, wake: &Receiver<()>) {
     // A hung connection is given up on: 30 s for a message, 120 s for an upload.
     let bot = client(&tg.api_base, &spec.token, Duration::from_secs(30));
     let uploads = client(&tg.api_base, &spec.token, Duration::from_secs(120));
@@ -116,10 +116,10 @@ pub fn run(d: &Daemon, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                         log::error!("telegram {}: row {} was sent but not marked ({e})", spec.name, row.id);
                     }
                     drop_spooled(&row);
-                    d.telegram.count(&spec.name, |c| c.sent += 1);
+                    d.link.count(&spec.name, |c| c.sent += 1);
                 }
                 Err(failure) => {
-                    d.telegram.count(&spec.name, |c| {
+                    d.link.count(&spec.name, |c| {
                         c.errors += 1;
                         c.last_error = Some(format!("{failure:?}"));
                     });
@@ -194,7 +194,7 @@ fn markup(buttons: &Value) -> Option<ReplyMarkup> {
 
 /// Sends one row; the id of the message Telegram made of it, if any.
 fn send(
-    d: &Daemon,
+    d: &Handle,
     bot: &frankenstein::client_ureq::Bot,
     token: &str,
     row: &OutboxRow,

@@ -1,0 +1,375 @@
+//! The eight verbs agents call (R-RPC-2), for an authenticated caller:
+//! INIT_HELLO, GET_SECRETS, HEARTBEAT (replication of the commit log, answers
+//! and their delivery, the long-poll for messages), REPORT_STATUS,
+//! TERMINATE_SELF, FETCH_DYNAMIC_CONFIG and EXECUTE_HOST_TOOL (through the
+//! host-tool registry). REQUEST_APPROVAL is in [`super::approvals`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use choir_common::ids::AgentId;
+use choir_common::rpc::{
+    Bindings, ConversationTail, DynamicConfig, ExecuteHostToolRequest, ExecuteHostToolResponse, HeartbeatRequest,
+    HeartbeatResponse, HostToolBinding, InboundMessage, InitHelloRequest, InitHelloResponse, LaneModels, OutboundReply,
+    RecoverySnapshot, ReportStatusRequest,
+};
+use serde_json::json;
+
+use super::{Authed, Daemon, LEASE_TTL, MAX_WAIT};
+use crate::config::Lane;
+use crate::events::Event;
+use crate::http::ApiError;
+use crate::shared::{clip, Hourly};
+use crate::store::ReplicationError;
+
+/// Messages handed out per HEARTBEAT.
+const BATCH: i64 = 32;
+/// Answered exchanges per conversation handed to a (re)started agent.
+const RECOVERED_EXCHANGES: i64 = 10;
+
+impl Daemon {
+    /// INIT_HELLO: binds the session and hands out the recovery snapshot.
+    pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, ApiError> {
+        if req.agent_id != who.agent.as_str() {
+            self.audit("agent-rpc", Some(&who.agent), "INIT_HELLO", "refused", json!({"claimed": clip(&req.agent_id)}));
+            return Err(ApiError::Forbidden(format!(
+                "this lease belongs to agent {}, not {:?}",
+                who.agent,
+                clip(&req.agent_id)
+            )));
+        }
+        if req.protocol_version != choir_common::PROTOCOL_VERSION {
+            return Err(ApiError::BadRequest(format!(
+                "protocol version {} not supported (choird speaks {}); rebuild the agent",
+                req.protocol_version,
+                choir_common::PROTOCOL_VERSION
+            )));
+        }
+        let (head, processed) = self.store.agent_position(&who.agent)?;
+        self.store.session_hello(who.session)?;
+        // Whatever a served host tool needs (e.g. the memory schema) is made
+        // before the agent runs.
+        self.host_tools.prepare(&who.agent)?;
+        let served = self.host_tools.served(&who.agent);
+        let config = self.config();
+        // An agent removed from config while running still gets a valid answer.
+        let agent_cfg = config.agents.get(&who.agent).cloned().unwrap_or_default();
+        self.sessions.hello(&who.agent, head.seq, processed);
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "INIT_HELLO",
+            "ok",
+            json!({"session": who.session, "agent_version": clip(&req.agent_version), "local_head": req.local_head.seq,
+                   "replicated_head": head.seq}),
+        );
+        Ok(InitHelloResponse {
+            session_id: who.session,
+            agent_id: who.agent.to_string(),
+            bindings: Bindings {
+                secrets: agent_cfg.secrets.clone(),
+                models: LaneModels {
+                    edge: config.model(&who.agent, Lane::Edge),
+                    core: config.model(&who.agent, Lane::Core),
+                },
+                host_tools: served.iter().map(|(name, _)| name.clone()).collect(),
+                host_tool_manifests: served
+                    .into_iter()
+                    .filter_map(|(_, m)| m.map(|manifest| HostToolBinding { manifest }))
+                    .collect(),
+            },
+            recovery: RecoverySnapshot {
+                replicated_head: head,
+                processed_upto: processed,
+                conversations: self.recovered_conversations(&who.agent, processed)?,
+            },
+            config: self.dynamic_config(&who.agent),
+            lease_ttl_ms: LEASE_TTL.as_millis() as u64,
+        })
+    }
+
+    /// What a (re)started agent needs to keep its conversations: the latest
+    /// compaction summary of each, then the answered exchanges after it.
+    fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, ApiError> {
+        let mut tails = self.store.recent_exchanges(agent, processed, RECOVERED_EXCHANGES)?;
+        for (conversation, summary, upto) in self.store.compactions(agent)? {
+            let idx = match tails.iter().position(|t| t.conversation == conversation) {
+                Some(i) => i,
+                None => {
+                    tails.push(ConversationTail {
+                        conversation: conversation.clone(),
+                        summary: None,
+                        turns: Vec::new(),
+                    });
+                    tails.len() - 1
+                }
+            };
+            let tail = &mut tails[idx];
+            tail.summary = Some(summary);
+            // Exchanges already folded into the summary are not repeated.
+            tail.turns = self.store.exchanges_after(agent, &conversation, upto, processed, RECOVERED_EXCHANGES)?;
+        }
+        Ok(tails)
+    }
+
+    /// The hot-reloadable config of one agent.
+    pub fn dynamic_config(&self, id: &AgentId) -> DynamicConfig {
+        let config = self.config();
+        let agent = config.agents.get(id).cloned().unwrap_or_default();
+        DynamicConfig {
+            version: self.config_version(),
+            kill_switch: self.kill_switch(),
+            max_steps_per_turn: agent.max_steps_per_turn,
+            retry_budget: agent.retry_budget,
+            context_tokens: agent.context_tokens,
+            max_core_jobs: agent.max_core_jobs,
+            core_budget: agent.core_budget,
+            tool_exposure: agent.tool_exposure.as_str().to_owned(),
+            fail_closed_s: agent.fail_closed_s,
+        }
+    }
+
+    /// GET_SECRETS: values of secrets bound to the agent, and nothing else.
+    pub fn get_secrets(&self, who: &Authed, names: &[String]) -> Result<BTreeMap<String, String>, ApiError> {
+        let config = self.config();
+        let bound = config.agents.get(&who.agent).map(|a| a.secrets.clone()).unwrap_or_default();
+        let secrets = self.secrets();
+        let mut out = BTreeMap::new();
+        for name in names {
+            if !bound.contains(name) {
+                self.audit("agent-rpc", Some(&who.agent), "GET_SECRETS", "refused", json!({"name": name}));
+                return Err(ApiError::Forbidden(format!(
+                    "secret {:?} is not bound to agent {}",
+                    clip(name),
+                    who.agent
+                )));
+            }
+            match secrets.get(name) {
+                Some(v) => {
+                    out.insert(name.clone(), v.to_owned());
+                }
+                None => {
+                    return Err(ApiError::NotFound(format!(
+                        "secret {name:?} is bound to agent {} but not set in secrets.json",
+                        who.agent
+                    )))
+                }
+            }
+        }
+        self.audit("agent-rpc", Some(&who.agent), "GET_SECRETS", "ok", json!({"names": names}));
+        Ok(out)
+    }
+
+    /// HEARTBEAT: stores replicated events and replies, then hands out new
+    /// messages, waiting up to `wait_ms` for some to arrive.
+    pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        let acked = self.replicate(who, req)?;
+        let replies = self.speakable_replies(who, &req.replies);
+        let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
+            crate::store::Recorded::default()
+        } else {
+            self.store.record_replies(&who.agent, &replies, req.processed_upto, self.delivery.as_ref())?
+        };
+        for conversation in &recorded.refused {
+            self.audit(
+                "agent-rpc",
+                Some(&who.agent),
+                "HEARTBEAT",
+                "notice_refused",
+                json!({"conversation": clip(conversation), "reason": "the agent was never addressed there"}),
+            );
+        }
+        // Files the agent left to send go after its answer, to the same chat.
+        for conversation in recorded.delivered {
+            self.events.send(Event::Answered { agent: who.agent.clone(), conversation });
+        }
+        let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
+        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
+
+        let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
+        loop {
+            let poll = self.sessions.poll(&who.agent, who.session, req.receive);
+            if poll.ended {
+                return Err(ApiError::Unauthorized("the session ended".into()));
+            }
+            if poll.stop || !req.receive {
+                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), poll.stop));
+            }
+            let messages = self.store.pending_messages(&who.agent, poll.after, BATCH)?;
+            let decisions = if poll.decisions_due {
+                match self.store.take_decisions(&who.agent) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.sessions.decisions_still_due(&who.agent);
+                        return Err(e.into());
+                    }
+                }
+            } else {
+                Vec::new()
+            };
+            // A concurrent HEARTBEAT may have handed some of these out already.
+            let messages: Vec<InboundMessage> =
+                self.sessions.hand_out(&who.agent, who.session, messages).unwrap_or_default();
+            if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() {
+                let mut reply = self.heartbeat_reply(acked_seq, messages, false);
+                reply.decisions = decisions;
+                reply.cancel = poll.cancels;
+                return Ok(reply);
+            }
+            if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
+                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
+            }
+            self.sessions.wait_wake(&who.agent, poll.wake, deadline);
+        }
+    }
+
+    /// Stores the HEARTBEAT's events: content PostgreSQL cannot store is
+    /// refused naming the event (the agent quarantines it instead of
+    /// retrying it forever), a chain that does not extend choird's copy is
+    /// refused as a fork. Returns the stored head when there were events.
+    fn replicate(&self, who: &Authed, req: &HeartbeatRequest) -> Result<Option<u64>, ApiError> {
+        for ev in &req.events {
+            if let Err(reason) = ev.storable() {
+                self.audit(
+                    "agent-rpc",
+                    Some(&who.agent),
+                    "HEARTBEAT",
+                    "event_refused",
+                    json!({"seq": ev.seq, "reason": reason}),
+                );
+                return Err(ApiError::EventRefused { seq: ev.seq, reason });
+            }
+        }
+        if req.events.is_empty() {
+            return Ok(None);
+        }
+        match self.store.append_events(&who.agent, who.session, &req.events) {
+            Ok(seq) => {
+                self.note_memory_sources(&who.agent, &req.events);
+                Ok(Some(seq))
+            }
+            Err(ReplicationError::Chain(e)) => {
+                log::error!("ALERT: agent {}: {e}; replication refused", who.agent);
+                self.audit(
+                    "agent-rpc",
+                    Some(&who.agent),
+                    "HEARTBEAT",
+                    "chain_refused",
+                    json!({"error": e.to_string()}),
+                );
+                Err(ApiError::Conflict(format!("commit log refused: {e}")))
+            }
+            Err(ReplicationError::Db(e)) if e.is_data_error() => {
+                let seq = req.events.first().map_or(0, |e| e.seq);
+                log::error!("agent {}: the database refused event {seq}: {e}", who.agent);
+                Err(ApiError::EventRefused { seq, reason: "the database refused its content".into() })
+            }
+            Err(ReplicationError::Db(e)) => Err(e.into()),
+        }
+    }
+
+    /// The replies of a HEARTBEAT as choird stores them: text PostgreSQL
+    /// cannot hold escaped; a notice only where the agent was addressed,
+    /// to a Telegram chat it serves under the current config, within its
+    /// hourly quota (others dropped and audited).
+    fn speakable_replies(&self, who: &Authed, replies: &[OutboundReply]) -> Vec<OutboundReply> {
+        let config = self.config();
+        let mut out = Vec::with_capacity(replies.len());
+        for r in replies {
+            let mut r = r.clone();
+            for s in [&mut r.text, &mut r.conversation, &mut r.key] {
+                if s.contains('\0') {
+                    *s = s.replace('\0', "\\u0000");
+                }
+            }
+            if r.in_reply_to == 0 {
+                let refuse = |reason: &str| {
+                    self.audit(
+                        "agent-rpc",
+                        Some(&who.agent),
+                        "HEARTBEAT",
+                        "notice_refused",
+                        json!({"conversation": clip(&r.conversation), "reason": reason}),
+                    );
+                };
+                if let Some((bot, chat)) = crate::conversations::telegram_chat(&r.conversation) {
+                    if !config.serves_chat(&bot, chat, &who.agent) {
+                        refuse("not a chat this agent serves");
+                        continue;
+                    }
+                }
+                if !self.store.addressed(&who.agent, &r.conversation).unwrap_or(false) {
+                    refuse("the agent was never addressed there");
+                    continue;
+                }
+                let quota = config.agents.get(&who.agent).map(|a| a.quotas.notices_per_hour).unwrap_or_default();
+                if let Hourly::Over = self.hourly(&who.agent, "notices", quota) {
+                    refuse("over quotas.notices_per_hour");
+                    continue;
+                }
+            }
+            out.push(r);
+        }
+        out
+    }
+
+    fn heartbeat_reply(&self, acked_seq: u64, messages: Vec<InboundMessage>, stop: bool) -> HeartbeatResponse {
+        HeartbeatResponse {
+            acked_seq,
+            messages,
+            config_version: self.config_version(),
+            stop,
+            decisions: Vec::new(),
+            cancel: Vec::new(),
+        }
+    }
+
+    /// REPORT_STATUS: keeps the latest report for `choirctl agent status`.
+    /// The first RUNNING report marks the end of the agent's set-up: from then
+    /// on it counts as running (and a waiting `agent start` returns).
+    pub fn report_status(&self, who: &Authed, req: ReportStatusRequest) {
+        self.sessions.report(&who.agent, who.session, req);
+    }
+
+    /// TERMINATE_SELF: the session ends; the token stops working at once.
+    pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), ApiError> {
+        self.sessions.terminate(&who.agent);
+        self.store.end_session(who.session, &format!("terminated by agent: {}", clip(reason)))?;
+        self.audit(
+            "agent-rpc",
+            Some(&who.agent),
+            "TERMINATE_SELF",
+            "ok",
+            json!({"session": who.session, "reason": reason}),
+        );
+        Ok(())
+    }
+
+    /// Records, on the items a memory upsert stored, the commit sequence of
+    /// the call that stored them (known only once the event replicates).
+    fn note_memory_sources(&self, agent: &AgentId, events: &[choir_common::commit::CommitEvent]) {
+        if self.memory.is_none() {
+            return;
+        }
+        for e in
+            events.iter().filter(|e| e.tool == "choir.memory.upsert" && e.outcome == choir_common::commit::Outcome::Ok)
+        {
+            if let Some(call) = &e.call_id {
+                if let Err(err) = self.store.memory_set_commit_seq(agent, call, e.seq as i64) {
+                    log::warn!("memory: commit sequence of {call} not recorded: {err}");
+                }
+            }
+        }
+    }
+
+    /// EXECUTE_HOST_TOOL: a host tool for the authenticated agent, through
+    /// the registry (validated, audited, at most once when not idempotent).
+    pub fn execute_host_tool(
+        &self,
+        who: &Authed,
+        req: &ExecuteHostToolRequest,
+    ) -> Result<ExecuteHostToolResponse, ApiError> {
+        Ok(ExecuteHostToolResponse { result: self.host_tools.execute(who, req)? })
+    }
+}

@@ -1,0 +1,65 @@
+//! What the daemon tells the Telegram gateway, as one closed set of events
+//! on one channel: the daemon never calls into the gateway, and the gateway
+//! acts on each event on its own thread (`tg-events`).
+//!
+//! **Invariant:** the channel is bounded; the daemon never blocks on it. An
+//! event that does not fit is dropped and counted: what it announces is in
+//! the database already (outbox rows, pending proposals), and the gateway's
+//! senders look at the outbox on their own timer too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use choir_common::ids::AgentId;
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+
+/// Events queued at most.
+const CAPACITY: usize = 4096;
+
+/// Something the gateway should act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// An answer or notice of `agent` was recorded in `conversation`: files
+    /// the agent left in `.choirtmp/send/` follow it there, and the senders
+    /// wake for its outbox rows.
+    Answered {
+        /// The agent.
+        agent: AgentId,
+        /// The conversation it was recorded in.
+        conversation: String,
+    },
+    /// A proposal waits for a human: its agent's admins are asked.
+    ProposalPending {
+        /// The proposal.
+        id: i64,
+    },
+    /// A proposal was decided: the questions about it are edited.
+    ProposalDecided {
+        /// The proposal.
+        id: i64,
+    },
+}
+
+/// The daemon's end of the channel.
+pub struct Events {
+    tx: Sender<Event>,
+    dropped: AtomicU64,
+}
+
+/// A new channel: the daemon's end and the gateway's.
+pub fn channel() -> (Events, Receiver<Event>) {
+    let (tx, rx) = bounded(CAPACITY);
+    (Events { tx, dropped: AtomicU64::new(0) }, rx)
+}
+
+impl Events {
+    /// Queues `event` without blocking (see the module's invariant).
+    pub fn send(&self, event: Event) {
+        match self.tx.try_send(event) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(e)) => {
+                let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                log::warn!("gateway events full: dropped {e:?} ({n} dropped in all)");
+            }
+        }
+    }
+}

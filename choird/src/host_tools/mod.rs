@@ -1,0 +1,237 @@
+//! Host tools (R-TOOL-5b): the tools choird runs for agents through
+//! EXECUTE_HOST_TOOL. One registry; each tool is a type implementing
+//! [`HostTool`] (its manifest, its status for an agent, and `execute`), and
+//! everything else lives here, once: which tools an agent is served
+//! (INIT_HELLO's `bindings.host_tools` and their manifests), validation of
+//! the input against the manifest, the audit record of every call, and
+//! **at-most-once execution** of tools whose manifest says they are not
+//! idempotent.
+//!
+//! Adding a host tool is one file (a type implementing [`HostTool`]) and one
+//! registration line in `serve.rs` (see DESIGN.md, "Host tools").
+//!
+//! **Invariant:** a call of a non-idempotent host tool runs at most once per
+//! `(agent, call_id)`: the call is claimed in `host_calls` before it runs; a
+//! repeat gets the stored outcome, or — when the first run's outcome was
+//! never stored (choird died meanwhile) — a refusal saying it will not run
+//! again. Rate limits are the verb's (`EXECUTE_HOST_TOOL` is charged to the
+//! agent's verb bucket before its body is read).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use choir_common::ids::AgentId;
+use choir_common::manifest::ToolManifest;
+use choir_common::rpc::ExecuteHostToolRequest;
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::http::{ApiError, Caller};
+use crate::secrets::Secrets;
+use crate::shared::Shared;
+use crate::store::host_calls::Claim;
+
+#[cfg(feature = "test-tools")]
+pub mod test_echo;
+
+/// A host tool's status for one agent (R-TOOL-6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Served to every agent, nothing to configure.
+    System,
+    /// Known, but not served: why (missing config or secret).
+    Available(String),
+    /// Configured and served.
+    Connected,
+}
+
+/// One call, as a tool sees it: the agent it runs for (from its session,
+/// never from the request) and the validated input.
+pub struct HostCall<'a> {
+    /// The calling agent.
+    pub caller: &'a Caller,
+    /// The tool's name (one type may serve several).
+    pub tool: &'a str,
+    /// The calling lane.
+    pub lane: &'a str,
+    /// The model's call id.
+    pub call_id: Option<&'a str>,
+    /// The input, validated against the manifest when there is one.
+    pub input: &'a Value,
+}
+
+/// A tool choird runs for agents.
+pub trait HostTool: Send + Sync {
+    /// The name agents call it by.
+    fn name(&self) -> &str;
+    /// Its manifest; `None` for the host half of an agent's built-in tool
+    /// (e.g. `choir.memory.compact`), whose input the tool checks itself.
+    fn manifest(&self) -> Option<ToolManifest>;
+    /// Its status for `agent` under this config.
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status;
+    /// Readies whatever the agent needs before its first call (at INIT_HELLO).
+    fn prepare(&self, _agent: &AgentId) -> Result<(), ApiError> {
+        Ok(())
+    }
+    /// Runs one call.
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError>;
+}
+
+struct Registered {
+    tool: Arc<dyn HostTool>,
+    validator: Option<jsonschema::Validator>,
+    idempotent: bool,
+}
+
+/// The host tools choird serves.
+pub struct Registry {
+    shared: Arc<Shared>,
+    tools: BTreeMap<String, Registered>,
+}
+
+/// Why a tool cannot be registered.
+#[derive(Debug, thiserror::Error)]
+#[error("host tool {name}: {reason}")]
+pub struct RegistryError {
+    name: String,
+    reason: String,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(shared: Arc<Shared>) -> Registry {
+        Registry { shared, tools: BTreeMap::new() }
+    }
+
+    /// Registers a tool (its manifest validated, its schema compiled).
+    pub fn register(&mut self, tool: Arc<dyn HostTool>) -> Result<(), RegistryError> {
+        let name = tool.name().to_owned();
+        let err = |reason: String| RegistryError { name: name.clone(), reason };
+        if self.tools.contains_key(&name) {
+            return Err(err("registered twice".into()));
+        }
+        let (validator, idempotent) = match tool.manifest() {
+            Some(m) => {
+                m.validate().map_err(|e| err(e.to_string()))?;
+                if m.llm.name != name {
+                    return Err(err(format!("its manifest names {}", m.llm.name)));
+                }
+                let v = jsonschema::validator_for(&m.llm.parameters).map_err(|e| err(e.to_string()))?;
+                (Some(v), m.runtime.idempotent)
+            }
+            None => (None, true),
+        };
+        self.tools.insert(name, Registered { tool, validator, idempotent });
+        Ok(())
+    }
+
+    /// The tools `agent` is served (connected or system), with their
+    /// manifests where they have one.
+    pub fn served(&self, agent: &AgentId) -> Vec<(String, Option<ToolManifest>)> {
+        let (config, secrets) = (self.shared.config(), self.shared.secrets());
+        self.tools
+            .iter()
+            .filter(|(_, r)| matches!(r.tool.status(&config, &secrets, agent), Status::System | Status::Connected))
+            .map(|(name, r)| (name.clone(), r.tool.manifest()))
+            .collect()
+    }
+
+    /// Every registered tool's status for `agent`.
+    pub fn statuses(&self, agent: &AgentId) -> Vec<(String, Status)> {
+        let (config, secrets) = (self.shared.config(), self.shared.secrets());
+        self.tools.iter().map(|(n, r)| (n.clone(), r.tool.status(&config, &secrets, agent))).collect()
+    }
+
+    /// Readies every tool served to `agent` (INIT_HELLO).
+    pub fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
+        let (config, secrets) = (self.shared.config(), self.shared.secrets());
+        for r in self.tools.values() {
+            if matches!(r.tool.status(&config, &secrets, agent), Status::System | Status::Connected) {
+                r.tool.prepare(agent)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// EXECUTE_HOST_TOOL for the authenticated `caller`: validated, run (at
+    /// most once when not idempotent), audited.
+    pub fn execute(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+        let started = Instant::now();
+        let result = self.run(caller, req);
+        let outcome = match &result {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.status_and_code().1.to_owned(),
+        };
+        self.shared.audit(
+            "agent-rpc",
+            Some(&caller.agent),
+            "EXECUTE_HOST_TOOL",
+            &outcome,
+            json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64}),
+        );
+        result
+    }
+
+    fn run(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+        let Some(r) = self.tools.get(&req.tool) else {
+            return Err(ApiError::NotFound(format!(
+                "{} is not a host tool choird serves",
+                crate::http::printable(&req.tool)
+            )));
+        };
+        let (config, secrets) = (self.shared.config(), self.shared.secrets());
+        match r.tool.status(&config, &secrets, &caller.agent) {
+            Status::System | Status::Connected => {}
+            Status::Available(why) => {
+                return Err(ApiError::NotImplemented(format!("{} is not served: {why}", req.tool)));
+            }
+        }
+        if let Some(v) = &r.validator {
+            let problems: Vec<String> = v.iter_errors(&req.input).map(|e| e.to_string()).collect();
+            if !problems.is_empty() {
+                return Err(ApiError::BadRequest(format!("invalid arguments: {}", problems.join("; "))));
+            }
+        }
+        let call =
+            HostCall { caller, tool: &req.tool, lane: &req.lane, call_id: req.call_id.as_deref(), input: &req.input };
+        if r.idempotent {
+            return r.tool.execute(&call);
+        }
+        let Some(call_id) = req.call_id.as_deref().filter(|c| !c.is_empty() && c.len() <= 200) else {
+            return Err(ApiError::BadRequest(format!("{} runs at most once per call: send its call_id", req.tool)));
+        };
+        let store = &self.shared.store;
+        match store.claim_host_call(&caller.agent, call_id, &req.tool, &req.input)? {
+            Claim::New => {}
+            Claim::Done(stored) => {
+                log::info!("agent {}: {} {call_id} ran before; its stored outcome is returned", caller.agent, req.tool);
+                return match stored {
+                    Ok(v) => Ok(v),
+                    Err(message) => Err(ApiError::Unprocessable(message)),
+                };
+            }
+            Claim::Unfinished => {
+                return Err(ApiError::Conflict(format!(
+                    "{} {call_id} was started before and its outcome was never recorded; it runs at most once, so it \
+                     will not run again",
+                    req.tool
+                )))
+            }
+            Claim::Different => {
+                return Err(ApiError::Conflict(format!(
+                    "call id {call_id} was used before for another call; a call id names one call"
+                )))
+            }
+        }
+        let result = r.tool.execute(&call);
+        let stored = match &result {
+            Ok(v) => Ok(v.clone()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = store.finish_host_call(&caller.agent, call_id, &stored) {
+            log::error!("agent {}: the outcome of {} {call_id} was not recorded: {e}", caller.agent, req.tool);
+        }
+        result
+    }
+}

@@ -1,0 +1,830 @@
+//! Agent slots, leases and rate buckets: which agents run, their sessions,
+//! what has been handed to them, and who waits for their answers.
+//!
+//! Everything here sits behind one mutex with one condition variable
+//! (`changed`, which long-polling HEARTBEATs and stopping admins wait on).
+//!
+//! **Invariant:** no I/O happens while the mutex is held — by construction:
+//! the guard never leaves this module, every operation is a method that
+//! locks, changes or copies plain data and returns it, and no method takes
+//! a callback. A slow database or engine can never stall authentication or
+//! another agent.
+//! **Invariant (11):** at most one session per agent is live; a start while
+//! one is live is refused ([`Sessions::begin_start`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use choir_common::admin::AgentSummary;
+use choir_common::ids::AgentId;
+use choir_common::rpc::{InboundMessage, ReportStatusRequest};
+use crossbeam_channel::Sender;
+use parking_lot::{Condvar, Mutex};
+
+use crate::http::{Caller, ListenerKind};
+
+/// The lease lapses when no HEARTBEAT arrives for this long.
+pub const LEASE_TTL: Duration = Duration::from_secs(60);
+/// Agent RPC rate limit: sustained requests per second, per agent and per
+/// class (verbs, edge model calls, core model calls), so core jobs working
+/// hard never slow the user-facing lane down; bursts of twice that.
+const RATE_PER_S: f64 = 200.0;
+/// HEARTBEATs have their own, larger bucket: every tool result waits for
+/// one (replicate before acknowledging), so they come as fast as tools end;
+/// concurrent lanes share one, and a slow choird makes batches larger, not
+/// more frequent.
+const HEARTBEAT_PER_S: f64 = 1000.0;
+
+/// What a rate-limited request is, for its bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateClass {
+    /// One of the eight verbs, but HEARTBEAT.
+    Verb = 0,
+    /// A model call of the edge lane.
+    EdgeModel = 1,
+    /// A model call of a core job.
+    CoreModel = 2,
+    /// HEARTBEAT (replication, answers, the long-poll).
+    Heartbeat = 3,
+}
+
+/// Lifecycle phase of an agent, as choird sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// No live session.
+    #[default]
+    Stopped,
+    /// Started, waiting for INIT_HELLO.
+    Starting,
+    /// INIT_HELLO done.
+    Running,
+    /// Asked to stop, not gone yet.
+    Stopping,
+}
+
+impl Phase {
+    /// The word shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Stopped => "stopped",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+/// A token bucket.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Bucket {
+        Bucket { tokens: 2.0 * rate, at: Instant::now(), rate, burst: 2.0 * rate }
+    }
+
+    /// Takes one token, or says how long until one is available.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        }
+    }
+}
+
+/// What runs an agent's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Instance {
+    /// A child process (process runtime).
+    Process {
+        /// Its pid.
+        pid: u32,
+    },
+    /// A container (docker runtime).
+    Container {
+        /// Its id.
+        id: String,
+        /// Its image.
+        image: String,
+    },
+}
+
+/// A live lease.
+struct Session {
+    id: i64,
+    token_sha256: [u8; 32],
+    instance: Option<Instance>,
+    started: Instant,
+    last_seen: Instant,
+    /// Highest message id handed to this session.
+    delivered_upto: u64,
+    stop: bool,
+    terminated: bool,
+    /// Its lapsed lease has been acted on.
+    reaped: bool,
+    buckets: [Bucket; 4],
+}
+
+impl Session {
+    fn new(id: i64, token_sha256: [u8; 32], instance: Option<Instance>, delivered_upto: u64) -> Session {
+        Session {
+            id,
+            token_sha256,
+            instance,
+            started: Instant::now(),
+            last_seen: Instant::now(),
+            delivered_upto,
+            stop: false,
+            terminated: false,
+            reaped: false,
+            buckets: [
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(HEARTBEAT_PER_S),
+            ],
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.instance {
+            Some(Instance::Container { id: c, .. }) => {
+                format!("session {}, container {}", self.id, &c[..12.min(c.len())])
+            }
+            Some(Instance::Process { pid }) => format!("session {}, pid {pid}", self.id),
+            None => format!("session {}", self.id),
+        }
+    }
+}
+
+/// What a waiting chat request hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatUpdate {
+    /// The answer so far (of the current model step).
+    Partial(String),
+    /// The answer, or why there will be none now.
+    Done(Result<String, String>),
+}
+
+#[derive(Default)]
+struct AgentSlot {
+    phase: Phase,
+    /// Whether the operator wants it running (a crashed container is restarted).
+    desired: bool,
+    /// Consecutive failed starts or early crashes, for the restart backoff.
+    crashes: u32,
+    /// Bumped by every `agent start`: a supervisor serves one generation and
+    /// quits when a newer one exists, so two never restart the same agent.
+    generation: u64,
+    session: Option<Session>,
+    last_session: Option<i64>,
+    last_exit: Option<String>,
+    status: Option<ReportStatusRequest>,
+    replicated_seq: u64,
+    /// Chat requests waiting for the answer to a message id.
+    waiters: HashMap<u64, Sender<ChatUpdate>>,
+    /// Bumped whenever a long-poll of this agent should look again.
+    wake: u64,
+    /// Decisions on its proposals wait to be handed over.
+    decisions_due: bool,
+    /// Lanes the operator asked to cancel, not yet handed over.
+    cancels: Vec<String>,
+}
+
+/// Why an RPC was not authenticated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuthFailure {
+    /// No session has this token.
+    UnknownToken,
+    /// The token is another agent's (on an agent's own socket).
+    WrongSocket,
+    /// Over the rate limit of its class: retry after this long.
+    RateLimited {
+        /// The agent.
+        agent: AgentId,
+        /// The bucket's rate.
+        rate: f64,
+        /// When a token is available again.
+        retry_after: Duration,
+    },
+}
+
+/// How a start ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ready {
+    /// It reported RUNNING.
+    Running,
+    /// It stopped first (with its last exit, when known).
+    Exited(Option<String>),
+    /// There is no such agent.
+    Unknown,
+    /// It did not finish starting in time.
+    TimedOut,
+}
+
+/// What the supervisor of a docker agent sees.
+#[derive(Debug, Clone)]
+pub enum Watch {
+    /// A newer `agent start` has its own supervisor.
+    Superseded,
+    /// The current container: (container id, session, started at).
+    Container(String, i64, Instant),
+    /// No container right now (between restarts).
+    None,
+}
+
+/// Where a long-polling HEARTBEAT stands.
+#[derive(Debug, Default)]
+pub struct PollState {
+    /// The session is gone (the caller's lease ended).
+    pub ended: bool,
+    /// choird asks the agent to stop.
+    pub stop: bool,
+    /// Highest message id already handed out.
+    pub after: u64,
+    /// Decisions are due (taken: the caller must hand them over or give the flag back).
+    pub decisions_due: bool,
+    /// Cancel requests (taken).
+    pub cancels: Vec<String>,
+    /// The wake counter seen (to wait for a change).
+    pub wake: u64,
+}
+
+/// The table of agent slots.
+#[derive(Default)]
+pub struct Sessions {
+    table: Mutex<BTreeMap<AgentId, AgentSlot>>,
+    changed: Condvar,
+}
+
+impl Sessions {
+    /// A table with a slot for each of `ids`.
+    pub fn new<'a>(ids: impl IntoIterator<Item = &'a AgentId>) -> Sessions {
+        let s = Sessions::default();
+        s.ensure(ids);
+        s
+    }
+
+    /// Makes a slot for each of `ids` (agents added to config).
+    pub fn ensure<'a>(&self, ids: impl IntoIterator<Item = &'a AgentId>) {
+        let mut t = self.table.lock();
+        for id in ids {
+            t.entry(id.clone()).or_default();
+        }
+    }
+
+    fn notify(&self) {
+        self.changed.notify_all();
+    }
+
+    // ----- authentication -------------------------------------------------
+
+    /// The live session whose token has this sha256, checked against the
+    /// listener (an agent's own socket serves only that agent) and charged to
+    /// its rate bucket; refreshes its lease.
+    pub fn authenticate(
+        &self,
+        kind: &ListenerKind,
+        digest: &[u8; 32],
+        class: RateClass,
+    ) -> Result<Caller, AuthFailure> {
+        let mut t = self.table.lock();
+        // Comparing digests, not tokens: timing reveals nothing useful about the token.
+        let found = t.iter_mut().find_map(|(id, slot)| {
+            let s = slot.session.as_mut()?;
+            (&s.token_sha256 == digest && !s.terminated).then_some((id.clone(), s))
+        });
+        let Some((agent, session)) = found else { return Err(AuthFailure::UnknownToken) };
+        if let ListenerKind::Agent(owner) = kind {
+            if *owner != agent {
+                return Err(AuthFailure::WrongSocket);
+            }
+        }
+        let bucket = &mut session.buckets[class as usize];
+        if let Err(retry_after) = bucket.take() {
+            return Err(AuthFailure::RateLimited { agent, rate: bucket.rate, retry_after });
+        }
+        session.last_seen = Instant::now();
+        Ok(Caller { agent, session: session.id })
+    }
+
+    /// Whether `session` is the agent's live session.
+    pub fn is_current(&self, agent: &AgentId, session: i64) -> bool {
+        self.table.lock().get(agent).and_then(|s| s.session.as_ref()).is_some_and(|s| s.id == session)
+    }
+
+    /// Sessions whose lease lapsed (no RPC for [`LEASE_TTL`]); each is
+    /// reported once.
+    pub fn stale(&self) -> Vec<(AgentId, i64)> {
+        let mut t = self.table.lock();
+        t.iter_mut()
+            .filter_map(|(id, slot)| {
+                let s = slot.session.as_mut()?;
+                let lapsed = s.last_seen.elapsed() > LEASE_TTL && !s.reaped;
+                s.reaped |= lapsed;
+                lapsed.then(|| (id.clone(), s.id))
+            })
+            .collect()
+    }
+
+    // ----- start, stop, supervise ------------------------------------------
+
+    /// Claims the agent for a start: refused (with what runs, and the phase)
+    /// unless it is stopped; else it is wanted, starting, and a new generation.
+    pub fn begin_start(&self, id: &AgentId) -> Result<(), (String, &'static str)> {
+        let mut t = self.table.lock();
+        let slot = t.entry(id.clone()).or_default();
+        if slot.phase != Phase::Stopped {
+            let what = slot.session.as_ref().map(Session::describe).unwrap_or_else(|| "restarting".into());
+            return Err((what, slot.phase.as_str()));
+        }
+        slot.phase = Phase::Starting;
+        slot.desired = true;
+        slot.crashes = 0;
+        slot.generation += 1;
+        Ok(())
+    }
+
+    /// A start failed: no longer wanted; stopped unless a session lives.
+    pub fn start_failed(&self, id: &AgentId, why: &str) {
+        {
+            let mut t = self.table.lock();
+            if let Some(slot) = t.get_mut(id) {
+                slot.desired = false;
+                if slot.session.is_none() {
+                    slot.phase = Phase::Stopped;
+                }
+                slot.last_exit.get_or_insert_with(|| format!("failed to start: {why}"));
+            }
+        }
+        self.notify();
+    }
+
+    /// Waits until a just-started agent is running, or says why not.
+    pub fn wait_ready(&self, id: &AgentId, timeout: Duration) -> Ready {
+        let deadline = Instant::now() + timeout;
+        let mut t = self.table.lock();
+        loop {
+            match t.get(id).map(|s| (s.phase, s.session.is_some(), s.last_exit.clone())) {
+                Some((Phase::Running, _, _)) => return Ready::Running,
+                Some((Phase::Starting, true, _)) => {}
+                Some((_, _, exit)) => return Ready::Exited(exit),
+                None => return Ready::Unknown,
+            }
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                return Ready::TimedOut;
+            }
+        }
+    }
+
+    /// A new session (lease) for a launch, handed `processed` messages so far.
+    pub fn open(&self, id: &AgentId, session: i64, digest: [u8; 32], processed: u64) {
+        let mut t = self.table.lock();
+        let slot = t.entry(id.clone()).or_default();
+        slot.last_session = Some(session);
+        slot.phase = Phase::Starting;
+        slot.session = Some(Session::new(session, digest, None, processed));
+    }
+
+    /// Records what runs the current session.
+    pub fn set_instance(&self, id: &AgentId, instance: Instance) {
+        if let Some(s) = self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
+            s.instance = Some(instance);
+        }
+    }
+
+    /// The launch of a session failed: no session, stopped.
+    pub fn launch_failed(&self, id: &AgentId, why: &str) {
+        {
+            let mut t = self.table.lock();
+            if let Some(slot) = t.get_mut(id) {
+                slot.session = None;
+                slot.phase = Phase::Stopped;
+                slot.last_exit = Some(format!("failed to start: {why}"));
+            }
+        }
+        self.notify();
+    }
+
+    /// An adopted container's session (after a choird restart).
+    pub fn adopt(&self, id: &AgentId, session: i64, digest: [u8; 32], instance: Instance, processed: u64) {
+        let mut t = self.table.lock();
+        let slot = t.entry(id.clone()).or_default();
+        slot.phase = Phase::Running;
+        slot.desired = true;
+        slot.last_session = Some(session);
+        slot.session = Some(Session::new(session, digest, Some(instance), processed));
+    }
+
+    /// The generation of the agent's latest start.
+    pub fn generation(&self, id: &AgentId) -> u64 {
+        self.table.lock().get(id).map(|s| s.generation).unwrap_or(0)
+    }
+
+    /// What a supervisor of `generation` watches.
+    pub fn watch(&self, id: &AgentId, generation: u64) -> Watch {
+        let t = self.table.lock();
+        match t.get(id) {
+            Some(slot) if slot.generation == generation => match slot.session.as_ref() {
+                Some(Session { id: sid, started, instance: Some(Instance::Container { id: cid, .. }), .. }) => {
+                    Watch::Container(cid.clone(), *sid, *started)
+                }
+                _ => Watch::None,
+            },
+            _ => Watch::Superseded,
+        }
+    }
+
+    /// The agent ran long enough: its restart backoff starts over.
+    pub fn healthy(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.crashes = 0;
+        }
+    }
+
+    /// Whether the agent should still run under `generation`.
+    pub fn wanted(&self, id: &AgentId, generation: u64) -> bool {
+        self.table.lock().get(id).is_some_and(|s| s.desired && s.generation == generation)
+    }
+
+    /// Counts a crash and marks the agent starting; the crash count.
+    pub fn begin_restart(&self, id: &AgentId) -> Option<u32> {
+        let mut t = self.table.lock();
+        let slot = t.get_mut(id)?;
+        slot.crashes += 1;
+        slot.phase = Phase::Starting;
+        Some(slot.crashes)
+    }
+
+    /// Waits until `deadline` unless the agent stops being wanted (or choird
+    /// shuts down) first; true when it should be restarted now.
+    pub fn wait_backoff(&self, id: &AgentId, generation: u64, deadline: Instant, shutting_down: &AtomicBool) -> bool {
+        let mut t = self.table.lock();
+        let wanted =
+            |t: &BTreeMap<AgentId, AgentSlot>| t.get(id).is_some_and(|s| s.desired && s.generation == generation);
+        while wanted(&t) && !shutting_down.load(Ordering::SeqCst) {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
+        }
+        if !wanted(&t) || shutting_down.load(Ordering::SeqCst) {
+            if let Some(slot) = t.get_mut(id).filter(|s| s.session.is_none()) {
+                slot.phase = Phase::Stopped;
+            }
+            return false;
+        }
+        true
+    }
+
+    /// The instance of a session ended. Waiting chats are told; returns
+    /// whether it was the current session (so the caller records its end).
+    pub fn ended(&self, id: &AgentId, session: i64, reason: &str, may_restart: bool) -> bool {
+        let ended = {
+            let mut t = self.table.lock();
+            match t.get_mut(id) {
+                Some(slot) if slot.session.as_ref().is_some_and(|s| s.id == session) => {
+                    let will_restart = slot.desired && may_restart && slot.phase != Phase::Stopping;
+                    slot.session = None;
+                    slot.phase = if will_restart { Phase::Starting } else { Phase::Stopped };
+                    if !will_restart {
+                        slot.desired = false;
+                    }
+                    slot.last_exit = Some(reason.to_owned());
+                    let later = if will_restart { "; it is being restarted and will answer" } else { "" };
+                    for (_, w) in slot.waiters.drain() {
+                        let _ = w.send(ChatUpdate::Done(Err(format!(
+                            "agent {id} stopped before answering ({reason}){later}"
+                        ))));
+                    }
+                    slot.wake += 1;
+                    true
+                }
+                _ => false,
+            }
+        };
+        self.notify();
+        ended
+    }
+
+    /// Asks the agent to stop (through its HEARTBEAT); no longer wanted.
+    /// `false` when it is not running at all.
+    pub fn request_stop(&self, id: &AgentId) -> bool {
+        let r = {
+            let mut t = self.table.lock();
+            let slot = t.entry(id.clone()).or_default();
+            let was_desired = std::mem::replace(&mut slot.desired, false);
+            match slot.session.as_mut() {
+                Some(session) => {
+                    session.stop = true;
+                    slot.phase = Phase::Stopping;
+                    slot.wake += 1;
+                    true
+                }
+                None if was_desired => {
+                    // Between restarts: wanting it stopped is enough.
+                    slot.phase = Phase::Stopped;
+                    true
+                }
+                None => false,
+            }
+        };
+        self.notify();
+        r
+    }
+
+    /// Ends the lease at once (the token stops working) and asks the agent to
+    /// stop; whether a session was live.
+    pub fn revoke(&self, id: &AgentId) -> bool {
+        let live = {
+            let mut t = self.table.lock();
+            match t.get_mut(id) {
+                Some(slot) => {
+                    slot.desired = false;
+                    match slot.session.as_mut() {
+                        Some(s) => {
+                            s.terminated = true;
+                            s.stop = true;
+                            slot.phase = Phase::Stopping;
+                            slot.wake += 1;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                None => false,
+            }
+        };
+        self.notify();
+        live
+    }
+
+    /// TERMINATE_SELF: the token stops working at once.
+    pub fn terminate(&self, id: &AgentId) {
+        if let Some(s) = self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
+            s.terminated = true;
+            s.stop = true;
+        }
+        self.notify();
+    }
+
+    /// What runs the agent's session now.
+    pub fn instance(&self, id: &AgentId) -> Option<Instance> {
+        self.table.lock().get(id).and_then(|s| s.session.as_ref()).and_then(|s| s.instance.clone())
+    }
+
+    /// Waits until the agent has no session; whether it has none.
+    pub fn wait_stopped(&self, id: &AgentId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut t = self.table.lock();
+        loop {
+            if t.get(id).is_none_or(|s| s.session.is_none()) {
+                return true;
+            }
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                return t.get(id).is_none_or(|s| s.session.is_none());
+            }
+        }
+    }
+
+    /// Agents with a live session: (id, whether it is a container).
+    pub fn live(&self) -> Vec<(AgentId, bool)> {
+        self.table
+            .lock()
+            .iter()
+            .filter_map(|(id, s)| {
+                let container = matches!(s.session.as_ref()?.instance, Some(Instance::Container { .. }));
+                Some((id.clone(), container))
+            })
+            .collect()
+    }
+
+    /// Whether the agent is starting or running (takes messages).
+    pub fn accepting(&self, id: &AgentId) -> bool {
+        self.table.lock().get(id).is_some_and(|s| matches!(s.phase, Phase::Starting | Phase::Running))
+    }
+
+    // ----- the verbs --------------------------------------------------------
+
+    /// INIT_HELLO: what choird holds of the agent; decisions its predecessor
+    /// missed become due.
+    pub fn hello(&self, id: &AgentId, replicated_seq: u64, processed: u64) {
+        let mut t = self.table.lock();
+        if let Some(slot) = t.get_mut(id) {
+            slot.replicated_seq = replicated_seq;
+            slot.decisions_due = true;
+            if let Some(s) = slot.session.as_mut() {
+                s.delivered_upto = processed;
+            }
+        }
+    }
+
+    /// Records a replication ack and hands answers and partial answers to
+    /// the chats waiting for them; returns the acknowledged head.
+    pub fn replicated(
+        &self,
+        id: &AgentId,
+        acked: Option<u64>,
+        answers: &[(u64, String)],
+        partials: &[(u64, String)],
+    ) -> u64 {
+        let mut t = self.table.lock();
+        let Some(slot) = t.get_mut(id) else { return 0 };
+        if let Some(seq) = acked {
+            slot.replicated_seq = seq;
+        }
+        for (message, text) in answers {
+            if let Some(w) = slot.waiters.remove(message) {
+                let _ = w.send(ChatUpdate::Done(Ok(text.clone())));
+            }
+        }
+        for (message, text) in partials {
+            if let Some(w) = slot.waiters.get(message) {
+                let _ = w.send(ChatUpdate::Partial(text.clone()));
+            }
+        }
+        slot.replicated_seq
+    }
+
+    /// Where a long-poll of `session` stands; takes the due decisions and
+    /// cancel requests (when `receive`).
+    pub fn poll(&self, id: &AgentId, session: i64, receive: bool) -> PollState {
+        let mut t = self.table.lock();
+        let Some(slot) = t.get_mut(id) else { return PollState { ended: true, ..PollState::default() } };
+        let wake = slot.wake;
+        let Some(s) = slot.session.as_ref().filter(|s| s.id == session) else {
+            return PollState { ended: true, ..PollState::default() };
+        };
+        let (after, stop) = (s.delivered_upto, s.stop);
+        if stop || !receive {
+            return PollState { stop, after, wake, ..PollState::default() };
+        }
+        PollState {
+            ended: false,
+            stop,
+            after,
+            decisions_due: std::mem::take(&mut slot.decisions_due),
+            cancels: std::mem::take(&mut slot.cancels),
+            wake,
+        }
+    }
+
+    /// Gives back a decisions flag that could not be served.
+    pub fn decisions_still_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.decisions_due = true;
+        }
+    }
+
+    /// Hands out `messages` to `session`: keeps those not handed out yet (a
+    /// concurrent poll may have taken some) and moves the mark past them.
+    pub fn hand_out(
+        &self,
+        id: &AgentId,
+        session: i64,
+        mut messages: Vec<InboundMessage>,
+    ) -> Option<Vec<InboundMessage>> {
+        let mut t = self.table.lock();
+        let s = t.get_mut(id)?.session.as_mut().filter(|s| s.id == session)?;
+        messages.retain(|m| m.id > s.delivered_upto);
+        if let Some(last) = messages.last() {
+            s.delivered_upto = last.id;
+        }
+        Some(messages)
+    }
+
+    /// Waits until the agent's wake counter moves past `seen`, or `deadline`.
+    pub fn wait_wake(&self, id: &AgentId, seen: u64, deadline: Instant) {
+        let mut t = self.table.lock();
+        while t.get(id).is_some_and(|s| s.wake == seen) && Instant::now() < deadline {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
+    /// REPORT_STATUS: keeps the latest report; the first RUNNING report of
+    /// the current session marks it running.
+    pub fn report(&self, id: &AgentId, session: i64, req: ReportStatusRequest) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            let current = slot.session.as_ref().is_some_and(|s| s.id == session);
+            if current && slot.phase == Phase::Starting && req.session_state == "RUNNING" {
+                slot.phase = Phase::Running;
+            }
+            slot.status = Some(req);
+        }
+        self.notify();
+    }
+
+    /// Wakes the agent's long-poll (a message, a decision or a cancel waits).
+    pub fn wake(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Wakes every long-poll (shutdown, a new config version).
+    pub fn wake_all(&self) {
+        for slot in self.table.lock().values_mut() {
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Marks that the agent has a decision to receive and wakes its poll.
+    pub fn decision_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.decisions_due = true;
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Queues a cancel request for a running agent; `false` when it is not running.
+    pub fn cancel(&self, id: &AgentId, lane: &str) -> Option<bool> {
+        let r = {
+            let mut t = self.table.lock();
+            let slot = t.get_mut(id)?;
+            if slot.session.is_none() {
+                Some(false)
+            } else {
+                slot.cancels.push(lane.to_owned());
+                slot.wake += 1;
+                Some(true)
+            }
+        };
+        self.notify();
+        r
+    }
+
+    // ----- chats ------------------------------------------------------------
+
+    /// Registers a chat waiting for the answer to `message` and wakes the agent.
+    pub fn wait_for_answer(&self, id: &AgentId, message: u64, tx: Sender<ChatUpdate>) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.waiters.insert(message, tx);
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Forgets a chat's waiter (answered already, or given up).
+    pub fn forget_waiter(&self, id: &AgentId, message: u64) {
+        if let Some(s) = self.table.lock().get_mut(id) {
+            s.waiters.remove(&message);
+        }
+    }
+
+    // ----- status -----------------------------------------------------------
+
+    /// The summary of one agent (`None`: no slot).
+    pub fn summary(&self, id: &AgentId, runtime: &str) -> Option<AgentSummary> {
+        self.table.lock().get(id).map(|slot| summary(id, slot, runtime))
+    }
+
+    /// Summaries of the agents `keep` selects, or that have a live session.
+    pub fn summaries(&self, runtime: &str, keep: impl Fn(&AgentId) -> bool) -> Vec<AgentSummary> {
+        let t = self.table.lock();
+        t.iter()
+            .filter(|(id, slot)| keep(id) || slot.session.is_some())
+            .map(|(id, s)| summary(id, s, runtime))
+            .collect()
+    }
+}
+
+fn summary(id: &AgentId, slot: &AgentSlot, runtime: &str) -> AgentSummary {
+    let s = slot.session.as_ref();
+    AgentSummary {
+        id: id.to_string(),
+        runtime: runtime.to_owned(),
+        state: slot.phase.as_str().to_owned(),
+        session_id: s.map(|s| s.id).or(slot.last_session),
+        pid: s.and_then(|s| match &s.instance {
+            Some(Instance::Process { pid }) => Some(*pid),
+            _ => None,
+        }),
+        container: s.and_then(|s| match &s.instance {
+            Some(Instance::Container { id, .. }) => Some(id.clone()),
+            _ => None,
+        }),
+        image: s.and_then(|s| match &s.instance {
+            Some(Instance::Container { image, .. }) => Some(image.clone()),
+            _ => None,
+        }),
+        last_heartbeat_ms: s.map(|s| s.last_seen.elapsed().as_millis() as u64),
+        replicated_seq: slot.replicated_seq,
+        session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
+        lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
+        last_exit: slot.last_exit.clone(),
+    }
+}
