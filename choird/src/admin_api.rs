@@ -45,9 +45,9 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             d.validate_image_inputs(id)?;
             let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
             let (daemon, id, action) = (d.clone(), id.to_string(), action.to_string());
-            std::thread::Builder::new()
-                .name(format!("{action}-{id}"))
-                .spawn(move || {
+            let name = format!("{action}-{id}");
+            d.tasks
+                .spawn(name, move || {
                     use std::io::Write;
                     let mut say = |line: &str| {
                         let _ = writeln!(writer, "{line}");
@@ -75,9 +75,9 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let (message_id, updates) = d.chat_send(id, &chat.text, &conversation, "choirctl")?;
             let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
             let (daemon, id) = (d.clone(), id.to_string());
-            std::thread::Builder::new()
-                .name(format!("chat-{id}"))
-                .spawn(move || {
+            let name = format!("chat-{id}");
+            d.tasks
+                .spawn(name, move || {
                     use std::io::Write;
                     let deadline = std::time::Instant::now() + timeout;
                     loop {
@@ -147,9 +147,8 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
                     let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
                     let first = memory.export(&agent, 0, 500)?;
                     let memory = memory.clone();
-                    std::thread::Builder::new()
-                        .name(format!("export-{agent}"))
-                        .spawn(move || {
+                    d.tasks
+                        .spawn(format!("export-{agent}"), move || {
                             use std::io::Write;
                             let mut page = first;
                             while !page.is_empty() {

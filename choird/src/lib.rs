@@ -26,6 +26,7 @@ pub mod shared;
 pub mod sockets;
 pub mod spawn;
 pub mod store;
+pub mod tasks;
 pub mod telegram;
 pub mod upstream;
 

@@ -304,6 +304,10 @@ fn serve(
     listeners.stop_all();
     events_stop.store(true, Ordering::SeqCst);
     let _ = events_thread.join();
+    let left = shared.tasks.join_all(Duration::from_secs(30));
+    if !left.is_empty() {
+        log::warn!("threads still running at exit (left to end with choird): {}", left.join(", "));
+    }
     outcome
 }
 
@@ -342,7 +346,7 @@ fn signal_loop(
                 crate::daemon::LEASE_TTL
             );
             let d = daemon.clone();
-            let _ = std::thread::Builder::new().name(format!("reap-{id}")).spawn(move || {
+            let _ = daemon.tasks.spawn(format!("reap-{id}"), move || {
                 let _ = d.stop_agent(id.as_str(), "choird");
             });
         }

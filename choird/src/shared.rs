@@ -27,6 +27,7 @@ use crate::events::Events;
 use crate::home::Home;
 use crate::secrets::Secrets;
 use crate::store::Store;
+use crate::tasks::Tasks;
 use crate::upstream::Upstream;
 
 /// One hour of a counted thing.
@@ -62,6 +63,8 @@ pub struct Shared {
     pub budgets: Arc<Budgets>,
     /// What the daemon tells the gateway.
     pub events: Events,
+    /// Threads started for one piece of work, joined at shutdown.
+    pub tasks: Tasks,
     hourly: Mutex<HashMap<(AgentId, &'static str), Window>>,
 }
 
@@ -77,6 +80,7 @@ impl Shared {
             upstream: Upstream::new(),
             budgets: Arc::default(),
             events,
+            tasks: Tasks::default(),
             hourly: Mutex::new(HashMap::new()),
         }
     }

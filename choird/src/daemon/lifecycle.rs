@@ -176,9 +176,8 @@ impl Daemon {
         let pid = child.id();
         let me = self.clone();
         let agent = id.clone();
-        std::thread::Builder::new()
-            .name(format!("wait-{id}"))
-            .spawn(move || {
+        self.tasks
+            .spawn(format!("wait-{id}"), move || {
                 let reason = match child.wait() {
                     Ok(status) => format!("process exited ({status})"),
                     Err(e) => format!("lost the process: {e}"),
