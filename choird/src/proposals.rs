@@ -116,8 +116,30 @@ pub fn validate(
             let (keys, _) = changed_config(agent_config, &req.content)?;
             format!("config: {}", keys.join(", "))
         }
+        ProposalKind::Call => check_call(&req.content)?,
     };
     Ok(Proposal { kind: req.kind, scope: req.scope, subject, sha256: digest(&canonical), canonical })
+}
+
+/// Longest a lane waits for a confirmation.
+pub const MAX_CONFIRM_S: u64 = 3600;
+
+/// A confirmation request: one exact, named call; returns its subject.
+fn check_call(content: &Value) -> Result<String, Invalid> {
+    let tool = content["tool"].as_str().unwrap_or_default();
+    if choir_common::ids::validate_tool_name(tool).is_err() {
+        return Err(Invalid("tool: name the tool the call is of".into()));
+    }
+    if !content["input"].is_object() {
+        return Err(Invalid("input: the call's arguments, as an object".into()));
+    }
+    if !content["call_id"].as_str().is_some_and(|c| !c.is_empty() && c.len() <= 200) {
+        return Err(Invalid("call_id: the call's id".into()));
+    }
+    if !content["timeout_s"].as_u64().is_some_and(|t| (1..=MAX_CONFIRM_S).contains(&t)) {
+        return Err(Invalid(format!("timeout_s: how long the lane waits, 1 to {MAX_CONFIRM_S} seconds")));
+    }
+    Ok(format!("call {tool}"))
 }
 
 fn parse_manifest(v: &Value) -> Result<ToolManifest, Invalid> {
@@ -302,7 +324,7 @@ fn files(
             let file = skill_file(&skills, &name).unwrap_or_else(|| format!("{name}.json"));
             vec![(format!("skills/{file}"), pretty(&content["skill"]))]
         }
-        ProposalKind::ConfigChange => Vec::new(),
+        ProposalKind::ConfigChange | ProposalKind::Call => Vec::new(),
     }
 }
 
@@ -352,6 +374,13 @@ pub fn render(
             )),
             Err(e) => out.push_str(&format!("(cannot be applied to the current config: {e})\n")),
         },
+        ProposalKind::Call => {
+            out.push_str(&format!(
+                "runs once, exactly:\n{} {}",
+                content["tool"].as_str().unwrap_or("?"),
+                pretty(&content["input"])
+            ));
+        }
         _ => {
             for (rel, text) in files(home, agent, scope, kind, content) {
                 let old = std::fs::read_to_string(repo.join(&rel)).ok();

@@ -354,6 +354,9 @@ pub enum ProposalKind {
     Skill,
     /// A change of this agent's settings: `{"changes": {"key": value, ...}}`.
     ConfigChange,
+    /// A human's confirmation of one exact tool call before it runs:
+    /// `{"tool": "...", "input": {...}, "call_id": "...", "timeout_s": N}`.
+    Call,
 }
 
 impl ProposalKind {
@@ -363,6 +366,7 @@ impl ProposalKind {
             ProposalKind::Tool => "tool",
             ProposalKind::Skill => "skill",
             ProposalKind::ConfigChange => "config_change",
+            ProposalKind::Call => "call",
         }
     }
 }

@@ -54,6 +54,8 @@ pub fn proposal_of(tool: &str, input: &Value) -> Option<(ProposalKind, ProposalS
         ProposalKind::Tool => json!({"manifest": input["manifest"], "executable": input["executable"]}),
         ProposalKind::Skill => json!({"skill": input["skill"]}),
         ProposalKind::ConfigChange => json!({"changes": input["changes"]}),
+        // Confirmations are made by the arbiter, not by a meta-tool.
+        ProposalKind::Call => return None,
     };
     Some((kind, scope, content, reason))
 }

@@ -22,6 +22,7 @@ fn kind_of(s: &str) -> Result<ProposalKind, ApiError> {
         "tool" => Ok(ProposalKind::Tool),
         "skill" => Ok(ProposalKind::Skill),
         "config_change" => Ok(ProposalKind::ConfigChange),
+        "call" => Ok(ProposalKind::Call),
         other => Err(ApiError::Internal(format!("stored proposal of unknown kind {other:?}"))),
     }
 }
@@ -100,6 +101,7 @@ impl Daemon {
 
     /// Proposals, newest first.
     pub fn approvals(&self, status: Option<&str>, agent: Option<&str>) -> Result<ApprovalList, ApiError> {
+        self.store.expire_confirmations()?;
         if let Some(s) = status.filter(|s| !matches!(*s, "pending" | "approved" | "rejected")) {
             return Err(ApiError::BadRequest(format!("no status {s:?}; use pending, approved or rejected")));
         }
@@ -137,6 +139,7 @@ impl Daemon {
     /// or the next start under the process runtime); a config change is
     /// written to `config.json` and reloaded.
     pub fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
+        self.store.expire_confirmations()?;
         let by = req.by.clone().unwrap_or_else(|| "admin".to_owned());
         let (info, text) = self.load_approval(id)?;
         let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -170,6 +173,8 @@ impl Daemon {
         let kind = kind_of(&info.kind)?;
         let applied = match kind {
             ProposalKind::ConfigChange => self.apply_config_change(&agent, &content),
+            // The agent runs the exact call when it hears the decision.
+            ProposalKind::Call => Ok(format!("the agent may run {} once", info.subject)),
             _ => proposals::apply(
                 &self.home,
                 &Approval {
@@ -217,6 +222,7 @@ impl Daemon {
 
     /// Rejects proposal `id`, with a reason the agent is told.
     pub fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError> {
+        self.store.expire_confirmations()?;
         let by = by.unwrap_or("admin");
         if reason.trim().is_empty() {
             return Err(ApiError::BadRequest("a rejection needs a reason (--reason TEXT)".into()));

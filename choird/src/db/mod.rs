@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (6, "0006_memory.sql", include_str!("../../../sql/0006_memory.sql")),
     (7, "0007_quotas.sql", include_str!("../../../sql/0007_quotas.sql")),
     (8, "0008_host_calls.sql", include_str!("../../../sql/0008_host_calls.sql")),
+    (9, "0009_confirmations.sql", include_str!("../../../sql/0009_confirmations.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

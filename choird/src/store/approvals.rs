@@ -9,7 +9,24 @@ use super::Store;
 use crate::db::DbError;
 use crate::proposals::Proposal;
 
+/// Seconds until a confirmation expires (`NULL`, never, for proposals).
+fn expires_in(p: &Proposal, req: &ApprovalRequest) -> Option<f64> {
+    (p.kind == choir_common::rpc::ProposalKind::Call).then(|| req.content["timeout_s"].as_u64().unwrap_or(0) as f64)
+}
+
 impl Store {
+    /// Confirmations not decided within their time are refused (by choird).
+    pub fn expire_confirmations(&self) -> Result<u64, DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = 'rejected', decided_by = 'choird',
+                        decision_reason = 'not confirmed within its time', decided_at = now()
+                 WHERE kind = 'call' AND status = 'pending' AND expires_at < now()",
+                &[],
+            )
+        })
+    }
+
     /// How many proposals of an agent wait for a decision.
     pub fn pending_count(&self, agent: &AgentId) -> Result<u64, DbError> {
         self.db.with(|c| {
@@ -39,8 +56,10 @@ impl Store {
                 return Ok((row.get(0), "pending".to_owned()));
             }
             let row = tx.query_one(
-                "INSERT INTO approvals (agent_id, kind, scope, subject, content, sha256, reason, lane, skill, state, conversation)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                "INSERT INTO approvals (agent_id, kind, scope, subject, content, sha256, reason, lane, skill, state, conversation,
+                                        expires_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                         now() + make_interval(secs => $12::float8)) RETURNING id",
                 &[
                     &agent.as_str(),
                     &p.kind.as_str(),
@@ -53,6 +72,7 @@ impl Store {
                     &req.skill,
                     &req.state,
                     &req.conversation,
+                    &expires_in(p, req),
                 ],
             )?;
             tx.commit()?;
