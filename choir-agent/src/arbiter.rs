@@ -35,10 +35,10 @@ use crossbeam_channel::Sender;
 use serde_json::{json, Value};
 
 use crate::commitlog::{DurableLog, LogError, NewEvent};
+use crate::lane_ctx::LaneCtx;
 use crate::locks::{LockManager, Resource};
-use crate::results::{for_model, Artifacts, LaneKind};
+use crate::results::{for_model, Artifacts};
 use crate::secrets::SecretStore;
-use crate::tools::lane::LaneHooks;
 use crate::tools::propose::{self, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry, ToolError};
 use crate::workspace::Workspace;
@@ -49,76 +49,6 @@ pub const PROCESSES: &str = "processes";
 
 /// Longest wait for a lockset before the call is refused as busy.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
-
-/// Who is calling, and what they may call.
-#[derive(Clone)]
-pub struct LaneCtx {
-    /// Lane name (`edge`, or a core job).
-    pub lane: String,
-    /// Edge or core (for output exposure).
-    pub kind: LaneKind,
-    /// Tools allowed right now; `None` means every offered tool.
-    pub allowlist: Option<Vec<String>>,
-    /// The inbound message whose turn this is.
-    pub turn: Option<u64>,
-    /// What lane tools act on (core pool, working memory).
-    pub hooks: Option<Arc<dyn LaneHooks>>,
-    /// Set when the lane is cancelled: every later call is refused (also
-    /// after waiting for locks). `None` while a non-interruptible skill runs.
-    pub cancel: Option<Arc<AtomicBool>>,
-    /// The skill and state the lane is in, if any (recorded in every event).
-    pub skill: Option<SkillAt>,
-    /// The user conversation this work is for (proposals carry it, so the
-    /// decision is told there).
-    pub conversation: Option<String>,
-    /// Whether the lane waits for the decision on a proposal it makes.
-    pub waits_for_approval: bool,
-    /// When set, the tools listed to the model are narrowed to these (the
-    /// allowlist still decides what may run).
-    pub offer: Option<Vec<String>>,
-}
-
-/// Where a lane is in a skill.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkillAt {
-    /// The skill.
-    pub name: String,
-    /// Its current state.
-    pub state: String,
-}
-
-impl LaneCtx {
-    /// A lane with no allowlist, turn, hooks, cancellation or skill.
-    pub fn new(lane: &str, kind: LaneKind) -> LaneCtx {
-        LaneCtx {
-            lane: lane.to_owned(),
-            kind,
-            allowlist: None,
-            turn: None,
-            hooks: None,
-            cancel: None,
-            skill: None,
-            conversation: None,
-            waits_for_approval: false,
-            offer: None,
-        }
-    }
-
-    fn cancelled(&self) -> bool {
-        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
-    }
-}
-
-impl std::fmt::Debug for LaneCtx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LaneCtx")
-            .field("lane", &self.lane)
-            .field("allowlist", &self.allowlist)
-            .field("turn", &self.turn)
-            .field("skill", &self.skill)
-            .finish()
-    }
-}
 
 /// A tool call as the model proposed it.
 #[derive(Debug, Clone)]
@@ -587,6 +517,7 @@ impl Arbiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lane_ctx::LaneKind;
     use crate::tools::host::NoHost;
 
     #[test]

@@ -25,18 +25,18 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::approvals::Approvals;
-use crate::arbiter::{Arbiter, LaneCtx};
-use crate::edge::EdgeEvent;
+use crate::arbiter::Arbiter;
+use crate::inbox::EdgeEvent;
+use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
 use crate::llm::Llm;
 use crate::memory::Conversation;
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
-use crate::results::LaneKind;
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::lane::LaneHooks;
-use crate::tools::ToolError;
+use crate::tools::tool::LaneHooks;
+use crate::tools::tool::ToolError;
 
 /// What every core job shares.
 pub struct CoreSetup {

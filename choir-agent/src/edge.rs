@@ -18,45 +18,23 @@ use std::sync::Arc;
 use choir_common::commit::{canonical_json, CommitEvent};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{
-    ApprovalDecision, ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply,
-};
+use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
-use crate::arbiter::LaneCtx;
 use crate::commitlog::LogError;
 use crate::core::{CoreLimits, CorePool};
+use crate::inbox::EdgeEvent;
+use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::{LaneMachine, LaneState, StatusBoard};
 use crate::memory::{self, Conversation};
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
-use crate::results::LaneKind;
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::lane::LaneHooks;
-use crate::tools::ToolError;
-
-/// What reaches the edge lane.
-#[derive(Debug)]
-pub enum EdgeEvent {
-    /// A user message.
-    Message(InboundMessage),
-    /// A core job ended; its workflow summary.
-    CoreDone {
-        /// The job.
-        job: String,
-        /// The conversation that started it.
-        conversation: String,
-        /// The workflow summary.
-        report: Value,
-    },
-    /// A human decided on a proposal no lane waits for: tell the user.
-    Decision(ApprovalDecision),
-    /// Finish the current turn, then stop.
-    Stop,
-}
+use crate::tools::tool::LaneHooks;
+use crate::tools::tool::ToolError;
 
 /// What the edge lane hands to the link for choird.
 #[derive(Debug)]

@@ -8,6 +8,8 @@ pub mod commitlog;
 pub mod core;
 pub mod edge;
 pub mod failpoints;
+pub mod inbox;
+pub mod lane_ctx;
 pub mod lanes;
 pub mod link;
 pub mod llm;

@@ -19,8 +19,9 @@ use choir_common::commit::{EventKind, Outcome};
 use choir_common::openai::{ChatMessage, ChatRequest, ChatResponse, Role, ToolCall, ToolSpec};
 use serde_json::{json, Value};
 
-use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
+use crate::arbiter::{Arbiter, ProposedCall};
 use crate::commitlog::LogError;
+use crate::lane_ctx::LaneCtx;
 use crate::lanes::{LaneMachine, LaneState};
 use crate::llm::Llm;
 use crate::memory::{self, Conversation};

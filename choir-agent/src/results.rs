@@ -17,6 +17,7 @@ use choir_common::manifest::Exposure;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::lane_ctx::LaneKind;
 use crate::secrets::SecretStore;
 
 /// Largest serialised result placed in model context as is.
@@ -25,15 +26,6 @@ pub const INLINE_LIMIT: usize = 16 * 1024;
 pub const PREVIEW_CHARS: usize = 2_000;
 /// Longest single string kept in a result.
 const STRING_CAP: usize = 256 * 1024;
-
-/// The kind of lane a result is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneKind {
-    /// The edge lane.
-    Edge,
-    /// A core job.
-    Core,
-}
 
 /// Where artifacts go.
 pub struct Artifacts {

@@ -30,8 +30,8 @@ use choir_common::rpc::SkillProgress;
 use choir_common::skill::{StateSpec, FINISH_TOOL, TRANSITION_TOOL};
 use serde_json::{json, Value};
 
-use crate::arbiter::{LaneCtx, SkillAt};
 use crate::commitlog::LogError;
+use crate::lane_ctx::{LaneCtx, SkillAt};
 use crate::lanes::{LaneMachine, LaneState};
 use crate::reasoning::{pending_approval, refusal_of, Mind};
 use crate::skills::{problems, Skill};

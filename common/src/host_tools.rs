@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::manifest::ToolManifest;
 
 /// Names of the host tools.
-pub const HOST_TOOLS: &[&str] = &["choir.memory.query", "choir.memory.upsert"];
+pub use crate::tool_names::HOST_TOOLS;
 
 /// The host tools' manifests.
 pub fn manifests() -> Vec<ToolManifest> {

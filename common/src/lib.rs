@@ -15,6 +15,7 @@ pub mod proc_tree;
 pub mod rpc;
 pub mod skill;
 pub mod text;
+pub mod tool_names;
 pub mod unix_http;
 
 /// Protocol version spoken on the agent RPC and the admin API. Bumped on any

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::spawn::{wait_until, Cmd, Ended};
 
 /// Characters of output shown to the model.

@@ -17,7 +17,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::host::HostCaller;
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 
 /// The tool's name.
 pub const NAME: &str = "choir.tools.find";

@@ -5,7 +5,7 @@
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::workspace::{PathError, RelPath, Workspace};
 
 /// Largest file `choir.fs.read` returns whole.

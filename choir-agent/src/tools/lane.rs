@@ -1,7 +1,7 @@
 //! Lane tools: `choir.core.start`, `choir.core.status`, `choir.core.cancel`,
 //! `choir.skill.run` and `choir.memory.compact`. They go through the arbiter like any tool (schema,
 //! allowlist, commit), but what they act on is the calling lane itself — its
-//! core pool or its working memory — reached through [`LaneHooks`].
+//! core pool or its working memory — reached through [`LaneHooks`](super::tool::LaneHooks).
 
 use std::sync::Arc;
 
@@ -9,24 +9,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::host::HostCaller;
-use super::{ExecContext, Tool, ToolError};
-
-/// What a lane offers its lane tools.
-pub trait LaneHooks: Send + Sync {
-    /// Starts a named core job, optionally running a skill with `input`.
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError>;
-    /// Runs a skill in this lane, right after the current step.
-    fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
-    /// Reports one core job, or all.
-    fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError>;
-    /// Cancels a core job.
-    fn core_cancel(&self, name: &str) -> Result<Value, ToolError>;
-    /// Asks for working-memory compaction before the next model step.
-    fn compact(&self) -> Result<Value, ToolError>;
-    /// Tools `choir.tools.find` found (offered from now on when the agent's
-    /// tools are found rather than all listed).
-    fn discovered(&self, _names: &[String]) {}
-}
+use super::tool::{ExecContext, Tool, ToolError};
 
 fn manifest(name: &str, description: &str, parameters: Value, side_effect: &str) -> ToolManifest {
     super::fs::builtin_manifest(json!({

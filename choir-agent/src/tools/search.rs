@@ -10,7 +10,7 @@ use std::process::Stdio;
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::spawn::{kill_group, Cmd};
 use crate::workspace::PathError;
 
