@@ -6,6 +6,8 @@
 use choir_common::rpc::{ApprovalDecision, InboundMessage};
 use serde_json::Value;
 
+use crate::origin::Origin;
+
 /// What reaches the edge lane.
 #[derive(Debug)]
 pub enum EdgeEvent {
@@ -19,6 +21,9 @@ pub enum EdgeEvent {
         conversation: String,
         /// The workflow summary.
         report: Value,
+        /// Where its content came from: a summary naming the untrusted
+        /// tools its actions used (their summaries are in it).
+        origin: Origin,
     },
     /// A human decided on a proposal no lane waits for: tell the user.
     Decision(ApprovalDecision),

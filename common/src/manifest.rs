@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::validate_tool_name;
+use crate::trust::OutputTrust;
 
 // The reserved names, where manifests have always offered them.
 pub use crate::tool_names::{reserved_tool_name, BUILTIN_TOOLS, EDGE_ONLY_TOOLS, PROPOSAL_TOOLS};
@@ -115,6 +116,11 @@ pub struct RuntimeView {
     /// Whether the output is masked from model context (only a summary shown).
     #[serde(default)]
     pub prompt_mask: bool,
+    /// Whether the output can carry text from outside (`untrusted`, the
+    /// default) or is Choir's own (`trusted`); results of untrusted tools are
+    /// marked as such wherever they enter a model's context (R-ARB-5).
+    #[serde(default, skip_serializing_if = "OutputTrust::is_default")]
+    pub output_trust: OutputTrust,
 }
 
 fn exposure_both() -> Exposure {

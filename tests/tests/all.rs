@@ -14,6 +14,7 @@ mod hostile;
 mod lanes;
 mod managed;
 mod memory;
+mod origin;
 mod skills;
 mod telegram;
 mod tidy;

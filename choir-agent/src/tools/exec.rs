@@ -59,7 +59,9 @@ pub fn manifest() -> ToolManifest {
             "locks": [{"resource": "workspace", "mode": "X"}],
             "side_effect": "write",
             "idempotent": false,
-            "version": "1"
+            "version": "1",
+            // A command's output is whatever the programs it ran print: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }

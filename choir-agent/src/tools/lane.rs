@@ -11,10 +11,15 @@ use serde_json::{json, Value};
 use super::host::HostCaller;
 use super::tool::{ExecContext, Tool, ToolError};
 
+/// A lane tool's manifest. Lane tools answer with the lane's own state
+/// (a job started or cancelled, compaction asked for): `trusted`, except
+/// `choir.core.status`, which returns finished jobs' reports — written after
+/// reading their tools' output, possibly untrusted — so it is `untrusted`.
 fn manifest(name: &str, description: &str, parameters: Value, side_effect: &str) -> ToolManifest {
+    let trust = if name == "choir.core.status" { "untrusted" } else { "trusted" };
     super::fs::builtin_manifest(json!({
         "llm": {"name": name, "description": description, "parameters": parameters},
-        "runtime": {"timeout_ms": 10000, "side_effect": side_effect, "version": "1"}
+        "runtime": {"timeout_ms": 10000, "side_effect": side_effect, "version": "1", "output_trust": trust}
     }))
 }
 

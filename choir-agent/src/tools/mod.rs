@@ -230,4 +230,20 @@ mod tests {
         let r = Registry::builtins().unwrap();
         assert_eq!(r.names(), choir_common::manifest::BUILTIN_TOOLS);
     }
+
+    #[test]
+    fn builtins_declare_whether_their_output_can_carry_text_from_outside() {
+        use choir_common::trust::OutputTrust;
+        let r = Registry::builtins().unwrap();
+        let untrusted: Vec<String> = r
+            .names()
+            .into_iter()
+            .filter(|n| r.get(n).is_some_and(|t| t.manifest.runtime.output_trust == OutputTrust::Untrusted))
+            .collect();
+        // Workspace files, command output, and job reports that quote them.
+        assert_eq!(
+            untrusted,
+            ["choir.core.status", "choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"]
+        );
+    }
 }

@@ -61,7 +61,8 @@ pub fn proposal_of(tool: &str, input: &Value) -> Option<(ProposalKind, ProposalS
 fn manifest(name: &str, description: &str, parameters: Value) -> ToolManifest {
     super::fs::builtin_manifest(json!({
         "llm": {"name": name, "description": description, "parameters": parameters},
-        "runtime": {"timeout_ms": 30000, "side_effect": "external", "version": "1"}
+        // Never run: the answer is choird's, about the proposal it stored: trusted.
+        "runtime": {"timeout_ms": 30000, "side_effect": "external", "version": "1", "output_trust": "trusted"}
     }))
 }
 

@@ -44,7 +44,9 @@ pub fn manifest() -> ToolManifest {
             "locks": [{"resource": "file:{path}", "mode": "S"}],
             "side_effect": "read",
             "idempotent": true,
-            "version": "1"
+            "version": "1",
+            // Matching lines are workspace file content: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }
