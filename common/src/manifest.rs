@@ -312,6 +312,20 @@ mod tests {
     }
 
     #[test]
+    fn output_trust_defaults_to_untrusted_and_is_written_only_when_trusted() {
+        let m = manifest();
+        assert_eq!(m.runtime.output_trust, OutputTrust::Untrusted, "the safe default");
+        assert!(serde_json::to_value(&m).unwrap()["runtime"].get("output_trust").is_none(), "unchanged when written");
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["runtime"]["output_trust"] = json!("trusted");
+        let trusted: ToolManifest = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(trusted.runtime.output_trust, OutputTrust::Trusted);
+        assert_eq!(serde_json::to_value(&trusted).unwrap(), v);
+        v["runtime"]["output_trust"] = json!("sometimes");
+        assert!(serde_json::from_value::<ToolManifest>(v).is_err());
+    }
+
+    #[test]
     fn bad_manifests_name_the_field() {
         let mut m = manifest();
         m.llm.name = "read".into();
