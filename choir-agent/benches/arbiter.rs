@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use choir_agent::arbiter::{Arbiter, Decision, LaneCtx, ProposedCall};
+use choir_agent::arbiter::{Arbiter, Decision, ProposedCall};
 use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
+use choir_agent::lane_ctx::{LaneCtx, LaneKind};
 use choir_agent::locks::{LockManager, Resource};
-use choir_agent::results::LaneKind;
 use choir_agent::secrets::SecretStore;
 use choir_agent::tools::Registry;
 use choir_agent::workspace::Workspace;

@@ -10,7 +10,10 @@
 //! 7. execute, within the manifest's `timeout_ms`;
 //! 8. append the outcome to the commit log and wait until it is durable;
 //! 9. release the locks;
-//! 10. return the structured, sanitised result for the model.
+//! 10. return an [`Invocation`]: status, summary, the sanitised payload, the
+//!     artifact, refusal or pending proposal, and the output's trust; the
+//!     commit event's `result` (step 8) is what the model is shown of it,
+//!     rendered by `results::render` (R-ARB-5: untrusted output is marked).
 //!
 //! Steps 1–5 produce a [`Decision`] without side effects; only
 //! [`Decision::Allowed`] proceeds. Rejections are committed too, so the log is
@@ -32,15 +35,16 @@ use choir_common::commit::{EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
 use choir_common::manifest::{placeholders, LockMode, PROPOSAL_TOOLS};
 use crossbeam_channel::Sender;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::commitlog::{DurableLog, LogError, NewEvent};
+use crate::invocation::{Invocation, Pending, Refusal, Refused, Status};
+use crate::lane_ctx::LaneCtx;
 use crate::locks::{LockManager, Resource};
-use crate::results::{for_model, Artifacts, LaneKind};
+use crate::results::{render, shape, Artifacts};
 use crate::secrets::SecretStore;
-use crate::tools::lane::LaneHooks;
 use crate::tools::propose::{self, ProposalError, ProposalSink};
-use crate::tools::{ExecContext, Registry, ToolError};
+use crate::tools::{ExecContext, Registry};
 use crate::workspace::Workspace;
 
 /// The lock `choir.exec` holds exclusively and every tool with secrets
@@ -49,76 +53,6 @@ pub const PROCESSES: &str = "processes";
 
 /// Longest wait for a lockset before the call is refused as busy.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
-
-/// Who is calling, and what they may call.
-#[derive(Clone)]
-pub struct LaneCtx {
-    /// Lane name (`edge`, or a core job).
-    pub lane: String,
-    /// Edge or core (for output exposure).
-    pub kind: LaneKind,
-    /// Tools allowed right now; `None` means every offered tool.
-    pub allowlist: Option<Vec<String>>,
-    /// The inbound message whose turn this is.
-    pub turn: Option<u64>,
-    /// What lane tools act on (core pool, working memory).
-    pub hooks: Option<Arc<dyn LaneHooks>>,
-    /// Set when the lane is cancelled: every later call is refused (also
-    /// after waiting for locks). `None` while a non-interruptible skill runs.
-    pub cancel: Option<Arc<AtomicBool>>,
-    /// The skill and state the lane is in, if any (recorded in every event).
-    pub skill: Option<SkillAt>,
-    /// The user conversation this work is for (proposals carry it, so the
-    /// decision is told there).
-    pub conversation: Option<String>,
-    /// Whether the lane waits for the decision on a proposal it makes.
-    pub waits_for_approval: bool,
-    /// When set, the tools listed to the model are narrowed to these (the
-    /// allowlist still decides what may run).
-    pub offer: Option<Vec<String>>,
-}
-
-/// Where a lane is in a skill.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkillAt {
-    /// The skill.
-    pub name: String,
-    /// Its current state.
-    pub state: String,
-}
-
-impl LaneCtx {
-    /// A lane with no allowlist, turn, hooks, cancellation or skill.
-    pub fn new(lane: &str, kind: LaneKind) -> LaneCtx {
-        LaneCtx {
-            lane: lane.to_owned(),
-            kind,
-            allowlist: None,
-            turn: None,
-            hooks: None,
-            cancel: None,
-            skill: None,
-            conversation: None,
-            waits_for_approval: false,
-            offer: None,
-        }
-    }
-
-    fn cancelled(&self) -> bool {
-        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
-    }
-}
-
-impl std::fmt::Debug for LaneCtx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LaneCtx")
-            .field("lane", &self.lane)
-            .field("allowlist", &self.allowlist)
-            .field("turn", &self.turn)
-            .field("skill", &self.skill)
-            .finish()
-    }
-}
 
 /// A tool call as the model proposed it.
 #[derive(Debug, Clone)]
@@ -129,53 +63,6 @@ pub struct ProposedCall {
     pub name: String,
     /// The JSON arguments, as a string, exactly as the model sent them.
     pub arguments: String,
-}
-
-/// Why a call was not allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// No such (offered) tool.
-    UnknownTool,
-    /// Arguments are not JSON or do not match the schema.
-    InvalidArguments,
-    /// The tool exists but is not allowed in this lane/state.
-    NotAllowed,
-    /// A path is outside the workspace.
-    PathForbidden,
-    /// The operator's kill switch is on.
-    KillSwitch,
-    /// choird no longer accepts this agent's lease.
-    LeaseLost,
-    /// The lockset stayed busy past [`LOCK_WAIT`].
-    Busy,
-    /// The calling lane was cancelled.
-    Cancelled,
-    /// choird refused a proposal's content.
-    InvalidProposal,
-    /// choird could not take a proposal now.
-    ProposalUnavailable,
-    /// choird has not stored this agent's log for longer than the
-    /// fail-closed time: nothing runs until it does again.
-    ReplicationDown,
-}
-
-impl Refusal {
-    /// The stable code the model sees.
-    pub fn code(self) -> &'static str {
-        match self {
-            Refusal::UnknownTool => "unknown_tool",
-            Refusal::InvalidArguments => "invalid_arguments",
-            Refusal::NotAllowed => "tool_not_allowed",
-            Refusal::PathForbidden => "path_forbidden",
-            Refusal::KillSwitch => "kill_switch",
-            Refusal::LeaseLost => "lease_lost",
-            Refusal::Busy => "busy",
-            Refusal::Cancelled => "cancelled",
-            Refusal::InvalidProposal => "invalid_proposal",
-            Refusal::ProposalUnavailable => "proposal_unavailable",
-            Refusal::ReplicationDown => "replication_down",
-        }
-    }
 }
 
 /// The arbiter's verdict on a proposed call.
@@ -401,23 +288,26 @@ impl Arbiter {
         Decision::Allowed { tool, input, resources, timeout }
     }
 
-    /// The whole pipeline; returns the JSON the model gets as the tool result.
-    /// Fails only if the commit log cannot be written (the lane must stop:
-    /// nothing may proceed unrecorded).
-    pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Value, LogError> {
+    /// The whole pipeline; returns what came of the call (what the model is
+    /// shown of it is `results::render` of that). Fails only if the commit
+    /// log cannot be written (the lane must stop: nothing may proceed
+    /// unrecorded).
+    pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Invocation, LogError> {
         let owner = format!("{}/{}", lane.lane, call.id);
+        // The tool as the model named it, canonical where the name has a canonical form.
+        let named = canonical_tool_name(&call.name).unwrap_or_else(|| call.name.clone());
         let decision = self.decide(lane, call);
         let refused = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| {
-            let result = json!({
-                "status": "rejected",
-                "summary": format!("the call was not executed: {reason}"),
-                "error": {"code": refusal.code(), "message": reason, "allowed_tools": self.allowed_names(lane)},
-            });
-            (tool.unwrap_or_else(|| format!("?{}", call.name)), input, Outcome::Rejected, result, 0)
+            let inv = Invocation::refused(
+                &named,
+                format!("the call was not executed: {reason}"),
+                Refused { refusal, reason, allowed_tools: self.allowed_names(lane), skill: None },
+            );
+            (tool.unwrap_or_else(|| format!("?{}", call.name)), input, inv, 0)
         };
         // The guard lives until after the commit: locks are released last.
         let mut _guard = None;
-        let (tool, input, outcome, result, duration_us) = match decision {
+        let (tool, input, inv, duration_us) = match decision {
             Decision::Allowed { tool, input, resources, timeout } => {
                 match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
                     Err(busy) => refused(Some(tool), input, Refusal::Busy, format!("{busy}; try again later")),
@@ -430,8 +320,8 @@ impl Arbiter {
                     ),
                     Ok(guard) => {
                         _guard = Some(guard);
-                        let (outcome, result, us) = self.execute(lane, &call.id, &tool, &input, timeout);
-                        (tool, input, outcome, result, us)
+                        let (inv, us) = self.execute(lane, &call.id, &tool, &input, timeout);
+                        (tool, input, inv, us)
                     }
                 }
             }
@@ -445,13 +335,15 @@ impl Arbiter {
                 let us = started.elapsed().as_micros() as u64;
                 match submitted {
                     Ok(r) => {
-                        let result = json!({
-                            "status": "pending_approval",
-                            "summary": format!("{}: proposal {} is waiting for a human's decision ({reason})", r.summary, r.approval_id),
-                            "approval_id": r.approval_id,
-                            "sha256": r.sha256,
-                        });
-                        (tool, input, Outcome::Ok, result, us)
+                        let summary = format!(
+                            "{}: proposal {} is waiting for a human's decision ({reason})",
+                            r.summary, r.approval_id
+                        );
+                        let inv = Invocation {
+                            approval: Some(Pending { approval_id: r.approval_id, sha256: r.sha256 }),
+                            ..Invocation::new(&named, Status::PendingApproval, summary)
+                        };
+                        (tool, input, inv, us)
                     }
                     Err(ProposalError::Invalid(why)) => refused(
                         Some(tool),
@@ -479,8 +371,8 @@ impl Arbiter {
             skill: lane.skill.as_ref().map(|s| s.name.clone()),
             state: lane.skill.as_ref().map(|s| s.state.clone()),
             input: self.secrets.redact(&input),
-            outcome,
-            result: result.clone(),
+            outcome: inv.status.outcome(),
+            result: render(&inv),
             duration_us,
         };
         let committed = match self.log.append(event) {
@@ -490,11 +382,7 @@ impl Arbiter {
                 // copy of the log does not hold.
                 drop(_guard);
                 log::error!("commit {seq}: not stored by choird ({why}); its result is withheld from the model");
-                return Ok(json!({
-                    "status": "error",
-                    "summary": format!("the call's record was not stored by choird ({why}); its result is withheld, and tools stay off until choird stores this agent's log again"),
-                    "error": {"code": Refusal::ReplicationDown.code(), "message": why},
-                }));
+                return Ok(Invocation::withheld(&named, &why));
             }
             Err(e) => return Err(e),
         };
@@ -508,7 +396,7 @@ impl Arbiter {
             committed.outcome,
             duration_us
         );
-        Ok(result)
+        Ok(inv)
     }
 
     /// Commits an event that is not a tool call (a compaction, a correction),
@@ -540,8 +428,8 @@ impl Arbiter {
         Ok(committed)
     }
 
-    /// Step 7 plus result shaping: runs the tool and returns (outcome, what the
-    /// model sees, microseconds).
+    /// Step 7 plus result shaping: runs the tool and returns what came of
+    /// it and the microseconds it took.
     fn execute(
         &self,
         lane: &LaneCtx,
@@ -549,9 +437,9 @@ impl Arbiter {
         tool: &str,
         input: &Value,
         timeout: Duration,
-    ) -> (Outcome, Value, u64) {
+    ) -> (Invocation, u64) {
         let Some(reg) = self.registry.get(tool) else {
-            return (Outcome::Error, json!({"status": "error", "summary": "tool vanished"}), 0);
+            return (Invocation::new(tool, Status::Error, "tool vanished"), 0);
         };
         let started = Instant::now();
         let ctx = ExecContext {
@@ -566,28 +454,17 @@ impl Arbiter {
         crate::failpoints::hit("during_tool");
         let ran = reg.tool.execute(&ctx, input);
         let us = started.elapsed().as_micros() as u64;
-        let (outcome, raw) = match ran {
-            Ok(Value::Object(mut map)) => {
-                let timed_out = map.get("timed_out").and_then(Value::as_bool) == Some(true);
-                map.insert("status".into(), json!(if timed_out { "timeout" } else { "success" }));
-                (if timed_out { Outcome::Timeout } else { Outcome::Ok }, Value::Object(map))
-            }
-            Ok(other) => (Outcome::Ok, json!({"status": "success", "summary": "done", "value": other})),
-            Err(ToolError { code, message }) => (
-                Outcome::Error,
-                json!({"status": "error", "summary": message.clone(), "error": {"code": code, "message": message}}),
-            ),
-        };
-        let rt = &reg.manifest.runtime;
-        let shown = for_model(raw, rt.exposure, rt.prompt_mask, lane.kind, &self.secrets, &self.artifacts);
-        (outcome, shown, us)
+        let inv = shape(tool, ran, &reg.manifest.runtime, lane.kind, &self.secrets, &self.artifacts);
+        (inv, us)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lane_ctx::LaneKind;
     use crate::tools::host::NoHost;
+    use serde_json::json;
 
     #[test]
     fn a_tool_with_secrets_never_runs_beside_a_shell_command() {

@@ -18,25 +18,28 @@ use std::time::Instant;
 
 use choir_common::commit::canonical_json;
 use choir_common::manifest::EDGE_ONLY_TOOLS;
-use choir_common::openai::Role;
+use choir_common::openai::{ChatMessage, Role};
 use choir_common::rpc::CoreBudget;
+use choir_common::trust::{OutputTrust, TRUST_KEY};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::approvals::Approvals;
-use crate::arbiter::{Arbiter, LaneCtx};
-use crate::edge::EdgeEvent;
+use crate::arbiter::Arbiter;
+use crate::inbox::EdgeEvent;
+use crate::invocation::{Invocation, Status};
+use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
 use crate::llm::Llm;
 use crate::memory::Conversation;
+use crate::origin::{Entry, Origin};
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
-use crate::results::LaneKind;
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::lane::LaneHooks;
-use crate::tools::ToolError;
+use crate::tools::tool::LaneHooks;
+use crate::tools::tool::ToolError;
 
 /// What every core job shares.
 pub struct CoreSetup {
@@ -322,7 +325,9 @@ impl JobRun {
             stream: false,
         };
         let mut conv = Conversation::default();
-        conv.push_user(0, &self.objective);
+        // The job's task, in the user's place: written by the edge's model
+        // (its `choir.core.start` call), not by the user.
+        conv.push(Entry::new(ChatMessage::text(Role::User, &self.objective), Origin::Model));
         let started = Instant::now();
         let mut run = match &self.skill {
             Some((skill, input)) => match SkillRun::start(skill.clone(), input.clone(), &mind, &lane) {
@@ -335,6 +340,8 @@ impl JobRun {
             None => None,
         };
         let (mut steps, mut tokens, mut corrections) = (0u64, 0u64, 0u32);
+        // Every call's outcome, as it happens: the workflow summary is built from these.
+        let mut actions: Vec<Action> = Vec::new();
         let (end, outcome): (LaneState, Result<String, String>) = loop {
             if self.cancel.load(Ordering::SeqCst) {
                 break (LaneState::Cancelled, Err("cancelled".into()));
@@ -354,9 +361,10 @@ impl JobRun {
                 break (LaneState::Failed, Err(format!("commit log failure: {e}")));
             }
             steps += 1;
+            let mut calls = Vec::new();
             let step = match run.as_mut() {
                 Some(r) => {
-                    let step = r.step(&mind, &lane, &mut machine, &system, &mut conv.messages, &mut tokens);
+                    let step = r.step(&mind, &lane, &mut machine, &system, &mut conv.entries, &mut tokens, &mut calls);
                     s.board.skill(&lane_name, Some(r.progress()));
                     step.map(|st| match st {
                         SkillStep::Continue => Step::Continue(Vec::new()),
@@ -367,8 +375,11 @@ impl JobRun {
                         SkillStep::ModelDown(e) => Step::ModelDown(e),
                     })
                 }
-                None => mind.step(&lane, &mut machine, &system, &mut conv.messages, &mut tokens, &mut |_| {}),
+                None => {
+                    mind.step(&lane, &mut machine, &system, &mut conv.entries, &mut tokens, &mut |_| {}, &mut calls)
+                }
             };
+            actions.extend(calls.iter().map(Action::of));
             {
                 let mut st = self.status.lock();
                 st.steps = steps;
@@ -418,7 +429,7 @@ impl JobRun {
             let _ = machine.go(LaneState::Reasoning);
         }
         let _ = machine.go(end);
-        let mut report = self.summary(end, &outcome, &conv, steps, tokens, started);
+        let (mut report, origin) = self.summary(end, &outcome, &actions, steps, tokens, started);
         if let Some(v) = skill_report {
             report["skill"] = v;
         }
@@ -433,6 +444,7 @@ impl JobRun {
                 job: self.name.clone(),
                 conversation: self.conversation.clone(),
                 report,
+                origin,
             });
         }
         s.board.remove_lane(&lane_name);
@@ -453,50 +465,45 @@ impl JobRun {
                 return Err(format!("cancelled while proposal {id} waited for a decision"));
             };
             let why = d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-            conv.push(choir_common::openai::ChatMessage::text(
-                Role::System,
-                format!("Proposal {id} ({}) was {} by {}{why}.", d.subject, d.status, d.decided_by),
-            ));
+            conv.push(Entry::operator(format!(
+                "Proposal {id} ({}) was {} by {}{why}.",
+                d.subject, d.status, d.decided_by
+            )));
             let _ = machine.go(LaneState::Reasoning);
         }
         Ok(())
     }
 
     /// The workflow summary: status, actions, artifacts and the final report —
-    /// built from tool results, never from the model's intermediate text.
+    /// built from what came of the job's calls, never from the model's
+    /// intermediate text — and its origin. An action whose output was
+    /// untrusted is marked so, and so is the whole summary then (its report
+    /// was written after reading it): `"output_trust": "untrusted"`.
     fn summary(
         &self,
         end: LaneState,
         outcome: &Result<String, String>,
-        conv: &Conversation,
+        actions: &[Action],
         steps: u64,
         tokens: u64,
         started: Instant,
-    ) -> Value {
-        let mut names = std::collections::HashMap::new();
-        let mut actions = Vec::new();
+    ) -> (Value, Origin) {
         let mut artifacts: Vec<String> = Vec::new();
-        for m in &conv.messages {
-            for c in &m.tool_calls {
-                let name = choir_common::ids::canonical_tool_name(&c.function.name).unwrap_or(c.function.name.clone());
-                names.insert(c.id.clone(), name);
-            }
-            if m.role == Role::Tool {
-                let result: Value =
-                    m.content.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or(Value::Null);
-                let tool = m.tool_call_id.as_ref().and_then(|id| names.get(id)).cloned().unwrap_or_default();
-                if result["status"] == "success" {
-                    for key in ["path", "log_path", "artifact_path"] {
-                        if let Some(p) = result[key].as_str() {
-                            if tool != "choir.fs.read" && !artifacts.iter().any(|a| a == p) {
-                                artifacts.push(p.to_owned());
-                            }
-                        }
-                    }
+        for a in actions.iter().filter(|a| a.status == Status::Success && a.tool != "choir.fs.read") {
+            for p in &a.paths {
+                if !artifacts.contains(p) {
+                    artifacts.push(p.clone());
                 }
-                actions.push(json!({"tool": tool, "status": result["status"], "summary": result["summary"]}));
             }
         }
+        let listed: Vec<Value> = actions.iter().map(Action::to_json).collect();
+        let origin = Origin::Summary {
+            untrusted_tools: actions
+                .iter()
+                .filter(|a| a.trust == OutputTrust::Untrusted)
+                .map(|a| a.tool.clone())
+                .collect(),
+        };
         let cap = |s: &str| s.chars().take(2000).collect::<String>();
         let mut v = json!({
             "job": self.name,
@@ -505,12 +512,48 @@ impl JobRun {
             "steps": steps,
             "tokens": tokens,
             "elapsed_s": started.elapsed().as_secs(),
-            "actions": actions,
+            "actions": listed,
             "artifacts": artifacts,
         });
         match outcome {
             Ok(report) => v["report"] = json!(cap(report)),
             Err(reason) => v["reason"] = json!(reason),
+        }
+        if origin.trust() == OutputTrust::Untrusted {
+            v[TRUST_KEY] = json!(OutputTrust::Untrusted.as_str());
+        }
+        (v, origin)
+    }
+}
+
+/// One action of a job, for its workflow summary: what came of one call.
+#[derive(Debug, Clone)]
+struct Action {
+    tool: String,
+    status: Status,
+    summary: String,
+    trust: OutputTrust,
+    /// Files it names as its product (`path`, `log_path`, an artifact).
+    paths: Vec<String>,
+}
+
+impl Action {
+    fn of(inv: &Invocation) -> Action {
+        let named = ["path", "log_path"].iter().filter_map(|k| inv.payload.get(*k).and_then(Value::as_str));
+        let artifact = inv.artifact.as_ref().and_then(|a| a.path.as_deref());
+        Action {
+            tool: inv.tool.clone(),
+            status: inv.status,
+            summary: inv.summary.clone(),
+            trust: inv.trust,
+            paths: named.chain(artifact).map(str::to_owned).collect(),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut v = json!({"tool": self.tool, "status": self.status.as_str(), "summary": self.summary});
+        if self.trust == OutputTrust::Untrusted {
+            v[TRUST_KEY] = json!(OutputTrust::Untrusted.as_str());
         }
         v
     }

@@ -15,48 +15,28 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use choir_common::commit::{canonical_json, CommitEvent};
+use choir_common::commit::{canonical_json, CommitEvent, Outcome};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{
-    ApprovalDecision, ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply,
-};
+use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
-use crate::arbiter::LaneCtx;
 use crate::commitlog::LogError;
 use crate::core::{CoreLimits, CorePool};
+use crate::inbox::EdgeEvent;
+use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::{LaneMachine, LaneState, StatusBoard};
 use crate::memory::{self, Conversation};
+use crate::origin::{Entry, Origin};
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
-use crate::results::LaneKind;
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::lane::LaneHooks;
-use crate::tools::ToolError;
-
-/// What reaches the edge lane.
-#[derive(Debug)]
-pub enum EdgeEvent {
-    /// A user message.
-    Message(InboundMessage),
-    /// A core job ended; its workflow summary.
-    CoreDone {
-        /// The job.
-        job: String,
-        /// The conversation that started it.
-        conversation: String,
-        /// The workflow summary.
-        report: Value,
-    },
-    /// A human decided on a proposal no lane waits for: tell the user.
-    Decision(ApprovalDecision),
-    /// Finish the current turn, then stop.
-    Stop,
-}
+use crate::tools::tool::LaneHooks;
+use crate::tools::tool::ToolError;
+use crate::tools::Registry;
 
 /// What the edge lane hands to the link for choird.
 #[derive(Debug)]
@@ -74,8 +54,8 @@ const PARTIAL_EVERY: std::time::Duration = std::time::Duration::from_millis(150)
 enum Start {
     /// A user message.
     User(InboundMessage),
-    /// A note for the model (a core job's report to relay).
-    Note(String),
+    /// A note for the model (a core job's report to relay, a decision to tell).
+    Note(Entry),
 }
 
 /// The edge lane.
@@ -164,11 +144,12 @@ impl EdgeLane {
         for tail in std::mem::take(&mut self.recovered) {
             let conv = st.conversations.entry(tail.conversation).or_default();
             if let Some(summary) = tail.summary {
-                conv.push(memory::summary_message(&summary));
+                // Its opening note names the untrusted tools it folded.
+                conv.push(memory::summary_entry(&summary));
             }
             for ex in tail.turns {
-                conv.push(ChatMessage::text(Role::User, ex.user));
-                conv.push(ChatMessage::text(Role::Assistant, ex.assistant));
+                conv.push(Entry::user(ex.user));
+                conv.push(Entry::model(ChatMessage::text(Role::Assistant, ex.assistant)));
             }
         }
         let result = loop {
@@ -193,15 +174,15 @@ impl EdgeLane {
                         d.approval_id, d.subject, d.status, d.decided_by
                     );
                     let conversation = d.conversation.clone().unwrap_or_else(|| "cli".to_owned());
-                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(note))
+                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(Entry::operator(note)))
                 }
-                EdgeEvent::CoreDone { job, conversation, report } => {
+                EdgeEvent::CoreDone { job, conversation, report, origin } => {
                     let note = format!(
                         "Core job '{job}' finished. Its workflow summary follows; tell the user the outcome in your own \
                          words, as the one agent they talk to: {}",
                         canonical_json(&report)
                     );
-                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(note))
+                    self.turn(&mut st, &mut machine, &inbox, &conversation, Start::Note(Entry::note(note, origin)))
                 }
             };
             if let Err(e) = outcome {
@@ -252,10 +233,10 @@ impl EdgeLane {
                     turn_id = Some(m.id);
                     if let Some(done) = self.resume.remove(&m.id) {
                         log::info!("resuming message {} with {} committed event(s) from the log", m.id, done.len());
-                        replay_committed(conv, &done);
+                        replay_committed(conv, &done, self.mind.arbiter.registry());
                     }
                 }
-                Start::Note(note) => conv.push(ChatMessage::text(Role::System, note)),
+                Start::Note(note) => conv.push(note),
             }
         }
         let hooks = Arc::new(EdgeHooks {
@@ -317,7 +298,10 @@ impl EdgeLane {
                     let _ = out.send(Outbound::Partial(PartialReply { in_reply_to: id, text: so_far.clone() }));
                 }
             };
-            let outcome = self.mind.step(&lane, machine, &system, &mut conv.messages, &mut st.tokens, &mut on_text)?;
+            // What came of the calls lives on in the history; the edge keeps no other record.
+            let mut calls = Vec::new();
+            let outcome =
+                self.mind.step(&lane, machine, &system, &mut conv.entries, &mut st.tokens, &mut on_text, &mut calls)?;
             self.board.usage("edge", step, st.tokens);
             match outcome {
                 Step::Answer(t) => {
@@ -335,10 +319,7 @@ impl EdgeLane {
                             "The skill {name} ended: {}. Tell the user the outcome in your own words.",
                             canonical_json(&outcome.to_json())
                         );
-                        st.conversations
-                            .entry(conv_name.to_owned())
-                            .or_default()
-                            .push(ChatMessage::text(Role::System, note));
+                        st.conversations.entry(conv_name.to_owned()).or_default().push(Entry::operator(note));
                         if outcome == SkillOutcome::Cancelled {
                             text = Some(format!("Stopped: the skill {name} was cancelled."));
                             break;
@@ -417,7 +398,8 @@ impl EdgeLane {
             }
             let conv = st.conversations.entry(conv_name.to_owned()).or_default();
             self.mind.maybe_compact(lane, conv_name, system, conv, Role::User, context_tokens, false)?;
-            let step = run.step(&self.mind, lane, machine, system, &mut conv.messages, &mut st.tokens)?;
+            let mut calls = Vec::new();
+            let step = run.step(&self.mind, lane, machine, system, &mut conv.entries, &mut st.tokens, &mut calls)?;
             self.board.skill("edge", Some(run.progress()));
             match step {
                 SkillStep::Continue | SkillStep::AwaitApproval(_) => {}
@@ -457,8 +439,10 @@ fn notice_key() -> String {
 
 /// Re-creates, from committed events, the assistant tool calls and their results
 /// of an interrupted turn, so the model continues from there and nothing that
-/// was committed runs twice.
-fn replay_committed(conv: &mut Conversation, events: &[CommitEvent]) {
+/// was committed runs twice. Each result is shown as it was committed, with
+/// its trust: marked untrusted as it was, or because its tool (as registered
+/// now) declares untrusted output and it ran.
+fn replay_committed(conv: &mut Conversation, events: &[CommitEvent], registry: &Registry) {
     for ev in events.iter().filter(|e| e.kind == choir_common::commit::EventKind::ToolCall) {
         let id = ev.call_id.clone().unwrap_or_else(|| format!("replayed_{}", ev.seq));
         let name = ev.tool.strip_prefix('?').map(str::to_owned).unwrap_or_else(|| wire_tool_name(&ev.tool));
@@ -466,7 +450,7 @@ fn replay_committed(conv: &mut Conversation, events: &[CommitEvent]) {
             Value::String(raw) => raw.clone(),
             other => canonical_json(other),
         };
-        conv.push(ChatMessage {
+        conv.push(Entry::model(ChatMessage {
             role: Role::Assistant,
             content: None,
             tool_calls: vec![ToolCall {
@@ -475,7 +459,10 @@ fn replay_committed(conv: &mut Conversation, events: &[CommitEvent]) {
                 function: FunctionCall { name, arguments },
             }],
             tool_call_id: None,
-        });
-        conv.push(ChatMessage::tool_result(&id, ev.result.to_string()));
+        }));
+        let declared = registry.get(&ev.tool).map(|t| t.manifest.runtime.output_trust);
+        let (content, trust) = crate::results::replayed(&ev.result, declared, ev.outcome != Outcome::Rejected);
+        let tool = ev.tool.strip_prefix('?').unwrap_or(&ev.tool).to_owned();
+        conv.push(Entry::tool_result(&id, content, Origin::Tool { tool, trust }));
     }
 }

@@ -24,7 +24,8 @@ use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
 use crate::commitlog::DurableLog;
 use crate::core::CorePool;
-use crate::edge::{EdgeEvent, Outbound};
+use crate::edge::Outbound;
+use crate::inbox::EdgeEvent;
 use crate::lanes::StatusBoard;
 use crate::rpc::{Rpc, RpcError};
 

@@ -16,14 +16,19 @@
 use std::sync::Arc;
 
 use choir_common::commit::{EventKind, Outcome};
+use choir_common::compaction::{CompactionInput, CompactionResult};
 use choir_common::openai::{ChatMessage, ChatRequest, ChatResponse, Role, ToolCall, ToolSpec};
 use serde_json::{json, Value};
 
-use crate::arbiter::{Arbiter, LaneCtx, ProposedCall};
+use crate::arbiter::{Arbiter, ProposedCall};
 use crate::commitlog::LogError;
+use crate::invocation::{Invocation, Status};
+use crate::lane_ctx::LaneCtx;
 use crate::lanes::{LaneMachine, LaneState};
 use crate::llm::Llm;
 use crate::memory::{self, Conversation};
+use crate::origin::Entry;
+use crate::results;
 
 /// What a lane needs to take steps.
 pub struct Mind {
@@ -85,34 +90,18 @@ pub fn poses_as_tool_call(text: &str, tool_names: &[String]) -> bool {
     })
 }
 
-/// Why a tool result counts as a refused proposal (the model must correct
-/// itself), or `None`: unknown tools, invalid arguments, tools outside the
-/// allowlist and proposals choird refused. Other failures (a busy lock, a
-/// tool's own error) are results the model may act on.
-pub fn refusal_of(result: &Value) -> Option<String> {
-    let code = result["error"]["code"].as_str().unwrap_or_default();
-    (result["status"] == "rejected"
-        && matches!(code, "unknown_tool" | "invalid_arguments" | "tool_not_allowed" | "invalid_proposal"))
-    .then(|| result["error"]["message"].as_str().unwrap_or(code).to_owned())
-}
-
-/// The proposal a tool result says is waiting for a human, if any.
-pub fn pending_approval(result: &Value) -> Option<i64> {
-    (result["status"] == "pending_approval").then(|| result["approval_id"].as_i64()).flatten()
-}
-
 impl Mind {
     /// Asks the model: the system prompt, the history, and `tools`. Streams
     /// when the lane does and `on_text` is given.
     pub fn ask(
         &self,
         system: &str,
-        history: &[ChatMessage],
+        history: &[Entry],
         tools: Vec<ToolSpec>,
         on_text: Option<&mut dyn FnMut(&str)>,
     ) -> Result<ChatResponse, crate::llm::LlmError> {
         let mut messages = vec![ChatMessage::text(Role::System, system)];
-        messages.extend(history.iter().cloned());
+        messages.extend(memory::messages(history));
         let req = ChatRequest {
             model: self.model.clone(),
             messages,
@@ -129,8 +118,8 @@ impl Mind {
 
     /// Runs tool calls through the arbiter — in parallel when there are
     /// several (the lock manager serialises what conflicts) — and returns
-    /// their results in the model's order.
-    pub fn run_calls(&self, lane: &LaneCtx, calls: &[ToolCall]) -> Result<Vec<Value>, LogError> {
+    /// what came of each, in the model's order.
+    pub fn run_calls(&self, lane: &LaneCtx, calls: &[ToolCall]) -> Result<Vec<Invocation>, LogError> {
         let proposed: Vec<ProposedCall> = calls
             .iter()
             .map(|c| ProposedCall {
@@ -139,15 +128,19 @@ impl Mind {
                 arguments: c.function.arguments.clone(),
             })
             .collect();
-        let results: Vec<Result<Value, LogError>> = if proposed.len() == 1 {
+        let results: Vec<Result<Invocation, LogError>> = if proposed.len() == 1 {
             vec![self.arbiter.invoke(lane, &proposed[0])]
         } else {
             std::thread::scope(|s| {
                 let handles: Vec<_> = proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p))).collect();
                 handles
                     .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| Ok(json!({"status": "error", "summary": "the tool call panicked"})))
+                    .zip(&proposed)
+                    .map(|(h, p)| {
+                        h.join().unwrap_or_else(|_| {
+                            let tool = choir_common::ids::canonical_tool_name(&p.name).unwrap_or(p.name.clone());
+                            Ok(Invocation::new(&tool, Status::Error, "the tool call panicked"))
+                        })
                     })
                     .collect()
             })
@@ -155,16 +148,20 @@ impl Mind {
         results.into_iter().collect()
     }
 
-    /// Takes one step. `on_text` receives streamed answer text as it arrives.
-    /// Fails only when the commit log cannot be written.
+    /// Takes one step. `on_text` receives streamed answer text as it arrives;
+    /// what came of the step's tool calls is appended to `calls`, in the
+    /// model's order, as each result enters the history. Fails only when the
+    /// commit log cannot be written.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
         lane: &LaneCtx,
         machine: &mut LaneMachine,
         system: &str,
-        history: &mut Vec<ChatMessage>,
+        history: &mut Vec<Entry>,
         tokens: &mut u64,
         on_text: &mut dyn FnMut(&str),
+        calls: &mut Vec<Invocation>,
     ) -> Result<Step, LogError> {
         if machine.state() != LaneState::Reasoning {
             let _ = machine.go(LaneState::Reasoning);
@@ -201,7 +198,7 @@ impl Mind {
                 );
             }
             if poses_as_tool_call(&text, &allowed) {
-                let reply = ChatMessage::text(Role::Assistant, text);
+                let reply = Entry::model(ChatMessage::text(Role::Assistant, text));
                 return self.correct(
                     lane,
                     history,
@@ -211,27 +208,28 @@ impl Mind {
                     &allowed,
                 );
             }
-            history.push(ChatMessage::text(Role::Assistant, text.clone()));
+            history.push(Entry::model(ChatMessage::text(Role::Assistant, text.clone())));
             return Ok(Step::Answer(text));
         }
 
-        let calls = answer.tool_calls.clone();
+        let proposed = answer.tool_calls.clone();
         let _ = machine.go(LaneState::WaitingTool);
-        history.push(ChatMessage {
+        history.push(Entry::model(ChatMessage {
             role: Role::Assistant,
             content: answer.content,
-            tool_calls: calls.clone(),
+            tool_calls: proposed.clone(),
             tool_call_id: None,
-        });
-        let results = self.run_calls(lane, &calls)?;
+        }));
+        let results = self.run_calls(lane, &proposed)?;
         let mut refused = Vec::new();
         let mut pending = Vec::new();
-        for (call, result) in calls.iter().zip(results) {
-            if let Some(why) = refusal_of(&result) {
+        for (call, inv) in proposed.iter().zip(results) {
+            if let Some(why) = inv.correction() {
                 refused.push(format!("{}: {why}", call.function.name));
             }
-            pending.extend(pending_approval(&result));
-            history.push(ChatMessage::tool_result(&call.id, result.to_string()));
+            pending.extend(inv.pending_approval());
+            history.push(Entry::tool_result(&call.id, results::content(&inv), inv.origin()));
+            calls.push(inv);
         }
         if refused.is_empty() {
             Ok(Step::Continue(pending))
@@ -255,12 +253,12 @@ impl Mind {
         budget: u64,
         force: bool,
     ) -> Result<bool, LogError> {
-        let size = memory::estimate(system, &conv.messages);
+        let size = memory::estimate(system, &conv.entries);
         if !force && size * 5 < budget * 4 {
             return Ok(false);
         }
         let Some(cut) = memory::fold_point(conv, turn_starts_at) else { return Ok(false) };
-        let req = memory::summary_request(&self.model, &conv.messages[..cut]);
+        let req = memory::summary_request(&self.model, &conv.entries[..cut]);
         let summary = match self.llm.complete(self.llm_lane, &req) {
             Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),
             Err(e) => {
@@ -271,17 +269,27 @@ impl Mind {
         if summary.trim().is_empty() {
             return Ok(false);
         }
-        let folded = cut;
-        let upto = memory::fold(conv, cut, summary.trim());
+        let folded = memory::fold(conv, cut, summary.trim());
+        let input = CompactionInput {
+            conversation: name.to_owned(),
+            folded_messages: cut as u64,
+            upto_message: folded.upto,
+            estimated_tokens_before: size,
+        };
+        let result = CompactionResult {
+            summary: folded.summary,
+            estimated_tokens_after: memory::estimate(system, &conv.entries),
+            untrusted_tools: folded.untrusted_tools.into_iter().collect(),
+        };
         self.arbiter.record(
             lane,
             EventKind::Compaction,
-            "choir.memory.compact",
-            json!({"conversation": name, "folded_messages": folded, "upto_message": upto, "estimated_tokens_before": size}),
+            choir_common::compaction::TOOL,
+            serde_json::to_value(&input).unwrap_or(Value::Null),
             Outcome::Ok,
-            json!({"summary": summary.trim(), "estimated_tokens_after": memory::estimate(system, &conv.messages)}),
+            serde_json::to_value(&result).unwrap_or(Value::Null),
         )?;
-        log::info!("{}: compacted {folded} messages of {name} (about {size} tokens before)", lane.lane);
+        log::info!("{}: compacted {cut} messages of {name} (about {size} tokens before)", lane.lane);
         Ok(true)
     }
 
@@ -289,8 +297,8 @@ impl Mind {
     pub fn correct(
         &self,
         lane: &LaneCtx,
-        history: &mut Vec<ChatMessage>,
-        said: Option<ChatMessage>,
+        history: &mut Vec<Entry>,
+        said: Option<Entry>,
         reason: &str,
         allowed: &[String],
     ) -> Result<Step, LogError> {
@@ -299,14 +307,14 @@ impl Mind {
             lane,
             EventKind::Correction,
             "-",
-            json!({"said": said.as_ref().and_then(|m| m.content.clone())}),
+            json!({"said": said.as_ref().and_then(|m| m.message.content.clone())}),
             Outcome::Rejected,
             json!({"correction": text}),
         )?;
         if let Some(m) = said {
             history.push(m);
         }
-        history.push(ChatMessage::text(Role::System, text));
+        history.push(Entry::operator(text));
         Ok(Step::Corrected(reason.to_owned()))
     }
 }

@@ -30,10 +30,13 @@ use choir_common::rpc::SkillProgress;
 use choir_common::skill::{StateSpec, FINISH_TOOL, TRANSITION_TOOL};
 use serde_json::{json, Value};
 
-use crate::arbiter::{LaneCtx, SkillAt};
 use crate::commitlog::LogError;
+use crate::invocation::{Invocation, Refusal, Refused, SkillPlace, Status};
+use crate::lane_ctx::{LaneCtx, SkillAt};
 use crate::lanes::{LaneMachine, LaneState};
-use crate::reasoning::{pending_approval, refusal_of, Mind};
+use crate::origin::Entry;
+use crate::reasoning::Mind;
+use crate::results;
 use crate::skills::{problems, Skill};
 
 /// What one step of a run led to.
@@ -94,8 +97,8 @@ pub struct SkillRun {
     notes: Vec<(String, String)>,
 }
 
-/// A value, or why a proposal is refused (reason, code).
-type Refusable<T> = Result<T, (String, &'static str)>;
+/// A value, or why a proposal is refused (reason, refusal).
+type Refusable<T> = Result<T, (String, Refusal)>;
 
 /// A control call the model made.
 enum Control {
@@ -236,32 +239,39 @@ impl SkillRun {
         }
     }
 
-    /// The structured error a rejection carries.
-    fn rejection(&self, reason: &str, code: &str) -> Value {
+    /// A rejection of a proposal of `tool` in this state, with where the run
+    /// stands (what the model may do instead).
+    fn rejection(&self, tool: &str, reason: &str, refusal: Refusal) -> Invocation {
         let state = self.current();
-        json!({
-            "status": "rejected",
-            "summary": format!("refused: {reason}"),
-            "error": {
-                "code": code,
-                "message": reason,
-                "state": self.state,
-                "allowed_tools": state.allowed_tools,
-                "allowed_transitions": self.events(),
-                "can_finish": state.terminal,
+        Invocation::refused(
+            tool,
+            format!("refused: {reason}"),
+            Refused {
+                refusal,
+                reason: reason.to_owned(),
+                allowed_tools: state.allowed_tools.clone(),
+                skill: Some(SkillPlace {
+                    state: self.state.clone(),
+                    allowed_transitions: self.events(),
+                    can_finish: Some(state.terminal),
+                }),
             },
-        })
+        )
     }
 
-    /// One step. Fails only when the commit log cannot be written.
+    /// One step; what came of its tool calls and controls is appended to
+    /// `calls` in the model's order. Fails only when the commit log cannot be
+    /// written.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
         mind: &Mind,
         lane: &LaneCtx,
         machine: &mut LaneMachine,
         system: &str,
-        history: &mut Vec<ChatMessage>,
+        history: &mut Vec<Entry>,
         tokens: &mut u64,
+        calls: &mut Vec<Invocation>,
     ) -> Result<SkillStep, LogError> {
         let max = u64::from(self.skill.spec.max_steps);
         if self.steps >= max {
@@ -284,10 +294,10 @@ impl SkillRun {
         let Some(answer) = answer.clone().filter(|a| !a.tool_calls.is_empty()) else {
             let said = answer.and_then(|a| a.content).filter(|t| !t.trim().is_empty());
             if let Some(text) = &said {
-                history.push(ChatMessage::text(Role::Assistant, text.clone()));
+                history.push(Entry::model(ChatMessage::text(Role::Assistant, text.clone())));
             }
             let reason = "in a skill every step must call an allowed tool, take a transition, or finish; plain text is not an answer here";
-            let result = self.rejection(reason, "no_proposal");
+            let result = results::render(&self.rejection("-", reason, Refusal::NoProposal));
             mind.arbiter.record(
                 &ctx,
                 EventKind::Correction,
@@ -296,78 +306,88 @@ impl SkillRun {
                 Outcome::Rejected,
                 result.clone(),
             )?;
-            history.push(ChatMessage::text(Role::System, format!("Correction: {result}")));
+            history.push(Entry::operator(format!("Correction: {result}")));
             return self.rejected(mind, lane, history);
         };
 
         let _ = machine.go(LaneState::WaitingTool);
-        history.push(ChatMessage {
+        history.push(Entry::model(ChatMessage {
             role: Role::Assistant,
             content: answer.content.clone(),
             tool_calls: answer.tool_calls.clone(),
             tool_call_id: None,
-        });
+        }));
         let control_names = [wire_tool_name(TRANSITION_TOOL), wire_tool_name(FINISH_TOOL)];
-        let (controls, calls): (Vec<_>, Vec<_>) =
+        let (controls, tool_calls): (Vec<_>, Vec<_>) =
             answer.tool_calls.iter().cloned().partition(|c| control_names.contains(&c.function.name));
-        let mut results: std::collections::HashMap<String, Value> = std::collections::HashMap::new();
+        let mut done: std::collections::HashMap<String, Invocation> = std::collections::HashMap::new();
         let mut refused = false;
         let mut pending = Vec::new();
-        for (call, mut result) in calls.iter().zip(mind.run_calls(&ctx, &calls)?) {
-            if refusal_of(&result).is_some() {
+        for (call, mut inv) in tool_calls.iter().zip(mind.run_calls(&ctx, &tool_calls)?) {
+            if inv.correction().is_some() {
                 refused = true;
-                result["error"]["allowed_transitions"] = json!(self.events());
-                result["error"]["state"] = json!(self.state);
+                if let Some(r) = inv.refusal.as_mut() {
+                    // Where the run stands; finishing is told only with the skill's own refusals.
+                    r.skill = Some(SkillPlace {
+                        state: self.state.clone(),
+                        allowed_transitions: self.events(),
+                        can_finish: None,
+                    });
+                }
             }
-            pending.extend(pending_approval(&result));
-            results.insert(call.id.clone(), result);
+            pending.extend(inv.pending_approval());
+            done.insert(call.id.clone(), inv);
         }
         let mut finished = None;
         for call in &controls {
+            let tool = choir_common::ids::canonical_tool_name(&call.function.name).unwrap_or_default();
             let parsed = self.parse_control(&call.function.name, &call.function.arguments);
             let outcome = if controls.len() > 1 {
-                Err(("propose one transition or finish per step, not several".to_owned(), "one_control"))
+                Err(("propose one transition or finish per step, not several".to_owned(), Refusal::OneControl))
             } else if refused {
-                Err(("not applied: other proposals of this step were refused".to_owned(), "step_refused"))
+                Err(("not applied: other proposals of this step were refused".to_owned(), Refusal::StepRefused))
             } else {
                 match parsed {
                     Ok(c) => self.apply(mind, &ctx, c)?,
                     Err(e) => Err(e),
                 }
             };
-            let result = match outcome {
+            let inv = match outcome {
                 Ok(Some(output)) => {
                     finished = Some(output.clone());
-                    json!({"status": "success", "summary": "the skill is finished", "output": output})
+                    Invocation::answered(&tool, "the skill is finished", json!({"output": output}))
                 }
                 Ok(None) => {
                     let s = self.current();
-                    json!({"status": "success", "summary": format!("now in state {}", self.state),
-                           "state": self.state, "objective": s.objective, "allowed_tools": s.allowed_tools,
-                           "allowed_transitions": self.events(), "can_finish": s.terminal})
+                    Invocation::answered(
+                        &tool,
+                        format!("now in state {}", self.state),
+                        json!({"state": self.state, "objective": s.objective, "allowed_tools": s.allowed_tools,
+                               "allowed_transitions": self.events(), "can_finish": s.terminal}),
+                    )
                 }
-                Err((reason, code)) => {
+                Err((reason, refusal)) => {
                     refused = true;
-                    let result = self.rejection(&reason, code);
+                    let inv = self.rejection(&tool, &reason, refusal);
                     let input = serde_json::from_str(&call.function.arguments)
                         .unwrap_or_else(|_| Value::String(call.function.arguments.clone()));
-                    let tool = choir_common::ids::canonical_tool_name(&call.function.name).unwrap_or_default();
                     mind.arbiter.record(
                         &ctx,
                         EventKind::Correction,
                         &tool,
                         input,
                         Outcome::Rejected,
-                        result.clone(),
+                        results::render(&inv),
                     )?;
-                    result
+                    inv
                 }
             };
-            results.insert(call.id.clone(), result);
+            done.insert(call.id.clone(), inv);
         }
         for call in &answer.tool_calls {
-            let result = results.remove(&call.id).unwrap_or_else(|| json!({"status": "error"}));
-            history.push(ChatMessage::tool_result(&call.id, result.to_string()));
+            let inv = done.remove(&call.id).unwrap_or_else(|| Invocation::new(&call.function.name, Status::Error, ""));
+            history.push(Entry::tool_result(&call.id, results::content(&inv), inv.origin()));
+            calls.push(inv);
         }
         if refused {
             return self.rejected(mind, lane, history);
@@ -384,18 +404,18 @@ impl SkillRun {
 
     fn parse_control(&self, wire: &str, arguments: &str) -> Refusable<Control> {
         let args: Value = serde_json::from_str(arguments)
-            .map_err(|e| (format!("the arguments are not valid JSON ({e})"), "invalid_arguments"))?;
+            .map_err(|e| (format!("the arguments are not valid JSON ({e})"), Refusal::InvalidArguments))?;
         if wire == wire_tool_name(FINISH_TOOL) {
             let output = args
                 .get("output")
                 .cloned()
-                .ok_or_else(|| ("finish needs {\"output\": ...}".to_owned(), "invalid_arguments"))?;
+                .ok_or_else(|| ("finish needs {\"output\": ...}".to_owned(), Refusal::InvalidArguments))?;
             return Ok(Control::Finish(output));
         }
         let event = args
             .get("event")
             .and_then(Value::as_str)
-            .ok_or_else(|| ("a transition needs {\"event\": \"...\"}".to_owned(), "invalid_arguments"))?;
+            .ok_or_else(|| ("a transition needs {\"event\": \"...\"}".to_owned(), Refusal::InvalidArguments))?;
         let note = args.get("note").and_then(Value::as_str).map(str::to_owned);
         Ok(Control::Transition { event: event.to_owned(), note })
     }
@@ -414,14 +434,14 @@ impl SkillRun {
                             self.state,
                             self.events().join(", ")
                         ),
-                        "not_terminal",
+                        Refusal::NotTerminal,
                     )));
                 }
                 let bad = problems(&self.skill.output, &output);
                 if !bad.is_empty() {
                     return Ok(Err((
                         format!("the output does not match the skill's output_schema: {}", bad.join("; ")),
-                        "invalid_output",
+                        Refusal::InvalidOutput,
                     )));
                 }
                 Ok(Some(output))
@@ -437,7 +457,7 @@ impl SkillRun {
                             self.events().join(", ")
                         )
                     };
-                    return Ok(Err((why, "invalid_transition")));
+                    return Ok(Err((why, Refusal::InvalidTransition)));
                 };
                 self.transition(mind, ctx, &t.on, &t.to, note, "proposed by the model")?;
                 Ok(None)
@@ -472,7 +492,7 @@ impl SkillRun {
     }
 
     /// Counts a rejected step; past the budget, takes the error path.
-    fn rejected(&mut self, mind: &Mind, lane: &LaneCtx, history: &mut Vec<ChatMessage>) -> Result<SkillStep, LogError> {
+    fn rejected(&mut self, mind: &Mind, lane: &LaneCtx, history: &mut Vec<Entry>) -> Result<SkillStep, LogError> {
         self.rejections += 1;
         let budget = self.skill.spec.retry_budget();
         if self.rejections <= budget {
@@ -484,14 +504,11 @@ impl SkillRun {
             Some(t) => {
                 let ctx = self.ctx(lane);
                 self.transition(mind, &ctx, "fail", &t.to, None, "retry budget exhausted")?;
-                history.push(ChatMessage::text(
-                    Role::System,
-                    format!(
-                        "Your proposals in state {from} were refused more than {budget} times in a row; the skill took its \
-                         fail transition to state {}.",
-                        t.to
-                    ),
-                ));
+                history.push(Entry::operator(format!(
+                    "Your proposals in state {from} were refused more than {budget} times in a row; the skill took its \
+                     fail transition to state {}.",
+                    t.to
+                )));
                 Ok(SkillStep::Continue)
             }
             None => Ok(SkillStep::Failed(format!(

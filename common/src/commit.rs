@@ -84,7 +84,11 @@ pub struct CommitEvent {
     pub input: Value,
     /// The arbiter's outcome.
     pub outcome: Outcome,
-    /// The structured result (or error) returned to the model.
+    /// The structured result (or error) returned to the model. For a tool
+    /// call, exactly what the model was shown, which carries
+    /// `"output_trust": "untrusted"` when its content came from a tool whose
+    /// output is untrusted (see [`crate::trust`]; absent: trusted). For a
+    /// compaction, a [`crate::compaction::CompactionResult`].
     pub result: Value,
     /// Time spent executing, in microseconds (0 for rejected calls).
     pub duration_us: u64,

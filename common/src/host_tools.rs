@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::manifest::ToolManifest;
 
 /// Names of the host tools.
-pub const HOST_TOOLS: &[&str] = &["choir.memory.query", "choir.memory.upsert"];
+pub use crate::tool_names::HOST_TOOLS;
 
 /// The host tools' manifests.
 pub fn manifests() -> Vec<ToolManifest> {
@@ -38,7 +38,9 @@ pub fn manifests() -> Vec<ToolManifest> {
                     "additionalProperties": false
                 }
             },
-            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "read", "idempotent": true, "version": "1"}
+            // What memory holds was written from anything an agent read: untrusted.
+            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "read", "idempotent": true, "version": "1",
+                        "output_trust": "untrusted"}
         }),
         json!({
             "llm": {
@@ -63,7 +65,9 @@ pub fn manifests() -> Vec<ToolManifest> {
                     "additionalProperties": false
                 }
             },
-            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "write", "idempotent": true, "version": "1"}
+            // It answers with what was stored (hashes, merged metadata): memory, untrusted.
+            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "write", "idempotent": true, "version": "1",
+                        "output_trust": "untrusted"}
         }),
     ];
     defs.into_iter().filter_map(|d| serde_json::from_value(d).ok()).collect()
@@ -81,6 +85,7 @@ mod tests {
         for manifest in &m {
             manifest.validate().unwrap();
             assert!(manifest.runtime.network && manifest.runtime.exec_path.is_none());
+            assert_eq!(manifest.runtime.output_trust, crate::trust::OutputTrust::Untrusted, "memory is untrusted");
         }
     }
 }

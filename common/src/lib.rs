@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod commit;
+pub mod compaction;
 pub mod host_tools;
 pub mod ids;
 pub mod manifest;
@@ -15,6 +16,8 @@ pub mod proc_tree;
 pub mod rpc;
 pub mod skill;
 pub mod text;
+pub mod tool_names;
+pub mod trust;
 pub mod unix_http;
 
 /// Protocol version spoken on the agent RPC and the admin API. Bumped on any

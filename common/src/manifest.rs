@@ -11,37 +11,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::validate_tool_name;
+use crate::trust::OutputTrust;
 
-/// Names of the tools built into choir-agent; no external tool may take one.
-pub const BUILTIN_TOOLS: &[&str] = &[
-    "choir.core.cancel",
-    "choir.core.start",
-    "choir.core.status",
-    "choir.exec",
-    "choir.fs.read",
-    "choir.fs.search",
-    "choir.fs.write",
-    "choir.memory.compact",
-    "choir.propose.config_change",
-    "choir.propose.skill",
-    "choir.propose.tool",
-    "choir.skill.run",
-    "choir.tools.find",
-];
-
-/// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their
-/// input to a human through REQUEST_APPROVAL.
-pub const PROPOSAL_TOOLS: &[&str] = &["choir.propose.config_change", "choir.propose.skill", "choir.propose.tool"];
-
-/// Tools that only the edge lane may use (core jobs cannot start core jobs,
-/// and a skill never starts a skill).
-pub const EDGE_ONLY_TOOLS: &[&str] = &["choir.core.cancel", "choir.core.start", "choir.core.status", "choir.skill.run"];
-
-/// Whether `name` is reserved for Choir itself: a built-in, a host tool, or a
-/// skill control (`choir.skill.*`). No external tool may take such a name.
-pub fn reserved_tool_name(name: &str) -> bool {
-    BUILTIN_TOOLS.contains(&name) || crate::host_tools::HOST_TOOLS.contains(&name) || name.starts_with("choir.skill.")
-}
+// The reserved names, where manifests have always offered them.
+pub use crate::tool_names::{reserved_tool_name, BUILTIN_TOOLS, EDGE_ONLY_TOOLS, PROPOSAL_TOOLS};
 
 /// A complete tool manifest as stored in `<name>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,6 +116,11 @@ pub struct RuntimeView {
     /// Whether the output is masked from model context (only a summary shown).
     #[serde(default)]
     pub prompt_mask: bool,
+    /// Whether the output can carry text from outside (`untrusted`, the
+    /// default) or is Choir's own (`trusted`); results of untrusted tools are
+    /// marked as such wherever they enter a model's context (R-ARB-5).
+    #[serde(default, skip_serializing_if = "OutputTrust::is_default")]
+    pub output_trust: OutputTrust,
 }
 
 fn exposure_both() -> Exposure {
@@ -286,7 +264,7 @@ pub fn load_tool_layer(dir: &Path) -> Result<Vec<LoadedTool>, ToolFileError> {
 /// review, `choirctl skill validate`).
 pub fn known_tool_names(layers: &[PathBuf]) -> Result<std::collections::BTreeSet<String>, ToolFileError> {
     let mut names: std::collections::BTreeSet<String> =
-        BUILTIN_TOOLS.iter().chain(crate::host_tools::HOST_TOOLS).map(|s| (*s).to_owned()).collect();
+        BUILTIN_TOOLS.iter().chain(crate::tool_names::HOST_TOOLS).map(|s| (*s).to_owned()).collect();
     for dir in layers {
         names.extend(load_tool_layer(dir)?.into_iter().map(|t| t.manifest.llm.name));
     }
@@ -331,6 +309,20 @@ mod tests {
     #[test]
     fn a_good_manifest_validates() {
         manifest().validate().unwrap();
+    }
+
+    #[test]
+    fn output_trust_defaults_to_untrusted_and_is_written_only_when_trusted() {
+        let m = manifest();
+        assert_eq!(m.runtime.output_trust, OutputTrust::Untrusted, "the safe default");
+        assert!(serde_json::to_value(&m).unwrap()["runtime"].get("output_trust").is_none(), "unchanged when written");
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["runtime"]["output_trust"] = json!("trusted");
+        let trusted: ToolManifest = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(trusted.runtime.output_trust, OutputTrust::Trusted);
+        assert_eq!(serde_json::to_value(&trusted).unwrap(), v);
+        v["runtime"]["output_trust"] = json!("sometimes");
+        assert!(serde_json::from_value::<ToolManifest>(v).is_err());
     }
 
     #[test]

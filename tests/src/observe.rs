@@ -1,7 +1,7 @@
 //! What a test observes of a running system: the requests a fake model
-//! received (system prompt, offered tools, the last tool result, the skill
-//! state and core job they were made in), the notices an agent sent on its
-//! own, and waiting until something holds.
+//! received (system prompt, offered tools, the tool results and the calls
+//! they answer, the skill state and core job they were made in), the notices
+//! an agent sent on its own, and waiting until something holds.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,32 @@ pub fn tool_names(req: &Value) -> Vec<String> {
 pub fn last_tool_result(req: &Value) -> Value {
     let m = req["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
     serde_json::from_str(m["content"].as_str().unwrap()).unwrap()
+}
+
+/// Every tool result a request carries, in order: (call id, parsed content).
+pub fn tool_results(req: &Value) -> Vec<(String, Value)> {
+    req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let id = m["tool_call_id"].as_str().unwrap_or_default().to_owned();
+            (id, serde_json::from_str(m["content"].as_str().unwrap()).unwrap())
+        })
+        .collect()
+}
+
+/// The (wire) tool name an assistant message of the request gave call `id`.
+pub fn tool_of_call(req: &Value, id: &str) -> String {
+    req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["id"] == id)
+        .map(|c| c["function"]["name"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
 }
 
 /// The skill state a request was made in (from its system prompt).

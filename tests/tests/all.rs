@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
+mod acyclic;
 mod approvals;
 mod arbiter;
 mod bad_input;
@@ -13,6 +14,7 @@ mod hostile;
 mod lanes;
 mod managed;
 mod memory;
+mod origin;
 mod skills;
 mod telegram;
 mod tidy;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::spawn::{wait_until, Cmd, Ended};
 
 /// Characters of output shown to the model.
@@ -59,7 +59,9 @@ pub fn manifest() -> ToolManifest {
             "locks": [{"resource": "workspace", "mode": "X"}],
             "side_effect": "write",
             "idempotent": false,
-            "version": "1"
+            "version": "1",
+            // A command's output is whatever the programs it ran print: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }

@@ -12,7 +12,7 @@ use std::process::Stdio;
 
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::spawn::{capture, wait_until, Cmd, Ended};
 
 /// Most stdout kept from a tool.

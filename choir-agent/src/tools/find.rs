@@ -17,7 +17,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::host::HostCaller;
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 
 /// The tool's name.
 pub const NAME: &str = "choir.tools.find";
@@ -31,7 +31,9 @@ pub fn manifest() -> ToolManifest {
                     "query": {"type": "string", "minLength": 1, "description": "What you want to do, in a few words"},
                     "k": {"type": "integer", "minimum": 1, "maximum": 20, "description": "How many tools (default 5)"}},
                 "required": ["query"], "additionalProperties": false}},
-        "runtime": {"timeout_ms": 30000, "side_effect": "read", "idempotent": true, "version": "1"}
+        // LLM views of this agent's approved manifests, ranked by Choir: trusted.
+        "runtime": {"timeout_ms": 30000, "side_effect": "read", "idempotent": true, "version": "1",
+                    "output_trust": "trusted"}
     }))
 }
 

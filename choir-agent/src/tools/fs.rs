@@ -5,7 +5,7 @@
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::workspace::{PathError, RelPath, Workspace};
 
 /// Largest file `choir.fs.read` returns whole.
@@ -43,7 +43,9 @@ pub fn read_manifest() -> ToolManifest {
             "locks": [{"resource": "file:{path}", "mode": "S"}],
             "side_effect": "read",
             "idempotent": true,
-            "version": "2"
+            "version": "2",
+            // A workspace file can hold text from anywhere: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }
@@ -84,7 +86,9 @@ pub fn write_manifest() -> ToolManifest {
             "locks": [{"resource": "file:{path}", "mode": "X"}],
             "side_effect": "write",
             "idempotent": false,
-            "version": "2"
+            "version": "2",
+            // Its diffs show the file's existing lines, which can hold text from anywhere: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }

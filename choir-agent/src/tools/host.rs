@@ -9,7 +9,7 @@ use std::time::Instant;
 use choir_common::rpc::{ExecuteHostToolRequest, ExecuteHostToolResponse, Verb};
 use serde_json::Value;
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::rpc::{Rpc, RpcError};
 
 /// Runs a host tool (choird, in production).

@@ -1,7 +1,7 @@
 //! Lane tools: `choir.core.start`, `choir.core.status`, `choir.core.cancel`,
 //! `choir.skill.run` and `choir.memory.compact`. They go through the arbiter like any tool (schema,
 //! allowlist, commit), but what they act on is the calling lane itself — its
-//! core pool or its working memory — reached through [`LaneHooks`].
+//! core pool or its working memory — reached through [`LaneHooks`](super::tool::LaneHooks).
 
 use std::sync::Arc;
 
@@ -9,29 +9,17 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::host::HostCaller;
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 
-/// What a lane offers its lane tools.
-pub trait LaneHooks: Send + Sync {
-    /// Starts a named core job, optionally running a skill with `input`.
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError>;
-    /// Runs a skill in this lane, right after the current step.
-    fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
-    /// Reports one core job, or all.
-    fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError>;
-    /// Cancels a core job.
-    fn core_cancel(&self, name: &str) -> Result<Value, ToolError>;
-    /// Asks for working-memory compaction before the next model step.
-    fn compact(&self) -> Result<Value, ToolError>;
-    /// Tools `choir.tools.find` found (offered from now on when the agent's
-    /// tools are found rather than all listed).
-    fn discovered(&self, _names: &[String]) {}
-}
-
+/// A lane tool's manifest. Lane tools answer with the lane's own state
+/// (a job started or cancelled, compaction asked for): `trusted`, except
+/// `choir.core.status`, which returns finished jobs' reports — written after
+/// reading their tools' output, possibly untrusted — so it is `untrusted`.
 fn manifest(name: &str, description: &str, parameters: Value, side_effect: &str) -> ToolManifest {
+    let trust = if name == "choir.core.status" { "untrusted" } else { "trusted" };
     super::fs::builtin_manifest(json!({
         "llm": {"name": name, "description": description, "parameters": parameters},
-        "runtime": {"timeout_ms": 10000, "side_effect": side_effect, "version": "1"}
+        "runtime": {"timeout_ms": 10000, "side_effect": side_effect, "version": "1", "output_trust": trust}
     }))
 }
 

@@ -16,61 +16,17 @@ pub mod host;
 pub mod lane;
 pub mod propose;
 pub mod search;
+pub mod tool;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use choir_common::ids::wire_tool_name;
 use choir_common::manifest::{load_tool_layer, ToolManifest};
 use choir_common::openai::{FunctionSpec, ToolSpec};
-use serde_json::Value;
 
-use crate::secrets::SecretStore;
-use crate::workspace::Workspace;
-
-/// What a tool gets to run with.
-pub struct ExecContext<'a> {
-    /// The workspace, for path-confined file access.
-    pub workspace: &'a Workspace,
-    /// The calling lane (per-lane state such as the shell's cwd).
-    pub lane: &'a str,
-    /// The model's id for this call (host tools record it with what they store).
-    pub call_id: &'a str,
-    /// The agent's private state directory.
-    pub state_dir: &'a Path,
-    /// When the call must be finished (the manifest's `timeout_ms`).
-    pub deadline: Instant,
-    /// The secrets this tool declared (`secret_resources`), and only those.
-    pub secrets: SecretStore,
-    /// The calling lane's hooks, for lane tools.
-    pub hooks: Option<&'a dyn lane::LaneHooks>,
-}
-
-/// A tool failed while running (rejections happen before, in the arbiter).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ToolError {
-    /// Stable code, e.g. `not_found`.
-    pub code: String,
-    /// For the model.
-    pub message: String,
-}
-
-impl ToolError {
-    /// A tool error.
-    pub fn new(code: &str, message: impl Into<String>) -> ToolError {
-        ToolError { code: code.to_owned(), message: message.into() }
-    }
-}
-
-/// A tool implementation. The result object carries a `summary`; a result with
-/// `"timed_out": true` is committed with outcome `timeout`.
-pub trait Tool: Send + Sync {
-    /// Runs with validated input.
-    fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError>;
-}
+pub use tool::{ExecContext, LaneHooks, Tool, ToolError};
 
 /// Whether a tool can be offered (R-TOOL-6).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,5 +229,21 @@ mod tests {
     fn builtins_validate_and_match_the_shared_list() {
         let r = Registry::builtins().unwrap();
         assert_eq!(r.names(), choir_common::manifest::BUILTIN_TOOLS);
+    }
+
+    #[test]
+    fn builtins_declare_whether_their_output_can_carry_text_from_outside() {
+        use choir_common::trust::OutputTrust;
+        let r = Registry::builtins().unwrap();
+        let untrusted: Vec<String> = r
+            .names()
+            .into_iter()
+            .filter(|n| r.get(n).is_some_and(|t| t.manifest.runtime.output_trust == OutputTrust::Untrusted))
+            .collect();
+        // Workspace files, command output, and job reports that quote them.
+        assert_eq!(
+            untrusted,
+            ["choir.core.status", "choir.exec", "choir.fs.read", "choir.fs.search", "choir.fs.write"]
+        );
     }
 }

@@ -11,7 +11,7 @@ use choir_common::manifest::ToolManifest;
 use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 
 /// Why a proposal was not stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +63,8 @@ pub fn proposal_of(tool: &str, input: &Value) -> Option<(ProposalKind, ProposalS
 fn manifest(name: &str, description: &str, parameters: Value) -> ToolManifest {
     super::fs::builtin_manifest(json!({
         "llm": {"name": name, "description": description, "parameters": parameters},
-        "runtime": {"timeout_ms": 30000, "side_effect": "external", "version": "1"}
+        // Never run: the answer is choird's, about the proposal it stored: trusted.
+        "runtime": {"timeout_ms": 30000, "side_effect": "external", "version": "1", "output_trust": "trusted"}
     }))
 }
 
@@ -138,7 +139,7 @@ impl Tool for ProposalTool {
 }
 
 /// A request for choird, from a meta-tool call.
-pub fn request(tool: &str, input: &Value, lane: &crate::arbiter::LaneCtx) -> Option<ApprovalRequest> {
+pub fn request(tool: &str, input: &Value, lane: &crate::lane_ctx::LaneCtx) -> Option<ApprovalRequest> {
     let (kind, scope, content, reason) = proposal_of(tool, input)?;
     Some(ApprovalRequest {
         kind,

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, Tool, ToolError};
 use crate::spawn::{kill_group, Cmd};
 use crate::workspace::PathError;
 
@@ -44,7 +44,9 @@ pub fn manifest() -> ToolManifest {
             "locks": [{"resource": "file:{path}", "mode": "S"}],
             "side_effect": "read",
             "idempotent": true,
-            "version": "1"
+            "version": "1",
+            // Matching lines are workspace file content: untrusted.
+            "output_trust": "untrusted"
         }
     }))
 }

@@ -1,0 +1,72 @@
+//! What a tool is, as the arbiter sees it: the [`Tool`] trait, the
+//! [`ExecContext`] a call runs with (including the calling lane's
+//! [`LaneHooks`], for the lane tools), and the [`ToolError`] a failed run
+//! returns. Every tool module and the registry build on this one; it knows
+//! none of them.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::secrets::SecretStore;
+use crate::workspace::Workspace;
+
+/// What a tool gets to run with.
+pub struct ExecContext<'a> {
+    /// The workspace, for path-confined file access.
+    pub workspace: &'a Workspace,
+    /// The calling lane (per-lane state such as the shell's cwd).
+    pub lane: &'a str,
+    /// The model's id for this call (host tools record it with what they store).
+    pub call_id: &'a str,
+    /// The agent's private state directory.
+    pub state_dir: &'a Path,
+    /// When the call must be finished (the manifest's `timeout_ms`).
+    pub deadline: Instant,
+    /// The secrets this tool declared (`secret_resources`), and only those.
+    pub secrets: SecretStore,
+    /// The calling lane's hooks, for lane tools.
+    pub hooks: Option<&'a dyn LaneHooks>,
+}
+
+/// A tool failed while running (rejections happen before, in the arbiter).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ToolError {
+    /// Stable code, e.g. `not_found`.
+    pub code: String,
+    /// For the model.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A tool error.
+    pub fn new(code: &str, message: impl Into<String>) -> ToolError {
+        ToolError { code: code.to_owned(), message: message.into() }
+    }
+}
+
+/// A tool implementation. The result object carries a `summary`; a result with
+/// `"timed_out": true` is committed with outcome `timeout`.
+pub trait Tool: Send + Sync {
+    /// Runs with validated input.
+    fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError>;
+}
+
+/// What a lane offers its lane tools.
+pub trait LaneHooks: Send + Sync {
+    /// Starts a named core job, optionally running a skill with `input`.
+    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError>;
+    /// Runs a skill in this lane, right after the current step.
+    fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
+    /// Reports one core job, or all.
+    fn core_status(&self, name: Option<&str>) -> Result<Value, ToolError>;
+    /// Cancels a core job.
+    fn core_cancel(&self, name: &str) -> Result<Value, ToolError>;
+    /// Asks for working-memory compaction before the next model step.
+    fn compact(&self) -> Result<Value, ToolError>;
+    /// Tools `choir.tools.find` found (offered from now on when the agent's
+    /// tools are found rather than all listed).
+    fn discovered(&self, _names: &[String]) {}
+}
