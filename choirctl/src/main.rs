@@ -5,6 +5,7 @@
 #[macro_use]
 mod term;
 mod client;
+mod ctx;
 mod proposals;
 
 use std::io::{BufRead, Write};
@@ -16,6 +17,7 @@ use choir_common::admin::{
 use serde_json::Value;
 
 use client::Client;
+use ctx::{print_json, Ctx};
 
 const USAGE: &str = "\
 usage: choirctl [--home DIR] [--json] COMMAND
@@ -61,12 +63,6 @@ fn main() {
         say_err!("choirctl: {e:#}");
         std::process::exit(1);
     }
-}
-
-pub(crate) struct Ctx {
-    client: Client,
-    json: bool,
-    stream: bool,
 }
 
 fn real_main() -> anyhow::Result<()> {
@@ -288,11 +284,6 @@ fn cancel(ctx: &Ctx, id: &str, lane: &str) -> anyhow::Result<()> {
         return print_json(&r);
     }
     say!("asked agent {id} to cancel {lane}; it stops at its next step");
-    Ok(())
-}
-
-pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    say!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 

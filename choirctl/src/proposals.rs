@@ -8,7 +8,7 @@ use choir_common::ids::AgentId;
 use choir_common::manifest::known_tool_names;
 use choir_common::skill::load_skill_file;
 
-use crate::{print_json, Ctx};
+use crate::ctx::{print_json, Ctx};
 
 /// `approvals list`: pending proposals by default.
 pub fn list(ctx: &Ctx, status: Option<&str>, agent: Option<&str>, all: bool) -> anyhow::Result<()> {

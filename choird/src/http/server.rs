@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{ApiError, Handler, ListenerKind, Request, Response};
+use super::api::{ApiError, Handler, Head, ListenerKind, Request, Response};
 
 /// What a client may cost a listener.
 #[derive(Debug, Clone, Copy)]
@@ -138,31 +138,6 @@ impl Write for Stream {
             Stream::Tcp(s) => s.flush(),
         }
     }
-}
-
-/// What the server tells the handler about a request before its body is read.
-#[derive(Debug, Clone)]
-pub struct Head {
-    /// HTTP method.
-    pub method: String,
-    /// Path without the query string.
-    pub path: String,
-    /// Query parameters.
-    pub query: Vec<(String, String)>,
-    /// Bearer token, if one was sent.
-    pub bearer: Option<String>,
-    /// Declared body length.
-    pub content_length: usize,
-}
-
-/// The handler's verdict on a head: read a body of at most `max_body` bytes,
-/// then serve the request (with `caller` set when it authenticated one).
-#[derive(Debug, Clone)]
-pub struct Admitted {
-    /// The largest body this route takes.
-    pub max_body: usize,
-    /// The agent whose lease token the request carried, when it had to.
-    pub caller: Option<super::Caller>,
 }
 
 /// Open connections of a listener, so stopping can cut them.
@@ -599,7 +574,7 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
         }
     }
     let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_owned(), super::parse_query(q)),
+        Some((p, q)) => (p.to_owned(), super::api::parse_query(q)),
         None => (target.to_owned(), Vec::new()),
     };
     Ok(ParsedHead {
@@ -737,6 +712,7 @@ pub fn raise_nofile_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::Admitted;
 
     struct Echo;
 

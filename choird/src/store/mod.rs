@@ -69,6 +69,21 @@ impl Delivery for Nowhere {
     }
 }
 
+/// Queues a row of the chat outbox (`telegram_outbox`) inside a transaction.
+pub fn enqueue(
+    tx: &mut postgres::Transaction<'_>,
+    bot: &str,
+    chat: i64,
+    kind: &str,
+    body: &Value,
+) -> Result<i64, postgres::Error> {
+    let row = tx.query_one(
+        "INSERT INTO telegram_outbox (bot, chat_id, kind, body) VALUES ($1, $2, $3, $4) RETURNING id",
+        &[&bot, &chat, &kind, body],
+    )?;
+    Ok(row.get(0))
+}
+
 /// The store, a thin layer over the pool.
 pub struct Store {
     pub(crate) db: Db,
@@ -431,7 +446,7 @@ impl Store {
                     let rows = delivery.rows(&conversation, &r.text);
                     if !rows.is_empty() {
                         for row in rows {
-                            telegram::enqueue(&mut tx, &row.bot, row.chat, row.kind, &row.body)?;
+                            enqueue(&mut tx, &row.bot, row.chat, row.kind, &row.body)?;
                         }
                         out.delivered.push(conversation);
                     }

@@ -38,20 +38,7 @@ pub struct Depths {
     pub failed: i64,
 }
 
-/// Queues an outbox row inside a transaction.
-pub fn enqueue(
-    tx: &mut postgres::Transaction<'_>,
-    bot: &str,
-    chat: i64,
-    kind: &str,
-    body: &Value,
-) -> Result<i64, postgres::Error> {
-    let row = tx.query_one(
-        "INSERT INTO telegram_outbox (bot, chat_id, kind, body) VALUES ($1, $2, $3, $4) RETURNING id",
-        &[&bot, &chat, &kind, body],
-    )?;
-    Ok(row.get(0))
-}
+pub use super::enqueue;
 
 impl Store {
     /// The offset to ask `bot` for next (0: from the start).

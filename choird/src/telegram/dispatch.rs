@@ -24,9 +24,13 @@ use frankenstein::updates::{Update, UpdateContent};
 use frankenstein::TelegramApi;
 use serde_json::{json, Value};
 
-use super::Handle;
-use super::{backoff, bots, client, conversation, nap, proposal_message, text, wait, BotSpec};
+use super::approvals::proposal_message;
+use super::bots::Handle;
+use super::bots::{bots, client, wait, BotSpec};
+use super::text;
+use crate::conversations::telegram as conversation;
 use crate::db::DbError;
+use crate::pace::{backoff, nap};
 
 /// Runs until `stop`.
 pub fn run(d: &Handle, stop: &AtomicBool, poke: &Receiver<()>) {

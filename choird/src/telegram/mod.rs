@@ -29,6 +29,8 @@
 //! **Invariant:** bot tokens appear in no log line and no error: every
 //! message that could carry a URL is masked ([`text::mask`]).
 
+pub mod approvals;
+pub mod bots;
 pub mod dispatch;
 pub mod files;
 pub mod pairing;
@@ -36,176 +38,23 @@ pub mod poller;
 pub mod sender;
 pub mod text;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use choir_common::admin::{BotStatus, TelegramStatus};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use frankenstein::client_ureq::Bot;
-use parking_lot::Mutex;
 use serde_json::json;
 
-use choir_common::admin::{AgentSummary, ApprovalDetail, ApprovalInfo, ApproveRequest};
-use choir_common::ids::AgentId;
-
-use crate::config::{BotConfig, TelegramConfig};
+use crate::config::TelegramConfig;
 use crate::events::Event;
-use crate::http::ApiError;
 pub use crate::pace::{backoff, nap};
-use crate::shared::Shared;
 use crate::store::{Delivery, OutboxRow};
 
+pub use self::approvals::{announce_decision, announce_proposal, proposal_message, serves};
+pub use self::bots::{bots, client, wait, BotSpec, ConfigEdit, Control, Counters, Failure, Handle, Link};
 pub use crate::conversations::{telegram as conversation, telegram_chat as chat_of};
-
-/// What the gateway knows of one bot, for `choirctl telegram status`.
-#[derive(Debug, Default, Clone)]
-pub struct Counters {
-    /// When the last `getUpdates` answered.
-    pub last_poll: Option<SystemTime>,
-    /// The last error, token masked.
-    pub last_error: Option<String>,
-    /// Updates received.
-    pub updates: u64,
-    /// Messages and files sent.
-    pub sent: u64,
-    /// Failed requests.
-    pub errors: u64,
-}
-
-/// A rewrite of config.json's text (old → new, or why not).
-pub type ConfigEdit<'a> = Box<dyn FnOnce(&str) -> Result<String, String> + 'a>;
-
-/// What the gateway asks of the control plane. The daemon implements it
-/// (see `serve.rs`); the gateway never holds the daemon itself.
-pub trait Control: Send + Sync {
-    /// Wakes the agent's long-poll: a message for it was queued.
-    fn wake_agent(&self, agent: &AgentId);
-    /// The agent's state (for `/status`).
-    fn summary(&self, agent: &str) -> Result<AgentSummary, ApiError>;
-    /// Cancels the agent's current work (for `/stop`).
-    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), ApiError>;
-    /// Approves a proposal (an admin's button).
-    fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError>;
-    /// Rejects a proposal (an admin's button).
-    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError>;
-    /// A proposal with its diff.
-    fn approval(&self, id: i64) -> Result<ApprovalDetail, ApiError>;
-    /// Rewrites config.json (a user let in by pairing) and reloads it.
-    fn rewrite_config(&self, edit: ConfigEdit<'_>) -> Result<(), String>;
-}
-
-/// Everything the gateway's threads hold: the shared services, the control
-/// plane's [`Control`], and the gateway's own [`Link`].
-#[derive(Clone)]
-pub struct Handle {
-    /// Config, secrets, store, audit.
-    pub shared: Arc<Shared>,
-    /// What the gateway asks of the control plane.
-    pub control: Arc<dyn Control>,
-    /// Pokes and counters (outlives gateway restarts).
-    pub link: Arc<Link>,
-}
-
-impl std::ops::Deref for Handle {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
-}
-
-/// Pokes and counters of the gateway, kept across its restarts (SIGHUP).
-#[derive(Default)]
-pub struct Link {
-    senders: Mutex<Vec<Sender<()>>>,
-    counters: Mutex<BTreeMap<String, Counters>>,
-}
-
-impl Link {
-    /// Wakes every sender: the outbox has new rows.
-    pub fn wake_senders(&self) {
-        for s in self.senders.lock().iter() {
-            let _ = s.try_send(());
-        }
-    }
-
-    /// Changes one bot's counters.
-    pub fn count(&self, bot: &str, f: impl FnOnce(&mut Counters)) {
-        f(self.counters.lock().entry(bot.to_owned()).or_default());
-    }
-
-    /// The counters of every bot.
-    pub fn counters(&self) -> BTreeMap<String, Counters> {
-        self.counters.lock().clone()
-    }
-}
-
-/// A client for one bot, with `timeout` for each request.
-pub fn client(api_base: &str, token: &str, timeout: Duration) -> Bot {
-    let agent = ureq::Agent::new_with_config(
-        ureq::config::Config::builder().http_status_as_error(false).timeout_global(Some(timeout)).build(),
-    );
-    Bot::builder().api_url(format!("{}/bot{token}", api_base.trim_end_matches('/'))).request_agent(agent).build()
-}
-
-/// Why a Bot API call failed, as the gateway acts on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// 429: wait this long, then retry.
-    RetryAfter(Duration),
-    /// The request itself is wrong (400, 403, 404): retrying cannot help.
-    Permanent(String),
-    /// The network, Telegram's side (5xx) or a garbled answer: retry later.
-    Transient(String),
-}
-
-/// Classifies a client error, masking `token` in its text.
-pub fn classify(e: &frankenstein::Error, token: &str) -> Failure {
-    match e {
-        frankenstein::Error::Api(r) if r.error_code == 429 => {
-            let s = r.parameters.and_then(|p| p.retry_after).unwrap_or(1);
-            Failure::RetryAfter(Duration::from_secs(u64::from(s.max(1))))
-        }
-        frankenstein::Error::Api(r) if r.error_code >= 500 => {
-            Failure::Transient(format!("{} {}", r.error_code, text::mask(&r.description, token)))
-        }
-        frankenstein::Error::Api(r) => {
-            Failure::Permanent(format!("{} {}", r.error_code, text::mask(&r.description, token)))
-        }
-        other => Failure::Transient(text::mask(&other.to_string(), token)),
-    }
-}
-
-/// A configured bot with its token.
-#[derive(Clone)]
-pub struct BotSpec {
-    /// Its name in config.
-    pub name: String,
-    /// Its settings.
-    pub config: BotConfig,
-    /// Its token (from secrets.json).
-    pub token: String,
-    /// The Bot API's base URL.
-    pub api_base: String,
-}
-
-/// The bots that can run: configured and with a token in secrets.json.
-pub fn bots(d: &Handle) -> Vec<BotSpec> {
-    let config = d.config();
-    let secrets = d.secrets();
-    config
-        .telegram
-        .bots
-        .iter()
-        .filter_map(|(name, b)| {
-            let token = secrets.get(&b.token_secret)?.to_owned();
-            Some(BotSpec { name: name.clone(), config: b.clone(), token, api_base: config.telegram.api_base.clone() })
-        })
-        .collect()
-}
 
 /// The running gateway.
 pub struct Gateway {
@@ -256,7 +105,7 @@ impl Gateway {
                     .spawn(move || sender::run(&d2, &tg2, &spec, &stop2, &wake_rx))?,
             );
         }
-        *d.link.senders.lock() = senders.clone();
+        d.link.set_senders(senders.clone());
         let (d2, stop2) = (d.clone(), stop.clone());
         workers.push(
             std::thread::Builder::new()
@@ -276,7 +125,7 @@ impl Gateway {
     /// would confirm it).
     pub fn stop(self, d: &Handle) {
         self.stop.store(true, Ordering::SeqCst);
-        d.link.senders.lock().clear();
+        d.link.set_senders(Vec::new());
         let _ = self.dispatch.try_send(());
         for s in &self.senders {
             let _ = s.try_send(());
@@ -294,11 +143,6 @@ impl Gateway {
             }
         }
     }
-}
-
-/// Waits for a poke or `timeout`, whichever comes first.
-pub fn wait(rx: &Receiver<()>, timeout: Duration) {
-    let _ = rx.recv_timeout(timeout);
 }
 
 /// `choirctl telegram status`: every configured bot.
@@ -326,103 +170,6 @@ pub fn status(d: &Handle) -> Result<TelegramStatus, crate::http::ApiError> {
         });
     }
     Ok(TelegramStatus { api_base: config.telegram.api_base.clone(), bots })
-}
-
-/// Tells the admins of every bot that serves `agent` about pending proposal
-/// `id`, with Approve / Reject / Show buttons.
-pub fn announce_proposal(d: &Handle, id: i64) {
-    let Ok(Some((info, _))) = d.store.approval(id) else { return };
-    let diff = d.control.approval(id).map(|detail| detail.diff).unwrap_or_default();
-    for spec in bots(d) {
-        if !serves(&spec.config, &info.agent) {
-            continue;
-        }
-        // The admins of this agent, not of every agent the bot serves.
-        for (user, _) in spec.config.users.iter().filter(|(_, u)| u.admin && u.agent.as_str() == info.agent) {
-            let Ok(chat) = user.parse::<i64>() else { continue };
-            if let Err(e) = d.store.enqueue_outbox(&spec.name, chat, &[("text", proposal_message(&info, &diff))]) {
-                log::error!("telegram: cannot queue proposal {id} for {}: {e}", spec.name);
-            }
-        }
-    }
-    d.link.wake_senders();
-}
-
-/// Whether a bot serves `agent` (a user or group of it is bound to it).
-pub fn serves(bot: &BotConfig, agent: &str) -> bool {
-    bot.users.values().any(|u| u.agent.as_str() == agent) || bot.groups.values().any(|g| g.agent.as_str() == agent)
-}
-
-/// Characters of a proposal's diff shown in Telegram before it is cut.
-const DIFF_SHOWN: usize = 2500;
-
-/// The message (with buttons) that asks an admin to decide a proposal: what
-/// it is, why, and the exact change (the diff, cut at a line with a pointer
-/// to `choirctl approvals show` when long).
-pub fn proposal_message(info: &choir_common::admin::ApprovalInfo, diff: &str) -> serde_json::Value {
-    let mut shown = String::new();
-    let total = diff.lines().count();
-    let mut lines = 0;
-    for line in diff.lines() {
-        if shown.chars().count() + line.chars().count() + 1 > DIFF_SHOWN {
-            break;
-        }
-        shown.push_str(line);
-        shown.push('\n');
-        lines += 1;
-    }
-    if lines < total {
-        shown.push_str(&format!(
-            "… {} more line(s): see `choirctl approvals show {}` or press Show\n",
-            total - lines,
-            info.id
-        ));
-    }
-    if diff.trim().is_empty() {
-        shown = "(no change to show)\n".into();
-    }
-    let text = format!(
-        "Proposal {} from agent {}: {} {} ({} scope)\nReason: {}\nsha256 {}…\n\nThe change:\n{}",
-        info.id,
-        info.agent,
-        info.kind,
-        crate::http::printable(&info.subject),
-        info.scope,
-        crate::http::printable(&info.reason),
-        &info.sha256[..16.min(info.sha256.len())],
-        shown
-    );
-    let short = &info.sha256[..32.min(info.sha256.len())];
-    json!({
-        "text": text,
-        "approval_id": info.id,
-        "buttons": [[
-            {"text": "Approve", "data": format!("ap:{}:{short}", info.id)},
-            {"text": "Reject", "data": format!("rj:{}", info.id)},
-            {"text": "Show", "data": format!("sh:{}", info.id)}
-        ]]
-    })
-}
-
-/// Edits every message that asked about proposal `id` to show its outcome.
-pub fn announce_decision(d: &Handle, id: i64) {
-    let Ok(Some((info, _))) = d.store.approval(id) else { return };
-    let Ok(sent) = d.store.approval_messages(id) else { return };
-    let outcome = match info.status.as_str() {
-        "approved" => format!("Approved by {}.", info.decided_by.as_deref().unwrap_or("?")),
-        _ => format!(
-            "Rejected by {}: {}",
-            info.decided_by.as_deref().unwrap_or("?"),
-            info.decision_reason.as_deref().unwrap_or("")
-        ),
-    };
-    for (bot, chat, message_id, text) in sent {
-        let body = json!({"message_id": message_id, "text": format!("{text}\n\n{outcome}")});
-        if let Err(e) = d.store.enqueue_outbox(&bot, chat, &[("edit", body)]) {
-            log::error!("telegram: cannot queue the outcome of proposal {id}: {e}");
-        }
-    }
-    d.link.wake_senders();
 }
 
 /// Moves what the agent put in `.choirtmp/send/` into the outbox of `chat`.

@@ -8,8 +8,8 @@
 use choir_common::admin::{PairingInfo, PairingList};
 use serde_json::{json, Value};
 
-use super::BotSpec;
-use super::Handle;
+use super::bots::BotSpec;
+use super::bots::Handle;
 use crate::db::DbError;
 use crate::http::ApiError;
 

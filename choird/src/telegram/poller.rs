@@ -13,9 +13,10 @@ use frankenstein::methods::GetUpdatesParams;
 use frankenstein::types::AllowedUpdate;
 use frankenstein::TelegramApi;
 
-use super::Handle;
-use super::{backoff, classify, client, nap, BotSpec, Failure};
+use super::bots::Handle;
+use super::bots::{classify, client, BotSpec, Failure};
 use crate::config::TelegramConfig;
+use crate::pace::{backoff, nap};
 
 /// Updates asked for per poll.
 const LIMIT: u32 = 100;

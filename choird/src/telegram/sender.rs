@@ -24,9 +24,10 @@ use frankenstein::types::{ChatAction, InlineKeyboardButton, InlineKeyboardMarkup
 use frankenstein::TelegramApi;
 use serde_json::Value;
 
-use super::Handle;
-use super::{backoff, classify, client, nap, wait, BotSpec, Failure};
+use super::bots::Handle;
+use super::bots::{classify, client, wait, BotSpec, Failure};
 use crate::config::TelegramConfig;
+use crate::pace::{backoff, nap};
 use crate::store::telegram::OutboxRow;
 
 /// How often "typing" is shown (it lasts about 5 s on the client).
