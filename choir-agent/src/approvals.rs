@@ -10,13 +10,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ApprovalResponse, Verb};
 use parking_lot::{Condvar, Mutex};
 
 use crate::rpc::{Rpc, RpcError};
-use crate::tools::propose::{ProposalError, ProposalSink};
+use crate::tools::propose::{Awaited, ProposalError, ProposalSink};
 
 /// How often a waiting lane looks at its cancel flag.
 const CANCEL_CHECK: Duration = Duration::from_millis(200);
@@ -59,18 +59,34 @@ impl Approvals {
     /// Waits for the decision on proposal `id` (submitted with `wait`);
     /// `None` if `cancel` was set first (the decision then goes to the edge).
     pub fn wait(&self, id: i64, cancel: Option<&AtomicBool>) -> Option<ApprovalDecision> {
+        match self.wait_until(id, cancel, None) {
+            Awaited::Decided(d) => Some(d),
+            Awaited::Cancelled | Awaited::TimedOut => None,
+        }
+    }
+
+    /// Waits for the decision on proposal `id` until `cancel` is set or
+    /// `until` (if any) passes. Afterwards no lane waits for it: a later
+    /// decision goes to the edge.
+    fn wait_until(&self, id: i64, cancel: Option<&AtomicBool>, until: Option<Instant>) -> Awaited {
         let mut desk = self.desk.lock();
         desk.waiting.insert(id);
         loop {
             if let Some(d) = desk.decided.remove(&id) {
                 desk.waiting.remove(&id);
-                return Some(d);
+                return Awaited::Decided(d);
             }
             if cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
                 desk.waiting.remove(&id);
-                return None;
+                return Awaited::Cancelled;
             }
-            self.changed.wait_for(&mut desk, CANCEL_CHECK);
+            let now = Instant::now();
+            if until.is_some_and(|u| now >= u) {
+                desk.waiting.remove(&id);
+                return Awaited::TimedOut;
+            }
+            let slice = until.map_or(CANCEL_CHECK, |u| (u - now).min(CANCEL_CHECK));
+            self.changed.wait_for(&mut desk, slice);
         }
     }
 }
@@ -92,5 +108,9 @@ impl ProposalSink for Approvals {
             }
             Err(e) => Err(ProposalError::Unavailable(e.to_string())),
         }
+    }
+
+    fn await_decision(&self, id: i64, cancel: Option<&AtomicBool>, until: Instant) -> Awaited {
+        self.wait_until(id, cancel, Some(until))
     }
 }

@@ -5,45 +5,63 @@
 //! 2. parse the arguments and validate them against the tool's schema;
 //! 3. check the lane's allowlist (skill state or task; `None` = every tool);
 //! 4. apply the path rules to every input field that names a lock resource;
-//! 5. check the lease and the operator's kill switch;
-//! 6. acquire the tool's whole lockset atomically (bounded wait);
-//! 7. execute, within the manifest's `timeout_ms`;
-//! 8. append the outcome to the commit log and wait until it is durable;
-//! 9. release the locks;
-//! 10. return an [`Invocation`]: status, summary, the sanitised payload, the
+//! 5. check the lease, the commit log's replication and the operator's kill
+//!    switch, then ask the call policies ([`crate::policy`]);
+//! 6. for a call a human must confirm, ask one and wait (WAITING_APPROVAL);
+//! 7. acquire the tool's whole lockset atomically (bounded wait);
+//! 8. for a call that must not run twice (a host tool that is not
+//!    idempotent), commit its intent; then execute, within the manifest's
+//!    `timeout_ms`;
+//! 9. append the outcome to the commit log and wait until it is durable;
+//! 10. release the locks;
+//! 11. return an [`Invocation`]: status, summary, the sanitised payload, the
 //!     artifact, refusal or pending proposal, and the output's trust; the
-//!     commit event's `result` (step 8) is what the model is shown of it,
+//!     commit event's `result` (step 9) is what the model is shown of it,
 //!     rendered by `results::render` (R-ARB-5: untrusted output is marked).
 //!
-//! Steps 1–5 produce a [`Decision`] without side effects; only
-//! [`Decision::Allowed`] proceeds. Rejections are committed too, so the log is
-//! the complete audit trail of what models proposed.
+//! Steps 1–5 produce a [`Decision`] without side effects. Checks combine so
+//! that **the strictest wins**: forbidden over a human's approval over
+//! allowed; a proposal (which runs nothing) over a confirmation. Rejections
+//! are committed too, so the log is the complete audit trail of what models
+//! proposed.
 //!
-//! **Invariant:** a call that is not `Allowed` executes nothing.
+//! **Invariant:** a call that is neither `Allowed` nor confirmed by a human
+//! executes nothing.
 //! **Invariant:** no result reaches a model before its commit record is
 //! durable: stored by choird in production ([`Durability::Replicated`]); a
 //! record choird does not store in time withholds the result.
+//! **Invariant:** a host tool that is not idempotent runs at most once per
+//! call: its intent is stored by choird before it runs, choird runs a call
+//! id once and keeps its outcome, and a restart completes an interrupted
+//! call from that outcome ([`Arbiter::complete_intents`]), never by running
+//! it again.
+//! **Invariant:** a tool whose `side_effect` is `external` always holds an
+//! exclusive lock (its own, `external:<tool>`, when its manifest names
+//! none), and its executed calls are flagged for choird's audit.
 //!
 //! [`Durability::Replicated`]: crate::commitlog::Durability::Replicated
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use choir_common::commit::{EventKind, Outcome};
+use choir_common::commit::{CommitEvent, EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
-use choir_common::manifest::{placeholders, LockMode, PROPOSAL_TOOLS};
+use choir_common::manifest::{placeholders, LockMode, SideEffect, PROPOSAL_TOOLS};
+use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
 use crossbeam_channel::Sender;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::commitlog::{DurableLog, LogError, NewEvent};
-use crate::invocation::{Invocation, Pending, Refusal, Refused, Status};
-use crate::lane_ctx::LaneCtx;
+use crate::invocation::{Failure, Invocation, Pending, Refusal, Refused, Status};
+use crate::lane_ctx::{LaneCtx, LaneKind};
+use crate::lanes::StatusBoard;
 use crate::locks::{LockManager, Resource};
+use crate::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
 use crate::results::{render, shape, Artifacts};
 use crate::secrets::SecretStore;
-use crate::tools::propose::{self, ProposalError, ProposalSink};
+use crate::tools::propose::{self, Awaited, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry};
 use crate::workspace::Workspace;
 
@@ -54,6 +72,10 @@ pub const PROCESSES: &str = "processes";
 /// Longest wait for a lockset before the call is refused as busy.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
+/// How much longer a lane waits for a confirmation than choird keeps it
+/// open, so a human's last-second approval still reaches the lane.
+const CONFIRM_GRACE: Duration = Duration::from_secs(5);
+
 /// A tool call as the model proposed it.
 #[derive(Debug, Clone)]
 pub struct ProposedCall {
@@ -63,6 +85,29 @@ pub struct ProposedCall {
     pub name: String,
     /// The JSON arguments, as a string, exactly as the model sent them.
     pub arguments: String,
+}
+
+/// What a human must do before a call may go on.
+#[derive(Debug, Clone)]
+pub enum Approval {
+    /// The proposal meta-tools: the input goes to choird as a proposal, and
+    /// nothing runs (a human's approval applies it in choird).
+    Proposal {
+        /// What the human is asked.
+        reason: String,
+    },
+    /// Run this exact call once a human confirms it: the lane waits up to
+    /// `wait` (WAITING_APPROVAL), and the call is refused if no one does.
+    Confirm {
+        /// What the human is told.
+        reason: String,
+        /// Lock resources, as for an allowed call.
+        resources: Vec<(Resource, LockMode)>,
+        /// The manifest's timeout.
+        timeout: Duration,
+        /// How long the lane waits for the decision.
+        wait: Duration,
+    },
 }
 
 /// The arbiter's verdict on a proposed call.
@@ -79,15 +124,14 @@ pub enum Decision {
         /// The manifest's timeout.
         timeout: Duration,
     },
-    /// A human must approve first (the proposal meta-tools): the input goes
-    /// to choird as a proposal; nothing runs.
+    /// A human must decide first.
     NeedsApproval {
         /// Canonical tool name.
         tool: String,
         /// Validated input.
         input: Value,
-        /// What the human is asked.
-        reason: String,
+        /// Which kind of approval.
+        approval: Approval,
     },
     /// Refused.
     Forbidden {
@@ -102,6 +146,16 @@ pub enum Decision {
     },
 }
 
+/// What came of a call, before it is committed.
+struct Settled {
+    tool: String,
+    input: Value,
+    inv: Invocation,
+    duration_us: u64,
+    /// An executed call of a `side_effect: external` tool.
+    external: bool,
+}
+
 /// The arbiter.
 pub struct Arbiter {
     registry: Registry,
@@ -114,7 +168,9 @@ pub struct Arbiter {
     artifacts: Artifacts,
     kill_switch: AtomicBool,
     lease_lost: AtomicBool,
-    proposals: std::sync::OnceLock<Arc<dyn ProposalSink>>,
+    proposals: OnceLock<Arc<dyn ProposalSink>>,
+    policies: OnceLock<Vec<Arc<dyn CallPolicy>>>,
+    board: OnceLock<Arc<StatusBoard>>,
 }
 
 impl Arbiter {
@@ -141,13 +197,27 @@ impl Arbiter {
             artifacts,
             kill_switch: AtomicBool::new(false),
             lease_lost: AtomicBool::new(false),
-            proposals: std::sync::OnceLock::new(),
+            proposals: OnceLock::new(),
+            policies: OnceLock::new(),
+            board: OnceLock::new(),
         }
     }
 
-    /// Where proposals go (set once, at start; without one they are refused).
+    /// Where proposals and confirmations go (set once, at start; without
+    /// one they are refused).
     pub fn set_proposals(&self, sink: Arc<dyn ProposalSink>) {
         let _ = self.proposals.set(sink);
+    }
+
+    /// The call policies (set once, at start; none by default).
+    pub fn set_policies(&self, policies: Vec<Arc<dyn CallPolicy>>) {
+        let _ = self.policies.set(policies);
+    }
+
+    /// The board on which a lane waiting for a confirmation is shown (set
+    /// once, at start).
+    pub fn set_board(&self, board: Arc<StatusBoard>) {
+        let _ = self.board.set(board);
     }
 
     /// The registry.
@@ -177,6 +247,31 @@ impl Arbiter {
             Some(list) => list.clone(),
             None => self.registry.names(),
         }
+    }
+
+    /// Whether anything may run for `lane` right now: not when it was
+    /// cancelled, the lease is lost, choird stopped storing the log or the
+    /// kill switch is on.
+    fn gate(&self, lane: &LaneCtx) -> Option<(Refusal, String)> {
+        if lane.cancelled() {
+            return Some((Refusal::Cancelled, "this job was cancelled; nothing more runs".into()));
+        }
+        if self.lease_lost.load(Ordering::SeqCst) {
+            return Some((Refusal::LeaseLost, "choird no longer accepts this agent's lease; nothing can run".into()));
+        }
+        if let Some(why) = self.log.failed_closed() {
+            return Some((
+                Refusal::ReplicationDown,
+                format!("{why}; no tool runs until it does again: tell the user you cannot act right now and why"),
+            ));
+        }
+        if self.kill_switch.load(Ordering::SeqCst) {
+            return Some((
+                Refusal::KillSwitch,
+                "all tools are disabled by the operator's kill switch; tell the user you cannot act right now".into(),
+            ));
+        }
+        None
     }
 
     /// Steps 1–5: decides without side effects.
@@ -236,8 +331,9 @@ impl Arbiter {
                 return forbid(Some(tool), input, Refusal::NotAllowed, reason);
             }
         }
+        let runtime = &reg.manifest.runtime;
         let mut resources = Vec::new();
-        for lock in &reg.manifest.runtime.locks {
+        for lock in &runtime.locks {
             let mut resource = lock.resource.clone();
             for field in placeholders(&lock.resource).unwrap_or_default() {
                 // An optional path left out means the workspace root.
@@ -254,38 +350,41 @@ impl Arbiter {
         // holds `processes` exclusively, tools with secrets share it.
         if tool == "choir.exec" {
             resources.push((Resource::new(PROCESSES), LockMode::X));
-        } else if !reg.manifest.runtime.secret_resources.is_empty() {
+        } else if !runtime.secret_resources.is_empty() {
             resources.push((Resource::new(PROCESSES), LockMode::S));
         }
-        if lane.cancelled() {
-            return forbid(Some(tool), input, Refusal::Cancelled, "this job was cancelled; nothing more runs".into());
+        // An action on the outside world is never concurrent with another
+        // of the same resource: its own, unless the manifest names one.
+        if runtime.side_effect == SideEffect::External && !resources.iter().any(|(_, m)| *m == LockMode::X) {
+            resources.push((Resource::new(&format!("external:{tool}")), LockMode::X));
         }
-        if self.lease_lost.load(Ordering::SeqCst) {
-            let reason = "choird no longer accepts this agent's lease; nothing can run".to_owned();
-            return forbid(Some(tool), input, Refusal::LeaseLost, reason);
+        if let Some((refusal, reason)) = self.gate(lane) {
+            return forbid(Some(tool), input, refusal, reason);
         }
-        if let Some(why) = self.log.failed_closed() {
-            return forbid(
-                Some(tool),
+        let verdict = match self.policies.get() {
+            Some(policies) if !policies.is_empty() => {
+                crate::policy::combine(policies, lane, &tool, &reg.manifest, &input)
+            }
+            _ => Verdict::Allow,
+        };
+        let timeout = Duration::from_millis(runtime.timeout_ms);
+        let proposal = PROPOSAL_TOOLS.contains(&tool.as_str());
+        // The strictest wins: a policy's refusal over everything; a proposal
+        // (a human decides, nothing runs) over a confirmation.
+        match (verdict, proposal) {
+            (Verdict::Forbid { reason }, _) => forbid(Some(tool), input, Refusal::Policy, reason),
+            (Verdict::Allow | Verdict::Confirm { .. }, true) => {
+                let reason =
+                    format!("{tool} is a proposal: it goes to a human, and nothing runs before one approves it");
+                Decision::NeedsApproval { tool, input, approval: Approval::Proposal { reason } }
+            }
+            (Verdict::Confirm { reason, wait }, false) => Decision::NeedsApproval {
+                tool,
                 input,
-                Refusal::ReplicationDown,
-                format!("{why}; no tool runs until it does again: tell the user you cannot act right now and why"),
-            );
+                approval: Approval::Confirm { reason, resources, timeout, wait },
+            },
+            (Verdict::Allow, false) => Decision::Allowed { tool, input, resources, timeout },
         }
-        if self.kill_switch.load(Ordering::SeqCst) {
-            return forbid(
-                Some(tool),
-                input,
-                Refusal::KillSwitch,
-                "all tools are disabled by the operator's kill switch; tell the user you cannot act right now".into(),
-            );
-        }
-        if PROPOSAL_TOOLS.contains(&tool.as_str()) {
-            let reason = format!("{tool} is a proposal: it goes to a human, and nothing runs before one approves it");
-            return Decision::NeedsApproval { tool, input, reason };
-        }
-        let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
-        Decision::Allowed { tool, input, resources, timeout }
     }
 
     /// The whole pipeline; returns what came of the call (what the model is
@@ -293,74 +392,30 @@ impl Arbiter {
     /// log cannot be written (the lane must stop: nothing may proceed
     /// unrecorded).
     pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Invocation, LogError> {
-        let owner = format!("{}/{}", lane.lane, call.id);
         // The tool as the model named it, canonical where the name has a canonical form.
         let named = canonical_tool_name(&call.name).unwrap_or_else(|| call.name.clone());
-        let decision = self.decide(lane, call);
-        let refused = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| {
-            let inv = Invocation::refused(
-                &named,
-                format!("the call was not executed: {reason}"),
-                Refused { refusal, reason, allowed_tools: self.allowed_names(lane), skill: None },
-            );
-            (tool.unwrap_or_else(|| format!("?{}", call.name)), input, inv, 0)
-        };
         // The guard lives until after the commit: locks are released last.
-        let mut _guard = None;
-        let (tool, input, inv, duration_us) = match decision {
+        let mut guard = None;
+        let settled = match self.decide(lane, call) {
             Decision::Allowed { tool, input, resources, timeout } => {
-                match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
-                    Err(busy) => refused(Some(tool), input, Refusal::Busy, format!("{busy}; try again later")),
-                    // Cancelled while it waited for its locks: the boundary holds.
-                    Ok(_) if lane.cancelled() => refused(
-                        Some(tool),
-                        input,
-                        Refusal::Cancelled,
-                        "this job was cancelled while the call waited for its locks; nothing ran".into(),
-                    ),
-                    Ok(guard) => {
-                        _guard = Some(guard);
-                        let (inv, us) = self.execute(lane, &call.id, &tool, &input, timeout);
-                        (tool, input, inv, us)
-                    }
-                }
+                self.run(lane, call, &named, (tool, input), resources, timeout, &mut guard)?
             }
-            Decision::NeedsApproval { tool, input, reason } => {
-                let started = Instant::now();
-                let sink = self.proposals.get();
-                let submitted = match (sink, propose::request(&tool, &input, lane)) {
-                    (Some(sink), Some(req)) => sink.submit(&req, lane.waits_for_approval),
-                    _ => Err(ProposalError::Unavailable("proposals cannot be submitted from here".into())),
-                };
-                let us = started.elapsed().as_micros() as u64;
-                match submitted {
-                    Ok(r) => {
-                        let summary = format!(
-                            "{}: proposal {} is waiting for a human's decision ({reason})",
-                            r.summary, r.approval_id
-                        );
-                        let inv = Invocation {
-                            approval: Some(Pending { approval_id: r.approval_id, sha256: r.sha256 }),
-                            ..Invocation::new(&named, Status::PendingApproval, summary)
-                        };
-                        (tool, input, inv, us)
-                    }
-                    Err(ProposalError::Invalid(why)) => refused(
-                        Some(tool),
-                        input,
-                        Refusal::InvalidProposal,
-                        format!("choird refused the proposal: {why}"),
-                    ),
-                    Err(ProposalError::Unavailable(why)) => refused(
-                        Some(tool),
-                        input,
-                        Refusal::ProposalUnavailable,
-                        format!("the proposal could not be submitted now: {why}"),
-                    ),
-                }
+            Decision::NeedsApproval { tool, input, approval: Approval::Proposal { reason } } => {
+                self.propose(lane, &named, tool, input, &reason)
             }
-            Decision::Forbidden { tool, input, refusal, reason } => refused(tool, input, refusal, reason),
+            Decision::NeedsApproval {
+                tool,
+                input,
+                approval: Approval::Confirm { reason, resources, timeout, wait },
+            } => match self.confirm(lane, call, &tool, &input, &reason, wait) {
+                Ok(()) => self.run(lane, call, &named, (tool, input), resources, timeout, &mut guard)?,
+                Err((refusal, why)) => self.refuse(lane, &named, Some(tool), input, refusal, why),
+            },
+            Decision::Forbidden { tool, input, refusal, reason } => {
+                self.refuse(lane, &named, tool, input, refusal, reason)
+            }
         };
+        let tool = if settled.tool.is_empty() { format!("?{}", call.name) } else { settled.tool };
         crate::failpoints::hit("before_append");
         let event = NewEvent {
             lane: lane.lane.clone(),
@@ -370,23 +425,24 @@ impl Arbiter {
             turn: lane.turn,
             skill: lane.skill.as_ref().map(|s| s.name.clone()),
             state: lane.skill.as_ref().map(|s| s.state.clone()),
-            input: self.secrets.redact(&input),
-            outcome: inv.status.outcome(),
-            result: render(&inv),
-            duration_us,
+            input: self.secrets.redact(&settled.input),
+            outcome: settled.inv.status.outcome(),
+            result: render(&settled.inv),
+            duration_us: settled.duration_us,
+            external: settled.external,
         };
         let committed = match self.log.append(event) {
             Ok(c) => c,
             Err(LogError::NotReplicated { seq, why }) => {
                 // The tool's result is withheld: no model sees what choird's
                 // copy of the log does not hold.
-                drop(_guard);
+                drop(guard);
                 log::error!("commit {seq}: not stored by choird ({why}); its result is withheld from the model");
                 return Ok(Invocation::withheld(&named, &why));
             }
             Err(e) => return Err(e),
         };
-        drop(_guard);
+        drop(guard);
         let _ = self.committed.try_send(());
         log::info!(
             "commit {}: {} {} {:?} ({} µs)",
@@ -394,9 +450,291 @@ impl Arbiter {
             committed.lane,
             committed.tool,
             committed.outcome,
-            duration_us
+            settled.duration_us
         );
-        Ok(inv)
+        Ok(settled.inv)
+    }
+
+    /// A refusal: nothing ran. `tool` is `None` when the name resolved to no tool.
+    fn refuse(
+        &self,
+        lane: &LaneCtx,
+        named: &str,
+        tool: Option<String>,
+        input: Value,
+        refusal: Refusal,
+        reason: String,
+    ) -> Settled {
+        let inv = Invocation::refused(
+            named,
+            format!("the call was not executed: {reason}"),
+            Refused { refusal, reason, allowed_tools: self.allowed_names(lane), skill: None },
+        );
+        Settled { tool: tool.unwrap_or_default(), input, inv, duration_us: 0, external: false }
+    }
+
+    /// A proposal meta-tool: its input goes to choird for a human.
+    fn propose(&self, lane: &LaneCtx, named: &str, tool: String, input: Value, reason: &str) -> Settled {
+        let started = Instant::now();
+        let sink = self.proposals.get();
+        let submitted = match (sink, propose::request(&tool, &input, lane)) {
+            (Some(sink), Some(req)) => sink.submit(&req, lane.waits_for_approval),
+            _ => Err(ProposalError::Unavailable("proposals cannot be submitted from here".into())),
+        };
+        let duration_us = started.elapsed().as_micros() as u64;
+        match submitted {
+            Ok(r) => {
+                let summary =
+                    format!("{}: proposal {} is waiting for a human's decision ({reason})", r.summary, r.approval_id);
+                let inv = Invocation {
+                    approval: Some(Pending { approval_id: r.approval_id, sha256: r.sha256 }),
+                    ..Invocation::new(named, Status::PendingApproval, summary)
+                };
+                Settled { tool, input, inv, duration_us, external: false }
+            }
+            Err(ProposalError::Invalid(why)) => self.refuse(
+                lane,
+                named,
+                Some(tool),
+                input,
+                Refusal::InvalidProposal,
+                format!("choird refused the proposal: {why}"),
+            ),
+            Err(ProposalError::Unavailable(why)) => self.refuse(
+                lane,
+                named,
+                Some(tool),
+                input,
+                Refusal::ProposalUnavailable,
+                format!("the proposal could not be submitted now: {why}"),
+            ),
+        }
+    }
+
+    /// Step 6: asks a human to confirm this exact call and waits, shown as
+    /// WAITING_APPROVAL, for at most `wait`. `Ok` once confirmed and nothing
+    /// since stops it from running; otherwise why not.
+    fn confirm(
+        &self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        tool: &str,
+        input: &Value,
+        reason: &str,
+        wait: Duration,
+    ) -> Result<(), (Refusal, String)> {
+        let Some(sink) = self.proposals.get() else {
+            return Err((Refusal::ProposalUnavailable, "no human can be asked to confirm it from here".into()));
+        };
+        let wait = wait.clamp(Duration::from_secs(1), MAX_CONFIRM_WAIT);
+        // The lane's name makes the id unique among the lanes running now.
+        let call_id: String = format!("{}/{}", lane.lane, call.id).chars().take(200).collect();
+        let req = ApprovalRequest {
+            kind: ProposalKind::Call,
+            scope: ProposalScope::Agent,
+            content: json!({"tool": tool, "input": self.secrets.redact(input), "call_id": call_id,
+                            "timeout_s": wait.as_secs().max(1)}),
+            reason: reason.to_owned(),
+            lane: lane.lane.clone(),
+            skill: lane.skill.as_ref().map(|s| s.name.clone()),
+            state: lane.skill.as_ref().map(|s| s.state.clone()),
+            conversation: lane.conversation.clone(),
+        };
+        let id = match sink.submit(&req, true) {
+            Ok(r) => r.approval_id,
+            Err(ProposalError::Invalid(why)) => {
+                return Err((Refusal::InvalidProposal, format!("choird refused to ask for a confirmation: {why}")))
+            }
+            Err(ProposalError::Unavailable(why)) => {
+                return Err((Refusal::ProposalUnavailable, format!("no human could be asked to confirm it now: {why}")))
+            }
+        };
+        log::info!("{}: {tool} {} waits for a human to confirm it (approval {id})", lane.lane, call.id);
+        let board = self.board.get();
+        if let Some(b) = board {
+            b.confirming(&lane.lane, true);
+        }
+        let awaited = sink.await_decision(id, lane.cancel.as_deref(), Instant::now() + wait + CONFIRM_GRACE);
+        if let Some(b) = board {
+            b.confirming(&lane.lane, false);
+        }
+        match awaited {
+            Awaited::Decided(d) if d.status == "approved" => {
+                log::info!("{}: {tool} {} confirmed by {}", lane.lane, call.id, d.decided_by);
+                // What stops any call also stops a confirmed one.
+                match self.gate(lane) {
+                    Some((refusal, why)) => Err((refusal, format!("confirmed (approval {id}), but {why}"))),
+                    None => Ok(()),
+                }
+            }
+            // choird's own rejection: its time ran out there first.
+            Awaited::Decided(d) if d.decided_by == "choird" => Err((
+                Refusal::ConfirmTimeout,
+                format!("no human confirmed it within {} s (approval {id}); it was not run", wait.as_secs()),
+            )),
+            Awaited::Decided(d) => Err((
+                Refusal::NotConfirmed,
+                format!(
+                    "{} did not confirm it (approval {id}): {}",
+                    d.decided_by,
+                    d.reason.as_deref().unwrap_or("no reason given")
+                ),
+            )),
+            Awaited::Cancelled => {
+                Err((Refusal::Cancelled, format!("this job was cancelled while it waited for approval {id}")))
+            }
+            Awaited::TimedOut => Err((
+                Refusal::ConfirmTimeout,
+                format!("no human confirmed it within {} s (approval {id}); it was not run", wait.as_secs()),
+            )),
+        }
+    }
+
+    /// Steps 7–8 for a call that may run: locks, the intent of a call that
+    /// must not run twice, execution.
+    #[allow(clippy::too_many_arguments)]
+    fn run<'a>(
+        &'a self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        named: &str,
+        (tool, input): (String, Value),
+        resources: Vec<(Resource, LockMode)>,
+        timeout: Duration,
+        guard: &mut Option<crate::locks::LockGuard<'a, crate::locks::ParkingMonitor>>,
+    ) -> Result<Settled, LogError> {
+        let owner = format!("{}/{}", lane.lane, call.id);
+        match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
+            Err(busy) => {
+                return Ok(self.refuse(
+                    lane,
+                    named,
+                    Some(tool),
+                    input,
+                    Refusal::Busy,
+                    format!("{busy}; try again later"),
+                ))
+            }
+            // Cancelled while it waited for its locks: the boundary holds.
+            Ok(_) if lane.cancelled() => {
+                let why = "this job was cancelled while the call waited for its locks; nothing ran".to_owned();
+                return Ok(self.refuse(lane, named, Some(tool), input, Refusal::Cancelled, why));
+            }
+            Ok(g) => *guard = Some(g),
+        }
+        let Some(reg) = self.registry.get(&tool) else {
+            let inv = Invocation::new(&tool, Status::Error, "tool vanished");
+            return Ok(Settled { tool, input, inv, duration_us: 0, external: false });
+        };
+        let once = reg.runs_on_host() && !reg.manifest.runtime.idempotent;
+        let key = if once {
+            match self.announce(lane, call, &tool, &input) {
+                Ok(intent) => Some(once_key(&intent)),
+                Err(LogError::NotReplicated { why, .. }) => {
+                    let why = format!("its intent was not stored by choird ({why}); nothing ran");
+                    return Ok(self.refuse(lane, named, Some(tool), input, Refusal::ReplicationDown, why));
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let (inv, duration_us) = self.execute(lane, key.as_deref().unwrap_or(&call.id), &tool, &input, timeout);
+        crate::failpoints::hit("after_execute");
+        let external = reg.manifest.runtime.side_effect == SideEffect::External;
+        Ok(Settled { tool, input, inv, duration_us, external })
+    }
+
+    /// Commits the intent to run a call that must not run twice, before it runs.
+    fn announce(
+        &self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        tool: &str,
+        input: &Value,
+    ) -> Result<CommitEvent, LogError> {
+        let event = NewEvent {
+            lane: lane.lane.clone(),
+            kind: EventKind::Intent,
+            tool: tool.to_owned(),
+            call_id: Some(call.id.clone()),
+            turn: lane.turn,
+            skill: lane.skill.as_ref().map(|s| s.name.clone()),
+            state: lane.skill.as_ref().map(|s| s.state.clone()),
+            input: self.secrets.redact(input),
+            outcome: Outcome::Ok,
+            result: json!({"summary": format!("about to run {tool}; it runs at most once")}),
+            duration_us: 0,
+            external: false,
+        };
+        let intent = self.log.append(event)?;
+        let _ = self.committed.try_send(());
+        Ok(intent)
+    }
+
+    /// Completes the calls a crash interrupted between their intent and
+    /// their outcome ([`crate::commitlog::CommitLog::dangling_intents`]):
+    /// choird is asked for each again under the same key, and answers with
+    /// the outcome it stored when the call ran (or runs it now if it never
+    /// reached choird, or refuses if it started and never finished: it runs
+    /// at most once). A tool no longer served is not asked at all. Each
+    /// outcome is committed as the call's `tool_call` event, returned so an
+    /// interrupted turn can be replayed with it.
+    pub fn complete_intents(&self, intents: &[CommitEvent]) -> Result<Vec<CommitEvent>, LogError> {
+        let mut done = Vec::new();
+        for intent in intents {
+            let mut lane =
+                LaneCtx::new(&intent.lane, if intent.lane == "edge" { LaneKind::Edge } else { LaneKind::Core });
+            lane.turn = intent.turn;
+            lane.skill = intent
+                .skill
+                .clone()
+                .zip(intent.state.clone())
+                .map(|(name, state)| crate::lane_ctx::SkillAt { name, state });
+            let named = intent.tool.clone();
+            let (inv, duration_us, external) = match self.registry.get(&intent.tool).filter(|t| t.runs_on_host()) {
+                Some(reg) => {
+                    let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
+                    let (inv, us) = self.execute(&lane, &once_key(intent), &intent.tool, &intent.input, timeout);
+                    (inv, us, reg.manifest.runtime.side_effect == SideEffect::External)
+                }
+                None => {
+                    let message = format!(
+                        "{} was interrupted by a restart and is no longer served here; it was not run again",
+                        intent.tool
+                    );
+                    let inv = Invocation {
+                        error: Some(Failure { code: "interrupted".into(), message: message.clone() }),
+                        ..Invocation::new(&named, Status::Error, message)
+                    };
+                    (inv, 0, false)
+                }
+            };
+            log::warn!(
+                "commit {}: {} {} was interrupted; completed from choird's record: {:?}",
+                intent.seq,
+                intent.lane,
+                intent.tool,
+                inv.status
+            );
+            let event = NewEvent {
+                lane: intent.lane.clone(),
+                kind: EventKind::ToolCall,
+                tool: intent.tool.clone(),
+                call_id: intent.call_id.clone(),
+                turn: intent.turn,
+                skill: intent.skill.clone(),
+                state: intent.state.clone(),
+                input: intent.input.clone(),
+                outcome: inv.status.outcome(),
+                result: render(&inv),
+                duration_us,
+                external,
+            };
+            done.push(self.log.append(event)?);
+            let _ = self.committed.try_send(());
+        }
+        Ok(done)
     }
 
     /// Commits an event that is not a tool call (a compaction, a correction),
@@ -409,7 +747,7 @@ impl Arbiter {
         input: Value,
         outcome: Outcome,
         result: Value,
-    ) -> Result<choir_common::commit::CommitEvent, LogError> {
+    ) -> Result<CommitEvent, LogError> {
         let event = NewEvent {
             lane: lane.lane.clone(),
             kind,
@@ -422,14 +760,16 @@ impl Arbiter {
             outcome,
             result: self.secrets.redact(&result),
             duration_us: 0,
+            external: false,
         };
         let committed = self.log.append(event)?;
         let _ = self.committed.try_send(());
         Ok(committed)
     }
 
-    /// Step 7 plus result shaping: runs the tool and returns what came of
-    /// it and the microseconds it took.
+    /// Step 8's execution plus result shaping: runs the tool and returns
+    /// what came of it and the microseconds it took. `call_id` is what the
+    /// tool is told (for a call that must not run twice, its key with choird).
     fn execute(
         &self,
         lane: &LaneCtx,
@@ -459,6 +799,13 @@ impl Arbiter {
     }
 }
 
+/// The key under which choird runs a call that must not run twice: its
+/// intent's position and hash, the same before and after a restart and
+/// never the same for two calls (a reset log starts a different chain).
+fn once_key(intent: &CommitEvent) -> String {
+    format!("intent:{}:{}", intent.seq, &intent.hash[..16.min(intent.hash.len())])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,37 +813,50 @@ mod tests {
     use crate::tools::host::NoHost;
     use serde_json::json;
 
-    #[test]
-    fn a_tool_with_secrets_never_runs_beside_a_shell_command() {
-        let dir = tempfile::tempdir().unwrap();
-        let tools = dir.path().join("choir/tools/agent");
+    /// An arbiter over the built-ins and the external tools `manifests`
+    /// (name stem → manifest), each a script that prints `{}`.
+    fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Arbiter {
+        let tools = dir.join("choir/tools/agent");
         std::fs::create_dir_all(&tools).unwrap();
-        let manifest = json!({
-            "llm": {"name": "x.deploy.run", "description": "Deploy.", "parameters": {"type": "object"}},
-            "runtime": {"exec_path": "deploy", "timeout_ms": 1000, "side_effect": "external", "version": "1",
-                        "secret_resources": ["deploy_key"]}
-        });
-        std::fs::write(tools.join("deploy.json"), manifest.to_string()).unwrap();
-        std::fs::write(tools.join("deploy"), "#!/bin/sh\necho '{}'\n").unwrap();
-        std::fs::set_permissions(tools.join("deploy"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        for (stem, manifest) in manifests {
+            std::fs::write(tools.join(format!("{stem}.json")), manifest.to_string()).unwrap();
+            std::fs::write(tools.join(stem), "#!/bin/sh\necho '{}'\n").unwrap();
+            std::fs::set_permissions(tools.join(stem), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
         let registry =
-            Registry::load(&dir.path().join("choir"), &["deploy_key".to_owned()], Arc::new(NoHost), &[]).unwrap();
-        let ws = dir.path().join("ws");
+            Registry::load(&dir.join("choir"), &["deploy_key".to_owned()], Arc::new(NoHost), &[], &[]).unwrap();
+        let ws = dir.join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        let (log, _) = crate::commitlog::CommitLog::open(&dir.path().join("state")).unwrap();
+        let (log, _) = crate::commitlog::CommitLog::open(&dir.join("state")).unwrap();
         let (tx, _rx) = crossbeam_channel::bounded(1);
-        let arbiter = Arbiter::new(
+        Arbiter::new(
             registry,
             Workspace::open(&ws).unwrap(),
-            dir.path().join("state"),
+            dir.join("state"),
             Arc::new(DurableLog::new(log).unwrap()),
             tx,
             SecretStore::default(),
-        );
+        )
+    }
+
+    fn external(name: &str, extra: Value) -> Value {
+        let mut runtime = json!({"exec_path": name.rsplit('.').nth(1).unwrap(), "timeout_ms": 1000,
+                                 "side_effect": "external", "version": "1"});
+        runtime.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        json!({"llm": {"name": name, "description": "Acts.", "parameters": {"type": "object"}}, "runtime": runtime})
+    }
+
+    fn call(name: &str, args: &str) -> ProposedCall {
+        ProposedCall { id: "c".into(), name: name.into(), arguments: args.into() }
+    }
+
+    #[test]
+    fn a_tool_with_secrets_never_runs_beside_a_shell_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let deploy = external("x.deploy.run", json!({"secret_resources": ["deploy_key"]}));
+        let arbiter = arbiter_with(dir.path(), &[("deploy", deploy)]);
         let lane = LaneCtx::new("edge", LaneKind::Edge);
-        let resources = |name: &str, args: &str| match arbiter
-            .decide(&lane, &ProposedCall { id: "c".into(), name: name.into(), arguments: args.into() })
-        {
+        let resources = |name: &str, args: &str| match arbiter.decide(&lane, &call(name, args)) {
             Decision::Allowed { resources, .. } => resources,
             other => panic!("{other:?}"),
         };
@@ -508,5 +868,123 @@ mod tests {
         let held = arbiter.locks().acquire("edge/1", exec, Duration::from_secs(1)).unwrap();
         assert!(arbiter.locks().acquire("core/1", deploy, Duration::from_millis(100)).is_err());
         drop(held);
+    }
+
+    #[test]
+    fn an_external_tool_always_holds_an_exclusive_lock_and_its_calls_are_flagged_for_audit() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = external("x.mail.send", json!({"locks": [{"resource": "mailbox", "mode": "X"}]}));
+        let shared = external("x.ping.send", json!({"locks": [{"resource": "net", "mode": "S"}]}));
+        let arbiter = arbiter_with(dir.path(), &[("mail", named), ("ping", shared)]);
+        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let resources = |name: &str| match arbiter.decide(&lane, &call(name, "{}")) {
+            Decision::Allowed { resources, .. } => resources,
+            other => panic!("{other:?}"),
+        };
+        // The one it names, or its own beside a shared one.
+        assert_eq!(resources("x__mail__send"), [(Resource::new("mailbox"), LockMode::X)]);
+        assert_eq!(
+            resources("x__ping__send"),
+            [(Resource::new("net"), LockMode::S), (Resource::new("external:x.ping.send"), LockMode::X)]
+        );
+        // Two calls of it never overlap.
+        let held = arbiter.locks().acquire("edge/1", resources("x__ping__send"), Duration::from_secs(1)).unwrap();
+        assert!(arbiter.locks().acquire("core/1", resources("x__ping__send"), Duration::from_millis(50)).is_err());
+        drop(held);
+        // Its executed calls carry the flag; a refused one and a workspace write do not.
+        arbiter.invoke(&lane, &call("x__ping__send", "{}")).unwrap();
+        arbiter.invoke(&lane, &call("x__ping__send", "[]")).unwrap();
+        arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "a", "content": "b"}"#)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("state/commit.log")).unwrap();
+        let events: Vec<CommitEvent> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let flags: Vec<(&str, Outcome, bool)> =
+            events.iter().map(|e| (e.tool.as_str(), e.outcome, e.external)).collect();
+        assert_eq!(
+            flags,
+            [
+                ("x.ping.send", Outcome::Ok, true),
+                ("x.ping.send", Outcome::Rejected, false),
+                ("choir.fs.write", Outcome::Ok, false)
+            ]
+        );
+    }
+
+    struct Says(Verdict);
+    impl CallPolicy for Says {
+        fn name(&self) -> &str {
+            "test"
+        }
+        fn check(&self, _: &LaneCtx, _: &str, _: &choir_common::manifest::ToolManifest, _: &Value) -> Verdict {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn the_strictest_check_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let read = call("choir__fs__read", r#"{"path": "a"}"#);
+        let propose = call("choir__propose__config_change", r#"{"changes": {"max_steps_per_turn": 3}, "reason": "r"}"#);
+        let unknown = call("nope", "{}");
+
+        // A confirmation turns an allowed call into one a human must confirm,
+        // with the same locks, but leaves a proposal a proposal (nothing runs).
+        let confirming = arbiter_with(dir.path(), &[]);
+        let wait = Duration::from_secs(7);
+        confirming.set_policies(vec![Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait }))]);
+        match confirming.decide(&lane, &read) {
+            Decision::NeedsApproval { approval: Approval::Confirm { reason, resources, wait: w, .. }, .. } => {
+                assert_eq!((reason.as_str(), w), ("sure?", wait));
+                assert_eq!(resources, [(Resource::new("file:a"), LockMode::S)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            confirming.decide(&lane, &propose),
+            Decision::NeedsApproval { approval: Approval::Proposal { .. }, .. }
+        ));
+        // The arbiter's own refusals come first.
+        assert!(matches!(
+            confirming.decide(&lane, &unknown),
+            Decision::Forbidden { refusal: Refusal::UnknownTool, .. }
+        ));
+        confirming.set_kill_switch(true);
+        assert!(matches!(confirming.decide(&lane, &read), Decision::Forbidden { refusal: Refusal::KillSwitch, .. }));
+        drop(confirming);
+
+        // A policy's refusal beats everything, proposals included; and a
+        // refused call runs nothing.
+        let dir = tempfile::tempdir().unwrap();
+        let forbidding = arbiter_with(dir.path(), &[]);
+        forbidding.set_policies(vec![
+            Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait })),
+            Arc::new(Says(Verdict::Forbid { reason: "never".into() })),
+        ]);
+        for c in [&read, &propose] {
+            match forbidding.decide(&lane, c) {
+                Decision::Forbidden { refusal: Refusal::Policy, reason, .. } => {
+                    assert_eq!(reason, "test policy: never")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let write = call("choir__fs__write", r#"{"path": "w", "content": "x"}"#);
+        let inv = forbidding.invoke(&lane, &write).unwrap();
+        assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::Policy));
+        assert!(!dir.path().join("ws/w").exists());
+    }
+
+    #[test]
+    fn a_call_to_confirm_is_refused_when_no_human_can_be_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let arbiter = arbiter_with(dir.path(), &[]);
+        arbiter.set_policies(vec![Arc::new(Says(Verdict::Confirm {
+            reason: "sure?".into(),
+            wait: Duration::from_secs(1),
+        }))]);
+        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let inv = arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "w", "content": "x"}"#)).unwrap();
+        assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::ProposalUnavailable));
+        assert!(!dir.path().join("ws/w").exists());
     }
 }

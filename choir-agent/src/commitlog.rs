@@ -108,6 +108,9 @@ pub struct NewEvent {
     pub result: Value,
     /// Execution time.
     pub duration_us: u64,
+    /// A call of a `side_effect: external` tool that was executed (choird
+    /// audits each such event it stores).
+    pub external: bool,
 }
 
 /// The open log.
@@ -260,6 +263,7 @@ impl CommitLog {
             result: new.result,
             duration_us: new.duration_us,
             escaped,
+            external: new.external,
             hash: String::new(),
         }
         .seal();
@@ -330,6 +334,26 @@ impl CommitLog {
             }
         }
         out
+    }
+
+    /// The intents read at open that no `tool_call` of the same lane and
+    /// call id follows: calls a crash interrupted after they were announced
+    /// (see [`EventKind::Intent`]), oldest first. Call before
+    /// [`CommitLog::take_turns_after`], which hands the events over.
+    pub fn dangling_intents(&self) -> Vec<CommitEvent> {
+        let mut open: Vec<&CommitEvent> = Vec::new();
+        for ev in &self.loaded {
+            match ev.kind {
+                EventKind::Intent => open.push(ev),
+                EventKind::ToolCall => {
+                    if let Some(i) = open.iter().position(|i| i.lane == ev.lane && i.call_id == ev.call_id) {
+                        open.remove(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        open.into_iter().cloned().collect()
     }
 
     /// A second handle on the file, for fsync outside the log's lock.
@@ -678,7 +702,40 @@ mod tests {
             outcome: Outcome::Ok,
             result: json!({}),
             duration_us: 1,
+            external: false,
         }
+    }
+
+    #[test]
+    fn an_intent_without_its_outcome_after_it_is_dangling() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = |kind: EventKind, lane: &str, id: &str| NewEvent {
+            kind,
+            lane: lane.into(),
+            call_id: Some(id.into()),
+            ..ev("x.send")
+        };
+        {
+            let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+            // Completed; a call id used again later, interrupted; another
+            // lane's call of the same id, completed; an outcome before its
+            // intent does not complete it.
+            for (kind, lane, id) in [
+                (EventKind::Intent, "edge", "c1"),
+                (EventKind::ToolCall, "edge", "c1"),
+                (EventKind::Intent, "edge", "c1"),
+                (EventKind::Intent, "core:a", "c1"),
+                (EventKind::ToolCall, "core:a", "c1"),
+                (EventKind::ToolCall, "edge", "c2"),
+                (EventKind::Intent, "edge", "c2"),
+            ] {
+                log.append(mark(kind, lane, id)).unwrap();
+            }
+        }
+        let (log, _) = CommitLog::open(dir.path()).unwrap();
+        let dangling: Vec<(u64, String)> =
+            log.dangling_intents().into_iter().map(|e| (e.seq, e.call_id.unwrap())).collect();
+        assert_eq!(dangling, [(3, "c1".to_owned()), (7, "c2".to_owned())]);
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct EdgeLane {
     pub out: Sender<Outbound>,
     /// Committed calls of turns interrupted before their answer: message id → events.
     pub resume: HashMap<u64, Vec<CommitEvent>>,
+    /// Intents of calls a crash interrupted before their outcome was
+    /// committed, completed (from choird's record) before the first turn.
+    pub interrupted: Vec<CommitEvent>,
     /// Conversations recovered from the snapshot.
     pub recovered: Vec<ConversationTail>,
     /// Lane states and budgets.
@@ -141,6 +144,13 @@ impl EdgeLane {
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
         let mut machine = LaneMachine::new("edge", crate::lanes::LaneRole::Edge, self.board.clone());
         let mut st = State { conversations: HashMap::new(), deferred: VecDeque::new(), stopping: false, tokens: 0 };
+        // Completed before any turn, so an interrupted turn is replayed with
+        // the outcome, and nothing runs twice.
+        for ev in self.mind.arbiter.complete_intents(&std::mem::take(&mut self.interrupted))? {
+            if let Some(events) = ev.turn.and_then(|t| self.resume.get_mut(&t)) {
+                events.push(ev);
+            }
+        }
         for tail in std::mem::take(&mut self.recovered) {
             let conv = st.conversations.entry(tail.conversation).or_default();
             if let Some(summary) = tail.summary {

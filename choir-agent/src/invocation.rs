@@ -84,6 +84,12 @@ pub enum Refusal {
     /// choird has not stored this agent's log for longer than the
     /// fail-closed time: nothing runs until it does again.
     ReplicationDown,
+    /// A call policy forbids the call.
+    Policy,
+    /// A human refused to confirm the call (or choird, once its time passed).
+    NotConfirmed,
+    /// No human confirmed the call within its time.
+    ConfirmTimeout,
     /// In a skill: a step that proposed nothing.
     NoProposal,
     /// In a skill: more than one transition or finish in one step.
@@ -113,6 +119,9 @@ impl Refusal {
             Refusal::InvalidProposal => "invalid_proposal",
             Refusal::ProposalUnavailable => "proposal_unavailable",
             Refusal::ReplicationDown => "replication_down",
+            Refusal::Policy => "policy_forbidden",
+            Refusal::NotConfirmed => "not_confirmed",
+            Refusal::ConfirmTimeout => "confirmation_timeout",
             Refusal::NoProposal => "no_proposal",
             Refusal::OneControl => "one_control",
             Refusal::StepRefused => "step_refused",

@@ -128,6 +128,9 @@ struct Entry {
     started: Option<Instant>,
     detail: Option<String>,
     skill: Option<SkillProgress>,
+    /// Waiting, inside a tool call, for a human to confirm it (reported as
+    /// WAITING_APPROVAL over the machine's WAITING_TOOL).
+    confirming: bool,
 }
 
 /// Every lane's state and budget, shared by the lanes (who update it) and the
@@ -214,6 +217,16 @@ impl StatusBoard {
         self.changed(&mut b);
     }
 
+    /// Marks a lane as waiting (or no longer) for a human to confirm the
+    /// call it is making: reported as WAITING_APPROVAL meanwhile.
+    pub fn confirming(&self, lane: &str, on: bool) {
+        let mut b = self.inner.lock();
+        if let Some(e) = b.lanes.get_mut(lane) {
+            e.confirming = on;
+        }
+        self.changed(&mut b);
+    }
+
     fn set_state(&self, lane: &str, s: LaneState) {
         let mut b = self.inner.lock();
         if let Some(e) = b.lanes.get_mut(lane) {
@@ -235,7 +248,12 @@ impl StatusBoard {
             .iter()
             .map(|(name, e)| LaneStatus {
                 lane: name.clone(),
-                state: e.state.map(LaneState::as_str).unwrap_or("IDLE").to_owned(),
+                state: if e.confirming {
+                    LaneState::WaitingApproval.as_str()
+                } else {
+                    e.state.map(LaneState::as_str).unwrap_or("IDLE")
+                }
+                .to_owned(),
                 steps: e.steps,
                 tokens: e.tokens,
                 max_steps: e.max_steps,

@@ -17,6 +17,7 @@ pub mod llm;
 pub mod locks;
 pub mod memory;
 pub mod origin;
+pub mod policy;
 pub mod prompt;
 pub mod reaper;
 pub mod reasoning;

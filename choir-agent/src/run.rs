@@ -102,8 +102,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
+    let interrupted = log.dangling_intents();
     let resume = log.take_turns_after(hello.recovery.processed_upto);
-    let registry = Registry::load(&args.choir_dir, &hello.bindings.secrets, rpc.clone(), &hello.bindings.host_tools)?;
+    let host_manifests: Vec<_> = hello.bindings.host_tool_manifests.iter().map(|b| b.manifest.clone()).collect();
+    let registry = Registry::load(
+        &args.choir_dir,
+        &hello.bindings.secrets,
+        rpc.clone(),
+        &hello.bindings.host_tools,
+        &host_manifests,
+    )?;
     for (name, status) in registry.statuses() {
         if let crate::tools::ToolStatus::Available { why } = status {
             log::warn!("tool {name} is not offered: {why}");
@@ -114,9 +122,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Bounded(1): a pending poke already means "ship what is committed (or changed)".
     let (committed_tx, committed_rx) = bounded(1);
     let board = StatusBoard::with_poke(committed_tx.clone());
-    board.set_session(if resume.is_empty() { SessionState::Starting } else { SessionState::Recovering });
+    let recovering = !resume.is_empty() || !interrupted.is_empty();
+    board.set_session(if recovering { SessionState::Recovering } else { SessionState::Starting });
     board.add_lane("edge", Some(u64::from(hello.config.max_steps_per_turn)), None, None);
     let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
+    arbiter.set_board(board.clone());
+    arbiter.set_policies(policies(&state_dir));
     let config = Arc::new(RwLock::new(hello.config.clone()));
 
     // Skills are checked against the registry before anything runs: a bad
@@ -177,6 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config,
         out: out_tx,
         resume,
+        interrupted,
         recovered: hello.recovery.conversations.clone(),
         board: board.clone(),
         pool,
@@ -234,6 +246,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok(Err(e)) => Err(e.into()),
         Err(_) => anyhow::bail!("the edge lane panicked"),
     }
+}
+
+/// The call policies of this build: none yet in production; the test build
+/// adds the one `<state dir>/confirm.json` asks for.
+fn policies(state_dir: &std::path::Path) -> Vec<Arc<dyn crate::policy::CallPolicy>> {
+    #[allow(unused_mut)]
+    let mut policies: Vec<Arc<dyn crate::policy::CallPolicy>> = Vec::new();
+    #[cfg(feature = "failpoints")]
+    if let Some(p) = crate::policy::ConfirmListed::from_dir(state_dir) {
+        policies.push(Arc::new(p));
+    }
+    let _ = state_dir;
+    policies
 }
 
 /// Retries transport failures (choird restarting) for about half a minute.

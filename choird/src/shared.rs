@@ -136,6 +136,16 @@ impl Shared {
         }
     }
 
+    /// An audit record of an agent's request that no quota drops (an
+    /// action on the outside world): strings clipped as in [`Shared::audit`].
+    pub fn audit_always(&self, agent: Option<&AgentId>, action: &str, outcome: &str, detail: Value) {
+        let mut detail = detail;
+        clip_strings(&mut detail);
+        if let Err(e) = self.store.audit("agent-rpc", agent, action, outcome, &detail) {
+            log::error!("audit record lost ({action} {outcome}): {e}");
+        }
+    }
+
     /// Counts one `what` of `agent` in the current hour against `limit`.
     pub fn hourly(&self, agent: &AgentId, what: &'static str, limit: u64) -> Hourly {
         let mut windows = self.hourly.lock();

@@ -48,6 +48,12 @@ pub enum EventKind {
     /// [`CommitEvent::quarantined`]): it keeps the original's position and
     /// hash, so the chain continues, but not its content.
     Quarantined,
+    /// The arbiter is about to run a call that must not run twice (a host
+    /// tool that is not idempotent), stored before it runs. The call's
+    /// `tool_call` event completes it; an intent without one after it is a
+    /// call interrupted by a crash, completed on restart from choird's
+    /// stored outcome, never by running it again.
+    Intent,
 }
 
 /// One committed event. Field order is part of the hash definition only through
@@ -97,6 +103,11 @@ pub struct CommitEvent {
     /// written as the six characters `\u0000`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escaped: Option<String>,
+    /// Set on the record of a call of a tool whose `side_effect` is
+    /// `external` that was executed: choird writes an audit record for each
+    /// such event it stores, in the same transaction.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
     /// `sha256(prev_hash || canonical body)`, hex.
     pub hash: String,
 }
@@ -150,6 +161,7 @@ impl CommitEvent {
             }),
             duration_us: self.duration_us,
             escaped: None,
+            external: self.external,
             hash: self.hash.clone(),
         }
     }
@@ -370,6 +382,7 @@ mod tests {
             result: json!({"status": "success"}),
             duration_us: 12,
             escaped: None,
+            external: false,
             hash: String::new(),
         }
         .seal()
@@ -382,6 +395,17 @@ mod tests {
             out.push(event(seq, &prev));
         }
         out
+    }
+
+    #[test]
+    fn the_external_flag_is_hashed_when_set_and_absent_otherwise() {
+        let plain = event(1, GENESIS_HASH);
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(!text.contains("external"), "events of before the flag keep their hash: {text}");
+        let flagged = CommitEvent { external: true, ..plain.clone() }.seal();
+        assert_ne!(flagged.hash, plain.hash);
+        let back: CommitEvent = serde_json::from_str(&serde_json::to_string(&flagged).unwrap()).unwrap();
+        assert!(back.external && back.compute_hash() == flagged.hash);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod approvals;
 mod arbiter;
 mod bad_input;
 mod cognition;
+mod decisions;
 mod docker;
 mod e2e;
 mod hostile;

@@ -343,6 +343,7 @@ fn choird_refuses_forked_and_gapped_chains() {
             result: json!({}),
             duration_us: 0,
             escaped: None,
+            external: false,
             hash: String::new(),
         }
         .seal()

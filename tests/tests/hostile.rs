@@ -105,6 +105,7 @@ fn event(seq: u64, prev: &str, input: Value) -> CommitEvent {
         result: json!({"status": "success"}),
         duration_us: 1,
         escaped: None,
+        external: false,
         hash: String::new(),
     }
     .seal()

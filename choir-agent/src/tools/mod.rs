@@ -60,9 +60,20 @@ pub struct Registered {
     pub tool: Arc<dyn Tool>,
     /// Status.
     pub status: ToolStatus,
-    /// Where it came from (`built-in` or the manifest file).
+    /// Where it came from (`built-in`, `host` or the manifest file).
     pub source: String,
 }
+
+impl Registered {
+    /// Whether choird runs it (EXECUTE_HOST_TOOL), so choird can keep a
+    /// call that must not run twice to at most once.
+    pub fn runs_on_host(&self) -> bool {
+        self.source == HOST_SOURCE
+    }
+}
+
+/// The `source` of host tools.
+const HOST_SOURCE: &str = "host";
 
 /// A manifest could not be registered.
 #[derive(Debug, thiserror::Error)]
@@ -102,12 +113,16 @@ impl Registry {
     /// Built-ins, host tools (run through `host`; connected if choird serves
     /// them, i.e. they are in `served`), and the external tools under
     /// `choir_dir/tools/{global,agent}`. `bound_secrets` are the secret names
-    /// bound to this agent.
+    /// bound to this agent. `host_manifests` are the manifests choird sent
+    /// for the host tools it serves: one this agent was not built knowing
+    /// is registered from it (connected); none replaces a tool already
+    /// registered.
     pub fn load(
         choir_dir: &Path,
         bound_secrets: &[String],
         host: Arc<dyn host::HostCaller>,
         served: &[String],
+        host_manifests: &[ToolManifest],
     ) -> Result<Registry, RegistryError> {
         let mut r = Registry::builtins()?;
         for manifest in choir_common::host_tools::manifests() {
@@ -117,7 +132,17 @@ impl Registry {
             } else {
                 ToolStatus::Available { why: "choird does not serve this host tool for this agent".into() }
             };
-            r.insert("host", manifest, Arc::new(host::HostTool::new(&name, host.clone())), status)?;
+            r.insert(HOST_SOURCE, manifest, Arc::new(host::HostTool::new(&name, host.clone())), status)?;
+        }
+        for manifest in host_manifests {
+            let name = manifest.llm.name.clone();
+            if r.contains(&name) || !served.contains(&name) || manifest.runtime.exec_path.is_some() {
+                continue;
+            }
+            let tool = Arc::new(host::HostTool::new(&name, host.clone()));
+            if let Err(e) = r.insert(HOST_SOURCE, manifest.clone(), tool, ToolStatus::Connected) {
+                log::warn!("host tool {name} is not offered: its manifest from choird is refused: {}", e.reason);
+            }
         }
         for layer in ["global", "agent"] {
             let dir = choir_dir.join("tools").join(layer);

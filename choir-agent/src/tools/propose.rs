@@ -8,7 +8,10 @@
 //! changed until a human approves that exact content (its sha256).
 
 use choir_common::manifest::ToolManifest;
-use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
 use serde_json::{json, Value};
 
 use super::tool::{ExecContext, Tool, ToolError};
@@ -24,11 +27,26 @@ pub enum ProposalError {
     Unavailable(String),
 }
 
+/// What came of waiting for a human's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Awaited {
+    /// A human (or choird, for an expired confirmation) decided.
+    Decided(ApprovalDecision),
+    /// The waiting lane was cancelled first.
+    Cancelled,
+    /// No decision came in time.
+    TimedOut,
+}
+
 /// Where proposals go (choird, in production).
 pub trait ProposalSink: Send + Sync {
     /// Submits a proposal; `wait` says whether the proposing lane will wait
     /// for the decision (so it is handed to that lane rather than the edge).
     fn submit(&self, req: &ApprovalRequest, wait: bool) -> Result<ApprovalResponse, ProposalError>;
+
+    /// Waits for the decision on proposal `id` (submitted with `wait`)
+    /// until `cancel` is set or `until` passes, whichever comes first.
+    fn await_decision(&self, id: i64, cancel: Option<&AtomicBool>, until: Instant) -> Awaited;
 }
 
 /// The kind of proposal a meta-tool makes.

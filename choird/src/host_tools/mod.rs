@@ -82,6 +82,8 @@ struct Registered {
     tool: Arc<dyn HostTool>,
     validator: Option<jsonschema::Validator>,
     idempotent: bool,
+    /// `side_effect: external`: every call is audited, beyond any quota.
+    external: bool,
 }
 
 /// The host tools choird serves.
@@ -111,18 +113,19 @@ impl Registry {
         if self.tools.contains_key(&name) {
             return Err(err("registered twice".into()));
         }
-        let (validator, idempotent) = match tool.manifest() {
+        let (validator, idempotent, external) = match tool.manifest() {
             Some(m) => {
                 m.validate().map_err(|e| err(e.to_string()))?;
                 if m.llm.name != name {
                     return Err(err(format!("its manifest names {}", m.llm.name)));
                 }
                 let v = jsonschema::validator_for(&m.llm.parameters).map_err(|e| err(e.to_string()))?;
-                (Some(v), m.runtime.idempotent)
+                let external = m.runtime.side_effect == choir_common::manifest::SideEffect::External;
+                (Some(v), m.runtime.idempotent, external)
             }
-            None => (None, true),
+            None => (None, true, false),
         };
-        self.tools.insert(name, Registered { tool, validator, idempotent });
+        self.tools.insert(name, Registered { tool, validator, idempotent, external });
         Ok(())
     }
 
@@ -163,13 +166,13 @@ impl Registry {
             Ok(_) => "ok".to_owned(),
             Err(e) => e.status_and_code().1.to_owned(),
         };
-        self.shared.audit(
-            "agent-rpc",
-            Some(&caller.agent),
-            "EXECUTE_HOST_TOOL",
-            &outcome,
-            json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64}),
-        );
+        let detail = json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64});
+        if self.tools.get(&req.tool).is_some_and(|r| r.external) {
+            // An action on the outside world is audited whatever the agent's quota.
+            self.shared.audit_always(Some(&caller.agent), "EXECUTE_HOST_TOOL", &outcome, detail);
+        } else {
+            self.shared.audit("agent-rpc", Some(&caller.agent), "EXECUTE_HOST_TOOL", &outcome, detail);
+        }
         result
     }
 

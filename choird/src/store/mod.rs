@@ -211,7 +211,9 @@ impl Store {
     /// Stores replicated events after verifying they extend the stored chain.
     /// Events at or below the stored head are accepted only if identical to
     /// what is stored (a resend after a lost acknowledgement); anything else is
-    /// a fork. Returns the new head sequence number.
+    /// a fork. Each new event flagged `external` gets its audit record
+    /// (`tool.external`) in the same transaction. Returns the new head
+    /// sequence number.
     pub fn append_events(
         &self,
         agent: &AgentId,
@@ -259,6 +261,21 @@ impl Store {
                      VALUES ($1, $2, $3, $4, $5, $6)",
                     &[&agent.as_str(), &(ev.seq as i64), &ev.prev_hash, &ev.hash, &session, &json],
                 )?;
+                if ev.external {
+                    // An action on the outside world: audited with its
+                    // record, in the same transaction (never one without the
+                    // other), outside the agent's audit quota.
+                    let outcome = json["outcome"].as_str().unwrap_or("ok").to_owned();
+                    let clip = |s: &str| s.chars().take(200).collect::<String>();
+                    let detail = serde_json::json!({"seq": ev.seq, "hash": ev.hash, "lane": clip(&ev.lane),
+                                                    "tool": clip(&ev.tool), "call_id": ev.call_id.as_deref().map(clip),
+                                                    "duration_us": ev.duration_us});
+                    tx.execute(
+                        "INSERT INTO audit (actor, agent_id, action, outcome, detail)
+                         VALUES ('agent-rpc', $1, 'tool.external', $2, $3)",
+                        &[&agent.as_str(), &outcome, &detail],
+                    )?;
+                }
             }
             tx.execute(
                 "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1",

@@ -32,6 +32,7 @@ fn event(i: usize) -> NewEvent {
         outcome: Outcome::Ok,
         result: json!({"status": "success", "summary": "wrote notes/today.md (42 bytes)", "path": "notes/today.md", "bytes": 42}),
         duration_us: 150,
+        external: false,
     }
 }
 
