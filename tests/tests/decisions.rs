@@ -134,6 +134,8 @@ fn a_host_tool_that_is_not_idempotent_is_not_run_again_when_the_agent_dies_befor
     let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(ws.join(".choir")).unwrap();
+    // The test tool is served once its counter exists.
+    std::fs::write(choird.home.path().join("test-echo-once.count"), "0").unwrap();
     // Dies after choird ran the call, before its outcome is committed.
     std::fs::write(ws.join(".choir/failpoint"), "after_execute").unwrap();
     choird.ctl_ok(&["agent", "start", "demo"]);

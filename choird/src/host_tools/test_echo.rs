@@ -1,7 +1,9 @@
 //! `choir.test.echo_once` — a host tool in the test build only (feature
 //! `test-tools`): it echoes its `text` and counts its runs in
 //! `<home>/test-echo-once.count`, so a test can tell whether it ran twice.
-//! Not idempotent, so the registry runs it at most once per call id.
+//! Served only once that file exists (a test creates it), so every other
+//! test's agent is offered exactly the tools it was before. Not idempotent,
+//! so the registry runs it at most once per call id.
 
 use std::sync::Arc;
 
@@ -19,6 +21,12 @@ use crate::shared::Shared;
 pub struct EchoOnce {
     /// Where it counts.
     pub shared: Arc<Shared>,
+}
+
+impl EchoOnce {
+    fn counter(&self) -> std::path::PathBuf {
+        self.shared.home.root().join("test-echo-once.count")
+    }
 }
 
 impl HostTool for EchoOnce {
@@ -41,11 +49,15 @@ impl HostTool for EchoOnce {
     }
 
     fn status(&self, _config: &Config, _secrets: &Secrets, _agent: &AgentId) -> Status {
-        Status::System
+        if self.counter().exists() {
+            Status::Connected
+        } else {
+            Status::Available("the test has not created its counter".into())
+        }
     }
 
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
-        let path = self.shared.home.root().join("test-echo-once.count");
+        let path = self.counter();
         let runs: u64 = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0) + 1;
         std::fs::write(&path, runs.to_string()).map_err(|e| ApiError::Internal(e.to_string()))?;
         let text = call.input["text"].as_str().unwrap_or_default();
