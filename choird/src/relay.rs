@@ -251,8 +251,8 @@ impl<R: Read> UsageTap<R> {
             let line = std::mem::take(&mut self.line);
             let Some(data) = line.strip_prefix(b"data:") else { continue };
             if data.trim_ascii() == b"[DONE]" {
-                // Recorded before the agent sees the end of the stream: it
-                // may act on `[DONE]` without waiting for the connection to end.
+                // The end of the stream: recorded once it has gone out (on
+                // the next read), so the record is not in the agent's way.
                 self.done = true;
                 continue;
             }
@@ -267,9 +267,15 @@ impl<R: Read> UsageTap<R> {
 
 impl<R: Read> Read for UsageTap<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done {
+            // `[DONE]` went out with the previous read: the agent acts on it
+            // while the call is recorded; nothing after it is passed on.
+            self.finish();
+            return Ok(0);
+        }
         let n = self.inner.read(buf)?;
         self.scan(&buf[..n]);
-        if n == 0 || self.done {
+        if n == 0 {
             self.done = true;
             self.finish();
         }
@@ -280,5 +286,40 @@ impl<R: Read> Read for UsageTap<R> {
 impl<R: Read> Drop for UsageTap<R> {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_streamed_call_is_recorded_once_after_its_end_went_out_and_the_stream_ends_there() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n\
+                      data: [DONE]\n\ndata: {\"after\":\"the end\"}\n\n";
+        let recorded: Arc<Mutex<Vec<(Option<(u64, u64)>, u64)>>> = Arc::default();
+        let mut tap = UsageTap {
+            inner: std::io::Cursor::new(stream.as_bytes().to_vec()),
+            line: Vec::new(),
+            usage: None,
+            bytes: 0,
+            done: false,
+            record: Some(Box::new({
+                let recorded = recorded.clone();
+                move |usage, bytes| recorded.lock().unwrap().push((usage, bytes))
+            })),
+        };
+        // The whole stream up to [DONE] goes out before anything is recorded.
+        let mut out = vec![0u8; 4096];
+        let n = tap.read(&mut out).unwrap();
+        assert!(String::from_utf8_lossy(&out[..n]).contains("data: [DONE]"));
+        assert!(recorded.lock().unwrap().is_empty(), "recorded before the end went out");
+        // The next read records it, once, and ends the stream.
+        assert_eq!(tap.read(&mut out).unwrap(), 0);
+        assert_eq!(tap.read(&mut out).unwrap(), 0);
+        drop(tap);
+        assert_eq!(*recorded.lock().unwrap(), [(Some((7, 2)), stream.len() as u64)]);
     }
 }

@@ -89,10 +89,13 @@ fn a_message_goes_through_every_component_and_back() {
     let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
     assert_eq!(status["state"], "running");
     assert_eq!(status["replicated_seq"], 1);
-    // Every model call went through the relay and was recorded.
-    let calls: i64 =
-        pg.client().query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'demo'", &[]).unwrap().get(0);
-    assert_eq!(calls, 2);
+    // Every model call went through the relay and was recorded (a streamed
+    // call once its end went out to the agent).
+    let calls = || -> i64 {
+        pg.client().query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'demo'", &[]).unwrap().get(0)
+    };
+    choir_tests::observe::wait_for("both calls recorded", Duration::from_secs(5), || calls() >= 2);
+    assert_eq!(calls(), 2);
 
     let stopped = choird.ctl_ok(&["agent", "stop", "demo"]);
     assert!(stopped.contains("stopped"), "{stopped}");

@@ -302,12 +302,15 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     }
     assert_eq!(relayed["stream_options"]["include_usage"], true);
     assert_eq!(relayed["model"], "fake-edge");
-    let estimated: i64 = pg
-        .client()
-        .query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'evil' AND estimated", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(estimated, spent_calls as i64, "usage the endpoint did not report was estimated");
+    let estimated = || -> i64 {
+        pg.client()
+            .query_one("SELECT count(*) FROM llm_calls WHERE agent_id = 'evil' AND estimated", &[])
+            .unwrap()
+            .get(0)
+    };
+    // A streamed call is recorded once its end went out to the agent.
+    choir_tests::observe::wait_for("every call recorded", Duration::from_secs(5), || estimated() >= spent_calls as i64);
+    assert_eq!(estimated(), spent_calls as i64, "usage the endpoint did not report was estimated");
     let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "status"])).unwrap();
     let usage = status["usage"].as_array().unwrap().iter().find(|u| u["id"] == "evil").unwrap().clone();
     assert!(usage["tokens_today"]["used"].as_u64().unwrap() >= 3000, "{usage}");

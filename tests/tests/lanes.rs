@@ -44,9 +44,12 @@ fn a_rate_limited_model_call_is_retried_after_the_servers_delay() {
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[0].body, reqs[1].body, "the retry is the same request");
-    let statuses: Vec<i32> =
-        pg.client().query("SELECT status FROM llm_calls ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect();
-    assert_eq!(statuses, vec![429, 200], "both calls were recorded by the relay");
+    let statuses = || -> Vec<i32> {
+        pg.client().query("SELECT status FROM llm_calls ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    // A streamed call is recorded once its end went out to the agent.
+    choir_tests::observe::wait_for("both calls recorded", Duration::from_secs(5), || statuses().len() >= 2);
+    assert_eq!(statuses(), vec![429, 200], "both calls were recorded by the relay");
 }
 
 #[test]
