@@ -299,7 +299,8 @@ mod tests {
         let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
                       data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n\
                       data: [DONE]\n\ndata: {\"after\":\"the end\"}\n\n";
-        let recorded: Arc<Mutex<Vec<(Option<(u64, u64)>, u64)>>> = Arc::default();
+        type Records = Vec<(Option<(u64, u64)>, u64)>;
+        let recorded: Arc<Mutex<Records>> = Arc::default();
         let mut tap = UsageTap {
             inner: std::io::Cursor::new(stream.as_bytes().to_vec()),
             line: Vec::new(),
