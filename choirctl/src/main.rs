@@ -53,6 +53,9 @@ commands:
                                 MESSAGE, read messages line by line; the answer
                                 is shown as it is written on a terminal or with
                                 --stream
+  tools list ID                 every tool the agent has: built-in, host (run by
+                                choird) and external, with status (system,
+                                available and why, connected) and where it runs
   audit [--agent ID] [--limit N]  the audit trail
   policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
 
@@ -158,6 +161,7 @@ fn real_main() -> anyhow::Result<()> {
         ["chat", id] => chat_repl(&ctx, id),
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
         ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
+        ["tools", "list", id] => tools_list(&ctx, id),
         ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
@@ -572,6 +576,21 @@ fn chat_repl(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
 fn stdin_is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal()
+}
+
+fn tools_list(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let list: choir_common::admin::ToolList = ctx.client.get(&format!("agents/{id}/tools"))?;
+    if ctx.json {
+        return print_json(&list);
+    }
+    say!("{:<32} {:<9} {:<10} {:<7} SOURCE", "TOOL", "KIND", "STATUS", "RUNS");
+    for t in &list.tools {
+        say!("{:<32} {:<9} {:<10} {:<7} {}", t.name, t.kind, t.status, t.runs, t.source);
+        if let Some(why) = &t.why {
+            say!("{:<32}   why: {why}", "");
+        }
+    }
+    Ok(())
 }
 
 fn audit(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {

@@ -119,6 +119,10 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             d.cancel_lane(id, &r.lane, "admin")?;
             Ok(Response::ok(&serde_json::json!({"cancel": r.lane})))
         }
+        ("GET", ["agents", id, "tools"]) => {
+            let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            Ok(Response::ok(&crate::tool_list::list(d.shared(), &d.host_tools, &agent)?))
+        }
         ("GET", ["approvals"]) => Ok(Response::ok(&d.approvals(req.query("status"), req.query("agent"))?)),
         ("GET", ["approvals", id]) => Ok(Response::ok(&d.approval(parse_id(id)?)?)),
         ("POST", ["approvals", id, "approve"]) => {

@@ -4,12 +4,14 @@
 //! bird's-eye view; [`run`] is the entry point.
 
 pub mod admin_api;
+pub mod browser;
 pub mod budget;
 pub mod config;
 pub mod conversations;
 pub mod daemon;
 pub mod db;
 pub mod docker;
+pub mod egress;
 pub mod events;
 pub mod home;
 pub mod host_tools;
@@ -28,7 +30,10 @@ pub mod spawn;
 pub mod store;
 pub mod tasks;
 pub mod telegram;
+pub mod tool_list;
 pub mod upstream;
+pub mod web;
+pub mod workspace_files;
 
 mod serve;
 

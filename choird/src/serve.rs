@@ -227,6 +227,7 @@ fn serve(
     if let Some(m) = &memory {
         crate::memory::register(m, &mut host_tools)?;
     }
+    crate::web::register(&shared, &mut host_tools)?;
     #[cfg(feature = "test-tools")]
     host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
     let daemon = Arc::new(Daemon::new(Parts {
@@ -299,6 +300,7 @@ fn serve(
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();
+    daemon.host_tools.stop_all();
     if let Some(m) = &daemon.memory {
         m.stop();
     }

@@ -73,6 +73,31 @@ impl Cmd {
         self
     }
 
+    /// Runs the child in a process group of its own (so all it starts can
+    /// be killed together).
+    pub fn own_process_group(&mut self) -> &mut Cmd {
+        std::os::unix::process::CommandExt::process_group(&mut self.inner, 0);
+        self
+    }
+
+    /// Runs the child as `uid`:`gid` (choird must be root); supplementary
+    /// groups are dropped.
+    pub fn as_ids(&mut self, uid: u32, gid: u32) -> &mut Cmd {
+        std::os::unix::process::CommandExt::uid(&mut self.inner, uid);
+        std::os::unix::process::CommandExt::gid(&mut self.inner, gid);
+        self
+    }
+
+    /// Hands the child these descriptors at these numbers; they stay open
+    /// in choird until this `Cmd` is dropped (drop it right after spawning).
+    pub fn with_fds(&mut self, fds: Vec<command_fds::FdMapping>) -> Result<&mut Cmd, SpawnError> {
+        command_fds::CommandFdExt::fd_mappings(&mut self.inner, fds).map_err(|e| SpawnError::Start {
+            cmd: self.display.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(self)
+    }
+
     /// The command line, for logs and error messages.
     pub fn display(&self) -> &str {
         &self.display

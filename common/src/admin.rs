@@ -306,3 +306,30 @@ pub struct PairDecision {
     /// Let them in (true) or refuse (false).
     pub approve: bool,
 }
+
+/// One tool an agent has, as `GET /admin/v1/agents/<id>/tools` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRow {
+    /// Its name.
+    pub name: String,
+    /// `built-in`, `host` (run by choird) or `external` (an approved tool).
+    pub kind: String,
+    /// `system`, `available` (known, not usable: see `why`) or `connected`.
+    pub status: String,
+    /// Why it is only available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// Where it runs: `agent` (in its container) or `choird` (on the host).
+    pub runs: String,
+    /// Where it comes from: `built-in`, `choird`, or its manifest file under `repos/`.
+    pub source: String,
+}
+
+/// `GET /admin/v1/agents/<id>/tools`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolList {
+    /// The agent.
+    pub agent: String,
+    /// Its tools, by name.
+    pub tools: Vec<ToolRow>,
+}

@@ -60,9 +60,25 @@ pub fn clipped(text: &str, max: usize) -> String {
     escape(text, false, Some(max))
 }
 
+/// `text` cut to at most `max_chars` characters (on a character boundary),
+/// with a note saying where when it was cut; and whether it was.
+pub fn cap_with_note(text: &str, max_chars: usize) -> (String, bool) {
+    match text.char_indices().nth(max_chars) {
+        Some((i, _)) => (format!("{}\n[… cut at {max_chars} characters]", &text[..i]), true),
+        None => (text.to_owned(), false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_is_cut_on_a_character_boundary_and_says_so() {
+        assert_eq!(cap_with_note("héllo", 10), ("héllo".to_owned(), false));
+        let (t, cut) = cap_with_note("héllo wörld", 4);
+        assert!(cut && t.starts_with("héll\n[… cut at 4"), "{t}");
+    }
 
     #[test]
     fn escapes_bidi_and_terminal_controls_but_keeps_lines_where_asked() {

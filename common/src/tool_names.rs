@@ -23,6 +23,11 @@ pub const BUILTIN_TOOLS: &[&str] = &[
 /// Names of the host tools (run by choird, see `host_tools`).
 pub const HOST_TOOLS: &[&str] = &["choir.memory.query", "choir.memory.upsert"];
 
+/// Tools choird runs on the host whose manifests choird itself defines (its
+/// host-tool registry sends them to the agents it serves them to). Reserved
+/// like every other Choir name, and known to skills.
+pub const CHOIRD_TOOLS: &[&str] = &["choir.http.post", "choir.web.browse", "choir.web.search"];
+
 /// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their
 /// input to a human through REQUEST_APPROVAL.
 pub const PROPOSAL_TOOLS: &[&str] = &["choir.propose.config_change", "choir.propose.skill", "choir.propose.tool"];
@@ -34,5 +39,8 @@ pub const EDGE_ONLY_TOOLS: &[&str] = &["choir.core.cancel", "choir.core.start", 
 /// Whether `name` is reserved for Choir itself: a built-in, a host tool, or a
 /// skill control (`choir.skill.*`). No external tool may take such a name.
 pub fn reserved_tool_name(name: &str) -> bool {
-    BUILTIN_TOOLS.contains(&name) || HOST_TOOLS.contains(&name) || name.starts_with("choir.skill.")
+    BUILTIN_TOOLS.contains(&name)
+        || HOST_TOOLS.contains(&name)
+        || CHOIRD_TOOLS.contains(&name)
+        || name.starts_with("choir.skill.")
 }

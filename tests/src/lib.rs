@@ -15,6 +15,7 @@ pub mod docker;
 pub mod fake_embeddings;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fake_web;
 pub mod harness;
 pub mod observe;
 pub mod pg;

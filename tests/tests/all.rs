@@ -19,3 +19,4 @@ mod origin;
 mod skills;
 mod telegram;
 mod tidy;
+mod web;

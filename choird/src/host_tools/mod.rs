@@ -76,6 +76,13 @@ pub trait HostTool: Send + Sync {
     }
     /// Runs one call.
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError>;
+    /// Stops whatever the tool started (choird is shutting down).
+    fn stop(&self) {}
+    /// What the audit record of a call adds beyond tool, lane, call id and
+    /// time (e.g. a post's destination and status). Never a secret.
+    fn audit_detail(&self, _input: &Value, _result: &Result<Value, ApiError>) -> Value {
+        Value::Null
+    }
 }
 
 struct Registered {
@@ -146,6 +153,13 @@ impl Registry {
         self.tools.iter().map(|(n, r)| (n.clone(), r.tool.status(&config, &secrets, agent))).collect()
     }
 
+    /// Stops every tool's helpers (a browser, …) at shutdown.
+    pub fn stop_all(&self) {
+        for r in self.tools.values() {
+            r.tool.stop();
+        }
+    }
+
     /// Readies every tool served to `agent` (INIT_HELLO).
     pub fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
@@ -166,7 +180,13 @@ impl Registry {
             Ok(_) => "ok".to_owned(),
             Err(e) => e.status_and_code().1.to_owned(),
         };
-        let detail = json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64});
+        let mut detail = json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64});
+        if let Some(Value::Object(extra)) = self.tools.get(&req.tool).map(|r| r.tool.audit_detail(&req.input, &result))
+        {
+            for (k, v) in extra {
+                detail[k] = v;
+            }
+        }
         if self.tools.get(&req.tool).is_some_and(|r| r.external) {
             // An action on the outside world is audited whatever the agent's quota.
             self.shared.audit_always(Some(&caller.agent), "EXECUTE_HOST_TOOL", &outcome, detail);

@@ -243,10 +243,12 @@ fn receive_files(d: &Handle, spec: &BotSpec, agent: &AgentId, update_id: i64, m:
                 );
             }
             match fetch(&spec.api_base, &spec.token, &file_id, cap) {
-                Ok(data) => match super::files::store_incoming(&workspace, &format!("{update_id}_{name}"), &data) {
-                    Ok(rel) => format!("[The user sent a {kind}: {rel} ({} bytes)]", data.len()),
-                    Err(e) => format!("[The user sent a {kind} ({name}), but it could not be stored: {e}]"),
-                },
+                Ok(data) => {
+                    match crate::workspace_files::store_incoming(&workspace, &format!("{update_id}_{name}"), &data) {
+                        Ok(rel) => format!("[The user sent a {kind}: {rel} ({} bytes)]", data.len()),
+                        Err(e) => format!("[The user sent a {kind} ({name}), but it could not be stored: {e}]"),
+                    }
+                }
                 Err(e) => {
                     log::warn!("telegram {}: file of update {update_id}: {e}", spec.name);
                     format!("[The user sent a {kind} ({name}), but it could not be received: {e}]")

@@ -32,7 +32,6 @@
 pub mod approvals;
 pub mod bots;
 pub mod dispatch;
-pub mod files;
 pub mod pairing;
 pub mod poller;
 pub mod sender;
@@ -179,12 +178,13 @@ pub fn collect_files(d: &Handle, agent: &choir_common::ids::AgentId, bot: &str, 
     let spool = d.home.spool(agent);
     let quota = config.agents.get(agent).map(|a| a.quotas.spool_mb).unwrap_or_default() * 1024 * 1024;
     let room = quota.saturating_sub(crate::home::dir_bytes(&spool));
-    match files::take_outgoing(&workspace, &spool, room) {
+    match crate::workspace_files::take_outgoing(&workspace, &spool, room) {
         Ok(taken) if !taken.is_empty() => {
             let rows: Vec<(&str, serde_json::Value)> = taken
                 .iter()
                 .map(|f| {
-                    let body = json!({"path": f.spool, "name": f.name, "method": files::method_for(&f.name)});
+                    let body =
+                        json!({"path": f.spool, "name": f.name, "method": crate::workspace_files::method_for(&f.name)});
                     ("file", body)
                 })
                 .collect();

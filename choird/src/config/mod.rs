@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::home::Home;
 use crate::secrets::Secrets;
 
+mod web;
+pub use web::{AgentWeb, BraveConfig, BrowserConfig, PostSecret, WebConfig};
+
 /// How agents are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -160,6 +163,10 @@ pub struct AgentConfig {
     /// What the agent may make choird store (see [`Quotas`]).
     #[serde(default)]
     pub quotas: Quotas,
+    /// The agent's egress policy for the web tools (none: they are not
+    /// served to it).
+    #[serde(default)]
+    pub web: Option<AgentWeb>,
 }
 
 /// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
@@ -359,6 +366,7 @@ impl Default for AgentConfig {
             network: NetworkMode::None,
             fail_closed_s: default_fail_closed_s(),
             quotas: Quotas::default(),
+            web: None,
         }
     }
 }
@@ -552,6 +560,9 @@ pub struct Config {
     /// Agent memory (none: memory tools are not served).
     #[serde(default)]
     pub memory: Option<MemoryConfig>,
+    /// The web tools' services (search, browser).
+    #[serde(default)]
+    pub web: WebConfig,
 }
 
 fn default_runtime() -> RuntimeKind {
@@ -666,7 +677,11 @@ impl Config {
                     return e(&at(&format!("secrets[{i}]")), "must not be empty");
                 }
             }
+            if let Some(w) = &agent.web {
+                web::validate_agent(&at("web"), w, &agent.secrets)?;
+            }
         }
+        web::validate(&self.web)?;
         if let Some(m) = &self.memory {
             let em = &m.embeddings;
             if !(em.base_url.starts_with("http://") || em.base_url.starts_with("https://")) {

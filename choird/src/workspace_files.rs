@@ -1,6 +1,7 @@
-//! Files between Telegram and an agent's workspace: what the agent put in
-//! `.choirtmp/send/` goes out (and is removed); what a user sends lands in
-//! `.choirtmp/recv/`.
+//! Files between choird and an agent's workspace: what the agent put in
+//! `.choirtmp/send/` goes out to Telegram (and is removed); what a user
+//! sends lands in `.choirtmp/recv/`; what a host tool makes for the user
+//! (a screenshot) is written into `.choirtmp/send/`.
 //!
 //! **Invariant:** the workspace belongs to a possibly hostile agent, so
 //! choird touches it only through descriptors: every path is resolved with
@@ -165,8 +166,20 @@ pub fn take_outgoing(workspace: &Path, spool: &Path, room: u64) -> std::io::Resu
 /// new file; an existing one is replaced), owned like the workspace root so
 /// the agent can read it. Returns its workspace-relative path.
 pub fn store_incoming(workspace: &Path, name: &str, data: &[u8]) -> std::io::Result<String> {
+    store_beneath(workspace, ".choirtmp/recv", name, data)
+}
+
+/// Writes a file for the user as `.choirtmp/send/<name>` (it goes out with
+/// the agent's next answer), like [`store_incoming`].
+pub fn store_outgoing(workspace: &Path, name: &str, data: &[u8]) -> std::io::Result<String> {
+    store_beneath(workspace, ".choirtmp/send", name, data)
+}
+
+/// Writes `data` as `<dir>/<name>` beneath the workspace, through
+/// descriptors (no link followed), owned like the workspace root.
+fn store_beneath(workspace: &Path, dir: &str, name: &str, data: &[u8]) -> std::io::Result<String> {
     let root = open_root(workspace)?;
-    let recv = dir_beneath(&root, ".choirtmp/recv", true)?;
+    let recv = dir_beneath(&root, dir, true)?;
     let name = safe_name(name);
     match rustix::fs::unlinkat(&recv, name.as_str(), AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
@@ -190,7 +203,7 @@ pub fn store_incoming(workspace: &Path, name: &str, data: &[u8]) -> std::io::Res
     let mut file = std::fs::File::from(fd);
     file.write_all(data)?;
     file.flush()?;
-    Ok(format!(".choirtmp/recv/{name}"))
+    Ok(format!("{dir}/{name}"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,265 @@
+//! Egress policy (`agents.<id>.web`): where a host tool may connect on an
+//! agent's behalf. One place decides it for every request choird or the
+//! browser makes for an agent — the page, its redirects, its sub-resources,
+//! an HTTP post.
+//!
+//! **Invariants:**
+//! - A destination passes only if its host is not denied, is allowed when an
+//!   allow list is set, and the *address actually connected to* is public —
+//!   private, loopback, link-local, metadata, multicast, unspecified and
+//!   unique-local addresses are refused unless the operator allowed that
+//!   address range explicitly (`allow_addresses`).
+//! - The name is resolved once and the connection is made to the address
+//!   that was checked ([`Policy::resolve`] returns it): a DNS answer that
+//!   changes between the check and the connection (rebinding) cannot move a
+//!   request onto a refused address.
+//! - Only `http` and `https` URLs leave the host.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+
+use ipnet::IpNet;
+
+use crate::config::AgentWeb;
+
+/// Why a destination is refused: said to the model as is (it names only
+/// what the model asked for).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// One agent's egress policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    allow_domains: Vec<String>,
+    deny_domains: Vec<String>,
+    allow_addresses: Vec<IpNet>,
+}
+
+/// Whether `host` is `domain` or beneath it.
+fn within(host: &str, domain: &str) -> bool {
+    host == domain || host.strip_suffix(domain).is_some_and(|rest| rest.ends_with('.'))
+}
+
+/// Whether an address is public (reachable on the internet, not a host's,
+/// a private network's or a cloud metadata service's).
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            !(v4.is_private()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || o[0] == 0
+                // Carrier-grade NAT 100.64/10 and the benchmark range 198.18/15.
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                // Reserved 240/4.
+                || o[0] >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                // fc00::/7 unique local, fe80::/10 link-local.
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                // 64:ff9b::/96 NAT64 and 2001:db8::/32 documentation.
+                || (s[0] == 0x64 && s[1] == 0xff9b)
+                || (s[0] == 0x2001 && s[1] == 0xdb8))
+        }
+    }
+}
+
+impl Policy {
+    /// The policy of an agent's `web` section.
+    pub fn new(web: &AgentWeb) -> Policy {
+        Policy {
+            allow_domains: web.allow_domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+            deny_domains: web.deny_domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+            // Validated when the config was loaded.
+            allow_addresses: web.allow_addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+        }
+    }
+
+    /// Whether the host name (or address literal) may be asked for at all.
+    pub fn check_host(&self, host: &str) -> Result<(), Refused> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(Refused("the URL has no host".into()));
+        }
+        if let Some(d) = self.deny_domains.iter().find(|d| within(host, d)) {
+            return Err(Refused(format!("{host} is refused by this agent's egress policy (denied: {d})")));
+        }
+        if !self.allow_domains.is_empty() && !self.allow_domains.iter().any(|d| within(host, d)) {
+            return Err(Refused(format!("{host} is not among the domains this agent may reach")));
+        }
+        Ok(())
+    }
+
+    /// Whether a connection to `ip` is allowed.
+    pub fn check_address(&self, ip: IpAddr) -> Result<(), Refused> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        if is_public(ip) || self.allow_addresses.iter().any(|net| net.contains(&ip)) {
+            Ok(())
+        } else {
+            Err(Refused(format!(
+                "{ip} is a private, loopback, link-local or otherwise internal address; this agent may not reach it"
+            )))
+        }
+    }
+
+    /// Checks `host`, resolves it once and returns the first address that
+    /// passes [`Policy::check_address`] — the one to connect to.
+    pub fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, Refused> {
+        self.check_host(host)?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => (bare, port)
+                .to_socket_addrs()
+                .map_err(|_| Refused(format!("{bare} could not be resolved")))?
+                .take(16)
+                .collect(),
+        };
+        let mut last = Refused(format!("{bare} has no address"));
+        for a in addrs {
+            match self.check_address(a.ip()) {
+                Ok(()) => return Ok(a),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Parses a URL the model gave and checks its scheme and host (not yet
+    /// its address): only `http` and `https`, with a host, no credentials.
+    pub fn check_url(&self, raw: &str) -> Result<url::Url, Refused> {
+        let url = parse_web_url(raw)?;
+        self.check_host(url.host_str().unwrap_or_default())?;
+        Ok(url)
+    }
+}
+
+/// Parses an `http`/`https` URL with a host and no user info; anything else
+/// is refused, saying why.
+pub fn parse_web_url(raw: &str) -> Result<url::Url, Refused> {
+    if raw.len() > 8192 {
+        return Err(Refused("the URL is longer than 8192 bytes".into()));
+    }
+    let url = url::Url::parse(raw.trim()).map_err(|e| Refused(format!("not a valid URL: {e}")))?;
+    match url.scheme() {
+        "http" | "https" => {}
+        other => return Err(Refused(format!("{other}: URLs are refused; only http and https are allowed"))),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(Refused("the URL has no host".into()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Refused("URLs with credentials in them are refused".into()));
+    }
+    Ok(url)
+}
+
+/// The origin (`scheme://host[:port]`) of a URL, as operators write it in
+/// `post_origins`.
+pub fn origin_of(url: &url::Url) -> String {
+    url.origin().ascii_serialization()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allow: &[&str], deny: &[&str], addrs: &[&str]) -> Policy {
+        Policy::new(&AgentWeb {
+            allow_domains: allow.iter().map(|s| s.to_string()).collect(),
+            deny_domains: deny.iter().map(|s| s.to_string()).collect(),
+            allow_addresses: addrs.iter().map(|s| s.to_string()).collect(),
+            ..AgentWeb::default()
+        })
+    }
+
+    #[test]
+    fn internal_addresses_are_refused_unless_allowed_explicitly() {
+        let p = policy(&[], &[], &[]);
+        for ip in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fc00::1",
+            "fd12::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "224.0.0.1",
+        ] {
+            assert!(p.check_address(ip.parse().unwrap()).is_err(), "{ip} must be refused");
+        }
+        for ip in ["8.8.8.8", "1.1.1.1", "172.32.0.1", "2606:4700::1111"] {
+            assert!(p.check_address(ip.parse().unwrap()).is_ok(), "{ip} is public");
+        }
+        let p = policy(&[], &[], &["127.0.0.1/32"]);
+        assert!(p.check_address("127.0.0.1".parse().unwrap()).is_ok());
+        assert!(p.check_address("127.0.0.2".parse().unwrap()).is_err(), "only what was allowed");
+        assert!(p.check_address("::ffff:127.0.0.1".parse().unwrap()).is_ok(), "mapped addresses are the same host");
+    }
+
+    #[test]
+    fn resolution_checks_the_address_it_returns() {
+        let p = policy(&[], &[], &[]);
+        assert!(p.resolve("localhost", 80).is_err());
+        assert!(p.resolve("127.0.0.1", 80).unwrap_err().0.contains("internal"));
+        assert!(p.resolve("[::1]", 80).is_err());
+        let p = policy(&[], &[], &["127.0.0.0/8"]);
+        assert_eq!(p.resolve("127.0.0.1", 8080).unwrap(), "127.0.0.1:8080".parse().unwrap());
+    }
+
+    #[test]
+    fn domains_are_matched_whole_labels() {
+        let p = policy(&["example.com"], &["bad.example.com"], &[]);
+        assert!(p.check_host("example.com").is_ok());
+        assert!(p.check_host("WWW.Example.COM.").is_ok());
+        assert!(p.check_host("notexample.com").is_err(), "a suffix is not a subdomain");
+        assert!(p.check_host("x.bad.example.com").unwrap_err().0.contains("denied"));
+        assert!(p.check_host("evil.test").unwrap_err().0.contains("not among"));
+    }
+
+    #[test]
+    fn only_plain_web_urls_pass() {
+        let p = policy(&[], &[], &[]);
+        for bad in [
+            "file:///etc/passwd",
+            "chrome://settings",
+            "javascript:alert(1)",
+            "data:text/html,hi",
+            "ftp://x.test/",
+            "http://user:pw@x.test/",
+            "not a url",
+            "http://",
+            "https://[::1",
+        ] {
+            assert!(p.check_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(p.check_url("https://X.test/a?b").unwrap().host_str(), Some("x.test"));
+        assert_eq!(origin_of(&p.check_url("HTTP://x.test:80/p").unwrap()), "http://x.test");
+    }
+}

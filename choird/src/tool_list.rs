@@ -1,0 +1,80 @@
+//! Every tool an agent has, for the operator (`choirctl tools list AGENT`):
+//! its built-ins, the host tools choird runs (with each one's status for
+//! this agent and why it is not served), and the approved external tools of
+//! the global and agent layers under `repos/`. Read from config and the
+//! repos on disk, so it answers whether the agent runs or not.
+
+use choir_common::admin::{ToolList, ToolRow};
+use choir_common::ids::AgentId;
+use choir_common::manifest::{load_tool_layer, BUILTIN_TOOLS};
+
+use crate::host_tools::{Registry, Status};
+use crate::http::ApiError;
+use crate::shared::Shared;
+
+/// The tools of `agent`.
+pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<ToolList, ApiError> {
+    let config = shared.config();
+    let Some(agent_cfg) = config.agents.get(agent) else {
+        return Err(ApiError::NotFound(format!("no agent {agent} in config.json")));
+    };
+    let mut rows: Vec<ToolRow> = BUILTIN_TOOLS
+        .iter()
+        .map(|n| ToolRow {
+            name: (*n).to_owned(),
+            kind: "built-in".into(),
+            status: "system".into(),
+            why: None,
+            runs: "agent".into(),
+            source: "built-in".into(),
+        })
+        .collect();
+    for (name, status) in host_tools.statuses(agent) {
+        // The host halves of built-ins are listed as those built-ins.
+        if rows.iter().any(|r| r.name == name) {
+            continue;
+        }
+        let (status, why) = match status {
+            Status::System => ("system", None),
+            Status::Connected => ("connected", None),
+            Status::Available(why) => ("available", Some(why)),
+        };
+        rows.push(ToolRow {
+            name,
+            kind: "host".into(),
+            status: status.into(),
+            why,
+            runs: "choird".into(),
+            source: "choird".into(),
+        });
+    }
+    let repos = shared.home.repos();
+    for dir in [repos.join("global").join("tools"), repos.join("agents").join(agent.as_str()).join("tools")] {
+        let loaded = load_tool_layer(&dir).map_err(|e| {
+            ApiError::Unprocessable(format!("{}: {} (the agent would refuse to start)", e.file, e.reason))
+        })?;
+        for t in loaded {
+            let missing: Vec<&String> =
+                t.manifest.runtime.secret_resources.iter().filter(|s| !agent_cfg.secrets.contains(s)).collect();
+            let (status, why) = if missing.is_empty() {
+                ("connected", None)
+            } else {
+                let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+                ("available", Some(format!("missing secret {}", names.join(", "))))
+            };
+            let source = t.file.strip_prefix(shared.home.root()).unwrap_or(&t.file).display().to_string();
+            // The agent layer replaces the global one by name.
+            rows.retain(|r| r.name != t.manifest.llm.name);
+            rows.push(ToolRow {
+                name: t.manifest.llm.name.clone(),
+                kind: "external".into(),
+                status: status.into(),
+                why,
+                runs: "agent".into(),
+                source,
+            });
+        }
+    }
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(ToolList { agent: agent.to_string(), tools: rows })
+}
