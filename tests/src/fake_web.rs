@@ -250,6 +250,9 @@ impl TestSite {
                 "/download" => Response::from_string("file body")
                     .with_header(header("Content-Type", "application/octet-stream"))
                     .with_header(header("Content-Disposition", "attachment; filename=\"x.bin\"")),
+                "/upload" => html(
+                    "<html><head><title>Upload</title></head><body><p>Upload a file</p><input type=\"file\" id=\"f\"></body></html>",
+                ),
                 "/img" => html("<html><body><p>an image from a refused host:</p><img src=\"http://169.254.169.254/i.png\" alt=\"meta\"></body></html>"),
                 _ => html("<html><body>not found</body></html>").with_status_code(404),
             };

@@ -149,6 +149,11 @@ fn browsers(choird: &Choird) -> Vec<i32> {
     descendants_of(choird.pid() as i32, 4096)
         .into_iter()
         .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim().starts_with("chrom")))
+        // Not the dead, waiting to be reaped.
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        })
         .collect()
 }
 
@@ -181,6 +186,10 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
     assert!(!page.contains("script text") && !page.contains("hidden text") && !page.contains("color:red"), "{page}");
     assert!(page.contains("[1] Second page") && page.contains("[2] The form"), "{page}");
     assert!(!page.contains("Nav"), "the main content only: {page}");
+    assert!(
+        r.get("blocked").is_none(),
+        "nothing of the page was refused (and the browser asks for nothing of its own): {r}"
+    );
 
     // Script-rendered content is there once the page's requests are done.
     let r = browse("demo", json!({"action": "open", "url": format!("{base}/js")}));
@@ -235,14 +244,25 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
     assert!(e.contains("too long") || e.contains("within"), "{e}");
     let r = browse("demo", json!({"action": "open", "url": format!("{base}/download")}));
     assert_ne!(r["status"], "success", "a download is not a page: {r}");
+    // A file chooser is never answered; the page goes on.
+    browse("demo", json!({"action": "open", "url": format!("{base}/upload")}));
+    let r = browse("demo", json!({"action": "click", "selector": "#f"}));
+    assert!(ok(&r)["content"].as_str().unwrap().contains("Upload a file"), "{r}");
     let r = browse("demo", json!({"action": "open", "url": format!("{base}/long")}));
     assert_eq!(ok(&r)["truncated"], true, "{r}");
 
-    // Two agents, two cookie jars.
-    browse("demo", json!({"action": "open", "url": format!("{base}/cookie/set?who=demo")}));
-    browse("other", json!({"action": "open", "url": format!("{base}/cookie/set?who=other")}));
-    let mine = browse("demo", json!({"action": "open", "url": format!("{base}/cookie/show")}));
-    let theirs = browse("other", json!({"action": "open", "url": format!("{base}/cookie/show")}));
+    // Two agents browsing at once, two cookie jars.
+    let (mine, theirs) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            ok(&browse("demo", json!({"action": "open", "url": format!("{base}/cookie/set?who=demo")})));
+            browse("demo", json!({"action": "open", "url": format!("{base}/cookie/show")}))
+        });
+        let b = s.spawn(|| {
+            ok(&browse("other", json!({"action": "open", "url": format!("{base}/cookie/set?who=other")})));
+            browse("other", json!({"action": "open", "url": format!("{base}/cookie/show")}))
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
     assert!(ok(&mine)["content"].as_str().unwrap().contains("cookie: who=demo"), "{mine}");
     assert!(ok(&theirs)["content"].as_str().unwrap().contains("cookie: who=other"), "{theirs}");
 

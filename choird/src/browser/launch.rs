@@ -82,6 +82,11 @@ impl Process {
             "--disable-default-apps",
             "--disable-extensions",
             "--disable-breakpad",
+            "--disable-client-side-phishing-detection",
+            "--disable-domain-reliability",
+            "--no-pings",
+            "--disable-features=AutofillServerCommunication,OptimizationHints,MediaRouter,Translate,\
+             CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions,SafeBrowsing",
             "--disable-crash-reporter",
             "--disable-gpu",
             "--disable-dev-shm-usage",

@@ -43,7 +43,7 @@ pub const MAX_SCREENSHOT: usize = 20 * 1024 * 1024;
 /// How long a click or a typed submit is watched for a navigation it starts.
 const NAV_GRACE: Duration = Duration::from_millis(400);
 /// Network quiet that counts as "rendered" after a load.
-const QUIET: Duration = Duration::from_millis(200);
+const QUIET: Duration = Duration::from_millis(60);
 /// Longest wait for that quiet after the load.
 const QUIET_MAX: Duration = Duration::from_secs(2);
 

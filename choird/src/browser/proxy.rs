@@ -180,6 +180,8 @@ fn reply(conn: &mut TcpStream, status: &str, body: &str) {
 }
 
 fn serve(state: &State, mut conn: TcpStream) {
+    // Bytes are relayed as they come: no Nagle delay on either side.
+    let _ = conn.set_nodelay(true);
     let _ = conn.set_read_timeout(Some(IDLE));
     let _ = conn.set_write_timeout(Some(IDLE));
     let Some((head, rest)) = read_head(&mut conn) else { return };
@@ -252,6 +254,7 @@ fn open(state: &State, conn: &mut TcpStream, host: &str, port: u16) -> Option<Tc
     };
     match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
         Ok(s) => {
+            let _ = s.set_nodelay(true);
             let _ = s.set_read_timeout(Some(IDLE));
             let _ = s.set_write_timeout(Some(IDLE));
             Some(s)

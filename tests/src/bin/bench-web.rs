@@ -1,0 +1,236 @@
+//! `bench-web` (`make bench`): the web tools' costs, measured at choird's
+//! EXECUTE_HOST_TOOL (a client holding an agent's token calls it directly,
+//! as the agent does): `browse open` of the local test site with a warm
+//! browser and as the first call of a cold one; the browser's memory with 1
+//! and 4 agent contexts; and the overhead choird adds to a search and to a
+//! post, against calling the fake service directly. DESIGN.md records the
+//! numbers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use std::time::{Duration, Instant};
+
+use choir_common::proc_tree::descendants_of;
+use choir_tests::fake_web::{FakeBrave, Receiver, TestSite};
+use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::observe::wait_for;
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+const KEY: &str = "bench-brave-key";
+
+struct Client {
+    token: String,
+    http: ureq::Agent,
+}
+
+impl Client {
+    fn of(choird: &Choird, id: &str) -> Client {
+        let token_file = choird.workspace(id).join("hostile.token");
+        let mut token = String::new();
+        wait_for("the agent's token", Duration::from_secs(30), || {
+            token = std::fs::read_to_string(&token_file).unwrap_or_default();
+            !token.is_empty()
+        });
+        let socket = choird.home.path().join("socks/agents").join(id).join("choird.sock");
+        Client { token, http: choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(60))) }
+    }
+
+    fn tool(&self, tool: &str, input: Value, call_id: &str) -> Value {
+        let body = json!({"tool": tool, "input": input, "lane": "edge", "call_id": call_id});
+        let mut resp = self
+            .http
+            .post("http://localhost/rpc/v1/EXECUTE_HOST_TOOL")
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let text = resp.body_mut().read_to_string().unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["result"].clone()
+    }
+}
+
+fn pct(v: &mut [Duration], q: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * q) as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn browsers(choird: &Choird) -> Vec<i32> {
+    descendants_of(choird.pid() as i32, 4096)
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim().starts_with("chrom")))
+        // Not the dead, waiting to be reaped.
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        })
+        .collect()
+}
+
+/// (sum of RSS, sum of PSS) of the browser's processes, in MiB.
+fn browser_memory(choird: &Choird) -> (f64, f64) {
+    let mut rss = 0u64;
+    let mut pss = 0u64;
+    for p in browsers(choird) {
+        let text = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
+        let field = |k: &str| {
+            text.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        };
+        rss += field("Rss:").unwrap_or(0);
+        pss += field("Pss:").unwrap_or(0);
+    }
+    (rss as f64 / 1024.0, pss as f64 / 1024.0)
+}
+
+fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
+    (0..n)
+        .map(|i| {
+            let t = Instant::now();
+            f(i);
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn main() {
+    let pg = TestPg::start().expect("PostgreSQL is needed (make deps)");
+    let brave = FakeBrave::start(KEY);
+    let site = TestSite::start();
+    let recv = Receiver::start();
+    let agents = ["evil1", "evil2", "evil3", "evil4"];
+    let mut config = test_config("http://127.0.0.1:9", Some(&pg.url()), &agents);
+    config["agent_binary"] = json!(bin("hostile-agent"));
+    for a in agents {
+        config["agents"][a]["web"] = json!({"allow_addresses": ["127.0.0.1/32"], "post_origins": [recv.origin()]});
+    }
+    config["web"] = json!({"brave": {"base_url": brave.base_url(), "api_key_secret": "brave_key"}});
+    let choird = Choird::start(&config, &json!({"llm_key": "k", "brave_key": KEY}));
+    for a in agents {
+        choird.ctl_ok(&["agent", "start", a]);
+    }
+    let clients: Vec<Client> = agents.iter().map(|a| Client::of(&choird, a)).collect();
+    let base = site.base_url();
+    let mut ids = 0u64;
+    let mut next_id = || {
+        ids += 1;
+        format!("bench-{ids}")
+    };
+    let open = |c: &Client, id: String, path: &str| {
+        let r = c.tool("choir.web.browse", json!({"action": "open", "url": format!("{base}{path}")}), &id);
+        assert!(r["content"].as_str().is_some_and(|t| t.contains("<untrusted")), "{r}");
+    };
+
+    println!("choir.web.browse open, through choird (EXECUTE_HOST_TOOL), local test site, real Chromium\n");
+    // The first call of a cold browser: kill it, then open.
+    let mut cold = Vec::new();
+    for _ in 0..5 {
+        for p in browsers(&choird) {
+            choir_common::proc_tree::signal(p, rustix::process::Signal::KILL);
+        }
+        wait_for("the browser to be gone", Duration::from_secs(10), || browsers(&choird).is_empty());
+        let id = next_id();
+        let t = Instant::now();
+        // The first call after a death may report it; the next starts a new browser.
+        let body = json!({"tool": "choir.web.browse", "input": {"action": "open", "url": format!("{base}/second")},
+                          "lane": "edge", "call_id": id});
+        let _ = clients[0]
+            .http
+            .post("http://localhost/rpc/v1/EXECUTE_HOST_TOOL")
+            .header("Authorization", &format!("Bearer {}", clients[0].token))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes());
+        if browsers(&choird).is_empty() {
+            open(&clients[0], next_id(), "/second");
+        }
+        cold.push(t.elapsed());
+    }
+    cold.sort();
+    println!(
+        "  first call of a cold browser (start + context + load), n=5: min {}, median {}, max {}",
+        ms(cold[0]),
+        ms(cold[2]),
+        ms(cold[4])
+    );
+    let (rss1, pss1) = browser_memory(&choird);
+
+    let mut warm = timed(200, |_| open(&clients[0], next_id(), "/second"));
+    println!("  warm, static page (/second), n=200: p50 {}, p99 {}", ms(pct(&mut warm, 0.5)), ms(pct(&mut warm, 0.99)));
+    let mut warm_js = timed(100, |_| open(&clients[0], next_id(), "/js"));
+    println!(
+        "  warm, script-rendered page (/js, waits for its fetch), n=100: p50 {}, p99 {}",
+        ms(pct(&mut warm_js, 0.5)),
+        ms(pct(&mut warm_js, 0.99))
+    );
+    let mut first_ctx = Vec::new();
+    for c in &clients[1..] {
+        let t = Instant::now();
+        open(c, next_id(), "/second");
+        first_ctx.push(t.elapsed());
+    }
+    println!(
+        "  first call of a new agent context on a warm browser, n=3: {}",
+        first_ctx.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ")
+    );
+    for c in &clients {
+        open(c, next_id(), "/");
+    }
+    let (rss4, pss4) = browser_memory(&choird);
+    println!("\nbrowser memory (all its processes): 1 context RSS {rss1:.0} MiB / PSS {pss1:.0} MiB; 4 contexts RSS {rss4:.0} MiB / PSS {pss4:.0} MiB");
+
+    // Search: choird's overhead over calling the (fake) API directly.
+    let direct_http = ureq::Agent::new_with_config(ureq::config::Config::builder().http_status_as_error(false).build());
+    let url = format!("{}/res/v1/web/search", brave.base_url());
+    let mut direct = timed(500, |i| {
+        let mut r = direct_http
+            .get(&url)
+            .query("q", format!("q{i}"))
+            .query("count", "3")
+            .header("X-Subscription-Token", KEY)
+            .call()
+            .unwrap();
+        let _: Value = r.body_mut().read_json().unwrap();
+    });
+    let mut via = timed(500, |i| {
+        let r = clients[0].tool("choir.web.search", json!({"query": format!("q{i}"), "count": 3}), &format!("s{i}"));
+        assert_eq!(r["count"], 3);
+    });
+    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
+    println!(
+        "\nweb.search, 3 results, n=500: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
+        ms(d50),
+        ms(pct(&mut direct, 0.99)),
+        ms(v50),
+        ms(pct(&mut via, 0.99)),
+        v50.as_secs_f64() / d50.as_secs_f64(),
+        ms(v50.saturating_sub(d50))
+    );
+
+    // Post: the same (a post is claimed at most once in PostgreSQL, and audited).
+    let post_url = format!("{}/hook", recv.origin());
+    let mut direct = timed(500, |i| {
+        direct_http
+            .post(&post_url)
+            .header("Content-Type", "application/json")
+            .send(json!({"n": i}).to_string())
+            .unwrap();
+    });
+    let mut via = timed(500, |i| {
+        let r = clients[0].tool("choir.http.post", json!({"url": post_url, "json": {"n": i}}), &next_id());
+        assert_eq!(r["status_code"], 200);
+    });
+    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
+    println!(
+        "http.post, n=500: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
+        ms(d50),
+        ms(pct(&mut direct, 0.99)),
+        ms(v50),
+        ms(pct(&mut via, 0.99)),
+        v50.as_secs_f64() / d50.as_secs_f64(),
+        ms(v50.saturating_sub(d50))
+    );
+}
