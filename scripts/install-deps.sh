@@ -2,7 +2,7 @@
 # Installs the system packages Choir needs on Debian 12, idempotently:
 # PostgreSQL 15 with pgvector (built from Debian's own source package, since
 # bookworm does not package it), ripgrep, Chromium (the browse tool's
-# browser), and the build tools.
+# browser), espeak-ng and opus-tools (the voice tool), and the build tools.
 # Safe to run again: every step checks before it acts.
 set -euo pipefail
 
@@ -11,7 +11,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PG_MAJOR=15
 PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
-          gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap chromium)
+          gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap chromium
+          espeak-ng opus-tools)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

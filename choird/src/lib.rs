@@ -27,6 +27,7 @@ pub mod sessions;
 pub mod shared;
 pub mod sockets;
 pub mod spawn;
+pub mod speech;
 pub mod store;
 pub mod tasks;
 pub mod telegram;

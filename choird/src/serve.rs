@@ -228,6 +228,7 @@ fn serve(
         crate::memory::register(m, &mut host_tools)?;
     }
     crate::web::register(&shared, &mut host_tools)?;
+    host_tools.register(Arc::new(crate::speech::tts::Speak::new(shared.clone())))?;
     #[cfg(feature = "test-tools")]
     host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
     let daemon = Arc::new(Daemon::new(Parts {

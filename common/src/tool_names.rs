@@ -26,7 +26,16 @@ pub const HOST_TOOLS: &[&str] = &["choir.memory.query", "choir.memory.upsert"];
 /// Tools choird runs on the host whose manifests choird itself defines (its
 /// host-tool registry sends them to the agents it serves them to). Reserved
 /// like every other Choir name, and known to skills.
-pub const CHOIRD_TOOLS: &[&str] = &["choir.http.post", "choir.web.browse", "choir.web.search"];
+pub const CHOIRD_TOOLS: &[&str] = &[
+    "choir.email.check",
+    "choir.email.receive",
+    "choir.email.send",
+    "choir.http.post",
+    "choir.notion.query",
+    "choir.tts.speak",
+    "choir.web.browse",
+    "choir.web.search",
+];
 
 /// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their
 /// input to a human through REQUEST_APPROVAL.

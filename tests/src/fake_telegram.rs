@@ -196,6 +196,18 @@ impl FakeTelegram {
         })
     }
 
+    /// A voice note sent by `user` (OGG/Opus, `duration` seconds).
+    pub fn user_sends_voice(&self, token: &str, user: i64, data: &[u8], duration: u64) -> i64 {
+        let (file_id, unique) = self.add_file("voice.oga", data);
+        let mid = self.next_message_id();
+        self.push_update(token, |id| {
+            json!({"update_id": id, "message": {"message_id": mid, "from": Self::user(user), "date": now_s(),
+                   "chat": Self::private_chat(user),
+                   "voice": {"duration": duration, "mime_type": "audio/ogg", "file_id": file_id,
+                             "file_unique_id": unique, "file_size": data.len()}}})
+        })
+    }
+
     /// `user` presses an inline button with `data` under the bot's message
     /// `message_id` in their private chat.
     pub fn user_presses(&self, token: &str, user: i64, message_id: i64, data: &str) -> i64 {

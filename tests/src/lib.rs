@@ -15,10 +15,12 @@ pub mod docker;
 pub mod fake_embeddings;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fake_transcription;
 pub mod fake_web;
 pub mod harness;
 pub mod observe;
 pub mod pg;
+pub mod tool_calls;
 
 /// Whether missing services must fail tests instead of skipping them.
 pub fn services_required() -> bool {

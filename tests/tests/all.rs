@@ -17,6 +17,7 @@ mod managed;
 mod memory;
 mod origin;
 mod skills;
+mod speech;
 mod telegram;
 mod tidy;
 mod web;

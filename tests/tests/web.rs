@@ -9,58 +9,15 @@
 use std::time::Duration;
 
 use choir_common::proc_tree::descendants_of;
-use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::fake_web::{FakeBrave, Receiver, TestSite, INJECTION};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
+use choir_tests::tool_calls::{assert_wrapped, call, caller, failed, ok};
 use serde_json::{json, Value};
 
 const BRAVE_KEY: &str = "brave-key-0f1e2d3c";
 const HOOK_TOKEN: &str = "hook-token-9a8b7c6d";
-
-/// A model that calls the tool a message names (`{"tool", "args"}`) and
-/// answers with the tool message it got, verbatim.
-fn caller() -> FakeLlm {
-    FakeLlm::with_responder(|req, _| {
-        let last = req["messages"].as_array()?.last()?.clone();
-        if last["role"] == "tool" {
-            return Some(Step::Text(last["content"].as_str()?.to_owned()));
-        }
-        let ask: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
-        let mut args = ask["args"].clone();
-        // A body too big for a command line: the model makes it.
-        if let Some(n) = ask["json_of_len"].as_u64() {
-            args["json"] = json!("x".repeat(n as usize));
-        }
-        Some(Step::call(ask["tool"].as_str()?, args))
-    })
-}
-
-/// What the model was shown for one call of `tool` with `args` by `agent`.
-fn call(choird: &Choird, agent: &str, tool: &str, args: Value) -> Value {
-    let out = choird.ctl_ok(&["chat", agent, &json!({"tool": tool, "args": args}).to_string()]);
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not a tool result ({e}): {out}"))
-}
-
-fn ok(v: &Value) -> &Value {
-    assert_eq!(v["status"], "success", "{v}");
-    v
-}
-
-/// The error message of a refused or failed call.
-fn failed(v: &Value) -> String {
-    assert_ne!(v["status"], "success", "{v}");
-    format!("{}: {}", v["error"]["code"].as_str().unwrap_or(""), v["error"]["message"].as_str().unwrap_or(""))
-}
-
-/// The wrapper holds the outside text; nothing inside closes or reopens it.
-fn assert_wrapped(content: &str, source_prefix: &str) {
-    assert!(content.starts_with(&format!("<untrusted source=\"{source_prefix}")), "{content}");
-    assert!(content.ends_with("</untrusted>"), "{content}");
-    let lower = content.to_ascii_lowercase();
-    assert_eq!((lower.matches("<untrusted").count(), lower.matches("</untrusted").count()), (1, 1), "{content}");
-}
 
 fn web_config(llm: &str, db: &str, site_port: Option<u16>, brave: Option<&str>, receiver: Option<&str>) -> Value {
     let mut c = test_config(llm, Some(db), &["demo", "other", "plain"]);

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::home::Home;
 use crate::secrets::Secrets;
 
+mod speech;
 mod web;
+pub use speech::{AgentVoice, TranscriptionConfig};
 pub use web::{AgentWeb, BraveConfig, BrowserConfig, PostSecret, WebConfig};
 
 /// How agents are run.
@@ -167,6 +169,9 @@ pub struct AgentConfig {
     /// served to it).
     #[serde(default)]
     pub web: Option<AgentWeb>,
+    /// The agent's voice for `choir.tts.speak` (none: the tool is not served).
+    #[serde(default)]
+    pub voice: Option<AgentVoice>,
 }
 
 /// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
@@ -367,6 +372,7 @@ impl Default for AgentConfig {
             fail_closed_s: default_fail_closed_s(),
             quotas: Quotas::default(),
             web: None,
+            voice: None,
         }
     }
 }
@@ -393,6 +399,9 @@ pub struct TelegramConfig {
     /// Bots by name (`[a-z][a-z0-9_]{0,31}`).
     #[serde(default)]
     pub bots: BTreeMap<String, BotConfig>,
+    /// Where users' voice notes are transcribed (none: they are asked for text).
+    #[serde(default)]
+    pub transcription: Option<TranscriptionConfig>,
 }
 
 fn default_telegram_api() -> String {
@@ -420,6 +429,7 @@ impl Default for TelegramConfig {
             per_bot_per_s: default_bot_rate(),
             max_file_mb: default_max_file_mb(),
             bots: BTreeMap::new(),
+            transcription: None,
         }
     }
 }
@@ -680,6 +690,9 @@ impl Config {
             if let Some(w) = &agent.web {
                 web::validate_agent(&at("web"), w, &agent.secrets)?;
             }
+            if let Some(v) = &agent.voice {
+                speech::validate_voice(&at("voice"), v)?;
+            }
         }
         web::validate(&self.web)?;
         if let Some(m) = &self.memory {
@@ -706,6 +719,9 @@ impl Config {
     fn validate_telegram(&self) -> Result<(), (String, String)> {
         let e = |field: &str, reason: &str| Err((field.to_owned(), reason.to_owned()));
         let t = &self.telegram;
+        if let Some(tr) = &t.transcription {
+            speech::validate_transcription(tr)?;
+        }
         if !(t.api_base.starts_with("http://") || t.api_base.starts_with("https://")) {
             return e("telegram.api_base", "must start with http:// or https://");
         }

@@ -159,11 +159,25 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     }
 
     let mut text = said;
+    let mut unheard = false;
     for note in receive_files(d, spec, &agent, update_id, m) {
+        let note = match note {
+            Note::Text(t) => t,
+            Note::Unheard(t) => {
+                unheard = true;
+                t
+            }
+        };
         if !text.is_empty() {
             text.push_str("\n\n");
         }
         text.push_str(&note);
+    }
+    if unheard && m.text.is_none() && m.caption.is_none() && m.document.is_none() && m.photo.is_none() {
+        // A voice note alone that could not be understood: never an empty
+        // turn, never silence — the user is asked for text.
+        reply(d, bot, chat, "Sorry, I could not make out your voice message. Could you send it as text?")?;
+        return d.store.mark_update(bot, update_id, "voice_not_transcribed");
     }
     if text.trim().is_empty() {
         reply(d, bot, chat, "I can read text, photos, documents and voice messages; this kind of message I cannot.")?;
@@ -211,9 +225,42 @@ fn pending_for(d: &Handle, bot: &str, chat: i64, agent: &AgentId) -> Result<Stri
     })
 }
 
-/// Receives the files of a message into the agent's workspace; returns a
-/// note per file for the agent.
-fn receive_files(d: &Handle, spec: &BotSpec, agent: &AgentId, update_id: i64, m: &Message) -> Vec<String> {
+/// What the agent is told of one file a user sent.
+enum Note {
+    /// A note (and, for a voice message, its transcript).
+    Text(String),
+    /// A voice message or audio file that could not be transcribed.
+    Unheard(String),
+}
+
+/// Transcribes a stored voice message or audio file; the note the agent gets.
+fn heard(d: &Handle, spec: &BotSpec, kind: &str, rel: &str, data: &[u8], name: &str) -> Note {
+    let config = d.config();
+    let Some(tr) = &config.telegram.transcription else {
+        return Note::Unheard(format!(
+            "[The user sent a {kind}: {rel} ({} bytes); it could not be transcribed (no transcription service is configured)]",
+            data.len()
+        ));
+    };
+    match crate::speech::transcribe::transcribe(tr, &d.secrets(), data, name) {
+        Ok(t) => Note::Text(format!(
+            "[The user sent a {kind} ({rel}); what follows is its automatic transcription, which may contain errors]\n{t}"
+        )),
+        Err(why) => {
+            log::warn!("telegram {}: transcription of {rel}: {why}", spec.name);
+            d.link.count(&spec.name, |c| {
+                c.errors += 1;
+                c.last_error = Some(format!("transcription: {why}"));
+            });
+            Note::Unheard(format!("[The user sent a {kind}: {rel} ({} bytes); it could not be transcribed]", data.len()))
+        }
+    }
+}
+
+/// Receives the files of a message into the agent's workspace (voice
+/// messages and audio files transcribed when a service is configured);
+/// returns a note per file for the agent.
+fn receive_files(d: &Handle, spec: &BotSpec, agent: &AgentId, update_id: i64, m: &Message) -> Vec<Note> {
     let mut wanted: Vec<(String, String, Option<u64>, &str)> = Vec::new();
     if let Some(doc) = &m.document {
         let name = doc.file_name.clone().unwrap_or_else(|| "document".into());
@@ -235,23 +282,26 @@ fn receive_files(d: &Handle, spec: &BotSpec, agent: &AgentId, update_id: i64, m:
     wanted
         .into_iter()
         .map(|(file_id, name, size, kind)| {
+            let audio = matches!(kind, "voice message" | "audio file");
+            let note = |t: String| if audio { Note::Unheard(t) } else { Note::Text(t) };
             if size.is_some_and(|s| s > cap) {
-                return format!(
+                return note(format!(
                     "[The user sent a {kind} ({name}) of {} bytes, over the {} MiB limit; it was not received]",
                     size.unwrap_or(0),
                     tg.max_file_mb
-                );
+                ));
             }
             match fetch(&spec.api_base, &spec.token, &file_id, cap) {
                 Ok(data) => {
                     match crate::workspace_files::store_incoming(&workspace, &format!("{update_id}_{name}"), &data) {
-                        Ok(rel) => format!("[The user sent a {kind}: {rel} ({} bytes)]", data.len()),
-                        Err(e) => format!("[The user sent a {kind} ({name}), but it could not be stored: {e}]"),
+                        Ok(rel) if audio => heard(d, spec, kind, &rel, &data, &name),
+                        Ok(rel) => Note::Text(format!("[The user sent a {kind}: {rel} ({} bytes)]", data.len())),
+                        Err(e) => note(format!("[The user sent a {kind} ({name}), but it could not be stored: {e}]")),
                     }
                 }
                 Err(e) => {
                     log::warn!("telegram {}: file of update {update_id}: {e}", spec.name);
-                    format!("[The user sent a {kind} ({name}), but it could not be received: {e}]")
+                    note(format!("[The user sent a {kind} ({name}), but it could not be received: {e}]"))
                 }
             }
         })
