@@ -56,6 +56,7 @@ commands:
   tools list ID                 every tool the agent has: built-in, host (run by
                                 choird) and external, with status (system,
                                 available and why, connected) and where it runs
+  tools check ID TOOL           try a host tool's connection now (a login, a token)
   audit [--agent ID] [--limit N]  the audit trail
   policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
 
@@ -162,6 +163,15 @@ fn real_main() -> anyhow::Result<()> {
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
         ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
         ["tools", "list", id] => tools_list(&ctx, id),
+        ["tools", "check", id, tool] => {
+            let r: serde_json::Value =
+                ctx.client.post(&format!("agents/{id}/tools/{tool}/check"), &serde_json::json!({}))?;
+            if ctx.json {
+                return print_json(&r);
+            }
+            say!("{tool}: {}", r["said"].as_str().unwrap_or("ok"));
+            Ok(())
+        }
         ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),

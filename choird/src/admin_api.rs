@@ -123,6 +123,11 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
             Ok(Response::ok(&crate::tool_list::list(d.shared(), &d.host_tools, &agent)?))
         }
+        ("POST", ["agents", id, "tools", tool, "check"]) => {
+            let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let said = d.host_tools.check(&agent, tool)?;
+            Ok(Response::ok(&serde_json::json!({"tool": tool, "ok": true, "said": said})))
+        }
         ("GET", ["approvals"]) => Ok(Response::ok(&d.approvals(req.query("status"), req.query("agent"))?)),
         ("GET", ["approvals", id]) => Ok(Response::ok(&d.approval(parse_id(id)?)?)),
         ("POST", ["approvals", id, "approve"]) => {

@@ -17,6 +17,7 @@ pub mod home;
 pub mod host_tools;
 pub mod http;
 pub mod memory;
+pub mod notion;
 pub mod pace;
 pub mod proposals;
 pub mod relay;

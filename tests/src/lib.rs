@@ -14,6 +14,7 @@
 pub mod docker;
 pub mod fake_embeddings;
 pub mod fake_llm;
+pub mod fake_notion;
 pub mod fake_telegram;
 pub mod fake_transcription;
 pub mod fake_web;

@@ -15,6 +15,7 @@ mod hostile;
 mod lanes;
 mod managed;
 mod memory;
+mod notion;
 mod origin;
 mod skills;
 mod speech;

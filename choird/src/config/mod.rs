@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::home::Home;
 use crate::secrets::Secrets;
 
+mod accounts;
 mod speech;
 mod web;
+pub use accounts::{EmailConfig, MailServer, NotionConfig, Security};
 pub use speech::{AgentVoice, TranscriptionConfig};
 pub use web::{AgentWeb, BraveConfig, BrowserConfig, PostSecret, WebConfig};
 
@@ -172,6 +174,12 @@ pub struct AgentConfig {
     /// The agent's voice for `choir.tts.speak` (none: the tool is not served).
     #[serde(default)]
     pub voice: Option<AgentVoice>,
+    /// The agent's Notion integration (none: `choir.notion.query` is not served).
+    #[serde(default)]
+    pub notion: Option<NotionConfig>,
+    /// The agent's mailbox (none: the mail tools are not served).
+    #[serde(default)]
+    pub email: Option<EmailConfig>,
 }
 
 /// An agent's token budget (`agents.<id>.token_budget`); none means unlimited.
@@ -373,6 +381,8 @@ impl Default for AgentConfig {
             quotas: Quotas::default(),
             web: None,
             voice: None,
+            notion: None,
+            email: None,
         }
     }
 }
@@ -693,6 +703,7 @@ impl Config {
             if let Some(v) = &agent.voice {
                 speech::validate_voice(&at("voice"), v)?;
             }
+            accounts::validate(&format!("agents.{id}"), agent.notion.as_ref(), agent.email.as_ref(), &agent.secrets)?;
         }
         web::validate(&self.web)?;
         if let Some(m) = &self.memory {

@@ -76,6 +76,11 @@ pub trait HostTool: Send + Sync {
     }
     /// Runs one call.
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError>;
+    /// Tries the tool's connection for `agent` on demand (a login, a
+    /// `users/me`), for `choirctl tools check`: what worked, or why not.
+    fn check(&self, _agent: &AgentId) -> Result<String, ApiError> {
+        Err(ApiError::NotImplemented(format!("{} has nothing to check", self.name())))
+    }
     /// Stops whatever the tool started (choird is shutting down).
     fn stop(&self) {}
     /// What the audit record of a call adds beyond tool, lane, call id and
@@ -151,6 +156,24 @@ impl Registry {
     pub fn statuses(&self, agent: &AgentId) -> Vec<(String, Status)> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         self.tools.iter().map(|(n, r)| (n.clone(), r.tool.status(&config, &secrets, agent))).collect()
+    }
+
+    /// `choirctl tools check AGENT TOOL`: tries the tool's connection.
+    pub fn check(&self, agent: &AgentId, tool: &str) -> Result<String, ApiError> {
+        let Some(r) = self.tools.get(tool) else {
+            return Err(ApiError::NotFound(format!(
+                "{} is not a host tool choird serves",
+                crate::http::printable(tool)
+            )));
+        };
+        let (config, secrets) = (self.shared.config(), self.shared.secrets());
+        if let Status::Available(why) = r.tool.status(&config, &secrets, agent) {
+            return Err(ApiError::Conflict(format!("{tool} is not served to {agent}: {why}")));
+        }
+        let result = r.tool.check(agent);
+        let outcome = if result.is_ok() { "ok" } else { "failed" };
+        self.shared.audit("admin", Some(agent), "tools.check", outcome, json!({"tool": tool}));
+        result
     }
 
     /// Stops every tool's helpers (a browser, …) at shutdown.
