@@ -69,8 +69,8 @@ fn block(i: usize) -> Value {
 fn row(i: usize) -> Value {
     json!({"object": "page", "id": format!("r{i}"), "url": format!("https://www.notion.so/r{i}"),
            "properties": {"Name": {"type": "title", "title": rich(&format!("Task {i}"))},
-                          "Done": {"type": "checkbox", "checkbox": i % 2 == 0},
-                          "Priority": {"type": "select", "select": {"name": if i % 3 == 0 { "High" } else { "Low" }}}}})
+                          "Done": {"type": "checkbox", "checkbox": i.is_multiple_of(2)},
+                          "Priority": {"type": "select", "select": {"name": if i.is_multiple_of(3) { "High" } else { "Low" }}}}})
 }
 
 /// A page of `items` from `start_cursor` (an index) of `page_size`.
