@@ -2,7 +2,9 @@
 # Installs the system packages Choir needs on Debian 12, idempotently:
 # PostgreSQL 15 with pgvector (built from Debian's own source package, since
 # bookworm does not package it), ripgrep, Chromium (the browse tool's
-# browser), espeak-ng and opus-tools (the voice tool), and the build tools.
+# browser), espeak-ng and opus-tools (the voice tool), dovecot and
+# python3-aiosmtpd (the mail tests' servers; their system services are not
+# started), and the build tools.
 # Safe to run again: every step checks before it acts.
 set -euo pipefail
 
@@ -12,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PG_MAJOR=15
 PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
           gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap chromium
-          espeak-ng opus-tools)
+          espeak-ng opus-tools openssl dovecot-imapd dovecot-lmtpd python3-aiosmtpd)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -21,7 +23,19 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Packages with services (dovecot) must not start them: the tests run
+  # their own, unprivileged. policy-rc.d says so for this install only (a
+  # policy already in place is left as it is).
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  status=0
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+  if [ -n "$own_policy" ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
+  [ "$status" -eq 0 ] || exit "$status"
 fi
 
 # The distribution-wide cluster is not used by Choir (it runs private clusters);

@@ -16,6 +16,7 @@ pub mod events;
 pub mod home;
 pub mod host_tools;
 pub mod http;
+pub mod mail;
 pub mod memory;
 pub mod notion;
 pub mod pace;

@@ -230,6 +230,7 @@ fn serve(
     crate::web::register(&shared, &mut host_tools)?;
     host_tools.register(Arc::new(crate::speech::tts::Speak::new(shared.clone())))?;
     host_tools.register(Arc::new(crate::notion::Notion::new(shared.clone())))?;
+    crate::mail::register(&shared, &mut host_tools)?;
     #[cfg(feature = "test-tools")]
     host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
     let daemon = Arc::new(Daemon::new(Parts {

@@ -162,6 +162,50 @@ pub fn take_outgoing(workspace: &Path, spool: &Path, room: u64) -> std::io::Resu
     Ok(out)
 }
 
+/// Reads the workspace file `rel` (relative, no `..`, not under the
+/// agent's `.choir/` state), at most `cap` bytes, through descriptors: no
+/// link is followed anywhere on the path, and only a regular file is read
+/// (a FIFO is opened non-blocking and refused).
+pub fn read_beneath(workspace: &Path, rel: &str, cap: u64) -> std::io::Result<Vec<u8>> {
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{rel}: {why}"));
+    let path = Path::new(rel);
+    if rel.is_empty() || path.is_absolute() {
+        return Err(bad("must be a path relative to the workspace"));
+    }
+    for c in path.components() {
+        match c {
+            std::path::Component::Normal(p) if p == ".choir" => {
+                return Err(bad("the agent's state is not readable here"))
+            }
+            std::path::Component::Normal(_) | std::path::Component::CurDir => {}
+            _ => return Err(bad("must stay inside the workspace")),
+        }
+    }
+    let root = open_root(workspace)?;
+    let fd = rustix::fs::openat2(
+        &root,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+        BENEATH,
+    )
+    .map_err(|e| std::io::Error::new(std::io::Error::from(e).kind(), format!("{rel}: {e}")))?;
+    let stat = rustix::fs::fstat(&fd).map_err(io)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(bad("not a plain file"));
+    }
+    if stat.st_size as u64 > cap {
+        return Err(bad(&format!("{} bytes is over the {cap}-byte limit", stat.st_size)));
+    }
+    let _ = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY);
+    let mut data = Vec::new();
+    std::fs::File::from(fd).take(cap + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > cap {
+        return Err(bad("grew over the limit while being read"));
+    }
+    Ok(data)
+}
+
 /// Writes a received file as `.choirtmp/recv/<name>` in the workspace (a
 /// new file; an existing one is replaced), owned like the workspace root so
 /// the agent can read it. Returns its workspace-relative path.

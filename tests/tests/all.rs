@@ -13,6 +13,7 @@ mod docker;
 mod e2e;
 mod hostile;
 mod lanes;
+mod mail;
 mod managed;
 mod memory;
 mod notion;

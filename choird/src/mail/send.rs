@@ -1,0 +1,221 @@
+//! `choir.email.send {to[], cc?[], subject, body, attachments?[]}`: a
+//! plain-text message from the agent's account, attachments read from its
+//! workspace through descriptors (size-capped). `side_effect: external`,
+//! not idempotent: the registry runs it at most once per call id, and its
+//! Message-ID is derived from the agent and call id, so even a resend
+//! by a server or a human would be recognisable as the same message.
+//! Recipients and Message-ID are audited.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use choir_common::ids::AgentId;
+use choir_common::manifest::ToolManifest;
+use lettre::message::header::ContentType;
+use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::Tls;
+use lettre::{SmtpTransport, Transport};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, Security};
+use crate::host_tools::{HostCall, HostTool, Status};
+use crate::http::ApiError;
+use crate::secrets::Secrets;
+use crate::shared::Shared;
+
+/// Recipients (to + cc) at most.
+const MAX_RECIPIENTS: usize = 20;
+/// One attachment's largest size.
+pub const MAX_ATTACHMENT: u64 = 10 * 1024 * 1024;
+/// All attachments' largest total.
+const MAX_TOTAL: u64 = 20 * 1024 * 1024;
+/// Body length at most (characters).
+const MAX_BODY: usize = 100_000;
+
+/// The tool.
+pub struct Send {
+    shared: Arc<Shared>,
+}
+
+impl Send {
+    /// The tool over `shared`'s config.
+    pub fn new(shared: Arc<Shared>) -> Send {
+        Send { shared }
+    }
+}
+
+fn addresses(v: &Value, field: &str) -> Result<Vec<Mailbox>, ApiError> {
+    v[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            let s = a.as_str().unwrap_or_default();
+            s.parse::<Mailbox>().map_err(|_| ApiError::BadRequest(format!("{field}: {s:?} is not a mail address")))
+        })
+        .collect()
+}
+
+/// The SMTP transport of the account.
+pub fn transport(account: &super::Account) -> Result<SmtpTransport, String> {
+    let s = &account.cfg.smtp;
+    let tls = match s.security {
+        Security::Tls => Tls::Wrapper(super::tls::smtp_parameters(&account.cfg)?),
+        Security::Starttls => Tls::Required(super::tls::smtp_parameters(&account.cfg)?),
+        Security::None => Tls::None,
+    };
+    Ok(SmtpTransport::builder_dangerous(s.host.clone())
+        .port(s.port)
+        .tls(tls)
+        .credentials(Credentials::new(account.cfg.username.clone(), account.password.clone()))
+        // PLAIN, over TLS (or loopback): one exchange, one clear answer.
+        .authentication(vec![lettre::transport::smtp::authentication::Mechanism::Plain])
+        .timeout(Some(Duration::from_secs(30)))
+        .build())
+}
+
+/// What an SMTP failure means, without the password or the server's address.
+pub fn smtp_error(e: &lettre::transport::smtp::Error) -> String {
+    let text = e.to_string();
+    if e.is_permanent() && text.contains("535") || text.to_ascii_lowercase().contains("authentication") {
+        "the SMTP server refused the login; the operator must check the account's username and password".into()
+    } else if e.is_permanent() {
+        format!("the SMTP server refused the message: {}", choir_common::text::clipped(&text, 200))
+    } else if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+        format!("TLS with the SMTP server failed: {}", choir_common::text::clipped(&text, 200))
+    } else {
+        format!("the SMTP server cannot be reached or failed: {}", choir_common::text::clipped(&text, 200))
+    }
+}
+
+impl HostTool for Send {
+    fn name(&self) -> &str {
+        "choir.email.send"
+    }
+
+    fn manifest(&self) -> Option<ToolManifest> {
+        serde_json::from_value(json!({
+            "llm": {
+                "name": "choir.email.send",
+                "description": "Send an email from your account: plain-text body, optional cc and attachments (workspace paths).",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "to": {"type": "array", "minItems": 1, "maxItems": MAX_RECIPIENTS, "items": {"type": "string", "maxLength": 320}},
+                        "cc": {"type": "array", "maxItems": MAX_RECIPIENTS, "items": {"type": "string", "maxLength": 320}},
+                        "subject": {"type": "string", "maxLength": 998},
+                        "body": {"type": "string", "maxLength": MAX_BODY},
+                        "attachments": {"type": "array", "maxItems": 10, "items": {"type": "string", "minLength": 1, "maxLength": 4096}}
+                    },
+                    "required": ["to", "subject", "body"],
+                    "additionalProperties": false
+                }
+            },
+            "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "external", "idempotent": false, "version": "1",
+                        "output_trust": "trusted"}
+        }))
+        .ok()
+    }
+
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+        super::status(config, secrets, agent)
+    }
+
+    fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
+        let account = super::account(&self.shared, agent)?;
+        let t = transport(&account).map_err(ApiError::Unavailable)?;
+        match t.test_connection() {
+            Ok(true) => Ok(format!("the SMTP server {}:{} answers", account.cfg.smtp.host, account.cfg.smtp.port)),
+            Ok(false) => Err(ApiError::BadGateway("the SMTP server did not answer NOOP".into())),
+            Err(e) => Err(ApiError::BadGateway(smtp_error(&e))),
+        }
+    }
+
+    fn audit_detail(&self, input: &Value, result: &Result<Value, ApiError>) -> Value {
+        json!({"to": input["to"], "cc": input["cc"],
+               "message_id": result.as_ref().ok().map(|v| v["message_id"].clone())})
+    }
+
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+        let agent = &call.caller.agent;
+        let account = super::account(&self.shared, agent)?;
+        let input = call.input;
+        let to = addresses(input, "to")?;
+        let cc = addresses(input, "cc")?;
+        if to.is_empty() || to.len() + cc.len() > MAX_RECIPIENTS {
+            return Err(ApiError::BadRequest(format!("between 1 and {MAX_RECIPIENTS} recipients")));
+        }
+        let from: Mailbox = account
+            .cfg
+            .from
+            .parse()
+            .map_err(|_| ApiError::Unavailable(format!("agents.{agent}.email.from is not a mail address")))?;
+        let subject = input["subject"].as_str().unwrap_or_default();
+        if subject.contains(['\r', '\n']) {
+            return Err(ApiError::BadRequest("the subject must be one line".into()));
+        }
+        let body = input["body"].as_str().unwrap_or_default().to_owned();
+        // Files from the workspace, through descriptors.
+        let config = self.shared.config();
+        let workspace = config.workspace(&self.shared.home, agent);
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        for p in input["attachments"].as_array().into_iter().flatten() {
+            let rel = p.as_str().unwrap_or_default();
+            let data = crate::workspace_files::read_beneath(&workspace, rel, MAX_ATTACHMENT)
+                .map_err(|e| ApiError::BadRequest(format!("attachment {e}")))?;
+            total += data.len() as u64;
+            if total > MAX_TOTAL {
+                return Err(ApiError::PayloadTooLarge(format!("attachments over {MAX_TOTAL} bytes in all")));
+            }
+            let name =
+                std::path::Path::new(rel).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            files.push((crate::workspace_files::safe_name(&name), data));
+        }
+        // One Message-ID per (agent, call): a retry is the same message.
+        let digest = Sha256::digest(format!("{agent}\0{}", call.call_id.unwrap_or_default()));
+        let domain = from.email.domain().to_owned();
+        let message_id = format!("<choir.{}@{domain}>", hex::encode(&digest[..12]));
+        let mut builder = lettre::Message::builder().from(from).subject(subject).message_id(Some(message_id.clone()));
+        for m in &to {
+            builder = builder.to(m.clone());
+        }
+        for m in &cc {
+            builder = builder.cc(m.clone());
+        }
+        let text = SinglePart::builder().header(ContentType::TEXT_PLAIN).body(body);
+        let message = if files.is_empty() {
+            builder.singlepart(text)
+        } else {
+            let mut mp = MultiPart::mixed().singlepart(text);
+            for (name, data) in files {
+                let ct =
+                    ContentType::parse("application/octet-stream").map_err(|e| ApiError::Internal(e.to_string()))?;
+                // Base64, so the file arrives byte for byte (7bit would
+                // normalise its line endings).
+                let body = lettre::message::Body::new_with_encoding(
+                    data,
+                    lettre::message::header::ContentTransferEncoding::Base64,
+                )
+                .map_err(|_| ApiError::Internal("an attachment could not be encoded".into()))?;
+                mp = mp.singlepart(Attachment::new(name).body(body, ct));
+            }
+            builder.multipart(mp)
+        }
+        .map_err(|e| ApiError::BadRequest(format!("the message cannot be built: {e}")))?;
+        let transport = transport(&account).map_err(ApiError::Unavailable)?;
+        let response = transport.send(&message).map_err(|e| {
+            log::warn!("agent {agent}: SMTP {}:{}: {e}", account.cfg.smtp.host, account.cfg.smtp.port);
+            ApiError::BadGateway(smtp_error(&e))
+        })?;
+        let recipients: Vec<String> = to.iter().chain(&cc).map(|m| m.email.to_string()).collect();
+        Ok(json!({
+            "summary": format!("sent to {} ({} recipient(s))", recipients.join(", "), recipients.len()),
+            "message_id": message_id,
+            "recipients": recipients,
+            "server_said": choir_common::text::clipped(&response.message().collect::<Vec<_>>().join(" "), 200),
+        }))
+    }
+}
