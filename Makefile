@@ -56,6 +56,7 @@ bench: deps base-image
 	target/release/bench-replication
 	target/release/bench-hostile
 	target/release/bench-web
+	target/release/bench-limbs
 
 # The memory store at scale (1,000,000 vectors; about half an hour): not part of `make bench`.
 bench-memory: deps

@@ -17,7 +17,7 @@ mod accounts;
 mod speech;
 mod web;
 pub use accounts::{EmailConfig, MailServer, NotionConfig, Security};
-pub use speech::{AgentVoice, TranscriptionConfig};
+pub use speech::{valid_voice, AgentVoice, TranscriptionConfig};
 pub use web::{AgentWeb, BraveConfig, BrowserConfig, PostSecret, WebConfig};
 
 /// How agents are run.

@@ -4,6 +4,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Whether a voice name is one espeak-ng could have (`en`, `en-us`,
+/// `de+f3`, `mb-en1`): letters, digits, `-`, `+`, `_`, at most 40.
+pub fn valid_voice(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 40
+        && !v.starts_with('-')
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '_'))
+}
+
 /// A config problem: (dotted field, reason).
 type Problem = (String, String);
 
@@ -65,7 +74,7 @@ fn default_transcription_timeout() -> u64 {
 
 /// Checks `agents.<id>.voice`.
 pub fn validate_voice(at: &str, v: &AgentVoice) -> Result<(), Problem> {
-    if !crate::speech::tts::valid_voice(&v.voice) {
+    if !valid_voice(&v.voice) {
         return Err((format!("{at}.voice"), "must be an espeak-ng voice name like en or en-us".into()));
     }
     if !(80..=400).contains(&v.speed) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::Security;
 
-use super::Account;
+use super::account::Account;
 
 /// A byte stream IMAP runs over.
 pub trait Stream: Read + Write + Send {}

@@ -67,7 +67,7 @@ fn mailbox_of(input: &Value) -> Result<String, ApiError> {
 }
 
 fn open(shared: &Shared, agent: &AgentId) -> Result<(Session, String), ApiError> {
-    let account = super::account(shared, agent)?;
+    let account = super::account::account(shared, agent)?;
     let source = format!("imap://{}@{}/", account.cfg.username, account.cfg.imap.host);
     let session = imap_session::open(&account).map_err(|e| {
         log::warn!("agent {agent}: IMAP {}:{}: {e}", account.cfg.imap.host, account.cfg.imap.port);
@@ -173,7 +173,7 @@ impl HostTool for Check {
     }
 
     fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
-        super::status(config, secrets, agent)
+        super::account::status(config, secrets, agent)
     }
 
     fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
@@ -339,7 +339,7 @@ impl HostTool for Receive {
     }
 
     fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
-        super::status(config, secrets, agent)
+        super::account::status(config, secrets, agent)
     }
 
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {

@@ -59,7 +59,7 @@ fn addresses(v: &Value, field: &str) -> Result<Vec<Mailbox>, ApiError> {
 }
 
 /// The SMTP transport of the account.
-pub fn transport(account: &super::Account) -> Result<SmtpTransport, String> {
+pub fn transport(account: &super::account::Account) -> Result<SmtpTransport, String> {
     let s = &account.cfg.smtp;
     let tls = match s.security {
         Security::Tls => Tls::Wrapper(super::tls::smtp_parameters(&account.cfg)?),
@@ -120,11 +120,11 @@ impl HostTool for Send {
     }
 
     fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
-        super::status(config, secrets, agent)
+        super::account::status(config, secrets, agent)
     }
 
     fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
-        let account = super::account(&self.shared, agent)?;
+        let account = super::account::account(&self.shared, agent)?;
         let t = transport(&account).map_err(ApiError::Unavailable)?;
         match t.test_connection() {
             Ok(true) => Ok(format!("the SMTP server {}:{} answers", account.cfg.smtp.host, account.cfg.smtp.port)),
@@ -140,7 +140,7 @@ impl HostTool for Send {
 
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
         let agent = &call.caller.agent;
-        let account = super::account(&self.shared, agent)?;
+        let account = super::account::account(&self.shared, agent)?;
         let input = call.input;
         let to = addresses(input, "to")?;
         let cc = addresses(input, "cc")?;

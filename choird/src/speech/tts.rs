@@ -48,14 +48,7 @@ impl Speak {
     }
 }
 
-/// Whether a voice name is one espeak-ng could have (`en`, `en-us`,
-/// `de+f3`, `mb-en1`): letters, digits, `-`, `+`, `_`, at most 40.
-pub fn valid_voice(v: &str) -> bool {
-    !v.is_empty()
-        && v.len() <= 40
-        && !v.starts_with('-')
-        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '_'))
-}
+pub use crate::config::valid_voice;
 
 /// Runs `cmd` to completion within `deadline`, killing it after.
 fn run_within(mut cmd: Cmd, deadline: Instant) -> Result<(), String> {
