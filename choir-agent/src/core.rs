@@ -118,9 +118,26 @@ impl CorePool {
         objective: &str,
         skill: Option<&str>,
         input: &Value,
+        allowed_tools: Option<&[String]>,
         conversation: &str,
     ) -> Result<Value, ToolError> {
         let skill = skill.map(|s| self.setup.skills.prepare(s, input)).transpose()?;
+        // The task's allowlist names only tools a job could use anyway.
+        if let Some(list) = allowed_tools {
+            let registry = self.setup.arbiter.registry();
+            let known = registry.names();
+            let bad: Vec<&str> = list
+                .iter()
+                .filter(|t| !known.contains(t) || EDGE_ONLY_TOOLS.contains(&t.as_str()))
+                .map(String::as_str)
+                .collect();
+            if !bad.is_empty() {
+                return Err(ToolError::new(
+                    "invalid_allowed_tools",
+                    format!("a job cannot be given {}: unknown, or not for core jobs", bad.join(", ")),
+                ));
+            }
+        }
         let limits = *self.limits.lock();
         let mut jobs = self.jobs.lock();
         let running: Vec<String> = jobs
@@ -163,6 +180,7 @@ impl CorePool {
             name: name.to_owned(),
             objective: objective.to_owned(),
             skill: skill.clone().map(|s| (s, input.clone())),
+            task: allowed_tools.map(<[String]>::to_vec),
             conversation: conversation.to_owned(),
             cancel: cancel.clone(),
             quiet: quiet.clone(),
@@ -269,6 +287,8 @@ struct JobRun {
     name: String,
     objective: String,
     skill: Option<(Arc<Skill>, Value)>,
+    /// The task's allowlist (`allowed_tools` of `choir.core.start`).
+    task: Option<Vec<String>>,
     conversation: String,
     cancel: Arc<AtomicBool>,
     quiet: Arc<AtomicBool>,
@@ -281,7 +301,14 @@ struct CoreHooks {
 }
 
 impl LaneHooks for CoreHooks {
-    fn core_start(&self, _: &str, _: &str, _: Option<&str>, _: &Value) -> Result<Value, ToolError> {
+    fn core_start(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: &Value,
+        _: Option<&[String]>,
+    ) -> Result<Value, ToolError> {
         Err(ToolError::new("not_available", "core jobs cannot start core jobs"))
     }
     fn skill_run(&self, _: &str, _: &Value) -> Result<Value, ToolError> {
@@ -307,12 +334,17 @@ impl JobRun {
         s.board.add_lane(&lane_name, Some(budget.steps), Some(budget.tokens), Some(self.objective.clone()));
         let mut machine = LaneMachine::new(&lane_name, LaneRole::Core, s.board.clone());
         let registry = s.arbiter.registry();
-        let allowlist: Vec<String> =
-            registry.names().into_iter().filter(|n| !EDGE_ONLY_TOOLS.contains(&n.as_str())).collect();
+        let allowlist: Vec<String> = registry
+            .names()
+            .into_iter()
+            .filter(|n| !EDGE_ONLY_TOOLS.contains(&n.as_str()))
+            .filter(|n| self.task.as_ref().is_none_or(|t| t.contains(n)))
+            .collect();
         let system = crate::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
         let hooks = Arc::new(CoreHooks { compact: AtomicBool::new(false) });
         let mut lane = LaneCtx::new(&lane_name, LaneKind::Core);
         lane.allowlist = Some(allowlist);
+        lane.task_allowlist = self.task.clone();
         lane.hooks = Some(hooks.clone());
         lane.cancel = Some(self.cancel.clone());
         lane.conversation = Some(self.conversation.clone());

@@ -101,8 +101,15 @@ struct EdgeHooks {
 }
 
 impl LaneHooks for EdgeHooks {
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError> {
-        self.pool.start(name, objective, skill, input, &self.conversation)
+    fn core_start(
+        &self,
+        name: &str,
+        objective: &str,
+        skill: Option<&str>,
+        input: &Value,
+        allowed_tools: Option<&[String]>,
+    ) -> Result<Value, ToolError> {
+        self.pool.start(name, objective, skill, input, allowed_tools, &self.conversation)
     }
     fn skill_run(&self, name: &str, input: &Value) -> Result<Value, ToolError> {
         let skill = self.skills.prepare(name, input)?;

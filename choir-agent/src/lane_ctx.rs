@@ -44,6 +44,9 @@ pub struct LaneCtx {
     /// When set, the tools listed to the model are narrowed to these (the
     /// allowlist still decides what may run).
     pub offer: Option<Vec<String>>,
+    /// The task's allowlist (a core job started with `allowed_tools`): a
+    /// skill run in this lane gets its state's list intersected with it.
+    pub task_allowlist: Option<Vec<String>>,
 }
 
 /// Where a lane is in a skill.
@@ -69,6 +72,7 @@ impl LaneCtx {
             conversation: None,
             waits_for_approval: false,
             offer: None,
+            task_allowlist: None,
         }
     }
 

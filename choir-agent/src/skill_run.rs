@@ -171,7 +171,12 @@ impl SkillRun {
     /// when the skill is interruptible.
     fn ctx(&self, lane: &LaneCtx) -> LaneCtx {
         let mut ctx = lane.clone();
-        ctx.allowlist = Some(self.current().allowed_tools.clone());
+        // The state's list, within the task's allowlist when the lane has one.
+        let state_list = self.current().allowed_tools.iter();
+        ctx.allowlist = Some(match &lane.task_allowlist {
+            Some(task) => state_list.filter(|t| task.contains(t)).cloned().collect(),
+            None => state_list.cloned().collect(),
+        });
         ctx.skill = Some(SkillAt { name: self.skill.spec.name.clone(), state: self.state.clone() });
         if !self.skill.spec.interruptible {
             ctx.cancel = None;
@@ -282,7 +287,9 @@ impl SkillRun {
             let _ = machine.go(LaneState::Reasoning);
         }
         let ctx = self.ctx(lane);
-        let mut tools = mind.arbiter.registry().llm_tools(Some(&self.current().allowed_tools));
+        // Offered: the state's tools within the task's allowlist (ctx's list).
+        let offered = ctx.allowlist.clone().unwrap_or_default();
+        let mut tools = mind.arbiter.registry().llm_tools(Some(&offered));
         tools.extend(self.controls());
         let system = format!("{system}\n\n{}", self.prompt());
         let resp = match mind.ask(&system, history, tools, None) {

@@ -380,3 +380,54 @@ fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
     // choirctl --stream shows the same final text.
     assert_eq!(choird.ctl_ok(&["chat", "--stream", "demo", "again"]), "short\n");
 }
+
+#[test]
+fn a_job_started_with_allowed_tools_is_offered_and_runs_only_those() {
+    let Some(pg) = TestPg::start() else { return };
+    let edge = FakeLlm::start(vec![
+        // A tool no job may have: refused before any job starts.
+        Step::call(
+            "choir.core.start",
+            json!({"name": "bad", "objective": "x", "allowed_tools": ["choir.fs.read", "choir.core.start"]}),
+        ),
+        Step::call(
+            "choir.core.start",
+            json!({"name": "reader", "objective": "Read notes/a.md and report.", "allowed_tools": ["choir.fs.read"]}),
+        ),
+        Step::Text("Started.".into()),
+        Step::Text("Done.".into()),
+    ]);
+    let core = FakeLlm::start(vec![
+        // Outside the task's allowlist: refused, nothing written.
+        Step::call("choir.fs.write", json!({"path": "notes/b.md", "content": "injected"})),
+        Step::call("choir.fs.read", json!({"path": "notes/a.md"})),
+        Step::Text("REPORT: read it.".into()),
+    ]);
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
+    let ws = choird.workspace("demo");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("notes/a.md"), "hello").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "read my note"]), "Started.\n");
+    wait_for("the job's report", Duration::from_secs(30), || notices(&pg).len() == 1);
+
+    // The refused start said why.
+    let ereqs = edge.requests();
+    let first = ereqs[1].body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(first.contains("invalid_allowed_tools") && first.contains("choir.core.start"), "{first}");
+    // The job was offered only its tool, and the other was refused.
+    let creqs = core.requests();
+    let offered: Vec<&str> =
+        creqs[0].body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(offered, ["choir__fs__read"]);
+    let refused = creqs[1].body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(refused.contains("not_allowed") && refused.contains("choir.fs.write is not allowed here"), "{refused}");
+    assert!(!ws.join("notes/b.md").exists());
+    let events = replicated_events(&pg, "demo", 4);
+    let job: Vec<(&str, Outcome)> =
+        events.iter().filter(|e| e.lane == "core:reader").map(|e| (e.tool.as_str(), e.outcome)).collect();
+    assert_eq!(job, [("choir.fs.write", Outcome::Rejected), ("choir.fs.read", Outcome::Ok)]);
+}

@@ -606,3 +606,40 @@ fn the_edge_runs_research_and_summarize_in_its_turn_with_read_only_tools() {
     assert_eq!((end.lane.as_str(), end.result["status"].as_str()), ("edge", Some("finished")));
     assert!(end.turn.is_some(), "the skill's events belong to the user's message");
 }
+
+#[test]
+fn a_skill_in_a_job_with_allowed_tools_gets_its_states_tools_only_within_them() {
+    let Some(pg) = TestPg::start() else { return };
+    let edge = FakeLlm::start(vec![
+        Step::call(
+            "choir.core.start",
+            json!({"name": "notes", "objective": "Rewrite the note.", "skill": "edit_notes",
+                   "input": {"path": "notes/a.md"}, "allowed_tools": ["choir.fs.read"]}),
+        ),
+        Step::Text("Started.".into()),
+        Step::Text("Reported.".into()),
+    ]);
+    let core = FakeLlm::start(vec![
+        Step::call("choir.fs.read", json!({"path": "notes/a.md"})),
+        transition("complete", Some("read it")),
+        // The write state allows fs.write; the task does not.
+        Step::call("choir.fs.write", json!({"path": "notes/a.md", "content": "rewritten\n"})),
+    ]);
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
+    install_skill(&choird, &edit_notes());
+    let ws = choird.workspace("demo");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("notes/a.md"), "hello\n").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "rewrite notes/a.md"]), "Started.\n");
+    wait_for("the write to be refused", Duration::from_secs(30), || core.requests().len() >= 4);
+    let r = core.requests();
+    // In the write state the model is offered no file tool at all.
+    assert_eq!(tool_names(&r[2].body), ["choir__skill__transition"], "write state within the task's list");
+    let refused = last_tool_result(&r[3].body);
+    assert_eq!(refused["error"]["code"], "tool_not_allowed", "{refused}");
+    assert_eq!(std::fs::read_to_string(ws.join("notes/a.md")).unwrap(), "hello\n");
+}

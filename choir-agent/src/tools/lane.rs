@@ -37,7 +37,10 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
                         "name": name,
                         "objective": {"type": "string", "minLength": 1, "description": "What the job must achieve, with all the details it needs"},
                         "skill": {"type": "string", "description": "Optional skill to run the job with"},
-                        "input": {"type": "object", "description": "The skill's input (matching its input schema)"}
+                        "input": {"type": "object", "description": "The skill's input (matching its input schema)"},
+                        "allowed_tools": {"type": "array", "maxItems": 64, "uniqueItems": true,
+                                          "items": {"type": "string", "minLength": 1, "maxLength": 100},
+                                          "description": "Only these tools for the job (the task's allowlist); without it, every tool a job may use"}
                     },
                     "required": ["name", "objective"],
                     "additionalProperties": false
@@ -121,12 +124,19 @@ impl Tool for LaneTool {
         let s = |k: &str| input.get(k).and_then(Value::as_str);
         let skill_input = input.get("input").cloned().unwrap_or_else(|| json!({}));
         match self {
-            LaneTool::Start => hooks.core_start(
-                s("name").unwrap_or_default(),
-                s("objective").unwrap_or_default(),
-                s("skill"),
-                &skill_input,
-            ),
+            LaneTool::Start => {
+                let allowed: Option<Vec<String>> = input
+                    .get("allowed_tools")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect());
+                hooks.core_start(
+                    s("name").unwrap_or_default(),
+                    s("objective").unwrap_or_default(),
+                    s("skill"),
+                    &skill_input,
+                    allowed.as_deref(),
+                )
+            }
             LaneTool::Skill => hooks.skill_run(s("skill").unwrap_or_default(), &skill_input),
             LaneTool::Status => hooks.core_status(s("name")),
             LaneTool::Cancel => hooks.core_cancel(s("name").unwrap_or_default()),

@@ -56,8 +56,16 @@ pub trait Tool: Send + Sync {
 
 /// What a lane offers its lane tools.
 pub trait LaneHooks: Send + Sync {
-    /// Starts a named core job, optionally running a skill with `input`.
-    fn core_start(&self, name: &str, objective: &str, skill: Option<&str>, input: &Value) -> Result<Value, ToolError>;
+    /// Starts a named core job, optionally running a skill with `input`,
+    /// and limited to `allowed_tools` when given (the per-task allowlist).
+    fn core_start(
+        &self,
+        name: &str,
+        objective: &str,
+        skill: Option<&str>,
+        input: &Value,
+        allowed_tools: Option<&[String]>,
+    ) -> Result<Value, ToolError>;
     /// Runs a skill in this lane, right after the current step.
     fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
     /// Reports one core job, or all.
