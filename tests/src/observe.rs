@@ -83,3 +83,15 @@ pub fn job_of(req: &Value) -> String {
 pub fn notices(pg: &TestPg) -> Vec<String> {
     pg.client().query("SELECT text FROM notices ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
 }
+
+/// The live (not zombie) Chromium processes among `pid`'s descendants.
+pub fn chromium_processes(pid: u32) -> Vec<i32> {
+    choir_common::proc_tree::descendants_of(pid as i32, 4096)
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim().starts_with("chrom")))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        })
+        .collect()
+}

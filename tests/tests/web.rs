@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use choir_common::proc_tree::descendants_of;
 use choir_tests::fake_web::{FakeBrave, Receiver, TestSite, INJECTION};
 use choir_tests::harness::{test_config, Choird};
-use choir_tests::observe::wait_for;
+use choir_tests::observe::{chromium_processes, wait_for};
 use choir_tests::pg::TestPg;
 use choir_tests::tool_calls::{assert_wrapped, call, caller, failed, ok};
 use serde_json::{json, Value};
@@ -103,15 +102,7 @@ fn web_search_goes_through_brave_with_a_key_the_agent_never_sees_and_arrives_wra
 
 /// Chromium processes choird started.
 fn browsers(choird: &Choird) -> Vec<i32> {
-    descendants_of(choird.pid() as i32, 4096)
-        .into_iter()
-        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim().starts_with("chrom")))
-        // Not the dead, waiting to be reaped.
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-        })
-        .collect()
+    chromium_processes(choird.pid())
 }
 
 #[test]

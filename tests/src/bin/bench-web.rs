@@ -10,66 +10,18 @@
 
 use std::time::{Duration, Instant};
 
-use choir_common::proc_tree::descendants_of;
+use choir_tests::bench::{ms, pct, timed, HostToolClient as Client};
 use choir_tests::fake_web::{FakeBrave, Receiver, TestSite};
 use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::observe::chromium_processes;
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 const KEY: &str = "bench-brave-key";
 
-struct Client {
-    token: String,
-    http: ureq::Agent,
-}
-
-impl Client {
-    fn of(choird: &Choird, id: &str) -> Client {
-        let token_file = choird.workspace(id).join("hostile.token");
-        let mut token = String::new();
-        wait_for("the agent's token", Duration::from_secs(30), || {
-            token = std::fs::read_to_string(&token_file).unwrap_or_default();
-            !token.is_empty()
-        });
-        let socket = choird.home.path().join("socks/agents").join(id).join("choird.sock");
-        Client { token, http: choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(60))) }
-    }
-
-    fn tool(&self, tool: &str, input: Value, call_id: &str) -> Value {
-        let body = json!({"tool": tool, "input": input, "lane": "edge", "call_id": call_id});
-        let mut resp = self
-            .http
-            .post("http://localhost/rpc/v1/EXECUTE_HOST_TOOL")
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", "application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let text = resp.body_mut().read_to_string().unwrap();
-        assert_eq!(resp.status().as_u16(), 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["result"].clone()
-    }
-}
-
-fn pct(v: &mut [Duration], q: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * q) as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
 fn browsers(choird: &Choird) -> Vec<i32> {
-    descendants_of(choird.pid() as i32, 4096)
-        .into_iter()
-        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim().starts_with("chrom")))
-        // Not the dead, waiting to be reaped.
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-        })
-        .collect()
+    chromium_processes(choird.pid())
 }
 
 /// (sum of RSS, sum of PSS) of the browser's processes, in MiB.
@@ -85,16 +37,6 @@ fn browser_memory(choird: &Choird) -> (f64, f64) {
         pss += field("Pss:").unwrap_or(0);
     }
     (rss as f64 / 1024.0, pss as f64 / 1024.0)
-}
-
-fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
-    (0..n)
-        .map(|i| {
-            let t = Instant::now();
-            f(i);
-            t.elapsed()
-        })
-        .collect()
 }
 
 fn main() {

@@ -1,0 +1,89 @@
+//! What the benchmarks share: a client of an agent socket holding the
+//! agent's token (choird's host tools called as the agent calls them) and
+//! latency statistics.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::harness::Choird;
+use crate::observe::wait_for;
+
+/// A client of one agent's socket with its lease token.
+pub struct HostToolClient {
+    /// The agent's lease token.
+    pub token: String,
+    /// A client of its socket.
+    pub http: ureq::Agent,
+}
+
+impl HostToolClient {
+    /// Waits for the hostile agent `id` to hand over its token (see `hostile-agent`).
+    pub fn of(choird: &Choird, id: &str) -> HostToolClient {
+        let token_file = choird.workspace(id).join("hostile.token");
+        let mut token = String::new();
+        wait_for("the agent's token", Duration::from_secs(30), || {
+            token = std::fs::read_to_string(&token_file).unwrap_or_default();
+            !token.is_empty()
+        });
+        let socket = choird.home.path().join("socks/agents").join(id).join("choird.sock");
+        HostToolClient {
+            token,
+            http: choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(120))),
+        }
+    }
+
+    /// EXECUTE_HOST_TOOL; the result (panics on anything but 200).
+    pub fn tool(&self, tool: &str, input: Value, call_id: &str) -> Value {
+        let body = json!({"tool": tool, "input": input, "lane": "edge", "call_id": call_id});
+        let mut resp = self
+            .http
+            .post("http://localhost/rpc/v1/EXECUTE_HOST_TOOL")
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let text = resp.body_mut().read_to_string().unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["result"].clone()
+    }
+}
+
+/// The `q` quantile (sorts `v`).
+pub fn pct(v: &mut [Duration], q: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * q) as usize]
+}
+
+/// Milliseconds, two decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Runs `f` `n` times, timing each.
+pub fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
+    (0..n)
+        .map(|i| {
+            let t = Instant::now();
+            f(i);
+            t.elapsed()
+        })
+        .collect()
+}
+
+/// Prints direct vs through-choird latencies and their ratio.
+pub fn compare(what: &str, mut direct: Vec<Duration>, mut via: Vec<Duration>) {
+    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
+    println!(
+        "{what}, n={}: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
+        via.len(),
+        ms(d50),
+        ms(pct(&mut direct, 0.99)),
+        ms(v50),
+        ms(pct(&mut via, 0.99)),
+        v50.as_secs_f64() / d50.as_secs_f64(),
+        ms(v50.saturating_sub(d50))
+    );
+}
