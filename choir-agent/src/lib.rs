@@ -19,6 +19,7 @@ pub mod memory;
 pub mod origin;
 pub mod policy;
 pub mod prompt;
+pub mod provenance;
 pub mod reaper;
 pub mod reasoning;
 pub mod results;
