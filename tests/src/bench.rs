@@ -35,8 +35,8 @@ impl HostToolClient {
         }
     }
 
-    /// EXECUTE_HOST_TOOL; the result (panics on anything but 200).
-    pub fn tool(&self, tool: &str, input: Value, call_id: &str) -> Value {
+    /// EXECUTE_HOST_TOOL: the result, or choird's status and answer.
+    pub fn try_tool(&self, tool: &str, input: Value, call_id: &str) -> Result<Value, (u16, String)> {
         let body = json!({"tool": tool, "input": input, "lane": "edge", "call_id": call_id});
         let mut resp = self
             .http
@@ -44,10 +44,17 @@ impl HostToolClient {
             .header("Authorization", &format!("Bearer {}", self.token))
             .header("Content-Type", "application/json")
             .send(body.to_string().as_bytes())
-            .unwrap();
-        let text = resp.body_mut().read_to_string().unwrap();
-        assert_eq!(resp.status().as_u16(), 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["result"].clone()
+            .map_err(|e| (0, e.to_string()))?;
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        match resp.status().as_u16() {
+            200 => Ok(serde_json::from_str::<Value>(&text).map_err(|e| (200, e.to_string()))?["result"].clone()),
+            status => Err((status, text)),
+        }
+    }
+
+    /// EXECUTE_HOST_TOOL; the result (panics on anything but 200).
+    pub fn tool(&self, tool: &str, input: Value, call_id: &str) -> Value {
+        self.try_tool(tool, input, call_id).unwrap_or_else(|(status, text)| panic!("{tool}: {status} {text}"))
     }
 }
 

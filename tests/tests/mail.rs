@@ -98,6 +98,7 @@ fn mail_goes_out_comes_back_in_wrapped_with_its_attachment_and_is_never_sent_twi
     // Bad input: refused, nothing sent.
     let before = mail.delivered();
     std::os::unix::fs::symlink("/etc/passwd", ws.join("passwd-link")).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(ws.join("pipe")).status().unwrap().success());
     for (args, expect) in [
         (json!({"to": ["not an address"], "subject": "x", "body": "x"}), "not a mail address"),
         (
@@ -115,6 +116,10 @@ fn mail_goes_out_comes_back_in_wrapped_with_its_attachment_and_is_never_sent_twi
         (
             json!({"to": [format!("{USER}@localhost")], "subject": "x", "body": "x", "attachments": [".choir/agent.lock"]}),
             "state",
+        ),
+        (
+            json!({"to": [format!("{USER}@localhost")], "subject": "x", "body": "x", "attachments": ["pipe"]}),
+            "not a plain file",
         ),
         (json!({"to": [format!("{USER}@localhost")], "subject": "a\r\nBcc: x@evil.test", "body": "x"}), "one line"),
     ] {

@@ -179,6 +179,7 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
         "chrome://settings",
         "not a url",
         "http://user:pw@x.test/",
+        "http://x\u{0}y.test/",
     ] {
         let e = failed(&browse("demo", json!({"action": "open", "url": url})));
         assert!(e.contains("refused") || e.contains("not a valid URL"), "{url}: {e}");
@@ -300,6 +301,11 @@ fn http_post_reaches_only_allowed_origins_with_a_secret_the_agent_never_sees_and
             json!({"url": format!("{origin}/x"), "json": {}, "headers": {"Authorization": "Bearer mine"}}),
             "set by choird",
         ),
+        (
+            json!({"url": format!("{origin}/x"), "json": {}, "headers": {"X-A": "a\r\nInjected: 1"}}),
+            "not a valid header",
+        ),
+        (json!({"url": format!("{origin}/x"), "json": {}, "headers": {"X-A": "a\u{0}b"}}), "not a valid header"),
         (json!({"url": format!("{origin}/x"), "json": {}, "form": {}}), "exactly one of json and form"),
         (json!({"url": format!("{origin}/x")}), "exactly one of json and form"),
         (

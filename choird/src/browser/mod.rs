@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 use self::cdp::{CdpError, Connection, Event};
 use self::proxy::{Blocked, Proxy};
 use crate::config::{AgentWeb, BrowserConfig};
-use crate::egress::{parse_web_url, Policy};
+use crate::egress::Policy;
 
 /// The readable-text extractor, run in an isolated world.
 const READABLE_JS: &str = include_str!("readable.js");
@@ -423,7 +423,7 @@ impl Tab {
         if let Some(b) = blocked.first() {
             return BrowseError::Failed(format!("{url} was not loaded: {}", b.reason));
         }
-        if err.contains("ERR_ABORTED") && err.contains("BLOCKED") || err.contains("ERR_BLOCKED") {
+        if err.contains("ERR_BLOCKED") {
             return BrowseError::Refused(format!("{url} was not loaded: the browser refused it ({err})"));
         }
         BrowseError::Failed(format!("{url} could not be loaded ({err})"))
@@ -437,7 +437,6 @@ impl Tab {
         let mut inflight: HashSet<String> = HashSet::new();
         let main = self.target.clone();
         let mut navigating = expect_nav;
-        let mut loaded = false;
         let handle = |ev: &Event, inflight: &mut HashSet<String>| -> Result<(), BrowseError> {
             let id = ev.params["requestId"].as_str().unwrap_or_default().to_owned();
             match ev.method.as_str() {
@@ -474,7 +473,7 @@ impl Tab {
         }
         if navigating {
             let mut err = None;
-            loaded = cdp::wait_events(&self.events, load_deadline, |ev| {
+            let loaded = cdp::wait_events(&self.events, load_deadline, |ev| {
                 if let Err(e) = handle(ev, &mut inflight) {
                     err = Some(e);
                     return true;
@@ -493,7 +492,6 @@ impl Tab {
                 )));
             }
         }
-        let _ = loaded;
         // Rendered: no request in flight for QUIET (at most QUIET_MAX).
         let quiet_deadline = (Instant::now() + QUIET_MAX).min(load_deadline.max(Instant::now()));
         loop {
@@ -610,11 +608,4 @@ impl Drop for Tab {
             );
         }
     }
-}
-
-/// Checks a URL the way [`Browser::open`] does (for input validation
-/// before the browser is involved).
-pub fn check_url(web: &AgentWeb, url: &str) -> Result<url::Url, BrowseError> {
-    let _ = parse_web_url(url).map_err(|e| BrowseError::Refused(e.0))?;
-    Policy::new(web).check_url(url).map_err(|e| BrowseError::Refused(e.0))
 }

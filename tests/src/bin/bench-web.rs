@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use choir_tests::bench::{ms, pct, timed, HostToolClient as Client};
+use choir_tests::bench::{compare, ms, pct, timed, HostToolClient as Client};
 use choir_tests::fake_web::{FakeBrave, Receiver, TestSite};
 use choir_tests::harness::{bin, test_config, Choird};
 use choir_tests::observe::chromium_processes;
@@ -78,14 +78,8 @@ fn main() {
         let id = next_id();
         let t = Instant::now();
         // The first call after a death may report it; the next starts a new browser.
-        let body = json!({"tool": "choir.web.browse", "input": {"action": "open", "url": format!("{base}/second")},
-                          "lane": "edge", "call_id": id});
-        let _ = clients[0]
-            .http
-            .post("http://localhost/rpc/v1/EXECUTE_HOST_TOOL")
-            .header("Authorization", &format!("Bearer {}", clients[0].token))
-            .header("Content-Type", "application/json")
-            .send(body.to_string().as_bytes());
+        let _ =
+            clients[0].try_tool("choir.web.browse", json!({"action": "open", "url": format!("{base}/second")}), &id);
         if browsers(&choird).is_empty() {
             open(&clients[0], next_id(), "/second");
         }
@@ -127,7 +121,7 @@ fn main() {
     // Search: choird's overhead over calling the (fake) API directly.
     let direct_http = ureq::Agent::new_with_config(ureq::config::Config::builder().http_status_as_error(false).build());
     let url = format!("{}/res/v1/web/search", brave.base_url());
-    let mut direct = timed(500, |i| {
+    let direct = timed(500, |i| {
         let mut r = direct_http
             .get(&url)
             .query("q", format!("q{i}"))
@@ -137,42 +131,24 @@ fn main() {
             .unwrap();
         let _: Value = r.body_mut().read_json().unwrap();
     });
-    let mut via = timed(500, |i| {
+    let via = timed(500, |i| {
         let r = clients[0].tool("choir.web.search", json!({"query": format!("q{i}"), "count": 3}), &format!("s{i}"));
         assert_eq!(r["count"], 3);
     });
-    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
-    println!(
-        "\nweb.search, 3 results, n=500: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
-        ms(d50),
-        ms(pct(&mut direct, 0.99)),
-        ms(v50),
-        ms(pct(&mut via, 0.99)),
-        v50.as_secs_f64() / d50.as_secs_f64(),
-        ms(v50.saturating_sub(d50))
-    );
+    compare("\nweb.search, 3 results", direct, via);
 
     // Post: the same (a post is claimed at most once in PostgreSQL, and audited).
     let post_url = format!("{}/hook", recv.origin());
-    let mut direct = timed(500, |i| {
+    let direct = timed(500, |i| {
         direct_http
             .post(&post_url)
             .header("Content-Type", "application/json")
             .send(json!({"n": i}).to_string())
             .unwrap();
     });
-    let mut via = timed(500, |i| {
+    let via = timed(500, |i| {
         let r = clients[0].tool("choir.http.post", json!({"url": post_url, "json": {"n": i}}), &next_id());
         assert_eq!(r["status_code"], 200);
     });
-    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
-    println!(
-        "http.post, n=500: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
-        ms(d50),
-        ms(pct(&mut direct, 0.99)),
-        ms(v50),
-        ms(pct(&mut via, 0.99)),
-        v50.as_secs_f64() / d50.as_secs_f64(),
-        ms(v50.saturating_sub(d50))
-    );
+    compare("http.post", direct, via);
 }
