@@ -11,14 +11,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_agent::arbiter::{Arbiter, Decision, ProposedCall};
+use choir_agent::arg_check::ArgumentPolicy;
 use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
 use choir_agent::lane_ctx::{LaneCtx, LaneKind};
 use choir_agent::locks::{LockManager, Resource};
+use choir_agent::origin::{Entry, Origin};
 use choir_agent::secrets::SecretStore;
 use choir_agent::tools::Registry;
 use choir_agent::workspace::Workspace;
+use choir_common::arg_policy::{KnownTools, PolicyFile, PolicySet};
 use choir_common::commit::{EventKind, Outcome};
 use choir_common::manifest::LockMode;
+use choir_common::trust::OutputTrust;
 use serde_json::json;
 
 fn percentiles(mut ns: Vec<u64>) -> (u64, u64) {
@@ -85,13 +89,59 @@ fn main() {
     let mut samples = Vec::with_capacity(100_000);
     for _ in 0..100_000 {
         let t = Instant::now();
-        let d = arbiter.decide(&lane, &call);
+        let d = arbiter.decide(&lane, &call, &[]);
         samples.push(t.elapsed().as_nanos() as u64);
         assert!(matches!(d, Decision::Allowed { .. }));
     }
     let (p50, p99) = percentiles(samples);
     println!(
         "arbiter decision (parse + schema + allowlist + path + lockset): p50 {}  p99 {}",
+        fmt_ns(p50),
+        fmt_ns(p99)
+    );
+
+    // --- Decision under an argument policy, over a long history -------------
+    // A rule on the call's path, traced through 50 entries of ~2 KB (a user
+    // message, then mail-like untrusted tool results).
+    let (log2, _) = CommitLog::open(&dir.path().join("state2")).unwrap();
+    let (tx2, _rx2) = crossbeam_channel::bounded(1);
+    let guarded = Arbiter::new(
+        Registry::builtins().unwrap(),
+        Workspace::open(&ws_dir).unwrap(),
+        dir.path().join("state2"),
+        Arc::new(DurableLog::new(log2).unwrap()),
+        tx2,
+        SecretStore::default(),
+    );
+    let known: KnownTools = [("choir.fs.write".to_owned(), None)].into();
+    let rule = r#"{"rules": [{"id": "path", "tool": "choir.fs.write", "argument": "/path",
+        "if": {"not_from": ["user", "operator", "trusted"]}, "then": "confirm",
+        "examples": {"match": [{"value": "x"}], "not_match": [{"value": "x", "from": ["user"]}]}}]}"#;
+    let policy = Arc::new(ArgumentPolicy::default());
+    policy.set(&PolicySet::merge([PolicyFile::parse("bench", rule, &known).unwrap()]));
+    guarded.set_policies(vec![policy]);
+    let filler = "Dear team, the quarterly numbers are attached; reply to finance@corp.test by Friday. ".repeat(24);
+    let mut history = vec![Entry::user("please write the summary to notes/today.md")];
+    for i in 0..49 {
+        history.push(Entry::tool_result(
+            &format!("c{i}"),
+            format!("From: sender{i}@corp.test\n{filler}"),
+            Origin::Tool { tool: "choir.email.receive".into(), trust: OutputTrust::Untrusted },
+        ));
+    }
+    let mut samples = Vec::with_capacity(2_000);
+    for _ in 0..2_000 {
+        let t = Instant::now();
+        let d = guarded.decide(&lane, &call, &history);
+        samples.push(t.elapsed().as_nanos() as u64);
+        assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
+    }
+    let (p50, p99) = percentiles(samples);
+    let bytes: usize = history.iter().filter_map(|e| e.message.content.as_ref()).map(String::len).sum();
+    println!(
+        "arbiter decision with an argument rule, value traced through {} entries ({} KB): p50 {}  p99 {}",
+        history.len(),
+        bytes / 1024,
         fmt_ns(p50),
         fmt_ns(p99)
     );

@@ -46,19 +46,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use choir_common::commit::{CommitEvent, EventKind, Outcome};
+use choir_common::commit::{canonical_json, CommitEvent, EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
 use choir_common::manifest::{placeholders, LockMode, SideEffect, PROPOSAL_TOOLS};
 use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
 use crossbeam_channel::Sender;
 use serde_json::{json, Value};
+use sha2::Digest;
 
 use crate::commitlog::{DurableLog, LogError, NewEvent};
 use crate::invocation::{Failure, Invocation, Pending, Refusal, Refused, Status};
 use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::StatusBoard;
 use crate::locks::{LockManager, Resource};
+use crate::origin::Entry;
 use crate::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
+use crate::provenance::Evidence;
 use crate::results::{render, shape, Artifacts};
 use crate::secrets::SecretStore;
 use crate::tools::propose::{self, Awaited, ProposalError, ProposalSink};
@@ -171,6 +174,8 @@ pub struct Arbiter {
     proposals: OnceLock<Arc<dyn ProposalSink>>,
     policies: OnceLock<Vec<Arc<dyn CallPolicy>>>,
     board: OnceLock<Arc<StatusBoard>>,
+    /// The operator's words (identity, rules): evidence of provenance.
+    operator_words: OnceLock<String>,
 }
 
 impl Arbiter {
@@ -200,6 +205,7 @@ impl Arbiter {
             proposals: OnceLock::new(),
             policies: OnceLock::new(),
             board: OnceLock::new(),
+            operator_words: OnceLock::new(),
         }
     }
 
@@ -207,6 +213,12 @@ impl Arbiter {
     /// one they are refused).
     pub fn set_proposals(&self, sink: Arc<dyn ProposalSink>) {
         let _ = self.proposals.set(sink);
+    }
+
+    /// The operator's words values may be traced to (set once, at start:
+    /// the identity's persona and rules).
+    pub fn set_operator_words(&self, words: String) {
+        let _ = self.operator_words.set(words);
     }
 
     /// The call policies (set once, at start; none by default).
@@ -274,8 +286,9 @@ impl Arbiter {
         None
     }
 
-    /// Steps 1–5: decides without side effects.
-    pub fn decide(&self, lane: &LaneCtx, call: &ProposedCall) -> Decision {
+    /// Steps 1–5: decides without side effects. `history` is the lane's
+    /// (what values are traced through, with what it inherited).
+    pub fn decide(&self, lane: &LaneCtx, call: &ProposedCall, history: &[Entry]) -> Decision {
         let forbid = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| Decision::Forbidden {
             tool,
             input,
@@ -363,7 +376,12 @@ impl Arbiter {
         }
         let verdict = match self.policies.get() {
             Some(policies) if !policies.is_empty() => {
-                crate::policy::combine(policies, lane, &tool, &reg.manifest, &input)
+                let ev = Evidence {
+                    operator: self.operator_words.get().map(String::as_str).unwrap_or_default(),
+                    inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
+                    history,
+                };
+                crate::policy::combine(policies, lane, &tool, &reg.manifest, &input, &ev)
             }
             _ => Verdict::Allow,
         };
@@ -391,14 +409,14 @@ impl Arbiter {
     /// shown of it is `results::render` of that). Fails only if the commit
     /// log cannot be written (the lane must stop: nothing may proceed
     /// unrecorded).
-    pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall) -> Result<Invocation, LogError> {
+    pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall, history: &[Entry]) -> Result<Invocation, LogError> {
         // The tool as the model named it, canonical where the name has a canonical form.
         let named = canonical_tool_name(&call.name).unwrap_or_else(|| call.name.clone());
         // The guard lives until after the commit: locks are released last.
         let mut guard = None;
-        let settled = match self.decide(lane, call) {
+        let settled = match self.decide(lane, call, history) {
             Decision::Allowed { tool, input, resources, timeout } => {
-                self.run(lane, call, &named, (tool, input), resources, timeout, &mut guard)?
+                self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?
             }
             Decision::NeedsApproval { tool, input, approval: Approval::Proposal { reason } } => {
                 self.propose(lane, &named, tool, input, &reason)
@@ -408,7 +426,7 @@ impl Arbiter {
                 input,
                 approval: Approval::Confirm { reason, resources, timeout, wait },
             } => match self.confirm(lane, call, &tool, &input, &reason, wait) {
-                Ok(()) => self.run(lane, call, &named, (tool, input), resources, timeout, &mut guard)?,
+                Ok(()) => self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?,
                 Err((refusal, why)) => self.refuse(lane, &named, Some(tool), input, refusal, why),
             },
             Decision::Forbidden { tool, input, refusal, reason } => {
@@ -540,8 +558,20 @@ impl Arbiter {
             state: lane.skill.as_ref().map(|s| s.state.clone()),
             conversation: lane.conversation.clone(),
         };
+        // The exact call a human is asked about: a decision on anything else
+        // (another digest) does not run it.
+        let digest = hex::encode(sha2::Sha256::digest(canonical_json(&req.content).as_bytes()));
         let id = match sink.submit(&req, true) {
-            Ok(r) => r.approval_id,
+            Ok(r) if r.sha256 == digest => r.approval_id,
+            Ok(r) => {
+                return Err((
+                    Refusal::NotConfirmed,
+                    format!(
+                        "choird recorded approval {} for another call (sha256 {}, not {digest})",
+                        r.approval_id, r.sha256
+                    ),
+                ))
+            }
             Err(ProposalError::Invalid(why)) => {
                 return Err((Refusal::InvalidProposal, format!("choird refused to ask for a confirmation: {why}")))
             }
@@ -559,6 +589,13 @@ impl Arbiter {
             b.confirming(&lane.lane, false);
         }
         match awaited {
+            Awaited::Decided(d) if d.status == "approved" && d.sha256.as_deref() != Some(digest.as_str()) => Err((
+                Refusal::NotConfirmed,
+                format!(
+                    "approval {id} was given for another call (sha256 {}), not this one ({digest}); it was not run",
+                    d.sha256.as_deref().unwrap_or("unknown")
+                ),
+            )),
             Awaited::Decided(d) if d.status == "approved" => {
                 log::info!("{}: {tool} {} confirmed by {}", lane.lane, call.id, d.decided_by);
                 // What stops any call also stops a confirmed one.
@@ -601,6 +638,7 @@ impl Arbiter {
         (tool, input): (String, Value),
         resources: Vec<(Resource, LockMode)>,
         timeout: Duration,
+        history: &[Entry],
         guard: &mut Option<crate::locks::LockGuard<'a, crate::locks::ParkingMonitor>>,
     ) -> Result<Settled, LogError> {
         let owner = format!("{}/{}", lane.lane, call.id);
@@ -639,7 +677,8 @@ impl Arbiter {
         } else {
             None
         };
-        let (inv, duration_us) = self.execute(lane, key.as_deref().unwrap_or(&call.id), &tool, &input, timeout);
+        let (inv, duration_us) =
+            self.execute(lane, key.as_deref().unwrap_or(&call.id), &tool, &input, timeout, history);
         crate::failpoints::hit("after_execute");
         let external = reg.manifest.runtime.side_effect == SideEffect::External;
         Ok(Settled { tool, input, inv, duration_us, external })
@@ -695,7 +734,7 @@ impl Arbiter {
             let (inv, duration_us, external) = match self.registry.get(&intent.tool).filter(|t| t.runs_on_host()) {
                 Some(reg) => {
                     let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
-                    let (inv, us) = self.execute(&lane, &once_key(intent), &intent.tool, &intent.input, timeout);
+                    let (inv, us) = self.execute(&lane, &once_key(intent), &intent.tool, &intent.input, timeout, &[]);
                     (inv, us, reg.manifest.runtime.side_effect == SideEffect::External)
                 }
                 None => {
@@ -777,6 +816,7 @@ impl Arbiter {
         tool: &str,
         input: &Value,
         timeout: Duration,
+        history: &[Entry],
     ) -> (Invocation, u64) {
         let Some(reg) = self.registry.get(tool) else {
             return (Invocation::new(tool, Status::Error, "tool vanished"), 0);
@@ -790,6 +830,7 @@ impl Arbiter {
             deadline: started + timeout,
             secrets: self.secrets.subset(&reg.manifest.runtime.secret_resources),
             hooks: lane.hooks.as_deref(),
+            history,
         };
         crate::failpoints::hit("during_tool");
         let ran = reg.tool.execute(&ctx, input);
@@ -856,7 +897,7 @@ mod tests {
         let deploy = external("x.deploy.run", json!({"secret_resources": ["deploy_key"]}));
         let arbiter = arbiter_with(dir.path(), &[("deploy", deploy)]);
         let lane = LaneCtx::new("edge", LaneKind::Edge);
-        let resources = |name: &str, args: &str| match arbiter.decide(&lane, &call(name, args)) {
+        let resources = |name: &str, args: &str| match arbiter.decide(&lane, &call(name, args), &[]) {
             Decision::Allowed { resources, .. } => resources,
             other => panic!("{other:?}"),
         };
@@ -877,7 +918,7 @@ mod tests {
         let shared = external("x.ping.send", json!({"locks": [{"resource": "net", "mode": "S"}]}));
         let arbiter = arbiter_with(dir.path(), &[("mail", named), ("ping", shared)]);
         let lane = LaneCtx::new("edge", LaneKind::Edge);
-        let resources = |name: &str| match arbiter.decide(&lane, &call(name, "{}")) {
+        let resources = |name: &str| match arbiter.decide(&lane, &call(name, "{}"), &[]) {
             Decision::Allowed { resources, .. } => resources,
             other => panic!("{other:?}"),
         };
@@ -892,9 +933,9 @@ mod tests {
         assert!(arbiter.locks().acquire("core/1", resources("x__ping__send"), Duration::from_millis(50)).is_err());
         drop(held);
         // Its executed calls carry the flag; a refused one and a workspace write do not.
-        arbiter.invoke(&lane, &call("x__ping__send", "{}")).unwrap();
-        arbiter.invoke(&lane, &call("x__ping__send", "[]")).unwrap();
-        arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "a", "content": "b"}"#)).unwrap();
+        arbiter.invoke(&lane, &call("x__ping__send", "{}"), &[]).unwrap();
+        arbiter.invoke(&lane, &call("x__ping__send", "[]"), &[]).unwrap();
+        arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "a", "content": "b"}"#), &[]).unwrap();
         let text = std::fs::read_to_string(dir.path().join("state/commit.log")).unwrap();
         let events: Vec<CommitEvent> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let flags: Vec<(&str, Outcome, bool)> =
@@ -914,7 +955,14 @@ mod tests {
         fn name(&self) -> &str {
             "test"
         }
-        fn check(&self, _: &LaneCtx, _: &str, _: &choir_common::manifest::ToolManifest, _: &Value) -> Verdict {
+        fn check(
+            &self,
+            _: &LaneCtx,
+            _: &str,
+            _: &choir_common::manifest::ToolManifest,
+            _: &Value,
+            _: &Evidence<'_>,
+        ) -> Verdict {
             self.0.clone()
         }
     }
@@ -932,7 +980,7 @@ mod tests {
         let confirming = arbiter_with(dir.path(), &[]);
         let wait = Duration::from_secs(7);
         confirming.set_policies(vec![Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait }))]);
-        match confirming.decide(&lane, &read) {
+        match confirming.decide(&lane, &read, &[]) {
             Decision::NeedsApproval { approval: Approval::Confirm { reason, resources, wait: w, .. }, .. } => {
                 assert_eq!((reason.as_str(), w), ("sure?", wait));
                 assert_eq!(resources, [(Resource::new("file:a"), LockMode::S)]);
@@ -940,16 +988,19 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            confirming.decide(&lane, &propose),
+            confirming.decide(&lane, &propose, &[]),
             Decision::NeedsApproval { approval: Approval::Proposal { .. }, .. }
         ));
         // The arbiter's own refusals come first.
         assert!(matches!(
-            confirming.decide(&lane, &unknown),
+            confirming.decide(&lane, &unknown, &[]),
             Decision::Forbidden { refusal: Refusal::UnknownTool, .. }
         ));
         confirming.set_kill_switch(true);
-        assert!(matches!(confirming.decide(&lane, &read), Decision::Forbidden { refusal: Refusal::KillSwitch, .. }));
+        assert!(matches!(
+            confirming.decide(&lane, &read, &[]),
+            Decision::Forbidden { refusal: Refusal::KillSwitch, .. }
+        ));
         drop(confirming);
 
         // A policy's refusal beats everything, proposals included; and a
@@ -961,7 +1012,7 @@ mod tests {
             Arc::new(Says(Verdict::Forbid { reason: "never".into() })),
         ]);
         for c in [&read, &propose] {
-            match forbidding.decide(&lane, c) {
+            match forbidding.decide(&lane, c, &[]) {
                 Decision::Forbidden { refusal: Refusal::Policy, reason, .. } => {
                     assert_eq!(reason, "test policy: never")
                 }
@@ -969,7 +1020,7 @@ mod tests {
             }
         }
         let write = call("choir__fs__write", r#"{"path": "w", "content": "x"}"#);
-        let inv = forbidding.invoke(&lane, &write).unwrap();
+        let inv = forbidding.invoke(&lane, &write, &[]).unwrap();
         assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::Policy));
         assert!(!dir.path().join("ws/w").exists());
     }
@@ -983,7 +1034,7 @@ mod tests {
             wait: Duration::from_secs(1),
         }))]);
         let lane = LaneCtx::new("edge", LaneKind::Edge);
-        let inv = arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "w", "content": "x"}"#)).unwrap();
+        let inv = arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "w", "content": "x"}"#), &[]).unwrap();
         assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::ProposalUnavailable));
         assert!(!dir.path().join("ws/w").exists());
     }

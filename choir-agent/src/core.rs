@@ -38,8 +38,7 @@ use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::tool::LaneHooks;
-use crate::tools::tool::ToolError;
+use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 
 /// What every core job shares.
 pub struct CoreSetup {
@@ -112,16 +111,10 @@ impl CorePool {
 
     /// Starts job `name` for the edge conversation `conversation`, running
     /// `skill` with `input` if one is named (the input is checked first).
-    pub fn start(
-        &self,
-        name: &str,
-        objective: &str,
-        skill: Option<&str>,
-        input: &Value,
-        allowed_tools: Option<&[String]>,
-        conversation: &str,
-    ) -> Result<Value, ToolError> {
-        let skill = skill.map(|s| self.setup.skills.prepare(s, input)).transpose()?;
+    pub fn start(&self, job: JobRequest<'_>, conversation: &str) -> Result<Value, ToolError> {
+        let JobRequest { name, objective, skill, allowed_tools, inherited } = job;
+        let skill =
+            skill.map(|(s, input)| self.setup.skills.prepare(s, input).map(|k| (k, input.clone()))).transpose()?;
         // The task's allowlist names only tools a job could use anyway.
         if let Some(list) = allowed_tools {
             let registry = self.setup.arbiter.registry();
@@ -179,8 +172,9 @@ impl CorePool {
             limits,
             name: name.to_owned(),
             objective: objective.to_owned(),
-            skill: skill.clone().map(|s| (s, input.clone())),
+            skill: skill.clone(),
             task: allowed_tools.map(<[String]>::to_vec),
+            inherited: Arc::new(inherited),
             conversation: conversation.to_owned(),
             cancel: cancel.clone(),
             quiet: quiet.clone(),
@@ -191,7 +185,7 @@ impl CorePool {
             .spawn(move || run.run())
             .map_err(|e| ToolError::new("start_failed", format!("cannot start a thread for the job: {e}")))?;
         jobs.insert(name.to_owned(), Job { cancel, quiet, handle: Some(handle), status });
-        let with = skill.map(|s| format!(" running skill {}", s.spec.name)).unwrap_or_default();
+        let with = skill.map(|(s, _)| format!(" running skill {}", s.spec.name)).unwrap_or_default();
         Ok(json!({
             "summary": format!("core job {name} started{with}; its report will come back when it finishes"),
             "job": name,
@@ -289,6 +283,8 @@ struct JobRun {
     skill: Option<(Arc<Skill>, Value)>,
     /// The task's allowlist (`allowed_tools` of `choir.core.start`).
     task: Option<Vec<String>>,
+    /// The edge's history when it started the job (provenance evidence).
+    inherited: Arc<Vec<Entry>>,
     conversation: String,
     cancel: Arc<AtomicBool>,
     quiet: Arc<AtomicBool>,
@@ -301,14 +297,7 @@ struct CoreHooks {
 }
 
 impl LaneHooks for CoreHooks {
-    fn core_start(
-        &self,
-        _: &str,
-        _: &str,
-        _: Option<&str>,
-        _: &Value,
-        _: Option<&[String]>,
-    ) -> Result<Value, ToolError> {
+    fn core_start(&self, _: JobRequest<'_>) -> Result<Value, ToolError> {
         Err(ToolError::new("not_available", "core jobs cannot start core jobs"))
     }
     fn skill_run(&self, _: &str, _: &Value) -> Result<Value, ToolError> {
@@ -345,6 +334,7 @@ impl JobRun {
         let mut lane = LaneCtx::new(&lane_name, LaneKind::Core);
         lane.allowlist = Some(allowlist);
         lane.task_allowlist = self.task.clone();
+        lane.inherited = Some(self.inherited.clone());
         lane.hooks = Some(hooks.clone());
         lane.cancel = Some(self.cancel.clone());
         lane.conversation = Some(self.conversation.clone());

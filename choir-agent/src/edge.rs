@@ -34,8 +34,7 @@ use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
-use crate::tools::tool::LaneHooks;
-use crate::tools::tool::ToolError;
+use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 use crate::tools::Registry;
 
 /// What the edge lane hands to the link for choird.
@@ -101,15 +100,8 @@ struct EdgeHooks {
 }
 
 impl LaneHooks for EdgeHooks {
-    fn core_start(
-        &self,
-        name: &str,
-        objective: &str,
-        skill: Option<&str>,
-        input: &Value,
-        allowed_tools: Option<&[String]>,
-    ) -> Result<Value, ToolError> {
-        self.pool.start(name, objective, skill, input, allowed_tools, &self.conversation)
+    fn core_start(&self, job: JobRequest<'_>) -> Result<Value, ToolError> {
+        self.pool.start(job, &self.conversation)
     }
     fn skill_run(&self, name: &str, input: &Value) -> Result<Value, ToolError> {
         let skill = self.skills.prepare(name, input)?;

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::origin::Entry;
 use crate::tools::tool::LaneHooks;
 
 /// The kind of lane: what it may be offered and shown (`exposure`).
@@ -47,6 +48,9 @@ pub struct LaneCtx {
     /// The task's allowlist (a core job started with `allowed_tools`): a
     /// skill run in this lane gets its state's list intersected with it.
     pub task_allowlist: Option<Vec<String>>,
+    /// What the lane inherited from the lane that started it (a core job
+    /// from the edge): provenance evidence, never shown to a model.
+    pub inherited: Option<Arc<Vec<Entry>>>,
 }
 
 /// Where a lane is in a skill.
@@ -73,6 +77,7 @@ impl LaneCtx {
             waits_for_approval: false,
             offer: None,
             task_allowlist: None,
+            inherited: None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod arbiter;
+pub mod arg_check;
 pub mod commitlog;
 pub mod core;
 pub mod edge;

@@ -65,6 +65,8 @@ pub struct Link {
     pub edge_cancel: Arc<AtomicBool>,
     /// The edge's core pool (owned by the edge lane; not kept alive by us).
     pub pool: Weak<CorePool>,
+    /// The argument policy the arbiter asks (replaced with each config).
+    pub arguments: Arc<crate::arg_check::ArgumentPolicy>,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -162,6 +164,7 @@ impl Link {
     pub fn apply(&self, config: &DynamicConfig) {
         self.arbiter.set_kill_switch(config.kill_switch);
         self.log.set_fail_closed(Duration::from_secs(config.fail_closed_s.max(1)));
+        self.arguments.set(&config.argument_policy);
         *self.config.write() = config.clone();
         self.config_version.store(config.version, Ordering::SeqCst);
     }

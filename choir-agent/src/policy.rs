@@ -5,9 +5,9 @@
 //! ([`Verdict::stricter`]). No policy can loosen what another, or the
 //! arbiter, decided.
 //!
-//! Production builds have no policy yet (argument policies arrive with the
-//! host tools); the test build (feature `failpoints`) has [`ConfirmListed`],
-//! which asks a human to confirm the calls of the tools named in
+//! Production builds have the argument policy ([`crate::arg_check`]); the
+//! test build (feature `failpoints`) also has [`ConfirmListed`], which asks
+//! a human to confirm the calls of the tools named in
 //! `<state dir>/confirm.json`.
 
 use std::time::Duration;
@@ -16,6 +16,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::Value;
 
 use crate::lane_ctx::LaneCtx;
+use crate::provenance::Evidence;
 
 /// The longest a lane waits for a human to confirm one call (choird refuses
 /// confirmations asked for longer).
@@ -70,8 +71,8 @@ pub trait CallPolicy: Send + Sync {
     /// Its name, for the explanation a refusal carries.
     fn name(&self) -> &str;
     /// Its verdict on `tool` (canonical name, `manifest`) called with the
-    /// validated `input` by `lane`.
-    fn check(&self, lane: &LaneCtx, tool: &str, manifest: &ToolManifest, input: &Value) -> Verdict;
+    /// validated `input` by `lane`, whose history and inheritance are `ev`.
+    fn check(&self, lane: &LaneCtx, tool: &str, manifest: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict;
 }
 
 /// Every policy's verdict, combined: the strictest.
@@ -81,9 +82,10 @@ pub fn combine(
     tool: &str,
     manifest: &ToolManifest,
     input: &Value,
+    ev: &Evidence<'_>,
 ) -> Verdict {
     policies.iter().fold(Verdict::Allow, |acc, p| {
-        let v = match p.check(lane, tool, manifest, input) {
+        let v = match p.check(lane, tool, manifest, input, ev) {
             Verdict::Forbid { reason } => Verdict::Forbid { reason: format!("{} policy: {reason}", p.name()) },
             other => other,
         };
@@ -119,7 +121,7 @@ impl CallPolicy for ConfirmListed {
         "confirm-listed (test)"
     }
 
-    fn check(&self, _lane: &LaneCtx, tool: &str, _manifest: &ToolManifest, _input: &Value) -> Verdict {
+    fn check(&self, _lane: &LaneCtx, tool: &str, _m: &ToolManifest, _input: &Value, _ev: &Evidence<'_>) -> Verdict {
         if self.tools.iter().any(|t| t == tool) {
             Verdict::Confirm {
                 reason: format!("the test policy asks a human to confirm every {tool} call"),
@@ -141,7 +143,7 @@ mod tests {
         fn name(&self) -> &str {
             "says"
         }
-        fn check(&self, _: &LaneCtx, _: &str, _: &ToolManifest, _: &Value) -> Verdict {
+        fn check(&self, _: &LaneCtx, _: &str, _: &ToolManifest, _: &Value, _: &Evidence<'_>) -> Verdict {
             self.0.clone()
         }
     }
@@ -171,14 +173,17 @@ mod tests {
         let manifest = crate::tools::Registry::builtins().unwrap().get("choir.fs.read").unwrap().manifest.clone();
         let lane = LaneCtx::new("edge", crate::lane_ctx::LaneKind::Edge);
         let none: Vec<Arc<dyn CallPolicy>> = vec![];
-        assert_eq!(combine(&none, &lane, "choir.fs.read", &manifest, &Value::Null), Verdict::Allow);
+        assert_eq!(
+            combine(&none, &lane, "choir.fs.read", &manifest, &Value::Null, &Evidence::default()),
+            Verdict::Allow
+        );
         let policies: Vec<Arc<dyn CallPolicy>> = vec![
             Arc::new(Says(confirm(5))),
             Arc::new(Says(Verdict::Forbid { reason: "no".into() })),
             Arc::new(Says(Verdict::Allow)),
         ];
         assert_eq!(
-            combine(&policies, &lane, "choir.fs.read", &manifest, &Value::Null),
+            combine(&policies, &lane, "choir.fs.read", &manifest, &Value::Null, &Evidence::default()),
             Verdict::Forbid { reason: "says policy: no".into() }
         );
     }

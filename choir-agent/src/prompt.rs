@@ -19,6 +19,12 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// What the operator wrote (persona and rules): provenance evidence of
+    /// the operator's side.
+    pub fn operator_words(&self) -> String {
+        [self.persona.as_deref(), self.rules.as_deref()].into_iter().flatten().collect::<Vec<_>>().join("\n\n")
+    }
+
     /// Reads the identity files under `choir_dir/identity/{global,agent}`.
     pub fn load(choir_dir: &Path, agent_id: &str) -> Identity {
         let read = |file: &str| -> Option<String> {

@@ -119,7 +119,12 @@ impl Mind {
     /// Runs tool calls through the arbiter — in parallel when there are
     /// several (the lock manager serialises what conflicts) — and returns
     /// what came of each, in the model's order.
-    pub fn run_calls(&self, lane: &LaneCtx, calls: &[ToolCall]) -> Result<Vec<Invocation>, LogError> {
+    pub fn run_calls(
+        &self,
+        lane: &LaneCtx,
+        calls: &[ToolCall],
+        history: &[Entry],
+    ) -> Result<Vec<Invocation>, LogError> {
         let proposed: Vec<ProposedCall> = calls
             .iter()
             .map(|c| ProposedCall {
@@ -129,10 +134,11 @@ impl Mind {
             })
             .collect();
         let results: Vec<Result<Invocation, LogError>> = if proposed.len() == 1 {
-            vec![self.arbiter.invoke(lane, &proposed[0])]
+            vec![self.arbiter.invoke(lane, &proposed[0], history)]
         } else {
             std::thread::scope(|s| {
-                let handles: Vec<_> = proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p))).collect();
+                let handles: Vec<_> =
+                    proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p, history))).collect();
                 handles
                     .into_iter()
                     .zip(&proposed)
@@ -220,7 +226,7 @@ impl Mind {
             tool_calls: proposed.clone(),
             tool_call_id: None,
         }));
-        let results = self.run_calls(lane, &proposed)?;
+        let results = self.run_calls(lane, &proposed, history)?;
         let mut refused = Vec::new();
         let mut pending = Vec::new();
         for (call, inv) in proposed.iter().zip(results) {

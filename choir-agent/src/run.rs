@@ -127,7 +127,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     board.add_lane("edge", Some(u64::from(hello.config.max_steps_per_turn)), None, None);
     let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
     arbiter.set_board(board.clone());
-    arbiter.set_policies(policies(&state_dir));
+    let arguments = Arc::new(crate::arg_check::ArgumentPolicy::default());
+    arbiter.set_policies(policies(&state_dir, arguments.clone()));
     let config = Arc::new(RwLock::new(hello.config.clone()));
 
     // Skills are checked against the registry before anything runs: a bad
@@ -143,6 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (out_tx, out_rx) = unbounded();
 
     let identity = Identity::load(&args.choir_dir, &args.agent);
+    arbiter.set_operator_words(identity.operator_words());
     let llm = Arc::new(Llm::new(rpc.clone()));
     let limits = {
         let c = config.read();
@@ -180,6 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         approvals,
         edge_cancel: edge_cancel.clone(),
         pool: Arc::downgrade(&pool),
+        arguments,
     });
     link.apply(&hello.config);
     let lane = EdgeLane {
@@ -250,9 +253,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// The call policies of this build: none yet in production; the test build
 /// adds the one `<state dir>/confirm.json` asks for.
-fn policies(state_dir: &std::path::Path) -> Vec<Arc<dyn crate::policy::CallPolicy>> {
+fn policies(
+    state_dir: &std::path::Path,
+    arguments: Arc<crate::arg_check::ArgumentPolicy>,
+) -> Vec<Arc<dyn crate::policy::CallPolicy>> {
     #[allow(unused_mut)]
-    let mut policies: Vec<Arc<dyn crate::policy::CallPolicy>> = Vec::new();
+    let mut policies: Vec<Arc<dyn crate::policy::CallPolicy>> = vec![arguments];
     #[cfg(feature = "failpoints")]
     if let Some(p) = crate::policy::ConfirmListed::from_dir(state_dir) {
         policies.push(Arc::new(p));

@@ -330,7 +330,7 @@ impl SkillRun {
         let mut done: std::collections::HashMap<String, Invocation> = std::collections::HashMap::new();
         let mut refused = false;
         let mut pending = Vec::new();
-        for (call, mut inv) in tool_calls.iter().zip(mind.run_calls(&ctx, &tool_calls)?) {
+        for (call, mut inv) in tool_calls.iter().zip(mind.run_calls(&ctx, &tool_calls, history)?) {
             if inv.correction().is_some() {
                 refused = true;
                 if let Some(r) = inv.refusal.as_mut() {

@@ -6,6 +6,7 @@
 mod term;
 mod client;
 mod ctx;
+mod policy;
 mod proposals;
 
 use std::io::{BufRead, Write};
@@ -59,6 +60,14 @@ commands:
   tools check ID TOOL           try a host tool's connection now (a login, a token)
   audit [--agent ID] [--limit N]  the audit trail
   policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
+  policy reload                 reload the argument policies (repos/global/policy.json,
+                                repos/agents/ID/policy.json); a refused file keeps the
+                                policy in force and is named with its rule and example
+  policy show ID                the argument policy in force for an agent
+  policy test ID TOOL ARGS [--from POINTER=SOURCE[,SOURCE]]...
+                                the decision on TOOL called with the JSON ARGS, the rules
+                                that held and each value's provenance (user, operator,
+                                trusted, untrusted; a value not named: model)
 
 DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
 
@@ -84,6 +93,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut reason: Option<String> = None;
     let mut refuse = false;
     let mut k: u64 = 5;
+    let mut from: Vec<String> = Vec::new();
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -99,6 +109,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("reason") => reason = Some(parser.value()?.string()?),
             Long("refuse") => refuse = true,
             Long("k") => k = parser.value()?.parse()?,
+            Long("from") => from.push(parser.value()?.string()?),
             Long("help") | Short('h') => {
                 say!("{USAGE}");
                 return Ok(());
@@ -173,6 +184,9 @@ fn real_main() -> anyhow::Result<()> {
             Ok(())
         }
         ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
+        ["policy", "reload"] => policy::reload(&ctx),
+        ["policy", "show", id] => policy::show(&ctx, id),
+        ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }

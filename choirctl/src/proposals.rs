@@ -73,7 +73,10 @@ fn describe(a: &ApprovalInfo) {
     if !a.intact {
         say!("INTEGRITY: the stored content no longer has this sha256: it was altered after it was proposed and cannot be approved");
     }
-    say!("reason:   {}", crate::term::one_line(&a.reason));
+    // A confirmation's reason has a line per argument that triggered it.
+    for (i, line) in a.reason.lines().enumerate() {
+        say!("{}{}", if i == 0 { "reason:   " } else { "          " }, crate::term::one_line(line));
+    }
 }
 
 /// `approvals show ID`: everything a human needs to decide.
@@ -104,7 +107,9 @@ pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()
         crate::term::one_line(&a.subject),
         a.applied.as_deref().unwrap_or("-")
     );
-    if a.kind != "config_change" {
+    if a.kind == "call" {
+        say!("the agent runs that exact call once");
+    } else if a.kind != "config_change" {
         say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
     }
     Ok(())

@@ -128,6 +128,21 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let said = d.host_tools.check(&agent, tool)?;
             Ok(Response::ok(&serde_json::json!({"tool": tool, "ok": true, "said": said})))
         }
+        ("POST", ["policy", "reload"]) => {
+            let results = d.reload_policies("admin");
+            let mut report = crate::arg_policies::report(&results);
+            report["config_version"] = serde_json::json!(d.config_version());
+            Ok(Response::ok(&report))
+        }
+        ("GET", ["agents", id, "policy"]) => {
+            let agent = d.known_agent(id)?;
+            Ok(Response::ok(&*d.argument_policy(&agent)))
+        }
+        ("POST", ["agents", id, "policy", "test"]) => {
+            let agent = d.known_agent(id)?;
+            let t: choir_common::admin::PolicyTest = req.json()?;
+            Ok(Response::ok(&crate::arg_policies::test(&d.argument_policy(&agent), &t)?))
+        }
         ("GET", ["approvals"]) => Ok(Response::ok(&d.approvals(req.query("status"), req.query("agent"))?)),
         ("GET", ["approvals", id]) => Ok(Response::ok(&d.approval(parse_id(id)?)?)),
         ("POST", ["approvals", id, "approve"]) => {

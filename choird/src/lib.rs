@@ -4,6 +4,7 @@
 //! bird's-eye view; [`run`] is the entry point.
 
 pub mod admin_api;
+pub mod arg_policies;
 pub mod browser;
 pub mod budget;
 pub mod config;

@@ -254,6 +254,7 @@ fn serve(
             .name("tg-events".into())
             .spawn(move || crate::telegram::run_events(&tg, &events_rx, &stop))?
     };
+    daemon.reload_policies("choird");
     daemon.adopt_containers()?;
     let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
     let nofile = crate::http::server::raise_nofile_limit();

@@ -199,6 +199,8 @@ struct AgentSlot {
     decisions_due: bool,
     /// Lanes the operator asked to cancel, not yet handed over.
     cancels: Vec<String>,
+    /// The config version its last HEARTBEAT said it runs with.
+    config_version: Option<u64>,
 }
 
 /// Why an RPC was not authenticated.
@@ -628,6 +630,13 @@ impl Sessions {
         }
     }
 
+    /// The config version the agent's HEARTBEAT said it runs with.
+    pub fn config_seen(&self, id: &AgentId, version: u64) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.config_version = Some(version);
+        }
+    }
+
     /// Records a replication ack and hands answers and partial answers to
     /// the chats waiting for them; returns the acknowledged head.
     pub fn replicated(
@@ -826,5 +835,6 @@ fn summary(id: &AgentId, slot: &AgentSlot, runtime: &str) -> AgentSummary {
         session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
         lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
         last_exit: slot.last_exit.clone(),
+        config_version: s.and(slot.config_version),
     }
 }

@@ -4,6 +4,20 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `choirctl policy test AGENT TOOL ARGS`: a call to evaluate, with where
+/// its values came from (pointer → sources; a value not named is taken as
+/// made by the model).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyTest {
+    /// The tool.
+    pub tool: String,
+    /// Its input.
+    pub input: serde_json::Value,
+    /// Sources of values by JSON pointer.
+    #[serde(default)]
+    pub from: std::collections::BTreeMap<String, Vec<crate::provenance::Source>>,
+}
+
 use crate::commit::CommitEvent;
 use crate::rpc::LaneStatus;
 
@@ -97,6 +111,11 @@ pub struct AgentSummary {
     /// Why it last stopped, if it did.
     #[serde(default)]
     pub last_exit: Option<String>,
+    /// The dynamic config version the running agent last said it runs with
+    /// (choird's moves on with every reload; the agent follows within a
+    /// heartbeat).
+    #[serde(default)]
+    pub config_version: Option<u64>,
 }
 
 /// `GET /admin/v1/agents`.

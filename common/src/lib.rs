@@ -6,6 +6,7 @@
 //! `unix_http`: HTTP over a Unix socket).
 
 pub mod admin;
+pub mod arg_policy;
 pub mod commit;
 pub mod compaction;
 pub mod host_tools;
@@ -13,6 +14,7 @@ pub mod ids;
 pub mod manifest;
 pub mod openai;
 pub mod proc_tree;
+pub mod provenance;
 pub mod rpc;
 pub mod skill;
 pub mod text;

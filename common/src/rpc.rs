@@ -447,6 +447,10 @@ pub struct ApprovalDecision {
     /// The conversation the proposal came from, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
+    /// sha256 of the content decided (a confirmed call runs only if it is
+    /// that call's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// REPORT_STATUS request.
@@ -506,6 +510,10 @@ pub struct DynamicConfig {
     /// calls (fail closed) until it recovers.
     #[serde(default = "default_fail_closed_s")]
     pub fail_closed_s: u64,
+    /// The argument policy (built-in default, global and agent layers
+    /// merged by choird; see `arg_policy`).
+    #[serde(default)]
+    pub argument_policy: crate::arg_policy::PolicySet,
 }
 
 fn default_fail_closed_s() -> u64 {

@@ -48,3 +48,13 @@ pub fn assert_wrapped(content: &str, source_prefix: &str) {
     let lower = content.to_ascii_lowercase();
     assert_eq!((lower.matches("<untrusted").count(), lower.matches("</untrusted").count()), (1, 1), "{content}");
 }
+
+/// Writes an external tool into a tools directory: `<stem>.json` and the
+/// executable `<stem>` running `script` with bash.
+pub fn write_tool(dir: &std::path::Path, stem: &str, manifest: &Value, script: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(manifest).unwrap()).unwrap();
+    let exe = dir.join(stem);
+    std::fs::write(&exe, format!("#!/bin/bash\n{script}\n")).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+}

@@ -8,16 +8,10 @@ use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{install_shipped_tool, test_config, Choird};
 use choir_tests::pg::TestPg;
+use choir_tests::tool_calls::write_tool;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
-
-fn write_tool(dir: &std::path::Path, stem: &str, manifest: &Value, script: &str) {
-    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(manifest).unwrap()).unwrap();
-    let exe = dir.join(stem);
-    std::fs::write(&exe, format!("#!/bin/bash\n{script}\n")).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
 
 fn echo_manifest(name: &str, description: &str) -> Value {
     json!({

@@ -185,6 +185,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(60),
             secrets: SecretStore::default(),
             hooks: None,
+            history: &[],
         };
         ExecTool.execute(&ctx, &input).unwrap()
     }

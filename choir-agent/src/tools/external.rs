@@ -137,6 +137,7 @@ mod tests {
             deadline: Instant::now() + timeout,
             secrets,
             hooks: None,
+            history: &[],
         };
         let started = Instant::now();
         (tool.execute(&ctx, &json!({"n": 1})), started.elapsed())

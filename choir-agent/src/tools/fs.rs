@@ -314,6 +314,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(10),
             secrets: SecretStore::default(),
             hooks: None,
+            history: &[],
         };
         f(&ctx, dir.path());
     }

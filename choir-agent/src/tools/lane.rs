@@ -9,7 +9,8 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::host::HostCaller;
-use super::tool::{ExecContext, Tool, ToolError};
+use super::tool::{ExecContext, JobRequest, Tool, ToolError};
+use crate::origin::Origin;
 
 /// A lane tool's manifest. Lane tools answer with the lane's own state
 /// (a job started or cancelled, compaction asked for): `trusted`, except
@@ -129,13 +130,13 @@ impl Tool for LaneTool {
                     .get("allowed_tools")
                     .and_then(Value::as_array)
                     .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect());
-                hooks.core_start(
-                    s("name").unwrap_or_default(),
-                    s("objective").unwrap_or_default(),
-                    s("skill"),
-                    &skill_input,
-                    allowed.as_deref(),
-                )
+                hooks.core_start(JobRequest {
+                    name: s("name").unwrap_or_default(),
+                    objective: s("objective").unwrap_or_default(),
+                    skill: s("skill").map(|k| (k, &skill_input)),
+                    allowed_tools: allowed.as_deref(),
+                    inherited: ctx.history.iter().filter(|e| e.origin != Origin::Model).cloned().collect(),
+                })
             }
             LaneTool::Skill => hooks.skill_run(s("skill").unwrap_or_default(), &skill_input),
             LaneTool::Status => hooks.core_status(s("name")),

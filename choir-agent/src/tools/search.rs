@@ -162,6 +162,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(30),
             secrets: SecretStore::default(),
             hooks: None,
+            history: &[],
         };
         SearchTool.execute(&ctx, &input)
     }

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::origin::Entry;
 use crate::secrets::SecretStore;
 use crate::workspace::Workspace;
 
@@ -28,6 +29,24 @@ pub struct ExecContext<'a> {
     pub secrets: SecretStore,
     /// The calling lane's hooks, for lane tools.
     pub hooks: Option<&'a dyn LaneHooks>,
+    /// The calling lane's history (a core job started now inherits it as
+    /// evidence of where values came from).
+    pub history: &'a [Entry],
+}
+
+/// A core job to start (`choir.core.start`).
+pub struct JobRequest<'a> {
+    /// Its name, unique among running jobs.
+    pub name: &'a str,
+    /// What it is to do (written by the starting lane's model).
+    pub objective: &'a str,
+    /// A skill to run, with its input.
+    pub skill: Option<(&'a str, &'a Value)>,
+    /// The task's allowlist (the per-task allowlist of seed 002).
+    pub allowed_tools: Option<&'a [String]>,
+    /// The starting lane's history, as provenance evidence (its model
+    /// turns are no evidence and are left out).
+    pub inherited: Vec<Entry>,
 }
 
 /// A tool failed while running (rejections happen before, in the arbiter).
@@ -56,16 +75,8 @@ pub trait Tool: Send + Sync {
 
 /// What a lane offers its lane tools.
 pub trait LaneHooks: Send + Sync {
-    /// Starts a named core job, optionally running a skill with `input`,
-    /// and limited to `allowed_tools` when given (the per-task allowlist).
-    fn core_start(
-        &self,
-        name: &str,
-        objective: &str,
-        skill: Option<&str>,
-        input: &Value,
-        allowed_tools: Option<&[String]>,
-    ) -> Result<Value, ToolError>;
+    /// Starts a core job.
+    fn core_start(&self, job: JobRequest<'_>) -> Result<Value, ToolError>;
     /// Runs a skill in this lane, right after the current step.
     fn skill_run(&self, skill: &str, input: &Value) -> Result<Value, ToolError>;
     /// Reports one core job, or all.

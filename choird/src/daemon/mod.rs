@@ -25,6 +25,7 @@ mod approvals;
 mod lifecycle;
 mod verbs;
 
+use crate::arg_policies::{ArgPolicies, Reloaded};
 use crate::config::Config;
 use crate::host_tools::Registry;
 pub use crate::http::Caller as Authed;
@@ -129,6 +130,8 @@ pub struct Daemon {
     config_write: Mutex<()>,
     /// Paces audit records of unauthenticated requests.
     unauth_audit: Mutex<AuditPace>,
+    /// The argument policy in force per agent.
+    arg_policies: ArgPolicies,
 }
 
 impl std::ops::Deref for Daemon {
@@ -157,6 +160,7 @@ impl Daemon {
             supervisors: Mutex::new(Vec::new()),
             config_write: Mutex::new(()),
             unauth_audit: Mutex::new(AuditPace::default()),
+            arg_policies: ArgPolicies::default(),
         }
     }
 
@@ -177,7 +181,37 @@ impl Daemon {
     pub fn reload(&self, config: Config, secrets: Secrets) {
         self.sessions.ensure(config.agents.keys());
         self.shared.replace(config, secrets);
+        self.reload_policies("choird");
         self.sessions.wake_all();
+    }
+
+    /// The argument policy in force for agent `id`.
+    pub fn argument_policy(&self, id: &AgentId) -> Arc<choir_common::arg_policy::PolicySet> {
+        self.arg_policies.get(id)
+    }
+
+    /// Reloads every configured agent's argument policy from `repos/`; a
+    /// refused file keeps the policy in force (named in the result, logged
+    /// and audited). Agents whose policy changed refetch their config.
+    pub fn reload_policies(&self, actor: &str) -> Vec<(AgentId, Reloaded)> {
+        let config = self.config();
+        let results = self.arg_policies.reload(&self.home, &self.host_tools, config.agents.keys());
+        for (agent, r) in &results {
+            match r {
+                Reloaded::Loaded { rules, changed: true } => {
+                    self.audit(actor, Some(agent), "policy.reload", "loaded", json!({"rules": rules}));
+                }
+                Reloaded::Loaded { .. } => {}
+                Reloaded::Refused(e) => {
+                    self.audit(actor, Some(agent), "policy.reload", "refused", json!({"error": e.to_string()}));
+                }
+            }
+        }
+        if results.iter().any(|(_, r)| matches!(r, Reloaded::Loaded { changed: true, .. })) {
+            self.bump_config_version();
+            self.sessions.wake_all();
+        }
+        results
     }
 
     /// Rewrites `config.json` with `edit` (old text → new text), refuses a

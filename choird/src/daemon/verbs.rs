@@ -127,6 +127,7 @@ impl Daemon {
             core_budget: agent.core_budget,
             tool_exposure: agent.tool_exposure.as_str().to_owned(),
             fail_closed_s: agent.fail_closed_s,
+            argument_policy: (*self.argument_policy(id)).clone(),
         }
     }
 
@@ -165,6 +166,7 @@ impl Daemon {
     /// messages, waiting up to `wait_ms` for some to arrive.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         let acked = self.replicate(who, req)?;
+        self.sessions.config_seen(&who.agent, req.config_version);
         let replies = self.speakable_replies(who, &req.replies);
         let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
             crate::store::Recorded::default()

@@ -152,6 +152,11 @@ impl Registry {
             .collect()
     }
 
+    /// Every registered tool, with its manifest where it has one.
+    pub fn all(&self) -> Vec<(String, Option<ToolManifest>)> {
+        self.tools.iter().map(|(name, r)| (name.clone(), r.tool.manifest())).collect()
+    }
+
     /// Every registered tool's status for `agent`.
     pub fn statuses(&self, agent: &AgentId) -> Vec<(String, Status)> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());

@@ -153,7 +153,7 @@ impl Store {
                 "UPDATE approvals SET delivered_at = now()
                  WHERE agent_id = $1 AND decided_at IS NOT NULL AND delivered_at IS NULL
                    AND (status = 'rejected' OR applied IS NOT NULL)
-                 RETURNING id, status, kind, subject, decided_by, decision_reason, conversation",
+                 RETURNING id, status, kind, subject, decided_by, decision_reason, conversation, sha256",
                 &[&agent.as_str()],
             )?;
             let mut out: Vec<ApprovalDecision> = rows
@@ -165,6 +165,7 @@ impl Store {
                     decided_by: r.get::<_, Option<String>>(4).unwrap_or_default(),
                     reason: r.get(5),
                     conversation: r.get(6),
+                    sha256: r.get(7),
                 })
                 .collect();
             out.sort_by_key(|d| d.approval_id);

@@ -66,7 +66,7 @@ pub fn proposal_message(info: &choir_common::admin::ApprovalInfo, diff: &str) ->
         info.kind,
         crate::http::printable(&info.subject),
         info.scope,
-        crate::http::printable(&info.reason),
+        info.reason.lines().map(|l| choir_common::text::clipped(l, 600)).collect::<Vec<_>>().join("\n"),
         &info.sha256[..16.min(info.sha256.len())],
         shown
     );

@@ -1,0 +1,106 @@
+//! The argument policy as a call policy (issue 16): choird's merged
+//! [`PolicySet`] (from FETCH_DYNAMIC_CONFIG, replaced whenever choird
+//! reloads it) evaluated over a call's values and their provenance in the
+//! lane's [`Evidence`]. A `confirm` tells the human, for each value that
+//! triggered it, where it was seen; a `forbid` tells the model which rule.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use choir_common::arg_policy::{Decision, Evaluation, PolicySet};
+use choir_common::manifest::ToolManifest;
+use parking_lot::RwLock;
+use serde_json::Value;
+
+use crate::lane_ctx::LaneCtx;
+use crate::policy::{CallPolicy, Verdict};
+use crate::provenance::{trace, Evidence, Trace};
+
+/// Most values a human is shown the provenance of, in one confirmation.
+const MAX_LINES: usize = 8;
+
+/// The argument policy choird sent last.
+#[derive(Default)]
+pub struct ArgumentPolicy {
+    set: RwLock<Arc<PolicySet>>,
+}
+
+impl ArgumentPolicy {
+    /// Replaces the rules (a dynamic config arrived).
+    pub fn set(&self, set: &PolicySet) {
+        if **self.set.read() != *set {
+            log::info!("argument policy: {} rules", set.rules.len());
+            *self.set.write() = Arc::new(set.clone());
+        }
+    }
+}
+
+fn sources(t: &Trace) -> String {
+    t.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    }
+}
+
+/// For a human: each value that decided, and where it was seen.
+fn explain(eval: &Evaluation, traces: &[(String, Trace)]) -> String {
+    let mut lines = Vec::new();
+    let deciding = eval.deciding();
+    for hit in deciding.iter().take(MAX_LINES) {
+        let value = eval.values.iter().find(|v| v.pointer == hit.pointer);
+        let trace = traces.iter().find(|(v, _)| Some(v) == value.map(|v| &v.value)).map(|(_, t)| t);
+        let shown = value.map(|v| clip(&v.value, 200)).unwrap_or_default();
+        let whence = match trace {
+            Some(t) if t.seen.is_empty() => "made by the model: seen nowhere in this conversation".to_owned(),
+            Some(t) => {
+                let only = if t.sources.len() == 1 { "seen only in" } else { "seen in" };
+                let places: Vec<String> =
+                    t.seen.iter().map(|s| format!("{} («{}»)", s.place, clip(&s.excerpt, 160))).collect();
+                format!("{only} {} [{}]", places.join("; "), sources(t))
+            }
+            None => "not traced".to_owned(),
+        };
+        let why = hit.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        lines.push(format!("{} = {shown:?}: {whence} — rule {} ({}){why}", hit.pointer, hit.rule, hit.file));
+    }
+    if deciding.len() > MAX_LINES {
+        lines.push(format!("… and {} more value(s) like these", deciding.len() - MAX_LINES));
+    }
+    lines.join("\n")
+}
+
+impl CallPolicy for ArgumentPolicy {
+    fn name(&self) -> &str {
+        "argument"
+    }
+
+    fn check(&self, _lane: &LaneCtx, tool: &str, _m: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict {
+        let set = self.set.read().clone();
+        if !set.covers(tool) {
+            return Verdict::Allow;
+        }
+        let mut traces: Vec<(String, Trace)> = Vec::new();
+        let eval = set.evaluate(tool, input, &mut |value| {
+            let t = trace(value, ev);
+            let s = t.sources.clone();
+            traces.push((value.to_owned(), t));
+            s
+        });
+        match eval.decision {
+            Decision::Allow => Verdict::Allow,
+            Decision::Confirm => Verdict::Confirm {
+                reason: format!(
+                    "{tool}: the argument policy asks a human to confirm this call.\n{}",
+                    explain(&eval, &traces)
+                ),
+                wait: Duration::from_secs(set.confirm_wait_s),
+            },
+            Decision::Forbid => Verdict::Forbid { reason: explain(&eval, &traces) },
+        }
+    }
+}

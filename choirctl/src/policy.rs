@@ -1,0 +1,97 @@
+//! `choirctl policy reload|show|test`: the argument policies (issue 16).
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use choir_common::admin::PolicyTest;
+use choir_common::arg_policy::{Evaluation, PolicySet};
+use choir_common::provenance::Source;
+use serde_json::Value;
+
+use crate::ctx::{print_json, Ctx};
+
+/// Reloads every agent's policy; fails if any was refused.
+pub fn reload(ctx: &Ctx) -> anyhow::Result<()> {
+    let r: Value = ctx.client.post("policy/reload", &serde_json::json!({}))?;
+    let agents = r["agents"].as_array().cloned().unwrap_or_default();
+    let refused: Vec<&Value> = agents.iter().filter(|a| a["status"] == "refused").collect();
+    if ctx.json {
+        print_json(&r)?;
+    } else {
+        for a in &agents {
+            let id = a["agent"].as_str().unwrap_or("?");
+            match a["status"].as_str() {
+                Some("loaded") => {
+                    let changed = if a["changed"] == true { "loaded" } else { "unchanged" };
+                    say!("{id}: {changed}, {} rule(s)", a["rules"]);
+                }
+                _ => say!("{id}: REFUSED, the previous policy stays in force: {}", a["error"].as_str().unwrap_or("?")),
+            }
+        }
+    }
+    if !refused.is_empty() {
+        anyhow::bail!("{} agent(s) kept their previous policy; fix the file named above and reload", refused.len());
+    }
+    Ok(())
+}
+
+/// The policy in force for one agent.
+pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let set: PolicySet = ctx.client.get(&format!("agents/{id}/policy"))?;
+    if ctx.json {
+        return print_json(&set);
+    }
+    say!("agent {id}: {} rule(s); a confirmation waits {} s", set.rules.len(), set.confirm_wait_s);
+    for r in &set.rules {
+        let cond = serde_json::to_string(&r.condition).unwrap_or_default();
+        let when = if r.when.is_empty() { String::new() } else { format!(" when {}", serde_json::to_string(&r.when)?) };
+        say!("  {:<8} {} {}{when} if {cond}   [{} in {}]", r.then.as_str(), r.tool, r.argument, r.id, r.file);
+    }
+    Ok(())
+}
+
+/// Parses `--from POINTER=SOURCE[,SOURCE]`.
+fn parse_from(from: &[String]) -> anyhow::Result<BTreeMap<String, Vec<Source>>> {
+    let mut out = BTreeMap::new();
+    for f in from {
+        let (pointer, sources) =
+            f.split_once('=').with_context(|| format!("--from {f}: write POINTER=SOURCE, e.g. /to/0=untrusted"))?;
+        let sources = sources
+            .split(',')
+            .map(|s| {
+                serde_json::from_value(Value::String(s.trim().to_owned())).with_context(|| {
+                    format!("--from {f}: {s:?} is not a source (user, operator, trusted, untrusted, model)")
+                })
+            })
+            .collect::<anyhow::Result<Vec<Source>>>()?;
+        out.insert(pointer.to_owned(), sources);
+    }
+    Ok(out)
+}
+
+/// The decision on one call.
+pub fn test(ctx: &Ctx, id: &str, tool: &str, args: &str, from: &[String]) -> anyhow::Result<()> {
+    let input: Value = serde_json::from_str(args).with_context(|| format!("ARGS is not JSON: {args}"))?;
+    let t = PolicyTest { tool: tool.to_owned(), input, from: parse_from(from)? };
+    let e: Evaluation = ctx.client.post(&format!("agents/{id}/policy/test"), &t)?;
+    if ctx.json {
+        return print_json(&e);
+    }
+    say!("decision: {}", e.decision.as_str());
+    for h in &e.hits {
+        let why = h.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        say!("  rule {} ({}) → {} on {}{why}", h.rule, h.file, h.decision.as_str(), h.pointer);
+    }
+    if e.hits.is_empty() {
+        say!("  no rule held");
+    }
+    say!("values:");
+    for v in &e.values {
+        let sources: Vec<&str> = v.sources.iter().map(|s| s.as_str()).collect();
+        say!("  {} = {:?} from {}", v.pointer, v.value, sources.join(", "));
+    }
+    if e.values.is_empty() {
+        say!("  (no rule of {tool} looks at any of its values)");
+    }
+    Ok(())
+}

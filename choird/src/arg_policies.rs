@@ -1,0 +1,187 @@
+//! Loading argument policies (issue 16): for each agent, the built-in
+//! default, `repos/global/policy.json` and `repos/agents/<id>/policy.json`
+//! merged ([`PolicySet::merge`]), each file checked against the tools that
+//! agent can have (built-ins, choird's host tools, the approved external
+//! tools of both layers) with every rule's examples run
+//! ([`PolicyFile::parse`]). **A policy that fails does not replace the one
+//! in force**: the error (file, rule, example) is logged, audited and
+//! returned to `choirctl policy reload`; the agent keeps its previous rules
+//! (at start, the built-in default). The agents get theirs through
+//! FETCH_DYNAMIC_CONFIG; a change bumps the config version.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use choir_common::arg_policy::{
+    known_from, KnownTools, PolicyError, PolicyFile, PolicySet, BUILT_IN, DEFAULT_POLICY, MAX_POLICY_BYTES,
+};
+use choir_common::ids::AgentId;
+use choir_common::manifest::{load_tool_layer, BUILTIN_TOOLS};
+use parking_lot::RwLock;
+
+use crate::home::Home;
+use crate::host_tools::Registry;
+
+/// The argument policy in force for each agent.
+#[derive(Default)]
+pub struct ArgPolicies {
+    current: RwLock<BTreeMap<AgentId, Arc<PolicySet>>>,
+}
+
+/// What a reload did for one agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The agent's policy is now this many rules (changed or not).
+    Loaded { rules: usize, changed: bool },
+    /// Refused; the agent keeps the previous policy.
+    Refused(PolicyError),
+}
+
+/// The tools `agent` can have, for checking its policy.
+fn known_tools(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<KnownTools, PolicyError> {
+    let host = host_tools.all();
+    let mut manifests = Vec::new();
+    let repos = home.repos();
+    for dir in [repos.join("global").join("tools"), repos.join("agents").join(agent.as_str()).join("tools")] {
+        let loaded = load_tool_layer(&dir).map_err(|e| PolicyError {
+            file: e.file,
+            rule: None,
+            example: None,
+            reason: format!("{} (tools must load before a policy can be checked)", e.reason),
+        })?;
+        manifests.extend(loaded.into_iter().map(|t| t.manifest));
+    }
+    let mut known = known_from(BUILTIN_TOOLS.iter().copied(), manifests.iter());
+    for (name, manifest) in host {
+        known.insert(name, manifest.map(|m| m.llm.parameters));
+    }
+    Ok(known)
+}
+
+/// Reads one policy file: `None` if there is none. Refuses a link, a
+/// non-file or an oversized file before reading it.
+fn read_policy(path: &Path, label: &str) -> Result<Option<String>, PolicyError> {
+    let err = |reason: String| PolicyError { file: label.to_owned(), rule: None, example: None, reason };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e.to_string())),
+    };
+    if !meta.file_type().is_file() {
+        return Err(err("not a regular file (links are not followed)".into()));
+    }
+    if meta.len() > MAX_POLICY_BYTES {
+        return Err(err(format!("{} bytes; at most {MAX_POLICY_BYTES}", meta.len())));
+    }
+    std::fs::read_to_string(path).map(Some).map_err(|e| err(e.to_string()))
+}
+
+/// `agent`'s policy from the files as they are now.
+pub fn load(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<PolicySet, PolicyError> {
+    let known = known_tools(home, host_tools, agent)?;
+    let mut layers = vec![PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &known)?];
+    let agent_file = format!("repos/agents/{agent}/policy.json");
+    for label in ["repos/global/policy.json", agent_file.as_str()] {
+        if let Some(text) = read_policy(&home.root().join(label), label)? {
+            layers.push(PolicyFile::parse(label, &text, &known)?);
+        }
+    }
+    Ok(PolicySet::merge(layers))
+}
+
+impl ArgPolicies {
+    /// The policy in force for `agent` (the built-in default's rules until
+    /// one was loaded).
+    pub fn get(&self, agent: &AgentId) -> Arc<PolicySet> {
+        if let Some(p) = self.current.read().get(agent) {
+            return p.clone();
+        }
+        Arc::new(builtin())
+    }
+
+    /// Reloads the policies of `agents` from disk; a refused one keeps
+    /// what it had.
+    pub fn reload<'a>(
+        &self,
+        home: &Home,
+        host_tools: &Registry,
+        agents: impl IntoIterator<Item = &'a AgentId>,
+    ) -> Vec<(AgentId, Reloaded)> {
+        let mut out = Vec::new();
+        for agent in agents {
+            match load(home, host_tools, agent) {
+                Ok(set) => {
+                    let rules = set.rules.len();
+                    let mut current = self.current.write();
+                    let changed = current.get(agent).is_none_or(|p| **p != set);
+                    if changed {
+                        current.insert(agent.clone(), Arc::new(set));
+                    }
+                    out.push((agent.clone(), Reloaded::Loaded { rules, changed }));
+                }
+                Err(e) => {
+                    log::error!("argument policy of agent {agent} refused, the previous one stays in force: {e}");
+                    out.push((agent.clone(), Reloaded::Refused(e)));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The built-in default alone (it is checked by the tests against Choir's
+/// tools; parsed here without them).
+fn builtin() -> PolicySet {
+    let text = DEFAULT_POLICY;
+    let file: PolicyFile = serde_json::from_str(text).unwrap_or_default();
+    let mut set = PolicySet::merge([file]);
+    for r in &mut set.rules {
+        r.file = BUILT_IN.to_owned();
+    }
+    set
+}
+
+/// The answer to `choirctl policy reload`.
+pub fn report(results: &[(AgentId, Reloaded)]) -> serde_json::Value {
+    let agents: Vec<serde_json::Value> = results
+        .iter()
+        .map(|(agent, r)| match r {
+            Reloaded::Loaded { rules, changed } => {
+                serde_json::json!({"agent": agent, "status": "loaded", "rules": rules, "changed": changed})
+            }
+            Reloaded::Refused(e) => serde_json::json!({"agent": agent, "status": "refused", "error": e.to_string(),
+                "file": e.file, "rule": e.rule, "example": e.example}),
+        })
+        .collect();
+    serde_json::json!({"agents": agents})
+}
+
+/// `choirctl policy test`: the decision on a call whose values have the
+/// sources the operator names (the rest: made by the model).
+pub fn test(
+    set: &PolicySet,
+    t: &choir_common::admin::PolicyTest,
+) -> Result<choir_common::arg_policy::Evaluation, crate::http::ApiError> {
+    use choir_common::provenance::Source;
+    if choir_common::ids::validate_tool_name(&t.tool).is_err() {
+        return Err(crate::http::ApiError::BadRequest(format!(
+            "{} is not a tool name",
+            crate::http::printable(&t.tool)
+        )));
+    }
+    // A pointer names a value; the value's sources are looked up by it.
+    let by_value: BTreeMap<String, Vec<Source>> = t
+        .from
+        .iter()
+        .filter_map(|(p, s)| {
+            t.input.pointer(p).map(|v| (v.as_str().map(str::to_owned).unwrap_or(v.to_string()), s.clone()))
+        })
+        .collect();
+    if let Some(p) = t.from.keys().find(|p| t.input.pointer(p).is_none()) {
+        return Err(crate::http::ApiError::BadRequest(format!("--from {p}: the input has no value there")));
+    }
+    Ok(set.evaluate(&t.tool, &t.input, &mut |v| {
+        by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into())
+    }))
+}

@@ -1,0 +1,738 @@
+//! Argument policies (R-ARB-5; issue 16): rules over the *values* a call
+//! carries and where they came from, checked by the arbiter after its own
+//! checks. A rule names a tool and an argument (a JSON pointer, `*` for
+//! every element or key), an optional `when` (other input values that must
+//! be equal for the rule to apply), a condition over the value and its
+//! provenance, and a decision: `allow`, `confirm` (a human confirms the
+//! exact call) or `forbid`. **The strictest matching rule wins**, over every
+//! value and every rule of the tool; no rule can loosen another (an `allow`
+//! rule only says a value is fine, which is the default anyway).
+//!
+//! Files: the built-in default ([`DEFAULT_POLICY`]), `repos/global/policy.json`,
+//! `repos/agents/<id>/policy.json`, in that order; a later layer's rule
+//! replaces an earlier rule of the same `id` (that is how an agent overrides
+//! a global rule, or turns a default off with `then: allow`).
+//!
+//! **Every rule carries examples** — values with their provenance that must
+//! `match` and must not (`not_match`) — checked when the policy loads
+//! ([`PolicyFile::check`]): a policy whose rule or example fails does not
+//! load, and the error names the file, the rule and the example.
+//!
+//! ```json
+//! {"rules": [{"id": "mail-to-unseen", "tool": "choir.email.send", "argument": "/to",
+//!   "if": {"not_from": ["user", "operator", "trusted"]}, "then": "confirm",
+//!   "why": "a recipient the user did not give",
+//!   "examples": {"match": [{"value": "x@evil.test", "from": ["untrusted"]}],
+//!                "not_match": [{"value": "bob@corp.test", "from": ["user"]}]}}]}
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::provenance::{domain_of, normalise, Source};
+
+/// The built-in default policy (the first layer).
+pub const DEFAULT_POLICY: &str = include_str!("default_policy.json");
+/// The label of the built-in layer in errors and explanations.
+pub const BUILT_IN: &str = "built-in";
+/// Largest policy file read.
+pub const MAX_POLICY_BYTES: u64 = 256 * 1024;
+/// Most rules in one file.
+pub const MAX_RULES: usize = 500;
+/// Default wait for a human's confirmation, in seconds.
+pub const DEFAULT_CONFIRM_WAIT_S: u64 = 600;
+/// Longest wait for a confirmation a policy may ask for (the arbiter's cap).
+pub const MAX_CONFIRM_WAIT_S: u64 = 3600;
+/// Most values of one call a policy looks at (the rest are not checked, and
+/// a call with more is confirmed).
+pub const MAX_VALUES: usize = 256;
+
+/// What a rule decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    /// Fine.
+    Allow,
+    /// A human confirms this exact call first.
+    Confirm,
+    /// Refused.
+    Forbid,
+}
+
+impl Decision {
+    /// `allow`, `confirm` or `forbid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Confirm => "confirm",
+            Decision::Forbid => "forbid",
+        }
+    }
+}
+
+/// A condition over one value and its sources; every key given must hold
+/// (at least one key is required).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Condition {
+    /// The value has at least one of these sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Vec<Source>>,
+    /// The value has none of these sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_from: Option<Vec<Source>>,
+    /// The value (normalised) is one of these.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub is_in: Option<Vec<String>>,
+    /// The value (normalised) is none of these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_in: Option<Vec<String>>,
+    /// The value matches this regular expression (anywhere; anchor it with
+    /// `^…$` for the whole value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// The value is an address or URL whose domain is one of these or under one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_in: Option<Vec<String>>,
+    /// The value is not an address or URL under one of these domains (a
+    /// value with no domain satisfies it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_not_in: Option<Vec<String>>,
+}
+
+/// A value with its provenance, as an example of a rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Example {
+    /// The value.
+    pub value: String,
+    /// Its sources (default: made by the model).
+    #[serde(default = "model_made")]
+    pub from: Vec<Source>,
+}
+
+fn model_made() -> Vec<Source> {
+    vec![Source::Model]
+}
+
+/// A rule's examples: at least one of each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Examples {
+    /// Values the condition must hold for.
+    #[serde(rename = "match")]
+    pub matches: Vec<Example>,
+    /// Values it must not hold for.
+    pub not_match: Vec<Example>,
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Unique in its file; a later layer's rule of the same id replaces it.
+    pub id: String,
+    /// The tool (canonical name).
+    pub tool: String,
+    /// The argument, as a JSON pointer; `*` stands for every element or key.
+    /// An array at the pointer means each of its elements.
+    pub argument: String,
+    /// Other input values (pointer → JSON value) that must be equal for the
+    /// rule to apply at all.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub when: BTreeMap<String, Value>,
+    /// The condition over the value.
+    #[serde(rename = "if")]
+    pub condition: Condition,
+    /// What it decides when the condition holds.
+    pub then: Decision,
+    /// Why, for the human asked and the model refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// Checked at load.
+    pub examples: Examples,
+    /// The file it came from (set by [`PolicyFile::parse`], whatever a file
+    /// says).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub file: String,
+}
+
+/// A policy file as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Seconds a lane waits for a confirmation (default 600, at most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_wait_s: Option<u64>,
+    /// The rules.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+}
+
+/// Why a policy did not load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}{}: {reason}", .rule.as_ref().map(|r| format!(": rule {r:?}")).unwrap_or_default(), .example.as_ref().map(|e| format!(": example {e}")).unwrap_or_default())]
+pub struct PolicyError {
+    /// The file.
+    pub file: String,
+    /// The rule, if one is at fault.
+    pub rule: Option<String>,
+    /// The example, if one failed.
+    pub example: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// What a policy checker knows of the tools: for each name, its input
+/// schema if known (`None`: the tool exists, its arguments are not known
+/// here and are not checked).
+pub type KnownTools = BTreeMap<String, Option<Value>>;
+
+impl PolicyFile {
+    /// Parses and checks `text` (from `file`) against the `known` tools: the
+    /// syntax, unknown fields, ids, tools and arguments, patterns, and every
+    /// example.
+    pub fn parse(file: &str, text: &str, known: &KnownTools) -> Result<PolicyFile, PolicyError> {
+        let err = |rule: Option<&str>, reason: String| PolicyError {
+            file: file.to_owned(),
+            rule: rule.map(str::to_owned),
+            example: None,
+            reason,
+        };
+        if text.len() as u64 > MAX_POLICY_BYTES {
+            return Err(err(None, format!("larger than {MAX_POLICY_BYTES} bytes")));
+        }
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let mut policy: PolicyFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            err(None, if at == "." || at == "?" { e.inner().to_string() } else { format!("at {at}: {}", e.inner()) })
+        })?;
+        if policy.rules.len() > MAX_RULES {
+            return Err(err(None, format!("{} rules; at most {MAX_RULES}", policy.rules.len())));
+        }
+        if let Some(w) = policy.confirm_wait_s {
+            if w == 0 || w > MAX_CONFIRM_WAIT_S {
+                return Err(err(None, format!("confirm_wait_s must be between 1 and {MAX_CONFIRM_WAIT_S}")));
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for rule in &mut policy.rules {
+            rule.file = file.to_owned();
+            if rule.id.is_empty()
+                || rule.id.len() > 64
+                || !rule.id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(err(Some(&rule.id), "an id is 1–64 letters, digits, '-', '_' or '.'".into()));
+            }
+            if !ids.insert(rule.id.clone()) {
+                return Err(err(Some(&rule.id), "a second rule with this id in the same file".into()));
+            }
+            rule.check(known).map_err(|(example, reason)| PolicyError {
+                file: file.to_owned(),
+                rule: Some(rule.id.clone()),
+                example,
+                reason,
+            })?;
+        }
+        Ok(policy)
+    }
+}
+
+impl Rule {
+    /// Checks the rule against the known tools and runs its examples; on
+    /// failure, the example at fault (if one) and why.
+    fn check(&self, known: &KnownTools) -> Result<(), (Option<String>, String)> {
+        let Some(schema) = known.get(&self.tool) else {
+            let names: Vec<&str> = known.keys().map(String::as_str).collect();
+            return Err((None, format!("unknown tool {:?} (known: {})", self.tool, names.join(", "))));
+        };
+        for pointer in std::iter::once(&self.argument).chain(self.when.keys()) {
+            let segments = split_pointer(pointer).map_err(|e| (None, e))?;
+            if let Some(schema) = schema {
+                if !schema_has(schema, &segments) {
+                    return Err((None, format!("{} has no argument {pointer:?}", self.tool)));
+                }
+            }
+        }
+        let compiled = Compiled::new(&self.condition).map_err(|e| (None, e))?;
+        for (i, ex) in self.examples.matches.iter().enumerate() {
+            if !compiled.holds(&ex.value, &ex.from.iter().copied().collect()) {
+                return Err((Some(format!("match[{i}] {}", show(ex))), "the condition does not hold for it".into()));
+            }
+        }
+        for (i, ex) in self.examples.not_match.iter().enumerate() {
+            if compiled.holds(&ex.value, &ex.from.iter().copied().collect()) {
+                return Err((Some(format!("not_match[{i}] {}", show(ex))), "the condition holds for it".into()));
+            }
+        }
+        if self.examples.matches.is_empty() || self.examples.not_match.is_empty() {
+            return Err((None, "every rule needs at least one \"match\" and one \"not_match\" example".into()));
+        }
+        Ok(())
+    }
+}
+
+fn show(ex: &Example) -> String {
+    let from: Vec<&str> = ex.from.iter().map(|s| s.as_str()).collect();
+    format!("({:?} from {})", ex.value, from.join(", "))
+}
+
+/// The segments of a JSON pointer (`""` is the whole input).
+fn split_pointer(p: &str) -> Result<Vec<String>, String> {
+    if p.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = p.strip_prefix('/') else {
+        return Err(format!("{p:?} is not a JSON pointer (it starts with '/')"));
+    };
+    Ok(rest.split('/').map(|s| s.replace("~1", "/").replace("~0", "~")).collect())
+}
+
+/// Whether an object schema can hold a value at `segments`.
+fn schema_has(schema: &Value, segments: &[String]) -> bool {
+    let Some((first, rest)) = segments.split_first() else { return true };
+    if let Some(items) = schema.get("items") {
+        if first == "*" || first.parse::<usize>().is_ok() {
+            return schema_has(items, rest);
+        }
+    }
+    match schema.get("properties").and_then(Value::as_object) {
+        Some(props) if first == "*" => props.values().any(|p| schema_has(p, rest)),
+        Some(props) => match props.get(first) {
+            Some(p) => schema_has(p, rest),
+            // Keys beyond the named ones, if the schema takes them.
+            None => schema.get("additionalProperties").is_some_and(|a| a.is_object() || a == &Value::Bool(true)),
+        },
+        // A schema without named properties takes what it takes.
+        None => schema.get("type").and_then(Value::as_str) != Some("string"),
+    }
+}
+
+/// A condition ready to evaluate.
+struct Compiled<'a> {
+    c: &'a Condition,
+    pattern: Option<regex::Regex>,
+    is_in: Option<BTreeSet<String>>,
+    not_in: Option<BTreeSet<String>>,
+}
+
+fn normal_set(v: &Option<Vec<String>>) -> Option<BTreeSet<String>> {
+    v.as_ref().map(|l| l.iter().map(|s| normalise(s).1).collect())
+}
+
+fn under(domain: &str, list: &[String]) -> bool {
+    list.iter().any(|d| {
+        let d = d.trim_start_matches('.').to_ascii_lowercase();
+        domain == d || domain.ends_with(&format!(".{d}"))
+    })
+}
+
+impl<'a> Compiled<'a> {
+    fn new(c: &'a Condition) -> Result<Compiled<'a>, String> {
+        if *c == Condition::default() {
+            return Err("the condition (\"if\") is empty; give at least one of from, not_from, in, not_in, pattern, domain_in, domain_not_in".into());
+        }
+        let pattern = match &c.pattern {
+            Some(p) => Some(
+                regex::RegexBuilder::new(p)
+                    .size_limit(1 << 20)
+                    .build()
+                    .map_err(|e| format!("pattern {p:?} is not a regular expression: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Compiled { c, pattern, is_in: normal_set(&c.is_in), not_in: normal_set(&c.not_in) })
+    }
+
+    fn holds(&self, value: &str, sources: &BTreeSet<Source>) -> bool {
+        let c = self.c;
+        let norm = || normalise(value).1;
+        let domain = || domain_of(value);
+        c.from.as_ref().is_none_or(|l| l.iter().any(|s| sources.contains(s)))
+            && c.not_from.as_ref().is_none_or(|l| !l.iter().any(|s| sources.contains(s)))
+            && self.is_in.as_ref().is_none_or(|set| set.contains(&norm()))
+            && self.not_in.as_ref().is_none_or(|set| !set.contains(&norm()))
+            && self.pattern.as_ref().is_none_or(|p| p.is_match(value))
+            && c.domain_in.as_ref().is_none_or(|l| domain().is_some_and(|d| under(&d, l)))
+            && c.domain_not_in.as_ref().is_none_or(|l| !domain().is_some_and(|d| under(&d, l)))
+    }
+}
+
+/// The rules one agent runs under: the layers merged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicySet {
+    /// Seconds a lane waits for a confirmation.
+    pub confirm_wait_s: u64,
+    /// The rules, each with the file it came from.
+    pub rules: Vec<Rule>,
+}
+
+impl Default for PolicySet {
+    fn default() -> PolicySet {
+        PolicySet { confirm_wait_s: DEFAULT_CONFIRM_WAIT_S, rules: Vec::new() }
+    }
+}
+
+impl PolicySet {
+    /// The layers merged, first to last: a later rule of the same id
+    /// replaces an earlier one in place.
+    pub fn merge(layers: impl IntoIterator<Item = PolicyFile>) -> PolicySet {
+        let mut set = PolicySet::default();
+        for layer in layers {
+            if let Some(w) = layer.confirm_wait_s {
+                set.confirm_wait_s = w;
+            }
+            for rule in layer.rules {
+                match set.rules.iter_mut().find(|r| r.id == rule.id) {
+                    Some(slot) => *slot = rule,
+                    None => set.rules.push(rule),
+                }
+            }
+        }
+        set
+    }
+
+    /// Whether any rule is about `tool`.
+    pub fn covers(&self, tool: &str) -> bool {
+        self.rules.iter().any(|r| r.tool == tool)
+    }
+
+    /// The decision on `tool` called with `input`, given where each value
+    /// could have come from (`provenance`, asked once per value a rule
+    /// looks at).
+    pub fn evaluate(
+        &self,
+        tool: &str,
+        input: &Value,
+        provenance: &mut dyn FnMut(&str) -> BTreeSet<Source>,
+    ) -> Evaluation {
+        let mut eval = Evaluation { decision: Decision::Allow, hits: Vec::new(), values: Vec::new() };
+        let mut traced: BTreeMap<String, usize> = BTreeMap::new();
+        for rule in self.rules.iter().filter(|r| r.tool == tool) {
+            let applies = rule.when.iter().all(|(p, want)| input.pointer(p) == Some(want));
+            if !applies {
+                continue;
+            }
+            let Ok(compiled) = Compiled::new(&rule.condition) else { continue };
+            let Ok(segments) = split_pointer(&rule.argument) else { continue };
+            let mut found = Vec::new();
+            values_at(input, String::new(), &segments, &mut found);
+            for (pointer, value) in found {
+                let idx = match traced.get(&pointer) {
+                    Some(&i) => i,
+                    None if eval.values.len() >= MAX_VALUES => {
+                        // Too many values to trace: a human decides.
+                        eval.decision = eval.decision.max(Decision::Confirm);
+                        continue;
+                    }
+                    None => {
+                        let sources = provenance(&value);
+                        eval.values.push(Traced { pointer: pointer.clone(), value, sources });
+                        traced.insert(pointer, eval.values.len() - 1);
+                        eval.values.len() - 1
+                    }
+                };
+                let v = &eval.values[idx];
+                if compiled.holds(&v.value, &v.sources) {
+                    eval.decision = eval.decision.max(rule.then);
+                    eval.hits.push(Hit {
+                        rule: rule.id.clone(),
+                        file: rule.file.clone(),
+                        decision: rule.then,
+                        why: rule.why.clone(),
+                        pointer: v.pointer.clone(),
+                    });
+                }
+            }
+        }
+        eval
+    }
+}
+
+/// The values at a pointer with wildcards, as strings (numbers and
+/// booleans in their JSON form), with their concrete pointers. An array at
+/// the end of the pointer stands for its elements.
+fn values_at(v: &Value, at: String, segments: &[String], out: &mut Vec<(String, String)>) {
+    if out.len() > MAX_VALUES {
+        return;
+    }
+    let esc = |k: &str| k.replace('~', "~0").replace('/', "~1");
+    match segments.split_first() {
+        None => match v {
+            Value::String(s) => out.push((at, s.clone())),
+            Value::Number(_) | Value::Bool(_) => out.push((at, v.to_string())),
+            Value::Array(items) => {
+                for (i, x) in items.iter().enumerate() {
+                    if !x.is_array() {
+                        values_at(x, format!("{at}/{i}"), &[], out);
+                    }
+                }
+            }
+            _ => {}
+        },
+        Some((first, rest)) => match v {
+            Value::Array(items) if first == "*" => {
+                for (i, x) in items.iter().enumerate() {
+                    values_at(x, format!("{at}/{i}"), rest, out);
+                }
+            }
+            Value::Object(map) if first == "*" => {
+                for (k, x) in map {
+                    values_at(x, format!("{at}/{}", esc(k)), rest, out);
+                }
+            }
+            Value::Array(items) => {
+                if let Some(x) = first.parse::<usize>().ok().and_then(|i| items.get(i)) {
+                    values_at(x, format!("{at}/{first}"), rest, out);
+                }
+            }
+            Value::Object(map) => {
+                if let Some(x) = map.get(first.as_str()) {
+                    values_at(x, format!("{at}/{}", esc(first)), rest, out);
+                }
+            }
+            _ => {}
+        },
+    }
+}
+
+/// One value a rule looked at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Traced {
+    /// Where in the input (`/to/0`).
+    pub pointer: String,
+    /// The value.
+    pub value: String,
+    /// Where it could have come from.
+    pub sources: BTreeSet<Source>,
+}
+
+/// A rule whose condition held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hit {
+    /// The rule's id.
+    pub rule: String,
+    /// Its file.
+    pub file: String,
+    /// What it decides.
+    pub decision: Decision,
+    /// Its reason.
+    pub why: Option<String>,
+    /// The value it held for.
+    pub pointer: String,
+}
+
+/// A policy's decision on one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// The strictest decision of the rules that held (allow if none).
+    pub decision: Decision,
+    /// The rules that held, in policy order.
+    pub hits: Vec<Hit>,
+    /// Every value a rule looked at, with its provenance.
+    pub values: Vec<Traced>,
+}
+
+impl Evaluation {
+    /// The rules that decided (those of the final decision), for a human.
+    pub fn deciding(&self) -> Vec<&Hit> {
+        self.hits.iter().filter(|h| h.decision == self.decision).collect()
+    }
+}
+
+/// The tools' names and schemas, from manifests.
+pub fn known_from<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    manifests: impl IntoIterator<Item = &'a crate::manifest::ToolManifest>,
+) -> KnownTools {
+    let mut known: KnownTools = names.into_iter().map(|n| (n.to_owned(), None)).collect();
+    for m in manifests {
+        known.insert(m.llm.name.clone(), Some(m.llm.parameters.clone()));
+    }
+    known
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn known() -> KnownTools {
+        let mail = json!({"type": "object", "properties": {
+            "to": {"type": "array", "items": {"type": "string"}}, "subject": {"type": "string"},
+            "body": {"type": "string"}}});
+        let browse = json!({"type": "object", "properties": {"action": {"type": "string"},
+            "text": {"type": "string"}, "submit": {"type": "boolean"}}});
+        BTreeMap::from([
+            ("choir.email.send".to_owned(), Some(mail)),
+            ("choir.web.browse".to_owned(), Some(browse)),
+            ("choir.exec".to_owned(), None),
+        ])
+    }
+
+    fn sources(s: &[Source]) -> BTreeSet<Source> {
+        s.iter().copied().collect()
+    }
+
+    #[test]
+    fn the_default_policy_loads_against_choirs_tools() {
+        let mut k = known();
+        k.insert(
+            "choir.http.post".into(),
+            Some(json!({"type": "object", "properties": {"url": {"type": "string"}, "body": {"type": "string"}}})),
+        );
+        k.get_mut("choir.email.send").unwrap().as_mut().unwrap()["properties"]["cc"] =
+            json!({"type": "array", "items": {"type": "string"}});
+        let p = PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &k).unwrap();
+        assert!(p.rules.iter().all(|r| r.then != Decision::Forbid), "nothing is forbidden by default");
+    }
+
+    #[test]
+    fn the_strictest_rule_wins_over_every_value() {
+        let text = r#"{"rules": [
+          {"id": "to-unseen", "tool": "choir.email.send", "argument": "/to",
+           "if": {"not_from": ["user", "operator", "trusted"]}, "then": "confirm",
+           "examples": {"match": [{"value": "x@evil.test", "from": ["untrusted"]}],
+                        "not_match": [{"value": "bob@corp.test", "from": ["user", "untrusted"]}]}},
+          {"id": "never-evil", "tool": "choir.email.send", "argument": "/to/*",
+           "if": {"domain_in": ["evil.test"]}, "then": "forbid", "why": "a known bad domain",
+           "examples": {"match": [{"value": "a@mail.evil.test"}], "not_match": [{"value": "a@notevil.test"}]}}]}"#;
+        let set = PolicySet::merge([PolicyFile::parse("p.json", text, &known()).unwrap()]);
+        let mut prov = |v: &str| match v {
+            "bob@corp.test" => sources(&[Source::User]),
+            "eve@else.test" => sources(&[Source::Untrusted]),
+            _ => sources(&[Source::Model]),
+        };
+        let e = set.evaluate("choir.email.send", &json!({"to": ["bob@corp.test"]}), &mut prov);
+        assert_eq!(e.decision, Decision::Allow);
+        let e = set.evaluate("choir.email.send", &json!({"to": ["bob@corp.test", "eve@else.test"]}), &mut prov);
+        assert_eq!(e.decision, Decision::Confirm);
+        assert_eq!(e.deciding()[0].pointer, "/to/1");
+        let e = set.evaluate("choir.email.send", &json!({"to": ["eve@else.test", "z@evil.test"]}), &mut prov);
+        assert_eq!(e.decision, Decision::Forbid);
+        assert_eq!(e.deciding()[0].rule, "never-evil");
+        assert_eq!(e.values.len(), 2, "each value traced once: {:?}", e.values);
+        assert_eq!(set.evaluate("choir.exec", &json!({"cmd": "x"}), &mut prov).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn when_narrows_a_rule_to_some_calls() {
+        let text = r#"{"rules": [{"id": "typed-then-submitted", "tool": "choir.web.browse", "argument": "/text",
+           "when": {"/action": "type", "/submit": true},
+           "if": {"not_from": ["user", "operator", "trusted"]}, "then": "confirm",
+           "examples": {"match": [{"value": "secret"}], "not_match": [{"value": "hi", "from": ["user"]}]}}]}"#;
+        let set = PolicySet::merge([PolicyFile::parse("p.json", text, &known()).unwrap()]);
+        let mut prov = |_: &str| sources(&[Source::Model]);
+        let call = |submit: bool| json!({"action": "type", "text": "x", "submit": submit});
+        assert_eq!(set.evaluate("choir.web.browse", &call(true), &mut prov).decision, Decision::Confirm);
+        assert_eq!(set.evaluate("choir.web.browse", &call(false), &mut prov).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn a_later_layer_replaces_a_rule_of_the_same_id() {
+        let base = PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &{
+            let mut k = known();
+            k.insert("choir.http.post".into(), None);
+            k.insert("choir.email.send".into(), None);
+            k
+        })
+        .unwrap();
+        let id = base.rules[0].id.clone();
+        let off = format!(
+            r#"{{"confirm_wait_s": 30, "rules": [{{"id": "{id}", "tool": "{}", "argument": "{}", "if": {{"from": ["model"]}},
+                "then": "allow", "examples": {{"match": [{{"value": "a"}}], "not_match": [{{"value": "a", "from": ["user"]}}]}}}}]}}"#,
+            base.rules[0].tool, base.rules[0].argument
+        );
+        let mut k = known();
+        k.insert("choir.http.post".into(), None);
+        k.insert("choir.email.send".into(), None);
+        let agent = PolicyFile::parse("agent.json", &off, &k).unwrap();
+        let set = PolicySet::merge([base.clone(), agent]);
+        assert_eq!(set.rules.len(), base.rules.len());
+        assert_eq!(set.rules[0].then, Decision::Allow);
+        assert_eq!(set.rules[0].file, "agent.json");
+        assert_eq!(set.confirm_wait_s, 30);
+    }
+
+    #[test]
+    fn a_bad_policy_is_refused_naming_file_rule_and_example() {
+        let rule = |body: &str| format!(r#"{{"rules": [{{"id": "r1", "tool": "choir.email.send", {body}}}]}}"#);
+        let ok_examples = r#""examples": {"match": [{"value": "x@evil.test"}], "not_match": [{"value": "b@c.test", "from": ["user"]}]}"#;
+        let cases = [
+            ("{ not json".to_owned(), "key must be a string"),
+            (r#"{"rulez": []}"#.to_owned(), "unknown field `rulez`"),
+            (
+                rule(&format!(r#""argument": "/to", "if": {{"not_from": ["user"]}}, "then": "maybe", {ok_examples}"#)),
+                "at rules[0].then: unknown variant `maybe`",
+            ),
+            (
+                rule(&format!(r#""argument": "/to", "if": {{"not_from": ["usr"]}}, "then": "confirm", {ok_examples}"#)),
+                "unknown variant `usr`",
+            ),
+            (
+                rule(&format!(
+                    r#""argument": "/recipient", "if": {{"not_from": ["user"]}}, "then": "confirm", {ok_examples}"#
+                )),
+                "rule \"r1\": choir.email.send has no argument \"/recipient\"",
+            ),
+            (
+                rule(&format!(r#""argument": "to", "if": {{"not_from": ["user"]}}, "then": "confirm", {ok_examples}"#)),
+                "is not a JSON pointer",
+            ),
+            (
+                rule(&format!(r#""argument": "/to", "if": {{}}, "then": "confirm", {ok_examples}"#)),
+                "the condition (\"if\") is empty",
+            ),
+            (
+                rule(&format!(r#""argument": "/to", "if": {{"pattern": "(["}}, "then": "confirm", {ok_examples}"#)),
+                "is not a regular expression",
+            ),
+            (
+                rule(&format!(r#""argument": "/to", "if": {{"from": ["user"]}}, "then": "confirm", {ok_examples}"#)),
+                "rule \"r1\": example match[0] (\"x@evil.test\" from model): the condition does not hold for it",
+            ),
+            (
+                rule(
+                    r#""argument": "/to", "if": {"not_from": ["user"]}, "then": "confirm", "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y"}]}"#,
+                ),
+                "example not_match[0] (\"y\" from model): the condition holds for it",
+            ),
+            (
+                rule(
+                    r#""argument": "/to", "if": {"not_from": ["user"]}, "then": "confirm", "examples": {"match": [{"value": "x"}], "not_match": []}"#,
+                ),
+                "at least one \"match\" and one \"not_match\"",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = PolicyFile::parse("repos/global/policy.json", &text, &known()).unwrap_err().to_string();
+            assert!(e.starts_with("repos/global/policy.json"), "{e}");
+            assert!(e.contains(want), "{text}\n→ {e}\nwanted {want:?}");
+        }
+        let unknown_tool = r#"{"rules": [{"id": "r", "tool": "choir.mail.send", "argument": "/to", "if": {"from": ["model"]}, "then": "confirm",
+            "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y", "from": ["user"]}]}}]}"#;
+        let e = PolicyFile::parse("p.json", unknown_tool, &known()).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown tool \"choir.mail.send\" (known: choir.email.send, choir.exec, choir.web.browse)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_call_with_more_values_than_can_be_traced_is_confirmed() {
+        let text = r#"{"rules": [{"id": "r", "tool": "choir.email.send", "argument": "/to", "if": {"from": ["model"]}, "then": "confirm",
+            "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y", "from": ["user"]}]}}]}"#;
+        let set = PolicySet::merge([PolicyFile::parse("p.json", text, &known()).unwrap()]);
+        let many: Vec<String> = (0..400).map(|i| format!("u{i}@corp.test")).collect();
+        let mut asked = 0;
+        let mut prov = |_: &str| {
+            asked += 1;
+            sources(&[Source::User])
+        };
+        let e = set.evaluate("choir.email.send", &json!({"to": many}), &mut prov);
+        assert_eq!(e.decision, Decision::Confirm);
+        assert!(asked <= MAX_VALUES);
+    }
+}

@@ -1,0 +1,209 @@
+//! Provenance values (R-ARB-5): the sources an argument value can have, and
+//! the normal forms values are compared in. Shared by the agent (which
+//! traces each value of a call through its lane's history) and choird
+//! (which checks argument policies when it loads them, and answers
+//! `choirctl policy test`).
+//!
+//! **The rule.** Values are compared exactly, after normalising by kind:
+//! - a mail address: trimmed, lowercased, an optional `Name <…>` dropped;
+//! - a URL: parsed, scheme and host lowercased, default port and fragment
+//!   dropped, an empty path made `/`;
+//! - a number (an account, a phone, an IBAN): its digits, when it has at
+//!   least six;
+//! - any other text: whitespace runs collapsed, compared as a contiguous
+//!   part of an entry's text.
+//!
+//! An address, URL or number is looked for among the values *of the same
+//! kind* a text holds ([`values_in`]), never as a substring of one, so
+//! `bob@corp.test` does not come from `evilbob@corp.test.evil`.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a value could have come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The user's messages in this conversation.
+    User,
+    /// The operator's side (Choir's own notes, built from config and state).
+    Operator,
+    /// The output of a tool whose output is trusted.
+    Trusted,
+    /// The output of a tool whose output is untrusted (mail, web, files…).
+    Untrusted,
+    /// Nowhere in the history: the model made it.
+    Model,
+}
+
+impl Source {
+    /// `user`, `operator`, `trusted`, `untrusted` or `model`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::User => "user",
+            Source::Operator => "operator",
+            Source::Trusted => "trusted",
+            Source::Untrusted => "untrusted",
+            Source::Model => "model",
+        }
+    }
+}
+
+/// What kind of value a string is, for normalising it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A mail address.
+    Address,
+    /// An http(s) URL.
+    Url,
+    /// A number of at least six digits (with separators).
+    Number,
+    /// Anything else.
+    Text,
+}
+
+fn address(s: &str) -> Option<String> {
+    let s = s.trim();
+    let inner = match (s.rfind('<'), s.rfind('>')) {
+        (Some(a), Some(b)) if a < b => &s[a + 1..b],
+        _ => s,
+    };
+    let inner = inner.trim().trim_matches(|c: char| matches!(c, '.' | ',' | ';' | ':' | '"' | '\'' | '(' | ')'));
+    let (local, domain) = inner.split_once('@')?;
+    let ok_local = !local.is_empty() && local.chars().all(|c| c.is_ascii_alphanumeric() || "._%+-".contains(c));
+    let ok_domain = domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && domain.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    (ok_local && ok_domain).then(|| inner.to_ascii_lowercase())
+}
+
+fn web_url(s: &str) -> Option<String> {
+    let s = s.trim().trim_end_matches(['.', ',', ';', ')', '"', '\'']);
+    let lower = s.to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return None;
+    }
+    let mut u = url::Url::parse(s).ok()?;
+    u.set_fragment(None);
+    Some(u.to_string())
+}
+
+fn digits(s: &str) -> Option<String> {
+    let allowed = s.trim().chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '/' | '.' | '+'));
+    let d: String = s.chars().filter(char::is_ascii_digit).collect();
+    let letters = s.chars().filter(char::is_ascii_alphabetic).count();
+    (allowed && d.len() >= 6 && letters <= 4).then_some(d)
+}
+
+/// The kind of `value` and its normal form.
+pub fn normalise(value: &str) -> (Kind, String) {
+    if let Some(a) = address(value) {
+        return (Kind::Address, a);
+    }
+    if let Some(u) = web_url(value) {
+        return (Kind::Url, u);
+    }
+    if let Some(d) = digits(value) {
+        return (Kind::Number, d);
+    }
+    (Kind::Text, value.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The values of `kind` a text holds, normalised.
+pub fn values_in(kind: Kind, text: &str) -> BTreeSet<String> {
+    match kind {
+        Kind::Address => text.split(|c: char| c.is_whitespace() || c == ',').filter_map(address).collect(),
+        Kind::Url => text
+            .split(|c: char| c.is_whitespace() || matches!(c, '<' | '>' | '"' | '[' | ']'))
+            .filter_map(web_url)
+            .collect(),
+        Kind::Number => {
+            // Runs of digits and the separators numbers are written with.
+            let mut out = BTreeSet::new();
+            let mut run = String::new();
+            for c in text.chars().chain(std::iter::once('\n')) {
+                if c.is_ascii_digit() || (matches!(c, ' ' | '-' | '/' | '.') && !run.is_empty()) {
+                    run.push(c);
+                } else {
+                    if let Some(d) = digits(run.trim_end_matches([' ', '-', '/', '.'])) {
+                        out.insert(d);
+                    }
+                    run.clear();
+                }
+            }
+            out
+        }
+        Kind::Text => BTreeSet::new(),
+    }
+}
+
+/// The domain of an address or the host of a URL, lowercased.
+pub fn domain_of(value: &str) -> Option<String> {
+    match normalise(value) {
+        (Kind::Address, a) => a.rsplit_once('@').map(|(_, d)| d.to_owned()),
+        (Kind::Url, u) => url::Url::parse(&u).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase)),
+        _ => None,
+    }
+}
+
+/// Whether `text` holds `value` (of `kind`, normalised as [`normalise`] does).
+pub fn text_holds(kind: Kind, norm: &str, text: &str) -> bool {
+    match kind {
+        Kind::Text => holds_words(&text.split_whitespace().collect::<Vec<_>>().join(" "), norm),
+        k => values_in(k, text).contains(norm),
+    }
+}
+
+/// Whether `needle` occurs in `hay` on word boundaries (`13` is not in `2013`).
+fn holds_words(hay: &str, needle: &str) -> bool {
+    if needle.is_empty() {
+        return false;
+    }
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let edge_in = |s: &str| word(s.chars().next());
+    let edge_out = |s: &str| word(s.chars().next_back());
+    let (starts_word, ends_word) = (edge_in(needle), edge_out(needle));
+    hay.match_indices(needle).any(|(i, _)| {
+        let before = hay[..i].chars().next_back();
+        let after = hay[i + needle.len()..].chars().next();
+        let glued = (starts_word && word(before)) || (ends_word && word(after));
+        !glued
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_normalised_by_kind() {
+        assert_eq!(normalise(" Alice <Alice@Corp.TEST> "), (Kind::Address, "alice@corp.test".into()));
+        assert_eq!(
+            normalise("HTTPS://Hooks.Example.com:443/notes#x"),
+            (Kind::Url, "https://hooks.example.com/notes".into())
+        );
+        assert_eq!(normalise("DE89 3704 0044 0532 0130 00"), (Kind::Number, "89370400440532013000".into()));
+        assert_eq!(normalise("  the   launch "), (Kind::Text, "the launch".into()));
+        assert_eq!(domain_of("x@Evil.Test"), Some("evil.test".into()));
+        assert_eq!(domain_of("https://Evil.test:8443/a"), Some("evil.test".into()));
+        assert_eq!(domain_of("hello"), None);
+    }
+
+    #[test]
+    fn an_address_is_never_found_as_part_of_another() {
+        let text = "mail evilbob@corp.test.evil or bob@corp.test.";
+        assert!(text_holds(Kind::Address, "bob@corp.test", text));
+        assert!(!text_holds(Kind::Address, "ob@corp.test", text));
+        assert!(!text_holds(Kind::Address, "bob@corp.tes", text));
+    }
+
+    #[test]
+    fn text_is_found_on_word_boundaries_only() {
+        assert!(text_holds(Kind::Text, "file 13", "please delete file 13."));
+        assert!(!text_holds(Kind::Text, "13", "in 2013 we met"));
+        assert!(!text_holds(Kind::Text, "pass", "a password"));
+        assert!(text_holds(Kind::Text, "the launch", "about the   launch, today"));
+    }
+}
