@@ -79,13 +79,37 @@ fn address(s: &str) -> Option<String> {
     (ok_local && ok_domain).then(|| inner.to_ascii_lowercase())
 }
 
+/// Top-level domains a web address written without a scheme is recognised
+/// by (besides a `www.` prefix): enough for prose, not a list of all.
+const COMMON_TLDS: &[&str] = &[
+    "com", "org", "net", "io", "dev", "app", "ai", "co", "info", "biz", "edu", "gov", "me", "xyz", "site", "online",
+    "link", "us", "uk", "de", "fr", "eu", "ch", "nl", "it", "es", "ru", "cn", "jp", "in", "ca", "au", "test",
+];
+
+/// Whether `host` is a host name written in prose as a web address.
+fn bare_host(host: &str) -> bool {
+    let labels: Vec<&str> = host.split('.').collect();
+    let ok_labels = labels.len() >= 2
+        && labels.iter().all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    let tld = labels.last().copied().unwrap_or_default().to_ascii_lowercase();
+    ok_labels
+        && tld.len() >= 2
+        && tld.chars().all(|c| c.is_ascii_alphabetic())
+        && (host.to_ascii_lowercase().starts_with("www.") || COMMON_TLDS.contains(&tld.as_str()))
+}
+
 fn web_url(s: &str) -> Option<String> {
-    let s = s.trim().trim_end_matches(['.', ',', ';', ')', '"', '\'']);
+    let s = s.trim().trim_end_matches(['.', ',', ';', ')', '"', '\'', '!', '?', ':']);
     let lower = s.to_ascii_lowercase();
-    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+    let with_scheme = if lower.starts_with("http://") || lower.starts_with("https://") {
+        s.to_owned()
+    } else if bare_host(s.split(['/', '?', '#']).next().unwrap_or_default()) {
+        // `www.example.com/x` in prose: the same address as `http://…`.
+        format!("http://{s}")
+    } else {
         return None;
-    }
-    let mut u = url::Url::parse(s).ok()?;
+    };
+    let mut u = url::Url::parse(&with_scheme).ok()?;
     u.set_fragment(None);
     Some(u.to_string())
 }
@@ -148,6 +172,21 @@ pub fn domain_of(value: &str) -> Option<String> {
     }
 }
 
+/// Shortest text (in characters, normalised) that is traced at all: a
+/// shorter one (`13`, `Bob`) is found by accident in too many places to say
+/// where it came from, and counts as made by the model.
+pub const MIN_TRACEABLE_TEXT: usize = 4;
+
+/// The addresses, web addresses and numbers written inside a text, each
+/// with its kind (what a model-written message may carry from elsewhere).
+pub fn entities_in(text: &str) -> Vec<(Kind, String)> {
+    let mut out = Vec::new();
+    for kind in [Kind::Address, Kind::Url, Kind::Number] {
+        out.extend(values_in(kind, text).into_iter().map(|v| (kind, v)));
+    }
+    out
+}
+
 /// Whether `text` holds `value` (of `kind`, normalised as [`normalise`] does).
 pub fn text_holds(kind: Kind, norm: &str, text: &str) -> bool {
     match kind {
@@ -189,6 +228,10 @@ mod tests {
         assert_eq!(domain_of("x@Evil.Test"), Some("evil.test".into()));
         assert_eq!(domain_of("https://Evil.test:8443/a"), Some("evil.test".into()));
         assert_eq!(domain_of("hello"), None);
+        assert_eq!(normalise("www.Secure-Systems-252.com"), (Kind::Url, "http://www.secure-systems-252.com/".into()));
+        assert_eq!(normalise("my-site.org/page"), (Kind::Url, "http://my-site.org/page".into()));
+        assert_eq!(normalise("report.pdf").0, Kind::Text, "a file name is not a web address");
+        assert_eq!(normalise("e.g.").0, Kind::Text);
     }
 
     #[test]

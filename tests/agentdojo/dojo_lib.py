@@ -337,6 +337,9 @@ class Replay:
         self.log: list[dict] = []
 
     def reset(self, user_task_id: str, injection_task_id: str | None, injections: dict | None = None) -> None:
+        # A failed reset leaves no environment: later calls fail instead of running on the old one.
+        self.env = self.pre_env = self.user_task = self.injection_task = None
+        self.trace, self.log = [], []
         if user_task_id not in self.suite.user_tasks:
             raise ValueError(f"unknown user task {user_task_id!r}")
         user_task = self.suite.get_user_task_by_id(user_task_id)

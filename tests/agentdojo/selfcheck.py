@@ -3,7 +3,7 @@ checks the replay is faithful: the user task's ground truth gives utility where
 AgentDojo says it should, and the injection task's ground truth makes the attack
 succeed (no defence, so it must).
 
-    VENV/bin/python selfcheck.py [--export DIR] [--suite S ...] [--json FILE]
+    VENV/bin/python selfcheck.py [--export DIR] [--suite S ...] [--jobs N] [--json FILE]
 
 Without --export, runs export.py into a temporary directory first. Exits 1 when
 a check fails that is not a known AgentDojo ground-truth failure (KNOWN below).
@@ -15,6 +15,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -115,9 +116,15 @@ def expected_user_utility(suite) -> dict[str, bool]:
     return out
 
 
+def unstamped(value):
+    """`value` with every date-time string masked (AgentDojo stamps new emails and
+    files with datetime.now(), so two runs of one call differ there)."""
+    return json.loads(re.sub(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?", "<time>", json.dumps(value)))
+
+
 def client_smoke(suite_name: str, export: Path, conn: Conn, pair: dict) -> list[str]:
-    """The first pair's user calls through dojo_client, compared with the same calls
-    made directly; then one call AgentDojo rejects, through dojo_client."""
+    """The first pair's calls (user, then injection) through dojo_client, compared with
+    the same calls made directly; then an unknown tool (a harness failure)."""
     failures = []
     client = export / suite_name / "tools" / "dojo_client"
 
@@ -128,10 +135,11 @@ def client_smoke(suite_name: str, export: Path, conn: Conn, pair: dict) -> list[
         return r.returncode, r.stdout, r.stderr, time.monotonic() - t
 
     conn.must({"op": "reset", "user_task": pair["user_task"], "injection_task": pair["injection_task"]})
-    direct = [conn.ask({"op": "call", "function": c["function"], "args": c["args"]}) for c in pair["user_calls"]]
+    calls = pair["user_calls"] + pair["injection_calls"]
+    direct = [conn.ask({"op": "call", "function": c["function"], "args": c["args"]}) for c in calls]
     conn.must({"op": "reset", "user_task": pair["user_task"], "injection_task": pair["injection_task"]})
     took = []
-    for c, d in zip(pair["user_calls"], direct):
+    for c, d in zip(calls, direct):
         code, out, err, secs = run_client(c["tool"], c["args"])
         took.append(secs)
         try:
@@ -144,10 +152,11 @@ def client_smoke(suite_name: str, export: Path, conn: Conn, pair: dict) -> list[
             if d["ok"]
             else {"summary": "error", "error": d["error"]}
         )
-        if code != 0 or got != want or out.count("\n") != 1:
+        # Emails and files created now carry datetime.now(): compare without times.
+        if code != 0 or unstamped(got) != unstamped(want) or out.count("\n") != 1:
             failures.append(f"dojo_client {c['tool']}: exit {code}, got {got!r}, want {want!r}")
     executed = conn.must({"op": "executed"})["calls"]
-    if [(e["function"], e["args"]) for e in executed] != [(c["function"], c["args"]) for c in pair["user_calls"]]:
+    if [(e["function"], e["args"]) for e in executed] != [(c["function"], c["args"]) for c in calls]:
         failures.append(f"executed log after dojo_client calls differs: {executed!r}")
     # Unknown tool: a harness failure, exit 2, nothing on stdout.
     code2, out2, err2, _ = run_client(f"dojo.{suite_name}.no_such_tool", {})
@@ -179,6 +188,60 @@ def error_smoke(conn: Conn, pair: dict, suite_name: str, export: Path) -> list[s
     got = json.loads(r.stdout) if r.stdout.strip() else None
     if r.returncode != 0 or got != {"summary": "error", "error": direct.get("error")}:
         failures.append(f"dojo_client error call: exit {r.returncode}, {r.stdout!r} {r.stderr!r}")
+    return failures
+
+
+RUNTIME_KEYS = {
+    "exec_path", "timeout_ms", "side_effect", "version", "locks", "secret_resources",
+    "network", "idempotent", "exposure", "prompt_mask", "output_trust",
+}  # fmt: skip
+TOOL_NAME = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
+
+
+def check_manifests(suite_name: str, export: Path, pairs: list[dict]) -> list[str]:
+    """The manifests as Choir's loader sees them (common/src/manifest.rs, ids.rs),
+    short of the JSON Schema meta-validation, and tools.json and pairs.json agreeing."""
+    failures = []
+    tools_dir = export / suite_name / "tools"
+    tools = json.loads((export / suite_name / "tools.json").read_text())
+    client = tools_dir / "dojo_client"
+    if not client.is_file() or not os.access(client, os.X_OK) or (client.stat().st_mode & 0o777) != 0o755:
+        failures.append(f"{client} is not a 0755 executable file")
+    if client.read_text().splitlines()[0] != "#!/usr/bin/python3 -I":
+        failures.append(f"{client}: wrong interpreter line")
+    files = sorted(tools_dir.glob("*.json"))
+    if sorted(f.stem for f in files) != sorted(t["function"] for t in tools):
+        failures.append(f"{tools_dir}: manifests and tools.json name different functions")
+    names = set()
+    for t in tools:
+        m = json.loads((tools_dir / f"{t['function']}.json").read_text())
+        name = m.get("llm", {}).get("name", "")
+        names.add(name)
+        segs = name.split(".")
+        problems = []
+        if set(m) != {"llm", "runtime"} or set(m["llm"]) != {"name", "description", "parameters"}:
+            problems.append("wrong top-level or llm keys")
+        if set(m.get("runtime", {})) != RUNTIME_KEYS:
+            problems.append("wrong runtime keys")
+        if not TOOL_NAME.match(name) or any(x.startswith("_") or x.endswith("_") or "__" in x for x in segs):
+            problems.append("invalid tool name")
+        if len(name.replace(".", "__")) > 64 or name != t["tool"]:
+            problems.append("name too long or not as in tools.json")
+        if not m["llm"]["description"].strip() or m["llm"]["parameters"].get("type") != "object":
+            problems.append("empty description or parameters not an object schema")
+        if "$ref" in json.dumps(m["llm"]["parameters"]):
+            problems.append("$ref left in parameters")
+        rt = m["runtime"]
+        if (rt["side_effect"], rt["output_trust"]) != (t["side_effect"], t["output_trust"]):
+            problems.append("side_effect/output_trust differ from tools.json")
+        if rt["idempotent"] != (rt["side_effect"] == "read") or rt["exec_path"] != "dojo_client":
+            problems.append("idempotent or exec_path wrong")
+        if problems:
+            failures.append(f"{t['function']}.json: {', '.join(problems)}")
+    for p in pairs:
+        for c in p["user_calls"] + p["injection_calls"]:
+            if c["tool"] not in names:
+                failures.append(f"{p['user_task']}/{p['injection_task']}: unknown tool {c['tool']}")
     return failures
 
 
@@ -223,7 +286,12 @@ def check_suite(suite_name: str, export: Path, sock_dir: Path) -> dict:
     sock = str(sock_dir / f"{suite_name}.sock")
     proc = start_server(suite_name, sock, export / suite_name / "pairs.json")
     count_keys = ("u_empty", "u_out", "s_empty", "s_out", "u_final", "s_final")
-    res = {"pairs": len(pairs), "utility_expected": 0, **{k: 0 for k in count_keys}}
+    res = {
+        "pairs": len(pairs),
+        "user_tasks": sorted({p["user_task"] for p in pairs}),
+        "utility_expected": 0,
+        **{k: 0 for k in count_keys},
+    }
     lists = {
         "utility_unexpected": [],  # utility (with the user task's output) differs from AgentDojo's verdict
         "utility_gt_fails": [],  # AgentDojo itself says this user ground truth fails
@@ -238,6 +306,7 @@ def check_suite(suite_name: str, export: Path, sock_dir: Path) -> dict:
         "client_failures": [],
     }
     res.update(lists)
+    res["client_failures"] += check_manifests(suite_name, export, pairs)
     try:
         conn = Conn(sock)
         for p in pairs:
@@ -272,9 +341,18 @@ def check_suite(suite_name: str, export: Path, sock_dir: Path) -> dict:
     return res
 
 
-def compact(ids: list[str]) -> str:
-    """user_task_3/injection_task_1, ... -> 'u3/i1 u3/i2 ...'."""
-    return " ".join(x.replace("user_task_", "u").replace("injection_task_", "i") for x in ids)
+def compact(ids: list[str], user_ids: list[str]) -> str:
+    """Pairs grouped by injection task: 'i0: u14 u15; i6: all' ('all': every user task)."""
+    by_inj: dict[str, list[str]] = {}
+    for pid in ids:
+        u, i = pid.split("/")
+        by_inj.setdefault(i, []).append(u)
+    parts = []
+    for i in sorted(by_inj, key=lambda x: int(x.rsplit("_", 1)[1])):
+        us = by_inj[i]
+        shown = "all" if sorted(us) == sorted(user_ids) else " ".join(u.replace("user_task_", "u") for u in us)
+        parts.append(f"{i.replace('injection_task_', 'i')}: {shown}")
+    return "; ".join(parts)
 
 
 def main() -> int:
@@ -362,7 +440,11 @@ def main() -> int:
             else:
                 fatal = False
             failed |= fatal
-            shown = "\n    ".join(items) if key in ("call_errors", "client_failures") else compact(items)
+            shown = (
+                "\n    ".join(items)
+                if key in ("call_errors", "client_failures")
+                else compact(items, r["user_tasks"])
+            )
             print(f"{'FAIL' if fatal else 'note'} {s} {key} ({len(items)}): {shown}")
     if a.json:
         a.json.write_text(json.dumps(results, indent=1) + "\n")

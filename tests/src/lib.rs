@@ -11,6 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
+pub mod agentdojo;
 pub mod bench;
 pub mod docker;
 pub mod fake_embeddings;

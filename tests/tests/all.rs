@@ -6,6 +6,7 @@
 mod acyclic;
 mod approvals;
 mod arbiter;
+mod agentdojo;
 mod arg_policy;
 mod bad_input;
 mod cognition;
