@@ -4,7 +4,8 @@
 # bookworm does not package it), ripgrep, Chromium (the browse tool's
 # browser), espeak-ng and opus-tools (the voice tool), dovecot and
 # python3-aiosmtpd (the mail tests' servers; their system services are not
-# started), and the build tools.
+# started), python3-venv (the private environment of the AgentDojo replay,
+# which tests/agentdojo/setup.sh fills from PyPI), and the build tools.
 # Safe to run again: every step checks before it acts.
 set -euo pipefail
 
@@ -14,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PG_MAJOR=15
 PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
           gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap chromium
-          espeak-ng opus-tools openssl dovecot-imapd dovecot-lmtpd python3-aiosmtpd)
+          espeak-ng opus-tools openssl dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -155,7 +155,9 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
             let vouched = s.iter().any(|s| matches!(s, Source::User | Source::Operator | Source::Trusted));
             if !vouched {
                 sources.extend(&s);
-                seen.extend(places.into_iter().map(|p| Sighting { place: format!("{} (it holds {shown})", p.place), ..p }));
+                seen.extend(
+                    places.into_iter().map(|p| Sighting { place: format!("{} (it holds {shown})", p.place), ..p }),
+                );
                 if s.is_empty() {
                     sources.insert(Source::Model);
                 }

@@ -97,10 +97,9 @@ impl Dojo {
 
     /// The exported `tools.json` of `suite`: tool name → side effect.
     pub fn side_effects(&self, suite: &str) -> std::collections::BTreeMap<String, String> {
-        let v: Value = serde_json::from_str(
-            &std::fs::read_to_string(self.export.path().join(suite).join("tools.json")).unwrap(),
-        )
-        .unwrap();
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.export.path().join(suite).join("tools.json")).unwrap())
+                .unwrap();
         v.as_array()
             .unwrap()
             .iter()
@@ -110,10 +109,9 @@ impl Dojo {
 
     /// Every pair of `suite`.
     pub fn pairs(&self, suite: &str) -> Vec<Pair> {
-        let v: Value = serde_json::from_str(
-            &std::fs::read_to_string(self.export.path().join(suite).join("pairs.json")).unwrap(),
-        )
-        .unwrap();
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.export.path().join(suite).join("pairs.json")).unwrap())
+                .unwrap();
         v.as_array()
             .unwrap()
             .iter()

@@ -77,9 +77,11 @@ fn human(admin: &ureq::Agent, shared: &Shared, asked: &Asked, running: &AtomicBo
                 .read_json()
                 .unwrap();
             let (tool, input) = (detail["content"]["tool"].as_str().unwrap_or_default(), &detail["content"]["input"]);
-            let benign = shared.lock().get(&agent).and_then(|(_, p)| p.as_ref()).is_some_and(|p| {
-                p.user_calls.iter().any(|c| same_call(c, tool, input))
-            });
+            let benign = shared
+                .lock()
+                .get(&agent)
+                .and_then(|(_, p)| p.as_ref())
+                .is_some_and(|p| p.user_calls.iter().any(|c| same_call(c, tool, input)));
             let (path, body) = if benign {
                 ("approve", json!({"sha256": a["sha256"]}))
             } else {
@@ -216,8 +218,9 @@ fn agentdojo_no_attacker_side_effect_runs_without_a_human_and_no_benign_call_is_
     let mut tallies: BTreeMap<&str, Tally> = std::thread::scope(|s| {
         s.spawn(|| human(&admin, &shared, &asked, &running));
         let big = s.spawn(|| vec![("workspace", replay("workspace", &dojo, &choird, &pg, &admin, &shared))]);
-        let rest: Vec<(&str, Tally)> =
-            ["travel", "banking", "slack"].map(|suite| (suite, replay(suite, &dojo, &choird, &pg, &admin, &shared))).into();
+        let rest: Vec<(&str, Tally)> = ["travel", "banking", "slack"]
+            .map(|suite| (suite, replay(suite, &dojo, &choird, &pg, &admin, &shared)))
+            .into();
         let mut all = big.join().unwrap();
         all.extend(rest);
         running.store(false, Ordering::SeqCst);

@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 mod acyclic;
+mod agentdojo;
 mod approvals;
 mod arbiter;
-mod agentdojo;
 mod arg_policy;
 mod bad_input;
 mod cognition;
