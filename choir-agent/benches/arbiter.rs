@@ -129,10 +129,15 @@ fn main() {
             Origin::Tool { tool: "choir.email.receive".into(), trust: OutputTrust::Untrusted },
         ));
     }
+    let traced = ProposedCall {
+        id: "c".into(),
+        name: "choir__fs__write".into(),
+        arguments: r#"{"path": "notes/today.md", "content": "hello", "mode": "append"}"#.into(),
+    };
     let mut samples = Vec::with_capacity(2_000);
     for _ in 0..2_000 {
         let t = Instant::now();
-        let d = guarded.decide(&lane, &call, &history);
+        let d = guarded.decide(&lane, &traced, &history);
         samples.push(t.elapsed().as_nanos() as u64);
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
     }

@@ -190,6 +190,9 @@ pub fn entities_in(text: &str) -> Vec<(Kind, String)> {
 /// Whether `text` holds `value` (of `kind`, normalised as [`normalise`] does).
 pub fn text_holds(kind: Kind, norm: &str, text: &str) -> bool {
     match kind {
+        // A needle without spaces cannot span a whitespace run: the text is
+        // searched as it is (no copy); otherwise with its runs collapsed.
+        Kind::Text if !norm.contains(' ') => holds_words(text, norm),
         Kind::Text => holds_words(&text.split_whitespace().collect::<Vec<_>>().join(" "), norm),
         k => values_in(k, text).contains(norm),
     }
