@@ -32,6 +32,18 @@ impl Client {
         self.finish(resp)
     }
 
+    /// PUT `body` to `path`.
+    pub fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        let resp = self.agent.put(&format!("http://localhost/admin/v1/{path}")).send_json(body);
+        self.finish(resp)
+    }
+
+    /// DELETE `path`.
+    pub fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let resp = self.agent.delete(&format!("http://localhost/admin/v1/{path}")).call();
+        self.finish(resp)
+    }
+
     /// POST `body` to `path`.
     pub fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
         let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_json(body);

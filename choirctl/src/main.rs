@@ -8,6 +8,7 @@ mod client;
 mod ctx;
 mod policy;
 mod proposals;
+mod secrets;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -58,6 +59,10 @@ commands:
                                 choird) and external, with status (system,
                                 available and why, connected) and where it runs
   tools check ID TOOL           try a host tool's connection now (a login, a token)
+  secrets list                  every secret: set or missing, length, what uses it (never a value)
+  secrets set NAME              set a secret from stdin or a prompt (never the command line);
+                                choird uses it at once, agents bound to it when they start
+  secrets rm NAME               remove a secret nothing uses (else says what does)
   audit [--agent ID] [--limit N]  the audit trail
   policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
   policy reload                 reload the argument policies (repos/global/policy.json,
@@ -185,6 +190,12 @@ fn real_main() -> anyhow::Result<()> {
         }
         ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
         ["policy", "reload"] => policy::reload(&ctx),
+        ["secrets"] | ["secrets", "list"] => secrets::list(&ctx),
+        ["secrets", "set", name] => secrets::set(&ctx, name),
+        ["secrets", "set", _, _, ..] => {
+            anyhow::bail!("a secret's value is read from stdin or a prompt, never from the command line (where ps and shell history keep it): echo VALUE | choirctl secrets set NAME")
+        }
+        ["secrets", "rm", name] => secrets::rm(&ctx, name),
         ["policy", "show", id] => policy::show(&ctx, id),
         ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from),
         [] => anyhow::bail!("no command given\n{USAGE}"),

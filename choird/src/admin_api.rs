@@ -128,6 +128,12 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let said = d.host_tools.check(&agent, tool)?;
             Ok(Response::ok(&serde_json::json!({"tool": tool, "ok": true, "said": said})))
         }
+        ("GET", ["secrets"]) => Ok(Response::ok(&d.secret_list()?)),
+        ("PUT", ["secrets", name]) => {
+            let r: choir_common::admin::SetSecret = req.json()?;
+            Ok(Response::ok(&d.set_secret(name, &r.value)?))
+        }
+        ("DELETE", ["secrets", name]) => Ok(Response::ok(&d.remove_secret(name)?)),
         ("POST", ["policy", "reload"]) => {
             let results = d.reload_policies("admin");
             let mut report = crate::arg_policies::report(&results);

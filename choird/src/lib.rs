@@ -25,6 +25,7 @@ pub mod proposals;
 pub mod relay;
 pub mod rpc_api;
 pub mod runtime;
+pub mod secret_admin;
 pub mod secrets;
 pub mod sessions;
 pub mod shared;

@@ -38,6 +38,7 @@ impl Secrets {
             err(format!("must be a JSON object of name -> string value: {e}"))
         })?;
         for name in values.keys() {
+            // Names set by `choirctl secrets set` are also at most 64 long.
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
                 return Err(err(format!("secret name {name:?} must use only letters, digits, '_' or '-'")));
             }
@@ -54,6 +55,35 @@ impl Secrets {
     pub fn contains(&self, name: &str) -> bool {
         self.values.contains_key(name)
     }
+
+    /// The names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
+    /// A copy with `name` set to `value`.
+    pub fn with(&self, name: &str, value: &str) -> Secrets {
+        let mut values = self.values.clone();
+        values.insert(name.to_owned(), value.to_owned());
+        Secrets { values }
+    }
+
+    /// A copy without `name`.
+    pub fn without(&self, name: &str) -> Secrets {
+        let mut values = self.values.clone();
+        values.remove(name);
+        Secrets { values }
+    }
+
+    /// The name → value map, for writing the file.
+    pub fn to_map(&self) -> &BTreeMap<String, String> {
+        &self.values
+    }
+}
+
+/// Whether `name` can name a secret: 1–64 letters, digits, `_` or `-`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 #[cfg(test)]

@@ -4,6 +4,33 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One secret as `choirctl secrets list` shows it: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRow {
+    /// Its name.
+    pub name: String,
+    /// Whether `secrets.json` holds it.
+    pub set: bool,
+    /// Its length in bytes, when set.
+    pub length: Option<usize>,
+    /// What uses it (config fields, tools).
+    pub used_by: Vec<String>,
+}
+
+/// `GET /secrets`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretList {
+    /// Every secret set or used, by name.
+    pub secrets: Vec<SecretRow>,
+}
+
+/// `PUT /secrets/<name>`. No `Debug`: it holds a value.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct SetSecret {
+    /// The value.
+    pub value: String,
+}
+
 /// `choirctl policy test AGENT TOOL ARGS`: a call to evaluate, with where
 /// its values came from (pointer → sources; a value not named is taken as
 /// made by the model).

@@ -153,6 +153,22 @@ impl Choird {
         Command::new(bin("choirctl")).arg("--home").arg(self.home.path()).args(args).output().expect("run choirctl")
     }
 
+    /// Runs `choirctl --home <home> ARGS` with `input` on its stdin.
+    pub fn ctl_with_input(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(bin("choirctl"))
+            .arg("--home")
+            .arg(self.home.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run choirctl");
+        let _ = child.stdin.take().expect("stdin").write_all(input.as_bytes());
+        child.wait_with_output().expect("choirctl output")
+    }
+
     /// Runs choirctl and returns stdout, failing the test on a non-zero exit.
     pub fn ctl_ok(&self, args: &[&str]) -> String {
         let out = self.ctl(args);

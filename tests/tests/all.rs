@@ -20,6 +20,7 @@ mod managed;
 mod memory;
 mod notion;
 mod origin;
+mod secrets;
 mod skills;
 mod speech;
 mod telegram;

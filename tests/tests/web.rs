@@ -154,8 +154,10 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
     let e = failed(&browse("demo", json!({"action": "click", "link": 99})));
     assert!(e.contains("no link [99]"), "{e}");
     browse("demo", json!({"action": "open", "url": format!("{base}/form")}));
-    let r = browse("demo", json!({"action": "type", "selector": "#q", "text": "Ada", "submit": true}));
-    assert!(ok(&r)["content"].as_str().unwrap().contains("You typed: Ada"), "{r}");
+    // The text is the user's (it is in the message), so the default
+    // argument policy lets the form be submitted without a confirmation.
+    let r = browse("demo", json!({"action": "type", "selector": "#q", "text": "Lovelace", "submit": true}));
+    assert!(ok(&r)["content"].as_str().unwrap().contains("You typed: Lovelace"), "{r}");
     let e = failed(&browse("demo", json!({"action": "click", "selector": "#nope"})));
     assert!(e.contains("nothing on the page matches"), "{e}");
     let e = failed(&browse("demo", json!({"action": "type", "selector": "#q"})));

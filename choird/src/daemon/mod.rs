@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 mod approvals;
 mod lifecycle;
+mod secrets;
 mod verbs;
 
 use crate::arg_policies::{ArgPolicies, Reloaded};
