@@ -9,12 +9,13 @@ mod ctx;
 mod policy;
 mod proposals;
 mod secrets;
+mod sessions;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use choir_common::admin::{
-    AgentList, AgentSummary, CancelRequest, ChatRequest, ChatResponse, EventsResponse, StatusResponse, TelegramStatus,
+    AgentList, AgentSummary, CancelRequest, ChatRequest, ChatResponse, StatusResponse, TelegramStatus,
 };
 use serde_json::Value;
 
@@ -32,7 +33,11 @@ commands:
   agent build ID                build the agent's image from repos/ (validates first)
   agent update ID               rebuild and roll the running agent onto the new image
   agent stop ID                 stop an agent (finishes its current message)
-  agent events ID [--after N]   the agent's replicated commit log
+  agent events ID [--after N] [--follow]
+                                the agent's replicated commit log; --follow keeps
+                                printing new events as they are replicated
+  sessions [ID] [--limit N]     every session (of one agent), newest first: start, how
+                                long it ran, what it ran in, commits, tokens, how it ended
   agent cancel ID [LANE]        stop the agent's current work: LANE is edge
                                 (default: its current turn or skill), core:JOB, or all
   approvals list [--status S] [--all] [--agent ID]
@@ -99,6 +104,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut refuse = false;
     let mut k: u64 = 5;
     let mut from: Vec<String> = Vec::new();
+    let mut follow = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -115,6 +121,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("refuse") => refuse = true,
             Long("k") => k = parser.value()?.parse()?,
             Long("from") => from.push(parser.value()?.string()?),
+            Long("follow") | Short('f') => follow = true,
             Long("help") | Short('h') => {
                 say!("{USAGE}");
                 return Ok(());
@@ -145,7 +152,9 @@ fn real_main() -> anyhow::Result<()> {
         ["agent", "status", id] => agent_status(&ctx, id),
         ["agent", "start", id] => agent_action(&ctx, id, "start"),
         ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
-        ["agent", "events", id] => events(&ctx, id, after),
+        ["agent", "events", id] => sessions::events(&ctx, id, after, follow),
+        ["sessions"] => sessions::list(&ctx, None, limit),
+        ["sessions", id] => sessions::list(&ctx, Some(id), limit),
         ["agent", "cancel", id] => cancel(&ctx, id, "edge"),
         ["agent", "cancel", id, lane] => cancel(&ctx, id, lane),
         ["approvals"] | ["approvals", "list"] => {
@@ -481,39 +490,6 @@ fn build(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
     } else {
         say!("agent {id} runs {image}");
     }
-    Ok(())
-}
-
-fn events(ctx: &Ctx, id: &str, after: u64) -> anyhow::Result<()> {
-    let r: EventsResponse = ctx.client.get(&format!("agents/{id}/events?after={after}"))?;
-    if ctx.json {
-        return print_json(&r);
-    }
-    if r.events.is_empty() {
-        say!("no committed events after {after}");
-        return Ok(());
-    }
-    for e in &r.events {
-        let input = serde_json::to_string(&e.input)?;
-        let input: String =
-            if input.chars().count() > 100 { input.chars().take(97).collect::<String>() + "..." } else { input };
-        let kind = if e.kind == choir_common::commit::EventKind::Quarantined { " (quarantined)" } else { "" };
-        say!(
-            "#{:<4} {:<6} {:<16} {:<9} {:>7} µs  {}{kind}",
-            e.seq,
-            term::one_line(&e.lane),
-            term::one_line(&e.tool),
-            format!("{:?}", e.outcome).to_lowercase(),
-            e.duration_us,
-            term::one_line(&input)
-        );
-    }
-    say!(
-        "chain: {} ({} events, head {})",
-        if r.chain_ok { "intact" } else { "BROKEN" },
-        r.events.len(),
-        r.events.last().map(|e| &e.hash[..16]).unwrap_or("-")
-    );
     Ok(())
 }
 

@@ -128,6 +128,13 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let said = d.host_tools.check(&agent, tool)?;
             Ok(Response::ok(&serde_json::json!({"tool": tool, "ok": true, "said": said})))
         }
+        ("GET", ["sessions"]) => {
+            let agent =
+                req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let limit: i64 = parse_num(req.query("limit"), 50)?;
+            let sessions = d.store.sessions(agent.as_ref(), limit.clamp(1, 10_000))?;
+            Ok(Response::ok(&choir_common::admin::SessionList { sessions }))
+        }
         ("GET", ["secrets"]) => Ok(Response::ok(&d.secret_list()?)),
         ("PUT", ["secrets", name]) => {
             let r: choir_common::admin::SetSecret = req.json()?;

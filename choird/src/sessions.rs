@@ -119,6 +119,16 @@ pub enum Instance {
     },
 }
 
+impl Instance {
+    /// What it is, for the sessions table: `pid 123`, `container 0123456789ab`.
+    pub fn label(&self) -> String {
+        match self {
+            Instance::Process { pid } => format!("pid {pid}"),
+            Instance::Container { id, .. } => format!("container {}", &id[..12.min(id.len())]),
+        }
+    }
+}
+
 /// A live lease.
 struct Session {
     id: i64,

@@ -4,6 +4,38 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One session, for `choirctl sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRow {
+    /// The session id.
+    pub id: i64,
+    /// Its agent.
+    pub agent: String,
+    /// `process` or `docker`.
+    pub runtime: String,
+    /// When it started.
+    pub started_at: String,
+    /// When it ended (none while it runs).
+    pub ended_at: Option<String>,
+    /// How it ended.
+    pub end_reason: Option<String>,
+    /// What it ran in: `container <id>` or `pid <n>`.
+    pub instance: Option<String>,
+    /// How long it ran (or has been running), in seconds.
+    pub seconds: u64,
+    /// Events it committed (as replicated to choird).
+    pub commits: u64,
+    /// Model tokens its calls used.
+    pub tokens: u64,
+}
+
+/// `GET /sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionList {
+    /// Newest first.
+    pub sessions: Vec<SessionRow>,
+}
+
 /// One secret as `choirctl secrets list` shows it: never its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretRow {

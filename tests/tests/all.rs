@@ -21,6 +21,7 @@ mod memory;
 mod notion;
 mod origin;
 mod secrets;
+mod sessions;
 mod skills;
 mod speech;
 mod telegram;

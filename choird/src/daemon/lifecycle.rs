@@ -139,6 +139,9 @@ impl Daemon {
         };
         match instance {
             Ok(instance) => {
+                if let Err(e) = self.store.set_session_instance(session_id, &instance.label()) {
+                    log::warn!("agent {id}: cannot record what session {session_id} runs in: {e}");
+                }
                 self.sessions.set_instance(id, instance);
                 Ok(())
             }

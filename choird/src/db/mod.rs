@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "0007_quotas.sql", include_str!("../../../sql/0007_quotas.sql")),
     (8, "0008_host_calls.sql", include_str!("../../../sql/0008_host_calls.sql")),
     (9, "0009_confirmations.sql", include_str!("../../../sql/0009_confirmations.sql")),
+    (10, "0010_sessions.sql", include_str!("../../../sql/0010_sessions.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

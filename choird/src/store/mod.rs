@@ -11,6 +11,7 @@ use crate::db::{Db, DbError};
 mod approvals;
 pub mod host_calls;
 pub mod memory;
+mod sessions;
 pub mod telegram;
 
 /// Replication refused or failed.
