@@ -64,6 +64,8 @@ commands:
                                 choird) and external, with status (system,
                                 available and why, connected) and where it runs
   tools check ID TOOL           try a host tool's connection now (a login, a token)
+  tools validate PATH           check a tool manifest, or a directory of them, offline,
+                                as an agent does at start
   secrets list                  every secret: set or missing, length, what uses it (never a value)
   secrets set NAME              set a secret from stdin or a prompt (never the command line);
                                 choird uses it at once, agents bound to it when they start
@@ -144,6 +146,9 @@ fn real_main() -> anyhow::Result<()> {
     // Offline: no choird needed.
     if let ["skill", "validate", file] = w.as_slice() {
         return proposals::validate(&home, file, agent_filter.as_deref());
+    }
+    if let ["tools", "validate", path] = w.as_slice() {
+        return proposals::tools_validate(json, path);
     }
     let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {

@@ -148,3 +148,38 @@ pub fn validate(home: &Path, file: &str, agent: Option<&str>) -> anyhow::Result<
     );
     Ok(())
 }
+/// `tools validate PATH`: a manifest file, or a directory of them (a layer),
+/// checked offline exactly as an agent checks its tools at start.
+pub fn tools_validate(json: bool, path: &str) -> anyhow::Result<()> {
+    use choir_common::manifest::{load_tool_file, load_tool_layer};
+    let p = Path::new(path);
+    let tools = if p.is_dir() {
+        load_tool_layer(p).map_err(|e| anyhow::anyhow!("{}: {}", e.file, e.reason))?
+    } else {
+        vec![load_tool_file(p).map_err(|e| anyhow::anyhow!("{}: {}", e.file, e.reason))?]
+    };
+    if json {
+        let rows: Vec<serde_json::Value> = tools
+            .iter()
+            .map(|t| {
+                serde_json::json!({"name": t.manifest.llm.name, "file": t.file, "exec": t.exec,
+                    "side_effect": t.manifest.runtime.side_effect, "output_trust": t.manifest.runtime.output_trust})
+            })
+            .collect();
+        return crate::ctx::print_json(&serde_json::json!({"valid": true, "tools": rows}));
+    }
+    if tools.is_empty() {
+        say!("{path}: no tool manifests (*.json) here");
+    }
+    for t in &tools {
+        say!(
+            "{}: tool {} is valid ({:?}, output {:?}, runs {})",
+            t.file.display(),
+            t.manifest.llm.name,
+            t.manifest.runtime.side_effect,
+            t.manifest.runtime.output_trust,
+            t.exec.display()
+        );
+    }
+    Ok(())
+}

@@ -363,3 +363,34 @@ fn choird_refuses_forked_and_gapped_chains() {
     let n: i64 = pg.client().query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0);
     assert_eq!(n, 2);
 }
+
+#[test]
+fn tools_validate_checks_a_file_or_a_layer_offline_as_the_agent_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let validate = |path: &std::path::Path| {
+        std::process::Command::new(choir_tests::harness::bin("choirctl"))
+            .arg("--home")
+            .arg(home.path())
+            .args(["tools", "validate"])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    write_tool(dir.path(), "echo_tool", &echo_manifest("x.echo", "Echo text."), ECHO);
+    let out = validate(dir.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tool x.echo is valid"), "no choird is needed");
+    let out = validate(&dir.path().join("echo_tool.json"));
+    assert!(out.status.success());
+    // A bad manifest: named with its file and field, exit non-zero.
+    let mut bad = echo_manifest("x.bad", "Bad.");
+    bad["runtime"]["sudo"] = json!(true);
+    write_tool(dir.path(), "bad_tool", &bad, ECHO);
+    let out = validate(dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad_tool.json") && err.contains("unknown field `sudo`"), "{err}");
+    let out = validate(&dir.path().join("missing.json"));
+    assert!(!out.status.success());
+}
