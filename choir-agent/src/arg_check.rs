@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use choir_common::arg_policy::{Decision, Evaluation, PolicySet};
+use choir_common::arg_policy::{CompiledPolicy, Decision, Evaluation, PolicySet};
 use choir_common::manifest::ToolManifest;
 use parking_lot::RwLock;
 use serde_json::Value;
@@ -19,18 +19,25 @@ use crate::provenance::{trace, Evidence, Trace};
 /// Most values a human is shown the provenance of, in one confirmation.
 const MAX_LINES: usize = 8;
 
-/// The argument policy choird sent last.
+/// The argument policy choird sent last, as sent and compiled.
 #[derive(Default)]
 pub struct ArgumentPolicy {
-    set: RwLock<Arc<PolicySet>>,
+    set: RwLock<(PolicySet, Arc<CompiledPolicy>)>,
 }
 
 impl ArgumentPolicy {
-    /// Replaces the rules (a dynamic config arrived).
+    /// Replaces the rules (a dynamic config arrived). A set that does not
+    /// compile (choird checked it, so it should) leaves the rules in force.
     pub fn set(&self, set: &PolicySet) {
-        if **self.set.read() != *set {
-            log::info!("argument policy: {} rules", set.rules.len());
-            *self.set.write() = Arc::new(set.clone());
+        if self.set.read().0 == *set {
+            return;
+        }
+        match set.compile() {
+            Ok(compiled) => {
+                log::info!("argument policy: {} rules", set.rules.len());
+                *self.set.write() = (set.clone(), Arc::new(compiled));
+            }
+            Err(e) => log::error!("argument policy refused, the rules in force stay: {e}"),
         }
     }
 }
@@ -80,7 +87,7 @@ impl CallPolicy for ArgumentPolicy {
     }
 
     fn check(&self, _lane: &LaneCtx, tool: &str, _m: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict {
-        let set = self.set.read().clone();
+        let set = self.set.read().1.clone();
         if !set.covers(tool) {
             return Verdict::Allow;
         }

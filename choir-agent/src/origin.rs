@@ -10,8 +10,8 @@
 //! request), and a history cannot be extended without saying where the new
 //! entry came from, because [`Entry`] has no constructor without an origin.
 //!
-//! Nothing decides on origins yet; they are kept so an argument policy can
-//! trace a value to the user, the operator or an untrusted tool's output.
+//! Argument policies decide on origins: `provenance.rs` traces each value of
+//! a call to the entries that hold it, counted as their origins say.
 //! **Invariant:** an entry whose text holds output of an untrusted tool —
 //! the result itself, a compaction summary that folded it, a core job's
 //! workflow summary whose actions used it — has an origin naming that tool

@@ -61,9 +61,7 @@ fn read_value(name: &str) -> anyhow::Result<String> {
 
 /// Refuses a name choird would refuse, before anything is read or sent.
 fn check_name(name: &str) -> anyhow::Result<()> {
-    let ok =
-        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if !ok {
+    if !choir_common::ids::valid_secret_name(name) {
         anyhow::bail!("secret name {name:?} must be 1–64 letters, digits, '_' or '-'");
     }
     Ok(())

@@ -97,7 +97,7 @@ impl ArgPolicies {
         if let Some(p) = self.current.read().get(agent) {
             return p.clone();
         }
-        Arc::new(builtin())
+        BUILTIN.clone()
     }
 
     /// Reloads the policies of `agents` from disk; a refused one keeps
@@ -130,17 +130,20 @@ impl ArgPolicies {
     }
 }
 
-/// The built-in default alone (it is checked by the tests against Choir's
-/// tools; parsed here without them).
-fn builtin() -> PolicySet {
-    let text = DEFAULT_POLICY;
-    let file: PolicyFile = serde_json::from_str(text).unwrap_or_default();
+/// The built-in default alone, for an agent whose policy was never loaded
+/// (parsed once; `arg_policy`'s tests check it against Choir's tools, and a
+/// default that did not parse fails start-up's first reload loudly).
+static BUILTIN: std::sync::LazyLock<Arc<PolicySet>> = std::sync::LazyLock::new(|| {
+    let file: PolicyFile = serde_json::from_str(DEFAULT_POLICY).unwrap_or_else(|e| {
+        log::error!("the built-in argument policy does not parse: {e}");
+        PolicyFile::default()
+    });
     let mut set = PolicySet::merge([file]);
     for r in &mut set.rules {
         r.file = BUILT_IN.to_owned();
     }
-    set
-}
+    Arc::new(set)
+});
 
 /// The answer to `choirctl policy reload`.
 pub fn report(results: &[(AgentId, Reloaded)]) -> serde_json::Value {
@@ -181,7 +184,50 @@ pub fn test(
     if let Some(p) = t.from.keys().find(|p| t.input.pointer(p).is_none()) {
         return Err(crate::http::ApiError::BadRequest(format!("--from {p}: the input has no value there")));
     }
-    Ok(set.evaluate(&t.tool, &t.input, &mut |v| {
+    let compiled = set.compile().map_err(crate::http::ApiError::Internal)?;
+    Ok(compiled.evaluate(&t.tool, &t.input, &mut |v| {
         by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into())
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_file_that_is_a_link_a_fifo_or_too_big_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret.json");
+        std::fs::write(&secret, r#"{"rules": []}"#).unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let e = read_policy(&link, "link.json").unwrap_err().to_string();
+        assert!(e.contains("not a regular file (links are not followed)"), "{e}");
+        let fifo = dir.path().join("fifo.json");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        // Refused without opening it: a FIFO would block the reload forever.
+        let e = read_policy(&fifo, "fifo.json").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big.json");
+        std::fs::write(&big, vec![b' '; MAX_POLICY_BYTES as usize + 1]).unwrap();
+        let e = read_policy(&big, "big.json").unwrap_err().to_string();
+        assert!(e.contains("at most"), "{e}");
+        assert_eq!(read_policy(&dir.path().join("none.json"), "none.json").unwrap(), None);
+        assert!(read_policy(&secret, "secret.json").unwrap().is_some());
+    }
+
+    #[test]
+    fn the_built_in_default_is_what_an_unloaded_agent_runs_under() {
+        let p = ArgPolicies::default();
+        let set = p.get(&AgentId::parse("demo").unwrap());
+        assert!(set.rules.iter().any(|r| r.tool == "choir.email.send"));
+        assert!(set.rules.iter().all(|r| r.file == BUILT_IN));
+    }
 }

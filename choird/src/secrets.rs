@@ -81,10 +81,7 @@ impl Secrets {
     }
 }
 
-/// Whether `name` can name a secret: 1–64 letters, digits, `_` or `-`.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
+pub use choir_common::ids::valid_secret_name as valid_name;
 
 #[cfg(test)]
 impl Secrets {

@@ -310,9 +310,10 @@ fn schema_has(schema: &Value, segments: &[String]) -> bool {
     }
 }
 
-/// A condition ready to evaluate.
-struct Compiled<'a> {
-    c: &'a Condition,
+/// A condition ready to evaluate (its pattern compiled, its lists normalised).
+#[derive(Debug, Clone)]
+struct Compiled {
+    c: Condition,
     pattern: Option<regex::Regex>,
     is_in: Option<BTreeSet<String>>,
     not_in: Option<BTreeSet<String>>,
@@ -329,8 +330,8 @@ fn under(domain: &str, list: &[String]) -> bool {
     })
 }
 
-impl<'a> Compiled<'a> {
-    fn new(c: &'a Condition) -> Result<Compiled<'a>, String> {
+impl Compiled {
+    fn new(c: &Condition) -> Result<Compiled, String> {
         if *c == Condition::default() {
             return Err("the condition (\"if\") is empty; give at least one of from, not_from, in, not_in, pattern, domain_in, domain_not_in".into());
         }
@@ -343,11 +344,11 @@ impl<'a> Compiled<'a> {
             ),
             None => None,
         };
-        Ok(Compiled { c, pattern, is_in: normal_set(&c.is_in), not_in: normal_set(&c.not_in) })
+        Ok(Compiled { c: c.clone(), pattern, is_in: normal_set(&c.is_in), not_in: normal_set(&c.not_in) })
     }
 
     fn holds(&self, value: &str, sources: &BTreeSet<Source>) -> bool {
-        let c = self.c;
+        let c = &self.c;
         let norm = || normalise(value).1;
         let domain = || domain_of(value);
         c.from.as_ref().is_none_or(|l| l.iter().any(|s| sources.contains(s)))
@@ -394,9 +395,34 @@ impl PolicySet {
         set
     }
 
+    /// The set ready to evaluate: every pattern compiled and pointer split
+    /// once (a set [`PolicyFile::parse`] accepted always compiles; an error
+    /// names the rule).
+    pub fn compile(&self) -> Result<CompiledPolicy, String> {
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| {
+                let at = |e: String| format!("rule {:?} ({}): {e}", r.id, r.file);
+                Ok((r.clone(), Compiled::new(&r.condition).map_err(at)?, split_pointer(&r.argument).map_err(at)?))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(CompiledPolicy { confirm_wait_s: self.confirm_wait_s, rules })
+    }
+}
+
+/// A [`PolicySet`] ready to evaluate calls ([`PolicySet::compile`]).
+#[derive(Debug, Clone, Default)]
+pub struct CompiledPolicy {
+    /// Seconds a lane waits for a confirmation.
+    pub confirm_wait_s: u64,
+    rules: Vec<(Rule, Compiled, Vec<String>)>,
+}
+
+impl CompiledPolicy {
     /// Whether any rule is about `tool`.
     pub fn covers(&self, tool: &str) -> bool {
-        self.rules.iter().any(|r| r.tool == tool)
+        self.rules.iter().any(|(r, _, _)| r.tool == tool)
     }
 
     /// The decision on `tool` called with `input`, given where each value
@@ -410,15 +436,13 @@ impl PolicySet {
     ) -> Evaluation {
         let mut eval = Evaluation { decision: Decision::Allow, hits: Vec::new(), values: Vec::new() };
         let mut traced: BTreeMap<String, usize> = BTreeMap::new();
-        for rule in self.rules.iter().filter(|r| r.tool == tool) {
+        for (rule, compiled, segments) in self.rules.iter().filter(|(r, _, _)| r.tool == tool) {
             let applies = rule.when.iter().all(|(p, want)| input.pointer(p) == Some(want));
             if !applies {
                 continue;
             }
-            let Ok(compiled) = Compiled::new(&rule.condition) else { continue };
-            let Ok(segments) = split_pointer(&rule.argument) else { continue };
             let mut found = Vec::new();
-            values_at(input, String::new(), &segments, &mut found);
+            values_at(input, String::new(), segments, &mut found);
             for (pointer, value) in found {
                 let idx = match traced.get(&pointer) {
                     Some(&i) => i,
@@ -605,16 +629,27 @@ mod tests {
             "eve@else.test" => sources(&[Source::Untrusted]),
             _ => sources(&[Source::Model]),
         };
-        let e = set.evaluate("choir.email.send", &json!({"to": ["bob@corp.test"]}), &mut prov);
+        let e = set.compile().unwrap().evaluate("choir.email.send", &json!({"to": ["bob@corp.test"]}), &mut prov);
         assert_eq!(e.decision, Decision::Allow);
-        let e = set.evaluate("choir.email.send", &json!({"to": ["bob@corp.test", "eve@else.test"]}), &mut prov);
+        let e = set.compile().unwrap().evaluate(
+            "choir.email.send",
+            &json!({"to": ["bob@corp.test", "eve@else.test"]}),
+            &mut prov,
+        );
         assert_eq!(e.decision, Decision::Confirm);
         assert_eq!(e.deciding()[0].pointer, "/to/1");
-        let e = set.evaluate("choir.email.send", &json!({"to": ["eve@else.test", "z@evil.test"]}), &mut prov);
+        let e = set.compile().unwrap().evaluate(
+            "choir.email.send",
+            &json!({"to": ["eve@else.test", "z@evil.test"]}),
+            &mut prov,
+        );
         assert_eq!(e.decision, Decision::Forbid);
         assert_eq!(e.deciding()[0].rule, "never-evil");
         assert_eq!(e.values.len(), 2, "each value traced once: {:?}", e.values);
-        assert_eq!(set.evaluate("choir.exec", &json!({"cmd": "x"}), &mut prov).decision, Decision::Allow);
+        assert_eq!(
+            set.compile().unwrap().evaluate("choir.exec", &json!({"cmd": "x"}), &mut prov).decision,
+            Decision::Allow
+        );
     }
 
     #[test]
@@ -626,8 +661,14 @@ mod tests {
         let set = PolicySet::merge([PolicyFile::parse("p.json", text, &known()).unwrap()]);
         let mut prov = |_: &str| sources(&[Source::Model]);
         let call = |submit: bool| json!({"action": "type", "text": "x", "submit": submit});
-        assert_eq!(set.evaluate("choir.web.browse", &call(true), &mut prov).decision, Decision::Confirm);
-        assert_eq!(set.evaluate("choir.web.browse", &call(false), &mut prov).decision, Decision::Allow);
+        assert_eq!(
+            set.compile().unwrap().evaluate("choir.web.browse", &call(true), &mut prov).decision,
+            Decision::Confirm
+        );
+        assert_eq!(
+            set.compile().unwrap().evaluate("choir.web.browse", &call(false), &mut prov).decision,
+            Decision::Allow
+        );
     }
 
     #[test]
@@ -731,7 +772,7 @@ mod tests {
             asked += 1;
             sources(&[Source::User])
         };
-        let e = set.evaluate("choir.email.send", &json!({"to": many}), &mut prov);
+        let e = set.compile().unwrap().evaluate("choir.email.send", &json!({"to": many}), &mut prov);
         assert_eq!(e.decision, Decision::Confirm);
         assert!(asked <= MAX_VALUES);
     }

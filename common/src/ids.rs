@@ -80,6 +80,12 @@ pub fn validate_tool_name(name: &str) -> Result<(), IdError> {
     }
 }
 
+/// Whether `name` can be set as a secret's name (`choirctl secrets set`):
+/// 1–64 letters, digits, `_` or `-` (choird and choirctl check the same).
+pub fn valid_secret_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 /// The name a tool carries on the OpenAI wire (`^[a-zA-Z0-9_-]{1,64}$`).
 pub fn wire_tool_name(canonical: &str) -> String {
     canonical.replace('.', "__")

@@ -1,7 +1,8 @@
 //! What a test observes of a running system: the requests a fake model
 //! received (system prompt, offered tools, the tool results and the calls
 //! they answer, the skill state and core job they were made in), the notices
-//! an agent sent on its own, and waiting until something holds.
+//! an agent sent on its own, the confirmations waiting for a human, and
+//! waiting until something holds.
 
 use std::time::{Duration, Instant};
 
@@ -94,4 +95,22 @@ pub fn chromium_processes(pid: u32) -> Vec<i32> {
                 .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
         })
         .collect()
+}
+
+/// The pending confirmations (approvals of kind `call`).
+pub fn pending_calls(choird: &crate::harness::Choird) -> Vec<Value> {
+    let v: Value =
+        serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--status", "pending"])).unwrap();
+    v["approvals"].as_array().unwrap().iter().filter(|a| a["kind"] == "call").cloned().collect()
+}
+
+/// Waits for the one confirmation the lane asks for; returns its id.
+pub fn the_confirmation(choird: &crate::harness::Choird) -> String {
+    let mut found = Vec::new();
+    wait_for("a confirmation to be asked for", Duration::from_secs(30), || {
+        found = pending_calls(choird);
+        !found.is_empty()
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    found[0]["id"].to_string()
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use choir_common::commit::{canonical_json, EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
-use choir_tests::observe::{system_of, tool_of_call, wait_for};
+use choir_tests::observe::{pending_calls, system_of, the_confirmation, tool_of_call, wait_for};
 use choir_tests::pg::TestPg;
 use choir_tests::tool_calls::write_tool;
 use serde_json::{json, Value};
@@ -97,22 +97,6 @@ fn reload(choird: &Choird) -> String {
         s["config_version"].as_u64() >= Some(version)
     });
     out.to_string()
-}
-
-fn pending_calls(choird: &Choird) -> Vec<Value> {
-    let v: Value =
-        serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--status", "pending"])).unwrap();
-    v["approvals"].as_array().unwrap().iter().filter(|a| a["kind"] == "call").cloned().collect()
-}
-
-fn the_confirmation(choird: &Choird) -> String {
-    let mut found = Vec::new();
-    wait_for("a confirmation to be asked for", Duration::from_secs(30), || {
-        found = pending_calls(choird);
-        !found.is_empty()
-    });
-    assert_eq!(found.len(), 1, "{found:?}");
-    found[0]["id"].to_string()
 }
 
 fn sent(choird: &Choird) -> String {

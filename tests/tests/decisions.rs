@@ -9,18 +9,11 @@ use std::time::{Duration, Instant};
 use choir_common::commit::{CommitEvent, EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
-use choir_tests::observe::{tool_results, wait_for};
+use choir_tests::observe::{the_confirmation, tool_results, wait_for};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
-
-/// The pending confirmations (approvals of kind `call`).
-fn pending_calls(choird: &Choird) -> Vec<Value> {
-    let v: Value =
-        serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--status", "pending"])).unwrap();
-    v["approvals"].as_array().unwrap().iter().filter(|a| a["kind"] == "call").cloned().collect()
-}
 
 /// The edge lane's state as `choirctl agent status` reports it.
 fn edge_state(choird: &Choird) -> String {
@@ -31,17 +24,6 @@ fn edge_state(choird: &Choird) -> String {
         .flatten()
         .find(|l| l["lane"] == "edge")
         .map_or(String::new(), |l| l["state"].as_str().unwrap_or_default().to_owned())
-}
-
-/// Waits for the one confirmation the lane asks for; returns its id.
-fn the_confirmation(choird: &Choird) -> String {
-    let mut found = Vec::new();
-    wait_for("a confirmation to be asked for", Duration::from_secs(30), || {
-        found = pending_calls(choird);
-        !found.is_empty()
-    });
-    assert_eq!(found.len(), 1, "{found:?}");
-    found[0]["id"].to_string()
 }
 
 fn calls_of<'a>(events: &'a [CommitEvent], kind: EventKind, tool: &str) -> Vec<&'a CommitEvent> {
