@@ -1,7 +1,9 @@
 //! The arbiter (R-ARB-1): the one door every tool call goes through. For each
 //! call a model proposes, in this order:
 //!
-//! 1. resolve the tool name (wire name → canonical → an offered tool);
+//! 1. resolve the tool name (wire name → canonical → an offered tool) and
+//!    refuse one the operator's tool policy does not permit
+//!    (`agents.<id>.tools`, from the dynamic config);
 //! 2. parse the arguments and validate them against the tool's schema;
 //! 3. check the lane's allowlist (skill state or task; `None` = every tool);
 //! 4. apply the path rules to every input field that names a lock resource;
@@ -309,6 +311,9 @@ impl Arbiter {
                 ),
             );
         };
+        if let Some(reason) = self.registry.policy_refusal(&tool) {
+            return forbid(Some(tool), Value::Null, Refusal::NotAllowed, reason);
+        }
         let input: Value = match serde_json::from_str(&call.arguments) {
             Ok(v) => v,
             Err(e) => {

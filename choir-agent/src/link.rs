@@ -163,6 +163,7 @@ impl Link {
     /// Applies a dynamic config (at start and whenever choird's version moves).
     pub fn apply(&self, config: &DynamicConfig) {
         self.arbiter.set_kill_switch(config.kill_switch);
+        self.arbiter.registry().set_policy(&config.tool_policy);
         self.log.set_fail_closed(Duration::from_secs(config.fail_closed_s.max(1)));
         self.arguments.set(&config.argument_policy);
         *self.config.write() = config.clone();

@@ -94,6 +94,22 @@ impl Client {
         Ok(())
     }
 
+    /// GET `path` and hand each line of the streamed reply to `on_line`
+    /// (no time limit: a follower runs until stopped).
+    pub fn get_lines(&self, path: &str, mut on_line: impl FnMut(&str) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        use std::io::BufRead;
+        let url = format!("http://localhost/admin/v1/{path}");
+        let resp = self.agent.get(&url).config().timeout_global(None).build().call();
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        if resp.status().as_u16() != 200 {
+            return Err(refusal(&mut resp));
+        }
+        for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
+            on_line(&line?)?;
+        }
+        Ok(())
+    }
+
     /// GET `path` and copy the streamed reply to `out` as it comes.
     pub fn get_to(&self, path: &str, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
         let resp = self.agent.get(&format!("http://localhost/admin/v1/{path}")).call();

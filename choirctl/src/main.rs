@@ -6,6 +6,7 @@
 mod term;
 mod client;
 mod ctx;
+mod logs;
 mod policy;
 mod proposals;
 mod secrets;
@@ -36,6 +37,10 @@ commands:
   agent events ID [--after N] [--follow]
                                 the agent's replicated commit log; --follow keeps
                                 printing new events as they are replicated
+  logs [ID] [--follow] [--since T] [--level L] [--grep S] [--limit N]
+                                choird's log, or agent ID's output and what choird said
+                                about it, archives included; T: a time or an age (10m, 2h,
+                                3d); L: error, warn, info, debug, trace; -f: keep printing
   sessions [ID] [--limit N]     every session (of one agent), newest first: start, how
                                 long it ran, what it ran in, commits, tokens, how it ended
   agent cancel ID [LANE]        stop the agent's current work: LANE is edge
@@ -76,6 +81,10 @@ commands:
                                 repos/agents/ID/policy.json); a refused file keeps the
                                 policy in force and is named with its rule and example
   policy show ID                the argument policy in force for an agent
+  policy tools ID [--allow P]... [--deny P]... [--remove P]... [--reset]
+                                the agent's tool policy (P: a tool name or prefix.*);
+                                changes rewrite config.json and reach a running agent
+                                at once: it is never offered, and never runs, the rest
   policy test ID TOOL ARGS [--from POINTER=SOURCE[,SOURCE]]...
                                 the decision on TOOL called with the JSON ARGS, the rules
                                 that held and each value's provenance (user, operator,
@@ -107,6 +116,11 @@ fn real_main() -> anyhow::Result<()> {
     let mut k: u64 = 5;
     let mut from: Vec<String> = Vec::new();
     let mut follow = false;
+    let mut limit_set = false;
+    let mut tool_changes = policy::ToolChanges::default();
+    let mut since: Option<String> = None;
+    let mut level: Option<String> = None;
+    let mut grep: Option<String> = None;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -114,7 +128,17 @@ fn real_main() -> anyhow::Result<()> {
             Long("json") => json = true,
             Long("stream") => stream = true,
             Long("after") => after = parser.value()?.parse()?,
-            Long("limit") => limit = parser.value()?.parse()?,
+            Long("limit") => {
+                limit = parser.value()?.parse()?;
+                limit_set = true;
+            }
+            Long("allow") => tool_changes.allow.push(parser.value()?.string()?),
+            Long("deny") => tool_changes.deny.push(parser.value()?.string()?),
+            Long("remove") => tool_changes.remove.push(parser.value()?.string()?),
+            Long("reset") => tool_changes.reset = true,
+            Long("since") => since = Some(parser.value()?.string()?),
+            Long("level") => level = Some(parser.value()?.string()?),
+            Long("grep") => grep = Some(parser.value()?.string()?),
             Long("agent") => agent_filter = Some(parser.value()?.string()?),
             Long("status") => status_filter = Some(parser.value()?.string()?),
             Long("all") => all = true,
@@ -158,6 +182,17 @@ fn real_main() -> anyhow::Result<()> {
         ["agent", "start", id] => agent_action(&ctx, id, "start"),
         ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
         ["agent", "events", id] => sessions::events(&ctx, id, after, follow),
+        ["logs"] | ["logs", _] => logs::run(
+            &ctx,
+            &logs::Args {
+                agent: w.get(1).copied(),
+                since: since.as_deref(),
+                level: level.as_deref(),
+                grep: grep.as_deref(),
+                limit: limit_set.then_some(limit),
+                follow,
+            },
+        ),
         ["sessions"] => sessions::list(&ctx, None, limit),
         ["sessions", id] => sessions::list(&ctx, Some(id), limit),
         ["agent", "cancel", id] => cancel(&ctx, id, "edge"),
@@ -211,6 +246,7 @@ fn real_main() -> anyhow::Result<()> {
         }
         ["secrets", "rm", name] => secrets::rm(&ctx, name),
         ["policy", "show", id] => policy::show(&ctx, id),
+        ["policy", "tools", id] => policy::tools(&ctx, id, &tool_changes),
         ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
@@ -598,6 +634,14 @@ fn tools_list(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     let list: choir_common::admin::ToolList = ctx.client.get(&format!("agents/{id}/tools"))?;
     if ctx.json {
         return print_json(&list);
+    }
+    let p = &list.policy;
+    if p.allow.is_some() || !p.deny.is_empty() {
+        let allow = p.allow.as_ref().map_or("every tool".to_owned(), |a| a.join(", "));
+        say!(
+            "tool policy: allow {allow}; deny {}",
+            if p.deny.is_empty() { "nothing".into() } else { p.deny.join(", ") }
+        );
     }
     say!("{:<32} {:<9} {:<10} {:<7} SOURCE", "TOOL", "KIND", "STATUS", "RUNS");
     for t in &list.tools {

@@ -1,4 +1,5 @@
-//! `choirctl policy reload|show|test`: the argument policies (issue 16).
+//! `choirctl policy reload|show|test`: the argument policies (issue 16);
+//! `choirctl policy tools`: an agent's tool policy (issue 17).
 
 use std::collections::BTreeMap;
 
@@ -6,6 +7,7 @@ use anyhow::Context;
 use choir_common::admin::PolicyTest;
 use choir_common::arg_policy::{Evaluation, PolicySet};
 use choir_common::provenance::Source;
+use choir_common::tool_policy::ToolPolicy;
 use serde_json::Value;
 
 use crate::ctx::{print_json, Ctx};
@@ -92,6 +94,72 @@ pub fn test(ctx: &Ctx, id: &str, tool: &str, args: &str, from: &[String]) -> any
     }
     if e.values.is_empty() {
         say!("  (no rule of {tool} looks at any of its values)");
+    }
+    Ok(())
+}
+
+/// Changes to a tool policy asked on the command line.
+#[derive(Default)]
+pub struct ToolChanges {
+    /// Patterns to add to `allow` (creating the list).
+    pub allow: Vec<String>,
+    /// Patterns to add to `deny`.
+    pub deny: Vec<String>,
+    /// Patterns to take out of both lists.
+    pub remove: Vec<String>,
+    /// Start from no policy.
+    pub reset: bool,
+}
+
+impl ToolChanges {
+    fn any(&self) -> bool {
+        self.reset || !(self.allow.is_empty() && self.deny.is_empty() && self.remove.is_empty())
+    }
+}
+
+/// Shows, or changes and shows, an agent's tool policy.
+pub fn tools(ctx: &Ctx, id: &str, changes: &ToolChanges) -> anyhow::Result<()> {
+    choir_common::ids::AgentId::parse(id)?;
+    let path = format!("agents/{id}/policy/tools");
+    let mut policy: ToolPolicy = ctx.client.get(&path)?;
+    if changes.any() {
+        if changes.reset {
+            policy = ToolPolicy::default();
+        }
+        for p in changes.allow.iter().chain(&changes.deny).chain(&changes.remove) {
+            if !choir_common::tool_policy::valid_pattern(p) {
+                anyhow::bail!("{p:?} is not a tool name or a `prefix.*` pattern (see `choirctl tools list {id}`)");
+            }
+        }
+        policy.deny.retain(|p| !changes.remove.contains(p) && !changes.allow.contains(p));
+        if let Some(a) = policy.allow.as_mut() {
+            a.retain(|p| !changes.remove.contains(p) && !changes.deny.contains(p));
+        }
+        for p in &changes.deny {
+            if !policy.deny.contains(p) {
+                policy.deny.push(p.clone());
+            }
+        }
+        if !changes.allow.is_empty() {
+            let a = policy.allow.get_or_insert_with(Vec::new);
+            for p in &changes.allow {
+                if !a.contains(p) {
+                    a.push(p.clone());
+                }
+            }
+        }
+        policy = ctx.client.put(&path, &policy)?;
+    }
+    if ctx.json {
+        return print_json(&policy);
+    }
+    match &policy.allow {
+        Some(a) => say!("allow: {}", if a.is_empty() { "nothing".to_owned() } else { a.join(", ") }),
+        None => say!("allow: every tool"),
+    }
+    say!("deny:  {}", if policy.deny.is_empty() { "nothing".to_owned() } else { policy.deny.join(", ") });
+    if changes.any() {
+        say!("applied: a running agent offers and runs only what this permits from its next step");
     }
     Ok(())
 }

@@ -135,6 +135,29 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let sessions = d.store.sessions(agent.as_ref(), limit.clamp(1, 10_000))?;
             Ok(Response::ok(&choir_common::admin::SessionList { sessions }))
         }
+        ("GET", ["logs"]) => {
+            let q = d.log_query(
+                req.query("agent"),
+                req.query("since"),
+                req.query("level"),
+                req.query("grep"),
+                req.query("limit"),
+            )?;
+            if req.query("follow").is_none_or(|f| f == "0") {
+                return Ok(Response::ok(&d.log_page(&q)));
+            }
+            let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
+            let daemon = d.clone();
+            d.tasks
+                .spawn("logs-follow".into(), move || {
+                    if let Err(e) = daemon.follow_logs(&q, &mut writer) {
+                        use std::io::Write;
+                        let _ = writeln!(writer, "{}", serde_json::json!({"error": e.to_string()}));
+                    }
+                })
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            Ok(Response::streaming(reader))
+        }
         ("GET", ["secrets"]) => Ok(Response::ok(&d.secret_list()?)),
         ("PUT", ["secrets", name]) => {
             let r: choir_common::admin::SetSecret = req.json()?;
@@ -146,6 +169,14 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let mut report = crate::arg_policies::report(&results);
             report["config_version"] = serde_json::json!(d.config_version());
             Ok(Response::ok(&report))
+        }
+        ("GET", ["agents", id, "policy", "tools"]) => {
+            let agent = d.known_agent(id)?;
+            Ok(Response::ok(&d.config().agents.get(&agent).map(|a| a.tools.clone()).unwrap_or_default()))
+        }
+        ("PUT", ["agents", id, "policy", "tools"]) => {
+            let policy: choir_common::tool_policy::ToolPolicy = req.json()?;
+            Ok(Response::ok(&d.set_tool_policy(id, &policy)?))
         }
         ("GET", ["agents", id, "policy"]) => {
             let agent = d.known_agent(id)?;

@@ -17,6 +17,7 @@ pub mod events;
 pub mod home;
 pub mod host_tools;
 pub mod http;
+pub mod logs;
 pub mod mail;
 pub mod memory;
 pub mod notion;

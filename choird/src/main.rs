@@ -50,40 +50,13 @@ fn real_main() -> anyhow::Result<()> {
     choird::run(choird::Options { home, default_agent_binary })
 }
 
-/// Logs to stderr and, when the log directory is usable, to `logs/choird.log`.
+/// Logs to stderr (human) and to `logs/choird.log` (JSON, rotated and
+/// archived by the log manager); level from `RUST_LOG`, default info.
 fn init_logging(home: &std::path::Path) {
-    use std::io::Write;
-    struct Tee(Option<std::fs::File>);
-    impl Write for Tee {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if let Some(f) = self.0.as_mut() {
-                let _ = f.write_all(buf);
-            }
-            std::io::stderr().write_all(buf)?;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            std::io::stderr().flush()
-        }
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let filters = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
+    let manager = choird::logs::global(&home.join("logs"));
+    if let Err(e) = choird::logs::facade::Facade::install(manager, &filters) {
+        eprintln!("choird: cannot set up logging: {e}");
     }
-    let logs = home.join("logs");
-    let file = std::fs::create_dir_all(&logs)
-        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(logs.join("choird.log")))
-        .ok();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        // One record, one line: whatever a client or a model put in a
-        // message (newlines, escape sequences) is escaped, never a new line.
-        .format(|buf, record| {
-            use std::io::Write;
-            let ts = buf.timestamp_millis();
-            writeln!(
-                buf,
-                "[{ts} {:<5} {}] {}",
-                record.level(),
-                record.target(),
-                choir_common::text::one_line(&record.args().to_string())
-            )
-        })
-        .target(env_logger::Target::Pipe(Box::new(Tee(file))))
-        .init();
 }

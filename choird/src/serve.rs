@@ -176,6 +176,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     home.check_secrets_mode()?;
     let secrets = Secrets::load(&home.secrets())?;
     let config = Config::load(&home.config())?;
+    crate::logs::global(&home.logs()).set_limits(config.logs.limits());
     for warning in config.missing_secrets(&secrets) {
         log::warn!("{warning}");
     }

@@ -75,6 +75,13 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
             });
         }
     }
+    let policy = agent_cfg.tools.clone();
+    for r in &mut rows {
+        if let Some(why) = policy.refusal(&r.name) {
+            r.status = "off".into();
+            r.why = Some(why);
+        }
+    }
     rows.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(ToolList { agent: agent.to_string(), tools: rows })
+    Ok(ToolList { agent: agent.to_string(), tools: rows, policy })
 }

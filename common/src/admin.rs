@@ -4,6 +4,45 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One log record, as choird writes it to `logs/*.log` (one JSON object per
+/// line) and `choirctl logs` reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// When choird wrote it (RFC 3339, UTC, microseconds; choird's clock,
+    /// never a time an agent claimed).
+    pub ts: String,
+    /// `ERROR`, `WARN`, `INFO`, `DEBUG` or `TRACE`.
+    pub level: String,
+    /// What wrote it: a choird module path, an agent's module path, or
+    /// `agent/stdout` / `agent/stderr` for output the agent did not format.
+    pub component: String,
+    /// The agent it is about, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The message, on one line.
+    pub msg: String,
+}
+
+impl LogRecord {
+    /// The human form: `2026-11-23 11:33:06.123 WARN  [agent] component: message`.
+    pub fn human(&self) -> String {
+        let ts = self.ts.get(..23).unwrap_or(&self.ts).replacen('T', " ", 1);
+        match &self.agent {
+            Some(a) => format!("{ts} {:<5} [{a}] {}: {}", self.level, self.component, self.msg),
+            None => format!("{ts} {:<5} {}: {}", self.level, self.component, self.msg),
+        }
+    }
+}
+
+/// `GET /logs`: the newest matching records, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPage {
+    /// The records, oldest first.
+    pub records: Vec<LogRecord>,
+    /// Whether older matching records were left out (the limit).
+    pub truncated: bool,
+}
+
 /// One session, for `choirctl sessions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRow {
@@ -392,7 +431,8 @@ pub struct ToolRow {
     pub name: String,
     /// `built-in`, `host` (run by choird) or `external` (an approved tool).
     pub kind: String,
-    /// `system`, `available` (known, not usable: see `why`) or `connected`.
+    /// `system`, `available` (known, not usable: see `why`), `connected`, or
+    /// `off` (the operator's tool policy does not permit it).
     pub status: String,
     /// Why it is only available.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -410,4 +450,7 @@ pub struct ToolList {
     pub agent: String,
     /// Its tools, by name.
     pub tools: Vec<ToolRow>,
+    /// The operator's tool policy for it (`agents.<id>.tools`).
+    #[serde(default)]
+    pub policy: crate::tool_policy::ToolPolicy,
 }

@@ -19,6 +19,7 @@ pub mod rpc;
 pub mod skill;
 pub mod text;
 pub mod tool_names;
+pub mod tool_policy;
 pub mod trust;
 pub mod unix_http;
 

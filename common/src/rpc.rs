@@ -514,6 +514,9 @@ pub struct DynamicConfig {
     /// merged by choird; see `arg_policy`).
     #[serde(default)]
     pub argument_policy: crate::arg_policy::PolicySet,
+    /// The operator's tool policy for this agent (`agents.<id>.tools`).
+    #[serde(default)]
+    pub tool_policy: crate::tool_policy::ToolPolicy,
 }
 
 fn default_fail_closed_s() -> u64 {

@@ -19,6 +19,24 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The records of `logs/<stream>.log` under `home` (one JSON object per
+/// line, as choird's log manager writes them).
+pub fn log_records(home: &std::path::Path, stream: &str) -> Vec<Value> {
+    std::fs::read_to_string(home.join("logs").join(format!("{stream}.log")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits until a record of `logs/<stream>.log` has a message containing
+/// `needle`; the records then.
+pub fn wait_for_log(home: &std::path::Path, stream: &str, needle: &str) -> Vec<Value> {
+    let has = |r: &Vec<Value>| r.iter().any(|r| r["msg"].as_str().is_some_and(|m| m.contains(needle)));
+    wait_for(&format!("{needle:?} in logs/{stream}.log"), Duration::from_secs(15), || has(&log_records(home, stream)));
+    log_records(home, stream)
+}
+
 /// The system prompt of a chat-completions request.
 pub fn system_of(req: &Value) -> String {
     req["messages"][0]["content"].as_str().unwrap_or_default().to_owned()

@@ -540,9 +540,15 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
 
     // A name the model chose cannot forge a log line.
     assert_eq!(choird.ctl_ok(&["chat", "demo", "forge"]), "done: forge\n");
-    let log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
-    assert!(log.contains("?x\\n[2020-01-01T00:00:00Z ERROR choird] forged"), "the name is there, escaped");
-    assert!(!log.lines().any(|l| l.starts_with("[2020-01-01T00:00:00Z ERROR choird]")), "a forged line");
+    let records = choir_tests::observe::wait_for_log(
+        choird.home.path(),
+        "demo",
+        "?x\\n[2020-01-01T00:00:00Z ERROR choird] forged",
+    );
+    assert!(
+        records.iter().all(|r| r["component"] != "choird" && !r["msg"].as_str().unwrap_or("").starts_with("forged")),
+        "a forged record: {records:?}"
+    );
 
     // A command in flight when the agent is stopped dies with it.
     let home = choird.home.path().to_owned();

@@ -51,13 +51,15 @@ pub struct View {
 /// The implementation, built over the registry's offered tools.
 pub struct FindTool {
     views: Vec<View>,
+    policy: super::SharedPolicy,
     host: Option<Arc<dyn HostCaller>>,
 }
 
 impl FindTool {
     /// Over `views`; ranks through `host` when given.
-    pub fn new(views: Vec<View>, host: Option<Arc<dyn HostCaller>>) -> FindTool {
-        FindTool { views, host }
+    /// Only tools `policy` permits (at the time of the search) are found.
+    pub fn new(views: Vec<View>, host: Option<Arc<dyn HostCaller>>, policy: super::SharedPolicy) -> FindTool {
+        FindTool { views, host, policy }
     }
 }
 
@@ -146,8 +148,10 @@ impl Tool for FindTool {
         });
         let method = if semantic.is_some() { "semantic" } else { "keyword" };
         let ranked = semantic.unwrap_or_else(|| keyword_rank(&self.views, query));
+        let policy = self.policy.read().clone();
         let found: Vec<Value> = ranked
             .into_iter()
+            .filter(|(i, _)| self.views.get(*i).is_some_and(|v| policy.permits(&v.name)))
             .filter(|(_, s)| method == "semantic" || *s > 0.0)
             .take(k)
             .map(|(i, score)| {

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use choir_common::ids::wire_tool_name;
 use choir_common::manifest::{load_tool_layer, ToolManifest};
 use choir_common::openai::{FunctionSpec, ToolSpec};
+use choir_common::tool_policy::ToolPolicy;
 
 pub use tool::{ExecContext, LaneHooks, Tool, ToolError};
 
@@ -85,10 +86,18 @@ pub struct RegistryError {
     pub reason: String,
 }
 
+/// The operator's tool policy as the registry and `choir.tools.find` share
+/// it (replaced whenever choird's dynamic config changes).
+pub type SharedPolicy = Arc<parking_lot::RwLock<ToolPolicy>>;
+
 /// All tools, by canonical name.
+///
+/// **Invariant:** what is offered to the model (names, the `tools` list,
+/// discovery) is what the status offers *and* the operator's policy permits.
 #[derive(Default)]
 pub struct Registry {
     tools: BTreeMap<String, Registered>,
+    policy: SharedPolicy,
 }
 
 impl Registry {
@@ -101,7 +110,7 @@ impl Registry {
             (search::manifest(), Arc::new(search::SearchTool)),
             (exec::manifest(), Arc::new(exec::ExecTool)),
             // Ranks the registry's tools; rebuilt over the final registry by `load`.
-            (find::manifest(), Arc::new(find::FindTool::new(Vec::new(), None))),
+            (find::manifest(), Arc::new(find::FindTool::new(Vec::new(), None, SharedPolicy::default()))),
         ];
         let builtin = builtin.into_iter().chain(lane::tools()).chain(propose::tools());
         for (manifest, tool) in builtin {
@@ -185,7 +194,8 @@ impl Registry {
             })
             .collect();
         let ranker = served.iter().any(|s| s == find::NAME).then(|| host.clone());
-        r.insert("built-in", find::manifest(), Arc::new(find::FindTool::new(views, ranker)), ToolStatus::System)?;
+        let find = find::FindTool::new(views, ranker, r.policy.clone());
+        r.insert("built-in", find::manifest(), Arc::new(find), ToolStatus::System)?;
         Ok(r)
     }
 
@@ -207,6 +217,24 @@ impl Registry {
         Ok(())
     }
 
+    /// Replaces the operator's tool policy (dynamic config).
+    pub fn set_policy(&self, policy: &ToolPolicy) {
+        let mut p = self.policy.write();
+        if *p != *policy {
+            log::info!("tool policy: allow {:?}, deny {:?}", policy.allow, policy.deny);
+            *p = policy.clone();
+        }
+    }
+
+    /// Why the operator's policy refuses `tool` (none: it permits it).
+    pub fn policy_refusal(&self, tool: &str) -> Option<String> {
+        self.policy.read().refusal(tool)
+    }
+
+    fn offers(&self, t: &Registered, policy: &ToolPolicy) -> bool {
+        t.status.offered() && policy.permits(&t.manifest.llm.name)
+    }
+
     /// A tool by canonical name (whatever its status).
     pub fn get(&self, name: &str) -> Option<&Registered> {
         self.tools.get(name)
@@ -219,7 +247,8 @@ impl Registry {
 
     /// Names of the tools that may be offered, sorted.
     pub fn names(&self) -> Vec<String> {
-        self.tools.values().filter(|t| t.status.offered()).map(|t| t.manifest.llm.name.clone()).collect()
+        let policy = self.policy.read();
+        self.tools.values().filter(|t| self.offers(t, &policy)).map(|t| t.manifest.llm.name.clone()).collect()
     }
 
     /// Every tool with its status, for reports.
@@ -230,9 +259,10 @@ impl Registry {
     /// The OpenAI `tools` list: LLM views of offered tools (restricted to
     /// `only` when given), with wire-safe names. Runtime views never appear.
     pub fn llm_tools(&self, only: Option<&[String]>) -> Vec<ToolSpec> {
+        let policy = self.policy.read();
         self.tools
             .values()
-            .filter(|t| t.status.offered())
+            .filter(|t| self.offers(t, &policy))
             .filter(|t| only.is_none_or(|names| names.contains(&t.manifest.llm.name)))
             .map(|t| ToolSpec {
                 kind: "function".to_owned(),

@@ -117,6 +117,10 @@ impl Default for Resources {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
+    /// The operator's tool policy: `{allow?, deny?}`, names or `prefix.*`
+    /// (enforced by the agent's arbiter; never proposable by the agent).
+    #[serde(default, skip_serializing_if = "tools_unset")]
+    pub tools: choir_common::tool_policy::ToolPolicy,
     /// Persistent workspace directory; default `<home>/workspaces/<id>`.
     #[serde(default)]
     pub workspace: Option<PathBuf>,
@@ -361,9 +365,14 @@ fn default_max_core_jobs() -> u32 {
     4
 }
 
+fn tools_unset(p: &choir_common::tool_policy::ToolPolicy) -> bool {
+    *p == choir_common::tool_policy::ToolPolicy::default()
+}
+
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
+            tools: Default::default(),
             workspace: None,
             models: ModelOverrides::default(),
             secrets: Vec::new(),
@@ -583,6 +592,56 @@ pub struct Config {
     /// The web tools' services (search, browser).
     #[serde(default)]
     pub web: WebConfig,
+    /// Log rotation and retention.
+    #[serde(default)]
+    pub logs: LogsConfig,
+}
+
+/// Log rotation and retention (R-CTL-3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsConfig {
+    /// A log file is archived (and compressed) when it reaches this size.
+    #[serde(default = "default_log_file_mb")]
+    pub max_file_mb: f64,
+    /// Live logs and archives together stay under this; the oldest archives
+    /// of the stream using the most go first.
+    #[serde(default = "default_log_total_mb")]
+    pub max_total_mb: f64,
+    /// Archives older than this are deleted.
+    #[serde(default = "default_log_age_days")]
+    pub max_age_days: u32,
+}
+
+fn default_log_file_mb() -> f64 {
+    16.0
+}
+fn default_log_total_mb() -> f64 {
+    512.0
+}
+fn default_log_age_days() -> u32 {
+    14
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        LogsConfig {
+            max_file_mb: default_log_file_mb(),
+            max_total_mb: default_log_total_mb(),
+            max_age_days: default_log_age_days(),
+        }
+    }
+}
+
+impl LogsConfig {
+    /// The limits the log manager applies.
+    pub fn limits(&self) -> crate::logs::Limits {
+        crate::logs::Limits {
+            max_file_bytes: (self.max_file_mb * 1024.0 * 1024.0) as u64,
+            max_total_bytes: (self.max_total_mb * 1024.0 * 1024.0) as u64,
+            max_age: std::time::Duration::from_secs(u64::from(self.max_age_days) * 24 * 3600),
+        }
+    }
 }
 
 fn default_runtime() -> RuntimeKind {
@@ -648,6 +707,24 @@ impl Config {
                 }
                 Ok(_) => {}
             }
+        }
+        let logs = &self.logs;
+        if !logs.max_file_mb.is_finite() || logs.max_file_mb < 0.01 {
+            return e("logs.max_file_mb", "must be at least 0.01 (10 KB)");
+        }
+        if !logs.max_total_mb.is_finite() || logs.max_total_mb < 4.0 * logs.max_file_mb {
+            return e("logs.max_total_mb", "must be at least four times logs.max_file_mb");
+        }
+        if logs.max_age_days == 0 {
+            return e("logs.max_age_days", "must be at least 1");
+        }
+        for (id, agent) in &self.agents {
+            if let Err(why) = agent.tools.check() {
+                return Err((format!("agents.{id}.tools"), why));
+            }
+        }
+        if self.agents.keys().any(|a| a.as_str() == crate::logs::CHOIRD) {
+            return e("agents.choird", "is reserved: it is the name of choird's own log");
         }
         let prefix = &self.docker.image_prefix;
         if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
@@ -910,6 +987,16 @@ mod tests {
             "llm.edge.base_url"
         );
         assert_eq!(field_of(r#"{"llm": {"edge": {"base_url": "http://x", "model": 5}}}"#), "llm.edge.model");
+        assert_eq!(field_of(&format!(r#"{{{llm}, "logs": {{"max_file_mb": 0}}}}"#)), "logs.max_file_mb");
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "logs": {{"max_file_mb": 10, "max_total_mb": 20}}}}"#)),
+            "logs.max_total_mb"
+        );
+        assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"choird": {{}}}}}}"#)), "agents.choird");
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "agents": {{"a": {{"tools": {{"deny": ["*"]}}}}}}}}"#)),
+            "agents.a.tools"
+        );
     }
 
     #[test]

@@ -255,6 +255,35 @@ impl Daemon {
         Ok(format!("config.json agents.{agent}: {}", changed.join(", ")))
     }
 
+    /// Replaces an agent's tool policy in `config.json` (rewritten
+    /// atomically) and applies it: running agents refetch their dynamic
+    /// config and offer and run only what it permits.
+    pub fn set_tool_policy(
+        &self,
+        id: &str,
+        policy: &choir_common::tool_policy::ToolPolicy,
+    ) -> Result<choir_common::tool_policy::ToolPolicy, ApiError> {
+        let agent = self.known(id)?;
+        policy.check().map_err(|e| ApiError::BadRequest(format!("agents.{agent}.tools.{e}")))?;
+        self.rewrite_config(|text| {
+            let mut doc: Value = serde_json::from_str(text).map_err(|e| format!("config.json does not parse: {e}"))?;
+            let section = doc["agents"]
+                .get_mut(agent.as_str())
+                .and_then(Value::as_object_mut)
+                .ok_or_else(|| format!("config.json has no agents.{agent} object"))?;
+            if *policy == choir_common::tool_policy::ToolPolicy::default() {
+                section.remove("tools");
+            } else {
+                section.insert("tools".into(), json!(policy));
+            }
+            serde_json::to_string_pretty(&doc).map(|t| t + "\n").map_err(|e| e.to_string())
+        })
+        .map_err(ApiError::Conflict)?;
+        self.audit("admin", Some(&agent), "policy.tools", "ok", json!({"allow": policy.allow, "deny": policy.deny}));
+        log::info!("agent {agent}: tool policy now allow {:?}, deny {:?}", policy.allow, policy.deny);
+        Ok(self.config().agents.get(&agent).map(|a| a.tools.clone()).unwrap_or_default())
+    }
+
     /// Marks that the agent has a decision to receive and wakes its poll.
     fn decision_due(&self, agent: &AgentId) {
         self.sessions.decision_due(agent);

@@ -163,7 +163,6 @@ impl Daemon {
         log::warn!(
             "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
         );
-        let logfile = self.home.logs().join(format!("{id}.log"));
         let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
             .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
         let mut child = crate::runtime::process::spawn(
@@ -173,19 +172,37 @@ impl Daemon {
             workspace,
             &choir_dir,
             token,
-            &logfile,
         )
         .map_err(|e| ApiError::Internal(format!("cannot start the agent: {e}")))?;
         let pid = child.id();
+        // Its output, line by line, into logs/<id>.log; `pumped` closes when
+        // both pipes are at end of file.
+        let (pump_done, pumped) = crossbeam_channel::bounded::<()>(0);
+        let logs = self.logs();
+        let pumps = [
+            child.stdout.take().map(|r| logs.pump(id.as_str(), "stdout", r, pump_done.clone())),
+            child.stderr.take().map(|r| logs.pump(id.as_str(), "stderr", r, pump_done.clone())),
+        ];
+        drop(pump_done);
+        if let Some(Err(e)) = pumps.into_iter().flatten().find(Result::is_err) {
+            log::warn!("agent {id}: its output is not logged: {e}");
+        }
         let me = self.clone();
         let agent = id.clone();
+        let generation = self.sessions.generation(id);
+        let started = Instant::now();
         self.tasks
             .spawn(format!("wait-{id}"), move || {
                 let reason = match child.wait() {
                     Ok(status) => format!("process exited ({status})"),
                     Err(e) => format!("lost the process: {e}"),
                 };
+                // Its last words reach the log before the exit is told (a
+                // tool process that kept a pipe open is not waited for long).
+                let _ = pumped.recv_timeout(Duration::from_secs(2));
+                logs.flush(Duration::from_secs(2));
                 me.on_exit(&agent, session_id, &reason);
+                me.after_process_exit(&agent, generation, started, &reason);
             })
             .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
         Ok(Instance::Process { pid })
@@ -286,13 +303,16 @@ impl Daemon {
                 }
                 continue;
             };
+            let streamed = self.stream_container_output(id, &cid);
             let Some(reason) = self.watch(&cid) else {
                 return; // Shutting down; the container keeps running for adoption.
             };
-            let engine = self.engine();
-            if let Ok(logs) = engine.logs(&cid) {
-                append_log(&self.home.logs().join(format!("{id}.log")), &logs);
+            // Its last words reach the log before the exit is told.
+            if let Some(done) = streamed {
+                let _ = done.recv_timeout(Duration::from_secs(2));
             }
+            self.logs().flush(Duration::from_secs(2));
+            let engine = self.engine();
             // Disposable: the container goes before the exit is announced, so a
             // returned `agent stop` means it is gone.
             if let Err(e) = engine.remove(&cid) {
@@ -308,6 +328,59 @@ impl Daemon {
             log::warn!("agent {id}: {reason}; restarting");
             if !self.restart_after_backoff(id, generation) {
                 return;
+            }
+        }
+    }
+
+    /// After a process-runtime agent exited: restarted with the same backoff
+    /// as a container while it is wanted (R-LIFE-4 parity); the new process
+    /// has its own waiting thread.
+    fn after_process_exit(self: &Arc<Self>, id: &AgentId, generation: u64, started: Instant, reason: &str) {
+        if started.elapsed() >= HEALTHY_AFTER {
+            self.sessions.healthy(id);
+        }
+        loop {
+            if self.shutting_down.load(Ordering::SeqCst) || !self.wanted(id, generation) {
+                return;
+            }
+            log::warn!("agent {id}: {reason}; restarting");
+            if !self.restart_after_backoff(id, generation) || self.sessions.instance(id).is_some() {
+                return;
+            }
+        }
+    }
+
+    /// Streams a container's output into `logs/<id>.log` while it runs, from
+    /// where the file ends (an adopted container's earlier output was written
+    /// by the choird before); the receiver closes when the stream ends.
+    fn stream_container_output(&self, id: &AgentId, cid: &str) -> Option<crossbeam_channel::Receiver<()>> {
+        let logs = self.logs();
+        let live = crate::logs::files::live_path(logs.dir(), id.as_str());
+        let since = std::fs::metadata(&live)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        let reader = match self.engine().follow_logs(cid, since) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("agent {id}: cannot follow its container's output: {e}");
+                return None;
+            }
+        };
+        let (done, ended) = crossbeam_channel::bounded::<()>(0);
+        let agent = id.as_str().to_owned();
+        let spawned = std::thread::Builder::new().name(format!("out-{id}")).spawn(move || {
+            let _done = done;
+            crate::logs::lines::read_frames(reader, |stream, line| {
+                logs.agent(&agent, crate::logs::lines::agent_record(&agent, stream, &line, crate::logs::now()));
+            });
+        });
+        match spawned {
+            Ok(_) => Some(ended),
+            Err(e) => {
+                log::warn!("agent {id}: cannot follow its container's output: {e}");
+                None
             }
         }
     }
@@ -386,8 +459,7 @@ impl Daemon {
 
     /// Called when an agent's instance is gone (both runtimes).
     pub(super) fn on_exit(&self, id: &AgentId, session_id: i64, reason: &str) {
-        let may_restart = self.config().runtime == RuntimeKind::Docker;
-        self.sessions.ended(id, session_id, reason, may_restart);
+        self.sessions.ended(id, session_id, reason, true);
         log::info!("agent {id}: session {session_id} ended: {reason}");
         if let Err(e) = self.store.end_session(session_id, reason) {
             log::error!("cannot record the end of session {session_id}: {e}");
@@ -615,13 +687,5 @@ fn exit_reason(c: &serde_json::Value) -> String {
         "container was killed (SIGKILL, exit code 137)".to_owned()
     } else {
         format!("container exited with code {code}")
-    }
-}
-
-/// Appends a container's output to the agent's log file.
-fn append_log(path: &std::path::Path, text: &str) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = f.write_all(text.as_bytes());
     }
 }

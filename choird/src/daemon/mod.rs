@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 mod approvals;
 mod lifecycle;
+mod log_reader;
 mod secrets;
 mod verbs;
 
@@ -46,10 +47,15 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const UNAUTH_AUDITS_PER_MIN: u32 = 20;
 
 /// The last `n` lines of a text file (for error messages).
+/// The last `n` lines of a log file, each in the human form.
 fn tail(path: &std::path::Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| crate::logs::query::parse_line(l).human())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Paces audit records of a recurring event per key: at most
@@ -181,6 +187,7 @@ impl Daemon {
     /// dynamic config.
     pub fn reload(&self, config: Config, secrets: Secrets) {
         self.sessions.ensure(config.agents.keys());
+        self.logs().set_limits(config.logs.limits());
         self.shared.replace(config, secrets);
         self.reload_policies("choird");
         self.sessions.wake_all();
@@ -189,6 +196,11 @@ impl Daemon {
     /// The argument policy in force for agent `id`.
     pub fn argument_policy(&self, id: &AgentId) -> Arc<choir_common::arg_policy::PolicySet> {
         self.arg_policies.get(id)
+    }
+
+    /// The process's log manager.
+    pub fn logs(&self) -> std::sync::Arc<crate::logs::LogManager> {
+        crate::logs::global(&self.home.logs())
     }
 
     /// Reloads every configured agent's argument policy from `repos/`; a

@@ -128,6 +128,7 @@ impl Daemon {
             tool_exposure: agent.tool_exposure.as_str().to_owned(),
             fail_closed_s: agent.fail_closed_s,
             argument_policy: (*self.argument_policy(id)).clone(),
+            tool_policy: agent.tools.clone(),
         }
     }
 

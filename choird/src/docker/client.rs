@@ -326,6 +326,20 @@ impl Engine {
         Ok(String::from_utf8_lossy(&demux(&bytes)).into_owned())
     }
 
+    /// `GET /containers/{id}/logs?follow=1`: the container's output from
+    /// `since` (Unix seconds) on, as the engine streams it (frames, see
+    /// [`crate::logs::lines::read_frames`]), until the container stops.
+    pub fn follow_logs(&self, id: &str, since: f64) -> Result<impl std::io::Read + Send + use<>, EngineError> {
+        let what = "GET logs (follow)".to_owned();
+        let url = self.url(&format!("/containers/{id}/logs?follow=1&stdout=1&stderr=1&since={since:.6}"));
+        let resp = self.agent.get(&url).call().map_err(|e| self.transport(&what, e))?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            return Err(EngineError::Api { what, status, message: format!("the engine answered {status}") });
+        }
+        Ok(resp.into_body().into_reader())
+    }
+
     /// Containers (running or not) carrying `label` (`key=value`).
     pub fn containers_with_label(&self, label: &str) -> Result<Vec<Value>, EngineError> {
         let filters = json!({"label": [label]}).to_string();

@@ -6,7 +6,6 @@
 //! The lease token reaches the child on its stdin (one line, then EOF), never on
 //! the command line or in the environment, where other processes could read it.
 
-use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -41,7 +40,7 @@ pub fn prepare_choir_dir(home: &Home, id: &AgentId) -> std::io::Result<PathBuf> 
 
 /// Starts `choir-agent` for `id`, connected to `socket`, confined (by its own
 /// path rules, not by a sandbox) to `workspace`, loading tools from
-/// `choir_dir`, logging to `logfile`.
+/// `choir_dir`. Its stdout and stderr are pipes, for the log manager.
 pub fn spawn(
     binary: &Path,
     id: &AgentId,
@@ -49,13 +48,8 @@ pub fn spawn(
     workspace: &Path,
     choir_dir: &Path,
     token: &str,
-    logfile: &Path,
 ) -> Result<Child, SpawnError> {
-    let log = OpenOptions::new().create(true).append(true).open(logfile);
-    let (out, err) = match log.and_then(|f| Ok((f.try_clone()?, f))) {
-        Ok((a, b)) => (Stdio::from(a), Stdio::from(b)),
-        Err(e) => return Err(SpawnError::Start { cmd: format!("open {}", logfile.display()), source: e }),
-    };
+    let (out, err) = (Stdio::piped(), Stdio::piped());
     let mut cmd = Cmd::new(binary);
     cmd.args(["--agent", id.as_str(), "--token-stdin", "--connect"])
         .arg(format!("unix:{}", socket.display()))

@@ -1,0 +1,83 @@
+//! The operator's per-agent tool policy (issue 17, item 5):
+//! `choirctl policy tools AGENT --deny choir.exec` rewrites config.json and
+//! reaches the running agent without a restart: the tool is no longer
+//! offered to the model, a call to it anyway is refused, and `tools list`
+//! says it is off and why.
+
+use std::time::Duration;
+
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{test_config, Choird};
+use choir_tests::observe::{last_tool_result, tool_names, wait_for};
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+fn config_version(choird: &Choird) -> u64 {
+    let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    s["config_version"].as_u64().unwrap_or(0)
+}
+
+fn config_file(choird: &Choird) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(choird.home.path().join("config.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_denied_tool_is_neither_offered_nor_run_once_the_operator_says_so_without_a_restart() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.exec", json!({"command": "echo first"})),
+        Step::Text("ran".into()),
+        Step::call("choir.exec", json!({"command": "echo second > second.txt"})),
+        Step::Text("refused".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "run it"]).trim(), "ran");
+    assert!(tool_names(&fake.requests()[0].body).contains(&"choir__exec".to_owned()));
+    let pid_before: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+
+    // Refused input changes nothing.
+    let before = std::fs::read_to_string(choird.home.path().join("config.json")).unwrap();
+    let err = choird.ctl_err(&["policy", "tools", "demo", "--deny", "Bad Name"]);
+    assert!(err.contains("not a tool name or a `prefix.*` pattern"), "{err}");
+    assert_eq!(std::fs::read_to_string(choird.home.path().join("config.json")).unwrap(), before);
+
+    let version = config_version(&choird);
+    let shown = choird.ctl_ok(&["policy", "tools", "demo", "--deny", "choir.exec"]);
+    assert!(shown.contains("deny:  choir.exec") && shown.contains("allow: every tool"), "{shown}");
+    assert_eq!(config_file(&choird)["agents"]["demo"]["tools"], json!({"deny": ["choir.exec"]}));
+    let list: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "tools", "list", "demo"])).unwrap();
+    let exec = list["tools"].as_array().unwrap().iter().find(|t| t["name"] == "choir.exec").unwrap().clone();
+    assert_eq!(exec["status"], "off", "{exec}");
+    assert!(exec["why"].as_str().unwrap().contains("turned choir.exec off"), "{exec}");
+    assert!(choird.ctl_ok(&["tools", "list", "demo"]).contains("tool policy: allow every tool; deny choir.exec"));
+    wait_for("the agent to take the new config", Duration::from_secs(30), || config_version(&choird) > version);
+
+    // Not offered, and refused when called anyway; the agent was not restarted.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "run it again"]).trim(), "refused");
+    let reqs = fake.requests();
+    let offered = tool_names(&reqs[2].body);
+    assert!(
+        !offered.contains(&"choir__exec".to_owned()) && offered.contains(&"choir__fs__read".to_owned()),
+        "{offered:?}"
+    );
+    let refusal = last_tool_result(&reqs[3].body);
+    assert_eq!(refusal["error"]["code"], "tool_not_allowed", "{refusal}");
+    assert!(refusal["error"]["message"].as_str().unwrap().contains("operator"), "{refusal}");
+    assert!(!choird.workspace("demo").join("second.txt").exists(), "the denied command ran");
+    let pid_after: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(pid_before["pid"], pid_after["pid"], "no restart");
+
+    // Allow lists with prefixes; a reset removes the key.
+    let shown =
+        choird.ctl_ok(&["--json", "policy", "tools", "demo", "--allow", "choir.fs.*", "--remove", "choir.exec"]);
+    assert_eq!(serde_json::from_str::<Value>(&shown).unwrap(), json!({"allow": ["choir.fs.*"]}));
+    let list: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "tools", "list", "demo"])).unwrap();
+    let status =
+        |name: &str| list["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap()["status"].clone();
+    assert_eq!((status("choir.fs.read"), status("choir.exec")), (json!("system"), json!("off")));
+    choird.ctl_ok(&["policy", "tools", "demo", "--reset"]);
+    assert!(config_file(&choird)["agents"]["demo"].get("tools").is_none());
+    let audit = choird.ctl_ok(&["--json", "audit", "--limit", "50"]);
+    assert_eq!(audit.matches("policy.tools").count(), 3, "{audit}");
+}
