@@ -248,6 +248,20 @@ impl Choird {
         dir
     }
 
+    /// Waits (up to 60 s) until `agent` runs again (after choird restarted it).
+    pub fn wait_running(&self, agent: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.ctl(&["--json", "agent", "status", agent]);
+            let state = serde_json::from_slice::<serde_json::Value>(&out.stdout).ok().map(|s| s["state"].clone());
+            if state.as_ref().is_some_and(|s| s == "running") {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "agent {agent} not running again after 60 s: {state:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Runs choirctl expecting failure; returns stderr.
     pub fn ctl_err(&self, args: &[&str]) -> String {
         let out = self.ctl(args);

@@ -265,7 +265,7 @@ fn kill_9_at_each_point_loses_nothing_committed_and_repeats_nothing_committed() 
         let err = choird.ctl_err(&["chat", "demo", "append x"]);
         assert!(err.contains("stopped before answering") && err.contains("SIGKILL"), "{point}: {err}");
 
-        choird.ctl_ok(&["agent", "start", "demo"]);
+        choird.wait_running("demo"); // restarted by choird after the crash
         let reply = wait_reply(&pg, 1);
         assert_eq!(reply.as_deref(), Some("ok"), "{point}: the interrupted message was answered after the restart");
         let file = std::fs::read_to_string(choird.workspace("demo").join("log.txt")).unwrap();

@@ -128,7 +128,7 @@ fn a_host_tool_that_is_not_idempotent_is_not_run_again_when_the_agent_dies_befor
 
     // On restart the call is completed from choird's stored outcome, not
     // run again, and the model is shown that outcome.
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo"); // restarted by choird after the crash
     wait_for("the resumed turn's answer", Duration::from_secs(30), || edge.requests().len() == 2);
     let reqs = edge.requests();
     let shown = tool_results(&reqs[1].body);

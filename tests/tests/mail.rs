@@ -168,7 +168,7 @@ fn mail_goes_out_comes_back_in_wrapped_with_its_attachment_and_is_never_sent_twi
     let err = choird.ctl_err(&["chat", "demo", &once.to_string()]);
     assert!(err.contains("SIGKILL"), "{err}");
     assert_eq!(mail.delivered(), before + 1);
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo"); // restarted by choird after the crash
     wait_for("the resumed turn", Duration::from_secs(30), || {
         llm.requests()
             .iter()

@@ -131,7 +131,7 @@ fn a_turn_replayed_after_a_crash_keeps_the_mark_of_its_committed_untrusted_call(
     choird.ctl_ok(&["agent", "start", "demo"]);
     let err = choird.ctl_err(&["chat", "demo", "read the notes"]);
     assert!(err.contains("SIGKILL"), "{err}");
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo"); // restarted by choird after the crash
     wait_for("the resumed turn's answer", Duration::from_secs(30), || edge.requests().len() == 2);
     let reqs = edge.requests();
     let replayed = tool_results(&reqs[1].body);

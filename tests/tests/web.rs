@@ -359,7 +359,7 @@ fn http_post_reaches_only_allowed_origins_with_a_secret_the_agent_never_sees_and
     ]);
     assert!(err.contains("SIGKILL"), "{err}");
     assert_eq!(recv.received().iter().filter(|r| r.url == "/once").count(), 1);
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo"); // restarted by choird after the crash
     wait_for("the resumed turn", Duration::from_secs(30), || {
         llm.requests()
             .iter()

@@ -51,14 +51,18 @@ pub struct View {
 /// The implementation, built over the registry's offered tools.
 pub struct FindTool {
     views: Vec<View>,
-    policy: super::SharedPolicy,
+    policy: Arc<parking_lot::RwLock<choir_common::tool_policy::ToolPolicy>>,
     host: Option<Arc<dyn HostCaller>>,
 }
 
 impl FindTool {
     /// Over `views`; ranks through `host` when given.
     /// Only tools `policy` permits (at the time of the search) are found.
-    pub fn new(views: Vec<View>, host: Option<Arc<dyn HostCaller>>, policy: super::SharedPolicy) -> FindTool {
+    pub fn new(
+        views: Vec<View>,
+        host: Option<Arc<dyn HostCaller>>,
+        policy: Arc<parking_lot::RwLock<choir_common::tool_policy::ToolPolicy>>,
+    ) -> FindTool {
         FindTool { views, host, policy }
     }
 }

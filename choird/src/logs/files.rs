@@ -9,9 +9,30 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use std::time::Duration;
+
 use parking_lot::Mutex;
 
-use super::Limits;
+/// Size and age limits (config `logs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A live file is archived when it would grow past this.
+    pub max_file_bytes: u64,
+    /// Live files and archives together stay under this.
+    pub max_total_bytes: u64,
+    /// Archives older than this are deleted.
+    pub max_age: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_file_bytes: 16 * 1024 * 1024,
+            max_total_bytes: 512 * 1024 * 1024,
+            max_age: Duration::from_secs(14 * 24 * 3600),
+        }
+    }
+}
 
 /// Work for the archiver thread.
 pub enum Job {

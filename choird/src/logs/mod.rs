@@ -42,26 +42,7 @@ const FOLLOW_QUEUE: usize = 4 * 1024;
 /// Followers at once.
 pub const MAX_FOLLOWERS: usize = 16;
 
-/// Size and age limits (config `logs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// A live file is archived when it would grow past this.
-    pub max_file_bytes: u64,
-    /// Live files and archives together stay under this.
-    pub max_total_bytes: u64,
-    /// Archives older than this are deleted.
-    pub max_age: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_file_bytes: 16 * 1024 * 1024,
-            max_total_bytes: 512 * 1024 * 1024,
-            max_age: Duration::from_secs(14 * 24 * 3600),
-        }
-    }
-}
+pub use files::Limits;
 
 /// The current time as records carry it (RFC 3339, UTC, microseconds).
 pub fn now() -> String {
