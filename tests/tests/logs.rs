@@ -205,3 +205,23 @@ fn logs_follow_sees_a_docker_agents_output_while_it_runs() {
     assert!(line.contains(" INFO  [demo] choir_agent"), "{line}");
     choird.ctl_ok(&["agent", "stop", "demo"]);
 }
+
+#[test]
+fn a_process_agent_configured_for_http_talks_to_choird_over_http_listen() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.fs.write", json!({"path": "h.txt", "content": "over http"})),
+        Step::Text("done over http".into()),
+    ]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["http_listen"] = json!(format!("127.0.0.1:{port}"));
+    config["agents"]["demo"] = json!({"transport": "http"});
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "write it"]).trim(), "done over http");
+    assert_eq!(std::fs::read_to_string(choird.workspace("demo").join("h.txt")).unwrap(), "over http");
+    // It was told to connect to the TCP listener.
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", agent_pid(&choird))).unwrap();
+    assert!(cmdline.contains(&format!("http://127.0.0.1:{port}")), "{cmdline:?}");
+}

@@ -164,6 +164,10 @@ pub struct AgentConfig {
     /// choird only through its socket) or `bridge`.
     #[serde(default)]
     pub network: NetworkMode,
+    /// How the agent reaches choird: `unix` (default) or `http` (the
+    /// process runtime, with `http_listen` set).
+    #[serde(default)]
+    pub transport: Transport,
     /// Seconds replication of the agent's log to choird may fail before the
     /// agent refuses every tool call (fail closed) until it recovers.
     #[serde(default = "default_fail_closed_s")]
@@ -281,6 +285,17 @@ impl ToolExposure {
     }
 }
 
+/// How a process-runtime agent reaches choird (R-RPC-1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Its own Unix socket, `socks/agents/<id>/choird.sock`.
+    #[default]
+    Unix,
+    /// HTTP on `http_listen` (loopback; the process runtime only).
+    Http,
+}
+
 /// A container's network.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -386,6 +401,7 @@ impl Default for AgentConfig {
             token_budget: TokenBudget::default(),
             tool_exposure: ToolExposure::All,
             network: NetworkMode::None,
+            transport: Transport::Unix,
             fail_closed_s: default_fail_closed_s(),
             quotas: Quotas::default(),
             web: None,
@@ -722,6 +738,17 @@ impl Config {
             if let Err(why) = agent.tools.check() {
                 return Err((format!("agents.{id}.tools"), why));
             }
+            if agent.transport == Transport::Http {
+                if self.http_listen.is_none() {
+                    return e(&format!("agents.{id}.transport"), "is http, but http_listen is not set");
+                }
+                if self.runtime == RuntimeKind::Docker {
+                    return e(
+                        &format!("agents.{id}.transport"),
+                        "is http, but a container reaches choird only through its own socket; use unix",
+                    );
+                }
+            }
         }
         if self.agents.keys().any(|a| a.as_str() == crate::logs::CHOIRD) {
             return e("agents.choird", "is reserved: it is the name of choird's own log");
@@ -993,6 +1020,10 @@ mod tests {
             "logs.max_total_mb"
         );
         assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"choird": {{}}}}}}"#)), "agents.choird");
+        assert_eq!(
+            field_of(&format!(r#"{{{llm}, "runtime": "process", "agents": {{"a": {{"transport": "http"}}}}}}"#)),
+            "agents.a.transport"
+        );
         assert_eq!(
             field_of(&format!(r#"{{{llm}, "agents": {{"a": {{"tools": {{"deny": ["*"]}}}}}}}}"#)),
             "agents.a.tools"

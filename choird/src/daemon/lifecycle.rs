@@ -165,15 +165,13 @@ impl Daemon {
         );
         let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
             .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
-        let mut child = crate::runtime::process::spawn(
-            &self.agent_binary,
-            id,
-            &self.home.agent_socket(id),
-            workspace,
-            &choir_dir,
-            token,
-        )
-        .map_err(|e| ApiError::Internal(format!("cannot start the agent: {e}")))?;
+        let config = self.config();
+        let connect = match (config.agents.get(id).map(|a| a.transport), &config.http_listen) {
+            (Some(crate::config::Transport::Http), Some(addr)) => format!("http://{addr}"),
+            _ => format!("unix:{}", self.home.agent_socket(id).display()),
+        };
+        let mut child = crate::runtime::process::spawn(&self.agent_binary, id, &connect, workspace, &choir_dir, token)
+            .map_err(|e| ApiError::Internal(format!("cannot start the agent: {e}")))?;
         let pid = child.id();
         // Its output, line by line, into logs/<id>.log; `pumped` closes when
         // both pipes are at end of file.

@@ -38,13 +38,14 @@ pub fn prepare_choir_dir(home: &Home, id: &AgentId) -> std::io::Result<PathBuf> 
     Ok(choir)
 }
 
-/// Starts `choir-agent` for `id`, connected to `socket`, confined (by its own
+/// Starts `choir-agent` for `id`, connected to `connect` (`unix:PATH` or
+/// `http://HOST:PORT`), confined (by its own
 /// path rules, not by a sandbox) to `workspace`, loading tools from
 /// `choir_dir`. Its stdout and stderr are pipes, for the log manager.
 pub fn spawn(
     binary: &Path,
     id: &AgentId,
-    socket: &Path,
+    connect: &str,
     workspace: &Path,
     choir_dir: &Path,
     token: &str,
@@ -52,7 +53,7 @@ pub fn spawn(
     let (out, err) = (Stdio::piped(), Stdio::piped());
     let mut cmd = Cmd::new(binary);
     cmd.args(["--agent", id.as_str(), "--token-stdin", "--connect"])
-        .arg(format!("unix:{}", socket.display()))
+        .arg(connect)
         .arg("--workspace")
         .arg(workspace.as_os_str())
         .arg("--choir-dir")
