@@ -120,6 +120,12 @@ fn a_flooding_agent_is_rotated_archived_and_kept_under_the_total_and_a_killed_pr
     choird.ctl_ok(&["agent", "start", "demo"]);
     let logs = choird.home.path().join("logs");
 
+    // All of it written (the agent's pipe is read while it runs: on a busy
+    // machine the last lines land after the start returns).
+    let last = format!("flood {} ", FLOOD - 1);
+    wait_for("the last flood line", Duration::from_secs(60), || {
+        !records(&choird, &["demo", "--grep", &last]).is_empty()
+    });
     // Rotated, compressed, and under the total once the archiver caught up.
     wait_for("the archives to fit the total", Duration::from_secs(30), || disk_use(&logs) <= TOTAL_BYTES);
     let archived: Vec<String> = std::fs::read_dir(logs.join("archive"))
