@@ -20,6 +20,7 @@ pub mod http;
 pub mod logs;
 pub mod mail;
 pub mod memory;
+pub mod metrics;
 pub mod notion;
 pub mod pace;
 pub mod proposals;

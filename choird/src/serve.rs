@@ -82,6 +82,13 @@ const MAX_ADMIN_BODY: usize = 1024 * 1024;
 impl Handler for Router {
     fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError> {
         let d = &self.daemon;
+        if *kind == ListenerKind::Metrics {
+            // The metrics listener serves one read-only page and nothing else.
+            return match (head.method.as_str(), head.path.as_str()) {
+                ("GET", "/metrics") => Ok(Admitted { max_body: 0, caller: None }),
+                _ => Err(ApiError::NotFound("only GET /metrics is served here".into())),
+            };
+        }
         if let Some(verb) = Verb::from_path(&head.path) {
             let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
             let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
@@ -102,6 +109,15 @@ impl Handler for Router {
 
     fn handle(&self, kind: &ListenerKind, req: Request) -> Response {
         let d = &self.daemon;
+        if *kind == ListenerKind::Metrics {
+            return Response {
+                status: 200,
+                body: crate::metrics::render(d, &self.tg).into_bytes(),
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                headers: Vec::new(),
+                stream: None,
+            };
+        }
         let result = if let Some(verb) = Verb::from_path(&req.path) {
             crate::rpc_api::handle(d, verb, &req)
         } else if let Some(rest) = req.path.strip_prefix("/llm/") {
@@ -131,6 +147,7 @@ struct Listeners {
     admin: Option<Server>,
     agents: BTreeMap<AgentId, Server>,
     tcp: Option<Server>,
+    metrics: Option<Server>,
     router: Arc<dyn Handler>,
 }
 
@@ -261,7 +278,8 @@ fn serve(
     let nofile = crate::http::server::raise_nofile_limit();
     log::debug!("open-file limit {nofile}");
 
-    let mut listeners = Listeners { admin: None, agents: BTreeMap::new(), tcp: None, router: router.clone() };
+    let mut listeners =
+        Listeners { admin: None, agents: BTreeMap::new(), tcp: None, metrics: None, router: router.clone() };
     let (admin, admin_path) = crate::sockets::bind_admin(&home.socks())?;
     listeners.admin = Some(Server::start(
         Socket::Unix(admin, admin_path),
@@ -277,6 +295,14 @@ fn serve(
         let tcp = std::net::TcpListener::bind(addr.as_str()).with_context(|| format!("cannot listen on {addr}"))?;
         let limits = Limits { max_connections: 128, ..Limits::default() };
         listeners.tcp = Some(Server::start(Socket::Tcp(tcp), ListenerKind::Tcp, router.clone(), limits, "rpc-tcp")?);
+    }
+    if let Some(addr) = &config.metrics_listen {
+        let tcp =
+            std::net::TcpListener::bind(addr.as_str()).with_context(|| format!("cannot listen on {addr} (metrics)"))?;
+        let limits = Limits { max_connections: 8, ..Limits::default() };
+        listeners.metrics =
+            Some(Server::start(Socket::Tcp(tcp), ListenerKind::Metrics, router.clone(), limits, "metrics")?);
+        log::info!("metrics on http://{addr}/metrics");
     }
     log::info!(
         "choird {} serving {} (admin socket {})",

@@ -19,6 +19,7 @@ mod logs;
 mod mail;
 mod managed;
 mod memory;
+mod metrics;
 mod notion;
 mod origin;
 mod secrets;

@@ -587,6 +587,13 @@ pub struct Config {
     /// Allow `http_listen` on a non-loopback address.
     #[serde(default)]
     pub http_allow_non_loopback: bool,
+    /// Serve Prometheus metrics (`GET /metrics`) at this address (loopback
+    /// unless `metrics_allow_non_loopback`).
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Allow `metrics_listen` on a non-loopback address.
+    #[serde(default)]
+    pub metrics_allow_non_loopback: bool,
     /// The `choir-agent` binary for the process runtime; default: next to choird,
     /// then `PATH`.
     #[serde(default)]
@@ -719,6 +726,18 @@ impl Config {
                     return e(
                         "http_listen",
                         "is not a loopback address; set http_allow_non_loopback to true if you really mean it",
+                    )
+                }
+                Ok(_) => {}
+            }
+        }
+        if let Some(listen) = &self.metrics_listen {
+            match listen.parse::<SocketAddr>() {
+                Err(_) => return e("metrics_listen", "must be an address like 127.0.0.1:9464"),
+                Ok(addr) if !addr.ip().is_loopback() && !self.metrics_allow_non_loopback => {
+                    return e(
+                        "metrics_listen",
+                        "is not a loopback address; set metrics_allow_non_loopback to true if you really mean it",
                     )
                 }
                 Ok(_) => {}

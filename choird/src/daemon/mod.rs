@@ -278,6 +278,7 @@ impl Daemon {
                 ListenerKind::Admin => "choird.sock".to_owned(),
                 ListenerKind::Agent(id) => format!("agents/{id}"),
                 ListenerKind::Tcp => "tcp".to_owned(),
+                ListenerKind::Metrics => "metrics".to_owned(),
             };
             // A flood of bad tokens must not flood the audit table.
             if let Some(suppressed) = self.unauth_audit.lock().admit(&listener) {

@@ -20,6 +20,8 @@ pub enum ListenerKind {
     Agent(AgentId),
     /// Loopback TCP (`http_listen`): the agent RPC only.
     Tcp,
+    /// `metrics_listen`: `GET /metrics` only.
+    Metrics,
 }
 
 /// An error answered to a client. The variant decides the status code; the

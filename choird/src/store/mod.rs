@@ -534,6 +534,33 @@ impl Store {
         })
     }
 
+    /// Counters for the metrics page: replied messages per agent, committed
+    /// events per agent and outcome, relayed tokens per agent and kind.
+    pub fn metric_counts(&self) -> Result<MetricCounts, DbError> {
+        self.db.with(|c| {
+            let mut m = MetricCounts::default();
+            for r in c.query("SELECT agent_id, count(*) FROM messages WHERE replied_at IS NOT NULL GROUP BY 1", &[])? {
+                m.processed.insert(r.get(0), r.get::<_, i64>(1) as u64);
+            }
+            for r in c.query(
+                "SELECT agent_id, coalesce(event->>'outcome', '?'), count(*) FROM commit_events GROUP BY 1, 2",
+                &[],
+            )? {
+                m.tool_calls.insert((r.get(0), r.get(1)), r.get::<_, i64>(2) as u64);
+            }
+            for r in c.query(
+                "SELECT agent_id, coalesce(sum(prompt_tokens), 0)::bigint, coalesce(sum(completion_tokens), 0)::bigint
+                 FROM llm_calls GROUP BY 1",
+                &[],
+            )? {
+                let agent: String = r.get(0);
+                m.tokens.insert((agent.clone(), "prompt".into()), r.get::<_, i64>(1) as u64);
+                m.tokens.insert((agent, "completion".into()), r.get::<_, i64>(2) as u64);
+            }
+            Ok(m)
+        })
+    }
+
     /// Records one relayed LLM call and adds its tokens to the agent's
     /// usage of the day (UTC), in one transaction.
     #[allow(clippy::too_many_arguments)]
@@ -590,4 +617,15 @@ impl Store {
             Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
         })
     }
+}
+
+/// Counters for `metrics.rs`.
+#[derive(Debug, Default)]
+pub struct MetricCounts {
+    /// Replied messages per agent.
+    pub processed: std::collections::BTreeMap<String, u64>,
+    /// Committed events per (agent, outcome).
+    pub tool_calls: std::collections::BTreeMap<(String, String), u64>,
+    /// Relayed tokens per (agent, `prompt`|`completion`).
+    pub tokens: std::collections::BTreeMap<(String, String), u64>,
 }
