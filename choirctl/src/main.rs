@@ -11,6 +11,7 @@ mod policy;
 mod proposals;
 mod secrets;
 mod sessions;
+mod usage;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -41,6 +42,9 @@ commands:
                                 choird's log, or agent ID's output and what choird said
                                 about it, archives included; T: a time or an age (10m, 2h,
                                 3d); L: error, warn, info, debug, trace; -f: keep printing
+  usage [ID] [--since T] [--by day|model|lane|agent]
+                                relayed model calls, tokens and estimated cost (prices:
+                                config.json llm.prices), per group and in total
   sessions [ID] [--limit N]     every session (of one agent), newest first: start, how
                                 long it ran, what it ran in, commits, tokens, how it ended
   agent cancel ID [LANE]        stop the agent's current work: LANE is edge
@@ -121,6 +125,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut since: Option<String> = None;
     let mut level: Option<String> = None;
     let mut grep: Option<String> = None;
+    let mut by: Option<String> = None;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -138,6 +143,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("reset") => tool_changes.reset = true,
             Long("since") => since = Some(parser.value()?.string()?),
             Long("level") => level = Some(parser.value()?.string()?),
+            Long("by") => by = Some(parser.value()?.string()?),
             Long("grep") => grep = Some(parser.value()?.string()?),
             Long("agent") => agent_filter = Some(parser.value()?.string()?),
             Long("status") => status_filter = Some(parser.value()?.string()?),
@@ -193,6 +199,8 @@ fn real_main() -> anyhow::Result<()> {
                 follow,
             },
         ),
+        ["usage"] => usage::run(&ctx, None, since.as_deref(), by.as_deref()),
+        ["usage", id] => usage::run(&ctx, Some(id), since.as_deref(), by.as_deref()),
         ["sessions"] => sessions::list(&ctx, None, limit),
         ["sessions", id] => sessions::list(&ctx, Some(id), limit),
         ["agent", "cancel", id] => cancel(&ctx, id, "edge"),

@@ -158,6 +158,19 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
             Ok(Response::streaming(reader))
         }
+        ("GET", ["usage"]) => {
+            let agent = match req.query("agent") {
+                Some(a) => Some(d.known_agent(a)?.as_str().to_owned()),
+                None => None,
+            };
+            let since =
+                req.query("since").map(crate::logs::query::parse_since).transpose().map_err(ApiError::BadRequest)?;
+            let by = req.query("by").unwrap_or("day");
+            let by = crate::store::usage::UsageBy::parse(by).ok_or_else(|| {
+                ApiError::BadRequest(format!("cannot group usage by {by:?}; use day, model, lane or agent"))
+            })?;
+            Ok(Response::ok(&d.store.usage(agent.as_deref(), since.as_deref(), by)?))
+        }
         ("GET", ["secrets"]) => Ok(Response::ok(&d.secret_list()?)),
         ("PUT", ["secrets", name]) => {
             let r: choir_common::admin::SetSecret = req.json()?;

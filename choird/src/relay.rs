@@ -84,7 +84,18 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     let answer = match result {
         Ok(a) => a,
         Err(e) => {
-            let _ = d.store.record_llm_call(&who.agent, who.session, lane.as_str(), &model, 0, 0, 0, elapsed_ms, false);
+            let _ = d.store.record_llm_call(
+                &who.agent,
+                who.session,
+                lane.as_str(),
+                &model,
+                0,
+                0,
+                0,
+                elapsed_ms,
+                false,
+                None,
+            );
             return Err(e);
         }
     };
@@ -116,6 +127,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
                         completion,
                         ms,
                         estimated,
+                        d.config().llm.cost(&model, prompt, completion),
                     ) {
                         log::error!("LLM call of {} not recorded: {e}", who.agent);
                     }
@@ -154,6 +166,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
         completion,
         elapsed_ms,
         estimated,
+        config.llm.cost(&model, prompt, completion),
     ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
@@ -202,6 +215,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
         completion,
         ms,
         estimated,
+        config.llm.cost(&model, prompt, completion),
     ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }

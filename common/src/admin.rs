@@ -43,6 +43,28 @@ pub struct LogPage {
     pub truncated: bool,
 }
 
+/// One group of `choirctl usage`: relayed model calls summed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// The day (UTC), model, lane or agent.
+    pub key: String,
+    /// Calls.
+    pub calls: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Estimated cost in US dollars (none when a call's model had no price).
+    pub cost_usd: Option<f64>,
+}
+
+/// `GET /usage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageReport {
+    /// The groups, in order.
+    pub rows: Vec<UsageRow>,
+}
+
 /// One session, for `choirctl sessions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRow {

@@ -29,4 +29,5 @@ mod speech;
 mod telegram;
 mod tidy;
 mod tool_policy;
+mod usage;
 mod web;

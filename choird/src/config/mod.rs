@@ -61,13 +61,35 @@ fn default_llm_timeout() -> u64 {
 }
 
 /// Endpoints per lane.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
     /// The fast, user-facing lane.
     pub edge: LlmEndpoint,
     /// Core jobs.
     pub core: LlmEndpoint,
+    /// Prices by model name, for the cost ledger (a model without one is
+    /// recorded without a cost).
+    #[serde(default)]
+    pub prices: BTreeMap<String, Price>,
+}
+
+/// A model's price, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Per million prompt (input) tokens.
+    pub prompt_per_mtok: f64,
+    /// Per million completion (output) tokens.
+    pub completion_per_mtok: f64,
+}
+
+impl LlmConfig {
+    /// The estimated cost of a call to `model`, if it has a price.
+    pub fn cost(&self, model: &str, prompt: u64, completion: u64) -> Option<f64> {
+        let p = self.prices.get(model)?;
+        Some((prompt as f64 * p.prompt_per_mtok + completion as f64 * p.completion_per_mtok) / 1_000_000.0)
+    }
 }
 
 /// Per-agent model overrides.
@@ -743,6 +765,12 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        for (model, p) in &self.llm.prices {
+            let ok = |v: f64| v.is_finite() && (0.0..=10_000.0).contains(&v);
+            if !ok(p.prompt_per_mtok) || !ok(p.completion_per_mtok) {
+                return e(&format!("llm.prices.{model}"), "prices must be dollars per million tokens, 0 to 10000");
+            }
+        }
         let logs = &self.logs;
         if !logs.max_file_mb.is_finite() || logs.max_file_mb < 0.01 {
             return e("logs.max_file_mb", "must be at least 0.01 (10 KB)");
@@ -1039,6 +1067,9 @@ mod tests {
             "logs.max_total_mb"
         );
         assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"choird": {{}}}}}}"#)), "agents.choird");
+        let priced = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"},
+                        "prices": {"m": {"prompt_per_mtok": -1, "completion_per_mtok": 1}}}"#;
+        assert_eq!(field_of(&format!("{{{priced}}}")), "llm.prices.m");
         assert_eq!(
             field_of(&format!(r#"{{{llm}, "runtime": "process", "agents": {{"a": {{"transport": "http"}}}}}}"#)),
             "agents.a.transport"

@@ -13,6 +13,7 @@ pub mod host_calls;
 pub mod memory;
 mod sessions;
 pub mod telegram;
+pub mod usage;
 
 /// Replication refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -575,12 +576,13 @@ impl Store {
         completion_tokens: u64,
         duration_ms: u64,
         estimated: bool,
+        cost_usd: Option<f64>,
     ) -> Result<(), DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated, cost_usd)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 &[
                     &agent.as_str(),
                     &session,
@@ -591,6 +593,7 @@ impl Store {
                     &(completion_tokens as i64),
                     &(duration_ms as i64),
                     &estimated,
+                    &cost_usd,
                 ],
             )?;
             let tokens = (prompt_tokens + completion_tokens) as i64;
