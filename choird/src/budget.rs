@@ -7,6 +7,10 @@
 //! estimate when the endpoint reports none); a budget is checked against
 //! spent + reserved, so calls made in parallel cannot overshoot it together.
 //!
+//! The call whose settlement takes a budget past [`WARN_AT_PERCENT`] returns
+//! a warning (once per crossing), which the relay logs, audits and sends to
+//! the agent's Telegram admins.
+//!
 //! **Invariant:** no model call goes upstream for an agent whose spent and
 //! reserved tokens already reach its daily or total budget.
 
@@ -61,6 +65,17 @@ pub struct Reservation {
     budgets: std::sync::Arc<Budgets>,
     agent: AgentId,
     tokens: u64,
+    budget: TokenBudget,
+}
+
+/// Share of a budget at which the agent's admins are warned (percent).
+pub const WARN_AT_PERCENT: u64 = 80;
+
+/// Whether spending went from under [`WARN_AT_PERCENT`] of `limit` to at or
+/// over it.
+fn crossed(before: u64, after: u64, limit: Option<u64>) -> Option<u64> {
+    let limit = limit.filter(|l| *l > 0)?;
+    (before * 100 < limit * WARN_AT_PERCENT && after * 100 >= limit * WARN_AT_PERCENT).then_some(limit)
 }
 
 impl Budgets {
@@ -118,7 +133,7 @@ impl Budgets {
             }
         }
         u.reserved += estimate;
-        Ok(Reservation { budgets: self.clone(), agent: agent.clone(), tokens: estimate })
+        Ok(Reservation { budgets: self.clone(), agent: agent.clone(), tokens: estimate, budget })
     }
 
     /// An agent's spent and reserved tokens.
@@ -132,8 +147,11 @@ impl Budgets {
 
 impl Reservation {
     /// Replaces the reservation by what the call cost (already recorded in
-    /// the database by the caller).
-    pub fn settle(mut self, tokens: u64) {
+    /// the database by the caller). Returns a warning for each budget this
+    /// call took past [`WARN_AT_PERCENT`] (once per crossing: a day's budget
+    /// warns once a day).
+    pub fn settle(mut self, tokens: u64) -> Vec<String> {
+        let mut warnings = Vec::new();
         let mut usage = self.budgets.usage.lock();
         if let Some(u) = usage.get_mut(&self.agent) {
             u.reserved = u.reserved.saturating_sub(self.tokens);
@@ -141,10 +159,29 @@ impl Reservation {
             if u.day != day {
                 *u = Usage { day, today: 0, total: u.total, reserved: u.reserved };
             }
+            let (today_before, total_before) = (u.today, u.total);
             u.today += tokens;
             u.total += tokens;
+            let agent = &self.agent;
+            if let Some(limit) = crossed(today_before, u.today, self.budget.per_day) {
+                warnings.push(format!(
+                    "agent {agent} has used {} of its {limit} tokens for today ({}%); at the limit its model calls \
+                     are refused until 00:00 UTC",
+                    u.today,
+                    u.today * 100 / limit
+                ));
+            }
+            if let Some(limit) = crossed(total_before, u.total, self.budget.total) {
+                warnings.push(format!(
+                    "agent {agent} has used {} of its {limit} tokens in total ({}%); at the limit its model calls \
+                     are refused until agents.{agent}.token_budget.total is raised",
+                    u.total,
+                    u.total * 100 / limit
+                ));
+            }
         }
         self.tokens = 0;
+        warnings
     }
 }
 
@@ -167,4 +204,19 @@ pub fn estimate(request_bytes: usize, body: &serde_json::Value) -> u64 {
         .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
         .unwrap_or(DEFAULT_COMPLETION_RESERVE);
     prompt + completion
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warning_share_is_crossed_once() {
+        assert_eq!(crossed(30, 45, Some(40)), Some(40));
+        assert_eq!(crossed(32, 45, Some(40)), None, "already past");
+        assert_eq!(crossed(10, 31, Some(40)), None, "still under 80 %");
+        assert_eq!(crossed(10, 32, Some(40)), Some(40), "exactly 80 %");
+        assert_eq!(crossed(0, 100, None), None);
+        assert_eq!(crossed(0, 100, Some(0)), None);
+    }
 }

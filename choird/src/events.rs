@@ -37,6 +37,13 @@ pub enum Event {
         /// The proposal.
         id: i64,
     },
+    /// An agent's token budget reached its warning share: its admins are told.
+    BudgetWarning {
+        /// The agent.
+        agent: AgentId,
+        /// What to tell them.
+        text: String,
+    },
 }
 
 /// The daemon's end of the channel.

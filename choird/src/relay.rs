@@ -131,7 +131,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
                     ) {
                         log::error!("LLM call of {} not recorded: {e}", who.agent);
                     }
-                    reservation.settle(prompt + completion);
+                    warn_budget(&d, &who.agent, reservation.settle(prompt + completion));
                 }
             })),
         };
@@ -170,7 +170,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
-    reservation.settle(prompt + completion);
+    warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     let mut resp =
         Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
     if let Some(ra) = retry_after {
@@ -219,7 +219,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     ) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
-    reservation.settle(prompt + completion);
+    warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
         return Err(ApiError::BadGateway(format!("the model answered {status}")));
     }
@@ -300,6 +300,16 @@ impl<R: Read> Read for UsageTap<R> {
 impl<R: Read> Drop for UsageTap<R> {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+/// Tells the operator (log, audit) and the agent's admins (Telegram) that a
+/// budget reached its warning share.
+fn warn_budget(d: &Shared, agent: &choir_common::ids::AgentId, warnings: Vec<String>) {
+    for text in warnings {
+        log::warn!("{text}");
+        d.audit("choird", Some(agent), "budget.warning", "ok", serde_json::json!({"message": text}));
+        d.events.send(crate::events::Event::BudgetWarning { agent: agent.clone(), text });
     }
 }
 

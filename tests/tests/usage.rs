@@ -45,3 +45,44 @@ fn each_model_call_is_in_the_ledger_with_its_cost_and_usage_sums_it() {
     assert!(choird.ctl_err(&["usage", "--since", "soon"]).contains("give a time"));
     assert!(choird.ctl_err(&["usage", "ghost"]).contains("no agent \"ghost\""));
 }
+
+#[test]
+fn crossing_80_percent_of_a_daily_budget_tells_the_agents_admins_once() {
+    use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
+    const TOKEN: &str = "111111:AAAA-secret-token-a";
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::Text("one".into()),
+        Step::Text("two".into()),
+        Step::Text("three".into()),
+        Step::Text("four".into()),
+    ]);
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN, 111111, "alpha_bot");
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    // 15 tokens a call: 30 of 40 is 75 %, 45 crosses 80 %.
+    config["agents"]["demo"] = json!({"token_budget": {"per_day": 40}});
+    config["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 50,
+        "bots": {"a": {"token_secret": "tg_a", "users": {"501": {"agent": "demo", "admin": true}, "502": {"agent": "demo"}}}}});
+    let choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    for answer in ["one", "two"] {
+        assert_eq!(choird.ctl_ok(&["chat", "demo", "go"]).trim(), answer);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(tg.sent("sendMessage").is_empty(), "no warning under 80 %");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "go"]).trim(), "three");
+    tg.wait_calls("the warning", std::time::Duration::from_secs(20), |c| c.iter().any(|c| c.method == "sendMessage"));
+    // Over the budget now: the next call is refused (the agent says so), and
+    // no second warning.
+    let refused = choird.ctl_ok(&["chat", "demo", "go"]);
+    assert!(refused.contains("token budget for today"), "{refused}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let texts = texts_by_chat(&tg.sent("sendMessage"));
+    let to_admin = texts.get(&501).cloned().unwrap_or_default();
+    assert_eq!(to_admin.len(), 1, "{texts:?}");
+    assert!(to_admin[0].contains("45 of its 40 tokens for today (112%)"), "{to_admin:?}");
+    assert!(!texts.contains_key(&502), "only admins are told: {texts:?}");
+    let audit = choird.ctl_ok(&["--json", "audit", "--agent", "demo", "--limit", "500"]);
+    assert_eq!(audit.matches("budget.warning").count(), 1, "{audit}");
+}

@@ -26,6 +26,22 @@ pub fn announce_proposal(d: &Handle, id: i64) {
     d.link.wake_senders();
 }
 
+/// Sends `text` to every admin of `agent` on every bot that serves it.
+pub fn tell_admins(d: &Handle, agent: &choir_common::ids::AgentId, text: &str) {
+    for spec in bots(d) {
+        if !serves(&spec.config, agent.as_str()) {
+            continue;
+        }
+        for (user, _) in spec.config.users.iter().filter(|(_, u)| u.admin && u.agent == *agent) {
+            let Ok(chat) = user.parse::<i64>() else { continue };
+            if let Err(e) = d.store.enqueue_outbox(&spec.name, chat, &[("text", serde_json::json!({"text": text}))]) {
+                log::error!("telegram: cannot queue a notice for {}: {e}", spec.name);
+            }
+        }
+    }
+    d.link.wake_senders();
+}
+
 /// Whether a bot serves `agent` (a user or group of it is bound to it).
 pub fn serves(bot: &BotConfig, agent: &str) -> bool {
     bot.users.values().any(|u| u.agent.as_str() == agent) || bot.groups.values().any(|g| g.agent.as_str() == agent)

@@ -51,7 +51,7 @@ use crate::events::Event;
 pub use crate::pace::{backoff, nap};
 use crate::store::{Delivery, OutboxRow};
 
-pub use self::approvals::{announce_decision, announce_proposal, proposal_message, serves};
+pub use self::approvals::{announce_decision, announce_proposal, proposal_message, serves, tell_admins};
 pub use self::bots::{bots, client, wait, BotSpec, ConfigEdit, Control, Counters, Failure, Handle, Link};
 pub use crate::conversations::{telegram as conversation, telegram_chat as chat_of};
 
@@ -226,6 +226,7 @@ pub fn run_events(d: &Handle, events: &Receiver<Event>, stop: &AtomicBool) {
             }
             Event::ProposalPending { id } => announce_proposal(d, id),
             Event::ProposalDecided { id } => announce_decision(d, id),
+            Event::BudgetWarning { agent, text } => tell_admins(d, &agent, &text),
         }
     }
 }
