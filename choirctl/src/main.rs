@@ -6,6 +6,7 @@
 mod term;
 mod client;
 mod ctx;
+mod doctor;
 mod logs;
 mod policy;
 mod proposals;
@@ -29,6 +30,10 @@ usage: choirctl [--home DIR] [--json] COMMAND
 
 commands:
   status                        choird's state and its agents
+  doctor                        check what a deployment needs (config, secrets, disk, sockets,
+                                Docker and the base image, PostgreSQL and pgvector, each
+                                model endpoint, embeddings, bot tokens, host tools' logins),
+                                naming the fix for each problem; exits 1 if something failed
   agent list                    configured agents
   agent status ID               one agent: state, session, lanes
   agent start ID                start an agent
@@ -183,6 +188,12 @@ fn real_main() -> anyhow::Result<()> {
     let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {
         ["status"] => status(&ctx),
+        ["doctor"] => {
+            if !doctor::run(&ctx, &home)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         ["agent", "list"] => agent_list(&ctx),
         ["agent", "status", id] => agent_status(&ctx, id),
         ["agent", "start", id] => agent_action(&ctx, id, "start"),

@@ -12,6 +12,7 @@ pub mod conversations;
 pub mod daemon;
 pub mod db;
 pub mod docker;
+pub mod doctor;
 pub mod egress;
 pub mod events;
 pub mod home;

@@ -12,6 +12,7 @@ mod bad_input;
 mod cognition;
 mod decisions;
 mod docker;
+mod doctor;
 mod e2e;
 mod hostile;
 mod lanes;

@@ -159,6 +159,15 @@ impl ManagedCluster {
         self.dir.join("run")
     }
 
+    /// The connection string of the `choir` database of the cluster in
+    /// `dir` and whether its server's socket is there (a running server),
+    /// without starting anything (for `choirctl doctor`).
+    pub fn probe(dir: &Path) -> (String, bool) {
+        let run = dir.join("run");
+        let up = run.join(format!(".s.PGSQL.{PORT}")).exists();
+        (format!("host={} port={PORT} user=postgres dbname={DATABASE}", run.display()), up)
+    }
+
     fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
     }

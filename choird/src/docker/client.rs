@@ -149,6 +149,13 @@ impl Engine {
         self.check("ping", status, &body)
     }
 
+    /// `GET /version`: the engine's version and the API versions it speaks.
+    pub fn version(&self) -> Result<Value, EngineError> {
+        let (status, body) = self.call("GET", "/version", None, Some(Duration::from_secs(10)))?;
+        self.check("version", status, &body)?;
+        Ok(body)
+    }
+
     /// `GET /info`: the engine's configuration.
     pub fn info(&self) -> Result<Value, EngineError> {
         let (status, body) = self.call("GET", "/info", None, Some(Duration::from_secs(10)))?;

@@ -1,0 +1,517 @@
+//! `choirctl doctor`: the checks a failing deployment trips on, each with what
+//! was found and the fix. They run in the operator's process, from the home's
+//! own files (`config.json`, `secrets.json`), so they work when choird does
+//! not start; what only a running choird can tell (its host tools' logins) is
+//! asked over the admin socket by `choirctl`.
+//!
+//! **Invariants:** a check never changes anything (the model probe asks for
+//! one token; the embeddings probe embeds one word); every network probe has
+//! a timeout of at most [`PROBE_TIMEOUT`]; no check's text carries a secret
+//! or a database URL (tokens are masked, URLs are named by their config key).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::config::{Config, Lane, RuntimeKind};
+use crate::home::Home;
+use crate::secrets::Secrets;
+
+/// The longest any one network probe may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Below this much free space in the home, the check fails.
+pub const DISK_FAIL_BYTES: u64 = 512 * 1024 * 1024;
+/// Below this much free space in the home, the check warns.
+pub const DISK_WARN_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Fine.
+    Ok,
+    /// Works, but will bite (e.g. little disk left).
+    Warn,
+    /// Broken: the deployment fails on this.
+    Fail,
+    /// Not checked (nothing configured, or an earlier check failed).
+    Skip,
+}
+
+impl Outcome {
+    /// The word shown in the first column.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Warn => "WARN",
+            Outcome::Fail => "FAIL",
+            Outcome::Skip => "skip",
+        }
+    }
+}
+
+/// One check's finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// What was checked (`postgres`, `telegram bot main`, …).
+    pub name: String,
+    /// How it came out.
+    pub outcome: Outcome,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (for a warning or failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A passed check.
+    pub fn ok(name: &str, detail: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: Outcome::Ok, detail: detail.into(), fix: None }
+    }
+    /// A warning with its fix.
+    pub fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: Outcome::Warn, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    /// A failure with its fix.
+    pub fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: Outcome::Fail, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    /// A check not made, and why.
+    pub fn skip(name: &str, detail: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: Outcome::Skip, detail: detail.into(), fix: None }
+    }
+}
+
+/// Runs every offline check for the home at `root`, in the order an operator
+/// fixes things (files, disk, engine, database, endpoints, bots), handing
+/// each to `report` as it is done (some wait on the network).
+pub fn run(root: &Path, report: &mut dyn FnMut(Check)) {
+    let home = Home::new(root.to_owned());
+    let config = match Config::load(&home.config()) {
+        Ok(c) => {
+            report(Check::ok(
+                "config",
+                format!("{}: {} agent(s), {} bot(s)", home.config().display(), c.agents.len(), c.telegram.bots.len()),
+            ));
+            Some(c)
+        }
+        Err(e) => {
+            report(Check::fail("config", e.to_string(), "correct config.json (the field is named above)"));
+            None
+        }
+    };
+    let (secrets, check) = secrets(&home, config.as_ref());
+    report(check);
+    report(disk(&home));
+    report(sockets(&home));
+    let Some(config) = config else {
+        report(Check::skip("the rest", "nothing else can be checked without a valid config.json"));
+        return;
+    };
+    let secrets = secrets.unwrap_or_default();
+    if config.runtime == RuntimeKind::Docker {
+        docker(&config).into_iter().for_each(&mut *report);
+    }
+    report(postgres(&home, &config));
+    for lane in [Lane::Edge, Lane::Core] {
+        report(model(&config, &secrets, lane));
+    }
+    report(embeddings(&config, &secrets));
+    for (name, bot) in &config.telegram.bots {
+        report(bot_token(&config.telegram.api_base, name, &bot.token_secret, &secrets));
+    }
+}
+
+/// [`run`], collected.
+pub fn run_all(root: &Path) -> Vec<Check> {
+    let mut out = Vec::new();
+    run(root, &mut |c| out.push(c));
+    out
+}
+
+/// Whether any check failed.
+pub fn failed(checks: &[Check]) -> bool {
+    checks.iter().any(|c| c.outcome == Outcome::Fail)
+}
+
+fn secrets(home: &Home, config: Option<&Config>) -> (Option<Secrets>, Check) {
+    let path = home.secrets();
+    let secrets = match Secrets::load(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            let fix = "run doctor as the user choird runs as, or create secrets.json (mode 0600) with `choirctl secrets set NAME`";
+            return (None, Check::fail("secrets", e.to_string(), fix));
+        }
+    };
+    if let Err(e) = home.check_secrets_mode() {
+        return (Some(secrets), Check::fail("secrets", e.to_string(), format!("chmod 600 {}", path.display())));
+    }
+    let missing = config.map(|c| c.missing_secrets(&secrets)).unwrap_or_default();
+    let check = if missing.is_empty() {
+        Check::ok("secrets", format!("{}: mode 0600, every secret config names is set", path.display()))
+    } else {
+        Check::fail(
+            "secrets",
+            missing.join("; "),
+            "set each with `choirctl secrets set NAME` (the value is read from stdin)",
+        )
+    };
+    (Some(secrets), check)
+}
+
+fn disk(home: &Home) -> Check {
+    let vfs = match rustix::fs::statvfs(home.root()) {
+        Ok(v) => v,
+        Err(e) => {
+            return Check::fail("disk", format!("{}: {e}", home.root().display()), "create the home, or fix its path")
+        }
+    };
+    let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+    let total = vfs.f_blocks.saturating_mul(vfs.f_frsize).max(1);
+    let detail = format!(
+        "{} free of {} on the home's file system ({:.0} %)",
+        human_bytes(free),
+        human_bytes(total),
+        free as f64 * 100.0 / total as f64
+    );
+    let fix = "free space there (docker image prune, old logs/archive), or lower logs.max_total_mb";
+    if free < DISK_FAIL_BYTES {
+        Check::fail("disk", detail, fix)
+    } else if free < DISK_WARN_BYTES {
+        Check::warn("disk", detail, fix)
+    } else {
+        Check::ok("disk", detail)
+    }
+}
+
+/// The admin socket and the socket directories must be choird's alone.
+fn sockets(home: &Home) -> Check {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let name = "sockets";
+    let socks = home.socks();
+    let Ok(dir) = std::fs::symlink_metadata(&socks) else {
+        return Check::skip(name, format!("{} does not exist yet (choird creates it)", socks.display()));
+    };
+    if !dir.is_dir() {
+        return Check::fail(name, format!("{} is not a directory", socks.display()), "remove it; choird recreates it");
+    }
+    let mode = dir.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Check::fail(
+            name,
+            format!("{} has mode {mode:03o}: others may replace choird's sockets", socks.display()),
+            format!("chmod 700 {}", socks.display()),
+        );
+    }
+    let admin = home.admin_socket();
+    match std::fs::symlink_metadata(&admin) {
+        Ok(m) => {
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Check::fail(
+                    name,
+                    format!("{} has mode {mode:03o}: other users may administer choird", admin.display()),
+                    format!("chmod 600 {} (choird sets it on start)", admin.display()),
+                );
+            }
+            let me = rustix::process::geteuid().as_raw();
+            if m.uid() != me && me != 0 {
+                return Check::warn(
+                    name,
+                    format!("{} belongs to uid {}, not to you (uid {me})", admin.display(), m.uid()),
+                    "run choirctl as the user choird runs as (or root)",
+                );
+            }
+            Check::ok(name, format!("{} mode {mode:03o} in a {:03o} directory", admin.display(), dir.mode() & 0o777))
+        }
+        Err(_) => Check::skip(name, format!("no {} (choird is not running)", admin.display())),
+    }
+}
+
+fn docker(config: &Config) -> Vec<Check> {
+    use crate::docker::client::{Engine, EngineError, API_VERSION};
+    let engine = Engine::new(&config.docker.socket);
+    let socket = config.docker.socket.display().to_string();
+    let version = match engine.version() {
+        Ok(v) => v,
+        Err(e) => {
+            let fix = match &e {
+                EngineError::NoSocket(_) => {
+                    format!("start the engine (systemctl start docker), or set docker.socket (now {socket})")
+                }
+                EngineError::Permission(_) => {
+                    "add choird's user to the docker group (usermod -aG docker USER), then log in again".to_owned()
+                }
+                _ => format!("the engine must speak API {API_VERSION} or newer: upgrade docker.io"),
+            };
+            return vec![
+                Check::fail("docker", e.to_string(), fix),
+                Check::skip("base image", "the Docker engine cannot be reached"),
+            ];
+        }
+    };
+    let api = version["ApiVersion"].as_str().unwrap_or("?");
+    let server = version["Version"].as_str().unwrap_or("?");
+    let mut out = vec![Check::ok(
+        "docker",
+        format!("engine {server} at {socket}, API {api} (choird speaks {})", API_VERSION.trim_start_matches('v')),
+    )];
+    let base = &config.docker.base_image;
+    out.push(match engine.image(base) {
+        Ok(Some(image)) => {
+            let size = image["Size"].as_u64().unwrap_or(0);
+            Check::ok("base image", format!("{base} ({})", human_bytes(size)))
+        }
+        Ok(None) => Check::fail(
+            "base image",
+            format!("{base} is not in the engine (agent images are built FROM it)"),
+            "make base-image (scripts/build-base-image.sh builds it from Debian packages)",
+        ),
+        Err(e) => Check::fail("base image", e.to_string(), "see the docker check"),
+    });
+    out
+}
+
+fn postgres(home: &Home, config: &Config) -> Check {
+    use crate::db::cluster::ManagedCluster;
+    let name = "postgres";
+    let (url, which) = match &config.database_url {
+        Some(url) => (url.clone(), "database_url".to_owned()),
+        None => {
+            let (url, up) = ManagedCluster::probe(&home.pg());
+            if !up {
+                return managed_offline(config);
+            }
+            (url, format!("the managed cluster in {}", home.pg().display()))
+        }
+    };
+    let fix_connect = if config.database_url.is_some() {
+        "start the PostgreSQL server database_url names (systemctl start postgresql), or correct database_url"
+    } else {
+        "restart choird (it starts its managed cluster); see pg/postgres.log in the home"
+    };
+    let db = match crate::db::Db::connect(&url) {
+        Ok(db) => db,
+        Err(e) => return Check::fail(name, format!("cannot connect to {which}: {}", db_reason(&e)), fix_connect),
+    };
+    let row = db.with(|c| {
+        let v: String = c.query_one("SHOW server_version", &[])?.get(0);
+        let ext = c.query_opt(
+            "SELECT default_version, installed_version FROM pg_available_extensions WHERE name = 'vector'",
+            &[],
+        )?;
+        Ok((v, ext.map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1)))))
+    });
+    match row {
+        Err(e) => Check::fail(name, format!("{which}: {}", db_reason(&e)), fix_connect),
+        Ok((v, None)) => Check::fail(
+            name,
+            format!("PostgreSQL {v} at {which} has no pgvector extension"),
+            "install pgvector for this server (Debian: postgresql-NN-pgvector; `make deps` builds it)",
+        ),
+        Ok((v, Some((default, installed)))) => Check::ok(
+            name,
+            format!(
+                "PostgreSQL {v} at {which}; pgvector {} ({})",
+                installed.as_deref().unwrap_or(&default),
+                if installed.is_some() { "installed" } else { "available" }
+            ),
+        ),
+    }
+}
+
+/// A database error with its causes, without the connection string.
+fn db_reason(e: &crate::db::DbError) -> String {
+    use std::error::Error;
+    let mut cause: Option<&dyn Error> = match e {
+        crate::db::DbError::Connect { source, .. } => Some(source),
+        other => Some(other),
+    };
+    let mut parts = Vec::new();
+    while let Some(c) = cause {
+        parts.push(c.to_string());
+        cause = c.source();
+    }
+    parts.join(": ")
+}
+
+/// The managed cluster runs only while choird does: check what starting it needs.
+fn managed_offline(config: &Config) -> Check {
+    use crate::db::cluster::ManagedCluster;
+    let name = "postgres";
+    let bin = match ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref()) {
+        Ok(b) => b,
+        Err(e) => return Check::fail(name, e.to_string(), "make deps (installs postgresql), or set database_url"),
+    };
+    // Debian: /usr/lib/postgresql/<major>/bin → /usr/share/postgresql/<major>/extension.
+    let major = bin.parent().and_then(|p| p.file_name()).map(|m| m.to_string_lossy().into_owned());
+    let control = major.map(|m| Path::new("/usr/share/postgresql").join(m).join("extension").join("vector.control"));
+    match control {
+        Some(c) if !c.exists() => Check::fail(
+            name,
+            format!("the managed cluster is not running, and {} is missing", c.display()),
+            "install pgvector for this PostgreSQL (`make deps` builds it)",
+        ),
+        _ => Check::warn(
+            name,
+            format!("the managed cluster is not running (choird starts it); server binaries in {}", bin.display()),
+            "start choird (systemctl start choird), then run doctor again",
+        ),
+    }
+}
+
+/// A one-token request to a lane's endpoint.
+fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
+    let name = format!("model ({} lane)", lane.as_str());
+    let mut config = config.clone();
+    let endpoint = match lane {
+        Lane::Edge => &mut config.llm.edge,
+        Lane::Core => &mut config.llm.core,
+    };
+    endpoint.timeout_s = endpoint.timeout_s.min(PROBE_TIMEOUT.as_secs());
+    let (model, key) = (endpoint.model.clone(), endpoint.api_key_secret.clone());
+    let body = json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Reply with OK."}],
+        "max_tokens": 1,
+    })
+    .to_string();
+    let upstream = crate::upstream::Upstream::new();
+    let mut resp = match upstream.chat(&config, secrets, lane, body.as_bytes(), "doctor") {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::fail(
+                &name,
+                e.to_string(),
+                format!("check llm.{}.base_url and that the server is up", lane.as_str()),
+            )
+        }
+    };
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().with_config().limit(64 * 1024).read_to_string().unwrap_or_default();
+    let key_fix = match &key {
+        Some(k) => format!("set a valid key: choirctl secrets set {k}"),
+        None => format!("the endpoint wants a key: set llm.{}.api_key_secret and the secret", lane.as_str()),
+    };
+    match status {
+        200 => {
+            let answered = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["model"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| model.clone());
+            Check::ok(&name, format!("{model} answered a 1-token request (served by {answered})"))
+        }
+        401 | 403 => Check::fail(&name, format!("the endpoint refused the key ({status})"), key_fix),
+        404 => Check::fail(
+            &name,
+            format!("404 for model {model}: {}", excerpt(&text)),
+            format!("check llm.{}.model and base_url (it includes /v1)", lane.as_str()),
+        ),
+        _ => Check::fail(&name, format!("{status}: {}", excerpt(&text)), "see the endpoint's own status page or logs"),
+    }
+}
+
+fn embeddings(config: &Config, secrets: &Secrets) -> Check {
+    use crate::memory::embeddings::{EmbedError, Embedder};
+    let name = "embeddings";
+    let Some(memory) = &config.memory else {
+        return Check::skip(name, "no memory section: the memory tools are off");
+    };
+    let mut memory = memory.clone();
+    memory.embeddings.timeout_s = memory.embeddings.timeout_s.min(PROBE_TIMEOUT.as_secs());
+    let want = memory.embeddings.dimensions;
+    match Embedder::new(&memory, secrets).embed(&["choir doctor".to_owned()]) {
+        Ok(_) => Check::ok(name, format!("{} gives vectors of {want} dimensions, as configured", memory.embeddings.model)),
+        Err(EmbedError::Dimensions { got, .. }) => Check::fail(
+            name,
+            format!("{} gives {got} dimensions; memory.embeddings.dimensions says {want}", memory.embeddings.model),
+            format!("set memory.embeddings.dimensions to {got} (agents' existing memory then needs re-embedding), or configure the model it was made with"),
+        ),
+        Err(e) => Check::fail(
+            name,
+            e.to_string(),
+            "check memory.embeddings.base_url, model and api_key_secret, and that the server is up",
+        ),
+    }
+}
+
+fn bot_token(api_base: &str, bot: &str, secret: &str, secrets: &Secrets) -> Check {
+    use frankenstein::TelegramApi;
+    let name = format!("telegram bot {bot}");
+    let Some(token) = secrets.get(secret) else {
+        return Check::fail(
+            &name,
+            format!("its token secret {secret:?} is not set"),
+            format!("choirctl secrets set {secret} (the token from @BotFather)"),
+        );
+    };
+    let client = crate::telegram::bots::client(api_base, token, PROBE_TIMEOUT);
+    match client.get_me() {
+        Ok(me) => {
+            Check::ok(&name, format!("getMe: @{} (id {})", me.result.username.as_deref().unwrap_or("?"), me.result.id))
+        }
+        Err(frankenstein::Error::Api(r)) if matches!(r.error_code, 401 | 404) => Check::fail(
+            &name,
+            format!(
+                "Telegram refused the token in secret {secret:?}: {}",
+                crate::telegram::text::mask(&r.description, token)
+            ),
+            format!("put the bot's current token (from @BotFather) in it: choirctl secrets set {secret}"),
+        ),
+        Err(e) => match crate::telegram::bots::classify(&e, token) {
+            crate::telegram::bots::Failure::Permanent(why) | crate::telegram::bots::Failure::Transient(why) => {
+                Check::fail(&name, format!("getMe failed: {why}"), "check telegram.api_base and the network")
+            }
+            crate::telegram::bots::Failure::RetryAfter(d) => {
+                Check::warn(&name, format!("rate limited for {} s", d.as_secs()), "run doctor again later")
+            }
+        },
+    }
+}
+
+/// `1.5 GiB`-style sizes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn excerpt(s: &str) -> String {
+    let s: String = s.chars().filter(|c| !c.is_control()).take(200).collect();
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
+    }
+
+    #[test]
+    fn a_home_without_config_fails_and_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let checks = run_all(dir.path());
+        assert!(failed(&checks));
+        assert_eq!(checks[0].name, "config");
+        assert_eq!(checks[0].outcome, Outcome::Fail);
+        assert!(checks[0].detail.contains("config.json"), "{checks:?}");
+        assert_eq!(checks.last().unwrap().outcome, Outcome::Skip);
+    }
+}
