@@ -120,6 +120,24 @@ impl Client {
         Ok(std::io::copy(&mut resp.into_body().into_reader(), out)?)
     }
 
+    /// POST `body` to `path` and copy the streamed reply to `out`; returns
+    /// the bytes copied and the reply's `header`.
+    pub fn post_to<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+        header: &str,
+        out: &mut dyn std::io::Write,
+    ) -> anyhow::Result<(u64, Option<String>)> {
+        let resp = self.agent.post(&format!("http://localhost/admin/v1/{path}")).send_json(body);
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        if resp.status().as_u16() != 200 {
+            return Err(refusal(&mut resp));
+        }
+        let value = resp.headers().get(header).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Ok((std::io::copy(&mut resp.into_body().into_reader(), out)?, value))
+    }
+
     fn finish<T: DeserializeOwned>(
         &self,
         resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,

@@ -4,6 +4,7 @@
 
 #[macro_use]
 mod term;
+mod backup;
 mod client;
 mod ctx;
 mod doctor;
@@ -30,6 +31,12 @@ usage: choirctl [--home DIR] [--json] COMMAND
 
 commands:
   status                        choird's state and its agents
+  backup FILE [--workspaces]    a consistent archive of the home: config, secrets, repos/, the
+                                database (pg_dump) and, with --workspaces, the agents' workspaces;
+                                FILE is new and mode 0600 (it holds the secrets)
+  restore FILE                  unpack a backup into an empty home (--home) and load its database
+                                (a new managed cluster, or database_url's empty database);
+                                offline: run it before choird starts there
   doctor                        check what a deployment needs (config, secrets, disk, sockets,
                                 Docker and the base image, PostgreSQL and pgvector, each
                                 model endpoint, embeddings, bot tokens, host tools' logins),
@@ -131,6 +138,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut level: Option<String> = None;
     let mut grep: Option<String> = None;
     let mut by: Option<String> = None;
+    let mut workspaces = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -153,6 +161,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("agent") => agent_filter = Some(parser.value()?.string()?),
             Long("status") => status_filter = Some(parser.value()?.string()?),
             Long("all") => all = true,
+            Long("workspaces") => workspaces = true,
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
             Long("refuse") => refuse = true,
@@ -185,9 +194,13 @@ fn real_main() -> anyhow::Result<()> {
     if let ["tools", "validate", path] = w.as_slice() {
         return proposals::tools_validate(json, path);
     }
+    if let ["restore", file] = w.as_slice() {
+        return backup::restore(json, &home, file);
+    }
     let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {
         ["status"] => status(&ctx),
+        ["backup", file] => backup::backup(&ctx, file, workspaces),
         ["doctor"] => {
             if !doctor::run(&ctx, &home)? {
                 std::process::exit(1);

@@ -36,6 +36,16 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             d.set_kill_switch(on, "admin")?;
             Ok(Response::ok(&serde_json::json!({"kill_switch": on})))
         }
+        ("POST", ["backup"]) => {
+            let body: serde_json::Value = req.json()?;
+            let workspaces = body.get("workspaces").and_then(serde_json::Value::as_bool).unwrap_or(false);
+            let (file, summary) = d.backup(workspaces)?;
+            let mut response = Response::streaming(file);
+            response.content_type = "application/gzip";
+            let summary = serde_json::to_string(&summary).map_err(|e| ApiError::Internal(e.to_string()))?;
+            response.headers.push(("X-Choir-Backup".to_owned(), summary));
+            Ok(response)
+        }
         ("GET", ["agents"]) => Ok(Response::ok(&AgentList { agents: d.summaries() })),
         ("GET", ["agents", id]) => Ok(Response::ok(&d.summary(id)?)),
         ("POST", ["agents", id, "start"]) => Ok(Response::ok(&d.start_agent(id, "admin")?)),

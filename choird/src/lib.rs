@@ -5,6 +5,7 @@
 
 pub mod admin_api;
 pub mod arg_policies;
+pub mod backup;
 pub mod browser;
 pub mod budget;
 pub mod config;

@@ -42,6 +42,15 @@ impl TempHome {
         TempHome { dir: Some(dir), path }
     }
 
+    /// An empty home directory (traversable, as [`TempHome::new`]'s), for
+    /// `choirctl restore` to fill.
+    pub fn empty() -> TempHome {
+        let dir = tempfile::Builder::new().prefix("choir-home-").tempdir().expect("temp home");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let path = dir.path().to_owned();
+        TempHome { dir: Some(dir), path }
+    }
+
     /// The home directory.
     pub fn path(&self) -> &Path {
         &self.path

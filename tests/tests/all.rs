@@ -8,6 +8,7 @@ mod agentdojo;
 mod approvals;
 mod arbiter;
 mod arg_policy;
+mod backup;
 mod bad_input;
 mod cognition;
 mod decisions;

@@ -139,6 +139,8 @@ impl Daemon {
     /// or the next start under the process runtime); a config change is
     /// written to `config.json` and reloaded.
     pub fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
+        // A backup sees an approval wholly or not at all.
+        let _applying = self.state_gate.read();
         self.store.expire_confirmations()?;
         let by = req.by.clone().unwrap_or_else(|| "admin".to_owned());
         let (info, text) = self.load_approval(id)?;

@@ -22,6 +22,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 mod approvals;
+mod backup;
 mod lifecycle;
 mod log_reader;
 mod secrets;
@@ -108,6 +109,8 @@ pub struct Parts {
     pub delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
     pub database: String,
+    /// Its connection string (for `pg_dump`; never shown).
+    pub database_url: String,
     /// The agent binary of the process runtime and of image builds.
     pub agent_binary: PathBuf,
     /// The kill switch as persisted.
@@ -126,6 +129,10 @@ pub struct Daemon {
     delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
     pub database: String,
+    database_url: String,
+    /// Read-held while an approval is applied (repos and database change
+    /// together), write-held while a backup is taken.
+    state_gate: parking_lot::RwLock<()>,
     started: Instant,
     /// Set once shutdown begins.
     pub shutting_down: AtomicBool,
@@ -160,6 +167,8 @@ impl Daemon {
             memory: parts.memory,
             delivery: parts.delivery,
             database: parts.database,
+            database_url: parts.database_url,
+            state_gate: parking_lot::RwLock::new(()),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             kill_switch: AtomicBool::new(parts.kill_switch),

@@ -1,0 +1,104 @@
+//! `choirctl backup` and `choirctl restore` (issue 17, item 9): a home's
+//! config, secrets, repos, database and workspaces go into one archive and
+//! come back in a new, empty home, where the agent answers with its memory
+//! and its conversation intact.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::process::Command;
+
+use choir_tests::fake_embeddings::FakeEmbeddings;
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{bin, test_config, Choird, TempHome};
+use serde_json::json;
+
+const FACT: &str = "The pantry door code is 4711";
+const ASKED: &str = "remember that the pantry door code is 4711";
+
+fn restore(home: &std::path::Path, file: &std::path::Path) -> std::process::Output {
+    Command::new(bin("choirctl")).arg("--home").arg(home).arg("restore").arg(file).output().unwrap()
+}
+
+#[test]
+fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
+    if choird::db::cluster::ManagedCluster::find_bin_dir(None).is_err() {
+        assert!(!choir_tests::services_required(), "PostgreSQL is required");
+        eprintln!("SKIPPED: no PostgreSQL server binaries");
+        return;
+    }
+    let llm = FakeLlm::start(vec![
+        Step::call("choir.memory.upsert", json!({"tier": "knowledge", "content": FACT})),
+        Step::Text("remembered".into()),
+        // After the restore, in the new home:
+        Step::call("choir.memory.query", json!({"mode": "semantic", "query": "pantry door code"})),
+        Step::Text("it is 4711".into()),
+    ]);
+    let emb = FakeEmbeddings::start(16);
+    let mut config = test_config(&llm.base_url(), None, &["demo"]);
+    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake", "dimensions": 16}});
+    let mut old = Choird::start(&config, &json!({"llm_key": "k"}));
+    old.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(old.ctl_ok(&["chat", "demo", ASKED]).trim(), "remembered");
+    // The workspace: a file, a link to a host file, and a FIFO (a hostile
+    // agent's trap: reading it would block the backup forever).
+    let ws = old.workspace("demo");
+    std::fs::write(ws.join("notes.txt"), "shopping: tea").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", ws.join("passwd-link")).unwrap();
+    let fifo = ws.join("trap.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+
+    let out_dir = tempfile::tempdir().unwrap();
+    let archive = out_dir.path().join("choir.tar.gz");
+    let said = old.ctl_ok(&["backup", archive.to_str().unwrap(), "--workspaces"]);
+    assert!(said.contains("wrote") && said.contains("1 special files"), "{said}");
+    assert_eq!(std::fs::metadata(&archive).unwrap().permissions().mode() & 0o777, 0o600, "it holds the secrets");
+    let again = old.ctl_err(&["backup", archive.to_str().unwrap()]);
+    assert!(again.contains("exists"), "{again}");
+    let audit = old.ctl_ok(&["audit"]);
+    assert!(audit.contains("backup"), "{audit}");
+    old.stop();
+
+    // Restore refuses what is not a backup, and a home that is not empty.
+    let new = TempHome::empty();
+    let junk = out_dir.path().join("junk.tar.gz");
+    std::fs::write(&junk, b"not an archive").unwrap();
+    let refused = restore(new.path(), &junk);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is not a choirctl backup"), "{refused:?}");
+    assert_eq!(std::fs::read_dir(new.path()).unwrap().count(), 0, "a refused restore leaves nothing behind");
+    // A backup cut short fails part-way, and the home is empty again.
+    let bytes = std::fs::read(&archive).unwrap();
+    let cut = out_dir.path().join("cut.tar.gz");
+    std::fs::write(&cut, &bytes[..bytes.len() * 3 / 4]).unwrap();
+    let failed = restore(new.path(), &cut);
+    assert!(!failed.status.success(), "{failed:?}");
+    assert_eq!(std::fs::read_dir(new.path()).unwrap().count(), 0, "a failed restore leaves nothing behind");
+    let busy = restore(old.home.path(), &archive);
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("is not empty"), "{busy:?}");
+
+    let restored = restore(new.path(), &archive);
+    assert!(restored.status.success(), "{}", String::from_utf8_lossy(&restored.stderr));
+    let said = String::from_utf8_lossy(&restored.stdout);
+    assert!(said.contains("restoring the database") && said.contains("restored into"), "{said}");
+    let secrets = new.path().join("secrets.json");
+    assert_eq!(std::fs::metadata(&secrets).unwrap().permissions().mode() & 0o777, 0o600);
+    let new_ws = new.path().join("workspaces/demo");
+    assert_eq!(std::fs::read_to_string(new_ws.join("notes.txt")).unwrap(), "shopping: tea");
+    assert_eq!(std::fs::read_link(new_ws.join("passwd-link")).unwrap(), std::path::Path::new("/etc/passwd"));
+    assert!(
+        !new_ws.join("trap.fifo").exists()
+            || !std::fs::metadata(new_ws.join("trap.fifo")).unwrap().file_type().is_fifo()
+    );
+
+    // The new home runs: the agent finds its memory, and its conversation
+    // came back with it.
+    let new = Choird::start_in(new);
+    new.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(new.ctl_ok(&["chat", "demo", "what is the pantry door code?"]).trim(), "it is 4711");
+    let requests = llm.requests();
+    let last = &requests.last().unwrap().body;
+    let text = last["messages"].to_string();
+    assert!(text.contains(ASKED), "the earlier conversation is in the new home's request: {text}");
+    assert!(text.contains(FACT), "the memory query found the fact: {text}");
+    let sessions = new.ctl_ok(&["sessions", "demo"]);
+    assert!(sessions.lines().count() >= 3, "the old home's session is in the history: {sessions}");
+}
