@@ -86,6 +86,12 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         return print_json(&d);
     }
     describe(&d.info);
+    if let Some(r) = &d.info.rollout {
+        say!("rollout:   {}{}", r.state, r.outcome.as_deref().map(|o| format!(": {o}")).unwrap_or_default());
+        for line in &r.lines {
+            say!("  {}", crate::term::one_line(line));
+        }
+    }
     say!("\ncontent:\n{}", serde_json::to_string_pretty(&d.content)?);
     say!("\nchanges:\n{}", if d.diff.is_empty() { "(none)\n".to_owned() } else { d.diff.clone() });
     if d.info.status == "pending" && d.info.intact {
@@ -110,9 +116,44 @@ pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()
     if a.kind == "call" {
         say!("the agent runs that exact call once");
     } else if a.kind != "config_change" {
-        say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+        match &a.rollout {
+            Some(_) => return follow_rollout(ctx, a.id),
+            None => say!("it reaches the agent with its next image: choirctl agent update {}", a.agent),
+        }
     }
     Ok(())
+}
+
+/// Prints the rollout's progress until it ends; an error when it failed.
+fn follow_rollout(ctx: &Ctx, id: i64) -> anyhow::Result<()> {
+    let mut shown = 0usize;
+    let mut state = String::new();
+    loop {
+        let d: ApprovalDetail = ctx.client.get(&format!("approvals/{id}"))?;
+        let Some(r) = d.info.rollout else {
+            say!("rollout: choird no longer tracks it; see choirctl approvals show {id}");
+            return Ok(());
+        };
+        if r.state != state {
+            say!("rollout: {}", r.state);
+            state.clone_from(&r.state);
+        }
+        // Lines beyond the kept window are counted from its end.
+        let start = shown.min(r.lines.len());
+        for line in &r.lines[start..] {
+            say!("  {}", crate::term::one_line(line));
+        }
+        shown = r.lines.len();
+        if r.finished() {
+            let outcome = r.outcome.unwrap_or_default();
+            if r.state == "failed" {
+                anyhow::bail!("approved, but the rollout failed: {outcome}");
+            }
+            say!("{outcome}");
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
 }
 
 /// `approvals reject ID --reason TEXT`.

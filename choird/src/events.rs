@@ -44,6 +44,14 @@ pub enum Event {
         /// What to tell them.
         text: String,
     },
+    /// The rollout of an approved tool or skill ended: the agent's admins
+    /// (who approve its proposals) are told how.
+    RolloutDone {
+        /// The agent.
+        agent: AgentId,
+        /// What to tell them.
+        text: String,
+    },
 }
 
 /// The daemon's end of the channel.

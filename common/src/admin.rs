@@ -325,6 +325,30 @@ pub struct ApprovalInfo {
     /// How it was applied (the repository commit, or the settings changed).
     #[serde(default)]
     pub applied: Option<String>,
+    /// The automatic rollout of an approved tool or skill to the running
+    /// agent (`approvals.auto_update`), while choird remembers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// Where the rollout of an approved tool or skill stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    /// `waiting` (for the agent to finish its work), `building`, `rolling`,
+    /// then `done`, `failed` or `skipped`.
+    pub state: String,
+    /// Progress lines, oldest first (the last 200).
+    pub lines: Vec<String>,
+    /// How it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
+impl Rollout {
+    /// Whether it has ended.
+    pub fn finished(&self) -> bool {
+        matches!(self.state.as_str(), "done" | "failed" | "skipped")
+    }
 }
 
 /// `GET /admin/v1/approvals?status=S&agent=ID`.

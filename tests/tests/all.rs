@@ -24,6 +24,7 @@ mod memory;
 mod metrics;
 mod notion;
 mod origin;
+mod rollout;
 mod secrets;
 mod sessions;
 mod skills;

@@ -159,6 +159,14 @@ fn tool_builder_proposes_a_tool_a_human_approves_it_and_the_agent_gets_it() {
     assert!(err.contains("not the") && err.contains("you approved"), "{err}");
     let approved = choird.ctl_ok(&["approvals", "approve", &id2, "--sha256", second["sha256"].as_str().unwrap()]);
     assert!(approved.contains(&format!("proposal {id2} (tool x.text.wc) approved: commit ")), "{approved}");
+    // choirctl followed the automatic rollout: the agent waited for its job,
+    // then was restarted with the tool.
+    assert!(
+        approved.contains("rollout: done")
+            && approved.contains("stopping agent demo")
+            && approved.contains("was restarted"),
+        "{approved}"
+    );
     assert!(choird.ctl_err(&["approvals", "approve", &id2]).contains("is already approved"));
 
     // Committed to the agent's repository clone, the approver recorded.
@@ -198,9 +206,9 @@ fn tool_builder_proposes_a_tool_a_human_approves_it_and_the_agent_gets_it() {
     let audit = choird.ctl_ok(&["audit", "--agent", "demo"]);
     assert!(audit.contains("approval.approve") && audit.contains("refused_altered"), "{audit}");
 
-    // The approved tool reaches the agent at its next start, and works.
-    choird.ctl_ok(&["agent", "stop", "demo"]);
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    // The approved tool reached the running agent with no other command, and works.
+    let shown = choird.ctl_ok(&["approvals", "show", &id2]);
+    assert!(shown.contains("rollout:   done") && shown.contains("stopping agent demo"), "{shown}");
     assert_eq!(choird.ctl_ok(&["chat", "demo", "count a.txt"]), "noted\n");
     let reqs = edge.requests();
     let last = &reqs.last().unwrap().body;

@@ -640,6 +640,35 @@ pub struct Config {
     /// Log rotation and retention.
     #[serde(default)]
     pub logs: LogsConfig,
+    /// What follows an approval.
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
+}
+
+/// What follows an approval (R-CTL-1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    /// An approved tool or skill is rolled out to its running agent at
+    /// once: the image rebuilt (docker) and the agent restarted on it when
+    /// it is between messages; its new session resumes from the recovery
+    /// snapshot. Off: `choirctl agent update` does it.
+    #[serde(default = "default_true")]
+    pub auto_update: bool,
+    /// How long a rollout waits for the agent to finish its current work
+    /// before it restarts the agent anyway, in seconds.
+    #[serde(default = "default_idle_wait")]
+    pub idle_wait_s: u64,
+}
+
+fn default_idle_wait() -> u64 {
+    300
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig { auto_update: true, idle_wait_s: default_idle_wait() }
+    }
 }
 
 /// Log rotation and retention (R-CTL-3).

@@ -8,6 +8,8 @@
 //! claims the row only if neither changed, and applies exactly that content.
 //! An altered proposal is reported and never applied; it needs a new proposal.
 
+use std::sync::Arc;
+
 use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest};
 use choir_common::ids::AgentId;
 use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
@@ -111,7 +113,10 @@ impl Daemon {
     }
 
     fn load_approval(&self, id: i64) -> Result<(ApprovalInfo, String), ApiError> {
-        self.store.approval(id)?.ok_or_else(|| ApiError::NotFound(format!("there is no proposal {id}")))
+        let (mut info, text) =
+            self.store.approval(id)?.ok_or_else(|| ApiError::NotFound(format!("there is no proposal {id}")))?;
+        info.rollout = self.rollouts.get(id);
+        Ok((info, text))
     }
 
     /// One proposal: its content and a diff against what it would replace.
@@ -135,10 +140,11 @@ impl Daemon {
     }
 
     /// Approves proposal `id` and applies it: a tool or skill is committed to
-    /// its repository clone (picked up by the next `agent build`/`update`,
-    /// or the next start under the process runtime); a config change is
-    /// written to `config.json` and reloaded.
-    pub fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
+    /// its repository clone and rolled out to the running agent when
+    /// `approvals.auto_update` is on (see `rollout.rs`; else the next
+    /// `agent update` or start picks it up); a config change is written to
+    /// `config.json` and reloaded.
+    pub fn approve(self: &Arc<Self>, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
         // A backup sees an approval wholly or not at all.
         let _applying = self.state_gate.read();
         self.store.expire_confirmations()?;
@@ -212,6 +218,9 @@ impl Daemon {
                 log::info!("proposal {id} approved by {by}: {applied}");
                 self.decision_due(&agent);
                 self.events.send(crate::events::Event::ProposalDecided { id });
+                if matches!(kind, ProposalKind::Tool | ProposalKind::Skill) {
+                    self.start_rollout(id, &agent);
+                }
                 Ok(self.load_approval(id)?.0)
             }
             Err(e) => {

@@ -649,18 +649,30 @@ impl Daemon {
     /// stop and start (the new session gets the recovery snapshot).
     pub fn update_agent(self: &Arc<Self>, id: &str, mut progress: impl FnMut(&str)) -> Result<AgentSummary, ApiError> {
         let tag = self.build_image(id, &mut progress)?;
+        self.restart_on(id, Some(&tag), &mut progress)
+    }
+
+    /// Restarts a running agent (on image `tag` under docker); a stopped
+    /// agent is left stopped, and one already on `tag` is left alone.
+    pub fn restart_on(
+        self: &Arc<Self>,
+        id: &str,
+        tag: Option<&str>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<AgentSummary, ApiError> {
         let summary = self.summary(id)?;
+        let on = tag.map(|t| format!(" on {t}")).unwrap_or_default();
         if summary.state == "stopped" {
-            progress(&format!("agent {id} is not running; it will start on {tag}"));
+            progress(&format!("agent {id} is not running; it will start{on}"));
             return Ok(summary);
         }
-        if summary.image.as_deref() == Some(tag.as_str()) {
-            progress(&format!("agent {id} already runs {tag}"));
+        if tag.is_some() && summary.image.as_deref() == tag {
+            progress(&format!("agent {id} already runs{on}"));
             return Ok(summary);
         }
         progress(&format!("stopping agent {id}"));
         self.stop_agent(id, "admin")?;
-        progress(&format!("starting agent {id} on {tag}"));
+        progress(&format!("starting agent {id}{on}"));
         let summary = self.start_agent(id, "admin")?;
         self.audit("admin", summary_id(&summary).as_ref(), "agent.update", "ok", json!({"image": tag}));
         Ok(summary)

@@ -25,6 +25,7 @@ mod approvals;
 mod backup;
 mod lifecycle;
 mod log_reader;
+mod rollout;
 mod secrets;
 mod verbs;
 
@@ -133,6 +134,8 @@ pub struct Daemon {
     /// Read-held while an approval is applied (repos and database change
     /// together), write-held while a backup is taken.
     state_gate: parking_lot::RwLock<()>,
+    /// Rollouts of approved tools and skills.
+    rollouts: rollout::Rollouts,
     started: Instant,
     /// Set once shutdown begins.
     pub shutting_down: AtomicBool,
@@ -169,6 +172,7 @@ impl Daemon {
             database: parts.database,
             database_url: parts.database_url,
             state_gate: parking_lot::RwLock::new(()),
+            rollouts: rollout::Rollouts::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             kill_switch: AtomicBool::new(parts.kill_switch),

@@ -135,6 +135,14 @@ impl Store {
         self.db.with(|c| c.execute("UPDATE approvals SET applied = $2 WHERE id = $1", &[&id, &applied]).map(drop))
     }
 
+    /// Appends how its rollout ended to an approval's `applied` record.
+    pub fn note_rollout(&self, id: i64, note: &str) -> Result<(), DbError> {
+        self.db.with(|c| {
+            c.execute("UPDATE approvals SET applied = coalesce(applied || '; ', '') || $2 WHERE id = $1", &[&id, &note])
+                .map(drop)
+        })
+    }
+
     /// Puts an approval whose application failed back to pending.
     pub fn reopen_approval(&self, id: i64) -> Result<(), DbError> {
         self.db.with(|c| {
@@ -198,6 +206,7 @@ fn approval_row(r: &postgres::Row) -> (ApprovalInfo, String) {
         decided_by: r.get(13),
         decision_reason: r.get(14),
         applied: r.get(15),
+        rollout: None,
     };
     (info, content)
 }
