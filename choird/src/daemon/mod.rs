@@ -135,7 +135,7 @@ pub struct Daemon {
     /// together), write-held while a backup is taken.
     state_gate: parking_lot::RwLock<()>,
     /// Rollouts of approved tools and skills.
-    rollouts: rollout::Rollouts,
+    rollouts: crate::rollouts::Rollouts,
     started: Instant,
     /// Set once shutdown begins.
     pub shutting_down: AtomicBool,
@@ -172,7 +172,7 @@ impl Daemon {
             database: parts.database,
             database_url: parts.database_url,
             state_gate: parking_lot::RwLock::new(()),
-            rollouts: rollout::Rollouts::default(),
+            rollouts: crate::rollouts::Rollouts::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             kill_switch: AtomicBool::new(parts.kill_switch),

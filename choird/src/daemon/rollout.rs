@@ -10,57 +10,14 @@
 //! **Invariant:** a failed build changes nothing that runs: the agent is
 //! stopped only after its new image exists.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use choir_common::admin::Rollout;
 use choir_common::ids::AgentId;
 use serde_json::json;
 
 use super::Daemon;
 use crate::config::RuntimeKind;
-
-/// Progress lines kept per rollout.
-const MAX_LINES: usize = 200;
-/// Finished rollouts remembered (the oldest are forgotten first; their
-/// outcome stays in the approval's record).
-const MAX_REMEMBERED: usize = 64;
-
-/// The rollouts choird remembers, by approval id.
-#[derive(Default)]
-pub struct Rollouts {
-    by_id: parking_lot::Mutex<BTreeMap<i64, Rollout>>,
-}
-
-impl Rollouts {
-    /// The rollout of approval `id`, if remembered.
-    pub fn get(&self, id: i64) -> Option<Rollout> {
-        self.by_id.lock().get(&id).cloned()
-    }
-
-    fn begin(&self, id: i64) {
-        let mut map = self.by_id.lock();
-        while map.len() >= MAX_REMEMBERED {
-            let oldest_done = map.iter().find(|(_, r)| r.finished()).map(|(k, _)| *k);
-            match oldest_done {
-                Some(k) => map.remove(&k),
-                None => break,
-            };
-        }
-        map.insert(id, Rollout { state: "waiting".into(), lines: Vec::new(), outcome: None });
-    }
-
-    fn update(&self, id: i64, f: impl FnOnce(&mut Rollout)) {
-        if let Some(r) = self.by_id.lock().get_mut(&id) {
-            f(r);
-            if r.lines.len() > MAX_LINES {
-                let cut = r.lines.len() - MAX_LINES;
-                r.lines.drain(..cut);
-            }
-        }
-    }
-}
 
 impl Daemon {
     /// Starts the rollout of approval `id` (a tool or skill of `agent`)
