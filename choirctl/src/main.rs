@@ -13,6 +13,7 @@ mod policy;
 mod proposals;
 mod secrets;
 mod sessions;
+mod skills;
 mod usage;
 
 use std::io::{BufRead, Write};
@@ -75,8 +76,17 @@ commands:
   telegram pairings [--all]     users who asked a bot (with pairing) to be let in
   telegram pair BOT USER [--refuse]
                                 let a user in (adds them to config.json), or refuse them
-  skill validate FILE [--agent ID]
-                                check a skill file as agents do at start, offline
+  skills validate PATH [--agent ID]
+                                check a skill file, or a directory of them, as agents do
+                                at start, offline (against the global tools, and the
+                                agent's with --agent)
+  skills list ID                every skill the agent has: built-in, global or agent, with
+                                status (ok, invalid and why, replaced) and its file
+  skills add ID FILE [--global] put a skill you reviewed into repos/ (the agent's layer, or
+                                global), as an approved proposal: validated, committed
+                                with git, rolled out to the running agent
+  tools add ID MANIFEST EXECUTABLE [--global]
+                                the same for a tool: its manifest and its (text) executable
   chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
                                 MESSAGE, read messages line by line; the answer
                                 is shown as it is written on a terminal or with
@@ -139,6 +149,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut grep: Option<String> = None;
     let mut by: Option<String> = None;
     let mut workspaces = false;
+    let mut global = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -162,6 +173,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("status") => status_filter = Some(parser.value()?.string()?),
             Long("all") => all = true,
             Long("workspaces") => workspaces = true,
+            Long("global") => global = true,
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
             Long("refuse") => refuse = true,
@@ -188,8 +200,8 @@ fn real_main() -> anyhow::Result<()> {
     let stream = !json && (stream || std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let w: Vec<&str> = words.iter().map(String::as_str).collect();
     // Offline: no choird needed.
-    if let ["skill", "validate", file] = w.as_slice() {
-        return proposals::validate(&home, file, agent_filter.as_deref());
+    if let ["skill" | "skills", "validate", path] = w.as_slice() {
+        return skills::validate(&home, json, path, agent_filter.as_deref());
     }
     if let ["tools", "validate", path] = w.as_slice() {
         return proposals::tools_validate(json, path);
@@ -260,6 +272,9 @@ fn real_main() -> anyhow::Result<()> {
         ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
         ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
         ["tools", "list", id] => tools_list(&ctx, id),
+        ["skills", "list", id] => skills::list(&ctx, id),
+        ["tools", "add", id, files @ ..] => skills::add(&ctx, "tool", id, files, global),
+        ["skills", "add", id, files @ ..] => skills::add(&ctx, "skill", id, files, global),
         ["tools", "check", id, tool] => {
             let r: serde_json::Value =
                 ctx.client.post(&format!("agents/{id}/tools/{tool}/check"), &serde_json::json!({}))?;

@@ -1,12 +1,10 @@
-//! `choirctl approvals …` (the human side of the approval pipeline) and
-//! `choirctl skill validate` (the skill checks, offline, for authors).
+//! `choirctl approvals …` (the human side of the approval pipeline, with
+//! the rollout that follows) and `choirctl tools validate` (the manifest
+//! checks, offline, for authors).
 
 use std::path::Path;
 
 use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest, RejectRequest};
-use choir_common::ids::AgentId;
-use choir_common::manifest::known_tool_names;
-use choir_common::skill::load_skill_file;
 
 use crate::ctx::{print_json, Ctx};
 
@@ -125,7 +123,7 @@ pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()
 }
 
 /// Prints the rollout's progress until it ends; an error when it failed.
-fn follow_rollout(ctx: &Ctx, id: i64) -> anyhow::Result<()> {
+pub(crate) fn follow_rollout(ctx: &Ctx, id: i64) -> anyhow::Result<()> {
     let mut shown = 0usize;
     let mut state = String::new();
     loop {
@@ -167,28 +165,6 @@ pub fn reject(ctx: &Ctx, id: &str, reason: Option<String>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// `skill validate FILE [--agent ID]`: the agent's start-up checks, offline,
-/// against the tools the home's repositories (global, and the agent's) hold.
-pub fn validate(home: &Path, file: &str, agent: Option<&str>) -> anyhow::Result<()> {
-    let mut layers = vec![home.join("repos").join("global").join("tools")];
-    if let Some(a) = agent {
-        let id = AgentId::parse(a)?;
-        layers.push(home.join("repos").join("agents").join(id.as_str()).join("tools"));
-    }
-    let known = known_tool_names(&layers)?;
-    let skill = load_skill_file(Path::new(file), &|t| known.contains(t))?;
-    let s = &skill.spec;
-    let terminal: Vec<&str> = s.states.iter().filter(|(_, st)| st.terminal).map(|(n, _)| n.as_str()).collect();
-    say!(
-        "{file}: skill {} is valid: {} states from {}, terminal {}, at most {} steps",
-        s.name,
-        s.states.len(),
-        s.initial_state,
-        terminal.join(", "),
-        s.max_steps
-    );
-    Ok(())
-}
 /// `tools validate PATH`: a manifest file, or a directory of them (a layer),
 /// checked offline exactly as an agent checks its tools at start.
 pub fn tools_validate(json: bool, path: &str) -> anyhow::Result<()> {

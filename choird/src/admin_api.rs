@@ -133,6 +133,20 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
             Ok(Response::ok(&crate::tool_list::list(d.shared(), &d.host_tools, &agent)?))
         }
+        ("GET", ["agents", id, "skills"]) => {
+            let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let tools = crate::tool_list::list(d.shared(), &d.host_tools, &agent)?;
+            // As the agent's registry: every tool it has, and the names of
+            // choird's tools whether or not they are served to it.
+            use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
+            let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
+            let names = tools.tools.into_iter().map(|t| t.name).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
+            Ok(Response::ok(&crate::skill_list::list(d.shared(), &agent, &names)?))
+        }
+        ("POST", ["agents", id, "repos"]) => {
+            let r: choir_common::admin::AddRequest = req.json()?;
+            Ok(Response::ok(&d.add_reviewed(id, &r)?))
+        }
         ("POST", ["agents", id, "tools", tool, "check"]) => {
             let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let said = d.host_tools.check(&agent, tool)?;

@@ -34,6 +34,7 @@ pub mod secret_admin;
 pub mod secrets;
 pub mod sessions;
 pub mod shared;
+pub mod skill_list;
 pub mod sockets;
 pub mod spawn;
 pub mod speech;

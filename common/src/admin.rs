@@ -489,6 +489,49 @@ pub struct ToolRow {
     pub source: String,
 }
 
+/// One skill an agent has, as `GET /admin/v1/agents/<id>/skills` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkillRow {
+    /// Its name (for an unreadable file: the file's stem).
+    pub name: String,
+    /// `ok`, `invalid` (see `why`: the agent would refuse to start), or
+    /// `replaced` (by the agent layer's skill of the same name).
+    pub status: String,
+    /// Why it is not `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// `built-in`, `global` or `agent`.
+    pub source: String,
+    /// Its file (under the home), or `built-in:<file>`.
+    pub file: String,
+    /// What it is for.
+    pub description: String,
+    /// How many states it has.
+    pub states: usize,
+}
+
+/// `GET /admin/v1/agents/<id>/skills`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkillList {
+    /// The agent.
+    pub agent: String,
+    /// Its skills, by name.
+    pub skills: Vec<SkillRow>,
+}
+
+/// `POST /admin/v1/agents/<id>/repos`: a tool or skill the operator
+/// reviewed, added the way an approved proposal is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddRequest {
+    /// `tool` or `skill`.
+    pub kind: String,
+    /// Into `repos/global` (every agent) instead of the agent's layer.
+    #[serde(default)]
+    pub global: bool,
+    /// As a proposal's: `{"manifest", "executable"}` or `{"skill"}`.
+    pub content: serde_json::Value,
+}
+
 /// `GET /admin/v1/agents/<id>/tools`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolList {

@@ -10,6 +10,7 @@ mod arbiter;
 mod arg_policy;
 mod backup;
 mod bad_input;
+mod catalog;
 mod cognition;
 mod decisions;
 mod docker;

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest};
+use choir_common::admin::{AddRequest, ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest};
 use choir_common::ids::AgentId;
 use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
 use serde_json::{json, Value};
@@ -99,6 +99,44 @@ impl Daemon {
             sha256: proposal.sha256,
             status,
         })
+    }
+
+    /// `choirctl tools add` / `skills add`: a file the operator reviewed
+    /// takes the path of an approved proposal — validated exactly as one,
+    /// recorded, and approved by the operator at once (committed to
+    /// `repos/` by git, then rolled out). Nobody is asked: the operator is
+    /// the human. A refused file changes nothing.
+    pub fn add_reviewed(self: &Arc<Self>, agent: &str, add: &AddRequest) -> Result<ApprovalInfo, ApiError> {
+        let agent = self.known_agent(agent)?;
+        let kind = match add.kind.as_str() {
+            "tool" => ProposalKind::Tool,
+            "skill" => ProposalKind::Skill,
+            other => return Err(ApiError::BadRequest(format!("kind {other:?}: add a tool or a skill"))),
+        };
+        let request = ApprovalRequest {
+            kind,
+            scope: if add.global { ProposalScope::Global } else { ProposalScope::Agent },
+            content: add.content.clone(),
+            reason: "added by the operator with choirctl".into(),
+            lane: "operator".into(),
+            skill: None,
+            state: None,
+            conversation: None,
+        };
+        let settings = self.agent_settings(&agent);
+        let proposal = proposals::validate(&self.home, &agent, &settings, &request).map_err(|e| {
+            self.audit("admin", Some(&agent), "repos.add", "invalid", json!({"kind": add.kind, "error": e.0}));
+            ApiError::Unprocessable(e.0)
+        })?;
+        let (id, _) = self.store.insert_approval(&agent, &proposal, &request)?;
+        self.audit(
+            "admin",
+            Some(&agent),
+            "repos.add",
+            "ok",
+            json!({"approval": id, "kind": add.kind, "subject": proposal.subject, "global": add.global}),
+        );
+        self.approve(id, &ApproveRequest { sha256: Some(proposal.sha256.clone()), by: Some("admin".into()) })
     }
 
     /// Proposals, newest first.

@@ -1,0 +1,91 @@
+//! Every skill an agent has, for the operator (`choirctl skills list AGENT`):
+//! the built-ins, then each file of the global and the agent layer under
+//! `repos/`, each with its status — `ok`, `invalid` (why; the agent would
+//! refuse to start), `replaced` (an agent-layer file of the same name wins)
+//! — and where it comes from. Read from the repos on disk, checked against
+//! the tools the agent has, so it answers whether the agent runs or not.
+
+use std::collections::BTreeSet;
+
+use choir_common::admin::{SkillList, SkillRow};
+use choir_common::ids::AgentId;
+use choir_common::skill::{builtin_skills, load_skill_file};
+
+use crate::http::ApiError;
+use crate::shared::Shared;
+
+/// The skills of `agent`; `tools` are the names of the tools it has.
+pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Result<SkillList, ApiError> {
+    let registered = |t: &str| tools.contains(t);
+    let mut rows: Vec<SkillRow> = builtin_skills(&registered)
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .into_iter()
+        .map(|s| SkillRow {
+            name: s.spec.name.clone(),
+            status: "ok".into(),
+            why: None,
+            source: "built-in".into(),
+            file: s.source,
+            description: s.spec.description.clone(),
+            states: s.spec.states.len(),
+        })
+        .collect();
+    let builtin: BTreeSet<String> = rows.iter().map(|r| r.name.clone()).collect();
+    let repos = shared.home.repos();
+    for (layer, dir) in [
+        ("global", repos.join("global").join("skills")),
+        ("agent", repos.join("agents").join(agent.as_str()).join("skills")),
+    ] {
+        let mut files: Vec<_> = match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        files.sort();
+        for file in files {
+            let shown = file.strip_prefix(shared.home.root()).unwrap_or(&file).display().to_string();
+            let row = match load_skill_file(&file, &registered) {
+                Ok(s) if builtin.contains(&s.spec.name) => SkillRow {
+                    name: s.spec.name.clone(),
+                    status: "invalid".into(),
+                    why: Some(format!(
+                        "{} is a built-in skill and cannot be replaced (the agent would refuse to start)",
+                        s.spec.name
+                    )),
+                    source: layer.into(),
+                    file: shown,
+                    description: s.spec.description.clone(),
+                    states: s.spec.states.len(),
+                },
+                Ok(s) => SkillRow {
+                    name: s.spec.name.clone(),
+                    status: "ok".into(),
+                    why: None,
+                    source: layer.into(),
+                    file: shown,
+                    description: s.spec.description.clone(),
+                    states: s.spec.states.len(),
+                },
+                Err(e) => SkillRow {
+                    name: file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                    status: "invalid".into(),
+                    why: Some(format!("{} (the agent would refuse to start)", e.error)),
+                    source: layer.into(),
+                    file: shown,
+                    description: String::new(),
+                    states: 0,
+                },
+            };
+            if layer == "agent" && row.status == "ok" {
+                for r in rows.iter_mut().filter(|r| r.source == "global" && r.name == row.name && r.status == "ok") {
+                    r.status = "replaced".into();
+                    r.why = Some(format!("the agent layer's {} replaces it", row.file));
+                }
+            }
+            rows.push(row);
+        }
+    }
+    rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(&b.file)));
+    Ok(SkillList { agent: agent.to_string(), skills: rows })
+}
