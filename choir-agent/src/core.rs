@@ -345,6 +345,7 @@ impl JobRun {
             llm_lane: "core",
             model: s.model.clone(),
             stream: false,
+            job: Some(self.name.clone()),
         };
         let mut conv = Conversation::default();
         // The job's task, in the user's place: written by the edge's model

@@ -37,6 +37,16 @@ pub enum LlmError {
     Malformed(String),
 }
 
+/// The relay's path for `lane`, naming the core job (for choird's ledger)
+/// when its name is safe in a query as it is.
+fn path(lane: &str, job: Option<&str>) -> String {
+    let safe = |j: &&str| j.len() <= 64 && j.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    match job.filter(safe) {
+        Some(job) => format!("/llm/{lane}/v1/chat/completions?job={job}"),
+        None => format!("/llm/{lane}/v1/chat/completions"),
+    }
+}
+
 /// The client.
 pub struct Llm {
     rpc: Arc<Rpc>,
@@ -48,9 +58,9 @@ impl Llm {
         Llm { rpc }
     }
 
-    /// One completion for `lane` (`edge` or `core`).
-    pub fn complete(&self, lane: &str, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let path = format!("/llm/{lane}/v1/chat/completions");
+    /// One completion for `lane` (`edge` or `core`), for core job `job`.
+    pub fn complete(&self, lane: &str, job: Option<&str>, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let path = path(lane, job);
         let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
         retrying(|| match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
             Ok(answer) if answer.status == 200 => {
@@ -67,10 +77,11 @@ impl Llm {
     pub fn stream(
         &self,
         lane: &str,
+        job: Option<&str>,
         req: &ChatRequest,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<ChatResponse, LlmError> {
-        let path = format!("/llm/{lane}/v1/chat/completions");
+        let path = path(lane, job);
         let mut req = req.clone();
         req.stream = Some(true);
         req.stream_options = Some(json!({"include_usage": true}));

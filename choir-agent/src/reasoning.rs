@@ -42,6 +42,8 @@ pub struct Mind {
     pub model: String,
     /// Stream the model's answer (the edge lane does, so a reply can start early).
     pub stream: bool,
+    /// The core job this mind works for (named to the relay for the ledger).
+    pub job: Option<String>,
 }
 
 /// What one step led to.
@@ -111,8 +113,8 @@ impl Mind {
             stream_options: None,
         };
         match on_text {
-            Some(on_text) if self.stream => self.llm.stream(self.llm_lane, &req, on_text),
-            _ => self.llm.complete(self.llm_lane, &req),
+            Some(on_text) if self.stream => self.llm.stream(self.llm_lane, self.job.as_deref(), &req, on_text),
+            _ => self.llm.complete(self.llm_lane, self.job.as_deref(), &req),
         }
     }
 
@@ -265,7 +267,7 @@ impl Mind {
         }
         let Some(cut) = memory::fold_point(conv, turn_starts_at) else { return Ok(false) };
         let req = memory::summary_request(&self.model, &conv.entries[..cut]);
-        let summary = match self.llm.complete(self.llm_lane, &req) {
+        let summary = match self.llm.complete(self.llm_lane, self.job.as_deref(), &req) {
             Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),
             Err(e) => {
                 log::warn!("{}: compaction skipped, the summary call failed: {e}", lane.lane);

@@ -186,7 +186,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     link.apply(&hello.config);
     let lane = EdgeLane {
-        mind: Mind { arbiter, llm, llm_lane: "edge", model: hello.bindings.models.edge.clone(), stream: true },
+        mind: Mind {
+            arbiter,
+            llm,
+            llm_lane: "edge",
+            model: hello.bindings.models.edge.clone(),
+            stream: true,
+            job: None,
+        },
         identity,
         config,
         out: out_tx,

@@ -55,7 +55,7 @@ commands:
                                 choird's log, or agent ID's output and what choird said
                                 about it, archives included; T: a time or an age (10m, 2h,
                                 3d); L: error, warn, info, debug, trace; -f: keep printing
-  usage [ID] [--since T] [--by day|model|lane|agent]
+  usage [ID] [--since T] [--by day|model|lane|agent|job]
                                 relayed model calls, tokens and estimated cost (prices:
                                 config.json llm.prices), per group and in total
   sessions [ID] [--limit N]     every session (of one agent), newest first: start, how

@@ -1,4 +1,4 @@
-//! `choirctl usage [ID] [--since T] [--by day|model|lane|agent]`: the cost
+//! `choirctl usage [ID] [--since T] [--by day|model|lane|agent|job]`: the cost
 //! ledger of relayed model calls (issue 17, item 7).
 
 use choir_common::admin::UsageReport;

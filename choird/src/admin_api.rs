@@ -191,7 +191,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
                 req.query("since").map(crate::logs::query::parse_since).transpose().map_err(ApiError::BadRequest)?;
             let by = req.query("by").unwrap_or("day");
             let by = crate::store::usage::UsageBy::parse(by).ok_or_else(|| {
-                ApiError::BadRequest(format!("cannot group usage by {by:?}; use day, model, lane or agent"))
+                ApiError::BadRequest(format!("cannot group usage by {by:?}; use day, model, lane, agent or job"))
             })?;
             Ok(Response::ok(&d.store.usage(agent.as_deref(), since.as_deref(), by)?))
         }

@@ -43,6 +43,16 @@ pub const FORWARDED_FIELDS: &[&str] = &[
     "frequency_penalty",
 ];
 
+/// The core job a call is for, as the agent names it in `?job=` (for the
+/// ledger only: agent-claimed, it decides nothing); a name that is not
+/// `[A-Za-z0-9_.-]{1,64}` is not recorded.
+fn job_of(req: &Request) -> Option<String> {
+    req.query("job")
+        .filter(|j| !j.is_empty() && j.len() <= 64)
+        .filter(|j| j.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+        .map(str::to_owned)
+}
+
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
 pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, ApiError> {
     let who = req
@@ -50,6 +60,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
         .clone()
         .ok_or_else(|| ApiError::Internal("a model call reached the relay unauthenticated".into()))?;
     let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
+    let job = job_of(req);
     if req.body.len() > MAX_REQUEST {
         return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
@@ -88,6 +99,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
                 &who.agent,
                 who.session,
                 lane.as_str(),
+                job.as_deref(),
                 &model,
                 0,
                 0,
@@ -110,7 +122,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
             bytes: 0,
             done: false,
             record: Some(Box::new({
-                let (d, who, model) = (d.clone(), who.clone(), model.clone());
+                let (d, who, model, job) = (d.clone(), who.clone(), model.clone(), job.clone());
                 let lane = lane.as_str();
                 move |usage: Option<(u64, u64)>, bytes: u64| {
                     let ms = started.elapsed().as_millis() as u64;
@@ -121,6 +133,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
                         &who.agent,
                         who.session,
                         lane,
+                        job.as_deref(),
                         &model,
                         200,
                         prompt,
@@ -160,6 +173,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
         &who.agent,
         who.session,
         lane.as_str(),
+        job.as_deref(),
         &model,
         status,
         prompt,
@@ -209,6 +223,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
         &who.agent,
         who.session,
         lane.as_str(),
+        None,
         &model,
         status,
         prompt,

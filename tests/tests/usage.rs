@@ -41,7 +41,7 @@ fn each_model_call_is_in_the_ledger_with_its_cost_and_usage_sums_it() {
     assert_eq!(costed, 2);
 
     // Bad input is refused with the fix.
-    assert!(choird.ctl_err(&["usage", "--by", "week"]).contains("use day, model, lane or agent"));
+    assert!(choird.ctl_err(&["usage", "--by", "week"]).contains("use day, model, lane, agent or job"));
     assert!(choird.ctl_err(&["usage", "--since", "soon"]).contains("give a time"));
     assert!(choird.ctl_err(&["usage", "ghost"]).contains("no agent \"ghost\""));
 }
@@ -85,4 +85,40 @@ fn crossing_80_percent_of_a_daily_budget_tells_the_agents_admins_once() {
     assert!(!texts.contains_key(&502), "only admins are told: {texts:?}");
     let audit = choird.ctl_ok(&["--json", "audit", "--agent", "demo", "--limit", "500"]);
     assert_eq!(audit.matches("budget.warning").count(), 1, "{audit}");
+}
+
+#[test]
+fn a_core_jobs_model_calls_are_in_the_ledger_under_its_name() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::with_responder(|req, _| {
+        if req["model"] == "fake-core" {
+            return Some(Step::Text("tallied".into()));
+        }
+        let last = req["messages"].as_array()?.last()?.clone();
+        Some(match last["content"].as_str() {
+            Some("start the tally") => {
+                Step::call("choir.core.start", json!({"name": "tally", "objective": "Count the things."}))
+            }
+            _ => Step::Text("ok".into()),
+        })
+    });
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.ctl_ok(&["chat", "demo", "start the tally"]);
+    let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    choir_tests::observe::wait_for("the job's call", std::time::Duration::from_secs(30), || {
+        let n: i64 = db.query_one("SELECT count(*) FROM llm_calls WHERE job = 'tally'", &[]).unwrap().get(0);
+        n >= 1
+    });
+    let lanes: Vec<(String, Option<String>)> = db
+        .query("SELECT DISTINCT lane, job FROM llm_calls ORDER BY lane", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(lanes, [("core".to_owned(), Some("tally".to_owned())), ("edge".to_owned(), None)]);
+    let by_job: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "usage", "--by", "job"])).unwrap();
+    let keys: Vec<&str> = by_job["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["-", "tally"], "{by_job}");
 }

@@ -570,6 +570,7 @@ impl Store {
         agent: &AgentId,
         session: i64,
         lane: &str,
+        job: Option<&str>,
         model: &str,
         status: u16,
         prompt_tokens: u64,
@@ -581,8 +582,8 @@ impl Store {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated, cost_usd)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated, cost_usd, job)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 &[
                     &agent.as_str(),
                     &session,
@@ -594,6 +595,7 @@ impl Store {
                     &(duration_ms as i64),
                     &estimated,
                     &cost_usd,
+                    &job,
                 ],
             )?;
             let tokens = (prompt_tokens + completion_tokens) as i64;

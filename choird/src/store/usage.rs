@@ -17,16 +17,19 @@ pub enum UsageBy {
     Lane,
     /// Agent.
     Agent,
+    /// The core job (`-` for the edge and choird's own calls).
+    Job,
 }
 
 impl UsageBy {
-    /// Parses `day`, `model`, `lane` or `agent`.
+    /// Parses `day`, `model`, `lane`, `agent` or `job`.
     pub fn parse(s: &str) -> Option<UsageBy> {
         match s {
             "day" => Some(UsageBy::Day),
             "model" => Some(UsageBy::Model),
             "lane" => Some(UsageBy::Lane),
             "agent" => Some(UsageBy::Agent),
+            "job" => Some(UsageBy::Job),
             _ => None,
         }
     }
@@ -37,6 +40,7 @@ impl UsageBy {
             UsageBy::Model => "model",
             UsageBy::Lane => "lane",
             UsageBy::Agent => "agent_id",
+            UsageBy::Job => "coalesce(job, '-')",
         }
     }
 }
