@@ -11,8 +11,12 @@
 //! a warning (once per crossing), which the relay logs, audits and sends to
 //! the agent's Telegram admins.
 //!
+//! The operator's `token_budget` (top level of config.json) bounds all
+//! agents together the same way, next to each agent's own.
+//!
 //! **Invariant:** no model call goes upstream for an agent whose spent and
-//! reserved tokens already reach its daily or total budget.
+//! reserved tokens already reach its daily or total budget, or while all
+//! agents' together reach the host's.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,10 +45,14 @@ struct Usage {
     reserved: u64,
 }
 
-/// Spent and reserved tokens per agent.
+/// Whose spending: one agent's, or all agents' together (the host's
+/// `token_budget`).
+type Key = Option<AgentId>;
+
+/// Spent and reserved tokens per agent, and of all agents together.
 #[derive(Default)]
 pub struct Budgets {
-    usage: Mutex<HashMap<AgentId, Usage>>,
+    usage: Mutex<HashMap<Key, Usage>>,
 }
 
 /// An agent's standing, for `choirctl status`.
@@ -66,6 +74,7 @@ pub struct Reservation {
     agent: AgentId,
     tokens: u64,
     budget: TokenBudget,
+    host: TokenBudget,
 }
 
 /// Share of a budget at which the agent's admins are warned (percent).
@@ -79,14 +88,17 @@ fn crossed(before: u64, after: u64, limit: Option<u64>) -> Option<u64> {
 }
 
 impl Budgets {
-    fn load(&self, store: &Store, agent: &AgentId) -> Result<Usage, ApiError> {
+    fn load(&self, store: &Store, key: &Key) -> Result<Usage, ApiError> {
         let day = today();
-        if let Some(u) = self.usage.lock().get(agent).filter(|u| u.day == day) {
+        if let Some(u) = self.usage.lock().get(key).filter(|u| u.day == day) {
             return Ok(*u);
         }
-        let (spent_today, total) = store.token_usage(agent)?;
+        let (spent_today, total) = match key {
+            Some(agent) => store.token_usage(agent)?,
+            None => store.token_usage_all()?,
+        };
         let mut usage = self.usage.lock();
-        let u = usage.entry(agent.clone()).or_default();
+        let u = usage.entry(key.clone()).or_default();
         if u.day != day {
             // A new day (or first use): what the database says, plus what is in flight.
             *u = Usage { day, today: spent_today, total, reserved: u.reserved };
@@ -94,51 +106,64 @@ impl Budgets {
         Ok(*u)
     }
 
-    /// Reserves `estimate` tokens for a call of `agent`, or refuses with 429
-    /// `budget_exhausted` naming the budget and when it renews.
+    /// Reserves `estimate` tokens for a call of `agent`, against its own
+    /// `budget` and the `host` budget of all agents together, or refuses
+    /// with 429 `budget_exhausted` naming the budget and when it renews.
     pub fn reserve(
         self: &std::sync::Arc<Self>,
         store: &Store,
         agent: &AgentId,
         budget: TokenBudget,
+        host: TokenBudget,
         estimate: u64,
     ) -> Result<Reservation, ApiError> {
-        self.load(store, agent)?;
+        let key = Some(agent.clone());
+        self.load(store, &key)?;
+        if host != TokenBudget::default() {
+            self.load(store, &None)?;
+        }
         let mut usage = self.usage.lock();
-        let u = usage.entry(agent.clone()).or_default();
-        let committed_today = u.today + u.reserved;
-        let committed_total = u.total + u.reserved;
-        if let Some(b) = budget.per_day {
-            if committed_today >= b {
-                return Err(ApiError::RateLimited {
-                    message: format!(
-                        "agent {agent} has spent its token budget for today ({} spent, {} in flight, of {b}); it \
-                         renews at 00:00 UTC",
-                        u.today, u.reserved
-                    ),
-                    retry_after_s: None,
-                });
-            }
+        let refuse = |message: String| ApiError::RateLimited { message, retry_after_s: None };
+        let u = usage.get(&key).copied().unwrap_or_default();
+        if let Some(b) = budget.per_day.filter(|b| u.today + u.reserved >= *b) {
+            return Err(refuse(format!(
+                "agent {agent} has spent its token budget for today ({} spent, {} in flight, of {b}); it renews at \
+                 00:00 UTC",
+                u.today, u.reserved
+            )));
         }
-        if let Some(b) = budget.total {
-            if committed_total >= b {
-                return Err(ApiError::RateLimited {
-                    message: format!(
-                        "agent {agent} has spent its total token budget ({} spent, {} in flight, of {b}); the \
-                         operator can raise agents.{agent}.token_budget.total",
-                        u.total, u.reserved
-                    ),
-                    retry_after_s: None,
-                });
-            }
+        if let Some(b) = budget.total.filter(|b| u.total + u.reserved >= *b) {
+            return Err(refuse(format!(
+                "agent {agent} has spent its total token budget ({} spent, {} in flight, of {b}); the operator can \
+                 raise agents.{agent}.token_budget.total",
+                u.total, u.reserved
+            )));
         }
-        u.reserved += estimate;
-        Ok(Reservation { budgets: self.clone(), agent: agent.clone(), tokens: estimate, budget })
+        if host != TokenBudget::default() {
+            let h = usage.get(&None).copied().unwrap_or_default();
+            if let Some(b) = host.per_day.filter(|b| h.today + h.reserved >= *b) {
+                return Err(refuse(format!(
+                    "all agents together have spent the host's token budget for today ({} spent, {} in flight, of \
+                     {b}; token_budget.per_day); it renews at 00:00 UTC",
+                    h.today, h.reserved
+                )));
+            }
+            if let Some(b) = host.total.filter(|b| h.total + h.reserved >= *b) {
+                return Err(refuse(format!(
+                    "all agents together have spent the host's total token budget ({} spent, {} in flight, of {b}); \
+                     the operator can raise token_budget.total",
+                    h.total, h.reserved
+                )));
+            }
+            usage.entry(None).or_default().reserved += estimate;
+        }
+        usage.entry(key).or_default().reserved += estimate;
+        Ok(Reservation { budgets: self.clone(), agent: agent.clone(), tokens: estimate, budget, host })
     }
 
     /// An agent's spent and reserved tokens.
     pub fn standing(&self, store: &Store, agent: &AgentId) -> Standing {
-        match self.load(store, agent) {
+        match self.load(store, &Some(agent.clone())) {
             Ok(u) => Standing { today: u.today, total: u.total, reserved: u.reserved },
             Err(_) => Standing::default(),
         }
@@ -153,7 +178,14 @@ impl Reservation {
     pub fn settle(mut self, tokens: u64) -> Vec<String> {
         let mut warnings = Vec::new();
         let mut usage = self.budgets.usage.lock();
-        if let Some(u) = usage.get_mut(&self.agent) {
+        let agent = self.agent.clone();
+        let keys: Vec<(Key, TokenBudget)> = if self.host == TokenBudget::default() {
+            vec![(Some(agent.clone()), self.budget)]
+        } else {
+            vec![(Some(agent.clone()), self.budget), (None, self.host)]
+        };
+        for (key, budget) in keys {
+            let Some(u) = usage.get_mut(&key) else { continue };
             u.reserved = u.reserved.saturating_sub(self.tokens);
             let day = today();
             if u.day != day {
@@ -162,19 +194,22 @@ impl Reservation {
             let (today_before, total_before) = (u.today, u.total);
             u.today += tokens;
             u.total += tokens;
-            let agent = &self.agent;
-            if let Some(limit) = crossed(today_before, u.today, self.budget.per_day) {
+            let (who, whose, field) = match &key {
+                Some(_) => (format!("agent {agent} has"), "its", format!("agents.{agent}.token_budget.total")),
+                None => ("all agents together have".to_owned(), "the host's", "token_budget.total".to_owned()),
+            };
+            if let Some(limit) = crossed(today_before, u.today, budget.per_day) {
                 warnings.push(format!(
-                    "agent {agent} has used {} of its {limit} tokens for today ({}%); at the limit its model calls \
-                     are refused until 00:00 UTC",
+                    "{who} used {} of {whose} {limit} tokens for today ({}%); at the limit model calls are refused \
+                     until 00:00 UTC",
                     u.today,
                     u.today * 100 / limit
                 ));
             }
-            if let Some(limit) = crossed(total_before, u.total, self.budget.total) {
+            if let Some(limit) = crossed(total_before, u.total, budget.total) {
                 warnings.push(format!(
-                    "agent {agent} has used {} of its {limit} tokens in total ({}%); at the limit its model calls \
-                     are refused until agents.{agent}.token_budget.total is raised",
+                    "{who} used {} of {whose} {limit} tokens in total ({}%); at the limit model calls are refused \
+                     until {field} is raised",
                     u.total,
                     u.total * 100 / limit
                 ));
@@ -188,8 +223,14 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if self.tokens > 0 {
-            if let Some(u) = self.budgets.usage.lock().get_mut(&self.agent) {
-                u.reserved = u.reserved.saturating_sub(self.tokens);
+            let mut usage = self.budgets.usage.lock();
+            let host = self.host != TokenBudget::default();
+            for key in [Some(self.agent.clone()), None] {
+                if key.is_some() || host {
+                    if let Some(u) = usage.get_mut(&key) {
+                        u.reserved = u.reserved.saturating_sub(self.tokens);
+                    }
+                }
             }
         }
     }

@@ -87,7 +87,13 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     let body = Value::Object(obj);
     let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
     let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
-    let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(payload.len(), &body))?;
+    let reservation = d.budgets.reserve(
+        &d.store,
+        &who.agent,
+        budget,
+        config.token_budget,
+        crate::budget::estimate(payload.len(), &body),
+    )?;
 
     let started = Instant::now();
     let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
@@ -202,7 +208,13 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let body = serde_json::json!({"model": model, "messages": messages});
     let text = body.to_string();
     let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
-    let reservation = d.budgets.reserve(&d.store, &who.agent, budget, crate::budget::estimate(text.len(), &body))?;
+    let reservation = d.budgets.reserve(
+        &d.store,
+        &who.agent,
+        budget,
+        config.token_budget,
+        crate::budget::estimate(text.len(), &body),
+    )?;
     let started = Instant::now();
     let mut answer = d.upstream.chat(&config, &d.secrets(), lane, text.as_bytes(), &format!("agent {}", who.agent))?;
     let status = answer.status().as_u16();

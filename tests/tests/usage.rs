@@ -122,3 +122,31 @@ fn a_core_jobs_model_calls_are_in_the_ledger_under_its_name() {
     let keys: Vec<&str> = by_job["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["-", "tally"], "{by_job}");
 }
+
+#[test]
+fn the_hosts_budget_bounds_all_agents_together() {
+    let Some(pg) = TestPg::start() else { return };
+    // 15 tokens a call (the fake's usage): 30 of 40 by alpha, then beta's
+    // call takes all agents past 80 %, and the next call of either is refused.
+    let fake = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["alpha", "beta"]);
+    config["token_budget"] = json!({"per_day": 40});
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    choird.ctl_ok(&["agent", "start", "beta"]);
+    for _ in 0..2 {
+        assert_eq!(choird.ctl_ok(&["chat", "alpha", "go"]).trim(), "fine");
+    }
+    assert_eq!(choird.ctl_ok(&["chat", "beta", "go"]).trim(), "fine");
+    let audit = choird.ctl_ok(&["--json", "audit", "--agent", "beta", "--limit", "500"]);
+    assert!(audit.contains("all agents together have used 45 of the host's 40 tokens for today"), "{audit}");
+    let refused = choird.ctl_ok(&["chat", "alpha", "go"]);
+    assert!(refused.contains("host's token budget for today"), "the refusal names the host's budget: {refused}");
+    // Each agent's own standing is its own: neither has a budget of its own.
+    let calls: i64 = postgres::Client::connect(&pg.url(), postgres::NoTls)
+        .unwrap()
+        .query_one("SELECT count(*) FROM llm_calls WHERE status = 200", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(calls, 3, "the refused call never went upstream");
+}

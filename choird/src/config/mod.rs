@@ -643,6 +643,10 @@ pub struct Config {
     /// What follows an approval.
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    /// Tokens all agents together may spend (per UTC day, in total), next
+    /// to each agent's own `token_budget`.
+    #[serde(default)]
+    pub token_budget: TokenBudget,
 }
 
 /// What follows an approval (R-CTL-1).

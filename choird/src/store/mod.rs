@@ -610,6 +610,19 @@ impl Store {
         })
     }
 
+    /// All agents' tokens together, spent today (UTC) and in total.
+    pub fn token_usage_all(&self) -> Result<(u64, u64), DbError> {
+        self.db.with(|c| {
+            let row = c.query_one(
+                "SELECT COALESCE(sum(tokens) FILTER (WHERE day = (now() AT TIME ZONE 'UTC')::date), 0)::bigint,
+                        COALESCE(sum(tokens), 0)::bigint
+                 FROM token_usage",
+                &[],
+            )?;
+            Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
+        })
+    }
+
     /// An agent's tokens spent today (UTC) and in total.
     pub fn token_usage(&self, agent: &AgentId) -> Result<(u64, u64), DbError> {
         self.db.with(|c| {
