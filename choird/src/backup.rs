@@ -103,10 +103,13 @@ impl Database {
         }
     }
 
+    fn parsed(&self) -> Result<postgres::Config, BackupError> {
+        self.url.parse().map_err(|e| BackupError(format!("the database connection string is invalid: {e}")))
+    }
+
     fn tool(&self, name: &str) -> Result<Cmd, BackupError> {
         let program = self.bin.as_ref().map(|b| b.join(name)).unwrap_or_else(|| PathBuf::from(name));
-        let config: postgres::Config =
-            self.url.parse().map_err(|e| BackupError(format!("the database connection string is invalid: {e}")))?;
+        let config = self.parsed()?;
         let mut cmd = Cmd::new(program);
         cmd.arg("--no-password");
         if let Some(host) = config.get_hosts().first() {
@@ -124,15 +127,13 @@ impl Database {
         if let Some(password) = config.get_password() {
             cmd.env("PGPASSWORD", String::from_utf8_lossy(password).into_owned());
         }
-        cmd.env("PGDATABASE", self.dbname()?);
+        cmd.env("PGDATABASE", dbname(&config));
         Ok(cmd)
     }
+}
 
-    fn dbname(&self) -> Result<String, BackupError> {
-        let config: postgres::Config =
-            self.url.parse().map_err(|e| BackupError(format!("the database connection string is invalid: {e}")))?;
-        Ok(config.get_dbname().unwrap_or(crate::db::cluster::DATABASE).to_owned())
-    }
+fn dbname(config: &postgres::Config) -> String {
+    config.get_dbname().unwrap_or(crate::db::cluster::DATABASE).to_owned()
 }
 
 /// Writes the archive of `home` to `out` (gzip level 6). `workspaces`: the
@@ -509,7 +510,7 @@ fn restore_database(
         report(&format!("restoring the database into the {} cluster", db.kind));
         db.tool("pg_restore")?
             .args(["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction", "--dbname"])
-            .arg(db.dbname()?)
+            .arg(dbname(&db.parsed()?))
             .arg(dump)
             .run()
             .map_err(|e| BackupError(format!("pg_restore failed: {e}")))?;

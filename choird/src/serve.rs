@@ -257,7 +257,6 @@ fn serve(
         memory,
         delivery: Arc::new(crate::telegram::TelegramDelivery),
         database,
-        database_url: url.to_owned(),
         agent_binary,
         kill_switch,
     }));

@@ -20,15 +20,7 @@ pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Resul
     let mut rows: Vec<SkillRow> = builtin_skills(&registered)
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .into_iter()
-        .map(|s| SkillRow {
-            name: s.spec.name.clone(),
-            status: "ok".into(),
-            why: None,
-            source: "built-in".into(),
-            file: s.source,
-            description: s.spec.description.clone(),
-            states: s.spec.states.len(),
-        })
+        .map(|s| row(&s.spec, None, "built-in", s.source.clone()))
         .collect();
     let builtin: BTreeSet<String> = rows.iter().map(|r| r.name.clone()).collect();
     let repos = shared.home.repos();
@@ -46,27 +38,15 @@ pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Resul
         for file in files {
             let shown = file.strip_prefix(shared.home.root()).unwrap_or(&file).display().to_string();
             let row = match load_skill_file(&file, &registered) {
-                Ok(s) if builtin.contains(&s.spec.name) => SkillRow {
-                    name: s.spec.name.clone(),
-                    status: "invalid".into(),
-                    why: Some(format!(
-                        "{} is a built-in skill and cannot be replaced (the agent would refuse to start)",
-                        s.spec.name
-                    )),
-                    source: layer.into(),
-                    file: shown,
-                    description: s.spec.description.clone(),
-                    states: s.spec.states.len(),
-                },
-                Ok(s) => SkillRow {
-                    name: s.spec.name.clone(),
-                    status: "ok".into(),
-                    why: None,
-                    source: layer.into(),
-                    file: shown,
-                    description: s.spec.description.clone(),
-                    states: s.spec.states.len(),
-                },
+                Ok(s) => {
+                    let why = builtin.contains(&s.spec.name).then(|| {
+                        format!(
+                            "{} is a built-in skill and cannot be replaced (the agent would refuse to start)",
+                            s.spec.name
+                        )
+                    });
+                    row(&s.spec, why, layer, shown)
+                }
                 Err(e) => SkillRow {
                     name: file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
                     status: "invalid".into(),
@@ -88,4 +68,17 @@ pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Resul
     }
     rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(&b.file)));
     Ok(SkillList { agent: agent.to_string(), skills: rows })
+}
+
+/// A loaded skill's row: `ok`, or `invalid` with `why`.
+fn row(spec: &choir_common::skill::SkillSpec, why: Option<String>, source: &str, file: String) -> SkillRow {
+    SkillRow {
+        name: spec.name.clone(),
+        status: if why.is_some() { "invalid" } else { "ok" }.into(),
+        why,
+        source: source.into(),
+        file,
+        description: spec.description.clone(),
+        states: spec.states.len(),
+    }
 }

@@ -19,11 +19,7 @@ impl Daemon {
             .map_err(|e| ApiError::Internal(format!("a temporary file in the home: {e}")))?;
         let config = self.config();
         let ids: Vec<_> = if workspaces { config.agents.keys().cloned().collect() } else { Vec::new() };
-        let db = Database {
-            url: self.database_url.clone(),
-            bin: crate::db::cluster::ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref()).ok(),
-            kind: if config.database_url.is_some() { "external" } else { "managed" },
-        };
+        let db = Database::of(&self.home, &config);
         let summary = {
             let _no_approvals = self.state_gate.write();
             let _no_rewrites = self.config_write.lock();

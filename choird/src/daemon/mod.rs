@@ -110,8 +110,6 @@ pub struct Parts {
     pub delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
     pub database: String,
-    /// Its connection string (for `pg_dump`; never shown).
-    pub database_url: String,
     /// The agent binary of the process runtime and of image builds.
     pub agent_binary: PathBuf,
     /// The kill switch as persisted.
@@ -130,7 +128,6 @@ pub struct Daemon {
     delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
     pub database: String,
-    database_url: String,
     /// Read-held while an approval is applied (repos and database change
     /// together), write-held while a backup is taken.
     state_gate: parking_lot::RwLock<()>,
@@ -170,7 +167,6 @@ impl Daemon {
             memory: parts.memory,
             delivery: parts.delivery,
             database: parts.database,
-            database_url: parts.database_url,
             state_gate: parking_lot::RwLock::new(()),
             rollouts: crate::rollouts::Rollouts::default(),
             started: Instant::now(),
