@@ -20,6 +20,7 @@ use choir_common::commit::canonical_json;
 use choir_common::manifest::EDGE_ONLY_TOOLS;
 use choir_common::openai::{ChatMessage, Role};
 use choir_common::rpc::CoreBudget;
+use choir_common::schedule::{FiringOffer, FiringReport};
 use choir_common::trust::{OutputTrust, TRUST_KEY};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -27,6 +28,7 @@ use serde_json::{json, Value};
 
 use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
+use crate::edge::Outbound;
 use crate::inbox::EdgeEvent;
 use crate::invocation::{Invocation, Status};
 use crate::lane_ctx::{LaneCtx, LaneKind};
@@ -39,6 +41,9 @@ use crate::reasoning::{Mind, Step};
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::skills::{Skill, SkillBook};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
+
+/// Characters of a firing's report sent to choird.
+const MAX_FIRING_REPORT: usize = 4000;
 
 /// What every core job shares.
 pub struct CoreSetup {
@@ -58,6 +63,8 @@ pub struct CoreSetup {
     pub skills: Arc<SkillBook>,
     /// Where decisions on proposals arrive.
     pub approvals: Arc<Approvals>,
+    /// Where a scheduled firing's outcome goes (to choird, not the edge).
+    pub out: Sender<Outbound>,
 }
 
 /// Limits that may change at run time (dynamic config).
@@ -112,6 +119,30 @@ impl CorePool {
     /// Starts job `name` for the edge conversation `conversation`, running
     /// `skill` with `input` if one is named (the input is checked first).
     pub fn start(&self, job: JobRequest<'_>, conversation: &str) -> Result<Value, ToolError> {
+        self.start_job(job, conversation, None)
+    }
+
+    /// Starts scheduled firing `offer` (choird accepted its start) as core
+    /// job `offer.job` with the firing's own budget. Its outcome goes to
+    /// choird ([`Outbound::Firing`]); the edge is not told.
+    pub fn start_firing(&self, offer: &FiringOffer) -> Result<Value, ToolError> {
+        let skill = offer.skill.as_deref().map(|s| (s, &offer.input));
+        let job = JobRequest {
+            name: &offer.job,
+            objective: &offer.prompt,
+            skill,
+            allowed_tools: offer.allowed_tools.as_deref(),
+            inherited: Vec::new(),
+        };
+        self.start_job(job, &format!("schedule:{}", offer.job), Some((offer.id, offer.budget)))
+    }
+
+    fn start_job(
+        &self,
+        job: JobRequest<'_>,
+        conversation: &str,
+        firing: Option<(i64, CoreBudget)>,
+    ) -> Result<Value, ToolError> {
         let JobRequest { name, objective, skill, allowed_tools, inherited } = job;
         let skill =
             skill.map(|(s, input)| self.setup.skills.prepare(s, input).map(|k| (k, input.clone()))).transpose()?;
@@ -131,7 +162,10 @@ impl CorePool {
                 ));
             }
         }
-        let limits = *self.limits.lock();
+        let mut limits = *self.limits.lock();
+        if let Some((_, budget)) = firing {
+            limits.budget = budget;
+        }
         let mut jobs = self.jobs.lock();
         let running: Vec<String> = jobs
             .iter()
@@ -176,6 +210,7 @@ impl CorePool {
             task: allowed_tools.map(<[String]>::to_vec),
             inherited: Arc::new(inherited),
             conversation: conversation.to_owned(),
+            firing: firing.map(|(id, _)| id),
             cancel: cancel.clone(),
             quiet: quiet.clone(),
             status: status.clone(),
@@ -286,6 +321,8 @@ struct JobRun {
     /// The edge's history when it started the job (provenance evidence).
     inherited: Arc<Vec<Entry>>,
     conversation: String,
+    /// The scheduled firing this job runs, if any: its outcome goes to choird.
+    firing: Option<i64>,
     cancel: Arc<AtomicBool>,
     quiet: Arc<AtomicBool>,
     status: Arc<Mutex<JobStatus>>,
@@ -349,8 +386,10 @@ impl JobRun {
         };
         let mut conv = Conversation::default();
         // The job's task, in the user's place: written by the edge's model
-        // (its `choir.core.start` call), not by the user.
-        conv.push(Entry::new(ChatMessage::text(Role::User, &self.objective), Origin::Model));
+        // (its `choir.core.start` call), not by the user; a scheduled
+        // firing's by a person (choirctl, or the approval of its exact text).
+        let author = if self.firing.is_some() { Origin::Operator } else { Origin::Model };
+        conv.push(Entry::new(ChatMessage::text(Role::User, &self.objective), author));
         let started = Instant::now();
         let mut run = match &self.skill {
             Some((skill, input)) => match SkillRun::start(skill.clone(), input.clone(), &mind, &lane) {
@@ -462,7 +501,14 @@ impl JobRun {
             st.report = Some(report.clone());
         }
         log::info!("core job {} ended {}", self.name, end.as_str());
-        if !self.quiet.load(Ordering::SeqCst) {
+        if let Some(id) = self.firing {
+            let (state, detail) = match (&end, &outcome) {
+                (LaneState::Done, Ok(text)) => ("done", text.chars().take(MAX_FIRING_REPORT).collect()),
+                (_, Err(why)) => ("failed", why.chars().take(MAX_FIRING_REPORT).collect()),
+                (_, Ok(_)) => ("failed", end.as_str().to_owned()),
+            };
+            let _ = s.out.send(Outbound::Firing(FiringReport { id, state: state.to_owned(), detail }));
+        } else if !self.quiet.load(Ordering::SeqCst) {
             let _ = s.edge.send(EdgeEvent::CoreDone {
                 job: self.name.clone(),
                 conversation: self.conversation.clone(),

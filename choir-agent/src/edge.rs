@@ -44,6 +44,8 @@ pub enum Outbound {
     Reply(OutboundReply),
     /// The answer so far, while the model is still writing it.
     Partial(PartialReply),
+    /// A scheduled firing's outcome (from the core pool, for choird).
+    Firing(choir_common::schedule::FiringReport),
 }
 
 /// Least time between two partial answers sent for one message.

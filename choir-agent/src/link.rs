@@ -18,6 +18,7 @@ use choir_common::rpc::{
     Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply, PartialReply,
     ReportStatusRequest, Verb,
 };
+use choir_common::schedule::{FiringOffer, FiringReport};
 use crossbeam_channel::{select, Receiver, Sender};
 
 use crate::approvals::Approvals;
@@ -78,6 +79,7 @@ impl Link {
     /// when the agent closes.
     pub fn poll(&self, edge: Sender<EdgeEvent>) {
         let mut highest = self.processed.load(Ordering::SeqCst);
+        let mut seen: std::collections::VecDeque<i64> = std::collections::VecDeque::new();
         let mut failures = 0;
         while !self.closing.load(Ordering::SeqCst) {
             let req = HeartbeatRequest {
@@ -88,6 +90,7 @@ impl Link {
                 config_version: self.config_version.load(Ordering::SeqCst),
                 wait_ms: POLL_WAIT_MS,
                 receive: true,
+                firings: Vec::new(),
             };
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
@@ -108,6 +111,16 @@ impl Link {
                     }
                     for lane in &resp.cancel {
                         self.cancel(lane);
+                    }
+                    let offers: Vec<FiringOffer> = resp.firings.into_iter().filter(|f| !seen.contains(&f.id)).collect();
+                    for f in &offers {
+                        if seen.len() >= SEEN_FIRINGS {
+                            seen.pop_front();
+                        }
+                        seen.push_back(f.id);
+                    }
+                    if !offers.is_empty() {
+                        self.start_firings(offers);
                     }
                     for m in resp.messages {
                         // choird may hand a message out twice (a lost reply): ids only grow.
@@ -139,6 +152,53 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Starts scheduled firings: first asks choird to accept each start (a
+    /// firing whose start choird recorded is never offered again, so it runs
+    /// at most once even if this agent dies now), then starts those accepted
+    /// in the core pool; one that cannot start is reported refused.
+    fn start_firings(&self, offers: Vec<FiringOffer>) {
+        let Some(pool) = self.pool.upgrade() else { return };
+        let starting =
+            offers.iter().map(|f| FiringReport { id: f.id, state: "starting".into(), detail: String::new() }).collect();
+        let accepted = match self.report_firings(starting) {
+            Ok(resp) => resp.accepted,
+            Err(e) => {
+                // Not started: choird offers it again to this or the next session.
+                log::warn!("cannot ask choird to start {} firing(s): {e}", offers.len());
+                return;
+            }
+        };
+        let mut refused = Vec::new();
+        for f in offers.iter().filter(|f| accepted.contains(&f.id)) {
+            log::info!("scheduled firing {} starts core job {}", f.id, f.job);
+            if let Err(e) = pool.start_firing(f) {
+                log::warn!("scheduled firing {} could not start: {e}", f.id);
+                refused.push(FiringReport { id: f.id, state: "refused".into(), detail: e.to_string() });
+            }
+        }
+        if !refused.is_empty() {
+            // Unsent, choird records the firing as interrupted instead.
+            if let Err(e) = self.report_firings(refused) {
+                log::warn!("cannot report refused firings: {e}");
+            }
+        }
+    }
+
+    /// A HEARTBEAT that only reports on firings.
+    fn report_firings(&self, firings: Vec<FiringReport>) -> Result<HeartbeatResponse, RpcError> {
+        let req = HeartbeatRequest {
+            events: Vec::new(),
+            replies: Vec::new(),
+            partials: Vec::new(),
+            processed_upto: self.processed.load(Ordering::SeqCst),
+            config_version: self.config_version.load(Ordering::SeqCst),
+            wait_ms: 0,
+            receive: false,
+            firings,
+        };
+        self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(10))
     }
 
     /// A cancel request from choird: `edge` (its current turn or skill),
@@ -189,8 +249,7 @@ impl Link {
     /// `link-push`: runs until `outbound` closes and everything is shipped
     /// (or the lease is lost).
     pub fn push(&self, outbound: Receiver<Outbound>, committed: Receiver<()>) {
-        let mut replies: Vec<OutboundReply> = Vec::new();
-        let mut partials: Vec<PartialReply> = Vec::new();
+        let mut out = Pending::default();
         let mut reported = 0u64;
         let mut last_beat = Instant::now();
         let mut last_report: Option<Instant> = None;
@@ -215,29 +274,31 @@ impl Link {
                 };
                 select! {
                     recv(outbound) -> m => match m {
-                        Ok(m) => take(m, &mut replies, &mut partials),
+                        Ok(m) => take(m, &mut out),
                         Err(_) => open = false,
                     },
                     recv(committed) -> _ => {},
                     default(wait) => {},
                 }
                 while let Ok(m) = outbound.try_recv() {
-                    take(m, &mut replies, &mut partials);
+                    take(m, &mut out);
                 }
             }
             if self.lease_lost.load(Ordering::SeqCst) {
                 return;
             }
             let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
-            let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty();
+            let Pending { replies, partials, firings } = &mut out;
+            let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty() || !firings.is_empty();
             if work || last_beat.elapsed() >= PERIOD {
                 let processed =
                     replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
                 let req = HeartbeatRequest {
                     events,
                     replies: replies.iter().cloned().map(storable_reply).collect(),
+                    firings: firings.clone(),
                     // Only the latest text of each message matters; none once it is answered.
-                    partials: std::mem::take(&mut partials)
+                    partials: std::mem::take(partials)
                         .into_iter()
                         .filter(|p| {
                             !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
@@ -261,6 +322,7 @@ impl Link {
                         self.log.ack(resp.acked_seq);
                         self.processed.fetch_max(processed, Ordering::SeqCst);
                         replies.clear();
+                        firings.clear();
                     }
                     Err(RpcError::Unauthorized(msg)) => {
                         log::error!("lease lost: {msg}");
@@ -313,12 +375,24 @@ impl Link {
                     Err(e) => log::warn!("status report failed: {e}"),
                 }
             }
-            if !open && replies.is_empty() && self.log.all_acked() {
+            if !open && out.replies.is_empty() && out.firings.is_empty() && self.log.all_acked() {
                 return;
             }
         }
     }
 }
+
+/// What link-push has yet to ship.
+#[derive(Default)]
+struct Pending {
+    replies: Vec<OutboundReply>,
+    partials: Vec<PartialReply>,
+    firings: Vec<FiringReport>,
+}
+
+/// Firing ids remembered, so an offer choird repeats (a lost reply) is
+/// asked for once.
+const SEEN_FIRINGS: usize = 256;
 
 /// Events per replication HEARTBEAT.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -341,8 +415,10 @@ fn storable_reply(mut r: OutboundReply) -> OutboundReply {
 
 /// Sorts what the edge handed over: replies queue; a partial replaces an
 /// older partial of the same message.
-fn take(m: Outbound, replies: &mut Vec<OutboundReply>, partials: &mut Vec<PartialReply>) {
+fn take(m: Outbound, out: &mut Pending) {
+    let Pending { replies, partials, firings } = out;
     match m {
+        Outbound::Firing(f) => firings.push(f),
         Outbound::Reply(r) => replies.push(r),
         Outbound::Partial(p) => {
             partials.retain(|q| q.in_reply_to != p.in_reply_to);

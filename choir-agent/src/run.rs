@@ -165,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             edge: edge_tx.clone(),
             skills: skills.clone(),
             approvals: approvals.clone(),
+            out: out_tx.clone(),
         },
         limits,
     ));

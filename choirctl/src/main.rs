@@ -11,6 +11,7 @@ mod doctor;
 mod logs;
 mod policy;
 mod proposals;
+mod schedule;
 mod secrets;
 mod sessions;
 mod skills;
@@ -58,6 +59,19 @@ commands:
   usage [ID] [--since T] [--by day|model|lane|agent|job]
                                 relayed model calls, tokens and estimated cost (prices:
                                 config.json llm.prices), per group and in total
+  schedule list [ID]            scheduled jobs: when, next firing, precondition, state
+  schedule add ID NAME (--cron EXPR [--tz ZONE] | --every DUR) --prompt TEXT
+               [--skill S --input JSON] [--tools T1,T2] [--steps N] [--tokens N] [--wall DUR]
+               [--deliver tg:BOT:USER] [--missed skip|run_once] [--breaker N]
+               [--precondition mail|memory|file:PATH|url:URL]   (or --file JOB.json)
+                                a job run as a core job at each firing (EXPR: 5 fields, or 6
+                                with seconds first; DUR: 90s, 30m, 2h, 1d); its result goes
+                                to the chat, or only to the log; the precondition is looked
+                                at by choird first, and nothing new means no model call
+  schedule show ID/NAME         the job, its next firings, the last ten with outcome,
+                                duration and tokens
+  schedule rm|pause|resume|run-now ID/NAME
+                                remove, pause, resume (failures reset) or fire it now
   sessions [ID] [--limit N]     every session (of one agent), newest first: start, how
                                 long it ran, what it ran in, commits, tokens, how it ended
   agent cancel ID [LANE]        stop the agent's current work: LANE is edge
@@ -150,6 +164,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut by: Option<String> = None;
     let mut workspaces = false;
     let mut global = false;
+    let mut job = schedule::AddArgs::default();
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -180,6 +195,10 @@ fn real_main() -> anyhow::Result<()> {
             Long("k") => k = parser.value()?.parse()?,
             Long("from") => from.push(parser.value()?.string()?),
             Long("follow") | Short('f') => follow = true,
+            Long(name) if schedule::AddArgs::takes(name) => {
+                let name = name.to_owned();
+                job.set(&name, parser.value()?.string()?);
+            }
             Long("help") | Short('h') => {
                 say!("{USAGE}");
                 return Ok(());
@@ -235,6 +254,17 @@ fn real_main() -> anyhow::Result<()> {
                 follow,
             },
         ),
+        ["schedule"] | ["schedule", "list"] => schedule::list(&ctx, None),
+        ["schedule", "list", id] => schedule::list(&ctx, Some(id)),
+        ["schedule", "add", id, name] => schedule::add(&ctx, id, name, &job),
+        ["schedule", "show", rest @ ..] => {
+            let (a, n) = schedule::job_ref(rest)?;
+            schedule::show(&ctx, a, n)
+        }
+        ["schedule", verb @ ("rm" | "pause" | "resume" | "run-now"), rest @ ..] => {
+            let (a, n) = schedule::job_ref(rest)?;
+            schedule::act(&ctx, verb, a, n)
+        }
         ["usage"] => usage::run(&ctx, None, since.as_deref(), by.as_deref()),
         ["usage", id] => usage::run(&ctx, Some(id), since.as_deref(), by.as_deref()),
         ["sessions"] => sessions::list(&ctx, None, limit),

@@ -291,6 +291,23 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             let done = crate::telegram::pairing::decide(tg, bot, user, r.approve, "admin")?;
             Ok(Response::ok(&serde_json::json!({"done": done})))
         }
+        ("GET", ["schedule"]) => Ok(Response::ok(&d.schedule_list(req.query("agent"))?)),
+        ("POST", ["agents", id, "schedule"]) => {
+            let spec: choir_common::schedule::JobSpec = req.json()?;
+            Ok(Response::ok(&d.schedule_add(id, &spec, "admin")?))
+        }
+        ("GET", ["agents", id, "schedule", name]) => Ok(Response::ok(&d.schedule_show(id, name)?)),
+        ("DELETE", ["agents", id, "schedule", name]) => {
+            d.schedule_remove(id, name)?;
+            Ok(Response::ok(&serde_json::json!({"removed": name})))
+        }
+        ("POST", ["agents", id, "schedule", name, verb @ ("pause" | "resume")]) => {
+            Ok(Response::ok(&d.schedule_pause(id, name, *verb == "pause")?))
+        }
+        ("POST", ["agents", id, "schedule", name, "run-now"]) => {
+            d.schedule_run_now(id, name)?;
+            Ok(Response::ok(&serde_json::json!({"due": name})))
+        }
         ("GET", ["audit"]) => {
             let agent =
                 req.query("agent").map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;

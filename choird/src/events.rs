@@ -52,6 +52,14 @@ pub enum Event {
         /// What to tell them.
         text: String,
     },
+    /// A scheduled job of the agent needs its admins (its circuit breaker
+    /// tripped and paused it).
+    ScheduleNotice {
+        /// The agent.
+        agent: AgentId,
+        /// What to tell them.
+        text: String,
+    },
 }
 
 /// The daemon's end of the channel.

@@ -30,6 +30,7 @@ pub mod relay;
 pub mod rollouts;
 pub mod rpc_api;
 pub mod runtime;
+pub mod schedule;
 pub mod secret_admin;
 pub mod secrets;
 pub mod sessions;

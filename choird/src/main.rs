@@ -47,7 +47,10 @@ fn real_main() -> anyhow::Result<()> {
         .and_then(|exe| exe.parent().map(|d| d.join("choir-agent")))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("choir-agent"));
-    choird::run(choird::Options { home, default_agent_binary })
+    // Tests move the scheduler's clock through this file (never set in production).
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let clock_file = std::env::var_os("CHOIR_TEST_CLOCK_FILE").map(PathBuf::from);
+    choird::run(choird::Options { home, default_agent_binary, clock_file })
 }
 
 /// Logs to stderr (human) and to `logs/choird.log` (JSON, rotated and

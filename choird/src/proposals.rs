@@ -117,8 +117,33 @@ pub fn validate(
             format!("config: {}", keys.join(", "))
         }
         ProposalKind::Call => check_call(&req.content)?,
+        ProposalKind::Schedule => {
+            if req.scope != ProposalScope::Agent {
+                return Err(Invalid("a scheduled job belongs to the proposing agent only (scope agent)".into()));
+            }
+            check_schedule(&req.content)?
+        }
     };
     Ok(Proposal { kind: req.kind, scope: req.scope, subject, sha256: digest(&canonical), canonical })
+}
+
+/// A scheduled job proposal (`{"job": JobSpec}`), checked on its own (the
+/// daemon checks it against the agent too); its subject names the job and
+/// when it fires.
+fn check_schedule(content: &Value) -> Result<String, Invalid> {
+    let keys: Vec<&String> = content.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+    if keys != ["job"] {
+        return Err(Invalid("a schedule proposal is {\"job\": {...}} and nothing else".into()));
+    }
+    let spec: choir_common::schedule::JobSpec = serde_json::from_value(content["job"].clone())
+        .map_err(|e| Invalid(format!("the proposed job does not read: {e}")))?;
+    crate::schedule::spec::check(&spec).map_err(Invalid)?;
+    let when = match (&spec.cron, spec.every_s) {
+        (Some(c), _) => format!("cron {c} {}", spec.tz.as_deref().unwrap_or("UTC")),
+        (_, Some(s)) => format!("every {s} s"),
+        _ => String::new(),
+    };
+    Ok(format!("schedule: {} ({when})", spec.name))
 }
 
 /// Longest a lane waits for a confirmation.
@@ -324,7 +349,7 @@ fn files(
             let file = skill_file(&skills, &name).unwrap_or_else(|| format!("{name}.json"));
             vec![(format!("skills/{file}"), pretty(&content["skill"]))]
         }
-        ProposalKind::ConfigChange | ProposalKind::Call => Vec::new(),
+        ProposalKind::ConfigChange | ProposalKind::Call | ProposalKind::Schedule => Vec::new(),
     }
 }
 
@@ -374,6 +399,12 @@ pub fn render(
             )),
             Err(e) => out.push_str(&format!("(cannot be applied to the current config: {e})\n")),
         },
+        ProposalKind::Schedule => {
+            out.push_str(&format!(
+                "adds this scheduled job for agent {agent}, exactly (its prompt runs as a core job at every firing):\n{}",
+                pretty(&content["job"])
+            ));
+        }
         ProposalKind::Call => {
             out.push_str(&format!(
                 "runs once, exactly:\n{} {}",

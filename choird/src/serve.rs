@@ -36,6 +36,9 @@ pub struct Options {
     pub home: PathBuf,
     /// The `choir-agent` binary to use when config does not name one.
     pub default_agent_binary: PathBuf,
+    /// A file the scheduler reads the time from instead of the system
+    /// clock (tests only: `CHOIR_TEST_CLOCK_FILE`).
+    pub clock_file: Option<PathBuf>,
 }
 
 /// Routes a request to the admin API, the agent RPC or the LLM relay,
@@ -208,7 +211,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             (Some(cluster), url, format!("managed ({})", home.pg().display()))
         }
     };
-    let result = serve(home, config, secrets, &url, database, agent_binary, signals);
+    let clock: Arc<dyn crate::schedule::clock::Clock> = match opts.clock_file {
+        Some(path) => {
+            log::warn!("the scheduler reads its time from {} (a test clock), not the system clock", path.display());
+            Arc::new(crate::schedule::clock::FileClock::new(path))
+        }
+        None => Arc::new(crate::schedule::clock::SystemClock),
+    };
+    let result = serve(home, config, secrets, &url, database, Runs { agent_binary, clock }, signals);
     if let Some(cluster) = cluster {
         log::info!("stopping the managed PostgreSQL");
         if let Err(e) = cluster.stop() {
@@ -218,15 +228,23 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     result
 }
 
+/// What choird runs with besides its files: the agent binary and the
+/// scheduler's clock.
+struct Runs {
+    agent_binary: PathBuf,
+    clock: Arc<dyn crate::schedule::clock::Clock>,
+}
+
 fn serve(
     home: Home,
     config: Config,
     secrets: Secrets,
     url: &str,
     database: String,
-    agent_binary: PathBuf,
+    runs: Runs,
     signals: signal_hook::iterator::Signals,
 ) -> anyhow::Result<()> {
+    let Runs { agent_binary, clock } = runs;
     let db = Db::connect(url)?;
     for name in db.migrate()? {
         log::info!("applied migration {name}");
@@ -259,6 +277,7 @@ fn serve(
         database,
         agent_binary,
         kill_switch,
+        clock,
     }));
     let tg = crate::telegram::Handle {
         shared: shared.clone(),
@@ -319,6 +338,10 @@ fn serve(
         }
     }
 
+    let scheduler = {
+        let d = daemon.clone();
+        std::thread::Builder::new().name("scheduler".into()).spawn(move || d.run_scheduler())?
+    };
     let mut gateway = crate::telegram::Gateway::start(&tg)?;
     let outcome = signal_loop(&daemon, &tg, signals, &mut gateway, &mut listeners);
 
@@ -328,6 +351,9 @@ fn serve(
         g.stop(&tg);
     }
     daemon.shutting_down.store(true, Ordering::SeqCst);
+    // No new firings while the agents stop; claimed ones stay claimed.
+    daemon.schedule.stop();
+    let _ = scheduler.join();
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();

@@ -207,6 +207,8 @@ struct AgentSlot {
     wake: u64,
     /// Decisions on its proposals wait to be handed over.
     decisions_due: bool,
+    /// Scheduled firings may wait to be offered.
+    firings_due: bool,
     /// Lanes the operator asked to cancel, not yet handed over.
     cancels: Vec<String>,
     /// The config version its last HEARTBEAT said it runs with.
@@ -266,6 +268,8 @@ pub struct PollState {
     pub after: u64,
     /// Decisions are due (taken: the caller must hand them over or give the flag back).
     pub decisions_due: bool,
+    /// Firings may be due (taken: the caller offers them or gives the flag back).
+    pub firings_due: bool,
     /// Cancel requests (taken).
     pub cancels: Vec<String>,
     /// The wake counter seen (to wait for a change).
@@ -634,6 +638,7 @@ impl Sessions {
         if let Some(slot) = t.get_mut(id) {
             slot.replicated_seq = replicated_seq;
             slot.decisions_due = true;
+            slot.firings_due = true;
             if let Some(s) = slot.session.as_mut() {
                 s.delivered_upto = processed;
             }
@@ -692,8 +697,25 @@ impl Sessions {
             stop,
             after,
             decisions_due: std::mem::take(&mut slot.decisions_due),
+            firings_due: std::mem::take(&mut slot.firings_due),
             cancels: std::mem::take(&mut slot.cancels),
             wake,
+        }
+    }
+
+    /// Marks that the agent may have scheduled firings to take, and wakes its poll.
+    pub fn firing_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.firings_due = true;
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Gives back a firings flag that could not be served.
+    pub fn firings_still_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.firings_due = true;
         }
     }
 

@@ -206,6 +206,93 @@ pub fn read_beneath(workspace: &Path, rel: &str, cap: u64) -> std::io::Result<Ve
     Ok(data)
 }
 
+/// Entries a [`fingerprint`] looks at, at most.
+pub const FINGERPRINT_ENTRIES: usize = 10_000;
+/// Directory depth a [`fingerprint`] descends, at most.
+pub const FINGERPRINT_DEPTH: usize = 16;
+
+/// A digest of what the workspace path `rel` holds: for a file its type,
+/// size and modification time; for a directory the same of every entry
+/// beneath it (names included), at most [`FINGERPRINT_ENTRIES`] entries and
+/// [`FINGERPRINT_DEPTH`] levels. Read through descriptors, `lstat` only: a
+/// link is fingerprinted as a link, never followed; nothing is opened for
+/// reading but directories, so a FIFO cannot block it. A missing path has
+/// its own fingerprint (`absent`), so its appearing is a change.
+pub fn fingerprint(workspace: &Path, rel: &str) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let root = open_root(workspace)?;
+    let rel = rel.trim_start_matches("./");
+    let target = if rel.is_empty() || rel == "." { "." } else { rel };
+    let stat = match rustix::fs::statat(&root, target, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(s) => s,
+        Err(rustix::io::Errno::NOENT) => return Ok("absent".into()),
+        Err(e) => return Err(io(e)),
+    };
+    // The path itself must be reachable without links.
+    let parent = Path::new(target).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    if !parent.is_empty() {
+        dir_beneath(&root, &parent, false)?;
+    }
+    let mut h = Sha256::new();
+    let mut count = 0usize;
+    let line = |h: &mut Sha256, name: &[u8], st: &rustix::fs::Stat| {
+        h.update(name);
+        h.update(format!(" {:o} {} {}.{}\n", st.st_mode, st.st_size, st.st_mtime, st.st_mtime_nsec).as_bytes());
+    };
+    line(&mut h, target.as_bytes(), &stat);
+    if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+        let dir = rustix::fs::openat2(
+            &root,
+            target,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(io)?;
+        walk_fingerprint(dir, b"", 0, &mut count, &mut |name, st| line(&mut h, name, st))?;
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+fn walk_fingerprint(
+    dir: OwnedFd,
+    prefix: &[u8],
+    depth: usize,
+    count: &mut usize,
+    see: &mut dyn FnMut(&[u8], &rustix::fs::Stat),
+) -> std::io::Result<()> {
+    let mut entries: Vec<(Vec<u8>, rustix::fs::Stat)> = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if *count >= FINGERPRINT_ENTRIES {
+            break;
+        }
+        *count += 1;
+        let st = rustix::fs::statat(&dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW).map_err(io)?;
+        entries.push((name.to_vec(), st));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, st) in entries {
+        let full = [prefix, b"/", &name].concat();
+        see(&full, &st);
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory && depth + 1 < FINGERPRINT_DEPTH {
+            let sub = rustix::fs::openat(
+                &dir,
+                name.as_slice(),
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io)?;
+            walk_fingerprint(sub, &full, depth + 1, count, see)?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes a received file as `.choirtmp/recv/<name>` in the workspace (a
 /// new file; an existing one is replaced), owned like the workspace root so
 /// the agent can read it. Returns its workspace-relative path.

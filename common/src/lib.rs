@@ -16,6 +16,7 @@ pub mod openai;
 pub mod proc_tree;
 pub mod provenance;
 pub mod rpc;
+pub mod schedule;
 pub mod skill;
 pub mod text;
 pub mod tool_names;

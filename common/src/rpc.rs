@@ -277,6 +277,10 @@ pub struct HeartbeatRequest {
     /// never handed to a thread that does not forward it.
     #[serde(default = "yes")]
     pub receive: bool,
+    /// What the agent says of scheduled firings: asks to start them, or
+    /// reports their outcome.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub firings: Vec<crate::schedule::FiringReport>,
 }
 
 fn yes() -> bool {
@@ -301,6 +305,14 @@ pub struct HeartbeatResponse {
     /// turn or skill) or `core:<job>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cancel: Vec<String>,
+    /// Scheduled firings to run as core jobs, each only once choird has
+    /// accepted its start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub firings: Vec<crate::schedule::FiringOffer>,
+    /// Firings whose start (a `starting` report) choird accepted: the agent
+    /// starts these and no others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted: Vec<i64>,
 }
 
 /// State of one lane, as reported.
@@ -357,6 +369,8 @@ pub enum ProposalKind {
     /// A human's confirmation of one exact tool call before it runs:
     /// `{"tool": "...", "input": {...}, "call_id": "...", "timeout_s": N}`.
     Call,
+    /// A scheduled job for this agent: `{"job": JobSpec}`.
+    Schedule,
 }
 
 impl ProposalKind {
@@ -367,6 +381,7 @@ impl ProposalKind {
             ProposalKind::Skill => "skill",
             ProposalKind::ConfigChange => "config_change",
             ProposalKind::Call => "call",
+            ProposalKind::Schedule => "schedule",
         }
     }
 }

@@ -14,6 +14,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "choir.fs.write",
     "choir.memory.compact",
     "choir.propose.config_change",
+    "choir.propose.schedule",
     "choir.propose.skill",
     "choir.propose.tool",
     "choir.skill.run",
@@ -39,7 +40,8 @@ pub const CHOIRD_TOOLS: &[&str] = &[
 
 /// Proposal meta-tools (R-TOOL-8): never executed; the arbiter hands their
 /// input to a human through REQUEST_APPROVAL.
-pub const PROPOSAL_TOOLS: &[&str] = &["choir.propose.config_change", "choir.propose.skill", "choir.propose.tool"];
+pub const PROPOSAL_TOOLS: &[&str] =
+    &["choir.propose.config_change", "choir.propose.schedule", "choir.propose.skill", "choir.propose.tool"];
 
 /// Tools that only the edge lane may use (core jobs cannot start core jobs,
 /// and a skill never starts a skill).

@@ -95,6 +95,25 @@ impl Drop for TempHome {
     }
 }
 
+/// The file a test clock is read from, in a home.
+const CLOCK_FILE: &str = "test-clock";
+
+/// The command that runs choird on `home`; with the home's test clock when
+/// it has one.
+fn choird_command(home: &Path, stderr: std::fs::File) -> Command {
+    let mut cmd = Command::new(bin("choird"));
+    cmd.arg("--home")
+        .arg(home)
+        .env("RUST_LOG", std::env::var("CHOIR_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    if home.join(CLOCK_FILE).exists() {
+        cmd.env("CHOIR_TEST_CLOCK_FILE", home.join(CLOCK_FILE));
+    }
+    cmd
+}
+
 /// A running choird.
 pub struct Choird {
     child: Option<Child>,
@@ -110,18 +129,25 @@ impl Choird {
         Choird::start_in(TempHome::new(config, secrets))
     }
 
+    /// Starts choird whose scheduler reads the time from a file the test
+    /// moves ([`Choird::set_clock`]), starting at `at` (RFC 3339).
+    pub fn start_at(config: &Value, secrets: &Value, at: &str) -> Choird {
+        let home = TempHome::new(config, secrets);
+        std::fs::write(home.path().join(CLOCK_FILE), at).unwrap();
+        Choird::start_in(home)
+    }
+
+    /// Moves the scheduler's clock to `at` (see [`Choird::start_at`]).
+    pub fn set_clock(&self, at: &str) {
+        let tmp = self.home.path().join("test-clock.new");
+        std::fs::write(&tmp, at).unwrap();
+        std::fs::rename(tmp, self.home.path().join(CLOCK_FILE)).unwrap();
+    }
+
     /// Starts choird on an existing home.
     pub fn start_in(home: TempHome) -> Choird {
         let stderr = std::fs::File::create(home.path().join("choird.stderr")).unwrap();
-        let child = Command::new(bin("choird"))
-            .arg("--home")
-            .arg(home.path())
-            .env("RUST_LOG", std::env::var("CHOIR_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn choird");
+        let child = choird_command(home.path(), stderr).spawn().expect("spawn choird");
         let docker_prefix = std::fs::read_to_string(home.path().join("config.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -234,15 +260,7 @@ impl Choird {
 
     fn respawn(&mut self) {
         let stderr = std::fs::OpenOptions::new().append(true).open(self.home.path().join("choird.stderr")).unwrap();
-        let child = Command::new(bin("choird"))
-            .arg("--home")
-            .arg(self.home.path())
-            .env("RUST_LOG", std::env::var("CHOIR_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn choird");
+        let child = choird_command(self.home.path(), stderr).spawn().expect("spawn choird");
         self.child = Some(child);
         self.wait_ready();
     }

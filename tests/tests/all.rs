@@ -26,6 +26,7 @@ mod metrics;
 mod notion;
 mod origin;
 mod rollout;
+mod schedule;
 mod secrets;
 mod sessions;
 mod skills;

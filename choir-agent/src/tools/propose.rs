@@ -1,5 +1,5 @@
-//! Proposal meta-tools (R-TOOL-8): `choir.propose.tool`, `choir.propose.skill`
-//! and `choir.propose.config_change`. They are registered like any tool (so
+//! Proposal meta-tools (R-TOOL-8): `choir.propose.tool`, `choir.propose.skill`,
+//! `choir.propose.config_change` and `choir.propose.schedule` (R-SCHED-1). They are registered like any tool (so
 //! the arbiter validates their input and a skill state can allow them), but
 //! they are **never executed**: the arbiter decides
 //! [`crate::arbiter::Decision::NeedsApproval`] and hands the input to a
@@ -55,6 +55,7 @@ pub fn kind_of(tool: &str) -> Option<ProposalKind> {
         "choir.propose.tool" => Some(ProposalKind::Tool),
         "choir.propose.skill" => Some(ProposalKind::Skill),
         "choir.propose.config_change" => Some(ProposalKind::ConfigChange),
+        "choir.propose.schedule" => Some(ProposalKind::Schedule),
         _ => None,
     }
 }
@@ -72,6 +73,7 @@ pub fn proposal_of(tool: &str, input: &Value) -> Option<(ProposalKind, ProposalS
         ProposalKind::Tool => json!({"manifest": input["manifest"], "executable": input["executable"]}),
         ProposalKind::Skill => json!({"skill": input["skill"]}),
         ProposalKind::ConfigChange => json!({"changes": input["changes"]}),
+        ProposalKind::Schedule => json!({"job": input["job"]}),
         // Confirmations are made by the arbiter, not by a meta-tool.
         ProposalKind::Call => return None,
     };
@@ -138,6 +140,26 @@ pub fn tools() -> Vec<(ToolManifest, std::sync::Arc<dyn Tool>)> {
                         "reason": reason
                     },
                     "required": ["changes", "reason"],
+                    "additionalProperties": false
+                }),
+            ),
+            std::sync::Arc::new(ProposalTool),
+        ),
+        (
+            manifest(
+                "choir.propose.schedule",
+                "Propose a scheduled job for yourself (a cron expression with a time zone, or an interval; a prompt or a skill; a budget; where the result goes) for a human to approve. Nothing is scheduled until a human approves it.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "job": {
+                            "type": "object",
+                            "description": "The job: {name, cron (5 or 6 fields) and tz (IANA, default UTC) | every_s (>= 60), prompt, skill + input?, allowed_tools?, budget {steps, tokens, wall_s}?, deliver_to (tg:<bot>:<user>)?, missed: skip|run_once, precondition {kind: new_mail|file_changed (path)|url_changed (url)|memory_due}?, breaker?}",
+                            "required": ["name", "prompt"]
+                        },
+                        "reason": reason
+                    },
+                    "required": ["job", "reason"],
                     "additionalProperties": false
                 }),
             ),

@@ -25,6 +25,7 @@ fn kind_of(s: &str) -> Result<ProposalKind, ApiError> {
         "skill" => Ok(ProposalKind::Skill),
         "config_change" => Ok(ProposalKind::ConfigChange),
         "call" => Ok(ProposalKind::Call),
+        "schedule" => Ok(ProposalKind::Schedule),
         other => Err(ApiError::Internal(format!("stored proposal of unknown kind {other:?}"))),
     }
 }
@@ -48,7 +49,15 @@ impl Daemon {
     /// pending with its digest, and tells the operator's channels.
     pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, ApiError> {
         let settings = self.agent_settings(&who.agent);
-        let proposal = match proposals::validate(&self.home, &who.agent, &settings, req) {
+        let validated = proposals::validate(&self.home, &who.agent, &settings, req).and_then(|p| {
+            // A job is checked against the agent too: its chat, tools, skill.
+            if req.kind == ProposalKind::Schedule {
+                let spec = super::schedule::proposed_spec(&req.content).map_err(proposals::Invalid)?;
+                self.check_job(&who.agent, &spec).map_err(proposals::Invalid)?;
+            }
+            Ok(p)
+        });
+        let proposal = match validated {
             Ok(p) => p,
             Err(e) => {
                 self.audit(
@@ -221,6 +230,15 @@ impl Daemon {
             ProposalKind::ConfigChange => self.apply_config_change(&agent, &content),
             // The agent runs the exact call when it hears the decision.
             ProposalKind::Call => Ok(format!("the agent may run {} once", info.subject)),
+            ProposalKind::Schedule => super::schedule::proposed_spec(&content)
+                .map_err(|e| e.to_string())
+                .and_then(|spec| {
+                    self.schedule_add(agent.as_str(), &spec, &format!("approval #{id} ({by})"))
+                        .map_err(|e| e.to_string())
+                })
+                .map(|row| {
+                    format!("scheduled job {} added; first firing {}", row.spec.name, row.next_due.unwrap_or_default())
+                }),
             _ => proposals::apply(
                 &self.home,
                 &Approval {

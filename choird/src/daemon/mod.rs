@@ -26,6 +26,7 @@ mod backup;
 mod lifecycle;
 mod log_reader;
 mod rollout;
+pub mod schedule;
 mod secrets;
 mod verbs;
 
@@ -114,6 +115,8 @@ pub struct Parts {
     pub agent_binary: PathBuf,
     /// The kill switch as persisted.
     pub kill_switch: bool,
+    /// The scheduler's clock.
+    pub clock: Arc<dyn crate::schedule::clock::Clock>,
 }
 
 /// choird's control plane.
@@ -146,6 +149,8 @@ pub struct Daemon {
     unauth_audit: Mutex<AuditPace>,
     /// The argument policy in force per agent.
     arg_policies: ArgPolicies,
+    /// The scheduler's clock and its thread's wake-up.
+    pub schedule: crate::schedule::Scheduling,
 }
 
 impl std::ops::Deref for Daemon {
@@ -177,6 +182,7 @@ impl Daemon {
             config_write: Mutex::new(()),
             unauth_audit: Mutex::new(AuditPace::default()),
             arg_policies: ArgPolicies::default(),
+            schedule: crate::schedule::Scheduling::new(parts.clock),
         }
     }
 

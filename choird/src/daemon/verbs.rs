@@ -168,6 +168,7 @@ impl Daemon {
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         let acked = self.replicate(who, req)?;
         self.sessions.config_seen(&who.agent, req.config_version);
+        let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
         let replies = self.speakable_replies(who, &req.replies);
         let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
             crate::store::Recorded::default()
@@ -197,7 +198,9 @@ impl Daemon {
                 return Err(ApiError::Unauthorized("the session ended".into()));
             }
             if poll.stop || !req.receive {
-                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), poll.stop));
+                let mut reply = self.heartbeat_reply(acked_seq, Vec::new(), poll.stop);
+                reply.accepted = accepted;
+                return Ok(reply);
             }
             let messages = self.store.pending_messages(&who.agent, poll.after, BATCH)?;
             let decisions = if poll.decisions_due {
@@ -211,17 +214,32 @@ impl Daemon {
             } else {
                 Vec::new()
             };
+            let firings = if poll.firings_due {
+                match self.offer_firings(who) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.sessions.firings_still_due(&who.agent);
+                        return Err(e);
+                    }
+                }
+            } else {
+                Vec::new()
+            };
             // A concurrent HEARTBEAT may have handed some of these out already.
             let messages: Vec<InboundMessage> =
                 self.sessions.hand_out(&who.agent, who.session, messages).unwrap_or_default();
-            if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() {
+            if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() || !firings.is_empty() {
                 let mut reply = self.heartbeat_reply(acked_seq, messages, false);
                 reply.decisions = decisions;
                 reply.cancel = poll.cancels;
+                reply.firings = firings;
+                reply.accepted = accepted;
                 return Ok(reply);
             }
             if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
-                return Ok(self.heartbeat_reply(acked_seq, Vec::new(), false));
+                let mut reply = self.heartbeat_reply(acked_seq, Vec::new(), false);
+                reply.accepted = accepted;
+                return Ok(reply);
             }
             self.sessions.wait_wake(&who.agent, poll.wake, deadline);
         }
@@ -325,6 +343,8 @@ impl Daemon {
             stop,
             decisions: Vec::new(),
             cancel: Vec::new(),
+            firings: Vec::new(),
+            accepted: Vec::new(),
         }
     }
 

@@ -76,6 +76,17 @@ fn open(shared: &Shared, agent: &AgentId) -> Result<(Session, String), ApiError>
     Ok((session, source))
 }
 
+/// The agent's INBOX's UIDVALIDITY and its unseen messages' UIDs, read
+/// with EXAMINE (nothing is marked seen): the `new_mail` precondition of
+/// scheduled jobs.
+pub fn unseen(shared: &Shared, agent: &AgentId) -> Result<(u32, Vec<u32>), ApiError> {
+    let (mut session, _) = open(shared, agent)?;
+    let mb = session.examine("INBOX").map_err(imap_err)?;
+    let uids: Vec<u32> = session.uid_search("UNSEEN").map_err(imap_err)?.into_iter().collect();
+    let _ = session.logout();
+    Ok((mb.uid_validity.unwrap_or(0), uids))
+}
+
 fn imap_err(e: imap::Error) -> ApiError {
     match e {
         imap::Error::No(r) => ApiError::Unprocessable(format!(

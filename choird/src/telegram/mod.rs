@@ -226,7 +226,9 @@ pub fn run_events(d: &Handle, events: &Receiver<Event>, stop: &AtomicBool) {
             }
             Event::ProposalPending { id } => announce_proposal(d, id),
             Event::ProposalDecided { id } => announce_decision(d, id),
-            Event::BudgetWarning { agent, text } | Event::RolloutDone { agent, text } => tell_admins(d, &agent, &text),
+            Event::BudgetWarning { agent, text }
+            | Event::RolloutDone { agent, text }
+            | Event::ScheduleNotice { agent, text } => tell_admins(d, &agent, &text),
         }
     }
 }

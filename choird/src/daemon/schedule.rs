@@ -1,0 +1,442 @@
+//! Scheduled jobs in the daemon (R-SCHED-1): the operator's verbs
+//! (`choirctl schedule …`), the checks a job passes against its agent, the
+//! scheduler thread (claim what is due, look at preconditions, tidy firings
+//! whose session is gone), and the HEARTBEAT's part (offer firings, accept
+//! their start, record their outcome, deliver it, trip the breaker).
+//!
+//! **Invariant:** a job exists only because a person made it — `choirctl
+//! schedule add` (admin socket) or the approval of a `schedule` proposal
+//! whose exact spec the approver saw; nothing an agent sends on its own
+//! creates, changes or resumes one. A firing's outcome is accepted only for
+//! a running firing of the reporting agent.
+
+use std::time::{Duration, Instant};
+
+use choir_common::ids::AgentId;
+use choir_common::rpc::{CoreBudget, OutboundReply};
+use choir_common::schedule::{FiringOffer, FiringReport, JobDetail, JobList, JobRow, JobSpec, Missed, Precondition};
+use jiff::Timestamp;
+use serde_json::{json, Value};
+
+use super::{Authed, Daemon};
+use crate::http::ApiError;
+use crate::schedule::precondition;
+use crate::schedule::spec::{self, When};
+use crate::store::schedule::{DueJob, Ended, Plan, MAX_MISSED_ROWS};
+
+/// A due time claimed later than this after it passed (choird was down, or
+/// stopped) counts as missed and follows the job's missed-run policy.
+pub const GRACE_S: i64 = 30;
+/// Jobs claimed per look.
+const CLAIM_BATCH: i64 = 500;
+/// Firings whose session is gone are tidied this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Longest sleep of the scheduler thread.
+const MAX_NAP: Duration = Duration::from_secs(5);
+/// Firings listed by `schedule show`.
+const SHOWN_FIRINGS: i64 = 10;
+/// Next firings listed by `schedule show`.
+const SHOWN_NEXT: usize = 5;
+/// Characters of a result delivered to a chat.
+const MAX_DELIVERED: usize = 3500;
+
+impl Daemon {
+    /// Checks `spec` completely for `agent`: the spec itself, then what it
+    /// names against the agent — the chat it reports to (a Telegram user of
+    /// one of its bots, bound to it), its tools and skill (ones the agent
+    /// has), its precondition's source (mail, web, memory configured).
+    pub fn check_job(&self, agent: &AgentId, spec: &JobSpec) -> Result<When, String> {
+        let when = spec::check(spec)?;
+        let config = self.config();
+        let Some(agent_cfg) = config.agents.get(agent) else {
+            return Err(format!("no agent {agent} in config.json"));
+        };
+        if let Some(to) = &spec.deliver_to {
+            let (bot, chat) = crate::conversations::telegram_chat(to).unwrap_or_default();
+            let bound = config
+                .telegram
+                .bots
+                .get(&bot)
+                .and_then(|b| b.users.get(&chat.to_string()))
+                .is_some_and(|u| &u.agent == agent);
+            if !bound {
+                return Err(format!(
+                    "deliver_to {to}: user {chat} of bot {bot} is not a Telegram user of agent {agent} (config.json \
+                     telegram.bots.{bot}.users)"
+                ));
+            }
+        }
+        if spec.allowed_tools.is_some() || spec.skill.is_some() {
+            let tools = crate::tool_list::list(self.shared(), &self.host_tools, agent).map_err(|e| e.to_string())?;
+            let has = |t: &str| tools.tools.iter().any(|r| r.name == t && r.status != "available");
+            if let Some(bad) = spec.allowed_tools.iter().flatten().find(|t| !has(t)) {
+                return Err(format!("allowed_tools: agent {agent} has no tool {bad} (choirctl tools list {agent})"));
+            }
+            if let Some(skill) = &spec.skill {
+                use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
+                let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
+                let names =
+                    tools.tools.iter().map(|t| t.name.clone()).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
+                let skills = crate::skill_list::list(self.shared(), agent, &names).map_err(|e| e.to_string())?;
+                if !skills.skills.iter().any(|s| &s.name == skill && s.status == "ok") {
+                    return Err(format!("agent {agent} has no usable skill {skill} (choirctl skills list {agent})"));
+                }
+            }
+        }
+        match &spec.precondition {
+            Some(Precondition::NewMail) if agent_cfg.email.is_none() => {
+                return Err(format!("a new_mail precondition needs agents.{agent}.email"))
+            }
+            Some(Precondition::UrlChanged { url }) => {
+                let Some(web) = agent_cfg.web.as_ref() else {
+                    return Err(format!("a url_changed precondition needs agents.{agent}.web (its egress policy)"));
+                };
+                crate::egress::Policy::new(web).check_url(url).map_err(|e| format!("precondition url: {}", e.0))?;
+            }
+            Some(Precondition::MemoryDue) if self.memory.is_none() => {
+                return Err("a memory_due precondition needs memory (config.json memory)".into())
+            }
+            _ => {}
+        }
+        Ok(when)
+    }
+
+    /// `schedule add`: a job made by `by` (`admin`, or `approval #N`).
+    pub fn schedule_add(&self, agent: &str, spec: &JobSpec, by: &str) -> Result<JobRow, ApiError> {
+        let agent = self.known_agent(agent)?;
+        let when = self.check_job(&agent, spec).map_err(ApiError::Unprocessable)?;
+        let now = self.schedule.clock.now();
+        let next = when.next_after(now, None).ok_or_else(|| ApiError::Unprocessable("the job never fires".into()))?;
+        let row = self.store.add_job(&agent, spec, next, by)?.ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "agent {agent} already has a job named {}; remove it first (choirctl schedule rm {agent}/{})",
+                spec.name, spec.name
+            ))
+        })?;
+        self.audit(
+            by,
+            Some(&agent),
+            "schedule.add",
+            "added",
+            json!({"job": spec.name, "spec": spec, "next_due": next.to_string()}),
+        );
+        log::info!("agent {agent}: scheduled job {} added by {by}, first firing {next}", spec.name);
+        self.schedule.poke();
+        Ok(row)
+    }
+
+    /// `schedule list`.
+    pub fn schedule_list(&self, agent: Option<&str>) -> Result<JobList, ApiError> {
+        let agent = agent.map(|a| self.known_agent(a)).transpose()?;
+        Ok(JobList { jobs: self.store.jobs(agent.as_ref())? })
+    }
+
+    fn job_of(&self, agent: &str, name: &str) -> Result<(AgentId, JobRow), ApiError> {
+        let agent = self.known_agent(agent)?;
+        let row = self
+            .store
+            .job(&agent, name)?
+            .ok_or_else(|| ApiError::NotFound(format!("agent {agent} has no scheduled job {name:?}")))?;
+        Ok((agent, row))
+    }
+
+    /// `schedule show`: the job, its next firings and its last ten.
+    pub fn schedule_show(&self, agent: &str, name: &str) -> Result<JobDetail, ApiError> {
+        let (_, job) = self.job_of(agent, name)?;
+        let mut next = Vec::new();
+        if let (Some(due), Ok(when)) = (job.next_due.as_deref(), spec::check(&job.spec)) {
+            let mut t: Option<Timestamp> = due.parse().ok();
+            while let Some(at) = t.filter(|_| next.len() < SHOWN_NEXT) {
+                next.push(match &when {
+                    When::Cron(_, tz) => at.to_zoned(tz.clone()).to_string(),
+                    When::Every(_) => at.to_string(),
+                });
+                t = when.next_after(at, Some(at));
+            }
+        }
+        let last = self.store.firings(job.id, SHOWN_FIRINGS)?;
+        Ok(JobDetail { job, next, last })
+    }
+
+    /// `schedule rm`.
+    pub fn schedule_remove(&self, agent: &str, name: &str) -> Result<(), ApiError> {
+        let (agent, _) = self.job_of(agent, name)?;
+        self.store.remove_job(&agent, name)?;
+        self.audit("admin", Some(&agent), "schedule.rm", "removed", json!({"job": name}));
+        Ok(())
+    }
+
+    /// `schedule pause` / `resume` (resuming clears the failure count; the
+    /// next firing is the first after now).
+    pub fn schedule_pause(&self, agent: &str, name: &str, pause: bool) -> Result<JobRow, ApiError> {
+        let (agent, job) = self.job_of(agent, name)?;
+        let next = if pause {
+            None
+        } else {
+            let when = self.check_job(&agent, &job.spec).map_err(ApiError::Unprocessable)?;
+            Some(
+                when.next_after(self.schedule.clock.now(), None)
+                    .ok_or_else(|| ApiError::Unprocessable("the job never fires again".into()))?,
+            )
+        };
+        let reason = pause.then_some("paused by the operator");
+        self.store.set_job_paused(&agent, name, reason, next)?;
+        let action = if pause { "schedule.pause" } else { "schedule.resume" };
+        self.audit("admin", Some(&agent), action, "done", json!({"job": name}));
+        self.schedule.poke();
+        Ok(self.job_of(agent.as_str(), name)?.1)
+    }
+
+    /// `schedule run-now`: one firing due now (its precondition is not
+    /// asked: the operator asked).
+    pub fn schedule_run_now(&self, agent: &str, name: &str) -> Result<(), ApiError> {
+        let (agent, job) = self.job_of(agent, name)?;
+        if !self.store.fire_now(job.id, self.schedule.clock.now())? {
+            return Err(ApiError::Conflict("a firing for this very time exists already".into()));
+        }
+        self.audit("admin", Some(&agent), "schedule.run_now", "due", json!({"job": name}));
+        self.sessions.firing_due(&agent);
+        Ok(())
+    }
+
+    /// The scheduler thread: until shutdown, claims what is due, looks at
+    /// preconditions, tidies firings, and sleeps until the next due time
+    /// (at most [`MAX_NAP`], or until poked).
+    pub fn run_scheduler(&self) {
+        let mut last_sweep: Option<Instant> = None;
+        while !self.schedule.stopping() {
+            let now = self.schedule.clock.now();
+            if let Err(e) = self.claim_due(now) {
+                log::warn!("scheduler: claiming due firings failed (will retry): {e}");
+            }
+            self.look_at_preconditions(now);
+            if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+                last_sweep = Some(Instant::now());
+                match self.store.sweep_firings() {
+                    Ok(ended) => ended.iter().for_each(|e| self.firing_ended(e)),
+                    Err(e) => log::warn!("scheduler: tidying firings failed: {e}"),
+                }
+            }
+            let until = match self.store.next_due_any() {
+                Ok(Some(t)) => When::until(self.schedule.clock.now(), t),
+                Ok(None) => MAX_NAP,
+                Err(_) => Duration::from_secs(1),
+            };
+            self.schedule.nap(self.schedule.clock.nap(until).min(MAX_NAP));
+        }
+    }
+
+    fn claim_due(&self, now: Timestamp) -> Result<(), ApiError> {
+        loop {
+            let claimed = self.store.claim_due(now, CLAIM_BATCH, &mut |job| self.plan(job, now))?;
+            let n = claimed.len();
+            for c in claimed.iter().filter(|c| !c.check_first) {
+                if let Ok(agent) = AgentId::parse(&c.agent) {
+                    self.sessions.firing_due(&agent);
+                }
+            }
+            if (n as i64) < CLAIM_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// What happens to one due job at `now` (see [`Plan`]).
+    fn plan(&self, job: &DueJob, now: Timestamp) -> Plan {
+        let checked = serde_json::from_value::<JobSpec>(job.spec.clone())
+            .map_err(|e| format!("its stored spec no longer reads: {e}"))
+            .and_then(|s| spec::check(&s).map(|w| (s, w)));
+        let (spec, when) = match checked {
+            Ok(x) => x,
+            Err(why) => {
+                log::warn!("agent {}: scheduled job {} paused: {why}", job.agent, job.name);
+                return Plan { pause_reason: Some(why), ..Plan::default() };
+            }
+        };
+        let (dues, more) = when.due(job.next_due, now, MAX_MISSED_ROWS + 1);
+        let newest = when.latest(now, job.next_due).unwrap_or(job.next_due);
+        let late = now.as_second() - newest.as_second() > GRACE_S;
+        let mut missed: Vec<Timestamp> = dues.into_iter().filter(|t| *t != newest).collect();
+        let run = if !late {
+            Some((newest, String::new()))
+        } else if spec.missed == Missed::RunOnce {
+            let n = missed.len() as u64 + more + 1;
+            Some((newest, format!("catch-up: runs once for {n} firing(s) missed while choird was not running")))
+        } else {
+            missed.push(newest);
+            None
+        };
+        missed.sort();
+        missed.dedup();
+        let missed_detail = if more > 0 {
+            format!("choird was not running at this time (and {more} more firings not listed)")
+        } else {
+            "choird was not running at this time".to_owned()
+        };
+        let next_due = when.next_after(now, Some(newest));
+        Plan {
+            missed,
+            missed_detail,
+            run,
+            check_first: spec.precondition.is_some(),
+            pause_reason: next_due.is_none().then(|| "its schedule has no later firing".to_owned()),
+            next_due,
+        }
+    }
+
+    /// Looks at the preconditions of firings claimed with one.
+    fn look_at_preconditions(&self, now: Timestamp) {
+        let pending = match self.store.checking() {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("scheduler: cannot list firings to check: {e}");
+                return;
+            }
+        };
+        for crate::store::schedule::Checking { id, agent, spec, last } in pending {
+            let (Ok(agent), Ok(spec)) = (AgentId::parse(&agent), serde_json::from_value::<JobSpec>(spec)) else {
+                let _ = self.store.checked(id, false, None, "the job's agent or spec no longer reads");
+                continue;
+            };
+            let Some(pre) = &spec.precondition else {
+                let _ = self.store.checked(id, true, None, "");
+                self.sessions.firing_due(&agent);
+                continue;
+            };
+            let result = precondition::look(self.shared(), &agent, pre, last.as_deref(), now);
+            // A failed look ends the firing failed: the breaker counts it.
+            let recorded = match &result {
+                Ok(look) => self.store.checked(id, look.run, Some(&look.state), &look.detail),
+                Err(why) => self.store.checked(id, false, None, &format!("precondition failed: {why}")),
+            };
+            match (recorded, result) {
+                (Err(e), _) => log::warn!("scheduler: firing {id}: cannot record its precondition: {e}"),
+                (Ok(_), Ok(look)) if look.run => self.sessions.firing_due(&agent),
+                (Ok(_), Ok(look)) => log::debug!("agent {agent}: job {}: {}", spec.name, look.detail),
+                (Ok(ended), Err(why)) => {
+                    log::warn!("agent {agent}: job {}: precondition failed: {why}", spec.name);
+                    if let Some(ended) = ended {
+                        self.firing_ended(&ended);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The HEARTBEAT's firing reports: `starting` asks to start (the ids
+    /// accepted are returned), the rest record outcomes.
+    pub fn firing_reports(&self, who: &Authed, reports: &[FiringReport]) -> Result<Vec<i64>, ApiError> {
+        let starting: Vec<i64> = reports.iter().filter(|r| r.state == "starting").map(|r| r.id).collect();
+        let accepted = if starting.is_empty() {
+            Vec::new()
+        } else {
+            self.store.accept_firings(&who.agent, who.session, &starting)?
+        };
+        for r in reports.iter().filter(|r| r.state != "starting") {
+            if !matches!(r.state.as_str(), "done" | "failed" | "refused") {
+                return Err(ApiError::BadRequest(format!(
+                    "firing state {:?} is not one of starting, done, failed, refused",
+                    choir_common::text::clipped(&r.state, 40)
+                )));
+            }
+            let detail = choir_common::text::clipped(&r.detail.replace('\0', "\\u0000"), 4000);
+            match self.store.end_firing(&who.agent, r.id, &r.state, &detail)? {
+                Some(ended) => self.firing_ended(&ended),
+                None => log::warn!("agent {}: report on firing {} that is not running; ignored", who.agent, r.id),
+            }
+        }
+        Ok(accepted)
+    }
+
+    /// The firings to hand to `who` now.
+    pub fn offer_firings(&self, who: &Authed) -> Result<Vec<FiringOffer>, ApiError> {
+        let config = self.config();
+        let core = config.agents.get(&who.agent).map(|a| a.core_budget).unwrap_or_default();
+        let offered = self.store.offer_firings(&who.agent, who.session)?;
+        Ok(offered
+            .into_iter()
+            .filter_map(|(id, name, spec)| {
+                let spec: JobSpec = serde_json::from_value(spec).ok()?;
+                Some(FiringOffer {
+                    id,
+                    job: name,
+                    prompt: spec.prompt,
+                    skill: spec.skill,
+                    input: spec.input,
+                    allowed_tools: spec.allowed_tools,
+                    budget: CoreBudget {
+                        steps: spec.budget.steps.unwrap_or(core.steps),
+                        tokens: spec.budget.tokens.unwrap_or(core.tokens),
+                        wall_s: spec.budget.wall_s.unwrap_or(core.wall_s),
+                    },
+                })
+            })
+            .collect())
+    }
+
+    /// After a firing ended: audit, deliver its result to the job's chat,
+    /// and tell the admins if the breaker tripped.
+    fn firing_ended(&self, e: &Ended) {
+        let Ok(agent) = AgentId::parse(&e.agent) else { return };
+        self.audit(
+            "scheduler",
+            Some(&agent),
+            "schedule.firing",
+            &e.state,
+            json!({"job": e.name, "firing": e.id, "failures": e.failures}),
+        );
+        log::info!("agent {agent}: scheduled job {} firing {} ended {}", e.name, e.id, e.state);
+        let to = e.spec["deliver_to"].as_str().map(str::to_owned);
+        if let (Some(conversation), "done" | "failed" | "interrupted") = (to, e.state.as_str()) {
+            let text = match e.state.as_str() {
+                "done" => format!("[{}] {}", e.name, e.detail),
+                other => format!("[{}] {other}: {}", e.name, e.detail),
+            };
+            let reply = OutboundReply {
+                in_reply_to: 0,
+                covers: Vec::new(),
+                key: format!("firing-{}", e.id),
+                conversation: conversation.clone(),
+                text: choir_common::text::clipped(&text, MAX_DELIVERED),
+            };
+            match self.store.record_replies(&agent, &[reply], 0, self.delivery.as_ref()) {
+                Ok(r) => {
+                    for conversation in r.delivered {
+                        self.events.send(crate::events::Event::Answered { agent: agent.clone(), conversation });
+                    }
+                    if !r.refused.is_empty() {
+                        log::warn!(
+                            "agent {agent}: job {}: {conversation} never wrote to the agent; the result stays in the log",
+                            e.name
+                        );
+                    }
+                }
+                Err(err) => log::warn!("agent {agent}: job {}: result not delivered: {err}", e.name),
+            }
+        }
+        if e.tripped {
+            let text = format!(
+                "Scheduled job {} of agent {agent} is paused: {} failures in a row (last: {}). Resume it with \
+                 choirctl schedule resume {agent}/{} once it is fixed.",
+                e.name,
+                e.failures,
+                choir_common::text::clipped(&e.detail, 300),
+                e.name
+            );
+            log::warn!("{text}");
+            self.audit(
+                "scheduler",
+                Some(&agent),
+                "schedule.breaker",
+                "paused",
+                json!({"job": e.name, "failures": e.failures}),
+            );
+            self.events.send(crate::events::Event::ScheduleNotice { agent, text });
+        }
+    }
+}
+
+/// The `{"job": spec}` of a schedule proposal, parsed.
+pub fn proposed_spec(content: &Value) -> Result<JobSpec, String> {
+    serde_json::from_value(content["job"].clone()).map_err(|e| format!("the proposed job does not read: {e}"))
+}

@@ -1,0 +1,320 @@
+//! A job's spec checked, and its times: when it fires next and which
+//! firings fell between two looks. The checks here need nothing but the
+//! spec; those against the agent (its users, tools and skills) are the
+//! daemon's (`daemon/schedule.rs`).
+
+use std::time::Duration;
+
+use choir_common::schedule::{JobSpec, Precondition};
+use croner::parser::{CronParser, Seconds};
+use croner::Cron;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
+
+/// Shortest interval.
+pub const MIN_EVERY_S: u64 = 60;
+/// Longest interval (a year).
+pub const MAX_EVERY_S: u64 = 366 * 24 * 3600;
+/// Longest prompt, in characters.
+pub const MAX_PROMPT: usize = 8000;
+/// Most tools a job's allowlist may name.
+pub const MAX_TOOLS: usize = 64;
+/// Highest breaker threshold.
+pub const MAX_BREAKER: u32 = 100;
+/// Budget ceilings a job may ask for.
+pub const MAX_STEPS: u64 = 1000;
+/// See [`MAX_STEPS`].
+pub const MAX_TOKENS: u64 = 10_000_000;
+/// See [`MAX_STEPS`].
+pub const MAX_WALL_S: u64 = 24 * 3600;
+
+/// When a job fires.
+#[derive(Debug, Clone)]
+pub enum When {
+    /// A cron expression read in a time zone.
+    Cron(Box<Cron>, TimeZone),
+    /// Every so many seconds from the job's first due time.
+    Every(u64),
+}
+
+/// A job name: `[A-Za-z0-9_.-]{1,64}` (it names a core job and a ledger row).
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "job name {:?} is not allowed: use 1 to 64 of A-Z a-z 0-9 _ . -",
+            choir_common::text::clipped(name, 80)
+        ))
+    }
+}
+
+/// Parses a cron expression of 5 fields (minute hour day month weekday) or
+/// 6 (seconds first) in time zone `tz` (IANA name).
+pub fn parse_cron(expr: &str, tz: &str) -> Result<When, String> {
+    let shown = choir_common::text::clipped(expr, 120);
+    let fields = expr.split_whitespace().count();
+    if !(5..=6).contains(&fields) {
+        return Err(format!(
+            "cron expression {shown:?} has {fields} fields; use 5 (minute hour day-of-month month day-of-week) or 6 \
+             (seconds first)"
+        ));
+    }
+    let cron = CronParser::builder()
+        .seconds(Seconds::Optional)
+        .build()
+        .parse(expr)
+        .map_err(|e| format!("cron expression {shown:?} is not valid: {e}"))?;
+    let zone = TimeZone::get(tz).map_err(|_| {
+        format!(
+            "unknown time zone {:?}: use an IANA name such as UTC or Europe/Berlin",
+            choir_common::text::clipped(tz, 80)
+        )
+    })?;
+    let when = When::Cron(Box::new(cron), zone);
+    // An expression that never matches (31 February) is refused now, not at its first look.
+    if when.next_after(Timestamp::UNIX_EPOCH, None).is_none() {
+        return Err(format!("cron expression {shown:?} never fires"));
+    }
+    Ok(when)
+}
+
+/// Checks everything in `spec` that needs no knowledge of the agent;
+/// returns when it fires.
+pub fn check(spec: &JobSpec) -> Result<When, String> {
+    check_name(&spec.name)?;
+    let when = match (&spec.cron, spec.every_s) {
+        (Some(expr), None) => parse_cron(expr, spec.tz.as_deref().unwrap_or("UTC"))?,
+        (None, Some(s)) => {
+            if spec.tz.is_some() {
+                return Err("tz applies to a cron expression, not to every_s".into());
+            }
+            if !(MIN_EVERY_S..=MAX_EVERY_S).contains(&s) {
+                return Err(format!("every_s must be between {MIN_EVERY_S} and {MAX_EVERY_S} seconds, not {s}"));
+            }
+            When::Every(s)
+        }
+        (Some(_), Some(_)) => return Err("give either cron or every_s, not both".into()),
+        (None, None) => return Err("a job needs cron (with tz) or every_s".into()),
+    };
+    let prompt = spec.prompt.trim();
+    if prompt.is_empty() {
+        return Err("a job needs a prompt (what it is to do)".into());
+    }
+    if spec.prompt.chars().count() > MAX_PROMPT || spec.prompt.contains('\0') {
+        return Err(format!("the prompt must be at most {MAX_PROMPT} characters of text"));
+    }
+    if spec.skill.is_none() && !spec.input.is_null() {
+        return Err("input is the input of a skill; name the skill".into());
+    }
+    if let Some(tools) = &spec.allowed_tools {
+        if tools.len() > MAX_TOOLS {
+            return Err(format!("allowed_tools names {} tools; at most {MAX_TOOLS}", tools.len()));
+        }
+        for t in tools {
+            choir_common::ids::validate_tool_name(t).map_err(|e| format!("allowed_tools: {e}"))?;
+            if choir_common::tool_names::EDGE_ONLY_TOOLS.contains(&t.as_str()) {
+                return Err(format!("allowed_tools: {t} is for the edge lane only; a scheduled job cannot use it"));
+            }
+        }
+    }
+    let b = &spec.budget;
+    for (what, v, max) in
+        [("steps", b.steps, MAX_STEPS), ("tokens", b.tokens, MAX_TOKENS), ("wall_s", b.wall_s, MAX_WALL_S)]
+    {
+        if let Some(v) = v {
+            if v == 0 || v > max {
+                return Err(format!("budget.{what} must be between 1 and {max}, not {v}"));
+            }
+        }
+    }
+    if !(1..=MAX_BREAKER).contains(&spec.breaker) {
+        return Err(format!("breaker must be between 1 and {MAX_BREAKER} failures in a row, not {}", spec.breaker));
+    }
+    if let Some(to) = &spec.deliver_to {
+        if crate::conversations::telegram_chat(to).is_none() {
+            return Err(format!(
+                "deliver_to {:?} is not a Telegram conversation (tg:<bot>:<user>); leave it out to keep results in the log",
+                choir_common::text::clipped(to, 80)
+            ));
+        }
+    }
+    match &spec.precondition {
+        Some(Precondition::FileChanged { path }) => {
+            let p = std::path::Path::new(path);
+            let bad = path.is_empty()
+                || path.len() > 1024
+                || p.is_absolute()
+                || p.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+            if bad {
+                return Err(format!(
+                    "precondition path {:?} must be relative to the workspace, without ..",
+                    choir_common::text::clipped(path, 80)
+                ));
+            }
+        }
+        Some(Precondition::UrlChanged { url }) => {
+            crate::egress::parse_web_url(url).map_err(|e| format!("precondition url: {}", e.0))?;
+        }
+        Some(Precondition::NewMail | Precondition::MemoryDue) | None => {}
+    }
+    Ok(when)
+}
+
+impl When {
+    /// The first firing strictly after `t`; `anchor` is an interval job's
+    /// current due time (its firings are `anchor + k × interval`). `None`
+    /// when a cron expression has no later match.
+    pub fn next_after(&self, t: Timestamp, anchor: Option<Timestamp>) -> Option<Timestamp> {
+        match self {
+            When::Cron(cron, tz) => {
+                let z = t.to_zoned(tz.clone());
+                cron.find_next_occurrence(&z, false).ok().map(|n: Zoned| n.timestamp())
+            }
+            When::Every(s) => {
+                let step = *s as i64;
+                let Some(a) = anchor else {
+                    return t.checked_add(jiff::SignedDuration::from_secs(step)).ok();
+                };
+                let gap = t.as_second() - a.as_second();
+                let k = if gap < 0 { 0 } else { gap / step + 1 };
+                a.checked_add(jiff::SignedDuration::from_secs(k * step)).ok()
+            }
+        }
+    }
+
+    /// The last firing at or before `now` (`anchor`: an interval job's due
+    /// time at or before `now`).
+    pub fn latest(&self, now: Timestamp, anchor: Timestamp) -> Option<Timestamp> {
+        match self {
+            When::Cron(cron, tz) => {
+                let z = now.to_zoned(tz.clone());
+                cron.find_previous_occurrence(&z, true).ok().map(|p: Zoned| p.timestamp())
+            }
+            When::Every(s) => {
+                let step = *s as i64;
+                let gap = now.as_second() - anchor.as_second();
+                if gap < 0 {
+                    return None;
+                }
+                anchor.checked_add(jiff::SignedDuration::from_secs(gap / step * step)).ok()
+            }
+        }
+    }
+
+    /// The firings from `first` (a due time) up to and including `now`, at
+    /// most `cap` of them, and how many more there were.
+    pub fn due(&self, first: Timestamp, now: Timestamp, cap: usize) -> (Vec<Timestamp>, u64) {
+        let mut out = Vec::new();
+        let mut more = 0u64;
+        let mut t = first;
+        while t <= now {
+            if out.len() < cap {
+                out.push(t);
+            } else if let When::Every(s) = self {
+                // The rest counted, not walked.
+                more = ((now.as_second() - t.as_second()) / *s as i64 + 1) as u64;
+                break;
+            } else {
+                more += 1;
+                if more > 1_000_000 {
+                    break;
+                }
+            }
+            match self.next_after(t, Some(t)) {
+                Some(n) => t = n,
+                None => break,
+            }
+        }
+        (out, more)
+    }
+
+    /// How long until `t` from `now` (zero if past).
+    pub fn until(now: Timestamp, t: Timestamp) -> Duration {
+        let ms = t.as_millisecond() - now.as_millisecond();
+        Duration::from_millis(ms.max(0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> Result<JobSpec, serde_json::Error> {
+        serde_json::from_value(v)
+    }
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn bad_cron_expressions_and_zones_are_clear_errors() {
+        let e = check(&spec(json!({"name": "a", "cron": "61 * * * *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("cron expression \"61 * * * *\" is not valid"), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "* * *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("has 3 fields"), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "0 8 * * 1-5", "tz": "Mars/Olympus", "prompt": "p"})).unwrap())
+            .unwrap_err();
+        assert!(e.contains("unknown time zone \"Mars/Olympus\""), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "0 0 31 2 *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("never fires"), "{e}");
+        let e = check(&spec(json!({"name": "a", "every_s": 5, "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("every_s must be between 60"), "{e}");
+        let e = check(&spec(json!({"name": "a b", "every_s": 60, "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("job name"), "{e}");
+        let e =
+            check(&spec(json!({"name": "a", "every_s": 60, "cron": "* * * * *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        let e = check(
+            &spec(json!({"name": "a", "every_s": 60, "prompt": "p", "precondition": {"kind": "file_changed", "path": "../x"}}))
+                .unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("without .."), "{e}");
+        let e = check(
+            &spec(json!({"name": "a", "every_s": 60, "prompt": "p", "allowed_tools": ["choir.core.start"]})).unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("edge lane only"), "{e}");
+        assert!(spec(json!({"name": "a", "every_s": 60, "prompt": "p", "colour": "red"})).is_err());
+    }
+
+    #[test]
+    fn cron_fires_in_its_time_zone() {
+        let w =
+            check(&spec(json!({"name": "a", "cron": "0 8 * * 1-5", "tz": "Europe/Berlin", "prompt": "p"})).unwrap())
+                .unwrap();
+        // Friday 2026-01-02 10:00 UTC → Monday 2026-01-05 08:00 Berlin = 07:00 UTC.
+        assert_eq!(w.next_after(ts("2026-01-02T10:00:00Z"), None), Some(ts("2026-01-05T07:00:00Z")));
+        let six = parse_cron("30 * * * * *", "UTC").unwrap();
+        assert_eq!(six.next_after(ts("2026-01-02T10:00:00Z"), None), Some(ts("2026-01-02T10:00:30Z")));
+    }
+
+    #[test]
+    fn firings_between_two_looks_are_listed_once_and_capped() {
+        let w = parse_cron("* * * * *", "UTC").unwrap();
+        let (due, more) = w.due(ts("2026-01-01T00:01:00Z"), ts("2026-01-01T00:03:30Z"), 10);
+        assert_eq!(due, [ts("2026-01-01T00:01:00Z"), ts("2026-01-01T00:02:00Z"), ts("2026-01-01T00:03:00Z")]);
+        assert_eq!(more, 0);
+        let (due, more) = w.due(ts("2026-01-01T00:00:00Z"), ts("2026-01-01T10:00:00Z"), 5);
+        assert_eq!((due.len(), more), (5, 601 - 5));
+        let every = When::Every(60);
+        let (due, more) = every.due(ts("2026-01-01T00:00:00Z"), ts("2026-01-08T00:00:00Z"), 100);
+        assert_eq!((due.len() as u64 + more), 7 * 24 * 60 + 1);
+        assert_eq!(
+            every.next_after(ts("2026-01-01T00:02:30Z"), Some(ts("2026-01-01T00:00:00Z"))),
+            Some(ts("2026-01-01T00:03:00Z"))
+        );
+        assert_eq!(
+            every.latest(ts("2026-01-01T00:02:30Z"), ts("2026-01-01T00:00:00Z")),
+            Some(ts("2026-01-01T00:02:00Z"))
+        );
+        assert_eq!(w.latest(ts("2026-01-01T00:02:30Z"), ts("2026-01-01T00:00:00Z")), Some(ts("2026-01-01T00:02:00Z")));
+        assert_eq!(w.latest(ts("2026-01-01T00:02:00Z"), ts("2026-01-01T00:00:00Z")), Some(ts("2026-01-01T00:02:00Z")));
+    }
+}

@@ -1,0 +1,356 @@
+//! Scheduled jobs (issue 18, R-SCHED-1) against a real choird, agent and
+//! PostgreSQL, with the scheduler's clock moved by the test (a file choird
+//! reads, `CHOIR_TEST_CLOCK_FILE`) instead of sleeping minutes.
+
+use std::time::Duration;
+
+use choir_tests::fake_llm::{FakeLlm, Recorded, Step};
+use choir_tests::harness::{test_config, Choird};
+use choir_tests::observe::wait_for;
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The objective (first user message) of a core model request, if it is one.
+fn core_objective(r: &Recorded) -> Option<String> {
+    if r.body["model"] != "fake-core" {
+        return None;
+    }
+    r.body["messages"].as_array()?.iter().find(|m| m["role"] == "user")?["content"].as_str().map(str::to_owned)
+}
+
+/// How many core jobs the fake model was asked to start for `objective`
+/// (each job's first request holds only its objective as user message).
+fn runs_of(fake: &FakeLlm, objective: &str) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| core_objective(r).as_deref() == Some(objective))
+        .filter(|r| r.body["messages"].as_array().is_some_and(|m| m.iter().all(|m| m["role"] != "assistant")))
+        .count()
+}
+
+fn show(choird: &Choird, job: &str) -> Value {
+    serde_json::from_str(&choird.ctl_ok(&["--json", "schedule", "show", job])).unwrap()
+}
+
+/// The job's firings, oldest first, as (scheduled for, state).
+fn firings(choird: &Choird, job: &str) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = show(choird, job)["last"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["scheduled_for"].as_str().unwrap().to_owned(), f["state"].as_str().unwrap().to_owned()))
+        .collect();
+    v.reverse();
+    v
+}
+
+fn wait_state(choird: &Choird, job: &str, at: &str, state: &str) {
+    wait_for(&format!("{job}'s firing at {at} to be {state}"), WAIT, || {
+        firings(choird, job).iter().any(|(t, s)| t == at && s == state)
+    });
+}
+
+/// A fake model whose core jobs answer at once; the edge says "ok".
+fn answering_model() -> FakeLlm {
+    FakeLlm::with_responder(|req, _| {
+        Some(if req["model"] == "fake-core" { Step::Text("report: all quiet".into()) } else { Step::Text("ok".into()) })
+    })
+}
+
+/// Starts the agent again after a choird restart: the old process leaves
+/// once the new choird refuses its lease.
+fn start_again(choird: &Choird, agent: &str) {
+    wait_for("the agent to start again", Duration::from_secs(60), || {
+        choird.ctl(&["agent", "start", agent]).status.success()
+    });
+}
+
+#[test]
+fn a_job_every_minute_fires_once_per_minute_across_a_choird_kill() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = answering_model();
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let mut choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-01-05T08:00:30Z");
+    choird.ctl_ok(&["schedule", "add", "demo", "tick", "--cron", "* * * * *", "--prompt", "Say tick."]);
+    choird.ctl_ok(&[
+        "schedule",
+        "add",
+        "demo",
+        "catch",
+        "--cron",
+        "* * * * *",
+        "--prompt",
+        "Say catch.",
+        "--missed",
+        "run_once",
+    ]);
+    let list = choird.ctl_ok(&["schedule", "list", "demo"]);
+    assert!(list.contains("demo/tick") && list.contains("2026-01-05T08:01:00Z"), "{list}");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+
+    for minute in ["08:01", "08:02"] {
+        choird.set_clock(&format!("2026-01-05T{minute}:05Z"));
+        for job in ["demo/tick", "demo/catch"] {
+            wait_state(&choird, job, &format!("2026-01-05T{minute}:00Z"), "done");
+        }
+    }
+    // The job's core job ran under its name; its tokens are in the ledger.
+    let last = &show(&choird, "demo/tick")["last"][0];
+    assert_eq!(last["tokens"], 15, "{last}");
+    assert!(last["detail"].as_str().unwrap().contains("all quiet"), "{last}");
+
+    // choird dies without a word; three minutes pass (each firing more than
+    // the 30 s grace late when it comes back).
+    choird.kill();
+    choird.set_clock("2026-01-05T08:05:45Z");
+    choird.kill_and_restart();
+    start_again(&choird, "demo");
+    wait_state(&choird, "demo/catch", "2026-01-05T08:05:00Z", "done");
+    choird.set_clock("2026-01-05T08:06:05Z");
+    for job in ["demo/tick", "demo/catch"] {
+        wait_state(&choird, job, "2026-01-05T08:06:00Z", "done");
+    }
+    let t = |m: &str| format!("2026-01-05T08:0{m}:00Z");
+    let pairs = |v: &[(&str, &str)]| v.iter().map(|(m, s)| (t(m), (*s).to_owned())).collect::<Vec<_>>();
+    // skip: the three missed firings are recorded, none ran.
+    assert_eq!(
+        firings(&choird, "demo/tick"),
+        pairs(&[("1", "done"), ("2", "done"), ("3", "missed"), ("4", "missed"), ("5", "missed"), ("6", "done")])
+    );
+    // run_once: recorded, and the latest ran once, late.
+    assert_eq!(
+        firings(&choird, "demo/catch"),
+        pairs(&[("1", "done"), ("2", "done"), ("3", "missed"), ("4", "missed"), ("5", "done"), ("6", "done")])
+    );
+    let catch_up = &show(&choird, "demo/catch")["last"][1];
+    assert_eq!(catch_up["scheduled_for"], t("5"));
+    // The model saw each run exactly once: no double, nothing silent.
+    assert_eq!(runs_of(&fake, "Say tick."), 3);
+    assert_eq!(runs_of(&fake, "Say catch."), 4);
+    let shown = choird.ctl_ok(&["schedule", "show", "demo/catch"]);
+    assert!(shown.contains("missed") && shown.contains("run_once") && shown.contains("2026-01-05T08:07:00"), "{shown}");
+}
+
+#[test]
+fn a_precondition_that_sees_nothing_new_makes_no_model_call() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = answering_model();
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-02-01T00:00:00Z");
+    let inbox = choird.workspace("demo").join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    choird.ctl_ok(&[
+        "schedule",
+        "add",
+        "demo",
+        "watch",
+        "--every",
+        "60s",
+        "--prompt",
+        "Look at the inbox.",
+        "--precondition",
+        "file:inbox",
+    ]);
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let at = |m: u32| format!("2026-02-01T00:{m:02}:00Z");
+    // The first look has nothing to compare with: it runs.
+    choird.set_clock(&at(1));
+    wait_state(&choird, "demo/watch", &at(1), "done");
+    // Nothing changed: skipped, and no model request at all.
+    choird.set_clock(&at(2));
+    wait_state(&choird, "demo/watch", &at(2), "skipped");
+    // A new file: it runs.
+    std::fs::write(inbox.join("mail-1.txt"), "hello").unwrap();
+    choird.set_clock(&at(3));
+    wait_state(&choird, "demo/watch", &at(3), "done");
+    // Hostile content: a FIFO (never opened: the look would block) and a
+    // link out of the workspace (never followed) are changes like any.
+    rustix::fs::mknodat(rustix::fs::CWD, inbox.join("pipe"), rustix::fs::FileType::Fifo, 0o644.into(), 0).unwrap();
+    std::os::unix::fs::symlink("/etc", inbox.join("etc")).unwrap();
+    choird.set_clock(&at(4));
+    wait_state(&choird, "demo/watch", &at(4), "done");
+    choird.set_clock(&at(5));
+    wait_state(&choird, "demo/watch", &at(5), "skipped");
+    assert_eq!(runs_of(&fake, "Look at the inbox."), 3);
+    let skipped = &show(&choird, "demo/watch")["last"][0];
+    assert!(skipped["detail"].as_str().unwrap().contains("nothing new"), "{skipped}");
+    assert_eq!(skipped["tokens"], Value::Null);
+}
+
+#[test]
+fn a_failing_job_trips_the_breaker_and_the_admin_is_told_on_telegram() {
+    use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
+    const TOKEN: &str = "111111:AAAA-secret-token-a";
+    let Some(pg) = TestPg::start() else { return };
+    let core_calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = core_calls.clone();
+    let fake = FakeLlm::with_responder(move |req, _| {
+        if req["model"] != "fake-core" {
+            return Some(Step::Text("hello there".into()));
+        }
+        // The first run works; every later one meets a broken model.
+        Some(if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            Step::Text("the nightly report is fine".into())
+        } else {
+            Step::Raw { status: 400, body: r#"{"error": {"message": "bad request"}}"#.into(), headers: Vec::new() }
+        })
+    });
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN, 111111, "alpha_bot");
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 50,
+        "bots": {"a": {"token_secret": "tg_a", "users": {"501": {"agent": "demo", "admin": true}}}}});
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k", "tg_a": TOKEN}), "2026-03-01T06:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    // The admin has talked to the agent: results may go to that chat.
+    tg.user_says(TOKEN, 501, "hi");
+    tg.wait_calls("the answer", WAIT, |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "hello there"))
+    });
+    // A user of another agent's chat, or no user at all, is refused.
+    let e = choird.ctl_err(&[
+        "schedule",
+        "add",
+        "demo",
+        "nightly",
+        "--every",
+        "1m",
+        "--prompt",
+        "Report.",
+        "--deliver",
+        "tg:a:999",
+    ]);
+    assert!(e.contains("user 999 of bot a is not a Telegram user of agent demo"), "{e}");
+    choird.ctl_ok(&[
+        "schedule",
+        "add",
+        "demo",
+        "nightly",
+        "--every",
+        "1m",
+        "--prompt",
+        "Report.",
+        "--deliver",
+        "tg:a:501",
+        "--breaker",
+        "2",
+    ]);
+    let at = |m: u32| format!("2026-03-01T06:{m:02}:00Z");
+    choird.set_clock(&at(1));
+    wait_state(&choird, "demo/nightly", &at(1), "done");
+    tg.wait_calls("the result in the chat", WAIT, |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "[nightly] the nightly report is fine"))
+    });
+    choird.set_clock(&at(2));
+    wait_state(&choird, "demo/nightly", &at(2), "failed");
+    assert!(show(&choird, "demo/nightly")["job"]["paused"] == false, "one failure does not trip a breaker of 2");
+    choird.set_clock(&at(3));
+    wait_state(&choird, "demo/nightly", &at(3), "failed");
+    let calls = tg.wait_calls("the breaker notice", WAIT, |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t.contains("is paused: 2 failures in a row")))
+    });
+    let texts = texts_by_chat(&calls)[&501].clone();
+    assert!(texts.iter().any(|t| t.contains("choirctl schedule resume demo/nightly")), "{texts:?}");
+    let job = show(&choird, "demo/nightly");
+    assert_eq!(job["job"]["paused"], true);
+    assert!(job["job"]["paused_reason"].as_str().unwrap().contains("circuit breaker"), "{job}");
+    // Paused: time passes, nothing fires.
+    choird.set_clock(&at(5));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(firings(&choird, "demo/nightly").len(), 3);
+    assert_eq!(core_calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // Resumed by the operator: failures reset, the next minute fires.
+    let resumed = choird.ctl_ok(&["schedule", "resume", "demo/nightly"]);
+    assert!(resumed.contains("next firing 2026-03-01T06:06:00Z"), "{resumed}");
+    let audit = choird.ctl_ok(&["--json", "audit", "--agent", "demo", "--limit", "500"]);
+    assert!(audit.contains("schedule.breaker") && audit.contains("schedule.resume"), "{audit}");
+}
+
+#[test]
+fn an_agents_schedule_proposal_is_refused_until_approved_and_then_fires() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::with_responder(|req, _| {
+        if req["model"] == "fake-core" {
+            return Some(Step::Text("digest written".into()));
+        }
+        let last = req["messages"].as_array()?.last()?.clone();
+        Some(match last["content"].as_str() {
+            Some("schedule a digest") => Step::call(
+                "choir.propose.schedule",
+                json!({"job": {"name": "digest", "cron": "30 7 * * *", "tz": "Europe/Berlin", "prompt": "Write the digest."},
+                       "reason": "the user wants a morning digest"}),
+            ),
+            Some("schedule nonsense") => Step::call(
+                "choir.propose.schedule",
+                json!({"job": {"name": "bad", "cron": "99 7 * * *", "prompt": "x"}, "reason": "r"}),
+            ),
+            _ if last["role"] == "tool" => Step::Text(format!("tool said: {}", last["content"].as_str().unwrap_or(""))),
+            _ => Step::Text("ok".into()),
+        })
+    });
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-04-01T05:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    // A bad spec is refused at once, saying why; nothing is stored.
+    let said = choird.ctl_ok(&["chat", "demo", "schedule nonsense"]);
+    assert!(said.contains("is not valid"), "{said}");
+    let said = choird.ctl_ok(&["chat", "demo", "schedule a digest"]);
+    assert!(said.contains("tool said"), "{said}");
+    // Proposed is not scheduled.
+    assert!(choird.ctl_ok(&["schedule", "list", "demo"]).contains("no scheduled jobs"));
+    let pending: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list"])).unwrap();
+    let p = pending["approvals"].as_array().unwrap().iter().find(|a| a["kind"] == "schedule").cloned().unwrap();
+    assert_eq!(p["subject"], "schedule: digest (cron 30 7 * * * Europe/Berlin)");
+    let id = p["id"].as_i64().unwrap().to_string();
+    // The human sees the exact job.
+    let shown = choird.ctl_ok(&["approvals", "show", &id]);
+    assert!(shown.contains("\"prompt\": \"Write the digest.\"") && shown.contains("Europe/Berlin"), "{shown}");
+    choird.set_clock("2026-04-01T06:00:00Z");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(runs_of(&fake, "Write the digest."), 0);
+    choird.ctl_ok(&["approvals", "approve", &id]);
+    let job = show(&choird, "demo/digest");
+    assert_eq!(job["job"]["created_by"], format!("approval #{id} (admin)"));
+    // 07:30 in Berlin (CEST, UTC+2) is 05:30 UTC: the next is tomorrow's.
+    assert_eq!(job["job"]["next_due"], "2026-04-02T05:30:00Z");
+    assert!(job["next"][0].as_str().unwrap().starts_with("2026-04-02T07:30:00+02:00"), "{job}");
+    choird.set_clock("2026-04-02T05:30:01Z");
+    wait_state(&choird, "demo/digest", "2026-04-02T05:30:00Z", "done");
+    assert_eq!(runs_of(&fake, "Write the digest."), 1);
+}
+
+#[test]
+fn bad_jobs_are_clear_errors_and_change_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = answering_model();
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-05-01T00:00:00Z");
+    let add = |extra: &[&str]| {
+        let mut args = vec!["schedule", "add", "demo", "j", "--prompt", "p"];
+        args.extend_from_slice(extra);
+        choird.ctl_err(&args)
+    };
+    assert!(add(&["--cron", "61 * * * *"]).contains("cron expression \"61 * * * *\" is not valid"));
+    assert!(add(&["--cron", "0 8 * * *", "--tz", "Mars/Olympus"]).contains("unknown time zone \"Mars/Olympus\""));
+    assert!(add(&["--cron", "* * *"]).contains("has 3 fields"));
+    assert!(add(&["--every", "10s"]).contains("every_s must be between 60"));
+    assert!(add(&[]).contains("a job needs cron (with tz) or every_s"));
+    assert!(add(&["--every", "1m", "--tools", "no.such.tool"]).contains("agent demo has no tool no.such.tool"));
+    assert!(add(&["--every", "1m", "--skill", "nope"]).contains("no usable skill nope"));
+    assert!(add(&["--every", "1m", "--precondition", "file:../../etc"]).contains("without .."));
+    assert!(add(&["--every", "1m", "--precondition", "mail"]).contains("needs agents.demo.email"));
+    assert!(add(&["--every", "1m", "--deliver", "cli"]).contains("not a Telegram conversation"));
+    let e = choird.ctl_err(&["schedule", "add", "ghost", "j", "--every", "1m", "--prompt", "p"]);
+    assert!(e.contains("no agent \"ghost\""), "{e}");
+    assert!(choird.ctl_ok(&["schedule", "list"]).contains("no scheduled jobs"));
+    choird.ctl_ok(&["schedule", "add", "demo", "j", "--every", "1m", "--prompt", "p"]);
+    assert!(choird
+        .ctl_err(&["schedule", "add", "demo", "j", "--every", "2m", "--prompt", "q"])
+        .contains("already has a job named j"));
+    assert!(choird.ctl_err(&["schedule", "show", "demo/ghost"]).contains("no scheduled job \"ghost\""));
+    assert!(choird.ctl_err(&["schedule", "show", "demo-ghost"]).contains("AGENT/NAME"));
+    choird.ctl_ok(&["schedule", "rm", "demo/j"]);
+    assert!(choird.ctl_ok(&["schedule", "list"]).contains("no scheduled jobs"));
+}
