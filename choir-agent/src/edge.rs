@@ -37,16 +37,7 @@ use crate::skills::{Skill, SkillBook};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 use crate::tools::Registry;
 
-/// What the edge lane hands to the link for choird.
-#[derive(Debug)]
-pub enum Outbound {
-    /// An answer (or a message of its own).
-    Reply(OutboundReply),
-    /// The answer so far, while the model is still writing it.
-    Partial(PartialReply),
-    /// A scheduled firing's outcome (from the core pool, for choird).
-    Firing(choir_common::schedule::FiringReport),
-}
+use crate::outbound::Outbound;
 
 /// Least time between two partial answers sent for one message.
 const PARTIAL_EVERY: std::time::Duration = std::time::Duration::from_millis(150);

@@ -18,6 +18,7 @@ pub mod llm;
 pub mod locks;
 pub mod memory;
 pub mod origin;
+pub mod outbound;
 pub mod policy;
 pub mod prompt;
 pub mod provenance;

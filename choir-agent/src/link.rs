@@ -18,16 +18,16 @@ use choir_common::rpc::{
     Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply, PartialReply,
     ReportStatusRequest, Verb,
 };
-use choir_common::schedule::{FiringOffer, FiringReport};
+use choir_common::rpc::{FiringOffer, FiringReport};
 use crossbeam_channel::{select, Receiver, Sender};
 
 use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
 use crate::commitlog::DurableLog;
 use crate::core::CorePool;
-use crate::edge::Outbound;
 use crate::inbox::EdgeEvent;
 use crate::lanes::StatusBoard;
+use crate::outbound::Outbound;
 use crate::rpc::{Rpc, RpcError};
 
 /// How long a poll may be held by choird.
@@ -296,7 +296,7 @@ impl Link {
                 let req = HeartbeatRequest {
                     events,
                     replies: replies.iter().cloned().map(storable_reply).collect(),
-                    firings: firings.clone(),
+                    firings: firings.iter().take(MAX_FIRING_REPORTS).cloned().collect(),
                     // Only the latest text of each message matters; none once it is answered.
                     partials: std::mem::take(partials)
                         .into_iter()
@@ -322,7 +322,7 @@ impl Link {
                         self.log.ack(resp.acked_seq);
                         self.processed.fetch_max(processed, Ordering::SeqCst);
                         replies.clear();
-                        firings.clear();
+                        firings.drain(..firings.len().min(MAX_FIRING_REPORTS));
                     }
                     Err(RpcError::Unauthorized(msg)) => {
                         log::error!("lease lost: {msg}");
@@ -389,6 +389,9 @@ struct Pending {
     partials: Vec<PartialReply>,
     firings: Vec<FiringReport>,
 }
+
+/// Firing reports per HEARTBEAT (choird refuses more).
+const MAX_FIRING_REPORTS: usize = 64;
 
 /// Firing ids remembered, so an offer choird repeats (a lost reply) is
 /// asked for once.

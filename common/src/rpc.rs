@@ -280,7 +280,7 @@ pub struct HeartbeatRequest {
     /// What the agent says of scheduled firings: asks to start them, or
     /// reports their outcome.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub firings: Vec<crate::schedule::FiringReport>,
+    pub firings: Vec<FiringReport>,
 }
 
 fn yes() -> bool {
@@ -308,11 +308,49 @@ pub struct HeartbeatResponse {
     /// Scheduled firings to run as core jobs, each only once choird has
     /// accepted its start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub firings: Vec<crate::schedule::FiringOffer>,
+    pub firings: Vec<FiringOffer>,
     /// Firings whose start (a `starting` report) choird accepted: the agent
     /// starts these and no others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted: Vec<i64>,
+}
+
+/// A firing handed to the agent (in a HEARTBEAT reply): run it as core job
+/// `job` — but only after choird accepted its start (a `starting` report
+/// answered with the id in `accepted`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FiringOffer {
+    /// The firing's id (unique per choird).
+    pub id: i64,
+    /// The core job's name (the job's name).
+    pub job: String,
+    /// Its objective.
+    pub prompt: String,
+    /// A skill to run, with its input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
+    /// See `skill`.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub input: serde_json::Value,
+    /// The job's allowlist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
+    /// The budget, complete.
+    pub budget: CoreBudget,
+}
+
+/// What an agent says of a firing (in a HEARTBEAT request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FiringReport {
+    /// The firing.
+    pub id: i64,
+    /// `starting` (asks choird to accept the start; the job starts only if
+    /// the reply lists the id in `accepted`), `refused` (could not start:
+    /// `detail` says why), `done` or `failed` (with the job's report).
+    pub state: String,
+    /// The report's text, or why.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
 
 /// State of one lane, as reported.

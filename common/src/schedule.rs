@@ -1,6 +1,7 @@
 //! Scheduled jobs (R-SCHED-1) as they cross a boundary: the job people write
-//! (`choirctl schedule add`, an approved `choir.propose.schedule`), a firing
-//! handed to an agent, what the agent says of it, and the admin API's views.
+//! (`choirctl schedule add`, an approved `choir.propose.schedule`) and the
+//! admin API's views. A firing handed to an agent and what the agent says of
+//! it are RPC types (`rpc::FiringOffer`, `rpc::FiringReport`).
 //!
 //! The spec is plain data here; choird checks it (cron syntax, time zone,
 //! tools, budget, destination) before anything is stored, and the same check
@@ -133,44 +134,6 @@ impl Precondition {
             Precondition::MemoryDue => "memory item due".into(),
         }
     }
-}
-
-/// A firing handed to the agent (in a HEARTBEAT reply): run it as core job
-/// `job` — but only after choird accepted its start (a `starting` report
-/// answered with the id in `accepted`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FiringOffer {
-    /// The firing's id (unique per choird).
-    pub id: i64,
-    /// The core job's name (the job's name).
-    pub job: String,
-    /// Its objective.
-    pub prompt: String,
-    /// A skill to run, with its input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skill: Option<String>,
-    /// See `skill`.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub input: Value,
-    /// The job's allowlist.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allowed_tools: Option<Vec<String>>,
-    /// The budget, complete.
-    pub budget: crate::rpc::CoreBudget,
-}
-
-/// What an agent says of a firing (in a HEARTBEAT request).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FiringReport {
-    /// The firing.
-    pub id: i64,
-    /// `starting` (asks choird to accept the start; the job starts only if
-    /// the reply lists the id in `accepted`), `refused` (could not start:
-    /// `detail` says why), `done` or `failed` (with the job's report).
-    pub state: String,
-    /// The report's text, or why.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub detail: String,
 }
 
 /// A job as `choirctl schedule list` shows it.

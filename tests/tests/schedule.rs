@@ -354,3 +354,139 @@ fn bad_jobs_are_clear_errors_and_change_nothing() {
     choird.ctl_ok(&["schedule", "rm", "demo/j"]);
     assert!(choird.ctl_ok(&["schedule", "list"]).contains("no scheduled jobs"));
 }
+
+/// A raw HEARTBEAT with firing reports, sent with `client`'s token.
+fn report(client: &choir_tests::bench::HostToolClient, firings: Value) -> (u16, Value) {
+    let body = json!({"events": [], "replies": [], "processed_upto": 0, "config_version": 0, "receive": false,
+                      "firings": firings});
+    let mut resp = client
+        .http
+        .post("http://localhost/rpc/v1/HEARTBEAT")
+        .header("Authorization", &format!("Bearer {}", client.token))
+        .header("Content-Type", "application/json")
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send(body.to_string().as_bytes())
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap_or(Value::Null))
+}
+
+fn firing_row(db: &mut postgres::Client, id: i64) -> (String, String) {
+    let r = db.query_one("SELECT state, detail FROM schedule_firings WHERE id = $1", &[&id]).unwrap();
+    (r.get(0), r.get(1))
+}
+
+#[test]
+fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
+    let Some(pg) = TestPg::start() else { return };
+    // The good agent's core job waits long enough to be seen running.
+    let fake = FakeLlm::with_responder(|req, _| {
+        if req["model"] == "fake-core" {
+            std::thread::sleep(Duration::from_millis(1500));
+            return Some(Step::Text("good report".into()));
+        }
+        Some(Step::Text("ok".into()))
+    });
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["evil", "good"]);
+    config["agent_binary"] = json!(choir_tests::harness::bin("hostile-agent"));
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-06-01T00:00:00Z");
+    choird.ctl_ok(&["agent", "start", "good"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = choir_tests::bench::HostToolClient::of(&choird, "evil");
+    choird.ctl_ok(&["schedule", "add", "good", "g", "--every", "1m", "--prompt", "Good work."]);
+    choird.ctl_ok(&["schedule", "add", "evil", "e", "--every", "1m", "--prompt", "Evil work."]);
+    choird.set_clock("2026-06-01T00:01:00Z");
+    let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let id_of = |db: &mut postgres::Client, job: &str, state: &str| -> Option<i64> {
+        db.query_opt(
+            "SELECT f.id FROM schedule_firings f JOIN schedule_jobs j ON j.id = f.job_id WHERE j.name = $1 AND f.state = $2",
+            &[&job, &state],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    let mut good = None;
+    wait_for("the good agent's firing to run", WAIT, || {
+        good = id_of(&mut db, "g", "running");
+        good.is_some()
+    });
+    let good = good.unwrap();
+    let mut own = None;
+    wait_for("the evil agent's firing to be offered", WAIT, || {
+        own = id_of(&mut db, "e", "offered");
+        own.is_some()
+    });
+    let own = own.unwrap();
+
+    // Another agent's firing: neither started nor ended from here.
+    let (status, r) =
+        report(&evil, json!([{"id": good, "state": "starting"}, {"id": good, "state": "done", "detail": "pwned"}]));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["accepted"], Value::Null, "nothing accepted: {r}");
+    assert_eq!(firing_row(&mut db, good).0, "running");
+    // Its own firing, not started: an outcome is ignored.
+    report(&evil, json!([{"id": own, "state": "failed", "detail": "x"}]));
+    assert_eq!(firing_row(&mut db, own).0, "offered");
+    // A state that does not exist, or too many reports at once: refused, nothing changes.
+    let (status, r) = report(&evil, json!([{"id": own, "state": "haxx"}]));
+    assert_eq!(status, 400, "{r}");
+    let many: Vec<Value> = (0..1000).map(|i| json!({"id": i, "state": "done"})).collect();
+    let (status, r) = report(&evil, Value::Array(many));
+    assert_eq!(status, 400, "{r}");
+    assert!(r.to_string().contains("at most 64"), "{r}");
+    assert_eq!(firing_row(&mut db, own).0, "offered");
+    // Its own: accepted once; the outcome recorded once, clipped and NUL-safe.
+    let (_, r) = report(&evil, json!([{"id": own, "state": "starting"}]));
+    assert_eq!(r["accepted"], json!([own]));
+    let (_, r) = report(&evil, json!([{"id": own, "state": "starting"}]));
+    assert_eq!(r["accepted"], Value::Null, "a start is accepted once: {r}");
+    let huge = format!("a\u{0}b{}", "x".repeat(100_000));
+    report(&evil, json!([{"id": own, "state": "done", "detail": huge}]));
+    report(&evil, json!([{"id": own, "state": "failed", "detail": "again"}]));
+    let (state, detail) = firing_row(&mut db, own);
+    assert_eq!(state, "done");
+    assert!(detail.starts_with("a\\u0000b") && detail.chars().count() <= 4001, "{}", detail.len());
+    // The good agent's firing ends as its own agent says.
+    wait_state(&choird, "good/g", "2026-06-01T00:01:00Z", "done");
+    assert_eq!(firing_row(&mut db, good).1, "good report");
+    let audit = choird.ctl_ok(&["--json", "audit", "--agent", "evil", "--limit", "500"]);
+    assert_eq!(audit.matches("schedule.firing").count(), 1, "{audit}");
+}
+
+#[test]
+fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_again() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::with_responder(|req, _| {
+        if req["model"] == "fake-core" {
+            std::thread::sleep(Duration::from_secs(3));
+            return Some(Step::Text("finished".into()));
+        }
+        Some(Step::Text("ok".into()))
+    });
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-07-01T00:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.ctl_ok(&["schedule", "add", "demo", "slow", "--every", "1m", "--prompt", "Take your time."]);
+    choird.set_clock("2026-07-01T00:01:00Z");
+    wait_state(&choird, "demo/slow", "2026-07-01T00:01:00Z", "running");
+    wait_for("the core job's model request", WAIT, || runs_of(&fake, "Take your time.") == 1);
+    // The agent dies in the middle of the job (choird restarts it).
+    let mut status = Value::Null;
+    wait_for("the job to show in agent status under its name", WAIT, || {
+        status = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+        status["lanes"].as_array().unwrap().iter().any(|l| l["lane"] == "core:slow" && l["detail"] == "Take your time.")
+    });
+    let pid = status["pid"].as_i64().unwrap_or_else(|| panic!("no pid in {status}")) as i32;
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    wait_state(&choird, "demo/slow", "2026-07-01T00:01:00Z", "interrupted");
+    let f = &show(&choird, "demo/slow")["last"][0];
+    assert!(f["detail"].as_str().unwrap().contains("not run again"), "{f}");
+    choird.wait_running("demo");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(runs_of(&fake, "Take your time."), 1, "an interrupted firing is never started again");
+    // The next minute runs as usual.
+    choird.set_clock("2026-07-01T00:02:00Z");
+    wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
+}

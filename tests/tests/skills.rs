@@ -438,6 +438,10 @@ fn every_tool_call(state: &str) -> Vec<(String, String)> {
         ("choir.memory.query", json!({"mode": "semantic", "query": "x"})),
         ("choir.memory.upsert", json!({"tier": "working", "content": "x"})),
         ("choir.propose.config_change", json!({"changes": {"max_steps_per_turn": 3}, "reason": "r"})),
+        (
+            "choir.propose.schedule",
+            json!({"job": {"name": format!("adv-{state}"), "every_s": 60, "prompt": "escape"}, "reason": "r"}),
+        ),
         ("choir.propose.skill", json!({"skill": skill, "reason": "r"})),
         ("choir.propose.tool", json!({"manifest": tool, "executable": "#!/bin/sh\necho '{}'\n", "reason": "r"})),
         ("choir.skill.run", json!({"skill": "build_feature", "input": {"feature": "x"}})),

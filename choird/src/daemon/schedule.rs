@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use choir_common::ids::AgentId;
 use choir_common::rpc::{CoreBudget, OutboundReply};
-use choir_common::schedule::{FiringOffer, FiringReport, JobDetail, JobList, JobRow, JobSpec, Missed, Precondition};
+use choir_common::rpc::{FiringOffer, FiringReport};
+use choir_common::schedule::{JobDetail, JobList, JobRow, JobSpec, Missed, Precondition};
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
@@ -33,6 +34,10 @@ const CLAIM_BATCH: i64 = 500;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// Longest sleep of the scheduler thread.
 const MAX_NAP: Duration = Duration::from_secs(5);
+/// Days the firings' record is kept.
+pub const KEEP_FIRINGS_DAYS: i64 = 90;
+/// How often old firings are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Firings listed by `schedule show`.
 const SHOWN_FIRINGS: i64 = 10;
 /// Next firings listed by `schedule show`.
@@ -204,6 +209,7 @@ impl Daemon {
     /// (at most [`MAX_NAP`], or until poked).
     pub fn run_scheduler(&self) {
         let mut last_sweep: Option<Instant> = None;
+        let mut last_prune: Option<Instant> = None;
         while !self.schedule.stopping() {
             let now = self.schedule.clock.now();
             if let Err(e) = self.claim_due(now) {
@@ -215,6 +221,15 @@ impl Daemon {
                 match self.store.sweep_firings() {
                     Ok(ended) => ended.iter().for_each(|e| self.firing_ended(e)),
                     Err(e) => log::warn!("scheduler: tidying firings failed: {e}"),
+                }
+            }
+            if last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                last_prune = Some(Instant::now());
+                let before = now.checked_sub(jiff::SignedDuration::from_hours(24 * KEEP_FIRINGS_DAYS)).unwrap_or(now);
+                match self.store.prune_firings(before) {
+                    Ok(n) if n > 0 => log::info!("scheduler: forgot {n} firing(s) older than {KEEP_FIRINGS_DAYS} days"),
+                    Ok(_) => {}
+                    Err(e) => log::warn!("scheduler: forgetting old firings failed: {e}"),
                 }
             }
             let until = match self.store.next_due_any() {
@@ -434,6 +449,27 @@ impl Daemon {
             self.events.send(crate::events::Event::ScheduleNotice { agent, text });
         }
     }
+}
+
+/// Firing reports one HEARTBEAT may carry.
+pub const MAX_FIRING_REPORTS: usize = 64;
+
+/// Refuses a HEARTBEAT's firing reports before anything of it is stored:
+/// more than [`MAX_FIRING_REPORTS`], or a state that does not exist.
+pub fn check_firing_reports(reports: &[FiringReport]) -> Result<(), ApiError> {
+    if reports.len() > MAX_FIRING_REPORTS {
+        return Err(ApiError::BadRequest(format!(
+            "{} firing reports in one HEARTBEAT; at most {MAX_FIRING_REPORTS}",
+            reports.len()
+        )));
+    }
+    if let Some(r) = reports.iter().find(|r| !matches!(r.state.as_str(), "starting" | "done" | "failed" | "refused")) {
+        return Err(ApiError::BadRequest(format!(
+            "firing state {:?} is not one of starting, done, failed, refused",
+            choir_common::text::clipped(&r.state, 40)
+        )));
+    }
+    Ok(())
 }
 
 /// The `{"job": spec}` of a schedule proposal, parsed.

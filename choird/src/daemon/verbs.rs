@@ -166,6 +166,7 @@ impl Daemon {
     /// HEARTBEAT: stores replicated events and replies, then hands out new
     /// messages, waiting up to `wait_ms` for some to arrive.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        super::schedule::check_firing_reports(&req.firings)?;
         let acked = self.replicate(who, req)?;
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };

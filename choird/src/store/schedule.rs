@@ -450,6 +450,18 @@ impl Store {
         })
     }
 
+    /// Forgets ended firings scheduled before `before` (the record is kept
+    /// [`crate::daemon::schedule::KEEP_FIRINGS_DAYS`] days); returns how many.
+    pub fn prune_firings(&self, before: Timestamp) -> Result<u64, DbError> {
+        self.db.with(|c| {
+            c.execute(
+                "DELETE FROM schedule_firings
+                 WHERE scheduled_for < $1 AND state NOT IN ('checking', 'due', 'offered', 'running')",
+                &[&ts(before)],
+            )
+        })
+    }
+
     /// Tidies firings whose session is gone: offered ones are offered
     /// again, running ones (and those past their wall time by
     /// [`OVERRUN_GRACE_S`]) are `interrupted`. Returns those interrupted.
