@@ -79,7 +79,6 @@ impl Link {
     /// when the agent closes.
     pub fn poll(&self, edge: Sender<EdgeEvent>) {
         let mut highest = self.processed.load(Ordering::SeqCst);
-        let mut seen: std::collections::VecDeque<i64> = std::collections::VecDeque::new();
         let mut failures = 0;
         while !self.closing.load(Ordering::SeqCst) {
             let req = HeartbeatRequest {
@@ -112,15 +111,10 @@ impl Link {
                     for lane in &resp.cancel {
                         self.cancel(lane);
                     }
-                    let offers: Vec<FiringOffer> = resp.firings.into_iter().filter(|f| !seen.contains(&f.id)).collect();
-                    for f in &offers {
-                        if seen.len() >= SEEN_FIRINGS {
-                            seen.pop_front();
-                        }
-                        seen.push_back(f.id);
-                    }
-                    if !offers.is_empty() {
-                        self.start_firings(offers);
+                    // An offer repeated (a lost reply) is harmless: choird
+                    // accepts a firing's start once.
+                    if !resp.firings.is_empty() {
+                        self.start_firings(resp.firings);
                     }
                     for m in resp.messages {
                         // choird may hand a message out twice (a lost reply): ids only grow.
@@ -392,10 +386,6 @@ struct Pending {
 
 /// Firing reports per HEARTBEAT (choird refuses more).
 const MAX_FIRING_REPORTS: usize = 64;
-
-/// Firing ids remembered, so an offer choird repeats (a lost reply) is
-/// asked for once.
-const SEEN_FIRINGS: usize = 256;
 
 /// Events per replication HEARTBEAT.
 const MAX_BATCH_EVENTS: usize = 512;

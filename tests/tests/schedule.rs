@@ -490,3 +490,99 @@ fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_a
     choird.set_clock("2026-07-01T00:02:00Z");
     wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
 }
+
+/// A page whose body the test sets (for `url_changed`).
+struct Page {
+    body: std::sync::Arc<parking_lot::Mutex<String>>,
+    port: u16,
+    server: std::sync::Arc<tiny_http::Server>,
+}
+
+impl Page {
+    fn start(body: &str) -> Page {
+        let server = std::sync::Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+        let port = server.server_addr().to_ip().unwrap().port();
+        let body = std::sync::Arc::new(parking_lot::Mutex::new(body.to_owned()));
+        let (s, b) = (server.clone(), body.clone());
+        std::thread::spawn(move || {
+            for req in s.incoming_requests() {
+                let text = b.lock().clone();
+                let _ = req.respond(tiny_http::Response::from_string(text));
+            }
+        });
+        Page { body, port, server }
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+#[test]
+fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
+    use choir_tests::mail_servers::{MailServers, PASSWORD, USER};
+    let Some(pg) = TestPg::start() else { return };
+    let Some(mail) = MailServers::start() else { return };
+    let emb = choir_tests::fake_embeddings::FakeEmbeddings::start(8);
+    let fake = FakeLlm::with_responder(|req, _| {
+        if req["model"] == "fake-core" {
+            return Some(Step::Text("looked".into()));
+        }
+        let last = req["messages"].as_array()?.last()?.clone();
+        Some(match last["content"].as_str() {
+            Some("remind me") => Step::call(
+                "choir.memory.upsert",
+                json!({"tier": "knowledge", "content": "call the plumber", "metadata": {"due": "2026-08-01T00:01:30Z"}}),
+            ),
+            _ => Step::Text("noted".into()),
+        })
+    });
+    let page = Page::start("status: green");
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"]["email"] = json!({
+        "smtp": {"host": "localhost", "port": mail.smtp_port, "security": "starttls"},
+        "imap": {"host": "localhost", "port": mail.imaps_port, "security": "tls"},
+        "username": USER, "password_secret": "mail_pw", "from": format!("Choir Agent <{USER}@localhost>"),
+        "ca_file": mail.ca_file(),
+    });
+    config["agents"]["demo"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]});
+    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
+                                             "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k", "mail_pw": PASSWORD}), "2026-08-01T00:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let url = format!("url:http://127.0.0.1:{}/status", page.port);
+    for (name, pre, prompt) in [
+        ("mail", "mail", "Read the new mail."),
+        ("page", url.as_str(), "Read the page."),
+        ("due", "memory", "Do what is due."),
+    ] {
+        choird.ctl_ok(&["schedule", "add", "demo", name, "--every", "1m", "--prompt", prompt, "--precondition", pre]);
+    }
+    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    // Minute 1: no unseen mail, no memory due: nothing to do; the page's first look runs.
+    choird.set_clock(&at(1));
+    wait_state(&choird, "demo/mail", &at(1), "skipped");
+    wait_state(&choird, "demo/due", &at(1), "skipped");
+    wait_state(&choird, "demo/page", &at(1), "done");
+    // Something new in each.
+    mail.deliver("boss@example.org", "From: boss@example.org\r\nSubject: hi\r\n\r\nPlease call.\r\n");
+    *page.body.lock() = "status: red".into();
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "remind me"]).trim(), "noted");
+    choird.set_clock(&at(2));
+    for job in ["demo/mail", "demo/page", "demo/due"] {
+        wait_state(&choird, job, &at(2), "done");
+    }
+    // Nothing new since: every look says so, and no model is asked.
+    choird.set_clock(&at(3));
+    for job in ["demo/mail", "demo/page", "demo/due"] {
+        wait_state(&choird, job, &at(3), "skipped");
+    }
+    assert_eq!(
+        [runs_of(&fake, "Read the new mail."), runs_of(&fake, "Read the page."), runs_of(&fake, "Do what is due.")],
+        [1, 2, 1]
+    );
+    let mail_look = &show(&choird, "demo/mail")["last"][0];
+    assert!(mail_look["detail"].as_str().unwrap().contains("nothing new"), "{mail_look}");
+}

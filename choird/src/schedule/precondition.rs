@@ -135,6 +135,16 @@ fn url_digest(shared: &Shared, agent: &AgentId, raw: &str) -> Result<String, Str
 /// whose due is not a time are ignored.
 fn due_items(shared: &Shared, agent: &AgentId) -> Result<Vec<Timestamp>, String> {
     let schema = crate::db::agent_schema(agent);
+    // An agent that never stored a memory has no schema yet: nothing is due.
+    let exists = shared
+        .store
+        .db
+        .with(|c| c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&format!("{schema}.items")]))
+        .map_err(|_| format!("agent {agent}'s memory cannot be read"))?
+        .get::<_, bool>(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
     let sql = format!(
         "SELECT metadata->>'due' FROM {schema}.items WHERE metadata ? 'due' ORDER BY id DESC LIMIT {MAX_DUE_ITEMS}"
     );

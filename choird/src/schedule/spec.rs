@@ -76,8 +76,17 @@ pub fn parse_cron(expr: &str, tz: &str) -> Result<When, String> {
     })?;
     let when = When::Cron(Box::new(cron), zone);
     // An expression that never matches (31 February) is refused now, not at its first look.
-    if when.next_after(Timestamp::UNIX_EPOCH, None).is_none() {
+    let Some(first) = when.next_after(Timestamp::UNIX_EPOCH, None) else {
         return Err(format!("cron expression {shown:?} never fires"));
+    };
+    // Nor more often than once a minute (a per-second job is a loop, not a schedule).
+    let mut t = first;
+    for _ in 0..120 {
+        let Some(next) = when.next_after(t, None) else { break };
+        if next.as_second() - t.as_second() < MIN_EVERY_S as i64 {
+            return Err(format!("cron expression {shown:?} fires more often than once a minute"));
+        }
+        t = next;
     }
     Ok(when)
 }
@@ -263,6 +272,10 @@ mod tests {
         assert!(e.contains("unknown time zone \"Mars/Olympus\""), "{e}");
         let e = check(&spec(json!({"name": "a", "cron": "0 0 31 2 *", "prompt": "p"})).unwrap()).unwrap_err();
         assert!(e.contains("never fires"), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "*/10 * * * * *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("more often than once a minute"), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "0,1 * * * * *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("more often than once a minute"), "{e}");
         let e = check(&spec(json!({"name": "a", "every_s": 5, "prompt": "p"})).unwrap()).unwrap_err();
         assert!(e.contains("every_s must be between 60"), "{e}");
         let e = check(&spec(json!({"name": "a b", "every_s": 60, "prompt": "p"})).unwrap()).unwrap_err();
@@ -292,6 +305,7 @@ mod tests {
         // Friday 2026-01-02 10:00 UTC → Monday 2026-01-05 08:00 Berlin = 07:00 UTC.
         assert_eq!(w.next_after(ts("2026-01-02T10:00:00Z"), None), Some(ts("2026-01-05T07:00:00Z")));
         let six = parse_cron("30 * * * * *", "UTC").unwrap();
+        assert!(parse_cron("0 */15 9-17 * * 1-5", "UTC").is_ok());
         assert_eq!(six.next_after(ts("2026-01-02T10:00:00Z"), None), Some(ts("2026-01-02T10:00:30Z")));
     }
 
