@@ -392,7 +392,7 @@ impl Daemon {
     /// new instance; false when the agent should no longer run.
     fn restart_after_backoff(self: &Arc<Self>, id: &AgentId, generation: u64) -> bool {
         let Some(crashes) = self.sessions.begin_restart(id) else { return false };
-        let backoff = Duration::from_secs(1u64 << (crashes - 1).min(6)).min(MAX_BACKOFF);
+        let backoff = crate::pace::restart_delay(crashes, MAX_BACKOFF);
         if !self.sessions.wait_backoff(id, generation, Instant::now() + backoff, &self.shutting_down) {
             return false;
         }
