@@ -81,16 +81,7 @@ impl Link {
         let mut highest = self.processed.load(Ordering::SeqCst);
         let mut failures = 0;
         while !self.closing.load(Ordering::SeqCst) {
-            let req = HeartbeatRequest {
-                events: Vec::new(),
-                replies: Vec::new(),
-                partials: Vec::new(),
-                processed_upto: self.processed.load(Ordering::SeqCst),
-                config_version: self.config_version.load(Ordering::SeqCst),
-                wait_ms: POLL_WAIT_MS,
-                receive: true,
-                firings: Vec::new(),
-            };
+            let req = self.bare_heartbeat(POLL_WAIT_MS, true, Vec::new());
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
                 Ok(resp) => {
@@ -180,18 +171,24 @@ impl Link {
         }
     }
 
-    /// A HEARTBEAT that only reports on firings.
-    fn report_firings(&self, firings: Vec<FiringReport>) -> Result<HeartbeatResponse, RpcError> {
-        let req = HeartbeatRequest {
+    /// A HEARTBEAT carrying no events or answers: the poller's long-poll
+    /// (`receive`), or a report on firings.
+    fn bare_heartbeat(&self, wait_ms: u64, receive: bool, firings: Vec<FiringReport>) -> HeartbeatRequest {
+        HeartbeatRequest {
             events: Vec::new(),
             replies: Vec::new(),
             partials: Vec::new(),
             processed_upto: self.processed.load(Ordering::SeqCst),
             config_version: self.config_version.load(Ordering::SeqCst),
-            wait_ms: 0,
-            receive: false,
+            wait_ms,
+            receive,
             firings,
-        };
+        }
+    }
+
+    /// A HEARTBEAT that only reports on firings.
+    fn report_firings(&self, firings: Vec<FiringReport>) -> Result<HeartbeatResponse, RpcError> {
+        let req = self.bare_heartbeat(0, false, firings);
         self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(10))
     }
 

@@ -54,8 +54,17 @@ fn wait_state(choird: &Choird, job: &str, at: &str, state: &str) {
 
 /// A fake model whose core jobs answer at once; the edge says "ok".
 fn answering_model() -> FakeLlm {
-    FakeLlm::with_responder(|req, _| {
-        Some(if req["model"] == "fake-core" { Step::Text("report: all quiet".into()) } else { Step::Text("ok".into()) })
+    core_answers_after(Duration::ZERO, "report: all quiet")
+}
+
+/// A fake model whose core jobs answer `text` after `delay`; the edge says "ok".
+fn core_answers_after(delay: Duration, text: &'static str) -> FakeLlm {
+    FakeLlm::with_responder(move |req, _| {
+        if req["model"] == "fake-core" {
+            std::thread::sleep(delay);
+            return Some(Step::Text(text.into()));
+        }
+        Some(Step::Text("ok".into()))
     })
 }
 
@@ -382,13 +391,7 @@ fn firing_row(db: &mut postgres::Client, id: i64) -> (String, String) {
 fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
     let Some(pg) = TestPg::start() else { return };
     // The good agent's core job waits long enough to be seen running.
-    let fake = FakeLlm::with_responder(|req, _| {
-        if req["model"] == "fake-core" {
-            std::thread::sleep(Duration::from_millis(1500));
-            return Some(Step::Text("good report".into()));
-        }
-        Some(Step::Text("ok".into()))
-    });
+    let fake = core_answers_after(Duration::from_millis(1500), "good report");
     let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["evil", "good"]);
     config["agent_binary"] = json!(choir_tests::harness::bin("hostile-agent"));
     let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-06-01T00:00:00Z");
@@ -458,13 +461,7 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
 #[test]
 fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_again() {
     let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::with_responder(|req, _| {
-        if req["model"] == "fake-core" {
-            std::thread::sleep(Duration::from_secs(3));
-            return Some(Step::Text("finished".into()));
-        }
-        Some(Step::Text("ok".into()))
-    });
+    let fake = core_answers_after(Duration::from_secs(3), "finished");
     let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
     let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-07-01T00:00:00Z");
     choird.ctl_ok(&["agent", "start", "demo"]);

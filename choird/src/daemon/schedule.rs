@@ -219,7 +219,12 @@ impl Daemon {
             if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
                 last_sweep = Some(Instant::now());
                 match self.store.sweep_firings() {
-                    Ok(ended) => ended.iter().for_each(|e| self.firing_ended(e)),
+                    Ok((ended, again)) => {
+                        ended.iter().for_each(|e| self.firing_ended(e));
+                        for agent in again.iter().filter_map(|a| AgentId::parse(a).ok()) {
+                            self.sessions.firing_due(&agent);
+                        }
+                    }
                     Err(e) => log::warn!("scheduler: tidying firings failed: {e}"),
                 }
             }

@@ -464,16 +464,22 @@ impl Store {
 
     /// Tidies firings whose session is gone: offered ones are offered
     /// again, running ones (and those past their wall time by
-    /// [`OVERRUN_GRACE_S`]) are `interrupted`. Returns those interrupted.
-    pub fn sweep_firings(&self) -> Result<Vec<Ended>, DbError> {
+    /// [`OVERRUN_GRACE_S`]) are `interrupted`. Returns those interrupted,
+    /// and the agents with firings to offer again.
+    pub fn sweep_firings(&self) -> Result<(Vec<Ended>, Vec<String>), DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            tx.execute(
+            let again = tx.query(
                 "UPDATE schedule_firings f SET state = 'due', session_id = NULL
-                 WHERE f.state = 'offered' AND (f.offered_at < now() - make_interval(secs => $1)
-                    OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL))",
+                 FROM schedule_jobs j
+                 WHERE f.job_id = j.id AND f.state = 'offered' AND (f.offered_at < now() - make_interval(secs => $1)
+                    OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL))
+                 RETURNING j.agent_id",
                 &[&(REOFFER_S as f64)],
             )?;
+            let mut agents: Vec<String> = again.iter().map(|r| r.get(0)).collect();
+            agents.sort();
+            agents.dedup();
             let rows = tx.query(
                 "UPDATE schedule_firings f SET state = 'interrupted', finished_at = now(),
                         detail = CASE WHEN EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
@@ -496,7 +502,7 @@ impl Store {
                 out.push(settle(&mut tx, r.get(1), r.get(0), "interrupted", &detail)?);
             }
             tx.commit()?;
-            Ok(out)
+            Ok((out, agents))
         })
     }
 }
