@@ -58,6 +58,7 @@ bench: deps base-image
 	target/release/bench-web
 	target/release/bench-limbs
 	target/release/bench-schedule
+	target/release/bench-soak
 
 # The memory store at scale (1,000,000 vectors; about half an hour): not part of `make bench`.
 bench-memory: deps
