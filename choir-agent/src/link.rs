@@ -145,9 +145,19 @@ impl Link {
     /// in the core pool; one that cannot start is reported refused.
     fn start_firings(&self, offers: Vec<FiringOffer>) {
         let Some(pool) = self.pool.upgrade() else { return };
-        let starting =
+        let starting: Vec<FiringReport> =
             offers.iter().map(|f| FiringReport { id: f.id, state: "starting".into(), detail: String::new() }).collect();
-        let accepted = match self.report_firings(starting) {
+        // Asked again after an error: choird answers a start it already
+        // granted this session the same, so none is lost, none doubled.
+        let mut asked = self.report_firings(starting.clone());
+        for _ in 0..2 {
+            if asked.is_ok() || self.closing.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            asked = self.report_firings(starting.clone());
+        }
+        let accepted = match asked {
             Ok(resp) => resp.accepted,
             Err(e) => {
                 // Not started: choird offers it again to this or the next session.

@@ -223,16 +223,26 @@ pub fn fingerprint(workspace: &Path, rel: &str) -> std::io::Result<String> {
     let root = open_root(workspace)?;
     let rel = rel.trim_start_matches("./");
     let target = if rel.is_empty() || rel == "." { "." } else { rel };
-    let stat = match rustix::fs::statat(&root, target, AtFlags::SYMLINK_NOFOLLOW) {
+    // The parent is reached without a link anywhere on the way (a link in
+    // the middle of the path is refused, never followed), then the last
+    // component is looked at without following it.
+    let path = Path::new(target);
+    let parent = path.parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| ".".into());
+    let dir = if parent.is_empty() {
+        root
+    } else {
+        match dir_beneath(&root, &parent, false) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok("absent".into()),
+            Err(e) => return Err(e),
+        }
+    };
+    let stat = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(s) => s,
         Err(rustix::io::Errno::NOENT) => return Ok("absent".into()),
         Err(e) => return Err(io(e)),
     };
-    // The path itself must be reachable without links.
-    let parent = Path::new(target).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-    if !parent.is_empty() {
-        dir_beneath(&root, &parent, false)?;
-    }
     let mut h = Sha256::new();
     let mut count = 0usize;
     let line = |h: &mut Sha256, name: &[u8], st: &rustix::fs::Stat| {
@@ -241,15 +251,14 @@ pub fn fingerprint(workspace: &Path, rel: &str) -> std::io::Result<String> {
     };
     line(&mut h, target.as_bytes(), &stat);
     if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-        let dir = rustix::fs::openat2(
-            &root,
-            target,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        let sub = rustix::fs::openat(
+            &dir,
+            name.as_str(),
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
-            BENEATH,
         )
         .map_err(io)?;
-        walk_fingerprint(dir, b"", 0, &mut count, &mut |name, st| line(&mut h, name, st))?;
+        walk_fingerprint(sub, b"", 0, &mut count, &mut |name, st| line(&mut h, name, st))?;
     }
     Ok(hex::encode(h.finalize()))
 }
@@ -340,6 +349,26 @@ fn store_beneath(workspace: &Path, dir: &str, name: &str, data: &[u8]) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regression_a_fingerprint_never_follows_a_link_in_the_middle_of_its_path() {
+        let ws = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("exists"), "x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("a")).unwrap();
+        // Through the link: refused, not "absent" or a digest of what is out there.
+        assert!(fingerprint(ws.path(), "a/exists").is_err());
+        assert!(fingerprint(ws.path(), "a/missing").is_err());
+        // The link itself is fingerprinted as a link; the tree beneath a real
+        // directory changes its digest when an entry appears.
+        let link = fingerprint(ws.path(), "a").unwrap();
+        assert_ne!(link, "absent");
+        std::fs::create_dir(ws.path().join("d")).unwrap();
+        let before = fingerprint(ws.path(), "d").unwrap();
+        std::fs::write(ws.path().join("d/new"), "n").unwrap();
+        assert_ne!(fingerprint(ws.path(), "d").unwrap(), before);
+        assert_eq!(fingerprint(ws.path(), "d/none/deeper").unwrap(), "absent");
+    }
 
     #[test]
     fn outgoing_files_are_spooled_and_removed_and_links_never_followed() {

@@ -392,12 +392,15 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
     let Some(pg) = TestPg::start() else { return };
     // The good agent's core job waits long enough to be seen running.
     let fake = core_answers_after(Duration::from_millis(1500), "good report");
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["evil", "good"]);
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["evil", "evil2", "good"]);
     config["agent_binary"] = json!(choir_tests::harness::bin("hostile-agent"));
     let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-06-01T00:00:00Z");
     choird.ctl_ok(&["agent", "start", "good"]);
     choird.ctl_ok(&["agent", "start", "evil"]);
+    choird.ctl_ok(&["agent", "start", "evil2"]);
     let evil = choir_tests::bench::HostToolClient::of(&choird, "evil");
+    // evil2 never asks to start what it is offered: its firing stays offered.
+    choird.ctl_ok(&["schedule", "add", "evil2", "e2", "--every", "1m", "--prompt", "Other work."]);
     choird.ctl_ok(&["schedule", "add", "good", "g", "--every", "1m", "--prompt", "Good work."]);
     choird.ctl_ok(&["schedule", "add", "evil", "e", "--every", "1m", "--prompt", "Evil work."]);
     choird.set_clock("2026-06-01T00:01:00Z");
@@ -423,6 +426,15 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
     });
     let own = own.unwrap();
 
+    let mut other = None;
+    wait_for("evil2's firing to be offered", WAIT, || {
+        other = id_of(&mut db, "e2", "offered");
+        other.is_some()
+    });
+    let other = other.unwrap();
+    let (_, r) = report(&evil, json!([{"id": other, "state": "starting"}]));
+    assert_eq!(r["accepted"], Value::Null, "another agent's offered firing is not started from here: {r}");
+    assert_eq!(firing_row(&mut db, other).0, "offered");
     // Another agent's firing: neither started nor ended from here.
     let (status, r) =
         report(&evil, json!([{"id": good, "state": "starting"}, {"id": good, "state": "done", "detail": "pwned"}]));
@@ -443,8 +455,10 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
     // Its own: accepted once; the outcome recorded once, clipped and NUL-safe.
     let (_, r) = report(&evil, json!([{"id": own, "state": "starting"}]));
     assert_eq!(r["accepted"], json!([own]));
+    // Asked again by the same session (a lost answer), the same answer;
+    // the firing is still one firing with one outcome below.
     let (_, r) = report(&evil, json!([{"id": own, "state": "starting"}]));
-    assert_eq!(r["accepted"], Value::Null, "a start is accepted once: {r}");
+    assert_eq!(r["accepted"], json!([own]), "{r}");
     let huge = format!("a\u{0}b{}", "x".repeat(100_000));
     report(&evil, json!([{"id": own, "state": "done", "detail": huge}]));
     report(&evil, json!([{"id": own, "state": "failed", "detail": "again"}]));
@@ -459,13 +473,27 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
 }
 
 #[test]
-fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_again() {
+fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_again_and_keeps_its_change() {
     let Some(pg) = TestPg::start() else { return };
     let fake = core_answers_after(Duration::from_secs(3), "finished");
     let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
     let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-07-01T00:00:00Z");
     choird.ctl_ok(&["agent", "start", "demo"]);
-    choird.ctl_ok(&["schedule", "add", "demo", "slow", "--every", "1m", "--prompt", "Take your time."]);
+    // With a precondition: the change the interrupted firing was started on
+    // is not used up by it (regression: the fingerprint was stored at the look).
+    std::fs::create_dir_all(choird.workspace("demo").join("inbox")).unwrap();
+    choird.ctl_ok(&[
+        "schedule",
+        "add",
+        "demo",
+        "slow",
+        "--every",
+        "1m",
+        "--prompt",
+        "Take your time.",
+        "--precondition",
+        "file:inbox",
+    ]);
     choird.set_clock("2026-07-01T00:01:00Z");
     wait_state(&choird, "demo/slow", "2026-07-01T00:01:00Z", "running");
     wait_for("the core job's model request", WAIT, || runs_of(&fake, "Take your time.") == 1);
@@ -483,7 +511,8 @@ fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_a
     choird.wait_running("demo");
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(runs_of(&fake, "Take your time."), 1, "an interrupted firing is never started again");
-    // The next minute runs as usual.
+    // Nothing changed in the inbox, but the interrupted firing never did its
+    // work: the next minute's look runs it.
     choird.set_clock("2026-07-01T00:02:00Z");
     wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
 }

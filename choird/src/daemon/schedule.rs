@@ -73,7 +73,9 @@ impl Daemon {
         }
         if spec.allowed_tools.is_some() || spec.skill.is_some() {
             let tools = crate::tool_list::list(self.shared(), &self.host_tools, agent).map_err(|e| e.to_string())?;
-            let has = |t: &str| tools.tools.iter().any(|r| r.name == t && r.status != "available");
+            // A tool the agent has and may use: not merely available, not off by policy.
+            let has =
+                |t: &str| tools.tools.iter().any(|r| r.name == t && !matches!(r.status.as_str(), "available" | "off"));
             if let Some(bad) = spec.allowed_tools.iter().flatten().find(|t| !has(t)) {
                 return Err(format!("allowed_tools: agent {agent} has no tool {bad} (choirctl tools list {agent})"));
             }
@@ -208,14 +210,33 @@ impl Daemon {
     /// preconditions, tidies firings, and sleeps until the next due time
     /// (at most [`MAX_NAP`], or until poked).
     pub fn run_scheduler(&self) {
+        // Preconditions are looked at on their own thread: a slow look (a
+        // URL or a mail server taking its time) never delays a claim.
+        std::thread::scope(|s| {
+            let looker = std::thread::Builder::new().name("schedule-looks".into()).spawn_scoped(s, || {
+                while !self.schedule.stopping() {
+                    let now = self.schedule.clock.now();
+                    guarded("precondition looks", || self.look_at_preconditions(now));
+                    self.schedule.nap_looks(MAX_NAP);
+                }
+            });
+            if let Err(e) = looker {
+                log::error!("scheduler: cannot start the precondition thread: {e}");
+            }
+            self.claim_loop();
+        });
+    }
+
+    fn claim_loop(&self) {
         let mut last_sweep: Option<Instant> = None;
         let mut last_prune: Option<Instant> = None;
         while !self.schedule.stopping() {
             let now = self.schedule.clock.now();
-            if let Err(e) = self.claim_due(now) {
-                log::warn!("scheduler: claiming due firings failed (will retry): {e}");
-            }
-            self.look_at_preconditions(now);
+            guarded("claim", || {
+                if let Err(e) = self.claim_due(now) {
+                    log::warn!("scheduler: claiming due firings failed (will retry): {e}");
+                }
+            });
             if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
                 last_sweep = Some(Instant::now());
                 match self.store.sweep_firings() {
@@ -254,6 +275,9 @@ impl Daemon {
                 if let Ok(agent) = AgentId::parse(&c.agent) {
                     self.sessions.firing_due(&agent);
                 }
+            }
+            if claimed.iter().any(|c| c.check_first) {
+                self.schedule.poke_looks();
             }
             if (n as i64) < CLAIM_BATCH {
                 return Ok(());
@@ -373,6 +397,10 @@ impl Daemon {
         let config = self.config();
         let core = config.agents.get(&who.agent).map(|a| a.core_budget).unwrap_or_default();
         let offered = self.store.offer_firings(&who.agent, who.session)?;
+        if offered.len() >= crate::store::schedule::MAX_OFFERED {
+            // More wait: the next poll takes them.
+            self.sessions.firings_still_due(&who.agent);
+        }
         Ok(offered
             .into_iter()
             .filter_map(|(id, name, spec)| {
@@ -453,6 +481,19 @@ impl Daemon {
             );
             self.events.send(crate::events::Event::ScheduleNotice { agent, text });
         }
+    }
+}
+
+/// Runs one pass of the scheduler; a panic in it is logged and the thread
+/// goes on (scheduling must not stop silently while choird serves).
+fn guarded(what: &str, pass: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(pass)) {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        log::error!("scheduler: the {what} pass panicked ({why}); going on");
     }
 }
 

@@ -22,6 +22,8 @@ pub struct Scheduling {
     pub clock: Arc<dyn clock::Clock>,
     tx: Sender<()>,
     rx: Receiver<()>,
+    looks_tx: Sender<()>,
+    looks_rx: Receiver<()>,
     stop: AtomicBool,
 }
 
@@ -30,7 +32,18 @@ impl Scheduling {
     pub fn new(clock: Arc<dyn clock::Clock>) -> Scheduling {
         // One pending wake is enough: the thread looks at everything when it wakes.
         let (tx, rx) = bounded(1);
-        Scheduling { clock, tx, rx, stop: AtomicBool::new(false) }
+        let (looks_tx, looks_rx) = bounded(1);
+        Scheduling { clock, tx, rx, looks_tx, looks_rx, stop: AtomicBool::new(false) }
+    }
+
+    /// Wakes the precondition thread (never blocks).
+    pub fn poke_looks(&self) {
+        let _ = self.looks_tx.try_send(());
+    }
+
+    /// The precondition thread sleeps up to `d`, or until poked.
+    pub fn nap_looks(&self, d: Duration) {
+        let _ = self.looks_rx.recv_timeout(self.clock.nap(d));
     }
 
     /// Wakes the scheduler thread (never blocks).
@@ -47,6 +60,7 @@ impl Scheduling {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         self.poke();
+        self.poke_looks();
     }
 
     /// Whether the thread should end.

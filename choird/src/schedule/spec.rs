@@ -19,6 +19,9 @@ pub const MAX_EVERY_S: u64 = 366 * 24 * 3600;
 pub const MAX_PROMPT: usize = 8000;
 /// Most tools a job's allowlist may name.
 pub const MAX_TOOLS: usize = 64;
+/// Missed firings of a cron job counted one by one after a long outage
+/// (the count is "at least" beyond it).
+pub const MAX_COUNTED: u64 = 10_000;
 /// Highest breaker threshold.
 pub const MAX_BREAKER: u32 = 100;
 /// Budget ceilings a job may ask for.
@@ -229,7 +232,8 @@ impl When {
                 break;
             } else {
                 more += 1;
-                if more > 1_000_000 {
+                // Counted, not walked, past this: "at least" is enough.
+                if more >= MAX_COUNTED {
                     break;
                 }
             }

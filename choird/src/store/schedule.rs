@@ -27,6 +27,9 @@ pub const REOFFER_S: i64 = 30;
 /// Seconds past its wall-time budget after which a running firing with no
 /// outcome is recorded interrupted.
 pub const OVERRUN_GRACE_S: i64 = 120;
+/// Firings offered to a session at once (a HEARTBEAT carries at most 64
+/// reports, and the agent asks to start each offer in one).
+pub const MAX_OFFERED: usize = 64;
 /// Missed firings recorded one row each, per look; more are summed up in
 /// the last row's detail.
 pub const MAX_MISSED_ROWS: usize = 100;
@@ -222,13 +225,18 @@ impl Store {
         next_due: Option<Timestamp>,
     ) -> Result<bool, DbError> {
         self.db.with(|c| {
-            let n = c.execute(
+            let mut tx = c.transaction()?;
+            let row = tx.query_opt(
                 "UPDATE schedule_jobs SET paused = $3, paused_reason = $4, next_due = $5,
                         failures = CASE WHEN $3 THEN failures ELSE 0 END
-                 WHERE agent_id = $1 AND name = $2",
+                 WHERE agent_id = $1 AND name = $2 RETURNING id",
                 &[&agent.as_str(), &name, &next_due.is_none(), &reason, &next_due.map(ts)],
             )?;
-            Ok(n == 1)
+            if let (Some(row), true) = (&row, next_due.is_none()) {
+                close_pending(&mut tx, row.get(0))?;
+            }
+            tx.commit()?;
+            Ok(row.is_some())
         })
     }
 
@@ -312,8 +320,8 @@ impl Store {
                     // One pending firing per job: an earlier one no agent took is missed.
                     tx.execute(
                         "UPDATE schedule_firings SET state = 'missed', detail = 'the agent was not running to take it'
-                         WHERE job_id = $1 AND state IN ('due', 'checking')",
-                        &[&job.id],
+                         WHERE job_id = $1 AND state IN ('due', 'checking') AND scheduled_for <> $2",
+                        &[&job.id, &ts(*at)],
                     )?;
                     let state = if p.check_first { "checking" } else { "due" };
                     if let Some(row) = tx.query_opt(
@@ -362,21 +370,17 @@ impl Store {
                 (false, Some(_)) => "skipped",
                 (false, None) => "failed",
             };
+            // The fingerprint stays with the firing until it ends done (a
+            // change is not used up by a firing that never did its work).
             let row = tx.query_opt(
-                "UPDATE schedule_firings SET state = $2, detail = $3,
+                "UPDATE schedule_firings SET state = $2, detail = $3, precondition_state = $4,
                         finished_at = CASE WHEN $2 = 'due' THEN NULL ELSE now() END
                  WHERE id = $1 AND state = 'checking' RETURNING job_id",
-                &[&id, &next, &detail],
+                &[&id, &next, &detail, &state],
             )?;
             let mut ended = None;
-            if let Some(row) = row {
-                let job: i64 = row.get(0);
-                match state {
-                    Some(state) => {
-                        tx.execute("UPDATE schedule_jobs SET precondition_state = $2 WHERE id = $1", &[&job, &state])?;
-                    }
-                    None => ended = Some(settle(&mut tx, job, id, "failed", detail)?),
-                }
+            if let (Some(row), "failed") = (row, next) {
+                ended = Some(settle(&mut tx, row.get(0), id, "failed", detail)?);
             }
             tx.commit()?;
             Ok(ended)
@@ -395,28 +399,34 @@ impl Store {
         })
     }
 
-    /// Offers `agent`'s due firings to `session`: (firing, job name, spec).
+    /// Offers up to [`MAX_OFFERED`] of `agent`'s due firings (of jobs not
+    /// paused) to `session`: (firing, job name, spec).
     pub fn offer_firings(&self, agent: &AgentId, session: i64) -> Result<Vec<(i64, String, Value)>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
                 "UPDATE schedule_firings f SET state = 'offered', session_id = $2, offered_at = now()
                  FROM schedule_jobs j
-                 WHERE f.job_id = j.id AND j.agent_id = $1 AND f.state = 'due'
+                 WHERE f.job_id = j.id AND f.id IN (
+                     SELECT f2.id FROM schedule_firings f2 JOIN schedule_jobs j2 ON j2.id = f2.job_id
+                     WHERE j2.agent_id = $1 AND NOT j2.paused AND f2.state = 'due' ORDER BY f2.id LIMIT $3)
                  RETURNING f.id, j.name, j.spec",
-                &[&agent.as_str(), &session],
+                &[&agent.as_str(), &session, &(MAX_OFFERED as i64)],
             )?;
             Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
         })
     }
 
     /// Accepts the starts `ids` asks for: those offered to this very
-    /// session move to `running`; returns them.
+    /// session move to `running`; returns them. Asked again by the same
+    /// session (its first answer was lost), a start it already has is
+    /// answered the same — never for another session.
     pub fn accept_firings(&self, agent: &AgentId, session: i64, ids: &[i64]) -> Result<Vec<i64>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "UPDATE schedule_firings f SET state = 'running', started_at = now()
+                "UPDATE schedule_firings f SET state = 'running', started_at = coalesce(f.started_at, now())
                  FROM schedule_jobs j
-                 WHERE f.job_id = j.id AND j.agent_id = $1 AND f.session_id = $2 AND f.state = 'offered'
+                 WHERE f.job_id = j.id AND j.agent_id = $1 AND f.session_id = $2
+                   AND (f.state = 'offered' OR (f.state = 'running' AND f.finished_at IS NULL))
                    AND f.id = ANY($3)
                  RETURNING f.id",
                 &[&agent.as_str(), &session, &ids],
@@ -469,17 +479,23 @@ impl Store {
     pub fn sweep_firings(&self) -> Result<(Vec<Ended>, Vec<String>), DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            let again = tx.query(
+            tx.execute(
                 "UPDATE schedule_firings f SET state = 'due', session_id = NULL
-                 FROM schedule_jobs j
-                 WHERE f.job_id = j.id AND f.state = 'offered' AND (f.offered_at < now() - make_interval(secs => $1)
-                    OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL))
-                 RETURNING j.agent_id",
+                 WHERE f.state = 'offered' AND (f.offered_at < now() - make_interval(secs => $1)
+                    OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL))",
                 &[&(REOFFER_S as f64)],
             )?;
-            let mut agents: Vec<String> = again.iter().map(|r| r.get(0)).collect();
-            agents.sort();
-            agents.dedup();
+            // Every agent with something to take is woken (also a backstop
+            // for a wake-up lost on an error path).
+            let agents: Vec<String> = tx
+                .query(
+                    "SELECT DISTINCT j.agent_id FROM schedule_firings f JOIN schedule_jobs j ON j.id = f.job_id
+                     WHERE f.state = 'due' AND NOT j.paused",
+                    &[],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
             let rows = tx.query(
                 "UPDATE schedule_firings f SET state = 'interrupted', finished_at = now(),
                         detail = CASE WHEN EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
@@ -507,6 +523,16 @@ impl Store {
     }
 }
 
+/// A paused job's firings not started yet end `skipped`: they never run
+/// later, when the agent next starts.
+fn close_pending(tx: &mut postgres::Transaction<'_>, job_id: i64) -> Result<u64, postgres::Error> {
+    tx.execute(
+        "UPDATE schedule_firings SET state = 'skipped', detail = 'the job was paused', finished_at = now()
+         WHERE job_id = $1 AND state IN ('checking', 'due', 'offered')",
+        &[&job_id],
+    )
+}
+
 /// Counts an ending against the job's breaker (a success resets it; a
 /// refusal — the agent was busy — counts neither way) and pauses the job
 /// when it trips.
@@ -531,6 +557,15 @@ fn settle(
         tx.execute(
             "UPDATE schedule_jobs SET paused = true, next_due = NULL, paused_reason = $2 WHERE id = $1",
             &[&job_id, &format!("circuit breaker: {failures} failures in a row")],
+        )?;
+        close_pending(tx, job_id)?;
+    }
+    if state == "done" {
+        // The change this firing was started on is now acted on.
+        tx.execute(
+            "UPDATE schedule_jobs j SET precondition_state = f.precondition_state
+             FROM schedule_firings f WHERE f.id = $2 AND j.id = $1 AND f.precondition_state IS NOT NULL",
+            &[&job_id, &id],
         )?;
     }
     Ok(Ended { id, job_id, agent, name, spec, state: state.to_owned(), detail: detail.to_owned(), tripped, failures })
