@@ -31,29 +31,19 @@ pub struct AddArgs {
 impl AddArgs {
     /// Whether `--name` is one of `schedule add`'s flags.
     pub fn takes(name: &str) -> bool {
-        matches!(
-            name,
-            "cron"
-                | "tz"
-                | "every"
-                | "prompt"
-                | "skill"
-                | "input"
-                | "tools"
-                | "steps"
-                | "tokens"
-                | "wall"
-                | "deliver"
-                | "missed"
-                | "precondition"
-                | "breaker"
-                | "file"
-        )
+        AddArgs::default().slot(name).is_some()
     }
 
-    /// Records `--name value`.
+    /// Records `--name value` (a name [`AddArgs::takes`]).
     pub fn set(&mut self, name: &str, value: String) {
-        let slot = match name {
+        if let Some(slot) = self.slot(name) {
+            *slot = Some(value);
+        }
+    }
+
+    /// The field of flag `--name`: the one list of the flags.
+    fn slot(&mut self, name: &str) -> Option<&mut Option<String>> {
+        Some(match name {
             "cron" => &mut self.cron,
             "tz" => &mut self.tz,
             "every" => &mut self.every,
@@ -68,9 +58,9 @@ impl AddArgs {
             "missed" => &mut self.missed,
             "precondition" => &mut self.precondition,
             "breaker" => &mut self.breaker,
-            _ => &mut self.file,
-        };
-        *slot = Some(value);
+            "file" => &mut self.file,
+            _ => return None,
+        })
     }
 
     /// The spec of job `name`.
@@ -296,5 +286,6 @@ mod tests {
         bad.set("every", "soon".into());
         assert!(bad.spec("x").unwrap_err().to_string().contains("not a duration"));
         assert!(job_ref(&["a/b"]).is_ok() && job_ref(&["ab"]).is_err());
+        assert!(AddArgs::takes("cron") && AddArgs::takes("file") && !AddArgs::takes("json"));
     }
 }

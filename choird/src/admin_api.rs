@@ -135,13 +135,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
         }
         ("GET", ["agents", id, "skills"]) => {
             let agent = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            let tools = crate::tool_list::list(d.shared(), &d.host_tools, &agent)?;
-            // As the agent's registry: every tool it has, and the names of
-            // choird's tools whether or not they are served to it.
-            use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
-            let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
-            let names = tools.tools.into_iter().map(|t| t.name).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
-            Ok(Response::ok(&crate::skill_list::list(d.shared(), &agent, &names)?))
+            Ok(Response::ok(&crate::skill_list::of_agent(d.shared(), &d.host_tools, &agent)?.1))
         }
         ("POST", ["agents", id, "repos"]) => {
             let r: choir_common::admin::AddRequest = req.json()?;

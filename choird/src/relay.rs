@@ -86,14 +86,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     obj.insert("model".into(), Value::String(model.clone()));
     let body = Value::Object(obj);
     let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
-    let reservation = d.budgets.reserve(
-        &d.store,
-        &who.agent,
-        budget,
-        config.token_budget,
-        crate::budget::estimate(payload.len(), &body),
-    )?;
+    let reservation = reserve(d, &config, &who.agent, payload.len(), &body)?;
 
     let started = Instant::now();
     let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
@@ -207,14 +200,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let model = config.model(&who.agent, lane);
     let body = serde_json::json!({"model": model, "messages": messages});
     let text = body.to_string();
-    let budget = config.agents.get(&who.agent).map(|a| a.token_budget).unwrap_or_default();
-    let reservation = d.budgets.reserve(
-        &d.store,
-        &who.agent,
-        budget,
-        config.token_budget,
-        crate::budget::estimate(text.len(), &body),
-    )?;
+    let reservation = reserve(d, &config, &who.agent, text.len(), &body)?;
     let started = Instant::now();
     let mut answer = d.upstream.chat(&config, &d.secrets(), lane, text.as_bytes(), &format!("agent {}", who.agent))?;
     let status = answer.status().as_u16();
@@ -332,6 +318,19 @@ impl<R: Read> Drop for UsageTap<R> {
 
 /// Tells the operator (log, audit) and the agent's admins (Telegram) that a
 /// budget reached its warning share.
+/// Reserves a call's estimated tokens (from its `bytes` and `body`) against
+/// the agent's token budget and the host's, under one lock.
+fn reserve(
+    d: &Shared,
+    config: &crate::config::Config,
+    agent: &choir_common::ids::AgentId,
+    bytes: usize,
+    body: &Value,
+) -> Result<crate::budget::Reservation, ApiError> {
+    let budget = config.agents.get(agent).map(|a| a.token_budget).unwrap_or_default();
+    d.budgets.reserve(&d.store, agent, budget, config.token_budget, crate::budget::estimate(bytes, body))
+}
+
 fn warn_budget(d: &Shared, agent: &choir_common::ids::AgentId, warnings: Vec<String>) {
     for text in warnings {
         log::warn!("{text}");

@@ -70,6 +70,22 @@ pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Resul
     Ok(SkillList { agent: agent.to_string(), skills: rows })
 }
 
+/// The tools of `agent` and its skills checked against them as the agent's
+/// registry would hold them (every tool it has, and the names of choird's
+/// tools whether or not they are served to it).
+pub fn of_agent(
+    shared: &Shared,
+    host_tools: &crate::host_tools::Registry,
+    agent: &AgentId,
+) -> Result<(choir_common::admin::ToolList, SkillList), ApiError> {
+    use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
+    let tools = crate::tool_list::list(shared, host_tools, agent)?;
+    let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
+    let names = tools.tools.iter().map(|t| t.name.clone()).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
+    let skills = list(shared, agent, &names)?;
+    Ok((tools, skills))
+}
+
 /// A loaded skill's row: `ok`, or `invalid` with `why`.
 fn row(spec: &choir_common::skill::SkillSpec, why: Option<String>, source: &str, file: String) -> SkillRow {
     SkillRow {

@@ -30,6 +30,11 @@ fn runs_of(fake: &FakeLlm, objective: &str) -> usize {
         .count()
 }
 
+/// `choirctl schedule add AGENT NAME REST…`.
+fn add_args<'a>(agent: &'a str, name: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    ["schedule", "add", agent, name].into_iter().chain(rest.iter().copied()).collect()
+}
+
 fn show(choird: &Choird, job: &str) -> Value {
     serde_json::from_str(&choird.ctl_ok(&["--json", "schedule", "show", job])).unwrap()
 }
@@ -219,33 +224,14 @@ fn a_failing_job_trips_the_breaker_and_the_admin_is_told_on_telegram() {
         texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "hello there"))
     });
     // A user of another agent's chat, or no user at all, is refused.
-    let e = choird.ctl_err(&[
-        "schedule",
-        "add",
+    let e = choird.ctl_err(&add_args(
         "demo",
         "nightly",
-        "--every",
-        "1m",
-        "--prompt",
-        "Report.",
-        "--deliver",
-        "tg:a:999",
-    ]);
+        &["--every", "1m", "--prompt", "Report.", "--deliver", "tg:a:999"],
+    ));
     assert!(e.contains("user 999 of bot a is not a Telegram user of agent demo"), "{e}");
-    choird.ctl_ok(&[
-        "schedule",
-        "add",
-        "demo",
-        "nightly",
-        "--every",
-        "1m",
-        "--prompt",
-        "Report.",
-        "--deliver",
-        "tg:a:501",
-        "--breaker",
-        "2",
-    ]);
+    let nightly = ["--every", "1m", "--prompt", "Report.", "--deliver", "tg:a:501", "--breaker", "2"];
+    choird.ctl_ok(&add_args("demo", "nightly", &nightly));
     let at = |m: u32| format!("2026-03-01T06:{m:02}:00Z");
     choird.set_clock(&at(1));
     wait_state(&choird, "demo/nightly", &at(1), "done");

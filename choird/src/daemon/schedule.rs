@@ -72,7 +72,8 @@ impl Daemon {
             }
         }
         if spec.allowed_tools.is_some() || spec.skill.is_some() {
-            let tools = crate::tool_list::list(self.shared(), &self.host_tools, agent).map_err(|e| e.to_string())?;
+            let (tools, skills) =
+                crate::skill_list::of_agent(self.shared(), &self.host_tools, agent).map_err(|e| e.to_string())?;
             // A tool the agent has and may use: not merely available, not off by policy.
             let has =
                 |t: &str| tools.tools.iter().any(|r| r.name == t && !matches!(r.status.as_str(), "available" | "off"));
@@ -80,11 +81,6 @@ impl Daemon {
                 return Err(format!("allowed_tools: agent {agent} has no tool {bad} (choirctl tools list {agent})"));
             }
             if let Some(skill) = &spec.skill {
-                use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
-                let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
-                let names =
-                    tools.tools.iter().map(|t| t.name.clone()).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
-                let skills = crate::skill_list::list(self.shared(), agent, &names).map_err(|e| e.to_string())?;
                 if !skills.skills.iter().any(|s| &s.name == skill && s.status == "ok") {
                     return Err(format!("agent {agent} has no usable skill {skill} (choirctl skills list {agent})"));
                 }
@@ -151,7 +147,7 @@ impl Daemon {
     pub fn schedule_show(&self, agent: &str, name: &str) -> Result<JobDetail, ApiError> {
         let (_, job) = self.job_of(agent, name)?;
         let mut next = Vec::new();
-        if let (Some(due), Ok(when)) = (job.next_due.as_deref(), spec::check(&job.spec)) {
+        if let (Some(due), Ok(when)) = (job.next_due.as_deref(), When::of(&job.spec)) {
             let mut t: Option<Timestamp> = due.parse().ok();
             while let Some(at) = t.filter(|_| next.len() < SHOWN_NEXT) {
                 next.push(match &when {
@@ -289,7 +285,7 @@ impl Daemon {
     fn plan(&self, job: &DueJob, now: Timestamp) -> Plan {
         let checked = serde_json::from_value::<JobSpec>(job.spec.clone())
             .map_err(|e| format!("its stored spec no longer reads: {e}"))
-            .and_then(|s| spec::check(&s).map(|w| (s, w)));
+            .and_then(|s| When::of(&s).map(|w| (s, w)));
         let (spec, when) = match checked {
             Ok(x) => x,
             Err(why) => {

@@ -17,6 +17,8 @@ pub const MIN_EVERY_S: u64 = 60;
 pub const MAX_EVERY_S: u64 = 366 * 24 * 3600;
 /// Longest prompt, in characters.
 pub const MAX_PROMPT: usize = 8000;
+/// Longest cron expression, in bytes.
+pub const MAX_CRON: usize = 200;
 /// Most tools a job's allowlist may name.
 pub const MAX_TOOLS: usize = 64;
 /// Missed firings of a cron job counted one by one after a long outage
@@ -56,8 +58,30 @@ pub fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// Parses a cron expression of 5 fields (minute hour day month weekday) or
-/// 6 (seconds first) in time zone `tz` (IANA name).
+/// 6 (seconds first) in time zone `tz` (IANA name), and refuses one that
+/// never fires or fires more often than once a minute.
 pub fn parse_cron(expr: &str, tz: &str) -> Result<When, String> {
+    let when = read_cron(expr, tz)?;
+    let shown = choir_common::text::clipped(expr, 120);
+    // An expression that never matches (31 February) is refused now, not at its first look.
+    let Some(first) = when.next_after(Timestamp::UNIX_EPOCH, None) else {
+        return Err(format!("cron expression {shown:?} never fires"));
+    };
+    // Nor more often than once a minute (a per-second job is a loop, not a schedule).
+    let mut t = first;
+    for _ in 0..120 {
+        let Some(next) = when.next_after(t, None) else { break };
+        if next.as_second() - t.as_second() < MIN_EVERY_S as i64 {
+            return Err(format!("cron expression {shown:?} fires more often than once a minute"));
+        }
+        t = next;
+    }
+    Ok(when)
+}
+
+/// Reads a cron expression and its zone, without the checks of
+/// [`parse_cron`] (for specs already checked when stored).
+fn read_cron(expr: &str, tz: &str) -> Result<When, String> {
     let shown = choir_common::text::clipped(expr, 120);
     let fields = expr.split_whitespace().count();
     if !(5..=6).contains(&fields) {
@@ -77,27 +101,16 @@ pub fn parse_cron(expr: &str, tz: &str) -> Result<When, String> {
             choir_common::text::clipped(tz, 80)
         )
     })?;
-    let when = When::Cron(Box::new(cron), zone);
-    // An expression that never matches (31 February) is refused now, not at its first look.
-    let Some(first) = when.next_after(Timestamp::UNIX_EPOCH, None) else {
-        return Err(format!("cron expression {shown:?} never fires"));
-    };
-    // Nor more often than once a minute (a per-second job is a loop, not a schedule).
-    let mut t = first;
-    for _ in 0..120 {
-        let Some(next) = when.next_after(t, None) else { break };
-        if next.as_second() - t.as_second() < MIN_EVERY_S as i64 {
-            return Err(format!("cron expression {shown:?} fires more often than once a minute"));
-        }
-        t = next;
-    }
-    Ok(when)
+    Ok(When::Cron(Box::new(cron), zone))
 }
 
 /// Checks everything in `spec` that needs no knowledge of the agent;
 /// returns when it fires.
 pub fn check(spec: &JobSpec) -> Result<When, String> {
     check_name(&spec.name)?;
+    if spec.cron.as_ref().is_some_and(|c| c.len() > MAX_CRON) || spec.tz.as_ref().is_some_and(|t| t.len() > 64) {
+        return Err(format!("a cron expression is at most {MAX_CRON} bytes and a time zone name at most 64"));
+    }
     let when = match (&spec.cron, spec.every_s) {
         (Some(expr), None) => parse_cron(expr, spec.tz.as_deref().unwrap_or("UTC"))?,
         (None, Some(s)) => {
@@ -177,6 +190,16 @@ pub fn check(spec: &JobSpec) -> Result<When, String> {
 }
 
 impl When {
+    /// When a stored (already checked) spec fires: parsed only, so the
+    /// scheduler's claim does not repeat the checks of [`check`].
+    pub fn of(spec: &JobSpec) -> Result<When, String> {
+        match (&spec.cron, spec.every_s) {
+            (Some(expr), _) => read_cron(expr, spec.tz.as_deref().unwrap_or("UTC")),
+            (None, Some(s)) if s > 0 => Ok(When::Every(s)),
+            _ => Err("the job has neither cron nor every_s".into()),
+        }
+    }
+
     /// The first firing strictly after `t`; `anchor` is an interval job's
     /// current due time (its firings are `anchor + k × interval`). `None`
     /// when a cron expression has no later match.
@@ -299,6 +322,40 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("edge lane only"), "{e}");
         assert!(spec(json!({"name": "a", "every_s": 60, "prompt": "p", "colour": "red"})).is_err());
+    }
+
+    #[test]
+    fn hostile_specs_are_refused_saying_why() {
+        let every = |extra: serde_json::Value| {
+            let mut v = json!({"name": "a", "every_s": 60, "prompt": "p"});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            check(&spec(v).unwrap()).unwrap_err()
+        };
+        assert!(every(json!({"prompt": "x".repeat(MAX_PROMPT + 1)})).contains("at most 8000 characters"));
+        assert!(every(json!({"prompt": "a\u{0}b"})).contains("at most 8000 characters of text"));
+        assert!(every(json!({"prompt": "   "})).contains("needs a prompt"));
+        let tools: Vec<String> = (0..=MAX_TOOLS).map(|i| format!("t.x{i}")).collect();
+        assert!(every(json!({"allowed_tools": tools})).contains("at most 64"));
+        assert!(every(json!({"allowed_tools": ["bad name\n"]})).contains("allowed_tools"));
+        assert!(every(json!({"budget": {"steps": 0}})).contains("budget.steps must be between 1"));
+        assert!(every(json!({"budget": {"tokens": 10_000_001u64}})).contains("budget.tokens"));
+        assert!(every(json!({"breaker": 0})).contains("breaker must be between 1"));
+        assert!(every(json!({"input": {"x": 1}})).contains("name the skill"));
+        assert!(every(json!({"precondition": {"kind": "url_changed", "url": "file:///etc/passwd"}}))
+            .contains("precondition url"));
+        assert!(every(json!({"precondition": {"kind": "file_changed", "path": "/etc"}}))
+            .contains("relative to the workspace"));
+        assert!(every(json!({"deliver_to": "tg:a:\u{1b}[2J"})).contains("not a Telegram conversation"));
+        let e = check(&spec(json!({"name": "a\u{1b}[31m\n", "every_s": 60, "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("job name") && !e.contains('\u{1b}'), "{e}");
+        let long = format!("{} * * * *", "1,".repeat(200));
+        let e = check(&spec(json!({"name": "a", "cron": long, "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("at most 200 bytes"), "{e}");
+        let e = check(
+            &spec(json!({"name": "a", "cron": "0 8 * * *", "tz": "../../etc/localtime", "prompt": "p"})).unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown time zone"), "{e}");
     }
 
     #[test]
