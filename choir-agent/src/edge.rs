@@ -368,6 +368,7 @@ impl EdgeLane {
             },
         };
         log::debug!("edge: answer ready for {conv_name}");
+        choir_common::hop::mark("agent.reply");
         if self.out.send(Outbound::Reply(reply)).is_err() {
             st.stopping = true;
         }

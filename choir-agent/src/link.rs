@@ -107,6 +107,9 @@ impl Link {
                     if !resp.firings.is_empty() {
                         self.start_firings(resp.firings);
                     }
+                    if !resp.messages.is_empty() {
+                        choir_common::hop::mark("agent.message");
+                    }
                     for m in resp.messages {
                         // choird may hand a message out twice (a lost reply): ids only grow.
                         if m.id > highest {
@@ -316,6 +319,9 @@ impl Link {
                     receive: false,
                 };
                 log::debug!("push: HEARTBEAT with {} event(s), {} repl(ies)", req.events.len(), req.replies.len());
+                if !req.replies.is_empty() {
+                    choir_common::hop::mark("agent.push");
+                }
                 match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                     Ok(resp) => {
                         failures = 0;

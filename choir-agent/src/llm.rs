@@ -60,15 +60,18 @@ impl Llm {
 
     /// One completion for `lane` (`edge` or `core`), for core job `job`.
     pub fn complete(&self, lane: &str, job: Option<&str>, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        choir_common::hop::mark("agent.request");
         let path = path(lane, job);
         let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
-        retrying(|| match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
+        let answer = retrying(|| match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
             Ok(answer) if answer.status == 200 => {
                 serde_json::from_slice(&answer.body).map_err(|e| Attempt::Fatal(LlmError::Malformed(e.to_string())))
             }
             Ok(answer) => Err(Attempt::Failed(refusal("LLM", &answer))),
             Err(e) => Err(Attempt::Failed(e)),
-        })
+        });
+        choir_common::hop::mark("agent.answer");
+        answer
     }
 
     /// One streamed completion: `on_text` gets each content delta as it
@@ -81,12 +84,13 @@ impl Llm {
         req: &ChatRequest,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<ChatResponse, LlmError> {
+        choir_common::hop::mark("agent.request");
         let path = path(lane, job);
         let mut req = req.clone();
         req.stream = Some(true);
         req.stream_options = Some(json!({"include_usage": true}));
         let body = serde_json::to_vec(&req).map_err(|e| LlmError::Malformed(e.to_string()))?;
-        retrying(|| {
+        let answer = retrying(|| {
             let (status, retry_after_s, mut reader) =
                 self.rpc.post_reader(&path, &body, CALL_TIMEOUT).map_err(Attempt::Failed)?;
             if status != 200 {
@@ -95,7 +99,9 @@ impl Llm {
                 return Err(Attempt::Failed(refusal("LLM", &RawAnswer { status, retry_after_s, body: text })));
             }
             read_sse(reader.as_mut(), on_text)
-        })
+        });
+        choir_common::hop::mark("agent.answer");
+        answer
     }
 }
 

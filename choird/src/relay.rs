@@ -55,6 +55,7 @@ fn job_of(req: &Request) -> Option<String> {
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
 pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, ApiError> {
+    choir_common::hop::mark("relay.in");
     let who = req
         .caller
         .clone()
@@ -89,7 +90,9 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     let reservation = reserve(d, &config, &who.agent, payload.len(), &body)?;
 
     let started = Instant::now();
+    choir_common::hop::mark("relay.upstream");
     let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
+    choir_common::hop::mark("relay.answered");
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let answer = match result {
         Ok(a) => a,
@@ -189,6 +192,7 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     if let Some(ra) = retry_after {
         resp.headers.push(("Retry-After".into(), ra));
     }
+    choir_common::hop::mark("relay.out");
     Ok(resp)
 }
 

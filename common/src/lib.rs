@@ -9,6 +9,7 @@ pub mod admin;
 pub mod arg_policy;
 pub mod commit;
 pub mod compaction;
+pub mod hop;
 pub mod host_tools;
 pub mod ids;
 pub mod manifest;

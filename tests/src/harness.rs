@@ -98,13 +98,21 @@ impl Drop for TempHome {
 /// The file a test clock is read from, in a home.
 const CLOCK_FILE: &str = "test-clock";
 
+/// The file holding the `RUST_LOG` filters choird runs with, in a home
+/// (else `CHOIR_TEST_RUST_LOG`, else `info`).
+const RUST_LOG_FILE: &str = "test-rust-log";
+
 /// The command that runs choird on `home`; with the home's test clock when
 /// it has one.
 fn choird_command(home: &Path, stderr: std::fs::File) -> Command {
+    let filters = std::fs::read_to_string(home.join(RUST_LOG_FILE))
+        .ok()
+        .or_else(|| std::env::var("CHOIR_TEST_RUST_LOG").ok())
+        .unwrap_or_else(|| "info".into());
     let mut cmd = Command::new(bin("choird"));
     cmd.arg("--home")
         .arg(home)
-        .env("RUST_LOG", std::env::var("CHOIR_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .env("RUST_LOG", filters.trim())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
@@ -134,6 +142,14 @@ impl Choird {
     pub fn start_at(config: &Value, secrets: &Value, at: &str) -> Choird {
         let home = TempHome::new(config, secrets);
         std::fs::write(home.path().join(CLOCK_FILE), at).unwrap();
+        Choird::start_in(home)
+    }
+
+    /// Starts choird (and through it its process-runtime agents) with these
+    /// `RUST_LOG` filters, e.g. `info,choir::hop=trace` for turn marks.
+    pub fn start_logging(config: &Value, secrets: &Value, filters: &str) -> Choird {
+        let home = TempHome::new(config, secrets);
+        std::fs::write(home.path().join(RUST_LOG_FILE), filters).unwrap();
         Choird::start_in(home)
     }
 

@@ -477,3 +477,59 @@ fn tools_find_ranks_the_right_tool_first_for_paraphrased_queries_by_meaning() {
 fn tools_find_falls_back_to_keywords_without_embeddings() {
     find_everything(false);
 }
+
+/// The batcher's store path in one statement per agent: a batch spanning two
+/// agents is read and stored whole; outbox rows whose item is gone, or whose
+/// agent id is not one (a row written by hand, hostile to the schema name),
+/// are dropped without touching anything else.
+#[test]
+fn an_embedding_batch_spanning_agents_is_stored_whole_and_stale_outbox_rows_are_dropped() {
+    use choir_common::ids::AgentId;
+    use choird::store::memory::NewItem;
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
+    for agent in [&a, &b] {
+        db.migrate_agent(agent, 3).unwrap();
+    }
+    let store = choird::store::Store::new(db);
+    let item = |text: &str| NewItem {
+        tier: "session".into(),
+        content: text.into(),
+        sha256: sha(text),
+        metadata: json!({"k": text}),
+    };
+    let got_a = store.memory_upsert(&a, &[item("a1"), item("a2"), item("a1")], "edge", None).unwrap();
+    assert_eq!(got_a.iter().map(|u| u.inserted).collect::<Vec<_>>(), [true, true, false], "a repeat merges");
+    assert_eq!(got_a[0].id, got_a[2].id);
+    let got_b = store.memory_upsert(&b, &[item("b1"), item("b2")], "edge", None).unwrap();
+    let mut c = pg.client();
+    c.execute("DELETE FROM \"agent_beta\".items WHERE id = $1", &[&got_b[1].id]).unwrap();
+    c.execute("INSERT INTO embedding_outbox (agent_id, item_id) VALUES ('x\"; DROP TABLE y; --', 1)", &[]).unwrap();
+
+    let batch = store.outbox_batch(100).unwrap();
+    let seen: Vec<(String, String)> = batch.iter().map(|(_, ag, _, t)| (ag.as_str().to_owned(), t.clone())).collect();
+    assert_eq!(
+        seen,
+        [("alpha".into(), "a1".into()), ("alpha".into(), "a2".into()), ("beta".into(), "b1".into())],
+        "oldest first, the gone item and the bad agent id left out"
+    );
+    let left: i64 = c.query_one("SELECT count(*) FROM embedding_outbox", &[]).unwrap().get(0);
+    assert_eq!(left, 3, "the two stale rows are dropped, the three live ones kept");
+
+    let done: Vec<_> =
+        batch.into_iter().enumerate().map(|(i, (o, ag, id, _))| (o, ag, id, vec![i as f32 + 1.0, 0.5, -1.0])).collect();
+    store.store_embeddings(&done).unwrap();
+    let left: i64 = c.query_one("SELECT count(*) FROM embedding_outbox", &[]).unwrap().get(0);
+    assert_eq!(left, 0);
+    let mut stored = |schema: &str, id: i64| -> String {
+        c.query_one(&format!("SELECT embedding::text FROM \"{schema}\".items WHERE id = $1"), &[&id]).unwrap().get(0)
+    };
+    assert_eq!(stored("agent_alpha", got_a[0].id), "[1,0.5,-1]");
+    assert_eq!(stored("agent_alpha", got_a[1].id), "[2,0.5,-1]");
+    assert_eq!(stored("agent_beta", got_b[0].id), "[3,0.5,-1]", "each vector on its own agent's item");
+    // Nothing more to do: an empty batch, and storing nothing is harmless.
+    assert!(store.outbox_batch(100).unwrap().is_empty());
+    store.store_embeddings(&[]).unwrap();
+}

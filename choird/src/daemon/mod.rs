@@ -410,7 +410,10 @@ impl Daemon {
         loop {
             match self.chat_next(id, message_id, &updates, deadline)? {
                 ChatUpdate::Partial(_) => continue,
-                ChatUpdate::Done(Ok(reply)) => return Ok(ChatResponse { message_id, reply }),
+                ChatUpdate::Done(Ok(reply)) => {
+                    choir_common::hop::mark("admin.answer");
+                    return Ok(ChatResponse { message_id, reply });
+                }
                 ChatUpdate::Done(Err(why)) => return Err(ApiError::Unavailable(why)),
             }
         }
@@ -440,7 +443,9 @@ impl Daemon {
                 "agent {id} is not running; start it with `choirctl agent start {id}`"
             )));
         }
+        choir_common::hop::mark("message.in");
         let message_id = self.store.insert_message(&id, conversation, sender, text)?;
+        choir_common::hop::mark("message.stored");
         // Unbounded: a handful of throttled partials, then one answer (the
         // agent's partials are coalesced to a few a second).
         let (tx, rx) = unbounded();

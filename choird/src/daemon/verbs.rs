@@ -167,6 +167,9 @@ impl Daemon {
     /// messages, waiting up to `wait_ms` for some to arrive.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         super::schedule::check_firing_reports(&req.firings)?;
+        if !req.replies.is_empty() {
+            choir_common::hop::mark("reply.in");
+        }
         let acked = self.replicate(who, req)?;
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
@@ -191,6 +194,9 @@ impl Daemon {
         }
         let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
         let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
+        if !req.replies.is_empty() {
+            choir_common::hop::mark("reply.stored");
+        }
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         loop {
@@ -230,6 +236,9 @@ impl Daemon {
             let messages: Vec<InboundMessage> =
                 self.sessions.hand_out(&who.agent, who.session, messages).unwrap_or_default();
             if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() || !firings.is_empty() {
+                if !messages.is_empty() {
+                    choir_common::hop::mark("poll.handout");
+                }
                 let mut reply = self.heartbeat_reply(acked_seq, messages, false);
                 reply.decisions = decisions;
                 reply.cancel = poll.cancels;

@@ -5,6 +5,8 @@
 //! id the caller authenticated as — a validated identifier, quoted — and
 //! never from anything in a request; every value is a parameter.
 
+use std::collections::HashMap;
+
 use choir_common::ids::AgentId;
 use pgvector::Vector;
 use serde_json::{json, Value};
@@ -132,26 +134,28 @@ impl Store {
         let schema = agent_schema(agent);
         self.db.with(|c| {
             let mut tx = c.transaction()?;
+            let upsert = tx.prepare(&format!(
+                "INSERT INTO {schema}.items (tier, content, content_sha256, metadata, lane, call_id)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (tier, content_sha256) DO UPDATE
+                   SET metadata = {schema}.items.metadata || EXCLUDED.metadata, updated_at = now()
+                 RETURNING id, (xmax = 0)"
+            ))?;
             let mut out = Vec::new();
+            let mut queued = Vec::new();
             for it in items {
-                let row = tx.query_one(
-                    &format!(
-                        "INSERT INTO {schema}.items (tier, content, content_sha256, metadata, lane, call_id)
-                         VALUES ($1, $2, $3, $4, $5, $6)
-                         ON CONFLICT (tier, content_sha256) DO UPDATE
-                           SET metadata = {schema}.items.metadata || EXCLUDED.metadata, updated_at = now()
-                         RETURNING id, (xmax = 0)"
-                    ),
-                    &[&it.tier, &it.content, &it.sha256, &it.metadata, &lane, &call_id],
-                )?;
+                let row = tx.query_one(&upsert, &[&it.tier, &it.content, &it.sha256, &it.metadata, &lane, &call_id])?;
                 let (id, inserted): (i64, bool) = (row.get(0), row.get(1));
                 if inserted {
-                    tx.execute(
-                        "INSERT INTO embedding_outbox (agent_id, item_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                        &[&agent.as_str(), &id],
-                    )?;
+                    queued.push(id);
                 }
                 out.push(Upserted { id, tier: it.tier.clone(), sha256: it.sha256.clone(), inserted });
+            }
+            if !queued.is_empty() {
+                tx.execute(
+                    "INSERT INTO embedding_outbox (agent_id, item_id) SELECT $1, unnest($2::bigint[]) ON CONFLICT DO NOTHING",
+                    &[&agent.as_str(), &queued],
+                )?;
             }
             tx.commit()?;
             Ok(out)
@@ -239,41 +243,71 @@ impl Store {
     }
 
     /// Items waiting for their embedding, oldest first, across agents:
-    /// (outbox id, agent, item id, content). Rows whose item is gone are dropped.
+    /// (outbox id, agent, item id, content). Rows whose item is gone (or
+    /// whose agent id no longer parses) are dropped. One statement per agent
+    /// in the batch, not one per item.
     pub fn outbox_batch(&self, limit: i64) -> Result<Vec<(i64, AgentId, i64, String)>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
                 "SELECT id, agent_id, item_id FROM embedding_outbox WHERE failed_at IS NULL ORDER BY attempts, id LIMIT $1",
                 &[&limit],
             )?;
-            let mut out = Vec::new();
-            for r in &rows {
-                let (id, agent, item_id): (i64, String, i64) = (r.get(0), r.get(1), r.get(2));
-                let Ok(agent) = AgentId::parse(&agent) else { continue };
+            let queued: Vec<(i64, String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+            let mut contents: HashMap<(String, i64), String> = HashMap::new();
+            let mut agents: Vec<&str> = queued.iter().map(|(_, a, _)| a.as_str()).collect();
+            agents.sort_unstable();
+            agents.dedup();
+            for name in agents {
+                let Ok(agent) = AgentId::parse(name) else { continue };
+                let ids: Vec<i64> = queued.iter().filter(|(_, a, _)| a == name).map(|(_, _, i)| *i).collect();
                 let schema = agent_schema(&agent);
-                match c.query_opt(&format!("SELECT content FROM {schema}.items WHERE id = $1"), &[&item_id])? {
-                    Some(row) => out.push((id, agent, item_id, row.get(0))),
-                    None => {
-                        c.execute("DELETE FROM embedding_outbox WHERE id = $1", &[&id])?;
-                    }
+                for r in c.query(&format!("SELECT id, content FROM {schema}.items WHERE id = ANY($1)"), &[&ids])? {
+                    contents.insert((name.to_owned(), r.get(0)), r.get(1));
                 }
+            }
+            let (mut out, mut gone) = (Vec::new(), Vec::new());
+            for (id, agent, item_id) in queued {
+                match (AgentId::parse(&agent), contents.remove(&(agent, item_id))) {
+                    (Ok(agent), Some(content)) => out.push((id, agent, item_id, content)),
+                    _ => gone.push(id),
+                }
+            }
+            if !gone.is_empty() {
+                c.execute("DELETE FROM embedding_outbox WHERE id = ANY($1)", &[&gone])?;
             }
             Ok(out)
         })
     }
 
-    /// Stores embeddings and clears their outbox rows, in one transaction.
+    /// Stores embeddings and clears their outbox rows, in one transaction:
+    /// one `UPDATE … FROM unnest(…)` per agent in the batch and one `DELETE`.
     pub fn store_embeddings(&self, done: &[(i64, AgentId, i64, Vec<f32>)]) -> Result<(), DbError> {
+        let mut by_agent: Vec<(&AgentId, Vec<i64>, Vec<Vector>)> = Vec::new();
+        for (_, agent, item_id, v) in done {
+            let at = match by_agent.iter().position(|(a, _, _)| *a == agent) {
+                Some(at) => at,
+                None => {
+                    by_agent.push((agent, Vec::new(), Vec::new()));
+                    by_agent.len() - 1
+                }
+            };
+            by_agent[at].1.push(*item_id);
+            by_agent[at].2.push(Vector::from(v.clone()));
+        }
+        let outbox: Vec<i64> = done.iter().map(|(o, _, _, _)| *o).collect();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            for (outbox, agent, item_id, v) in done {
+            for (agent, ids, vectors) in &by_agent {
                 let schema = agent_schema(agent);
                 tx.execute(
-                    &format!("UPDATE {schema}.items SET embedding = $1 WHERE id = $2"),
-                    &[&Vector::from(v.clone()), item_id],
+                    &format!(
+                        "UPDATE {schema}.items AS i SET embedding = u.e
+                         FROM unnest($1::bigint[], $2::vector[]) AS u(id, e) WHERE i.id = u.id"
+                    ),
+                    &[ids, vectors],
                 )?;
-                tx.execute("DELETE FROM embedding_outbox WHERE id = $1", &[outbox])?;
             }
+            tx.execute("DELETE FROM embedding_outbox WHERE id = ANY($1)", &[&outbox])?;
             tx.commit()
         })
     }

@@ -4,10 +4,16 @@
 //! to the reply leaving choird; p50/p99 over 1,000 turns, idle and with 8 busy
 //! core jobs. Process runtime (the container adds nothing per turn: the agent
 //! talks to choird over the same socket protocol either way).
+//!
+//! Then the breakdown per hop: a second choird whose processes log turn marks
+//! (`choir_common::hop`, `RUST_LOG=info,choir::hop=trace`), 500 turns, and the
+//! p50/p99 of each step between consecutive marks (the marks cost a log line
+//! each, so this run's totals are a little higher than the untraced ones).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
@@ -19,11 +25,21 @@ fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1e3
 }
 
-fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> (Vec<Duration>, Vec<Duration>) {
+/// Wall-clock microseconds (the marks' clock).
+fn wall_us() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()
+}
+
+/// Per turn: message in → model request out, model answer → reply out, and
+/// the turn's wall-clock window (for the marks).
+type Turns = (Vec<Duration>, Vec<Duration>, Vec<(u128, u128)>);
+
+fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
-    let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
+    let (mut inbound, mut outbound, mut windows) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let before = edge.requests().len();
+        let w0 = wall_us();
         let t0 = Instant::now();
         let mut resp = admin
             .post("http://localhost/admin/v1/agents/demo/chat")
@@ -31,13 +47,80 @@ fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> (Vec<Duration>
             .unwrap();
         let body: Value = resp.body_mut().read_json().unwrap();
         let t3 = Instant::now();
+        windows.push((w0, wall_us()));
         assert_eq!(body["reply"], "ok", "{body}");
         let reqs = edge.requests();
         let r = &reqs[before];
         inbound.push(r.at - t0);
         outbound.push(t3 - r.answered_at.unwrap());
     }
-    (inbound, outbound)
+    (inbound, outbound, windows)
+}
+
+/// The marks a turn passes, in order (choird's and the agent's).
+const HOPS: &[&str] = &[
+    "message.in",
+    "message.stored",
+    "poll.handout",
+    "agent.message",
+    "agent.request",
+    "relay.in",
+    "relay.upstream",
+    "relay.answered",
+    "relay.out",
+    "agent.answer",
+    "agent.reply",
+    "agent.push",
+    "reply.in",
+    "reply.stored",
+    "admin.answer",
+];
+
+/// Every mark in choird's and the agent's log files, by time.
+fn marks(choird: &Choird) -> Vec<(u128, String)> {
+    let mut out = Vec::new();
+    for file in ["choird.log", "demo.log"] {
+        let text = std::fs::read_to_string(choird.home.path().join("logs").join(file)).unwrap_or_default();
+        out.extend(text.lines().filter_map(choir_common::hop::parse).map(|(n, us)| (us, n.to_owned())));
+    }
+    out.sort();
+    out
+}
+
+/// p50 and p99 of each step between consecutive marks, from the turn's
+/// start (the admin request sent) to its end (the answer read); turns
+/// missing a mark are counted and left out.
+fn breakdown(windows: &[(u128, u128)], marks: &[(u128, String)]) {
+    let mut steps: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    let mut incomplete = 0;
+    for &(start, end) in windows {
+        let inside: Vec<&(u128, String)> = marks.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
+        let mut at = vec![start];
+        for hop in HOPS {
+            match inside.iter().find(|(_, n)| n == hop) {
+                Some((t, _)) => at.push(*t),
+                None => break,
+            }
+        }
+        if at.len() != HOPS.len() + 1 {
+            incomplete += 1;
+            continue;
+        }
+        at.push(end);
+        for (i, w) in at.windows(2).enumerate() {
+            steps.entry(i).or_default().push(Duration::from_micros(w[1].saturating_sub(w[0]) as u64));
+        }
+    }
+    let names: Vec<&str> =
+        std::iter::once("bench: request sent").chain(HOPS.iter().copied()).chain(["bench: answer read"]).collect();
+    println!("per hop over {} turns ({incomplete} without every mark left out): step p50 / p99 (ms)", windows.len());
+    let mut total = 0.0;
+    for (i, d) in steps {
+        let p50 = pct(d.clone(), 0.5);
+        total += p50;
+        println!("  {:>16} → {:<18} {:>7.3} / {:>7.3}", names[i], names[i + 1], p50, pct(d, 0.99));
+    }
+    println!("  sum of the p50s: {total:.3} ms");
 }
 
 fn main() {
@@ -75,7 +158,7 @@ fn main() {
     choird.ctl_ok(&["agent", "start", "demo"]);
     turns(&choird, &edge, 50, "warmup");
 
-    let (inb, outb) = turns(&choird, &edge, 1000, "idle");
+    let (inb, outb, _) = turns(&choird, &edge, 1000, "idle");
     println!(
         "idle agent, 1000 turns: message into choird → model request out of the relay p50 {:.2} ms p99 {:.2} ms; model answer → reply out of choird p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
@@ -84,11 +167,30 @@ fn main() {
     choird.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
     let core_before = core.requests().len();
-    let (inb, outb) = turns(&choird, &edge, 1000, "busy");
+    let (inb, outb, _) = turns(&choird, &edge, 1000, "busy");
     let core_steps = core.requests().len() - core_before;
     println!(
         "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
     );
     choird.ctl_ok(&["agent", "stop", "demo"]);
+    drop(choird);
+
+    // The breakdown: the same idle agent, its processes marking each hop.
+    let traced = Choird::start_logging(&config, &json!({"llm_key": "k"}), "info,choir::hop=trace");
+    std::fs::create_dir_all(traced.workspace("demo")).unwrap();
+    traced.ctl_ok(&["agent", "start", "demo"]);
+    turns(&traced, &edge, 50, "traced-warmup");
+    let (inb, outb, windows) = turns(&traced, &edge, 500, "traced");
+    traced.ctl_ok(&["agent", "stop", "demo"]);
+    // The log manager writes in batches: let it catch up.
+    std::thread::sleep(Duration::from_secs(2));
+    println!(
+        "traced, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
+        pct(inb.clone(), 0.5),
+        pct(inb, 0.99),
+        pct(outb.clone(), 0.5),
+        pct(outb, 0.99)
+    );
+    breakdown(&windows, &marks(&traced));
 }
