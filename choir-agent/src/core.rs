@@ -45,6 +45,10 @@ use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 /// Characters of a firing's report sent to choird.
 const MAX_FIRING_REPORT: usize = 4000;
 
+/// The nice value core job threads run at (edge and link threads keep the
+/// agent's own): when the CPU is short, the person waiting goes first.
+pub const CORE_NICE: i32 = 10;
+
 /// What every core job shares.
 pub struct CoreSetup {
     /// The arbiter.
@@ -61,6 +65,8 @@ pub struct CoreSetup {
     pub edge: Sender<EdgeEvent>,
     /// The agent's skills.
     pub skills: Arc<SkillBook>,
+    /// Who has the floor (the edge, while it works on a turn).
+    pub floor: Arc<crate::floor::Floor>,
     /// Where decisions on proposals arrive.
     pub approvals: Arc<Approvals>,
     /// Where a scheduled firing's outcome goes (to choird, not the edge).
@@ -217,7 +223,14 @@ impl CorePool {
         };
         let handle = std::thread::Builder::new()
             .name(format!("core-{name}"))
-            .spawn(move || run.run())
+            .spawn(move || {
+                // Background work: below the edge (and the link threads) for
+                // the CPU; the tools it runs inherit it.
+                if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), CORE_NICE) {
+                    log::debug!("core job: cannot lower its priority ({e})");
+                }
+                run.run()
+            })
             .map_err(|e| ToolError::new("start_failed", format!("cannot start a thread for the job: {e}")))?;
         jobs.insert(name.to_owned(), Job { cancel, quiet, handle: Some(handle), status });
         let with = skill.map(|(s, _)| format!(" running skill {}", s.spec.name)).unwrap_or_default();
@@ -383,6 +396,7 @@ impl JobRun {
             model: s.model.clone(),
             stream: false,
             job: Some(self.name.clone()),
+            floor: s.floor.clone(),
         };
         let mut conv = Conversation::default();
         // The job's task, in the user's place: written by the edge's model

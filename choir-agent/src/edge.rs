@@ -219,6 +219,10 @@ impl EdgeLane {
         conv_name: &str,
         start: Start,
     ) -> Result<(), LogError> {
+        // Core jobs hold back while this turn is worked on (not while its
+        // model thinks: `Mind::ask` steps aside).
+        let floor = self.mind.floor.clone();
+        let _hold = floor.hold();
         self.pool.set_limits(self.limits());
         let (max_steps, retry_budget, context_tokens) = {
             let c = self.config.read();
@@ -290,13 +294,17 @@ impl EdgeLane {
             self.mind.maybe_compact(&lane, conv_name, &system, conv, Role::User, context_tokens, force)?;
             // Stream what the model writes to whoever waits for this message.
             let mut so_far = String::new();
-            let mut last_sent: Option<std::time::Instant> = None;
+            // The first partial only once the model has streamed for
+            // PARTIAL_EVERY: an answer done sooner goes out whole, without a
+            // HEARTBEAT of its own ahead of it (a round trip and a database
+            // write on every quick turn).
+            let mut last_sent = std::time::Instant::now();
             let (out, first) = (&self.out, covers.first().copied());
             let mut on_text = |delta: &str| {
                 so_far.push_str(delta);
-                let due = last_sent.is_none_or(|t| t.elapsed() >= PARTIAL_EVERY);
+                let due = last_sent.elapsed() >= PARTIAL_EVERY;
                 if let (Some(id), true) = (first, due) {
-                    last_sent = Some(std::time::Instant::now());
+                    last_sent = std::time::Instant::now();
                     let _ = out.send(Outbound::Partial(PartialReply { in_reply_to: id, text: so_far.clone() }));
                 }
             };
@@ -350,7 +358,6 @@ impl EdgeLane {
             let _ = machine.go(LaneState::Failed);
             format!("I stopped after {max_steps} model steps without finishing; please narrow the request.")
         });
-        let _ = machine.go(LaneState::Idle);
         let reply = match covers.last() {
             Some(last) => OutboundReply {
                 in_reply_to: *last,
@@ -369,9 +376,13 @@ impl EdgeLane {
         };
         log::debug!("edge: answer ready for {conv_name}");
         choir_common::hop::mark("agent.reply");
+        // The reply first, then the state change: the change pokes link-push,
+        // which (woken before the reply was queued) would report the status
+        // in a round trip of its own before shipping the reply.
         if self.out.send(Outbound::Reply(reply)).is_err() {
             st.stopping = true;
         }
+        let _ = machine.go(LaneState::Idle);
         Ok(())
     }
 

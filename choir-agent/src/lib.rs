@@ -9,6 +9,7 @@ pub mod commitlog;
 pub mod core;
 pub mod edge;
 pub mod failpoints;
+pub mod floor;
 pub mod inbox;
 pub mod invocation;
 pub mod lane_ctx;

@@ -68,6 +68,8 @@ pub struct Link {
     pub pool: Weak<CorePool>,
     /// The argument policy the arbiter asks (replaced with each config).
     pub arguments: Arc<crate::arg_check::ArgumentPolicy>,
+    /// Who has the floor: held while replies are pushed, so core jobs wait.
+    pub floor: Arc<crate::floor::Floor>,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -319,9 +321,10 @@ impl Link {
                     receive: false,
                 };
                 log::debug!("push: HEARTBEAT with {} event(s), {} repl(ies)", req.events.len(), req.replies.len());
-                if !req.replies.is_empty() {
+                let _hold = (!req.replies.is_empty()).then(|| {
                     choir_common::hop::mark("agent.push");
-                }
+                    self.floor.hold()
+                });
                 match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                     Ok(resp) => {
                         failures = 0;

@@ -60,7 +60,9 @@ impl Llm {
 
     /// One completion for `lane` (`edge` or `core`), for core job `job`.
     pub fn complete(&self, lane: &str, job: Option<&str>, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        choir_common::hop::mark("agent.request");
+        if lane == "edge" {
+            choir_common::hop::mark("agent.request");
+        }
         let path = path(lane, job);
         let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
         let answer = retrying(|| match self.rpc.post_raw(&path, &body, CALL_TIMEOUT) {
@@ -70,7 +72,9 @@ impl Llm {
             Ok(answer) => Err(Attempt::Failed(refusal("LLM", &answer))),
             Err(e) => Err(Attempt::Failed(e)),
         });
-        choir_common::hop::mark("agent.answer");
+        if lane == "edge" {
+            choir_common::hop::mark("agent.answer");
+        }
         answer
     }
 
@@ -84,7 +88,9 @@ impl Llm {
         req: &ChatRequest,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<ChatResponse, LlmError> {
-        choir_common::hop::mark("agent.request");
+        if lane == "edge" {
+            choir_common::hop::mark("agent.request");
+        }
         let path = path(lane, job);
         let mut req = req.clone();
         req.stream = Some(true);
@@ -100,7 +106,9 @@ impl Llm {
             }
             read_sse(reader.as_mut(), on_text)
         });
-        choir_common::hop::mark("agent.answer");
+        if lane == "edge" {
+            choir_common::hop::mark("agent.answer");
+        }
         answer
     }
 }

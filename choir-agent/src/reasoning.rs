@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 
 use crate::arbiter::{Arbiter, ProposedCall};
 use crate::commitlog::LogError;
+use crate::floor::Floor;
 use crate::invocation::{Invocation, Status};
 use crate::lane_ctx::LaneCtx;
 use crate::lanes::{LaneMachine, LaneState};
@@ -44,6 +45,9 @@ pub struct Mind {
     pub stream: bool,
     /// The core job this mind works for (named to the relay for the ledger).
     pub job: Option<String>,
+    /// Who has the floor: the edge steps aside while its model thinks; a
+    /// core job waits for the edge before each model call and tool run.
+    pub floor: Arc<Floor>,
 }
 
 /// What one step led to.
@@ -112,6 +116,10 @@ impl Mind {
             stream: None,
             stream_options: None,
         };
+        // The edge gives the floor up while its model thinks; a core job's
+        // call is one step (one at a time while the edge works).
+        let (_aside, _step) =
+            if self.job.is_none() { (self.floor.step_aside(), None) } else { (None, Some(self.floor.core_step())) };
         match on_text {
             Some(on_text) if self.stream => self.llm.stream(self.llm_lane, self.job.as_deref(), &req, on_text),
             _ => self.llm.complete(self.llm_lane, self.job.as_deref(), &req),
@@ -127,6 +135,7 @@ impl Mind {
         calls: &[ToolCall],
         history: &[Entry],
     ) -> Result<Vec<Invocation>, LogError> {
+        let _step = self.job.is_some().then(|| self.floor.core_step());
         let proposed: Vec<ProposedCall> = calls
             .iter()
             .map(|c| ProposedCall {

@@ -121,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let log = Arc::new(DurableLog::with_durability(log, Durability::Replicated)?);
     // Bounded(1): a pending poke already means "ship what is committed (or changed)".
     let (committed_tx, committed_rx) = bounded(1);
+    let floor = Arc::new(crate::floor::Floor::default());
     let board = StatusBoard::with_poke(committed_tx.clone());
     let recovering = !resume.is_empty() || !interrupted.is_empty();
     board.set_session(if recovering { SessionState::Recovering } else { SessionState::Starting });
@@ -166,6 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             skills: skills.clone(),
             approvals: approvals.clone(),
             out: out_tx.clone(),
+            floor: floor.clone(),
         },
         limits,
     ));
@@ -184,6 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         edge_cancel: edge_cancel.clone(),
         pool: Arc::downgrade(&pool),
         arguments,
+        floor: floor.clone(),
     });
     link.apply(&hello.config);
     let lane = EdgeLane {
@@ -194,6 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model: hello.bindings.models.edge.clone(),
             stream: true,
             job: None,
+            floor,
         },
         identity,
         config,

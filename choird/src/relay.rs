@@ -55,7 +55,10 @@ fn job_of(req: &Request) -> Option<String> {
 
 /// Answers `POST /llm/<lane>/v1/chat/completions`.
 pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, ApiError> {
-    choir_common::hop::mark("relay.in");
+    let edge = lane == "edge";
+    if edge {
+        choir_common::hop::mark("relay.in");
+    }
     let who = req
         .caller
         .clone()
@@ -90,9 +93,13 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     let reservation = reserve(d, &config, &who.agent, payload.len(), &body)?;
 
     let started = Instant::now();
-    choir_common::hop::mark("relay.upstream");
+    if edge {
+        choir_common::hop::mark("relay.upstream");
+    }
     let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
-    choir_common::hop::mark("relay.answered");
+    if edge {
+        choir_common::hop::mark("relay.answered");
+    }
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let answer = match result {
         Ok(a) => a,
@@ -152,6 +159,9 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
         };
         let mut resp = Response::streaming(tap);
         resp.content_type = "text/event-stream";
+        if edge {
+            choir_common::hop::mark("relay.out");
+        }
         return Ok(resp);
     }
     let mut answer = answer;
@@ -192,7 +202,9 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     if let Some(ra) = retry_after {
         resp.headers.push(("Retry-After".into(), ra));
     }
-    choir_common::hop::mark("relay.out");
+    if edge {
+        choir_common::hop::mark("relay.out");
+    }
     Ok(resp)
 }
 

@@ -69,7 +69,7 @@ pub fn embed(text: &str, dims: usize) -> Vec<f32> {
 impl FakeEmbeddings {
     /// Starts on a free loopback port, answering with `dims`-dimensional vectors.
     pub fn start(dims: usize) -> FakeEmbeddings {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the fake embeddings"));
+        let server = Arc::new(crate::loopback::server().expect("bind the fake embeddings"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let state = Arc::new(Mutex::new(State { down: false, batches: Vec::new(), max_input_tokens: 8191 }));
         let (s2, srv2) = (state.clone(), server.clone());

@@ -95,7 +95,7 @@ impl FakeLlm {
 
     /// Starts on `addr` with an optional fallback step.
     pub fn start_on(addr: &str, script: Vec<Step>, fallback: Option<Step>) -> std::io::Result<FakeLlm> {
-        let server = Arc::new(tiny_http::Server::http(addr).map_err(std::io::Error::other)?);
+        let server = Arc::new(crate::loopback::server_on(addr)?);
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let shared = Arc::new((
             Mutex::new(Shared {

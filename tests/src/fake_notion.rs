@@ -177,7 +177,7 @@ fn answer(
 impl FakeNotion {
     /// Starts the fake, accepting `token`.
     pub fn start(token: &str) -> FakeNotion {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind"));
+        let server = Arc::new(crate::loopback::server().expect("bind"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let state = Arc::new(Mutex::new(State { token: token.to_owned(), limited: 0, requests: Vec::new() }));
         let (srv, st) = (server.clone(), state.clone());

@@ -97,7 +97,7 @@ fn err(code: u16, description: &str) -> (u16, String) {
 impl FakeTelegram {
     /// Starts on a free loopback port.
     pub fn start() -> FakeTelegram {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the fake Bot API"));
+        let server = Arc::new(crate::loopback::server().expect("bind the fake Bot API"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let shared = Arc::new((Mutex::new(State { next_message: 1000, ..State::default() }), Condvar::new()));
         let (s2, srv2) = (shared.clone(), server.clone());

@@ -72,7 +72,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 impl FakeTranscription {
     /// Starts the fake, answering with `text`.
     pub fn start(text: &str) -> FakeTranscription {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind"));
+        let server = Arc::new(crate::loopback::server().expect("bind"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let state = Arc::new(Mutex::new(State { text: text.to_owned(), down: false, heard: Vec::new() }));
         let (srv, st) = (server.clone(), state.clone());

@@ -26,7 +26,7 @@ pub struct Served {
 
 impl Served {
     fn start(name: &str, threads: usize, handler: impl Fn(Request) + Send + Sync + 'static) -> Served {
-        let server = Arc::new(Server::http("127.0.0.1:0").expect("bind"));
+        let server = Arc::new(crate::loopback::server().expect("bind"));
         let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_default();
         let handler = Arc::new(handler);
         for i in 0..threads {

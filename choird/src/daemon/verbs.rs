@@ -193,10 +193,10 @@ impl Daemon {
             self.events.send(Event::Answered { agent: who.agent.clone(), conversation });
         }
         let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
-        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
         if !req.replies.is_empty() {
             choir_common::hop::mark("reply.stored");
         }
+        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         loop {

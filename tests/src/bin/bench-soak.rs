@@ -22,8 +22,24 @@ use serde_json::{json, Value};
 const TOKEN: &str = "123456:soak-token";
 const USERS: i64 = 50;
 
-/// (resident MB, threads) of a process, from /proc.
-fn footprint(pid: u32) -> (f64, u64) {
+/// A process's resident memory and threads, from /proc.
+struct Footprint {
+    /// VmRSS, MB.
+    rss: f64,
+    /// RssAnon (heap, stacks: what the process itself holds), MB.
+    anon: f64,
+    /// RssFile + RssShmem (pages of the binary and libraries mapped in), MB.
+    file: f64,
+    threads: u64,
+}
+
+impl std::fmt::Display for Footprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:>5.1} MB (anon {:>4.1}, file {:>4.1}) {:>3} threads", self.rss, self.anon, self.file, self.threads)
+    }
+}
+
+fn footprint(pid: u32) -> Footprint {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
@@ -33,7 +49,13 @@ fn footprint(pid: u32) -> (f64, u64) {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    (field("VmRSS:") as f64 / 1024.0, field("Threads:"))
+    let mb = |name: &str| field(name) as f64 / 1024.0;
+    Footprint {
+        rss: mb("VmRSS:"),
+        anon: mb("RssAnon:"),
+        file: mb("RssFile:") + mb("RssShmem:"),
+        threads: field("Threads:"),
+    }
 }
 
 fn agent_pid(choird: &Choird, agent: &str) -> u32 {
@@ -78,19 +100,13 @@ fn main() {
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
     let (pid_a, pid_b) = (agent_pid(&choird, "a"), agent_pid(&choird, "b"));
     let sample = |turns: u64, started: Instant| {
-        let (d, dt) = footprint(choird.pid());
-        let (a, at) = footprint(pid_a);
-        let (b, bt) = footprint(pid_b);
         println!(
-            "{:>7} turns {:>6.0} s   choird {:>6.1} MB {:>3} threads   agent a {:>6.1} MB {:>3} threads   agent b {:>6.1} MB {:>3} threads",
+            "{:>7} turns {:>6.0} s   choird {}   agent a {}   agent b {}",
             turns,
             started.elapsed().as_secs_f64(),
-            d,
-            dt,
-            a,
-            at,
-            b,
-            bt
+            footprint(choird.pid()),
+            footprint(pid_a),
+            footprint(pid_b)
         );
     };
     let mut sent_tg = 0usize;

@@ -97,12 +97,17 @@ fn breakdown(windows: &[(u128, u128)], marks: &[(u128, String)]) {
         let inside: Vec<&(u128, String)> = marks.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
         let mut at = vec![start];
         for hop in HOPS {
-            match inside.iter().find(|(_, n)| n == hop) {
+            let after = *at.last().unwrap_or(&start);
+            match inside.iter().find(|(t, n)| n == hop && *t >= after) {
                 Some((t, _)) => at.push(*t),
                 None => break,
             }
         }
         if at.len() != HOPS.len() + 1 {
+            if incomplete == 0 {
+                let seen: Vec<&str> = inside.iter().map(|(_, n)| n.as_str()).collect();
+                println!("  (a turn without every mark: it has {seen:?})");
+            }
             incomplete += 1;
             continue;
         }
@@ -148,17 +153,62 @@ fn main() {
         Some(Step::call("choir.fs.read", json!({"path": "small.txt"})))
     });
     core.forget_bodies();
+    // Only the timestamps are read back: cloning every body at each turn made
+    // the busy run take a quarter of an hour of the bench's own time.
+    edge.forget_bodies();
     let mut config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
     config["llm"]["core"]["base_url"] = json!(core.base_url());
     config["agents"]["demo"] =
         json!({"max_core_jobs": 8, "core_budget": {"steps": 100000000, "tokens": 1000000000000u64, "wall_s": 36000}});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    // `--breakdown-only`: skip the untraced runs.
+    if !std::env::args().any(|a| a == "--breakdown-only") {
+        untraced(&config, &edge, &core);
+    }
+
+    // The breakdown: the same agent, its processes marking each hop; idle,
+    // then with 8 busy core jobs.
+    let traced = Choird::start_logging(&config, &json!({"llm_key": "k"}), "info,choir::hop=trace");
+    std::fs::create_dir_all(traced.workspace("demo")).unwrap();
+    std::fs::write(traced.workspace("demo").join("small.txt"), "x\n").unwrap();
+    traced.ctl_ok(&["agent", "start", "demo"]);
+    turns(&traced, &edge, 50, "traced-warmup");
+    let (inb, outb, idle) = turns(&traced, &edge, 500, "traced");
+    println!(
+        "traced, idle, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
+        pct(inb.clone(), 0.5),
+        pct(inb, 0.99),
+        pct(outb.clone(), 0.5),
+        pct(outb, 0.99)
+    );
+    traced.ctl_ok(&["chat", "demo", "start eight"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let (inb, outb, busy) = turns(&traced, &edge, 500, "traced-busy");
+    traced.ctl_ok(&["agent", "stop", "demo"]);
+    println!(
+        "traced, 8 busy core jobs, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
+        pct(inb.clone(), 0.5),
+        pct(inb, 0.99),
+        pct(outb.clone(), 0.5),
+        pct(outb, 0.99)
+    );
+    // The log manager writes in batches: let it catch up.
+    std::thread::sleep(Duration::from_secs(2));
+    let marks = marks(&traced);
+    println!("idle:");
+    breakdown(&idle, &marks);
+    println!("with 8 busy core jobs:");
+    breakdown(&busy, &marks);
+}
+
+/// The untraced runs: idle, then with 8 busy core jobs.
+fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
+    let choird = Choird::start(config, &json!({"llm_key": "k"}));
     std::fs::create_dir_all(choird.workspace("demo")).unwrap();
     std::fs::write(choird.workspace("demo").join("small.txt"), "x\n").unwrap();
     choird.ctl_ok(&["agent", "start", "demo"]);
-    turns(&choird, &edge, 50, "warmup");
+    turns(&choird, edge, 50, "warmup");
 
-    let (inb, outb, _) = turns(&choird, &edge, 1000, "idle");
+    let (inb, outb, _) = turns(&choird, edge, 1000, "idle");
     println!(
         "idle agent, 1000 turns: message into choird → model request out of the relay p50 {:.2} ms p99 {:.2} ms; model answer → reply out of choird p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
@@ -167,7 +217,7 @@ fn main() {
     choird.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
     let core_before = core.requests().len();
-    let (inb, outb, _) = turns(&choird, &edge, 1000, "busy");
+    let (inb, outb, _) = turns(&choird, edge, 1000, "busy");
     let core_steps = core.requests().len() - core_before;
     println!(
         "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
@@ -175,22 +225,4 @@ fn main() {
     );
     choird.ctl_ok(&["agent", "stop", "demo"]);
     drop(choird);
-
-    // The breakdown: the same idle agent, its processes marking each hop.
-    let traced = Choird::start_logging(&config, &json!({"llm_key": "k"}), "info,choir::hop=trace");
-    std::fs::create_dir_all(traced.workspace("demo")).unwrap();
-    traced.ctl_ok(&["agent", "start", "demo"]);
-    turns(&traced, &edge, 50, "traced-warmup");
-    let (inb, outb, windows) = turns(&traced, &edge, 500, "traced");
-    traced.ctl_ok(&["agent", "stop", "demo"]);
-    // The log manager writes in batches: let it catch up.
-    std::thread::sleep(Duration::from_secs(2));
-    println!(
-        "traced, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5),
-        pct(inb, 0.99),
-        pct(outb.clone(), 0.5),
-        pct(outb, 0.99)
-    );
-    breakdown(&windows, &marks(&traced));
 }

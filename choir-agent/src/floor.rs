@@ -1,0 +1,193 @@
+//! The edge has the floor (issue 19, item 1): while the edge lane works on a
+//! turn — between a user's message arriving and its reply leaving, except
+//! while it waits for the model — core jobs take their steps one at a time
+//! instead of all at once, so the shared points of a turn (the CPU, the
+//! relay, replication, PostgreSQL, the locks) serve the person waiting
+//! first. (Core job threads also run at a lower CPU priority: see
+//! `core.rs`.)
+//!
+//! **Invariant:** a core step waits only while the edge has the floor *and*
+//! another core step is under way; it never waits for the edge alone, so an
+//! edge that is never idle slows core jobs to one step at a time but never
+//! stops them, and no timer releases a burst of waiting steps at once.
+//! Holds and steps are guards: a panicking or erroring lane cannot leave
+//! the floor held or a step counted.
+
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Default)]
+struct State {
+    /// Holds of the edge (its turn, the push of its reply).
+    held: u32,
+    /// Core steps under way.
+    core: u32,
+}
+
+/// Who has the floor.
+#[derive(Default)]
+pub struct Floor {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A hold on the floor; released when dropped.
+#[must_use = "the floor is released when the hold is dropped"]
+pub struct Hold<'a> {
+    floor: &'a Floor,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.floor.release();
+    }
+}
+
+/// The edge stepping aside while its model thinks; takes the floor back when dropped.
+#[must_use = "the floor is taken back when this is dropped"]
+pub struct Aside<'a> {
+    floor: &'a Floor,
+}
+
+impl Drop for Aside<'_> {
+    fn drop(&mut self) {
+        self.floor.state.lock().held += 1;
+    }
+}
+
+/// A core step under way; ends when dropped.
+#[must_use = "the step ends when this is dropped"]
+pub struct CoreStep<'a> {
+    floor: &'a Floor,
+}
+
+impl Drop for CoreStep<'_> {
+    fn drop(&mut self) {
+        let mut s = self.floor.state.lock();
+        s.core = s.core.saturating_sub(1);
+        self.floor.changed.notify_all();
+    }
+}
+
+impl Floor {
+    /// Takes the floor (the edge starting a turn, or pushing its reply).
+    pub fn hold(&self) -> Hold<'_> {
+        self.state.lock().held += 1;
+        Hold { floor: self }
+    }
+
+    /// Gives the floor up while waiting on something slow (the model) when
+    /// it is held; taken back when the result is dropped.
+    pub fn step_aside(&self) -> Option<Aside<'_>> {
+        let mut s = self.state.lock();
+        if s.held == 0 {
+            return None;
+        }
+        s.held -= 1;
+        self.changed.notify_all();
+        Some(Aside { floor: self })
+    }
+
+    fn release(&self) {
+        let mut s = self.state.lock();
+        s.held = s.held.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    /// Whether the edge has the floor now.
+    pub fn is_held(&self) -> bool {
+        self.state.lock().held > 0
+    }
+
+    /// A core job taking a step (a model call, a round of tool calls):
+    /// waits while the edge has the floor and another core step is under way.
+    pub fn core_step(&self) -> CoreStep<'_> {
+        let mut s = self.state.lock();
+        while s.held > 0 && s.core > 0 {
+            self.changed.wait(&mut s);
+        }
+        s.core += 1;
+        CoreStep { floor: self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_free_floor_lets_core_steps_run_together() {
+        let f = Floor::default();
+        let a = f.core_step();
+        let b = f.core_step();
+        let c = f.core_step();
+        assert_eq!(f.state.lock().core, 3);
+        drop((a, b, c));
+        assert_eq!(f.state.lock().core, 0);
+        assert!(f.step_aside().is_none(), "nothing to step aside from");
+        assert!(!f.is_held(), "stepping aside from a free floor takes nothing");
+    }
+
+    #[test]
+    fn while_the_edge_works_core_steps_go_one_at_a_time() {
+        let f = Arc::new(Floor::default());
+        let first = f.core_step();
+        let hold = f.hold();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let second = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let _step = f.core_step();
+                tx.send(()).unwrap();
+            })
+        };
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "a second core step went while the edge held");
+        drop(first);
+        rx.recv_timeout(Duration::from_secs(60)).expect("the next core step goes when the one under way ends");
+        second.join().unwrap();
+        assert!(f.is_held(), "the edge never waited for core");
+        // Never for the edge alone: a step goes at once when none is under way.
+        let _alone = f.core_step();
+        drop(hold);
+    }
+
+    #[test]
+    fn a_waiting_core_step_goes_when_the_edge_lets_go_or_steps_aside() {
+        let f = Arc::new(Floor::default());
+        let running = f.core_step();
+        let hold = f.hold();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let waiter = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let _step = f.core_step();
+                tx.send(()).unwrap();
+            })
+        };
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        {
+            let _aside = f.step_aside().expect("held");
+            rx.recv_timeout(Duration::from_secs(60)).expect("goes while the edge waits on its model");
+        }
+        assert!(f.is_held(), "the edge has the floor back after its model answered");
+        waiter.join().unwrap();
+        drop((running, hold));
+        assert!(!f.is_held());
+    }
+
+    #[test]
+    fn holds_nest_and_an_extra_release_never_underflows() {
+        let f = Floor::default();
+        let a = f.hold();
+        let b = f.hold();
+        drop(a);
+        assert!(f.is_held(), "the push's hold outlives the turn's");
+        drop(b);
+        assert!(!f.is_held());
+        f.release();
+        assert!(!f.is_held());
+        let _c = f.hold();
+        assert!(f.is_held(), "an extra release did not leave the count negative");
+    }
+}
