@@ -47,9 +47,14 @@ test: deps base-image lint
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 
 # Benchmarks: numbers are recorded in DESIGN.md (never asserted in tests).
+# Each benchmark also adds its result lines to $(BENCH_TABLE); the last step
+# prints them as one table.
+BENCH_TABLE = target/bench-table.tsv
+bench: export CHOIR_BENCH_TABLE = $(abspath $(BENCH_TABLE))
 bench: deps base-image
 	$(CARGO) bench -p choir-agent --bench arbiter
 	$(CARGO) build --release --workspace --bins
+	rm -f $(BENCH_TABLE)
 	target/release/bench-docker
 	target/release/bench-turns
 	target/release/bench-telegram
@@ -59,6 +64,7 @@ bench: deps base-image
 	target/release/bench-limbs
 	target/release/bench-schedule
 	target/release/bench-soak
+	./scripts/bench-table.sh $(BENCH_TABLE)
 
 # The memory store at scale (1,000,000 vectors; about half an hour): not part of `make bench`.
 bench-memory: deps

@@ -83,7 +83,7 @@ pub fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
 /// Prints direct vs through-choird latencies and their ratio.
 pub fn compare(what: &str, mut direct: Vec<Duration>, mut via: Vec<Duration>) {
     let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
-    println!(
+    crate::report!(
         "{what}, n={}: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
         via.len(),
         ms(d50),
@@ -93,4 +93,40 @@ pub fn compare(what: &str, mut direct: Vec<Duration>, mut via: Vec<Duration>) {
         v50.as_secs_f64() / d50.as_secs_f64(),
         ms(v50.saturating_sub(d50))
     );
+}
+
+/// The file `make bench` gathers every benchmark's results in (one row per
+/// result line: the benchmark's name, a tab, the line), for its one table.
+pub const TABLE_ENV: &str = "CHOIR_BENCH_TABLE";
+
+/// Prints a benchmark's result line and, when [`TABLE_ENV`] names a file (as
+/// `make bench` does), appends it there as a row of the combined table.
+pub fn report(line: &str) {
+    use std::io::Write;
+    println!("{line}");
+    let Ok(path) = std::env::var(TABLE_ENV) else { return };
+    let text = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if text.is_empty() {
+        return;
+    }
+    let bench = std::env::args()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("{bench}\t{text}\n").as_bytes()));
+    if let Err(e) = appended {
+        eprintln!("cannot add to the benchmark table {path}: {e}");
+    }
+}
+
+/// `println!` for a benchmark's results: printed, and a row of `make bench`'s table.
+#[macro_export]
+macro_rules! report {
+    ($($arg:tt)*) => {
+        $crate::bench::report(&format!($($arg)*))
+    };
 }

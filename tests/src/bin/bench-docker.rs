@@ -30,7 +30,7 @@ fn main() {
     let engine = choir_tests::docker::engine();
     let built = Instant::now();
     choird.ctl_ok(&["agent", "build", "demo"]);
-    println!("agent image build (cold cache): {:.1} s", built.elapsed().as_secs_f64());
+    choir_tests::report!("agent image build (cold cache): {:.1} s", built.elapsed().as_secs_f64());
 
     let mut agent_starts = Vec::new();
     for _ in 0..10 {
@@ -86,15 +86,18 @@ fn main() {
     }
     let size = |name: &str| engine.image(name).unwrap().map(|i| i["Size"].as_f64().unwrap_or(0.0) / 1e6).unwrap_or(0.0);
 
-    println!(
+    choir_tests::report!(
         "agent cold start (agent start → RUNNING): median {:.0} ms (min {:.0} ms, max {:.0} ms, n=10)",
         median(agent_starts.clone()).as_secs_f64() * 1e3,
         agent_starts.iter().min().unwrap().as_secs_f64() * 1e3,
         agent_starts.iter().max().unwrap().as_secs_f64() * 1e3
     );
-    println!("bare `true` container (create → start → exit): median {:.0} ms (n=10)", median(bare).as_secs_f64() * 1e3);
+    choir_tests::report!(
+        "bare `true` container (create → start → exit): median {:.0} ms (n=10)",
+        median(bare).as_secs_f64() * 1e3
+    );
     let restart: Vec<Duration> = resumes.iter().zip(&noticed).map(|(r, n)| r.saturating_sub(*n)).collect();
-    println!(
+    choir_tests::report!(
         "crash-to-resumed (kill -9 → new container RUNNING; the first restart is immediate): median {:.0} ms (min {:.0}, max {:.0}, n=10): the exit noticed after median {:.0} ms, then remove + create + start + INIT_HELLO + recovery to RUNNING median {:.0} ms",
         median(resumes.clone()).as_secs_f64() * 1e3,
         resumes.iter().min().unwrap().as_secs_f64() * 1e3,
@@ -102,7 +105,7 @@ fn main() {
         median(noticed).as_secs_f64() * 1e3,
         median(restart).as_secs_f64() * 1e3
     );
-    println!(
+    choir_tests::report!(
         "image sizes: agent {image} {:.0} MB, base choir-base:bookworm {:.0} MB",
         size(&image),
         size("choir-base:bookworm")

@@ -73,9 +73,9 @@ fn main() {
     std::thread::sleep(Duration::from_secs(1));
     let pid = choird.pid();
     let (rss0, threads0) = (proc_status(pid, "VmRSS:"), proc_status(pid, "Threads:"));
-    println!("choird under a hostile agent-socket client ({} cores)\n", num_cores());
-    println!("{:<44} {:>10} {:>8} {:>14} {:>14}", "phase", "RSS kB", "threads", "status p50", "status p99");
-    println!("{:<44} {:>10} {:>8} {:>14} {:>14}", "idle", rss0, threads0, "-", "-");
+    choir_tests::report!("choird under a hostile agent-socket client ({} cores)\n", num_cores());
+    choir_tests::report!("{:<44} {:>10} {:>8} {:>14} {:>14}", "phase", "RSS kB", "threads", "status p50", "status p99");
+    choir_tests::report!("{:<44} {:>10} {:>8} {:>14} {:>14}", "idle", rss0, threads0, "-", "-");
 
     let (rss, threads, mut lat) = sample(&choird, || {
         let idle: Vec<UnixStream> = (0..1100).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
@@ -83,7 +83,14 @@ fn main() {
         std::thread::sleep(Duration::from_secs(5));
     });
     let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
-    println!("{:<44} {:>10} {:>8} {:>14.2?} {:>14.2?}", "1,100 idle connections held 5 s", rss, threads, p50, p99);
+    choir_tests::report!(
+        "{:<44} {:>10} {:>8} {:>14.2?} {:>14.2?}",
+        "1,100 idle connections held 5 s",
+        rss,
+        threads,
+        p50,
+        p99
+    );
 
     let sent = Arc::new(AtomicU64::new(0));
     let (rss, threads, mut lat) = sample(&choird, || {
@@ -118,7 +125,7 @@ fn main() {
         }
     });
     let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
-    println!(
+    choir_tests::report!(
         "{:<44} {:>10} {:>8} {:>14.2?} {:>14.2?}",
         format!("header + bad-token flood, {}/s, 5 s", sent.load(Ordering::Relaxed) / 5),
         rss,
@@ -127,7 +134,7 @@ fn main() {
         p99
     );
     std::thread::sleep(Duration::from_secs(2));
-    println!(
+    choir_tests::report!(
         "{:<44} {:>10} {:>8} {:>14} {:>14}",
         "afterwards",
         proc_status(pid, "VmRSS:"),
@@ -137,7 +144,7 @@ fn main() {
     );
     let unauth: i64 =
         pg.client().query_one("SELECT count(*) FROM audit WHERE outcome = 'unauthorized'", &[]).unwrap().get(0);
-    println!("\naudit records of the bad-token flood: {unauth} (paced: 20 a minute per listener)");
+    choir_tests::report!("\naudit records of the bad-token flood: {unauth} (paced: 20 a minute per listener)");
 }
 
 fn num_cores() -> usize {

@@ -59,7 +59,7 @@ fn main() {
         audio += opus_seconds(&ws.join(r["path"].as_str().unwrap()));
     }
     let wall = t.elapsed().as_secs_f64();
-    println!(
+    choir_tests::report!(
         "choir.tts.speak, 10 calls of {} characters: {audio:.1} s of audio in {wall:.2} s: {:.1} s of audio per second",
         text.len(),
         audio / wall
@@ -113,7 +113,7 @@ fn main() {
     let mut check = timed(50, |_| {
         c.tool("choir.email.check", json!({}), &id());
     });
-    println!(
+    choir_tests::report!(
         "email.check (IMAPS login, {} messages, newest 10 headers), n=50: p50 {}, p99 {}",
         mail.delivered(),
         ms(pct(&mut check, 0.5)),

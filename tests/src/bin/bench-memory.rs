@@ -90,7 +90,7 @@ fn main() {
         pg.restart_immediate();
     }
     let sb: String = pg.client().query_one("SHOW shared_buffers", &[]).unwrap().get(0);
-    println!("shared_buffers: {sb}");
+    choir_tests::report!("shared_buffers: {sb}");
     let db = Db::connect(&pg.url()).unwrap();
     db.migrate().unwrap();
     let agent = AgentId::parse("bench").unwrap();
@@ -100,7 +100,7 @@ fn main() {
     c.batch_execute("DROP INDEX agent_bench.items_embedding").unwrap();
     let clustered = std::env::var("CHOIR_BENCH_DATA").is_ok_and(|v| v == "clustered");
     let mut rng = Source::new(clustered);
-    println!("data: {}", if clustered { "clustered (1,000 centres)" } else { "uniform on the sphere" });
+    choir_tests::report!("data: {}", if clustered { "clustered (1,000 centres)" } else { "uniform on the sphere" });
     let started = Instant::now();
     let chunk = 1000;
     for start in (0..n).step_by(chunk) {
@@ -117,7 +117,7 @@ fn main() {
         tx.commit().unwrap();
     }
     let load = started.elapsed();
-    println!(
+    choir_tests::report!(
         "loaded {n} vectors of {DIMS} dimensions in {:.1} s ({:.0}/s)",
         load.as_secs_f64(),
         n as f64 / load.as_secs_f64()
@@ -137,7 +137,7 @@ fn main() {
     .unwrap();
     let build = started.elapsed();
     let size: i64 = c.query_one("SELECT pg_relation_size('agent_bench.items_embedding')", &[]).unwrap().get(0);
-    println!("HNSW index{with} built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
+    choir_tests::report!("HNSW index{with} built in {:.1} s, {} MiB", build.as_secs_f64(), size / 1024 / 1024);
 
     let queries: Vec<Vec<f32>> = (0..QUERIES).map(|_| rng.vector()).collect();
     // Exact answers: a sequential scan.
@@ -152,7 +152,7 @@ fn main() {
         truth.push(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>());
         tx.commit().unwrap();
     }
-    println!(
+    choir_tests::report!(
         "exact search: {:.0} ms per query (sequential scan)",
         started.elapsed().as_secs_f64() * 1e3 / QUERIES as f64
     );
@@ -170,7 +170,7 @@ fn main() {
             times.push(t.elapsed());
             hits += got.iter().filter(|(i, _)| want.contains(&i.id)).count();
         }
-        println!(
+        choir_tests::report!(
             "ef_search {ef}: recall@10 {:.3}, latency p50 {:.2} ms p99 {:.2} ms ({QUERIES} queries)",
             hits as f64 / (10 * QUERIES) as f64,
             pct(times.clone(), 0.5),
@@ -194,7 +194,7 @@ fn main() {
         .unwrap();
     }
     let floor = total as f64 / started.elapsed().as_secs_f64();
-    println!(
+    choir_tests::report!(
         "floor: {total} items inserted with their vectors, 100 per statement, HNSW maintained: {floor:.0} items/s"
     );
 
@@ -225,7 +225,7 @@ fn main() {
         storing += t.elapsed();
     }
     let up = total as f64 / started.elapsed().as_secs_f64();
-    println!(
+    choir_tests::report!(
         "upserts: {total} items in batches of 100 (insert + outbox + embedding stored, HNSW maintained): {up:.0} items/s \
          ({:.0}% of the floor; upsert {:.1} s, embeddings stored {:.1} s)",
         100.0 * up / floor,

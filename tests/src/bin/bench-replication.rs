@@ -128,12 +128,12 @@ fn main() {
         std::thread::spawn(move || replicator(log, socket, token, poke_rx, stop))
     };
 
-    println!(
+    choir_tests::report!(
         "replicate-before-result vs local fsync, per tool call ({} cores, a {}-byte event)\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         serde_json::to_vec(&event(0).input).unwrap().len() + serde_json::to_vec(&event(0).result).unwrap().len()
     );
-    println!("{:<6} {:<12} {:>10} {:>10} {:>12}", "lanes", "durability", "p50", "p99", "appends/s");
+    choir_tests::report!("{:<6} {:<12} {:>10} {:>10} {:>12}", "lanes", "durability", "p50", "p99", "appends/s");
     for (lanes, per_lane) in [(1usize, 2000usize), (16, 250)] {
         // Warm up both paths.
         run(&local, lanes, 20);
@@ -142,9 +142,21 @@ fn main() {
         let (mut r, rt) = run(&replicated, lanes, per_lane);
         let n = (lanes * per_lane) as f64;
         let (l50, l99, r50, r99) = (pct(&mut l, 0.5), pct(&mut l, 0.99), pct(&mut r, 0.5), pct(&mut r, 0.99));
-        println!("{lanes:<6} {:<12} {:>10.3?} {:>10.3?} {:>12.0}", "local fsync", l50, l99, n / lt.as_secs_f64());
-        println!("{lanes:<6} {:<12} {:>10.3?} {:>10.3?} {:>12.0}", "replicated", r50, r99, n / rt.as_secs_f64());
-        println!(
+        choir_tests::report!(
+            "{lanes:<6} {:<12} {:>10.3?} {:>10.3?} {:>12.0}",
+            "local fsync",
+            l50,
+            l99,
+            n / lt.as_secs_f64()
+        );
+        choir_tests::report!(
+            "{lanes:<6} {:<12} {:>10.3?} {:>10.3?} {:>12.0}",
+            "replicated",
+            r50,
+            r99,
+            n / rt.as_secs_f64()
+        );
+        choir_tests::report!(
             "{lanes:<6} ratio        p50 {:.2}×, p99 {:.2}×\n",
             r50.as_secs_f64() / l50.as_secs_f64(),
             r99.as_secs_f64() / l99.as_secs_f64()

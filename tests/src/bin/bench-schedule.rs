@@ -68,7 +68,7 @@ fn main() {
         let cron = format!("{} {} {} * * *", at.second(), at.minute(), at.hour());
         add(&names[i % AGENTS], json!({"name": format!("m{i}"), "cron": cron, "prompt": "measure"}));
     }
-    println!(
+    choir_tests::report!(
         "{JOBS} jobs across {AGENTS} agents added through the admin API in {:.1} s ({:.2} ms each, each checked against its agent)",
         added.as_secs_f64(),
         added.as_secs_f64() * 1e3 / (JOBS - MEASURED) as f64
@@ -80,7 +80,10 @@ fn main() {
     let (c0, w0) = (cpu(pid), Instant::now());
     std::thread::sleep(Duration::from_secs(IDLE_S.min(35)));
     let idle = (cpu(pid) - c0).as_secs_f64() / w0.elapsed().as_secs_f64();
-    println!("choird idle with {JOBS} jobs and {AGENTS} connected agents: {:.2} % of one core", idle * 100.0);
+    choir_tests::report!(
+        "choird idle with {JOBS} jobs and {AGENTS} connected agents: {:.2} % of one core",
+        idle * 100.0
+    );
 
     // Firing latency.
     let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
@@ -103,7 +106,7 @@ fn main() {
         .unwrap();
     let mut lat: Vec<f64> = rows.iter().map(|r| r.get::<_, f64>(0)).collect();
     let missed: i64 = db.query_one("SELECT count(*) FROM schedule_firings WHERE state = 'missed'", &[]).unwrap().get(0);
-    println!(
+    choir_tests::report!(
         "firing latency (due → the agent's start accepted), {} firings at 2 a second: p50 {:.2} ms p99 {:.2} ms max {:.2} ms; missed {missed}",
         lat.len(),
         pct(&mut lat, 0.5),

@@ -100,7 +100,7 @@ fn main() {
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
     let (pid_a, pid_b) = (agent_pid(&choird, "a"), agent_pid(&choird, "b"));
     let sample = |turns: u64, started: Instant| {
-        println!(
+        choir_tests::report!(
             "{:>7} turns {:>6.0} s   choird {}   agent a {}   agent b {}",
             turns,
             started.elapsed().as_secs_f64(),

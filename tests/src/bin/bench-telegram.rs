@@ -68,7 +68,7 @@ fn main() {
     let started = Instant::now();
     run(N, 50); // warm-up
     let (inb, outb) = run(0, N);
-    println!(
+    choir_tests::report!(
         "telegram gateway, {N} messages: update returned by getUpdates → edge model request p50 {:.2} ms p99 {:.2} ms; \
          model answer → sendMessage at the Bot API p50 {:.2} ms p99 {:.2} ms ({:.1} s in all)",
         pct(inb.clone(), 0.5),

@@ -106,7 +106,7 @@ fn breakdown(windows: &[(u128, u128)], marks: &[(u128, String)]) {
         if at.len() != HOPS.len() + 1 {
             if incomplete == 0 {
                 let seen: Vec<&str> = inside.iter().map(|(_, n)| n.as_str()).collect();
-                println!("  (a turn without every mark: it has {seen:?})");
+                choir_tests::report!("  (a turn without every mark: it has {seen:?})");
             }
             incomplete += 1;
             continue;
@@ -118,14 +118,17 @@ fn breakdown(windows: &[(u128, u128)], marks: &[(u128, String)]) {
     }
     let names: Vec<&str> =
         std::iter::once("bench: request sent").chain(HOPS.iter().copied()).chain(["bench: answer read"]).collect();
-    println!("per hop over {} turns ({incomplete} without every mark left out): step p50 / p99 (ms)", windows.len());
+    choir_tests::report!(
+        "per hop over {} turns ({incomplete} without every mark left out): step p50 / p99 (ms)",
+        windows.len()
+    );
     let mut total = 0.0;
     for (i, d) in steps {
         let p50 = pct(d.clone(), 0.5);
         total += p50;
-        println!("  {:>16} → {:<18} {:>7.3} / {:>7.3}", names[i], names[i + 1], p50, pct(d, 0.99));
+        choir_tests::report!("  {:>16} → {:<18} {:>7.3} / {:>7.3}", names[i], names[i + 1], p50, pct(d, 0.99));
     }
-    println!("  sum of the p50s: {total:.3} ms");
+    choir_tests::report!("  sum of the p50s: {total:.3} ms");
 }
 
 fn main() {
@@ -173,7 +176,7 @@ fn main() {
     traced.ctl_ok(&["agent", "start", "demo"]);
     turns(&traced, &edge, 50, "traced-warmup");
     let (inb, outb, idle) = turns(&traced, &edge, 500, "traced");
-    println!(
+    choir_tests::report!(
         "traced, idle, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5),
         pct(inb, 0.99),
@@ -184,7 +187,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(2));
     let (inb, outb, busy) = turns(&traced, &edge, 500, "traced-busy");
     traced.ctl_ok(&["agent", "stop", "demo"]);
-    println!(
+    choir_tests::report!(
         "traced, 8 busy core jobs, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5),
         pct(inb, 0.99),
@@ -194,9 +197,9 @@ fn main() {
     // The log manager writes in batches: let it catch up.
     std::thread::sleep(Duration::from_secs(2));
     let marks = marks(&traced);
-    println!("idle:");
+    choir_tests::report!("idle:");
     breakdown(&idle, &marks);
-    println!("with 8 busy core jobs:");
+    choir_tests::report!("with 8 busy core jobs:");
     breakdown(&busy, &marks);
 }
 
@@ -209,7 +212,7 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
     turns(&choird, edge, 50, "warmup");
 
     let (inb, outb, _) = turns(&choird, edge, 1000, "idle");
-    println!(
+    choir_tests::report!(
         "idle agent, 1000 turns: message into choird → model request out of the relay p50 {:.2} ms p99 {:.2} ms; model answer → reply out of choird p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
     );
@@ -219,7 +222,7 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
     let core_before = core.requests().len();
     let (inb, outb, _) = turns(&choird, edge, 1000, "busy");
     let core_steps = core.requests().len() - core_before;
-    println!(
+    choir_tests::report!(
         "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
         pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
     );

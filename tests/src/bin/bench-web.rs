@@ -67,7 +67,7 @@ fn main() {
         assert!(r["content"].as_str().is_some_and(|t| t.contains("<untrusted")), "{r}");
     };
 
-    println!("choir.web.browse open, through choird (EXECUTE_HOST_TOOL), local test site, real Chromium\n");
+    choir_tests::report!("choir.web.browse open, through choird (EXECUTE_HOST_TOOL), local test site, real Chromium\n");
     // The first call of a cold browser: kill it, then open.
     let mut cold = Vec::new();
     for _ in 0..5 {
@@ -86,7 +86,7 @@ fn main() {
         cold.push(t.elapsed());
     }
     cold.sort();
-    println!(
+    choir_tests::report!(
         "  first call of a cold browser (start + context + load), n=5: min {}, median {}, max {}",
         ms(cold[0]),
         ms(cold[2]),
@@ -95,9 +95,13 @@ fn main() {
     let (rss1, pss1) = browser_memory(&choird);
 
     let mut warm = timed(200, |_| open(&clients[0], next_id(), "/second"));
-    println!("  warm, static page (/second), n=200: p50 {}, p99 {}", ms(pct(&mut warm, 0.5)), ms(pct(&mut warm, 0.99)));
+    choir_tests::report!(
+        "  warm, static page (/second), n=200: p50 {}, p99 {}",
+        ms(pct(&mut warm, 0.5)),
+        ms(pct(&mut warm, 0.99))
+    );
     let mut warm_js = timed(100, |_| open(&clients[0], next_id(), "/js"));
-    println!(
+    choir_tests::report!(
         "  warm, script-rendered page (/js, waits for its fetch), n=100: p50 {}, p99 {}",
         ms(pct(&mut warm_js, 0.5)),
         ms(pct(&mut warm_js, 0.99))
@@ -108,7 +112,7 @@ fn main() {
         open(c, next_id(), "/second");
         first_ctx.push(t.elapsed());
     }
-    println!(
+    choir_tests::report!(
         "  first call of a new agent context on a warm browser, n=3: {}",
         first_ctx.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ")
     );
@@ -116,7 +120,7 @@ fn main() {
         open(c, next_id(), "/");
     }
     let (rss4, pss4) = browser_memory(&choird);
-    println!("\nbrowser memory (all its processes): 1 context RSS {rss1:.0} MiB / PSS {pss1:.0} MiB; 4 contexts RSS {rss4:.0} MiB / PSS {pss4:.0} MiB");
+    choir_tests::report!("\nbrowser memory (all its processes): 1 context RSS {rss1:.0} MiB / PSS {pss1:.0} MiB; 4 contexts RSS {rss4:.0} MiB / PSS {pss4:.0} MiB");
 
     // Search: choird's overhead over calling the (fake) API directly.
     let direct_http = ureq::Agent::new_with_config(ureq::config::Config::builder().http_status_as_error(false).build());
