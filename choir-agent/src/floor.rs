@@ -100,6 +100,9 @@ impl Floor {
 
     /// A core job taking a step (a model call, a round of tool calls):
     /// waits while the edge has the floor and another core step is under way.
+    /// Not re-entrant: a thread holding a step must not ask for another (it
+    /// would wait for itself while the edge works); `Mind::ask` and
+    /// `Mind::run_calls` take theirs one after the other, never nested.
     pub fn core_step(&self) -> CoreStep<'_> {
         let mut s = self.state.lock();
         while s.held > 0 && s.core > 0 {
