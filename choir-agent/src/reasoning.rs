@@ -46,7 +46,8 @@ pub struct Mind {
     /// The core job this mind works for (named to the relay for the ledger).
     pub job: Option<String>,
     /// Who has the floor: the edge steps aside while its model thinks; a
-    /// core job waits for the edge before each model call and tool run.
+    /// core job's model calls and rounds of tool calls are steps, taken one
+    /// at a time while the edge works (see `floor.rs`).
     pub floor: Arc<Floor>,
 }
 
