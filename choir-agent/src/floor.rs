@@ -119,6 +119,17 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    /// A core job's step on its own thread: the receiver hears when it went.
+    fn core_step_on_a_thread(f: &Arc<Floor>) -> (std::thread::JoinHandle<()>, crossbeam_channel::Receiver<()>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let f = f.clone();
+        let thread = std::thread::spawn(move || {
+            let _step = f.core_step();
+            tx.send(()).unwrap();
+        });
+        (thread, rx)
+    }
+
     #[test]
     fn a_free_floor_lets_core_steps_run_together() {
         let f = Floor::default();
@@ -137,14 +148,7 @@ mod tests {
         let f = Arc::new(Floor::default());
         let first = f.core_step();
         let hold = f.hold();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let second = {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let _step = f.core_step();
-                tx.send(()).unwrap();
-            })
-        };
+        let (second, rx) = core_step_on_a_thread(&f);
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "a second core step went while the edge held");
         drop(first);
         rx.recv_timeout(Duration::from_secs(60)).expect("the next core step goes when the one under way ends");
@@ -160,14 +164,7 @@ mod tests {
         let f = Arc::new(Floor::default());
         let running = f.core_step();
         let hold = f.hold();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let waiter = {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let _step = f.core_step();
-                tx.send(()).unwrap();
-            })
-        };
+        let (waiter, rx) = core_step_on_a_thread(&f);
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         {
             let _aside = f.step_aside().expect("held");

@@ -171,29 +171,14 @@ fn main() {
     // The breakdown: the same agent, its processes marking each hop; idle,
     // then with 8 busy core jobs.
     let traced = Choird::start_logging(&config, &json!({"llm_key": "k"}), "info,choir::hop=trace");
-    std::fs::create_dir_all(traced.workspace("demo")).unwrap();
-    std::fs::write(traced.workspace("demo").join("small.txt"), "x\n").unwrap();
-    traced.ctl_ok(&["agent", "start", "demo"]);
-    turns(&traced, &edge, 50, "traced-warmup");
+    start_demo(&traced, &edge);
     let (inb, outb, idle) = turns(&traced, &edge, 500, "traced");
-    choir_tests::report!(
-        "traced, idle, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5),
-        pct(inb, 0.99),
-        pct(outb.clone(), 0.5),
-        pct(outb, 0.99)
-    );
+    choir_tests::report!("traced, idle, 500 turns: {}", in_out(inb, outb));
     traced.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
     let (inb, outb, busy) = turns(&traced, &edge, 500, "traced-busy");
     traced.ctl_ok(&["agent", "stop", "demo"]);
-    choir_tests::report!(
-        "traced, 8 busy core jobs, 500 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5),
-        pct(inb, 0.99),
-        pct(outb.clone(), 0.5),
-        pct(outb, 0.99)
-    );
+    choir_tests::report!("traced, 8 busy core jobs, 500 turns: {}", in_out(inb, outb));
     // The log manager writes in batches: let it catch up.
     std::thread::sleep(Duration::from_secs(2));
     let marks = marks(&traced);
@@ -206,15 +191,12 @@ fn main() {
 /// The untraced runs: idle, then with 8 busy core jobs.
 fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
     let choird = Choird::start(config, &json!({"llm_key": "k"}));
-    std::fs::create_dir_all(choird.workspace("demo")).unwrap();
-    std::fs::write(choird.workspace("demo").join("small.txt"), "x\n").unwrap();
-    choird.ctl_ok(&["agent", "start", "demo"]);
-    turns(&choird, edge, 50, "warmup");
+    start_demo(&choird, edge);
 
     let (inb, outb, _) = turns(&choird, edge, 1000, "idle");
     choir_tests::report!(
-        "idle agent, 1000 turns: message into choird → model request out of the relay p50 {:.2} ms p99 {:.2} ms; model answer → reply out of choird p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
+        "idle agent, 1000 turns: {} (in: message into choird → model request out of the relay; out: model answer → reply out of choird)",
+        in_out(inb, outb)
     );
 
     choird.ctl_ok(&["chat", "demo", "start eight"]);
@@ -223,9 +205,29 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
     let (inb, outb, _) = turns(&choird, edge, 1000, "busy");
     let core_steps = core.requests().len() - core_before;
     choir_tests::report!(
-        "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99)
+        "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: {}",
+        in_out(inb, outb)
     );
     choird.ctl_ok(&["agent", "stop", "demo"]);
     drop(choird);
+}
+
+/// Starts the demo agent (its workspace holding the file core jobs read) and
+/// warms it up with 50 turns.
+fn start_demo(choird: &Choird, edge: &FakeLlm) {
+    std::fs::create_dir_all(choird.workspace("demo")).unwrap();
+    std::fs::write(choird.workspace("demo").join("small.txt"), "x\n").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    turns(choird, edge, 50, "warmup");
+}
+
+/// p50 and p99 of both directions of a run of turns.
+fn in_out(inb: Vec<Duration>, outb: Vec<Duration>) -> String {
+    format!(
+        "in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
+        pct(inb.clone(), 0.5),
+        pct(inb, 0.99),
+        pct(outb.clone(), 0.5),
+        pct(outb, 0.99)
+    )
 }
