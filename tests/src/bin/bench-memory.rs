@@ -12,7 +12,9 @@
 //! `ef_construction` (default 32 and 128, as the per-agent migration);
 //! `CHOIR_BENCH_DATA=clustered` draws them around 1,000 random centres (as
 //! text embeddings are: structured) instead of uniformly on the sphere (the
-//! default, the hardest case for any approximate index).
+//! default, the hardest case for any approximate index);
+//! `CHOIR_BENCH_SHARED_BUFFERS` (e.g. `2GB`) sizes the cluster's
+//! shared_buffers (ALTER SYSTEM and a restart) before the load.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
