@@ -21,6 +21,7 @@ pub mod fake_telegram;
 pub mod fake_transcription;
 pub mod fake_web;
 pub mod harness;
+pub mod hops;
 pub mod loopback;
 pub mod mail_servers;
 pub mod observe;

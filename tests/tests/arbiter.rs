@@ -320,28 +320,7 @@ fn choird_refuses_forked_and_gapped_chains() {
     let store = choird::store::Store::new(db);
     let agent = choir_common::ids::AgentId::parse("demo").unwrap();
     let session = store.create_session(&agent, "process", b"digest").unwrap();
-    let event = |seq: u64, prev: &str, tool: &str| {
-        CommitEvent {
-            seq,
-            prev_hash: prev.to_owned(),
-            ts_ms: 1,
-            lane: "edge".into(),
-            kind: choir_common::commit::EventKind::ToolCall,
-            tool: tool.into(),
-            call_id: None,
-            turn: None,
-            skill: None,
-            state: None,
-            input: json!({}),
-            outcome: Outcome::Ok,
-            result: json!({}),
-            duration_us: 0,
-            escaped: None,
-            external: false,
-            hash: String::new(),
-        }
-        .seal()
-    };
+    let event = sealed;
     let e1 = event(1, choir_common::commit::GENESIS_HASH, "a.b");
     let e2 = event(2, &e1.hash, "a.c");
     assert_eq!(store.append_events(&agent, session, &[e1.clone(), e2.clone()]).unwrap(), 2);
@@ -362,6 +341,102 @@ fn choird_refuses_forked_and_gapped_chains() {
     // Nothing of the refused batches was stored.
     let n: i64 = pg.client().query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0);
     assert_eq!(n, 2);
+}
+
+/// A HEARTBEAT's events and replies are one transaction: when the reply
+/// cannot be stored the events are not either (and the failure is not
+/// blamed on an event, which the agent would quarantine); a forked chain
+/// stores no reply; the resend then stores both, once.
+#[test]
+fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let store = choird::store::Store::new(db);
+    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let e1 = sealed(1, choir_common::commit::GENESIS_HASH, "a.b");
+    let e2 = sealed(2, &e1.hash, "a.c");
+    let reply = |text: &str| choir_common::rpc::OutboundReply {
+        in_reply_to: message,
+        covers: Vec::new(),
+        key: String::new(),
+        conversation: "c1".into(),
+        text: text.into(),
+    };
+    let turn = |events: &[CommitEvent], text: &str| {
+        let replies = [reply(text)];
+        let half =
+            choird::store::Replies { replies: &replies, processed_upto: message, delivery: &choird::store::Nowhere };
+        store.store_turn(&agent, session, events, Some(half))
+    };
+    let stored = |pg: &TestPg| -> (i64, Option<String>, i64) {
+        let mut c = pg.client();
+        let events: i64 = c.query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0);
+        let reply: Option<String> = c.query_one("SELECT reply FROM messages", &[]).unwrap().get(0);
+        let upto: i64 = c
+            .query_opt("SELECT processed_upto FROM agent_state WHERE agent_id = 'demo'", &[])
+            .unwrap()
+            .map_or(0, |r| r.get(0));
+        (events, reply, upto)
+    };
+
+    // The reply's statement fails (a trigger stands in for any failure
+    // there): the whole turn rolls back.
+    pg.client()
+        .batch_execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.reply = 'boom' THEN RAISE EXCEPTION 'reply refused'; END IF; RETURN NEW; END $$;
+             CREATE TRIGGER refuse_boom BEFORE UPDATE ON messages FOR EACH ROW EXECUTE FUNCTION refuse_boom();",
+        )
+        .unwrap();
+    let err = turn(&[e1.clone(), e2.clone()], "boom").unwrap_err();
+    assert!(matches!(err, choird::store::TurnError::Db(_)), "not blamed on an event: {err:?}");
+    assert_eq!(stored(&pg), (0, None, 0), "nothing of the failed turn is stored");
+
+    // A forked chain: refused, and its reply is not stored either.
+    let (head, _) = store.store_turn(&agent, session, std::slice::from_ref(&e1), None).unwrap();
+    assert_eq!(head, Some(1));
+    let fork = sealed(1, choir_common::commit::GENESIS_HASH, "a.x");
+    let err = turn(&[fork], "forked").unwrap_err();
+    assert!(err.to_string().contains("forked"), "{err}");
+    assert_eq!(stored(&pg), (1, None, 0));
+
+    // The resend of the whole turn (event 1 again, event 2, the reply):
+    // stored once, together.
+    let (head, recorded) = turn(&[e1.clone(), e2.clone()], "the answer").unwrap();
+    assert_eq!(head, Some(2));
+    assert_eq!(recorded.new, vec![(message, "the answer".to_owned())]);
+    assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
+    // Sent once more (its acknowledgement lost): nothing changes.
+    let (head, recorded) = turn(&[e1, e2], "a second answer").unwrap();
+    assert_eq!((head, recorded.new.len()), (Some(2), 0));
+    assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
+}
+
+/// A sealed commit event `seq` after `prev`, calling `tool`.
+fn sealed(seq: u64, prev: &str, tool: &str) -> CommitEvent {
+    CommitEvent {
+        seq,
+        prev_hash: prev.to_owned(),
+        ts_ms: 1,
+        lane: "edge".into(),
+        kind: choir_common::commit::EventKind::ToolCall,
+        tool: tool.into(),
+        call_id: None,
+        turn: None,
+        skill: None,
+        state: None,
+        input: json!({}),
+        outcome: Outcome::Ok,
+        result: json!({}),
+        duration_us: 0,
+        escaped: None,
+        external: false,
+        hash: String::new(),
+    }
+    .seal()
 }
 
 #[test]

@@ -21,7 +21,7 @@ use crate::config::Lane;
 use crate::events::Event;
 use crate::http::ApiError;
 use crate::shared::{clip, Hourly};
-use crate::store::ReplicationError;
+use crate::store::{Recorded, ReplicationError, Replies, TurnError};
 
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;
@@ -170,15 +170,9 @@ impl Daemon {
         if !req.replies.is_empty() {
             choir_common::hop::mark("reply.in");
         }
-        let acked = self.replicate(who, req)?;
+        let (acked, recorded) = self.store_turn(who, req)?;
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
-        let replies = self.speakable_replies(who, &req.replies);
-        let recorded = if req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty() {
-            crate::store::Recorded::default()
-        } else {
-            self.store.record_replies(&who.agent, &replies, req.processed_upto, self.delivery.as_ref())?
-        };
         for conversation in &recorded.refused {
             self.audit(
                 "agent-rpc",
@@ -255,11 +249,13 @@ impl Daemon {
         }
     }
 
-    /// Stores the HEARTBEAT's events: content PostgreSQL cannot store is
-    /// refused naming the event (the agent quarantines it instead of
-    /// retrying it forever), a chain that does not extend choird's copy is
-    /// refused as a fork. Returns the stored head when there were events.
-    fn replicate(&self, who: &Authed, req: &HeartbeatRequest) -> Result<Option<u64>, ApiError> {
+    /// Stores the HEARTBEAT's events and replies in one transaction: event
+    /// content PostgreSQL cannot store is refused naming the event (the agent
+    /// quarantines it instead of retrying it forever), a chain that does not
+    /// extend choird's copy is refused as a fork, and then nothing of the
+    /// HEARTBEAT is stored. Returns the stored head when there were events,
+    /// and what of the replies was recorded.
+    fn store_turn(&self, who: &Authed, req: &HeartbeatRequest) -> Result<(Option<u64>, Recorded), ApiError> {
         for ev in &req.events {
             if let Err(reason) = ev.storable() {
                 self.audit(
@@ -272,15 +268,25 @@ impl Daemon {
                 return Err(ApiError::EventRefused { seq: ev.seq, reason });
             }
         }
-        if req.events.is_empty() {
-            return Ok(None);
+        let speaks = !(req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty());
+        if req.events.is_empty() && !speaks {
+            return Ok((None, Recorded::default()));
         }
-        match self.store.append_events(&who.agent, who.session, &req.events) {
-            Ok(seq) => {
-                self.note_memory_sources(&who.agent, &req.events);
-                Ok(Some(seq))
+        let replies = if speaks { self.speakable_replies(who, &req.replies) } else { Vec::new() };
+        let half = speaks.then(|| Replies {
+            replies: &replies,
+            processed_upto: req.processed_upto,
+            delivery: self.delivery.as_ref(),
+        });
+        match self.store.store_turn(&who.agent, who.session, &req.events, half) {
+            Ok(stored) => {
+                if !req.events.is_empty() {
+                    self.note_memory_sources(&who.agent, &req.events);
+                }
+                Ok(stored)
             }
-            Err(ReplicationError::Chain(e)) => {
+            Err(TurnError::Db(e)) => Err(e.into()),
+            Err(TurnError::Events(ReplicationError::Chain(e))) => {
                 log::error!("ALERT: agent {}: {e}; replication refused", who.agent);
                 self.audit(
                     "agent-rpc",
@@ -291,12 +297,12 @@ impl Daemon {
                 );
                 Err(ApiError::Conflict(format!("commit log refused: {e}")))
             }
-            Err(ReplicationError::Db(e)) if e.is_data_error() => {
+            Err(TurnError::Events(ReplicationError::Db(e))) if e.is_data_error() => {
                 let seq = req.events.first().map_or(0, |e| e.seq);
                 log::error!("agent {}: the database refused event {seq}: {e}", who.agent);
                 Err(ApiError::EventRefused { seq, reason: "the database refused its content".into() })
             }
-            Err(ReplicationError::Db(e)) => Err(e.into()),
+            Err(TurnError::Events(ReplicationError::Db(e))) => Err(e.into()),
         }
     }
 

@@ -7,10 +7,12 @@
 
 pub mod cluster;
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use postgres::{Client, NoTls};
+use postgres::{Client, NoTls, Statement};
 
 /// Migrations, in order. A tidy test checks this matches the files in `sql/`.
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -96,8 +98,46 @@ impl DbError {
 pub struct Db {
     config: postgres::Config,
     target: String,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<Conn>>,
     max_idle: usize,
+}
+
+/// A pooled connection with the statements prepared on it. Derefs to the
+/// driver's [`Client`], so a statement given as text still works (the
+/// driver then prepares it anew: one more round trip per statement).
+///
+/// **Invariant:** only `&'static str` SQL is cached, so the cache is bounded
+/// by the statements compiled into choird (SQL built at run time, such as
+/// an agent's memory schema, is never cached and cannot grow it).
+pub struct Conn {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+impl Conn {
+    /// `sql` prepared on this connection, once: a turn's statements then
+    /// cost one round trip each instead of two (parse, then execute).
+    pub fn prepared(&mut self, sql: &'static str) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.prepared.get(sql) {
+            return Ok(s.clone());
+        }
+        let statement = self.client.prepare(sql)?;
+        self.prepared.insert(sql, statement.clone());
+        Ok(statement)
+    }
+}
+
+impl Deref for Conn {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
 }
 
 impl Db {
@@ -106,7 +146,7 @@ impl Db {
         let config: postgres::Config = url.parse().map_err(|e| DbError::Connect { target: redact(url), source: e })?;
         let db = Db { config, target: redact(url), idle: Mutex::new(Vec::new()), max_idle: 8 };
         let client = db.open()?;
-        db.idle.lock().push(client);
+        db.idle.lock().push(Conn { client, prepared: HashMap::new() });
         Ok(db)
     }
 
@@ -117,15 +157,19 @@ impl Db {
     }
 
     /// Runs `f` with a pooled connection. A connection that reports itself closed
-    /// after `f` is discarded.
-    pub fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>) -> Result<T, DbError> {
+    /// after `f` is discarded, and so is one whose prepared statements no
+    /// longer fit the tables (SQLSTATE 0A000, "cached plan must not change
+    /// result type", after a table changed under it): the next use opens a
+    /// fresh connection instead of failing the same way forever.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T, postgres::Error>) -> Result<T, DbError> {
         let pooled = self.idle.lock().pop();
         let mut client = match pooled {
             Some(c) if !c.is_closed() => c,
-            _ => self.open()?,
+            _ => Conn { client: self.open()?, prepared: HashMap::new() },
         };
         let out = f(&mut client);
-        if !client.is_closed() {
+        let stale = matches!(&out, Err(e) if e.code() == Some(&postgres::error::SqlState::FEATURE_NOT_SUPPORTED));
+        if !client.is_closed() && !stale {
             let mut idle = self.idle.lock();
             if idle.len() < self.max_idle {
                 idle.push(client);

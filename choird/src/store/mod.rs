@@ -1,9 +1,9 @@
 //! Typed access to choird's tables. Every SQL statement choird runs lives here,
 //! with parameters only (no SQL is built from data).
 
-use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
+use choir_common::commit::{ChainError, ChainHead, CommitEvent, GENESIS_HASH};
 use choir_common::ids::AgentId;
-use choir_common::rpc::{ConversationTail, Exchange, InboundMessage, OutboundReply};
+use choir_common::rpc::{ConversationTail, Exchange, InboundMessage};
 use serde_json::Value;
 
 use crate::db::{Db, DbError};
@@ -14,7 +14,10 @@ pub mod memory;
 pub mod schedule;
 mod sessions;
 pub mod telegram;
+mod turns;
 pub mod usage;
+
+pub use turns::{Replies, TurnError};
 
 /// Replication refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -211,88 +214,6 @@ impl Store {
         })
     }
 
-    /// Stores replicated events after verifying they extend the stored chain.
-    /// Events at or below the stored head are accepted only if identical to
-    /// what is stored (a resend after a lost acknowledgement); anything else is
-    /// a fork. Each new event flagged `external` gets its audit record
-    /// (`tool.external`) in the same transaction. Returns the new head
-    /// sequence number.
-    pub fn append_events(
-        &self,
-        agent: &AgentId,
-        session: i64,
-        events: &[CommitEvent],
-    ) -> Result<u64, ReplicationError> {
-        let mut chain_err = None;
-        let out = self.db.with(|c| {
-            let mut tx = c.transaction()?;
-            tx.execute(
-                "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                &[&agent.as_str(), &GENESIS_HASH],
-            )?;
-            let row = tx.query_one(
-                "SELECT head_seq, head_hash FROM agent_state WHERE agent_id = $1 FOR UPDATE",
-                &[&agent.as_str()],
-            )?;
-            let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
-            let mut fresh = Vec::new();
-            for ev in events {
-                if ev.seq <= head.seq {
-                    let stored = tx.query_opt(
-                        "SELECT hash FROM commit_events WHERE agent_id = $1 AND seq = $2",
-                        &[&agent.as_str(), &(ev.seq as i64)],
-                    )?;
-                    if stored.map(|r| r.get::<_, String>(0)) != Some(ev.hash.clone()) {
-                        chain_err = Some(ChainError::Fork { seq: ev.seq, prev: ev.seq.saturating_sub(1) });
-                        return Ok(head.seq);
-                    }
-                } else {
-                    fresh.push(ev.clone());
-                }
-            }
-            let new_head = match verify_extension(&head, &fresh) {
-                Ok(h) => h,
-                Err(e) => {
-                    chain_err = Some(e);
-                    return Ok(head.seq);
-                }
-            };
-            for ev in &fresh {
-                let json = serde_json::to_value(ev).unwrap_or(Value::Null);
-                tx.execute(
-                    "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                    &[&agent.as_str(), &(ev.seq as i64), &ev.prev_hash, &ev.hash, &session, &json],
-                )?;
-                if ev.external {
-                    // An action on the outside world: audited with its
-                    // record, in the same transaction (never one without the
-                    // other), outside the agent's audit quota.
-                    let outcome = json["outcome"].as_str().unwrap_or("ok").to_owned();
-                    let clip = |s: &str| s.chars().take(200).collect::<String>();
-                    let detail = serde_json::json!({"seq": ev.seq, "hash": ev.hash, "lane": clip(&ev.lane),
-                                                    "tool": clip(&ev.tool), "call_id": ev.call_id.as_deref().map(clip),
-                                                    "duration_us": ev.duration_us});
-                    tx.execute(
-                        "INSERT INTO audit (actor, agent_id, action, outcome, detail)
-                         VALUES ('agent-rpc', $1, 'tool.external', $2, $3)",
-                        &[&agent.as_str(), &outcome, &detail],
-                    )?;
-                }
-            }
-            tx.execute(
-                "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1",
-                &[&agent.as_str(), &(new_head.seq as i64), &new_head.hash],
-            )?;
-            tx.commit()?;
-            Ok(new_head.seq)
-        })?;
-        match chain_err {
-            Some(e) => Err(ReplicationError::Chain(e)),
-            None => Ok(out),
-        }
-    }
-
     /// Replicated events with `seq > after`, in order.
     pub fn events(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<CommitEvent>, DbError> {
         self.db.with(|c| {
@@ -376,10 +297,10 @@ impl Store {
         text: &str,
     ) -> Result<u64, DbError> {
         self.db.with(|c| {
-            let row = c.query_one(
+            let insert = c.prepared(
                 "INSERT INTO messages (agent_id, conversation, sender, text) VALUES ($1, $2, $3, $4) RETURNING id",
-                &[&agent.as_str(), &conversation, &sender, &text],
             )?;
+            let row = c.query_one(&insert, &[&agent.as_str(), &conversation, &sender, &text])?;
             Ok(row.get::<_, i64>(0) as u64)
         })
     }
@@ -387,11 +308,11 @@ impl Store {
     /// Unanswered messages with `id > after`, oldest first.
     pub fn pending_messages(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<InboundMessage>, DbError> {
         self.db.with(|c| {
-            let rows = c.query(
+            let pending = c.prepared(
                 "SELECT id, conversation, sender, text FROM messages
                  WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3",
-                &[&agent.as_str(), &(after as i64), &limit],
             )?;
+            let rows = c.query(&pending, &[&agent.as_str(), &(after as i64), &limit])?;
             Ok(rows
                 .iter()
                 .map(|r| InboundMessage {
@@ -401,83 +322,6 @@ impl Store {
                     text: r.get(3),
                 })
                 .collect())
-        })
-    }
-
-    /// Records answers (the first answer to a message wins; one text may
-    /// answer several injected messages), the agent's own notices (once per
-    /// key) and its processed position. An answer (or notice) in a Telegram
-    /// conversation is queued for sending in the same transaction, once.
-    ///
-    /// **Invariant:** an agent speaks only where it was spoken to. An answer
-    /// goes to the conversation of the stored message it answers (whatever
-    /// conversation the agent named); a notice only to a conversation in
-    /// which this agent has received a message, else it is dropped and
-    /// counted in [`Recorded::refused`].
-    pub fn record_replies(
-        &self,
-        agent: &AgentId,
-        replies: &[OutboundReply],
-        processed_upto: u64,
-        delivery: &dyn Delivery,
-    ) -> Result<Recorded, DbError> {
-        self.db.with(|c| {
-            let mut tx = c.transaction()?;
-            let mut out = Recorded::default();
-            for r in replies {
-                let (fresh, conversation) = if r.in_reply_to == 0 {
-                    let addressed = tx
-                        .query_opt(
-                            "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1",
-                            &[&agent.as_str(), &r.conversation],
-                        )?
-                        .is_some();
-                    if !addressed {
-                        out.refused.push(r.conversation.clone());
-                        continue;
-                    }
-                    let n = tx.execute(
-                        "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
-                         ON CONFLICT (agent_id, key) DO NOTHING",
-                        &[&agent.as_str(), &r.conversation, &r.key, &r.text],
-                    )?;
-                    (n == 1, Some(r.conversation.clone()))
-                } else {
-                    let ids = if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() };
-                    let mut conversation = None;
-                    for id in ids {
-                        let row = tx.query_opt(
-                            "UPDATE messages SET reply = $3, replied_at = now()
-                             WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL
-                             RETURNING conversation",
-                            &[&agent.as_str(), &(id as i64), &r.text],
-                        )?;
-                        if let Some(row) = row {
-                            out.new.push((id, r.text.clone()));
-                            // The first answered message names the chat; covered
-                            // messages of other conversations are answered
-                            // there, not sent elsewhere.
-                            conversation.get_or_insert(row.get::<_, String>(0));
-                        }
-                    }
-                    (conversation.is_some(), conversation)
-                };
-                if let (true, Some(conversation)) = (fresh, conversation) {
-                    let rows = delivery.rows(&conversation, &r.text);
-                    if !rows.is_empty() {
-                        for row in rows {
-                            enqueue(&mut tx, &row.bot, row.chat, row.kind, &row.body)?;
-                        }
-                        out.delivered.push(conversation);
-                    }
-                }
-            }
-            tx.execute(
-                "UPDATE agent_state SET processed_upto = GREATEST(processed_upto, $2) WHERE agent_id = $1",
-                &[&agent.as_str(), &(processed_upto as i64)],
-            )?;
-            tx.commit()?;
-            Ok(out)
         })
     }
 
@@ -581,10 +425,17 @@ impl Store {
         cost_usd: Option<f64>,
     ) -> Result<(), DbError> {
         self.db.with(|c| {
-            let mut tx = c.transaction()?;
-            tx.execute(
+            let call = c.prepared(
                 "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated, cost_usd, job)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )?;
+            let usage = c.prepared(
+                "INSERT INTO token_usage (agent_id, day, tokens) VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2)
+                 ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
+            )?;
+            let mut tx = c.transaction()?;
+            tx.execute(
+                &call,
                 &[
                     &agent.as_str(),
                     &session,
@@ -601,11 +452,7 @@ impl Store {
             )?;
             let tokens = (prompt_tokens + completion_tokens) as i64;
             if tokens > 0 {
-                tx.execute(
-                    "INSERT INTO token_usage (agent_id, day, tokens) VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2)
-                     ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
-                    &[&agent.as_str(), &tokens],
-                )?;
+                tx.execute(&usage, &[&agent.as_str(), &tokens])?;
             }
             tx.commit()
         })

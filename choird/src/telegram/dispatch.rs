@@ -92,6 +92,7 @@ fn reply(d: &Handle, bot: &str, chat: i64, text: &str) -> Result<(), DbError> {
 }
 
 fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<(), DbError> {
+    choir_common::hop::mark("tg.dispatch");
     let bot = spec.name.as_str();
     let chat = m.chat.id;
     let user = m.from.as_ref().map(|u| u.id as i64).unwrap_or_default();
@@ -187,6 +188,7 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
                         "message_id": m.message_id});
     let sender = format!("telegram:{user}");
     if d.store.telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
+        choir_common::hop::mark("message.stored");
         d.control.wake_agent(&agent);
     }
     Ok(())

@@ -55,6 +55,7 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                     failures = 0;
                     continue;
                 }
+                choir_common::hop::mark("tg.polled");
                 let batch: Vec<(i64, serde_json::Value)> = resp
                     .result
                     .iter()
@@ -63,6 +64,7 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                 // Durable first; the next poll's offset confirms them.
                 match d.store.store_updates(&spec.name, &batch) {
                     Ok(o) => {
+                        choir_common::hop::mark("tg.stored");
                         failures = 0;
                         offset = Some(o);
                         d.link.count(&spec.name, |c| c.updates += batch.len() as u64);

@@ -109,6 +109,7 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, w
                 soonest = Some(soonest.map_or(due, |s| s.min(due)));
                 break;
             }
+            choir_common::hop::mark("tg.send");
             match send(d, if row.kind == "file" { &uploads } else { &bot }, &spec.token, &row) {
                 Ok(message_id) => {
                     failures = 0;

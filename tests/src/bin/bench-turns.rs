@@ -12,22 +12,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
+use choir_tests::hops::{breakdown, marks, wall_us};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1e3
-}
-
-/// Wall-clock microseconds (the marks' clock).
-fn wall_us() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()
+    choir_tests::bench::pct(&mut v, q).as_secs_f64() * 1e3
 }
 
 /// Per turn: message in → model request out, model answer → reply out, and
@@ -75,61 +69,6 @@ const HOPS: &[&str] = &[
     "reply.stored",
     "admin.answer",
 ];
-
-/// Every mark in choird's and the agent's log files, by time.
-fn marks(choird: &Choird) -> Vec<(u128, String)> {
-    let mut out = Vec::new();
-    for file in ["choird.log", "demo.log"] {
-        let text = std::fs::read_to_string(choird.home.path().join("logs").join(file)).unwrap_or_default();
-        out.extend(text.lines().filter_map(choir_common::hop::parse).map(|(n, us)| (us, n.to_owned())));
-    }
-    out.sort();
-    out
-}
-
-/// p50 and p99 of each step between consecutive marks, from the turn's
-/// start (the admin request sent) to its end (the answer read); turns
-/// missing a mark are counted and left out.
-fn breakdown(windows: &[(u128, u128)], marks: &[(u128, String)]) {
-    let mut steps: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
-    let mut incomplete = 0;
-    for &(start, end) in windows {
-        let inside: Vec<&(u128, String)> = marks.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
-        let mut at = vec![start];
-        for hop in HOPS {
-            let after = *at.last().unwrap_or(&start);
-            match inside.iter().find(|(t, n)| n == hop && *t >= after) {
-                Some((t, _)) => at.push(*t),
-                None => break,
-            }
-        }
-        if at.len() != HOPS.len() + 1 {
-            if incomplete == 0 {
-                let seen: Vec<&str> = inside.iter().map(|(_, n)| n.as_str()).collect();
-                choir_tests::report!("  (a turn without every mark: it has {seen:?})");
-            }
-            incomplete += 1;
-            continue;
-        }
-        at.push(end);
-        for (i, w) in at.windows(2).enumerate() {
-            steps.entry(i).or_default().push(Duration::from_micros(w[1].saturating_sub(w[0]) as u64));
-        }
-    }
-    let names: Vec<&str> =
-        std::iter::once("bench: request sent").chain(HOPS.iter().copied()).chain(["bench: answer read"]).collect();
-    choir_tests::report!(
-        "per hop over {} turns ({incomplete} without every mark left out): step p50 / p99 (ms)",
-        windows.len()
-    );
-    let mut total = 0.0;
-    for (i, d) in steps {
-        let p50 = pct(d.clone(), 0.5);
-        total += p50;
-        choir_tests::report!("  {:>16} → {:<18} {:>7.3} / {:>7.3}", names[i], names[i + 1], p50, pct(d, 0.99));
-    }
-    choir_tests::report!("  sum of the p50s: {total:.3} ms");
-}
 
 fn main() {
     let pg = TestPg::start().expect("PostgreSQL is needed");
@@ -181,11 +120,11 @@ fn main() {
     choir_tests::report!("traced, 8 busy core jobs, 500 turns: {}", in_out(inb, outb));
     // The log manager writes in batches: let it catch up.
     std::thread::sleep(Duration::from_secs(2));
-    let marks = marks(&traced);
+    let marks = marks(&traced, &["demo"]);
     choir_tests::report!("idle:");
-    breakdown(&idle, &marks);
+    breakdown(HOPS, &idle, &marks);
     choir_tests::report!("with 8 busy core jobs:");
-    breakdown(&busy, &marks);
+    breakdown(HOPS, &busy, &marks);
 }
 
 /// The untraced runs: idle, then with 8 busy core jobs.

@@ -1,0 +1,290 @@
+//! What an agent's HEARTBEAT brings back from a turn: its replicated commit
+//! events and its replies, stored in **one** transaction (one commit, one
+//! fsync per turn on the way out), with statements prepared once per
+//! connection.
+//!
+//! **Invariants:** events are stored only if they extend the stored chain
+//! (a resend of stored events is accepted, anything else is a fork and
+//! nothing of the HEARTBEAT is stored); a reply is never stored without the
+//! events that came with it, nor the events without the reply: a failure
+//! anywhere rolls the whole HEARTBEAT back and the agent resends it.
+
+use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
+use choir_common::ids::AgentId;
+use choir_common::rpc::OutboundReply;
+use postgres::{Statement, Transaction};
+use serde_json::Value;
+
+use super::{enqueue, Delivery, Recorded, ReplicationError, Store};
+use crate::db::{Conn, DbError};
+
+/// Creates the agent's chain state if missing and locks it: one round trip.
+const HEAD_LOCK: &str = "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2)
+     ON CONFLICT (agent_id) DO UPDATE SET head_seq = agent_state.head_seq
+     RETURNING head_seq, head_hash";
+const STORED_HASH: &str = "SELECT hash FROM commit_events WHERE agent_id = $1 AND seq = $2";
+const INSERT_EVENT: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
+     VALUES ($1, $2, $3, $4, $5, $6)";
+const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
+     VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
+const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1";
+const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
+const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (agent_id, key) DO NOTHING";
+const ANSWER: &str = "UPDATE messages SET reply = $3, replied_at = now()
+     WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL
+     RETURNING conversation";
+const PROCESSED: &str = "UPDATE agent_state SET processed_upto = GREATEST(processed_upto, $2) WHERE agent_id = $1";
+
+/// Which part of a HEARTBEAT failed to store, for [`Store::store_turn`]:
+/// the caller answers an event's data error by refusing that event (the
+/// agent quarantines it), any other failure as retryable. Either way
+/// nothing of the HEARTBEAT was stored.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    /// The events: a chain error, or the database refused or failed them.
+    #[error(transparent)]
+    Events(#[from] ReplicationError),
+    /// The replies, or the transaction itself (retryable).
+    #[error(transparent)]
+    Db(DbError),
+}
+
+/// The replies half of a HEARTBEAT.
+pub struct Replies<'a> {
+    /// Answers and notices, as choird speaks them.
+    pub replies: &'a [OutboundReply],
+    /// The agent's processed position.
+    pub processed_upto: u64,
+    /// Where a Telegram answer is queued.
+    pub delivery: &'a dyn Delivery,
+}
+
+/// The statements of a turn, prepared on the connection before its
+/// transaction begins.
+struct Prepared {
+    head_lock: Statement,
+    stored_hash: Statement,
+    insert_event: Statement,
+    audit_external: Statement,
+    head_update: Statement,
+    addressed: Statement,
+    insert_notice: Statement,
+    answer: Statement,
+    processed: Statement,
+}
+
+impl Prepared {
+    fn on(c: &mut Conn) -> Result<Prepared, postgres::Error> {
+        Ok(Prepared {
+            head_lock: c.prepared(HEAD_LOCK)?,
+            stored_hash: c.prepared(STORED_HASH)?,
+            insert_event: c.prepared(INSERT_EVENT)?,
+            audit_external: c.prepared(AUDIT_EXTERNAL)?,
+            head_update: c.prepared(HEAD_UPDATE)?,
+            addressed: c.prepared(ADDRESSED)?,
+            insert_notice: c.prepared(INSERT_NOTICE)?,
+            answer: c.prepared(ANSWER)?,
+            processed: c.prepared(PROCESSED)?,
+        })
+    }
+}
+
+/// How far a turn's transaction got, to name what failed.
+#[derive(Clone, Copy, PartialEq)]
+enum Part {
+    Setup,
+    Events,
+    Replies,
+}
+
+impl Store {
+    /// Stores replicated events after verifying they extend the stored chain.
+    /// Events at or below the stored head are accepted only if identical to
+    /// what is stored (a resend after a lost acknowledgement); anything else is
+    /// a fork. Each new event flagged `external` gets its audit record
+    /// (`tool.external`) in the same transaction. Returns the new head
+    /// sequence number.
+    pub fn append_events(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        events: &[CommitEvent],
+    ) -> Result<u64, ReplicationError> {
+        match self.store_turn(agent, session, events, None) {
+            Ok((head, _)) => Ok(head.unwrap_or_default()),
+            Err(TurnError::Events(e)) => Err(e),
+            Err(TurnError::Db(e)) => Err(ReplicationError::Db(e)),
+        }
+    }
+
+    /// Records answers (the first answer to a message wins; one text may
+    /// answer several injected messages), the agent's own notices (once per
+    /// key) and its processed position. An answer (or notice) in a Telegram
+    /// conversation is queued for sending in the same transaction, once.
+    ///
+    /// **Invariant:** an agent speaks only where it was spoken to. An answer
+    /// goes to the conversation of the stored message it answers (whatever
+    /// conversation the agent named); a notice only to a conversation in
+    /// which this agent has received a message, else it is dropped and
+    /// counted in [`Recorded::refused`].
+    pub fn record_replies(
+        &self,
+        agent: &AgentId,
+        replies: &[OutboundReply],
+        processed_upto: u64,
+        delivery: &dyn Delivery,
+    ) -> Result<Recorded, DbError> {
+        let half = Replies { replies, processed_upto, delivery };
+        match self.store_turn(agent, 0, &[], Some(half)) {
+            Ok((_, recorded)) => Ok(recorded),
+            Err(TurnError::Db(e)) | Err(TurnError::Events(ReplicationError::Db(e))) => Err(e),
+            Err(TurnError::Events(e @ ReplicationError::Chain(_))) => {
+                unreachable!("no events were given, so no chain was checked: {e}")
+            }
+        }
+    }
+
+    /// A HEARTBEAT's events ([`Store::append_events`]) and replies
+    /// ([`Store::record_replies`]) in one transaction. Returns the new
+    /// head (when there were events) and what was recorded (empty without
+    /// `replies`).
+    pub fn store_turn(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        events: &[CommitEvent],
+        replies: Option<Replies<'_>>,
+    ) -> Result<(Option<u64>, Recorded), TurnError> {
+        let mut part = Part::Setup;
+        let mut chain = None;
+        let out = self.db.with(|c| {
+            let p = Prepared::on(c)?;
+            let mut tx = c.transaction()?;
+            let head = if events.is_empty() {
+                None
+            } else {
+                part = Part::Events;
+                match append(&mut tx, &p, agent, session, events)? {
+                    Ok(head) => Some(head),
+                    Err(e) => {
+                        // Rolled back when `tx` drops.
+                        chain = Some(e);
+                        return Ok(None);
+                    }
+                }
+            };
+            let recorded = match replies {
+                None => Recorded::default(),
+                Some(r) => {
+                    part = Part::Replies;
+                    record(&mut tx, &p, agent, &r)?
+                }
+            };
+            part = Part::Setup;
+            tx.commit()?;
+            Ok(Some((head, recorded)))
+        });
+        match (out, chain) {
+            (Ok(Some(done)), _) => Ok(done),
+            (Ok(None), Some(e)) => Err(TurnError::Events(ReplicationError::Chain(e))),
+            (Ok(None), None) => unreachable!("a turn's transaction ends early only on a chain error"),
+            (Err(e), _) if part == Part::Events => Err(TurnError::Events(ReplicationError::Db(e))),
+            (Err(e), _) => Err(TurnError::Db(e)),
+        }
+    }
+}
+
+/// The events half: `Ok(Err(_))` when they do not extend the chain (the
+/// caller rolls back).
+fn append(
+    tx: &mut Transaction<'_>,
+    p: &Prepared,
+    agent: &AgentId,
+    session: i64,
+    events: &[CommitEvent],
+) -> Result<Result<u64, ChainError>, postgres::Error> {
+    let row = tx.query_one(&p.head_lock, &[&agent.as_str(), &GENESIS_HASH])?;
+    let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
+    let mut fresh = Vec::new();
+    for ev in events {
+        if ev.seq <= head.seq {
+            let stored = tx.query_opt(&p.stored_hash, &[&agent.as_str(), &(ev.seq as i64)])?;
+            if stored.map(|r| r.get::<_, String>(0)) != Some(ev.hash.clone()) {
+                return Ok(Err(ChainError::Fork { seq: ev.seq, prev: ev.seq.saturating_sub(1) }));
+            }
+        } else {
+            fresh.push(ev.clone());
+        }
+    }
+    let new_head = match verify_extension(&head, &fresh) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    for ev in &fresh {
+        let json = serde_json::to_value(ev).unwrap_or(Value::Null);
+        tx.execute(&p.insert_event, &[&agent.as_str(), &(ev.seq as i64), &ev.prev_hash, &ev.hash, &session, &json])?;
+        if ev.external {
+            // An action on the outside world: audited with its record, in
+            // the same transaction (never one without the other), outside
+            // the agent's audit quota.
+            let outcome = json["outcome"].as_str().unwrap_or("ok").to_owned();
+            let clip = |s: &str| s.chars().take(200).collect::<String>();
+            let detail = serde_json::json!({"seq": ev.seq, "hash": ev.hash, "lane": clip(&ev.lane),
+                                            "tool": clip(&ev.tool), "call_id": ev.call_id.as_deref().map(clip),
+                                            "duration_us": ev.duration_us});
+            tx.execute(&p.audit_external, &[&agent.as_str(), &outcome, &detail])?;
+        }
+    }
+    if new_head.seq != head.seq {
+        tx.execute(&p.head_update, &[&agent.as_str(), &(new_head.seq as i64), &new_head.hash])?;
+    }
+    Ok(Ok(new_head.seq))
+}
+
+/// The replies half (see [`Store::record_replies`]).
+fn record(
+    tx: &mut Transaction<'_>,
+    p: &Prepared,
+    agent: &AgentId,
+    r: &Replies<'_>,
+) -> Result<Recorded, postgres::Error> {
+    let mut out = Recorded::default();
+    for reply in r.replies {
+        let (fresh, conversation) = if reply.in_reply_to == 0 {
+            let addressed = tx.query_opt(&p.addressed, &[&agent.as_str(), &reply.conversation])?.is_some();
+            if !addressed {
+                out.refused.push(reply.conversation.clone());
+                continue;
+            }
+            let n = tx.execute(&p.insert_notice, &[&agent.as_str(), &reply.conversation, &reply.key, &reply.text])?;
+            (n == 1, Some(reply.conversation.clone()))
+        } else {
+            let ids = if reply.covers.is_empty() { vec![reply.in_reply_to] } else { reply.covers.clone() };
+            let mut conversation = None;
+            for id in ids {
+                if let Some(row) = tx.query_opt(&p.answer, &[&agent.as_str(), &(id as i64), &reply.text])? {
+                    out.new.push((id, reply.text.clone()));
+                    // The first answered message names the chat; covered
+                    // messages of other conversations are answered there,
+                    // not sent elsewhere.
+                    conversation.get_or_insert(row.get::<_, String>(0));
+                }
+            }
+            (conversation.is_some(), conversation)
+        };
+        if let (true, Some(conversation)) = (fresh, conversation) {
+            let rows = r.delivery.rows(&conversation, &reply.text);
+            if !rows.is_empty() {
+                for row in rows {
+                    enqueue(tx, &row.bot, row.chat, row.kind, &row.body)?;
+                }
+                out.delivered.push(conversation);
+            }
+        }
+    }
+    if r.processed_upto > 0 {
+        tx.execute(&p.processed, &[&agent.as_str(), &(r.processed_upto as i64)])?;
+    }
+    Ok(out)
+}
