@@ -60,6 +60,9 @@ struct Bot {
     next_update: i64,
     /// Updates returned by getUpdates: (update id, when).
     delivered: Vec<(i64, Instant)>,
+    /// While set, getUpdates holds new updates back (so several arrive in
+    /// one batch once it is cleared).
+    held: bool,
 }
 
 #[derive(Default)]
@@ -123,8 +126,23 @@ impl FakeTelegram {
     pub fn add_bot(&self, token: &str, id: i64, username: &str) {
         self.shared.0.lock().bots.insert(
             token.to_owned(),
-            Bot { id, username: username.to_owned(), updates: VecDeque::new(), next_update: 1, delivered: Vec::new() },
+            Bot {
+                id,
+                username: username.to_owned(),
+                updates: VecDeque::new(),
+                next_update: 1,
+                delivered: Vec::new(),
+                held: false,
+            },
         );
+    }
+
+    /// Holds updates back (`true`) until released (`false`): what users
+    /// send meanwhile reaches the bot in one getUpdates batch.
+    pub fn hold_updates(&self, token: &str, held: bool) {
+        let mut g = self.shared.0.lock();
+        g.bots.get_mut(token).expect("unknown bot token").held = held;
+        self.shared.1.notify_all();
     }
 
     fn push_update(&self, token: &str, make: impl FnOnce(i64) -> Value) -> i64 {
@@ -475,7 +493,7 @@ fn call(
                 let bot = g.bots.get_mut(token).expect("bot vanished");
                 // Passing an offset confirms every update below it, for good.
                 bot.updates.retain(|u| u["update_id"].as_i64().unwrap_or(0) >= offset);
-                if !bot.updates.is_empty() {
+                if !bot.updates.is_empty() && !bot.held {
                     let out: Vec<Value> = bot.updates.iter().take(limit).cloned().collect();
                     for u in &out {
                         let id = u["update_id"].as_i64().unwrap_or(0);

@@ -353,6 +353,65 @@ fn a_document_comes_in_and_a_voice_file_goes_out() {
     });
 }
 
+/// A plain text message is queued by the poller with its update (one
+/// transaction), but never ahead of an earlier update the dispatcher still
+/// has to act on (a file to fetch), and only for users the live config
+/// binds: a user taken out of config by a reload is refused, not let
+/// through by the fast path.
+#[test]
+fn a_plain_message_never_overtakes_an_earlier_file_and_a_user_taken_out_of_config_is_refused() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = echo_model();
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let config = config(&llm, &pg, &tg, &["alpha"], one_bot(false));
+    let choird = Choird::start(&config, &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+
+    // One batch: a document, then text from the same user and another.
+    tg.hold_updates(TOKEN_A, true);
+    tg.user_sends_document(TOKEN_A, 501, "notes.txt", b"some notes", None);
+    tg.user_says(TOKEN_A, 501, "after the file");
+    tg.user_says(TOKEN_A, 502, "and me");
+    tg.hold_updates(TOKEN_A, false);
+    let texts = || -> Vec<String> {
+        pg.client().query("SELECT text FROM messages ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    wait_for("the three messages", Duration::from_secs(20), || texts().len() == 3);
+    let t = texts();
+    assert!(t[0].contains("notes.txt"), "the document first: {t:?}");
+    assert_eq!(t[1..], ["after the file", "and me"], "then the texts, in the order they were sent");
+    let outcomes: Vec<Option<String>> = pg
+        .client()
+        .query("SELECT outcome FROM telegram_updates ORDER BY update_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(outcomes, vec![Some("queued".to_owned()); 3]);
+
+    // User 502 taken out of config: the next text is refused, not queued.
+    let mut fewer = config.clone();
+    fewer["telegram"]["bots"]["a"]["users"] = json!({"501": {"agent": "alpha"}});
+    std::fs::write(choird.home.path().join("config.json"), fewer.to_string()).unwrap();
+    let pid = rustix::process::Pid::from_raw(choird.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || choird.stderr().contains("reloaded config.json"));
+    tg.user_says(TOKEN_A, 502, "still there?");
+    wait_for("the refusal", Duration::from_secs(20), || {
+        sent_to(&tg, TOKEN_A, 502).iter().any(|t| t.starts_with("Sorry, I only talk to people"))
+    });
+    assert!(!texts().contains(&"still there?".to_owned()), "{:?}", texts());
+    let refused: i64 =
+        pg.client().query_one("SELECT count(*) FROM telegram_updates WHERE outcome = 'refused'", &[]).unwrap().get(0);
+    assert_eq!(refused, 1);
+    // And 501 is still heard, at once.
+    tg.user_says(TOKEN_A, 501, "still here");
+    wait_for("the answer", Duration::from_secs(20), || {
+        sent_to(&tg, TOKEN_A, 501).iter().any(|t| t.contains("still here"))
+    });
+}
+
 #[test]
 fn choird_killed_between_receiving_and_replying_answers_every_update_exactly_once() {
     let Some(pg) = TestPg::start() else { return };

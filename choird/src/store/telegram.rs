@@ -4,7 +4,10 @@
 //! **Invariant:** an update becomes at most one user message (unique per
 //! (bot, update id)), written in the same transaction that marks the update
 //! handled; an outbox row is written in the same transaction as the answer it
-//! carries.
+//! carries. A plain message (see [`Plain`]) may be queued in the very
+//! transaction that stores its update, but only while no earlier update of
+//! its bot waits for the dispatcher: users' messages are queued in the order
+//! they were sent.
 
 use choir_common::ids::AgentId;
 use serde_json::Value;
@@ -26,6 +29,52 @@ pub struct OutboxRow {
     /// Failed attempts so far.
     pub attempts: i32,
 }
+
+/// A user message an update becomes with nothing to do but store it (text
+/// from a user or group the bot's live config routes to an agent; no
+/// command, no file): the poller queues it with its update in one
+/// transaction instead of leaving it to the dispatcher.
+#[derive(Debug, Clone)]
+pub struct Plain {
+    /// Its update.
+    pub update_id: i64,
+    /// The agent it goes to.
+    pub agent: AgentId,
+    /// The conversation of its chat.
+    pub conversation: String,
+    /// `telegram:<user id>`.
+    pub sender: String,
+    /// What the user wrote.
+    pub text: String,
+    /// Where it came from (bot, update id, chat, user, message id).
+    pub origin: Value,
+}
+
+/// What [`Store::store_updates`] stored.
+#[derive(Debug, Default)]
+pub struct StoredUpdates {
+    /// The offset to ask for next.
+    pub next_offset: i64,
+    /// Agents given a message (to wake).
+    pub queued: Vec<AgentId>,
+    /// Updates left to the dispatcher.
+    pub for_dispatch: usize,
+}
+
+const INSERT_UPDATE: &str = "INSERT INTO telegram_updates (bot, update_id, payload) VALUES ($1, $2, $3)
+     ON CONFLICT (bot, update_id) DO NOTHING";
+const ADVANCE_OFFSET: &str = "INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1, $2)
+     ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $2), updated_at = now()
+     RETURNING next_offset";
+/// Whether an update before `$2` still waits for the dispatcher.
+const EARLIER_WAITING: &str =
+    "SELECT 1 FROM telegram_updates WHERE bot = $1 AND update_id < $2 AND handled_at IS NULL LIMIT 1";
+const INSERT_TELEGRAM_MESSAGE: &str =
+    "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
+     ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
+     RETURNING id";
+const MARK_QUEUED: &str =
+    "UPDATE telegram_updates SET handled_at = now(), outcome = 'queued' WHERE bot = $1 AND update_id = $2";
 
 /// Queue depths of one bot.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,25 +100,56 @@ impl Store {
 
     /// Stores updates (a resent one once) and moves the offset past them, in
     /// one transaction: only then may the offset be confirmed to Telegram.
-    pub fn store_updates(&self, bot: &str, updates: &[(i64, Value)]) -> Result<i64, DbError> {
+    /// `plain` (in update order) are queued as messages in the same
+    /// transaction, each marking its update handled, as long as no earlier
+    /// update of the bot is left waiting for the dispatcher (the first that
+    /// is not plain, or one stored before, stops them: the rest are
+    /// dispatched in order).
+    pub fn store_updates(
+        &self,
+        bot: &str,
+        updates: &[(i64, Value)],
+        plain: &[Plain],
+    ) -> Result<StoredUpdates, DbError> {
         self.db.with(|c| {
+            let insert = c.prepared(INSERT_UPDATE)?;
+            let advance = c.prepared(ADVANCE_OFFSET)?;
+            let earlier = c.prepared(EARLIER_WAITING)?;
+            let message = c.prepared(INSERT_TELEGRAM_MESSAGE)?;
+            let queued = c.prepared(MARK_QUEUED)?;
             let mut tx = c.transaction()?;
+            let mut out = StoredUpdates::default();
+            // Unknown until the first plain update asks whether an earlier
+            // one waits; false from the first update left to the dispatcher.
+            let mut fast: Option<bool> = None;
             for (id, payload) in updates {
-                tx.execute(
-                    "INSERT INTO telegram_updates (bot, update_id, payload) VALUES ($1, $2, $3)
-                     ON CONFLICT (bot, update_id) DO NOTHING",
-                    &[&bot, id, payload],
-                )?;
+                let stored = tx.execute(&insert, &[&bot, id, payload])? == 1;
+                let p = plain.iter().find(|p| p.update_id == *id).filter(|_| stored);
+                let go = match (p, fast) {
+                    (None, _) => false,
+                    (Some(_), Some(f)) => f,
+                    (Some(_), None) => tx.query_opt(&earlier, &[&bot, id])?.is_none(),
+                };
+                fast = Some(go);
+                match p {
+                    Some(p) if go => {
+                        let row = tx.query_opt(
+                            &message,
+                            &[&p.agent.as_str(), &p.conversation, &p.sender, &p.text, &p.origin],
+                        )?;
+                        tx.execute(&queued, &[&bot, id])?;
+                        if row.is_some() && !out.queued.contains(&p.agent) {
+                            out.queued.push(p.agent.clone());
+                        }
+                    }
+                    _ => out.for_dispatch += usize::from(stored),
+                }
             }
             let next = updates.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
-            let row = tx.query_one(
-                "INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1, $2)
-                 ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $2), updated_at = now()
-                 RETURNING next_offset",
-                &[&bot, &next],
-            )?;
+            let row = tx.query_one(&advance, &[&bot, &next])?;
             tx.commit()?;
-            Ok(row.get(0))
+            out.next_offset = row.get(0);
+            Ok(out)
         })
     }
 
@@ -111,17 +191,11 @@ impl Store {
         origin: &Value,
     ) -> Result<Option<u64>, DbError> {
         self.db.with(|c| {
+            let message = c.prepared(INSERT_TELEGRAM_MESSAGE)?;
+            let queued = c.prepared(MARK_QUEUED)?;
             let mut tx = c.transaction()?;
-            let row = tx.query_opt(
-                "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
-                 RETURNING id",
-                &[&agent.as_str(), &conversation, &sender, &text, origin],
-            )?;
-            tx.execute(
-                "UPDATE telegram_updates SET handled_at = now(), outcome = 'queued' WHERE bot = $1 AND update_id = $2",
-                &[&bot, &update_id],
-            )?;
+            let row = tx.query_opt(&message, &[&agent.as_str(), &conversation, &sender, &text, origin])?;
+            tx.execute(&queued, &[&bot, &update_id])?;
             tx.commit()?;
             Ok(row.map(|r| r.get::<_, i64>(0) as u64))
         })

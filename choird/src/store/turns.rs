@@ -23,8 +23,10 @@ const HEAD_LOCK: &str = "INSERT INTO agent_state (agent_id, head_hash) VALUES ($
      ON CONFLICT (agent_id) DO UPDATE SET head_seq = agent_state.head_seq
      RETURNING head_seq, head_hash";
 const STORED_HASH: &str = "SELECT hash FROM commit_events WHERE agent_id = $1 AND seq = $2";
-const INSERT_EVENT: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
-     VALUES ($1, $2, $3, $4, $5, $6)";
+/// All of a HEARTBEAT's new events in one statement (one round trip however
+/// many core steps they record), in order.
+const INSERT_EVENTS: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
+     SELECT $1, s, p, h, $2, e FROM unnest($3::bigint[], $4::text[], $5::text[], $6::jsonb[]) AS u(s, p, h, e)";
 const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
      VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
 const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1";
@@ -65,7 +67,7 @@ pub struct Replies<'a> {
 struct Prepared {
     head_lock: Statement,
     stored_hash: Statement,
-    insert_event: Statement,
+    insert_events: Statement,
     audit_external: Statement,
     head_update: Statement,
     addressed: Statement,
@@ -79,7 +81,7 @@ impl Prepared {
         Ok(Prepared {
             head_lock: c.prepared(HEAD_LOCK)?,
             stored_hash: c.prepared(STORED_HASH)?,
-            insert_event: c.prepared(INSERT_EVENT)?,
+            insert_events: c.prepared(INSERT_EVENTS)?,
             audit_external: c.prepared(AUDIT_EXTERNAL)?,
             head_update: c.prepared(HEAD_UPDATE)?,
             addressed: c.prepared(ADDRESSED)?,
@@ -221,20 +223,23 @@ fn append(
         Ok(h) => h,
         Err(e) => return Ok(Err(e)),
     };
-    for ev in &fresh {
-        let json = serde_json::to_value(ev).unwrap_or(Value::Null);
-        tx.execute(&p.insert_event, &[&agent.as_str(), &(ev.seq as i64), &ev.prev_hash, &ev.hash, &session, &json])?;
-        if ev.external {
-            // An action on the outside world: audited with its record, in
-            // the same transaction (never one without the other), outside
-            // the agent's audit quota.
-            let outcome = json["outcome"].as_str().unwrap_or("ok").to_owned();
-            let clip = |s: &str| s.chars().take(200).collect::<String>();
-            let detail = serde_json::json!({"seq": ev.seq, "hash": ev.hash, "lane": clip(&ev.lane),
-                                            "tool": clip(&ev.tool), "call_id": ev.call_id.as_deref().map(clip),
-                                            "duration_us": ev.duration_us});
-            tx.execute(&p.audit_external, &[&agent.as_str(), &outcome, &detail])?;
-        }
+    let json: Vec<Value> = fresh.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect();
+    if !fresh.is_empty() {
+        let seqs: Vec<i64> = fresh.iter().map(|ev| ev.seq as i64).collect();
+        let prevs: Vec<&str> = fresh.iter().map(|ev| ev.prev_hash.as_str()).collect();
+        let hashes: Vec<&str> = fresh.iter().map(|ev| ev.hash.as_str()).collect();
+        tx.execute(&p.insert_events, &[&agent.as_str(), &session, &seqs, &prevs, &hashes, &json])?;
+    }
+    for (ev, json) in fresh.iter().zip(&json).filter(|(ev, _)| ev.external) {
+        // An action on the outside world: audited with its record, in the
+        // same transaction (never one without the other), outside the
+        // agent's audit quota.
+        let outcome = json["outcome"].as_str().unwrap_or("ok").to_owned();
+        let clip = |s: &str| s.chars().take(200).collect::<String>();
+        let detail = serde_json::json!({"seq": ev.seq, "hash": ev.hash, "lane": clip(&ev.lane),
+                                        "tool": clip(&ev.tool), "call_id": ev.call_id.as_deref().map(clip),
+                                        "duration_us": ev.duration_us});
+        tx.execute(&p.audit_external, &[&agent.as_str(), &outcome, &detail])?;
     }
     if new_head.seq != head.seq {
         tx.execute(&p.head_update, &[&agent.as_str(), &(new_head.seq as i64), &new_head.hash])?;

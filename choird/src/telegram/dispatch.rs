@@ -28,9 +28,11 @@ use super::approvals::proposal_message;
 use super::bots::Handle;
 use super::bots::{bots, client, wait, BotSpec};
 use super::text;
+use crate::config::BotConfig;
 use crate::conversations::telegram as conversation;
 use crate::db::DbError;
 use crate::pace::{backoff, nap};
+use crate::store::telegram::Plain;
 
 /// Runs until `stop`.
 pub fn run(d: &Handle, stop: &AtomicBool, poke: &Receiver<()>) {
@@ -184,14 +186,48 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
         reply(d, bot, chat, "I can read text, photos, documents and voice messages; this kind of message I cannot.")?;
         return d.store.mark_update(bot, update_id, "unsupported");
     }
-    let origin = json!({"bot": bot, "update_id": update_id.to_string(), "chat_id": chat, "user_id": user,
-                        "message_id": m.message_id});
+    let origin = origin(bot, update_id, chat, user, m.message_id);
     let sender = format!("telegram:{user}");
     if d.store.telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
         choir_common::hop::mark("message.stored");
         d.control.wake_agent(&agent);
     }
     Ok(())
+}
+
+/// Where a message came from, as its `origin` is stored (unique per bot
+/// and update).
+fn origin(bot: &str, update_id: i64, chat: i64, user: i64, message_id: i32) -> Value {
+    json!({"bot": bot, "update_id": update_id.to_string(), "chat_id": chat, "user_id": user, "message_id": message_id})
+}
+
+/// The message update `update_id` of `bot` becomes with nothing to do but
+/// store it, if it is one: text (not a command, no caption, no file) from
+/// a user `config` binds to an agent, in a private chat, or in a group it
+/// routes. Exactly what [`run`] would queue for it; anything else (unknown
+/// users, commands, files, pairing) is left to [`run`]. `config` must be
+/// the live one: a user taken out of config is not let through.
+pub fn plain(bot: &str, config: &BotConfig, update_id: i64, m: &Message) -> Option<Plain> {
+    let text = m.text.as_ref()?;
+    let attached = m.caption.is_some() || m.document.is_some() || m.voice.is_some() || m.audio.is_some();
+    if attached || m.photo.is_some() || text.trim().is_empty() || text.starts_with('/') {
+        return None;
+    }
+    let chat = m.chat.id;
+    let user = m.from.as_ref().map(|u| u.id as i64).unwrap_or_default();
+    let agent = match m.chat.type_field {
+        ChatType::Private => config.users.get(&user.to_string())?.agent.clone(),
+        ChatType::Group | ChatType::Supergroup => config.groups.get(&chat.to_string())?.agent.clone(),
+        _ => return None,
+    };
+    Some(Plain {
+        update_id,
+        agent,
+        conversation: conversation(bot, chat),
+        sender: format!("telegram:{user}"),
+        text: text.clone(),
+        origin: origin(bot, update_id, chat, user, m.message_id),
+    })
 }
 
 /// The agent's state in a few lines, for `/status`.

@@ -3,7 +3,10 @@
 //! Each batch is stored, with the offset past it, in one transaction before
 //! anything else happens; the offset is sent to Telegram only with the next
 //! poll, which is what confirms the batch. A crash anywhere loses nothing:
-//! unconfirmed updates are sent again and stored once.
+//! unconfirmed updates are sent again and stored once. A plain user message
+//! (text from a user the live config binds to an agent) is queued for its
+//! agent in that same transaction, unless an earlier update still waits for
+//! the dispatcher; everything else is the dispatcher's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -11,12 +14,14 @@ use std::time::{Duration, SystemTime};
 use crossbeam_channel::Sender;
 use frankenstein::methods::GetUpdatesParams;
 use frankenstein::types::AllowedUpdate;
+use frankenstein::updates::{Update, UpdateContent};
 use frankenstein::TelegramApi;
 
 use super::bots::Handle;
 use super::bots::{classify, client, BotSpec, Failure};
 use crate::config::TelegramConfig;
 use crate::pace::{backoff, nap};
+use crate::store::telegram::Plain;
 
 /// Updates asked for per poll.
 const LIMIT: u32 = 100;
@@ -61,14 +66,20 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                     .iter()
                     .filter_map(|u| Some((i64::from(u.update_id), serde_json::to_value(u).ok()?)))
                     .collect();
+                let plain = plain_messages(d, &spec.name, &resp.result);
                 // Durable first; the next poll's offset confirms them.
-                match d.store.store_updates(&spec.name, &batch) {
-                    Ok(o) => {
+                match d.store.store_updates(&spec.name, &batch, &plain) {
+                    Ok(stored) => {
                         choir_common::hop::mark("tg.stored");
                         failures = 0;
-                        offset = Some(o);
+                        offset = Some(stored.next_offset);
                         d.link.count(&spec.name, |c| c.updates += batch.len() as u64);
-                        let _ = dispatch.try_send(());
+                        for agent in &stored.queued {
+                            d.control.wake_agent(agent);
+                        }
+                        if stored.for_dispatch > 0 {
+                            let _ = dispatch.try_send(());
+                        }
                     }
                     Err(e) => {
                         // Not stored: not confirmed either; Telegram sends them again.
@@ -94,4 +105,19 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
             }
         }
     }
+}
+
+/// The updates of a batch that are plain user messages under the bot's
+/// live config (see [`super::dispatch::plain`]), queued with the batch
+/// itself: one transaction, no hand-over to the dispatcher.
+fn plain_messages(d: &Handle, bot: &str, updates: &[Update]) -> Vec<Plain> {
+    let config = d.config();
+    let Some(b) = config.telegram.bots.get(bot) else { return Vec::new() };
+    updates
+        .iter()
+        .filter_map(|u| match &u.content {
+            UpdateContent::Message(m) => super::dispatch::plain(bot, b, i64::from(u.update_id), m),
+            _ => None,
+        })
+        .collect()
 }

@@ -32,13 +32,11 @@ fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
 }
 
 /// The marks an update passes on its way to the model and its answer back
-/// out (choird's poller, dispatcher, HEARTBEAT, relay and sender, and the
-/// agent's).
+/// out (choird's poller, HEARTBEAT, relay and sender, and the agent's; a
+/// plain text message is queued by the poller, not the dispatcher).
 const HOPS: &[&str] = &[
     "tg.polled",
     "tg.stored",
-    "tg.dispatch",
-    "message.stored",
     "poll.handout",
     "agent.message",
     "agent.request",
