@@ -83,12 +83,13 @@ pub fn enqueue(
     kind: &str,
     body: &Value,
 ) -> Result<i64, postgres::Error> {
-    let row = tx.query_one(
-        "INSERT INTO telegram_outbox (bot, chat_id, kind, body) VALUES ($1, $2, $3, $4) RETURNING id",
-        &[&bot, &chat, &kind, body],
-    )?;
+    let row = tx.query_one(ENQUEUE, &[&bot, &chat, &kind, body])?;
     Ok(row.get(0))
 }
+
+/// The statement of [`enqueue`] (prepared by callers on a hot path).
+pub(crate) const ENQUEUE: &str =
+    "INSERT INTO telegram_outbox (bot, chat_id, kind, body) VALUES ($1, $2, $3, $4) RETURNING id";
 
 /// The store, a thin layer over the pool.
 pub struct Store {

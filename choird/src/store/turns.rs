@@ -15,7 +15,7 @@ use choir_common::rpc::OutboundReply;
 use postgres::{Statement, Transaction};
 use serde_json::Value;
 
-use super::{enqueue, Delivery, Recorded, ReplicationError, Store};
+use super::{Delivery, Recorded, ReplicationError, Store, ENQUEUE};
 use crate::db::{Conn, DbError};
 
 /// Creates the agent's chain state if missing and locks it: one round trip.
@@ -29,14 +29,16 @@ const INSERT_EVENTS: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash
      SELECT $1, s, p, h, $2, e FROM unnest($3::bigint[], $4::text[], $5::text[], $6::jsonb[]) AS u(s, p, h, e)";
 const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
      VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
-const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1";
+/// The agent's chain head (when events were stored) and processed
+/// position, in one statement at the end of the turn's transaction.
+const STATE_UPDATE: &str = "UPDATE agent_state SET head_seq = COALESCE($2, head_seq),
+     head_hash = COALESCE($3, head_hash), processed_upto = GREATEST(processed_upto, $4) WHERE agent_id = $1";
 const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
 const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
      ON CONFLICT (agent_id, key) DO NOTHING";
 const ANSWER: &str = "UPDATE messages SET reply = $3, replied_at = now()
      WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL
      RETURNING conversation";
-const PROCESSED: &str = "UPDATE agent_state SET processed_upto = GREATEST(processed_upto, $2) WHERE agent_id = $1";
 
 /// Which part of a HEARTBEAT failed to store, for [`Store::store_turn`]:
 /// the caller answers an event's data error by refusing that event (the
@@ -69,11 +71,11 @@ struct Prepared {
     stored_hash: Statement,
     insert_events: Statement,
     audit_external: Statement,
-    head_update: Statement,
+    state_update: Statement,
     addressed: Statement,
     insert_notice: Statement,
     answer: Statement,
-    processed: Statement,
+    enqueue: Statement,
 }
 
 impl Prepared {
@@ -83,11 +85,11 @@ impl Prepared {
             stored_hash: c.prepared(STORED_HASH)?,
             insert_events: c.prepared(INSERT_EVENTS)?,
             audit_external: c.prepared(AUDIT_EXTERNAL)?,
-            head_update: c.prepared(HEAD_UPDATE)?,
+            state_update: c.prepared(STATE_UPDATE)?,
             addressed: c.prepared(ADDRESSED)?,
             insert_notice: c.prepared(INSERT_NOTICE)?,
             answer: c.prepared(ANSWER)?,
-            processed: c.prepared(PROCESSED)?,
+            enqueue: c.prepared(ENQUEUE)?,
         })
     }
 }
@@ -176,6 +178,7 @@ impl Store {
                     }
                 }
             };
+            let processed = replies.as_ref().map_or(0, |r| r.processed_upto as i64);
             let recorded = match replies {
                 None => Recorded::default(),
                 Some(r) => {
@@ -183,9 +186,19 @@ impl Store {
                     record(&mut tx, &p, agent, &r)?
                 }
             };
+            // The head (when it moved) and the processed position in one
+            // statement; nothing to move, no statement.
+            let moved = head.as_ref().filter(|a| a.moved).map(|a| &a.head);
+            if moved.is_some() || processed > 0 {
+                // Neither an event's content nor a reply's: retryable.
+                part = Part::Setup;
+                let seq = moved.map(|h| h.seq as i64);
+                let hash = moved.map(|h| h.hash.as_str());
+                tx.execute(&p.state_update, &[&agent.as_str(), &seq, &hash, &processed])?;
+            }
             part = Part::Setup;
             tx.commit()?;
-            Ok(Some((head, recorded)))
+            Ok(Some((head.map(|a| a.head.seq), recorded)))
         });
         match (out, chain) {
             (Ok(Some(done)), _) => Ok(done),
@@ -197,6 +210,13 @@ impl Store {
     }
 }
 
+/// What [`append`] stored: the new head, and whether it moved (the caller
+/// writes it to `agent_state` with the processed position).
+struct Appended {
+    head: ChainHead,
+    moved: bool,
+}
+
 /// The events half: `Ok(Err(_))` when they do not extend the chain (the
 /// caller rolls back).
 fn append(
@@ -205,7 +225,7 @@ fn append(
     agent: &AgentId,
     session: i64,
     events: &[CommitEvent],
-) -> Result<Result<u64, ChainError>, postgres::Error> {
+) -> Result<Result<Appended, ChainError>, postgres::Error> {
     let row = tx.query_one(&p.head_lock, &[&agent.as_str(), &GENESIS_HASH])?;
     let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
     let mut fresh = Vec::new();
@@ -223,6 +243,7 @@ fn append(
         Ok(h) => h,
         Err(e) => return Ok(Err(e)),
     };
+    let moved = new_head.seq != head.seq;
     let json: Vec<Value> = fresh.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect();
     if !fresh.is_empty() {
         let seqs: Vec<i64> = fresh.iter().map(|ev| ev.seq as i64).collect();
@@ -241,10 +262,7 @@ fn append(
                                         "duration_us": ev.duration_us});
         tx.execute(&p.audit_external, &[&agent.as_str(), &outcome, &detail])?;
     }
-    if new_head.seq != head.seq {
-        tx.execute(&p.head_update, &[&agent.as_str(), &(new_head.seq as i64), &new_head.hash])?;
-    }
-    Ok(Ok(new_head.seq))
+    Ok(Ok(Appended { head: new_head, moved }))
 }
 
 /// The replies half (see [`Store::record_replies`]).
@@ -282,14 +300,11 @@ fn record(
             let rows = r.delivery.rows(&conversation, &reply.text);
             if !rows.is_empty() {
                 for row in rows {
-                    enqueue(tx, &row.bot, row.chat, row.kind, &row.body)?;
+                    tx.query_one(&p.enqueue, &[&row.bot, &row.chat, &row.kind, &row.body])?;
                 }
                 out.delivered.push(conversation);
             }
         }
-    }
-    if r.processed_upto > 0 {
-        tx.execute(&p.processed, &[&agent.as_str(), &(r.processed_upto as i64)])?;
     }
     Ok(out)
 }
