@@ -367,8 +367,11 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     };
     let turn = |events: &[CommitEvent], text: &str| {
         let replies = [reply(text)];
-        let half =
-            choird::store::Replies { replies: &replies, processed_upto: message, delivery: &choird::store::Nowhere };
+        let half = choird::store::turns::Replies {
+            replies: &replies,
+            processed_upto: message,
+            delivery: &choird::store::Nowhere,
+        };
         store.store_turn(&agent, session, events, Some(half))
     };
     let stored = |pg: &TestPg| -> (i64, Option<String>, i64) {
@@ -392,7 +395,7 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
         )
         .unwrap();
     let err = turn(&[e1.clone(), e2.clone()], "boom").unwrap_err();
-    assert!(matches!(err, choird::store::TurnError::Db(_)), "not blamed on an event: {err:?}");
+    assert!(matches!(err, choird::store::turns::TurnError::Db(_)), "not blamed on an event: {err:?}");
     assert_eq!(stored(&pg), (0, None, 0), "nothing of the failed turn is stored");
 
     // A forked chain: refused, and its reply is not stored either.

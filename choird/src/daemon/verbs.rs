@@ -21,7 +21,8 @@ use crate::config::Lane;
 use crate::events::Event;
 use crate::http::ApiError;
 use crate::shared::{clip, Hourly};
-use crate::store::{Recorded, ReplicationError, Replies, TurnError};
+use crate::store::turns::{Replies, TurnError};
+use crate::store::{Recorded, ReplicationError};
 
 /// Messages handed out per HEARTBEAT.
 const BATCH: i64 = 32;

@@ -14,10 +14,8 @@ pub mod memory;
 pub mod schedule;
 mod sessions;
 pub mod telegram;
-mod turns;
+pub mod turns;
 pub mod usage;
-
-pub use turns::{Replies, TurnError};
 
 /// Replication refused or failed.
 #[derive(Debug, thiserror::Error)]
