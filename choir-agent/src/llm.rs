@@ -47,6 +47,13 @@ fn path(lane: &str, job: Option<&str>) -> String {
     }
 }
 
+/// What a streamed request asks for: a final chunk with the usage (which
+/// choird's ledger counts). A request built with these is sent as it is;
+/// any other is copied and given them.
+pub fn stream_options() -> serde_json::Value {
+    json!({"include_usage": true})
+}
+
 /// The client.
 pub struct Llm {
     rpc: Arc<Rpc>,
@@ -92,10 +99,15 @@ impl Llm {
             choir_common::hop::mark("agent.request");
         }
         let path = path(lane, job);
-        let mut req = req.clone();
-        req.stream = Some(true);
-        req.stream_options = Some(json!({"include_usage": true}));
-        let body = serde_json::to_vec(&req).map_err(|e| LlmError::Malformed(e.to_string()))?;
+        let body = if req.stream == Some(true) && req.stream_options == Some(stream_options()) {
+            serde_json::to_vec(req)
+        } else {
+            let mut req = req.clone();
+            req.stream = Some(true);
+            req.stream_options = Some(stream_options());
+            serde_json::to_vec(&req)
+        }
+        .map_err(|e| LlmError::Malformed(e.to_string()))?;
         let answer = retrying(|| {
             let (status, retry_after_s, mut reader) =
                 self.rpc.post_reader(&path, &body, CALL_TIMEOUT).map_err(Attempt::Failed)?;

@@ -109,13 +109,15 @@ impl Mind {
     ) -> Result<ChatResponse, crate::llm::LlmError> {
         let mut messages = vec![ChatMessage::text(Role::System, system)];
         messages.extend(memory::messages(history));
+        // Made streamed here when it will be, so the client sends it as is.
+        let streamed = self.stream && on_text.is_some();
         let req = ChatRequest {
             model: self.model.clone(),
             messages,
             tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
             tools,
-            stream: None,
-            stream_options: None,
+            stream: streamed.then_some(true),
+            stream_options: streamed.then(crate::llm::stream_options),
         };
         // The edge gives the floor up while its model thinks; a core job's
         // call is one step (one at a time while the edge works).

@@ -239,12 +239,18 @@ impl Drop for Reservation {
 /// What a request may cost: its prompt (from its size) and its completion
 /// (its `max_tokens`/`max_completion_tokens`, else a default).
 pub fn estimate(request_bytes: usize, body: &serde_json::Value) -> u64 {
-    let prompt = request_bytes as u64 / BYTES_PER_TOKEN;
-    let completion = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
-        .unwrap_or(DEFAULT_COMPLETION_RESERVE);
-    prompt + completion
+    let asked = COMPLETION_FIELDS.iter().find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64));
+    estimate_with(request_bytes, asked)
+}
+
+/// The request fields that bound a completion's tokens, in order of
+/// precedence.
+pub const COMPLETION_FIELDS: [&str; 2] = ["max_completion_tokens", "max_tokens"];
+
+/// [`estimate`] from the request's size and the completion bound it asked
+/// for (none: the default reserve).
+pub fn estimate_with(request_bytes: usize, asked: Option<u64>) -> u64 {
+    request_bytes as u64 / BYTES_PER_TOKEN + asked.unwrap_or(DEFAULT_COMPLETION_RESERVE)
 }
 
 #[cfg(test)]

@@ -7,10 +7,12 @@
 //! **Invariant:** the API key exists only in choird's memory and in the
 //! upstream request; it is never sent to an agent or logged.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::Lane;
@@ -68,29 +70,20 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
     if req.body.len() > MAX_REQUEST {
         return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
-    let sent: Value =
-        serde_json::from_slice(&req.body).map_err(|e| ApiError::BadRequest(format!("LLM request is not JSON: {e}")))?;
-    let sent = sent.as_object().ok_or_else(|| ApiError::BadRequest("LLM request must be a JSON object".into()))?;
-    if !sent.get("messages").is_some_and(Value::is_array) {
-        return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
-    }
-    let mut obj = serde_json::Map::new();
-    for (k, v) in sent {
-        if FORWARDED_FIELDS.contains(&k.as_str()) {
-            obj.insert(k.clone(), v.clone());
-        }
-    }
-    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
+    let mut obj = forwarded(&req.body)?;
+    let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
+    let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| ApiError::Internal(e.to_string()));
     if streaming {
         // Streamed calls are counted too: the endpoint must report usage.
-        obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+        obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
     }
     let config = d.config();
     let model = config.model(&who.agent, lane);
-    obj.insert("model".into(), Value::String(model.clone()));
-    let body = Value::Object(obj);
-    let payload = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let reservation = reserve(d, &config, &who.agent, payload.len(), &body)?;
+    obj.insert("model".into(), raw(&Value::String(model.clone()))?);
+    let payload = serde_json::to_vec(&obj).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let asked =
+        crate::budget::COMPLETION_FIELDS.iter().find_map(|k| obj.get(*k).and_then(|v| v.get().parse::<u64>().ok()));
+    let reservation = reserve(d, &config, &who.agent, crate::budget::estimate_with(payload.len(), asked))?;
 
     let started = Instant::now();
     if edge {
@@ -216,7 +209,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let model = config.model(&who.agent, lane);
     let body = serde_json::json!({"model": model, "messages": messages});
     let text = body.to_string();
-    let reservation = reserve(d, &config, &who.agent, text.len(), &body)?;
+    let reservation = reserve(d, &config, &who.agent, crate::budget::estimate(text.len(), &body))?;
     let started = Instant::now();
     let mut answer = d.upstream.chat(&config, &d.secrets(), lane, text.as_bytes(), &format!("agent {}", who.agent))?;
     let status = answer.status().as_u16();
@@ -340,11 +333,63 @@ fn reserve(
     d: &Shared,
     config: &crate::config::Config,
     agent: &choir_common::ids::AgentId,
-    bytes: usize,
-    body: &Value,
+    tokens: u64,
 ) -> Result<crate::budget::Reservation, ApiError> {
     let budget = config.agents.get(agent).map(|a| a.token_budget).unwrap_or_default();
-    d.budgets.reserve(&d.store, agent, budget, config.token_budget, crate::budget::estimate(bytes, body))
+    d.budgets.reserve(&d.store, agent, budget, config.token_budget, tokens)
+}
+
+/// The fields of an agent's chat request that are forwarded, each kept as
+/// the JSON text the agent sent (checked to be JSON, never rebuilt: the
+/// messages and tools of a turn are copied, not parsed into a tree and
+/// written out again). Refused: a body that is not JSON, not an object,
+/// nested deeper than [`MAX_DEPTH`], or without a `messages` array.
+fn forwarded(body: &[u8]) -> Result<BTreeMap<String, Box<RawValue>>, ApiError> {
+    let sent: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            ApiError::BadRequest("LLM request must be a JSON object".into())
+        } else {
+            ApiError::BadRequest(format!("LLM request is not JSON: {e}"))
+        }
+    })?;
+    if !sent.get("messages").is_some_and(|m| m.get().starts_with('[')) {
+        return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
+    }
+    if depth(body) > MAX_DEPTH {
+        return Err(ApiError::BadRequest(format!("LLM request is nested deeper than {MAX_DEPTH} levels")));
+    }
+    Ok(sent.into_iter().filter(|(k, _)| FORWARDED_FIELDS.contains(&k.as_str())).collect())
+}
+
+/// How deep a request's JSON may nest (what a parse into a tree allows;
+/// nothing a chat request needs comes near it).
+const MAX_DEPTH: usize = 128;
+
+/// The deepest nesting of arrays and objects in valid JSON `text`
+/// (brackets inside strings not counted).
+fn depth(text: &[u8]) -> usize {
+    let (mut now, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                now += 1;
+                max = max.max(now);
+            }
+            b']' | b'}' => now = now.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 fn warn_budget(d: &Shared, agent: &choir_common::ids::AgentId, warnings: Vec<String>) {
@@ -359,6 +404,31 @@ fn warn_budget(d: &Shared, agent: &choir_common::ids::AgentId, warnings: Vec<Str
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_request_is_forwarded_field_by_field_as_sent_and_bad_bodies_are_refused_saying_why() {
+        let body = br#"{"messages": [{"role": "user", "content": "hi \"[{\" there"}], "max_tokens": 7,
+                        "tools": [ {"type": "function"} ], "api_key": "not forwarded", "model": "mine"}"#;
+        let f = forwarded(body).unwrap();
+        let keys: Vec<&str> = f.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["max_tokens", "messages", "tools"], "only forwarded fields; the model is choird's");
+        assert_eq!(f["messages"].get(), r#"[{"role": "user", "content": "hi \"[{\" there"}]"#, "the agent's text");
+        assert_eq!(f["tools"].get(), r#"[ {"type": "function"} ]"#);
+
+        let refused = |body: &[u8]| match forwarded(body) {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert!(refused(b"{\"messages\": [").starts_with("LLM request is not JSON"));
+        assert_eq!(refused(b"[1, 2]"), "LLM request must be a JSON object");
+        assert_eq!(refused(br#"{"messages": {"role": "user"}}"#), "LLM request needs a \"messages\" array");
+        assert_eq!(refused(br#"{"model": "x"}"#), "LLM request needs a \"messages\" array");
+        // As deep as a tree parse allowed, and one deeper.
+        let nested = |n: usize| format!(r#"{{"messages": [{}{}]}}"#, "[".repeat(n - 2), "]".repeat(n - 2));
+        assert!(forwarded(nested(MAX_DEPTH).as_bytes()).is_ok());
+        assert!(refused(nested(MAX_DEPTH + 1).as_bytes()).contains("nested deeper than 128"));
+        assert!(refused(nested(100_000).as_bytes()).contains("nested deeper"));
+    }
 
     #[test]
     fn a_streamed_call_is_recorded_once_after_its_end_went_out_and_the_stream_ends_there() {
