@@ -58,6 +58,19 @@ impl HostToolClient {
     }
 }
 
+/// A number field of `/proc/PID/status` (`"VmRSS:"`, `"Threads:"`, … in
+/// the units the kernel gives: kB for sizes); 0 when the process or the
+/// field is gone.
+pub fn proc_status(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The `q` quantile (sorts `v`).
 pub fn pct(v: &mut [Duration], q: f64) -> Duration {
     v.sort();

@@ -12,19 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choir_tests::bench::proc_status;
 use choir_tests::harness::{bin, test_config, Choird};
 use choir_tests::pg::TestPg;
 use serde_json::json;
-
-fn proc_status(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 /// Samples choird's (max RSS kB, max threads) and `status` latencies while
 /// `during` runs.

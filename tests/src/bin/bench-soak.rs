@@ -40,15 +40,7 @@ impl std::fmt::Display for Footprint {
 }
 
 fn footprint(pid: u32) -> Footprint {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let field = |name: &str| choir_tests::bench::proc_status(pid, name);
     let mb = |name: &str| field(name) as f64 / 1024.0;
     Footprint {
         rss: mb("VmRSS:"),
