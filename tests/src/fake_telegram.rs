@@ -75,6 +75,8 @@ struct State {
     sent: HashMap<(i64, i64), String>,
     files: HashMap<String, (String, Vec<u8>)>,
     next_file: u64,
+    /// How long a file download takes (a slow network).
+    download_delay: Duration,
 }
 
 /// The fake server.
@@ -135,6 +137,12 @@ impl FakeTelegram {
                 held: false,
             },
         );
+    }
+
+    /// Makes every file download take `delay` (a slow network), so an
+    /// update with a file stays with the dispatcher that long.
+    pub fn slow_downloads(&self, delay: Duration) {
+        self.shared.0.lock().download_delay = delay;
     }
 
     /// Holds updates back (`true`) until released (`false`): what users
@@ -394,13 +402,16 @@ fn serve(shared: &Arc<(Mutex<State>, Condvar)>, mut rq: tiny_http::Request) {
 
     if let Some(rest) = path.strip_prefix("/file/bot") {
         let (token, file_path) = rest.split_once('/').unwrap_or((rest, ""));
-        let data = {
+        let (data, delay) = {
             let g = shared.0.lock();
-            g.bots
+            let data = g
+                .bots
                 .contains_key(token)
                 .then(|| g.files.values().find(|(p, _)| p == file_path).map(|(_, d)| d.clone()))
-                .flatten()
+                .flatten();
+            (data, g.download_delay)
         };
+        std::thread::sleep(delay);
         let resp = match data {
             Some(d) => tiny_http::Response::from_data(d).with_status_code(200),
             None => tiny_http::Response::from_data(err(404, "Not Found").1.into_bytes()).with_status_code(404),

@@ -390,6 +390,23 @@ fn a_plain_message_never_overtakes_an_earlier_file_and_a_user_taken_out_of_confi
         .collect();
     assert_eq!(outcomes, vec![Some("queued".to_owned()); 3]);
 
+    // Across batches too: a text arriving while an earlier file is still
+    // being fetched waits for it.
+    tg.slow_downloads(Duration::from_millis(1500));
+    tg.user_sends_document(TOKEN_A, 501, "slow.txt", b"slow notes", None);
+    wait_for("the file's update stored", Duration::from_secs(10), || {
+        pg.client()
+            .query_one("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    tg.user_says(TOKEN_A, 502, "after the slow file");
+    wait_for("both messages", Duration::from_secs(20), || texts().len() == 5);
+    let t = texts();
+    assert!(t[3].contains("slow.txt") && t[4] == "after the slow file", "in the order sent: {t:?}");
+    tg.slow_downloads(Duration::ZERO);
+
     // User 502 taken out of config: the next text is refused, not queued.
     let mut fewer = config.clone();
     fewer["telegram"]["bots"]["a"]["users"] = json!({"501": {"agent": "alpha"}});

@@ -66,9 +66,20 @@ const INSERT_UPDATE: &str = "INSERT INTO telegram_updates (bot, update_id, paylo
 const ADVANCE_OFFSET: &str = "INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1, $2)
      ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $2), updated_at = now()
      RETURNING next_offset";
-/// Whether an update before `$2` still waits for the dispatcher.
-const EARLIER_WAITING: &str =
-    "SELECT 1 FROM telegram_updates WHERE bot = $1 AND update_id < $2 AND handled_at IS NULL LIMIT 1";
+/// A plain update stored already handled and its message queued, in one
+/// statement — unless an update before it still waits for the dispatcher
+/// (then nothing is written and no row comes back).
+const QUEUE_PLAIN: &str = "WITH u AS (
+         INSERT INTO telegram_updates (bot, update_id, payload, handled_at, outcome)
+         SELECT $1::text, $2::bigint, $3::jsonb, now(), 'queued'
+         WHERE NOT EXISTS (SELECT 1 FROM telegram_updates
+                           WHERE bot = $1::text AND update_id < $2::bigint AND handled_at IS NULL)
+         ON CONFLICT (bot, update_id) DO NOTHING
+         RETURNING update_id)
+     INSERT INTO messages (agent_id, conversation, sender, text, origin)
+     SELECT $4::text, $5::text, $6::text, $7::text, $8::jsonb FROM u
+     ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
+     RETURNING id";
 const INSERT_TELEGRAM_MESSAGE: &str =
     "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
      ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
@@ -101,8 +112,9 @@ impl Store {
     /// Stores updates (a resent one once) and moves the offset past them, in
     /// one transaction: only then may the offset be confirmed to Telegram.
     /// `plain` (in update order) are queued as messages in the same
-    /// transaction, each marking its update handled, as long as no earlier
-    /// update of the bot is left waiting for the dispatcher (the first that
+    /// transaction, each stored with its update already handled in one
+    /// statement, as long as no earlier update of the bot is left waiting
+    /// for the dispatcher — from this batch or one before (the first that
     /// is not plain, or one stored before, stops them: the rest are
     /// dispatched in order).
     pub fn store_updates(
@@ -114,36 +126,26 @@ impl Store {
         self.db.with(|c| {
             let insert = c.prepared(INSERT_UPDATE)?;
             let advance = c.prepared(ADVANCE_OFFSET)?;
-            let earlier = c.prepared(EARLIER_WAITING)?;
-            let message = c.prepared(INSERT_TELEGRAM_MESSAGE)?;
-            let queued = c.prepared(MARK_QUEUED)?;
+            let queue = c.prepared(QUEUE_PLAIN)?;
             let mut tx = c.transaction()?;
             let mut out = StoredUpdates::default();
-            // Unknown until the first plain update asks whether an earlier
-            // one waits; false from the first update left to the dispatcher.
-            let mut fast: Option<bool> = None;
+            // True until an update is left to the dispatcher: after it,
+            // every update is the dispatcher's, in order.
+            let mut fast = true;
             for (id, payload) in updates {
-                let stored = tx.execute(&insert, &[&bot, id, payload])? == 1;
-                let p = plain.iter().find(|p| p.update_id == *id).filter(|_| stored);
-                let go = match (p, fast) {
-                    (None, _) => false,
-                    (Some(_), Some(f)) => f,
-                    (Some(_), None) => tx.query_opt(&earlier, &[&bot, id])?.is_none(),
-                };
-                fast = Some(go);
-                match p {
-                    Some(p) if go => {
-                        let row = tx.query_opt(
-                            &message,
-                            &[&p.agent.as_str(), &p.conversation, &p.sender, &p.text, &p.origin],
-                        )?;
-                        tx.execute(&queued, &[&bot, id])?;
-                        if row.is_some() && !out.queued.contains(&p.agent) {
+                if let Some(p) = plain.iter().find(|p| p.update_id == *id).filter(|_| fast) {
+                    let params: [&(dyn postgres::types::ToSql + Sync); 8] =
+                        [&bot, id, payload, &p.agent.as_str(), &p.conversation, &p.sender, &p.text, &p.origin];
+                    if tx.query_opt(&queue, &params)?.is_some() {
+                        if !out.queued.contains(&p.agent) {
                             out.queued.push(p.agent.clone());
                         }
+                        continue;
                     }
-                    _ => out.for_dispatch += usize::from(stored),
                 }
+                // Not plain, stored before, or an earlier update waits.
+                fast = false;
+                out.for_dispatch += usize::from(tx.execute(&insert, &[&bot, id, payload])? == 1);
             }
             let next = updates.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
             let row = tx.query_one(&advance, &[&bot, &next])?;
