@@ -224,7 +224,11 @@ impl SkillRun {
         let state = self.current();
         let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
             kind: "function".into(),
-            function: FunctionSpec { name: wire_tool_name(name), description: description.into(), parameters },
+            function: FunctionSpec {
+                name: wire_tool_name(name),
+                description: description.into(),
+                parameters: Arc::new(parameters),
+            },
         };
         if state.terminal {
             vec![spec(

@@ -119,8 +119,9 @@ pub struct FunctionSpec {
     pub name: String,
     /// What the tool does, for the model.
     pub description: String,
-    /// JSON Schema of the arguments.
-    pub parameters: Value,
+    /// JSON Schema of the arguments; shared, so offering a registered
+    /// tool each step copies no schema (serialized as the schema itself).
+    pub parameters: std::sync::Arc<Value>,
 }
 
 /// A non-streaming chat-completions response.

@@ -63,6 +63,9 @@ pub struct Registered {
     pub status: ToolStatus,
     /// Where it came from (`built-in`, `host` or the manifest file).
     pub source: String,
+    /// What the model is shown of it, made once at registration (its
+    /// schema shared, not copied, into every request that offers it).
+    pub spec: ToolSpec,
 }
 
 impl Registered {
@@ -210,9 +213,17 @@ impl Registry {
         manifest.validate().map_err(|e| err(e.to_string()))?;
         let validator =
             jsonschema::validator_for(&manifest.llm.parameters).map_err(|e| err(format!("llm.parameters: {e}")))?;
+        let spec = ToolSpec {
+            kind: "function".to_owned(),
+            function: FunctionSpec {
+                name: wire_tool_name(&manifest.llm.name),
+                description: manifest.llm.description.clone(),
+                parameters: Arc::new(manifest.llm.parameters.clone()),
+            },
+        };
         self.tools.insert(
             manifest.llm.name.clone(),
-            Registered { manifest, validator, tool, status, source: source.to_owned() },
+            Registered { manifest, validator, tool, status, source: source.to_owned(), spec },
         );
         Ok(())
     }
@@ -264,14 +275,7 @@ impl Registry {
             .values()
             .filter(|t| self.offers(t, &policy))
             .filter(|t| only.is_none_or(|names| names.contains(&t.manifest.llm.name)))
-            .map(|t| ToolSpec {
-                kind: "function".to_owned(),
-                function: FunctionSpec {
-                    name: wire_tool_name(&t.manifest.llm.name),
-                    description: t.manifest.llm.description.clone(),
-                    parameters: t.manifest.llm.parameters.clone(),
-                },
-            })
+            .map(|t| t.spec.clone())
             .collect()
     }
 }
