@@ -235,6 +235,21 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
         }
     }
 
+    // Chromium's own temporary files (its singleton socket's directory)
+    // live in its profile, which choird removes: a killed browser leaves
+    // nothing behind in /tmp (it did: one org.chromium.Chromium.* per kill).
+    let mut checked = 0;
+    for p in &pids {
+        let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<&str> = cmdline.split(|b| *b == 0).filter_map(|a| std::str::from_utf8(a).ok()).collect();
+        let Some(profile) = args.iter().find_map(|a| a.strip_prefix("--user-data-dir=")) else { continue };
+        if let Ok(target) = std::fs::read_link(std::path::Path::new(profile).join("SingletonSocket")) {
+            assert!(target.starts_with(profile), "chromium pid {p} keeps its socket outside its profile: {target:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no browser's singleton socket was found to check");
+
     // Killed mid-call: a clear error, and the next call works.
     std::thread::scope(|s| {
         let slow = s.spawn(|| browse("demo", json!({"action": "open", "url": format!("{base}/slow")})));

@@ -103,6 +103,9 @@ impl Process {
         .env("HOME", profile.path())
         .env("XDG_CONFIG_HOME", profile.path())
         .env("XDG_CACHE_HOME", profile.path())
+        // Its own temporary files (the singleton socket's directory) too:
+        // removed with the profile, even after a SIGKILL.
+        .env("TMPDIR", profile.path())
         .own_process_group();
         if root {
             cmd.as_ids(config.uid, config.uid);
