@@ -11,6 +11,29 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::bench::pct;
 use crate::harness::Choird;
 
+/// The marks every turn passes between choird handing a message to the
+/// agent and storing its reply (the agent's and the relay's), whichever
+/// way the message came in.
+pub const TURN: &[&str] = &[
+    "poll.handout",
+    "agent.message",
+    "agent.request",
+    "relay.in",
+    "relay.upstream",
+    "relay.answered",
+    "relay.out",
+    "agent.answer",
+    "agent.reply",
+    "agent.push",
+    "reply.in",
+    "reply.stored",
+];
+
+/// A path's marks: `before`, then [`TURN`], then `after`.
+pub fn path(before: &[&'static str], after: &[&'static str]) -> Vec<&'static str> {
+    before.iter().chain(TURN).chain(after).copied().collect()
+}
+
 /// Wall-clock microseconds (the marks' clock).
 pub fn wall_us() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()

@@ -315,11 +315,7 @@ fn a_hand_corrupted_log_is_refused_naming_the_sequence() {
 #[test]
 fn choird_refuses_forked_and_gapped_chains() {
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let store = choird::store::Store::new(db);
-    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
-    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let (store, agent, session) = store_with_session(&pg);
     let event = sealed;
     let e1 = event(1, choir_common::commit::GENESIS_HASH, "a.b");
     let e2 = event(2, &e1.hash, "a.c");
@@ -350,11 +346,7 @@ fn choird_refuses_forked_and_gapped_chains() {
 #[test]
 fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let store = choird::store::Store::new(db);
-    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
-    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let (store, agent, session) = store_with_session(&pg);
     let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
     let e1 = sealed(1, choir_common::commit::GENESIS_HASH, "a.b");
     let e2 = sealed(2, &e1.hash, "a.c");
@@ -416,6 +408,16 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     let (head, recorded) = turn(&[e1, e2], "a second answer").unwrap();
     assert_eq!((head, recorded.new.len()), (Some(2), 0));
     assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
+}
+
+/// A migrated store on `pg` with a session of agent `demo`.
+fn store_with_session(pg: &TestPg) -> (choird::store::Store, choir_common::ids::AgentId, i64) {
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let store = choird::store::Store::new(db);
+    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    (store, agent, session)
 }
 
 /// A sealed commit event `seq` after `prev`, calling `tool`.

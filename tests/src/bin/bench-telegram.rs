@@ -34,23 +34,9 @@ fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
 /// The marks an update passes on its way to the model and its answer back
 /// out (choird's poller, HEARTBEAT, relay and sender, and the agent's; a
 /// plain text message is queued by the poller, not the dispatcher).
-const HOPS: &[&str] = &[
-    "tg.polled",
-    "tg.stored",
-    "poll.handout",
-    "agent.message",
-    "agent.request",
-    "relay.in",
-    "relay.upstream",
-    "relay.answered",
-    "relay.out",
-    "agent.answer",
-    "agent.reply",
-    "agent.push",
-    "reply.in",
-    "reply.stored",
-    "tg.send",
-];
+fn hops() -> Vec<&'static str> {
+    choir_tests::hops::path(&["tg.polled", "tg.stored"], &["tg.send"])
+}
 
 /// Per message: update returned → model request, model answer →
 /// sendMessage, and the message's wall-clock window (for the marks).
@@ -129,5 +115,5 @@ fn main() {
     );
     // The log manager writes in batches: let it catch up.
     std::thread::sleep(Duration::from_secs(2));
-    breakdown(HOPS, &windows, &marks(&traced, &["demo"]));
+    breakdown(&hops(), &windows, &marks(&traced, &["demo"]));
 }

@@ -52,23 +52,9 @@ fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
 }
 
 /// The marks a turn passes, in order (choird's and the agent's).
-const HOPS: &[&str] = &[
-    "message.in",
-    "message.stored",
-    "poll.handout",
-    "agent.message",
-    "agent.request",
-    "relay.in",
-    "relay.upstream",
-    "relay.answered",
-    "relay.out",
-    "agent.answer",
-    "agent.reply",
-    "agent.push",
-    "reply.in",
-    "reply.stored",
-    "admin.answer",
-];
+fn hops() -> Vec<&'static str> {
+    choir_tests::hops::path(&["message.in", "message.stored"], &["admin.answer"])
+}
 
 fn main() {
     let pg = TestPg::start().expect("PostgreSQL is needed");
@@ -122,9 +108,9 @@ fn main() {
     std::thread::sleep(Duration::from_secs(2));
     let marks = marks(&traced, &["demo"]);
     choir_tests::report!("idle:");
-    breakdown(HOPS, &idle, &marks);
+    breakdown(&hops(), &idle, &marks);
     choir_tests::report!("with 8 busy core jobs:");
-    breakdown(HOPS, &busy, &marks);
+    breakdown(&hops(), &busy, &marks);
 }
 
 /// The untraced runs: idle, then with 8 busy core jobs.
