@@ -69,9 +69,48 @@ pub fn cap_with_note(text: &str, max_chars: usize) -> (String, bool) {
     }
 }
 
+/// `text` with each U+0000 written as the six characters `\u0000`.
+/// PostgreSQL's `text` and `jsonb` cannot hold U+0000, so text from outside
+/// (a Telegram update, an agent's reply) is stored this way or not at all;
+/// refusing it instead would let one character stall whatever stores it.
+pub fn nul_escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\\u0000"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// Every string of `value`, object keys included, [`nul_escaped`]: the
+/// value can then be stored as `jsonb`. Recursion is bounded by the depth
+/// the value was parsed with (serde_json's limit of 128).
+pub fn escape_nul_in(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => *s = nul_escaped(s).into_owned(),
+        Value::Array(items) => items.iter_mut().for_each(escape_nul_in),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains('\0')) {
+                *map = std::mem::take(map).into_iter().map(|(k, v)| (nul_escaped(&k).into_owned(), v)).collect();
+            }
+            map.values_mut().for_each(escape_nul_in);
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nul_is_escaped_in_text_and_in_every_string_and_key_of_a_json_value() {
+        assert_eq!(nul_escaped("a\0b\0"), "a\\u0000b\\u0000");
+        assert!(matches!(nul_escaped("plain"), std::borrow::Cow::Borrowed("plain")));
+        let mut v = serde_json::json!({"k\0": ["x\0", {"deep": "y\0z"}, 1, null], "ok": "fine"});
+        escape_nul_in(&mut v);
+        assert_eq!(v, serde_json::json!({"k\\u0000": ["x\\u0000", {"deep": "y\\u0000z"}, 1, null], "ok": "fine"}));
+    }
 
     #[test]
     fn text_is_cut_on_a_character_boundary_and_says_so() {

@@ -618,3 +618,46 @@ fn an_unknown_user_on_a_pairing_bot_is_let_in_by_an_admin_and_can_then_talk() {
     tg.wait_calls("the refusal", Duration::from_secs(20), |c| texts_by_chat(c).get(&888).is_some_and(|t| t.len() == 2));
     assert!(choird.ctl_ok(&["audit", "--limit", "100"]).contains("telegram.pairing"));
 }
+
+/// Regression: an update holding U+0000 (the Bot API's JSON can carry
+/// `\u0000`) could not be stored — `jsonb` and `text` refuse it — so the
+/// poller retried its batch forever and the bot heard nobody again. Now
+/// every string of an update is stored with NUL escaped, on the fast path
+/// and the dispatcher's alike, and an unknown user's NUL is refused like any
+/// other message of theirs.
+#[test]
+fn a_nul_character_in_an_update_wedged_the_bot_and_is_now_stored_escaped() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = echo_model();
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+
+    tg.user_says(TOKEN_A, 501, "before\u{0}after");
+    tg.user_sends_document(TOKEN_A, 502, "notes.txt", b"some notes", Some("cap\u{0}tion"));
+    tg.user_says(TOKEN_A, 999, "who\u{0}am I");
+    tg.user_says(TOKEN_A, 501, "and then");
+    let texts = || -> Vec<String> {
+        pg.client().query("SELECT text FROM messages ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    wait_for("the three messages of configured users", Duration::from_secs(30), || texts().len() == 3);
+    let t = texts();
+    assert_eq!(t[0], "before\\u0000after", "NUL stored as its escape: {t:?}");
+    assert!(t[1].starts_with("cap\\u0000tion") && t[1].contains("notes.txt"), "{t:?}");
+    assert_eq!(t[2], "and then");
+    wait_for("the refusal of 999", Duration::from_secs(20), || {
+        sent_to(&tg, TOKEN_A, 999).iter().any(|t| t.starts_with("Sorry, I only talk to people"))
+    });
+    wait_for("the answers", Duration::from_secs(20), || {
+        sent_to(&tg, TOKEN_A, 501).iter().any(|t| t.contains("and then"))
+    });
+    assert!(sent_to(&tg, TOKEN_A, 501).iter().any(|t| t.contains("before\\u0000after")));
+    let raw: i64 = pg
+        .client()
+        .query_one("SELECT count(*) FROM telegram_updates WHERE payload::text LIKE '%u0000%'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(raw, 3, "the three updates with a NUL stored, escaped");
+    assert_eq!(tg.unconfirmed(TOKEN_A), 0, "every update confirmed: the poller is not stuck");
+}

@@ -379,7 +379,7 @@ impl Daemon {
                     choir_common::text::clipped(&r.state, 40)
                 )));
             }
-            let detail = choir_common::text::clipped(&r.detail.replace('\0', "\\u0000"), 4000);
+            let detail = choir_common::text::clipped(&choir_common::text::nul_escaped(&r.detail), 4000);
             match self.store.end_firing(&who.agent, r.id, &r.state, &detail)? {
                 Some(ended) => self.firing_ended(&ended),
                 None => log::warn!("agent {}: report on firing {} that is not running; ignored", who.agent, r.id),

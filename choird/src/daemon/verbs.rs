@@ -317,8 +317,8 @@ impl Daemon {
         for r in replies {
             let mut r = r.clone();
             for s in [&mut r.text, &mut r.conversation, &mut r.key] {
-                if s.contains('\0') {
-                    *s = s.replace('\0', "\\u0000");
+                if let std::borrow::Cow::Owned(escaped) = choir_common::text::nul_escaped(s) {
+                    *s = escaped;
                 }
             }
             if r.in_reply_to == 0 {

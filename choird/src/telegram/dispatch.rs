@@ -99,41 +99,35 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     let chat = m.chat.id;
     let user = m.from.as_ref().map(|u| u.id as i64).unwrap_or_default();
     let bound = spec.config.users.get(&user.to_string());
-    let agent = match m.chat.type_field {
-        ChatType::Private => match bound {
-            Some(u) => u.agent.clone(),
-            None => {
-                let username = m.from.as_ref().and_then(|u| u.username.clone());
-                d.audit(
-                    "telegram",
-                    None,
-                    "telegram.unknown_user",
-                    "refused",
-                    json!({"bot": bot, "user": user, "username": username, "update": update_id}),
-                );
-                if spec.config.pairing.is_some() {
-                    super::pairing::request(d, spec, user, username.as_deref(), chat)?;
-                    return d.store.mark_update(bot, update_id, "pairing");
-                }
-                if d.store.refuse_once(bot, user)? {
-                    reply(
-                        d,
-                        bot,
-                        chat,
-                        &format!(
-                            "Sorry, I only talk to people I have been introduced to, so I cannot pass your message on. \
-                             If you should have access, ask the operator to add your Telegram id ({user})."
-                        ),
-                    )?;
-                }
-                return d.store.mark_update(bot, update_id, "refused");
+    let agent = match route(&spec.config, m) {
+        Some(agent) => agent,
+        None if m.chat.type_field == ChatType::Private => {
+            let username = m.from.as_ref().and_then(|u| u.username.clone());
+            d.audit(
+                "telegram",
+                None,
+                "telegram.unknown_user",
+                "refused",
+                json!({"bot": bot, "user": user, "username": username, "update": update_id}),
+            );
+            if spec.config.pairing.is_some() {
+                super::pairing::request(d, spec, user, username.as_deref(), chat)?;
+                return d.store.mark_update(bot, update_id, "pairing");
             }
-        },
-        ChatType::Group | ChatType::Supergroup => match spec.config.groups.get(&chat.to_string()) {
-            Some(g) => g.agent.clone(),
-            None => return d.store.mark_update(bot, update_id, "ignored"),
-        },
-        _ => return d.store.mark_update(bot, update_id, "ignored"),
+            if d.store.refuse_once(bot, user)? {
+                reply(
+                    d,
+                    bot,
+                    chat,
+                    &format!(
+                        "Sorry, I only talk to people I have been introduced to, so I cannot pass your message on. \
+                             If you should have access, ask the operator to add your Telegram id ({user})."
+                    ),
+                )?;
+            }
+            return d.store.mark_update(bot, update_id, "refused");
+        }
+        None => return d.store.mark_update(bot, update_id, "ignored"),
     };
     let admin = bound.is_some_and(|u| u.admin && u.agent == agent);
     let said = m.text.clone().or_else(|| m.caption.clone()).unwrap_or_default();
@@ -201,6 +195,22 @@ fn origin(bot: &str, update_id: i64, chat: i64, user: i64, message_id: i32) -> V
     json!({"bot": bot, "update_id": update_id.to_string(), "chat_id": chat, "user_id": user, "message_id": message_id})
 }
 
+/// The agent a message goes to under the bot's config: a private chat's
+/// by its user, a group's by the group; `None` for anyone else (a private
+/// chat's user is then refused or asked to pair) and any other chat. The
+/// one place this is decided, for the poller's fast path and the
+/// dispatcher alike.
+fn route(config: &BotConfig, m: &Message) -> Option<AgentId> {
+    match m.chat.type_field {
+        ChatType::Private => {
+            let user = m.from.as_ref()?.id;
+            Some(config.users.get(&user.to_string())?.agent.clone())
+        }
+        ChatType::Group | ChatType::Supergroup => Some(config.groups.get(&m.chat.id.to_string())?.agent.clone()),
+        _ => None,
+    }
+}
+
 /// The message update `update_id` of `bot` becomes with nothing to do but
 /// store it, if it is one: text (not a command, no caption, no file) from
 /// a user `config` binds to an agent, in a private chat, or in a group it
@@ -215,17 +225,12 @@ pub fn plain(bot: &str, config: &BotConfig, update_id: i64, m: &Message) -> Opti
     }
     let chat = m.chat.id;
     let user = m.from.as_ref().map(|u| u.id as i64).unwrap_or_default();
-    let agent = match m.chat.type_field {
-        ChatType::Private => config.users.get(&user.to_string())?.agent.clone(),
-        ChatType::Group | ChatType::Supergroup => config.groups.get(&chat.to_string())?.agent.clone(),
-        _ => return None,
-    };
     Some(Plain {
         update_id,
-        agent,
+        agent: route(config, m)?,
         conversation: conversation(bot, chat),
         sender: format!("telegram:{user}"),
-        text: text.clone(),
+        text: choir_common::text::nul_escaped(text).into_owned(),
         origin: origin(bot, update_id, chat, user, m.message_id),
     })
 }

@@ -6,7 +6,8 @@
 //! unconfirmed updates are sent again and stored once. A plain user message
 //! (text from a user the live config binds to an agent) is queued for its
 //! agent in that same transaction, unless an earlier update still waits for
-//! the dispatcher; everything else is the dispatcher's.
+//! the dispatcher; everything else is the dispatcher's. Text is stored with
+//! U+0000 escaped (`text::nul_escaped`), so no update can stall the batch.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -61,10 +62,16 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                     continue;
                 }
                 choir_common::hop::mark("tg.polled");
+                // Stored with every U+0000 escaped: PostgreSQL refuses it,
+                // and a batch it refused would be retried forever.
                 let batch: Vec<(i64, serde_json::Value)> = resp
                     .result
                     .iter()
-                    .filter_map(|u| Some((i64::from(u.update_id), serde_json::to_value(u).ok()?)))
+                    .filter_map(|u| {
+                        let mut payload = serde_json::to_value(u).ok()?;
+                        choir_common::text::escape_nul_in(&mut payload);
+                        Some((i64::from(u.update_id), payload))
+                    })
                     .collect();
                 let plain = plain_messages(d, &spec.name, &resp.result);
                 // Durable first; the next poll's offset confirms them.
