@@ -61,25 +61,52 @@ pub struct StoredUpdates {
     pub for_dispatch: usize,
 }
 
-const INSERT_UPDATE: &str = "INSERT INTO telegram_updates (bot, update_id, payload) VALUES ($1, $2, $3)
-     ON CONFLICT (bot, update_id) DO NOTHING";
-const ADVANCE_OFFSET: &str = "INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1, $2)
-     ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $2), updated_at = now()
-     RETURNING next_offset";
-/// A plain update stored already handled and its message queued, in one
-/// statement — unless an update before it still waits for the dispatcher
-/// (then nothing is written and no row comes back).
-const QUEUE_PLAIN: &str = "WITH u AS (
+/// A batch of updates and the offset past it, in one statement (and so
+/// one commit): `$2`/`$3` the batch in order, `$4`…`$8` the messages of its
+/// plain prefix (row n is the batch's update n). The first update that is
+/// not plain, was stored before, or has an earlier update of the bot still
+/// waiting for the dispatcher is `blocked`: the updates before it are
+/// stored handled with their messages queued (in order: the messages' ids
+/// follow `ORDER BY`), it and the rest are stored for the dispatcher.
+/// Returns the next offset, how many were left to the dispatcher, and the
+/// agents given a message.
+const STORE_BATCH: &str = "WITH batch AS (
+         SELECT b.id, b.payload, b.ord
+         FROM unnest($2::bigint[], $3::jsonb[]) WITH ORDINALITY AS b(id, payload, ord)),
+     plain AS (
+         SELECT * FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[]) WITH ORDINALITY
+                AS p(agent, conversation, sender, text, origin, ord)),
+     blocked AS (
+         SELECT min(b.ord) AS ord FROM batch b LEFT JOIN plain p USING (ord)
+         WHERE p.ord IS NULL
+            OR EXISTS (SELECT 1 FROM telegram_updates t
+                       WHERE t.bot = $1::text AND t.update_id < b.id AND t.handled_at IS NULL)
+            OR EXISTS (SELECT 1 FROM telegram_updates t WHERE t.bot = $1::text AND t.update_id = b.id)),
+     fast AS (
          INSERT INTO telegram_updates (bot, update_id, payload, handled_at, outcome)
-         SELECT $1::text, $2::bigint, $3::jsonb, now(), 'queued'
-         WHERE NOT EXISTS (SELECT 1 FROM telegram_updates
-                           WHERE bot = $1::text AND update_id < $2::bigint AND handled_at IS NULL)
+         SELECT $1::text, b.id, b.payload, now(), 'queued' FROM batch b, blocked k
+         WHERE k.ord IS NULL OR b.ord < k.ord
          ON CONFLICT (bot, update_id) DO NOTHING
-         RETURNING update_id)
-     INSERT INTO messages (agent_id, conversation, sender, text, origin)
-     SELECT $4::text, $5::text, $6::text, $7::text, $8::jsonb FROM u
-     ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
-     RETURNING id";
+         RETURNING update_id),
+     queued AS (
+         INSERT INTO messages (agent_id, conversation, sender, text, origin)
+         SELECT p.agent, p.conversation, p.sender, p.text, p.origin
+         FROM plain p JOIN batch b USING (ord) JOIN fast f ON f.update_id = b.id
+         ORDER BY p.ord
+         ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
+         RETURNING agent_id),
+     rest AS (
+         INSERT INTO telegram_updates (bot, update_id, payload)
+         SELECT $1::text, b.id, b.payload FROM batch b, blocked k WHERE b.ord >= k.ord
+         ON CONFLICT (bot, update_id) DO NOTHING
+         RETURNING update_id),
+     next AS (
+         INSERT INTO telegram_offsets (bot, next_offset) VALUES ($1::text, $9::bigint)
+         ON CONFLICT (bot) DO UPDATE SET next_offset = GREATEST(telegram_offsets.next_offset, $9::bigint),
+                                         updated_at = now()
+         RETURNING next_offset)
+     SELECT (SELECT next_offset FROM next), (SELECT count(*) FROM rest),
+            (SELECT array_agg(DISTINCT agent_id) FROM queued)";
 const INSERT_TELEGRAM_MESSAGE: &str =
     "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
      ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
@@ -110,48 +137,43 @@ impl Store {
     }
 
     /// Stores updates (a resent one once) and moves the offset past them, in
-    /// one transaction: only then may the offset be confirmed to Telegram.
-    /// `plain` (in update order) are queued as messages in the same
-    /// transaction, each stored with its update already handled in one
-    /// statement, as long as no earlier update of the bot is left waiting
-    /// for the dispatcher — from this batch or one before (the first that
-    /// is not plain, or one stored before, stops them: the rest are
-    /// dispatched in order).
+    /// one statement, so one commit: only then may the offset be confirmed
+    /// to Telegram. `plain` are queued as messages in the same statement,
+    /// each with its update stored already handled, as long as no earlier
+    /// update of the bot is left waiting for the dispatcher — from this
+    /// batch or one before (the first that is not plain, was stored before,
+    /// or has one stored before still waiting stops them: it and the rest
+    /// are dispatched in order).
     pub fn store_updates(
         &self,
         bot: &str,
         updates: &[(i64, Value)],
         plain: &[Plain],
     ) -> Result<StoredUpdates, DbError> {
+        let ids: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
+        let payloads: Vec<&Value> = updates.iter().map(|(_, p)| p).collect();
+        // The plain prefix of the batch, in its order (row n is update n).
+        let prefix: Vec<&Plain> =
+            updates.iter().map_while(|(id, _)| plain.iter().find(|p| p.update_id == *id)).collect();
+        let column = |f: fn(&Plain) -> &str| prefix.iter().map(|p| f(p)).collect::<Vec<&str>>();
+        let (agents, conversations, senders, texts) =
+            (column(|p| p.agent.as_str()), column(|p| &p.conversation), column(|p| &p.sender), column(|p| &p.text));
+        let origins: Vec<&Value> = prefix.iter().map(|p| &p.origin).collect();
+        let next = updates.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
         self.db.with(|c| {
-            let insert = c.prepared(INSERT_UPDATE)?;
-            let advance = c.prepared(ADVANCE_OFFSET)?;
-            let queue = c.prepared(QUEUE_PLAIN)?;
-            let mut tx = c.transaction()?;
-            let mut out = StoredUpdates::default();
-            // True until an update is left to the dispatcher: after it,
-            // every update is the dispatcher's, in order.
-            let mut fast = true;
-            for (id, payload) in updates {
-                if let Some(p) = plain.iter().find(|p| p.update_id == *id).filter(|_| fast) {
-                    let params: [&(dyn postgres::types::ToSql + Sync); 8] =
-                        [&bot, id, payload, &p.agent.as_str(), &p.conversation, &p.sender, &p.text, &p.origin];
-                    if tx.query_opt(&queue, &params)?.is_some() {
-                        if !out.queued.contains(&p.agent) {
-                            out.queued.push(p.agent.clone());
-                        }
-                        continue;
-                    }
+            let store = c.prepared(STORE_BATCH)?;
+            let row = c.query_one(
+                &store,
+                &[&bot, &ids, &payloads, &agents, &conversations, &senders, &texts, &origins, &next],
+            )?;
+            let named: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();
+            let mut queued: Vec<AgentId> = Vec::new();
+            for p in &prefix {
+                if named.iter().any(|n| n == p.agent.as_str()) && !queued.contains(&p.agent) {
+                    queued.push(p.agent.clone());
                 }
-                // Not plain, stored before, or an earlier update waits.
-                fast = false;
-                out.for_dispatch += usize::from(tx.execute(&insert, &[&bot, id, payload])? == 1);
             }
-            let next = updates.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
-            let row = tx.query_one(&advance, &[&bot, &next])?;
-            tx.commit()?;
-            out.next_offset = row.get(0);
-            Ok(out)
+            Ok(StoredUpdates { next_offset: row.get(0), for_dispatch: row.get::<_, i64>(1) as usize, queued })
         })
     }
 
