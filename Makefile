@@ -25,8 +25,12 @@ base-image: deps
 build: deps
 	$(CARGO) build --workspace --bins
 
+# choir-agent is built on its own, so cargo's feature unification does not
+# hand it choird's TLS and gzip (see `ureq` in Cargo.toml): a smaller binary
+# in every agent container.
 release: deps
-	$(CARGO) build --workspace --release --bins
+	$(CARGO) build --workspace --release --bins --exclude choir-agent
+	$(CARGO) build --release -p choir-agent
 
 demo: build base-image
 	./scripts/demo.sh
@@ -51,9 +55,8 @@ test: deps base-image lint
 # prints them as one table.
 BENCH_TABLE = target/bench-table.tsv
 bench: export CHOIR_BENCH_TABLE = $(abspath $(BENCH_TABLE))
-bench: deps base-image
+bench: deps base-image release
 	$(CARGO) bench -p choir-agent --bench arbiter
-	$(CARGO) build --release --workspace --bins
 	rm -f $(BENCH_TABLE)
 	target/release/bench-docker
 	target/release/bench-turns

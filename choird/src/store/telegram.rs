@@ -111,6 +111,14 @@ const INSERT_TELEGRAM_MESSAGE: &str =
     "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
      ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
      RETURNING id";
+// The sender's statements, prepared once per connection: a statement sent
+// as text costs a Parse round trip, and its Close rides on the connection's
+// next use — another thread's turn.
+const UNSENT: &str = "SELECT id, chat_id, kind, body, attempts FROM telegram_outbox
+     WHERE bot = $1 AND sent_at IS NULL AND failed IS NULL ORDER BY id LIMIT $2";
+const MARK_SENT: &str = "UPDATE telegram_outbox SET sent_at = now(), telegram_message_id = $2 WHERE id = $1";
+const MARK_ATTEMPT: &str = "UPDATE telegram_outbox SET attempts = attempts + 1, last_error = $2,
+            failed = CASE WHEN $3 THEN $2 ELSE NULL END WHERE id = $1";
 const MARK_QUEUED: &str =
     "UPDATE telegram_updates SET handled_at = now(), outcome = 'queued' WHERE bot = $1 AND update_id = $2";
 
@@ -250,11 +258,8 @@ impl Store {
     /// Unsent rows of `bot`, oldest first.
     pub fn unsent(&self, bot: &str, limit: i64) -> Result<Vec<OutboxRow>, DbError> {
         self.db.with(|c| {
-            let rows = c.query(
-                "SELECT id, chat_id, kind, body, attempts FROM telegram_outbox
-                 WHERE bot = $1 AND sent_at IS NULL AND failed IS NULL ORDER BY id LIMIT $2",
-                &[&bot, &limit],
-            )?;
+            let unsent = c.prepared(UNSENT)?;
+            let rows = c.query(&unsent, &[&bot, &limit])?;
             Ok(rows
                 .iter()
                 .map(|r| OutboxRow {
@@ -271,23 +276,16 @@ impl Store {
     /// Marks a row sent (with the message Telegram made of it, if any).
     pub fn mark_sent(&self, id: i64, message_id: Option<i64>) -> Result<(), DbError> {
         self.db.with(|c| {
-            c.execute(
-                "UPDATE telegram_outbox SET sent_at = now(), telegram_message_id = $2 WHERE id = $1",
-                &[&id, &message_id],
-            )
-            .map(drop)
+            let sent = c.prepared(MARK_SENT)?;
+            c.execute(&sent, &[&id, &message_id]).map(drop)
         })
     }
 
     /// Records a failed attempt; with `give_up`, the row is not tried again.
     pub fn mark_attempt(&self, id: i64, error: &str, give_up: bool) -> Result<(), DbError> {
         self.db.with(|c| {
-            c.execute(
-                "UPDATE telegram_outbox SET attempts = attempts + 1, last_error = $2,
-                        failed = CASE WHEN $3 THEN $2 ELSE NULL END WHERE id = $1",
-                &[&id, &error, &give_up],
-            )
-            .map(drop)
+            let attempt = c.prepared(MARK_ATTEMPT)?;
+            c.execute(&attempt, &[&id, &error, &give_up]).map(drop)
         })
     }
 
@@ -307,12 +305,12 @@ impl Store {
     /// typing indicator), recent ones only.
     pub fn chats_waiting(&self, bot: &str) -> Result<Vec<i64>, DbError> {
         self.db.with(|c| {
-            let rows = c.query(
+            let waiting = c.prepared(
                 "SELECT DISTINCT (origin->>'chat_id')::bigint FROM messages
                  WHERE origin IS NOT NULL AND origin->>'bot' = $1 AND replied_at IS NULL
                    AND created_at > now() - interval '10 minutes'",
-                &[&bot],
             )?;
+            let rows = c.query(&waiting, &[&bot])?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })
     }
