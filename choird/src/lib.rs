@@ -27,6 +27,7 @@ pub mod notion;
 pub mod pace;
 pub mod proposals;
 pub mod relay;
+pub mod resolver;
 pub mod rollouts;
 pub mod rpc_api;
 pub mod runtime;

@@ -56,7 +56,7 @@ impl Embedder {
     /// A client for the configured endpoint.
     pub fn new(cfg: &MemoryConfig, secrets: &Secrets) -> Embedder {
         let em = &cfg.embeddings;
-        let agent = ureq::Agent::new_with_config(
+        let agent = crate::resolver::agent(
             ureq::config::Config::builder()
                 .http_status_as_error(false)
                 .timeout_global(Some(Duration::from_secs(em.timeout_s)))

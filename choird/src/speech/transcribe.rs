@@ -27,7 +27,7 @@ pub fn transcribe(
     audio: &[u8],
     file_name: &str,
 ) -> Result<String, String> {
-    let http = ureq::Agent::new_with_config(
+    let http = crate::resolver::agent(
         ureq::config::Config::builder()
             .http_status_as_error(false)
             .max_redirects(0)

@@ -77,11 +77,12 @@ const STORE_BATCH: &str = "WITH batch AS (
          SELECT * FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[]) WITH ORDINALITY
                 AS p(agent, conversation, sender, text, origin, ord)),
      blocked AS (
-         SELECT min(b.ord) AS ord FROM batch b LEFT JOIN plain p USING (ord)
-         WHERE p.ord IS NULL
-            OR EXISTS (SELECT 1 FROM telegram_updates t
-                       WHERE t.bot = $1::text AND t.update_id < b.id AND t.handled_at IS NULL)
-            OR EXISTS (SELECT 1 FROM telegram_updates t WHERE t.bot = $1::text AND t.update_id = b.id)),
+         SELECT min(b.ord) AS ord
+         FROM batch b
+         LEFT JOIN plain p USING (ord)
+         LEFT JOIN telegram_updates s ON s.bot = $1::text AND s.update_id = b.id
+         WHERE p.ord IS NULL OR s.update_id IS NOT NULL
+            OR b.id > (SELECT min(update_id) FROM telegram_updates WHERE bot = $1::text AND handled_at IS NULL)),
      fast AS (
          INSERT INTO telegram_updates (bot, update_id, payload, handled_at, outcome)
          SELECT $1::text, b.id, b.payload, now(), 'queued' FROM batch b, blocked k

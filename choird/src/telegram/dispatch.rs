@@ -363,7 +363,7 @@ fn fetch(api_base: &str, token: &str, file_id: &str, cap: u64) -> Result<Vec<u8>
     }
     let path = file.file_path.ok_or("Telegram gave no file path")?;
     let url = format!("{}/file/bot{token}/{path}", api_base.trim_end_matches('/'));
-    let agent = ureq::Agent::new_with_config(
+    let agent = crate::resolver::agent(
         ureq::config::Config::builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(120)))
