@@ -78,10 +78,9 @@ const STORE_BATCH: &str = "WITH batch AS (
                 AS p(agent, conversation, sender, text, origin, ord)),
      blocked AS (
          SELECT min(b.ord) AS ord
-         FROM batch b
-         LEFT JOIN plain p USING (ord)
-         LEFT JOIN telegram_updates s ON s.bot = $1::text AND s.update_id = b.id
-         WHERE p.ord IS NULL OR s.update_id IS NOT NULL
+         FROM batch b LEFT JOIN plain p USING (ord)
+         WHERE p.ord IS NULL
+            OR (SELECT true FROM telegram_updates s WHERE s.bot = $1::text AND s.update_id = b.id) IS NOT NULL
             OR b.id > (SELECT min(update_id) FROM telegram_updates WHERE bot = $1::text AND handled_at IS NULL)),
      fast AS (
          INSERT INTO telegram_updates (bot, update_id, payload, handled_at, outcome)
