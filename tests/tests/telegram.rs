@@ -661,3 +661,57 @@ fn a_nul_character_in_an_update_wedged_the_bot_and_is_now_stored_escaped() {
     assert_eq!(raw, 3, "the three updates with a NUL stored, escaped");
     assert_eq!(tg.unconfirmed(TOKEN_A), 0, "every update confirmed: the poller is not stuck");
 }
+
+/// The rows of `table` each scan in `plan` (EXPLAIN's JSON) read: what it
+/// returned over all its loops plus what its filters threw away.
+fn rows_read(plan: &Value, table: &str, out: &mut Vec<(String, f64)>) {
+    if plan["Relation Name"] == table {
+        let n = |k: &str| plan[k].as_f64().unwrap_or(0.0);
+        let read = n("Actual Rows") * n("Actual Loops").max(1.0) + n("Rows Removed by Filter");
+        out.push((plan["Node Type"].as_str().unwrap_or("?").to_owned(), read));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        rows_read(child, table, out);
+    }
+}
+
+/// Regression: the batch statement asked "was this update stored before?"
+/// and "does an earlier one wait?" in ways the planner answered by reading
+/// every update the bot ever had (a hashed subplan over its key range, then a
+/// nested loop filtering it) — a cost growing with the bot's history, paid
+/// on every message. With 2,000 updates stored, each plan the statement can
+/// get (custom and generic) reads no more of `telegram_updates` than the
+/// batch itself.
+#[test]
+fn storing_a_batch_reads_only_its_own_updates_however_many_the_bot_has() {
+    let Some(pg) = TestPg::start() else { return };
+    choird::db::Db::connect(&pg.url()).unwrap().migrate().unwrap();
+    let mut c = pg.client();
+    c.batch_execute(
+        "INSERT INTO telegram_updates (bot, update_id, payload, handled_at)
+             SELECT 'a', g, '{}', now() FROM generate_series(1, 2000) g;
+         ANALYZE telegram_updates;",
+    )
+    .unwrap();
+    c.batch_execute(&format!(
+        "PREPARE batch(text, bigint[], jsonb[], text[], text[], text[], text[], jsonb[], bigint) AS {}",
+        choird::store::telegram::STORE_BATCH
+    ))
+    .unwrap();
+    for (mode, id) in [("force_custom_plan", 5001), ("force_generic_plan", 5002)] {
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}")).unwrap();
+        let explain = format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batch('a', ARRAY[{id}]::bigint[], ARRAY['{{}}']::jsonb[],
+                 ARRAY['alpha'], ARRAY['tg:a:1'], ARRAY['telegram:1'], ARRAY['hi'],
+                 ARRAY['{{\"bot\": \"a\", \"update_id\": \"{id}\"}}']::jsonb[], {})",
+            id + 1
+        );
+        let plan: Value = c.query_one(&explain, &[]).unwrap().get(0);
+        let mut scans = Vec::new();
+        rows_read(&plan[0]["Plan"], "telegram_updates", &mut scans);
+        assert!(!scans.is_empty(), "{mode}: the statement looks the bot's updates up: {plan}");
+        assert!(scans.iter().all(|(_, read)| *read <= 1.0), "{mode}: a scan read more than the batch: {scans:?}");
+    }
+    let queued: i64 = c.query_one("SELECT count(*) FROM messages WHERE text = 'hi'", &[]).unwrap().get(0);
+    assert_eq!(queued, 2, "both batches' messages queued");
+}

@@ -70,7 +70,7 @@ pub struct StoredUpdates {
 /// follow `ORDER BY`), it and the rest are stored for the dispatcher.
 /// Returns the next offset, how many were left to the dispatcher, and the
 /// agents given a message.
-const STORE_BATCH: &str = "WITH batch AS (
+pub const STORE_BATCH: &str = "WITH batch AS (
          SELECT b.id, b.payload, b.ord
          FROM unnest($2::bigint[], $3::jsonb[]) WITH ORDINALITY AS b(id, payload, ord)),
      plain AS (
