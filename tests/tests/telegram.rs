@@ -114,6 +114,16 @@ fn two_bots_three_users_two_agents_each_message_reaches_its_agent_and_each_reply
     assert!(human.contains("BOT") && human.contains("a ") && human.contains("b "), "{human}");
 }
 
+/// A fake Bot API with bot `a` and choird serving agent `alpha` behind it
+/// (users 501 and 502; 501 an admin if `admin`), the agent started.
+fn alpha_behind_bot_a(llm: &FakeLlm, pg: &TestPg, admin: bool) -> (FakeTelegram, Choird) {
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let choird = Choird::start(&config(llm, pg, &tg, &["alpha"], one_bot(admin)), &secrets());
+    choird.ctl_ok(&["agent", "start", "alpha"]);
+    (tg, choird)
+}
+
 fn one_bot(user_admin: bool) -> Value {
     json!({"a": {"token_secret": "tg_a", "users": {"501": {"agent": "alpha", "admin": user_admin}, "502": {"agent": "alpha"}}}})
 }
@@ -134,10 +144,7 @@ fn a_long_answer_is_split_in_order_and_a_burst_to_one_chat_keeps_the_per_chat_ra
             _ => Step::SlowText("Let me think about that for a while.".into(), Duration::from_millis(1200)),
         })
     });
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
-    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let (tg, _choird) = alpha_behind_bot_a(&llm, &pg, false);
 
     // A slow answer: the chat shows "typing" meanwhile.
     tg.user_says(TOKEN_A, 502, "think");
@@ -305,10 +312,7 @@ fn a_document_comes_in_and_a_voice_file_goes_out() {
         }
         Some(Step::Text("?".into()))
     });
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
-    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let (tg, choird) = alpha_behind_bot_a(&llm, &pg, false);
 
     // In: the document lands in .choirtmp/recv/ and the agent is told where.
     let update =
@@ -440,10 +444,7 @@ fn choird_killed_between_receiving_and_replying_answers_every_update_exactly_onc
             msgs[last_answer..].iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"].as_str()).collect();
         Some(Step::SlowText(format!("answered: {}", heard.join(", ")), Duration::from_millis(150)))
     });
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let mut choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
-    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let (tg, mut choird) = alpha_behind_bot_a(&llm, &pg, false);
     let agent_pid = || -> Option<u64> {
         let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "alpha"])).ok()?;
         s["pid"].as_u64()
@@ -534,10 +535,7 @@ fn admins_have_status_stop_and_approvals_in_chat_and_regular_users_do_not() {
             _ => Some(Step::Text("done".into())),
         }
     });
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(true)), &secrets());
-    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let (tg, choird) = alpha_behind_bot_a(&llm, &pg, true);
 
     tg.user_says(TOKEN_A, 502, "/status");
     tg.user_says(TOKEN_A, 501, "/status");
@@ -629,10 +627,7 @@ fn an_unknown_user_on_a_pairing_bot_is_let_in_by_an_admin_and_can_then_talk() {
 fn a_nul_character_in_an_update_wedged_the_bot_and_is_now_stored_escaped() {
     let Some(pg) = TestPg::start() else { return };
     let llm = echo_model();
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let choird = Choird::start(&config(&llm, &pg, &tg, &["alpha"], one_bot(false)), &secrets());
-    choird.ctl_ok(&["agent", "start", "alpha"]);
+    let (tg, _choird) = alpha_behind_bot_a(&llm, &pg, false);
 
     tg.user_says(TOKEN_A, 501, "before\u{0}after");
     tg.user_sends_document(TOKEN_A, 502, "notes.txt", b"some notes", Some("cap\u{0}tion"));
