@@ -1,5 +1,6 @@
 //! The edge lane (R-LANE-1): one thread, the user's conversations (one per
-//! conversation key), fast model, streamed answers. It answers directly or
+//! conversation key, at most [`HELD_CONVERSATIONS`] held in memory: see
+//! [`crate::held`]), fast model, streamed answers. It answers directly or
 //! starts core jobs, and relays their results to the user in one voice.
 //!
 //! The lane reads one closed enum of events ([`EdgeEvent`]) from its inbox.
@@ -25,10 +26,11 @@ use serde_json::{json, Value};
 
 use crate::commitlog::LogError;
 use crate::core::{CoreLimits, CorePool};
+use crate::held::{Held, Recall, HELD_CONVERSATIONS};
 use crate::inbox::EdgeEvent;
 use crate::lane_ctx::{LaneCtx, LaneKind};
 use crate::lanes::{LaneMachine, LaneState, StatusBoard};
-use crate::memory::{self, Conversation};
+use crate::memory::Conversation;
 use crate::origin::{Entry, Origin};
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
@@ -77,8 +79,10 @@ pub struct EdgeLane {
     /// current turn or skill; cleared when a turn begins.
     pub cancel: Arc<AtomicBool>,
     /// Tools `choir.tools.find` found, per conversation (offered with
-    /// `tool_exposure: find`).
+    /// `tool_exposure: find`); dropped with the conversation's history.
     pub discovered: Arc<Mutex<HashMap<String, std::collections::BTreeSet<String>>>>,
+    /// Where the tail of a conversation no longer held comes from (choird).
+    pub recall: Arc<dyn Recall>,
 }
 
 /// What lane tools act on during one edge turn.
@@ -124,7 +128,8 @@ impl LaneHooks for EdgeHooks {
 }
 
 struct State {
-    conversations: HashMap<String, Conversation>,
+    /// The conversations held in memory (at most [`HELD_CONVERSATIONS`]).
+    held: Held,
     deferred: VecDeque<EdgeEvent>,
     stopping: bool,
     tokens: u64,
@@ -135,7 +140,8 @@ impl EdgeLane {
     /// commit log cannot be written. The core pool is shut down on the way out.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
         let mut machine = LaneMachine::new("edge", crate::lanes::LaneRole::Edge, self.board.clone());
-        let mut st = State { conversations: HashMap::new(), deferred: VecDeque::new(), stopping: false, tokens: 0 };
+        let mut st =
+            State { held: Held::new(HELD_CONVERSATIONS), deferred: VecDeque::new(), stopping: false, tokens: 0 };
         // Completed before any turn, so an interrupted turn is replayed with
         // the outcome, and nothing runs twice.
         for ev in self.mind.arbiter.complete_intents(&std::mem::take(&mut self.interrupted))? {
@@ -143,16 +149,9 @@ impl EdgeLane {
                 events.push(ev);
             }
         }
+        // Least recently answered first, so the most recent are held last.
         for tail in std::mem::take(&mut self.recovered) {
-            let conv = st.conversations.entry(tail.conversation).or_default();
-            if let Some(summary) = tail.summary {
-                // Its opening note names the untrusted tools it folded.
-                conv.push(memory::summary_entry(&summary));
-            }
-            for ex in tail.turns {
-                conv.push(Entry::user(ex.user));
-                conv.push(Entry::model(ChatMessage::text(Role::Assistant, ex.assistant)));
-            }
+            st.held.insert(&tail.conversation, crate::held::from_tail(&tail));
         }
         let result = loop {
             let event = match st.deferred.pop_front() {
@@ -231,7 +230,19 @@ impl EdgeLane {
         let mut covers: Vec<u64> = Vec::new();
         let mut turn_id = None;
         {
-            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            // Notes come for conversations that spoke before.
+            let earlier = match &start {
+                Start::User(m) => m.earlier,
+                Start::Note(_) => true,
+            };
+            let dropped = st.held.open(conv_name, earlier, self.recall.as_ref());
+            if !dropped.is_empty() {
+                let mut found = self.discovered.lock();
+                for name in &dropped {
+                    found.remove(name);
+                }
+            }
+            let conv = st.held.get(conv_name);
             match start {
                 Start::User(m) => {
                     conv.push_user(m.id, &m.text);
@@ -289,7 +300,7 @@ impl EdgeLane {
                 offer.extend(self.discovered.lock().get(conv_name).into_iter().flatten().cloned());
                 lane.offer = Some(offer);
             }
-            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            let conv = st.held.get(conv_name);
             let force = hooks.compact.swap(false, Ordering::SeqCst);
             self.mind.maybe_compact(&lane, conv_name, &system, conv, Role::User, context_tokens, force)?;
             // Stream what the model writes to whoever waits for this message.
@@ -329,7 +340,7 @@ impl EdgeLane {
                             "The skill {name} ended: {}. Tell the user the outcome in your own words.",
                             canonical_json(&outcome.to_json())
                         );
-                        st.conversations.entry(conv_name.to_owned()).or_default().push(Entry::operator(note));
+                        st.held.get(conv_name).push(Entry::operator(note));
                         if outcome == SkillOutcome::Cancelled {
                             text = Some(format!("Stopped: the skill {name} was cancelled."));
                             break;
@@ -410,7 +421,7 @@ impl EdgeLane {
             if st.stopping || self.cancel.load(Ordering::SeqCst) {
                 break SkillOutcome::Cancelled;
             }
-            let conv = st.conversations.entry(conv_name.to_owned()).or_default();
+            let conv = st.held.get(conv_name);
             self.mind.maybe_compact(lane, conv_name, system, conv, Role::User, context_tokens, false)?;
             let mut calls = Vec::new();
             let step = run.step(&self.mind, lane, machine, system, &mut conv.entries, &mut st.tokens, &mut calls)?;
@@ -434,7 +445,7 @@ impl EdgeLane {
             match ev {
                 EdgeEvent::Message(m) if m.conversation == conv_name => {
                     log::info!("message {} injected into the running turn", m.id);
-                    st.conversations.entry(conv_name.to_owned()).or_default().push_user(m.id, &m.text);
+                    st.held.get(conv_name).push_user(m.id, &m.text);
                     covers.push(m.id);
                 }
                 EdgeEvent::Stop => st.stopping = true,

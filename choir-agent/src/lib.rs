@@ -10,6 +10,7 @@ pub mod core;
 pub mod edge;
 pub mod failpoints;
 pub mod floor;
+pub mod held;
 pub mod inbox;
 pub mod invocation;
 pub mod lane_ctx;

@@ -15,8 +15,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use choir_common::rpc::{
-    Ack, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse, OutboundReply, PartialReply,
-    ReportStatusRequest, Verb,
+    Ack, ConversationTail, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse,
+    OutboundReply, PartialReply, ReportStatusRequest, Verb,
 };
 use choir_common::rpc::{FiringOffer, FiringReport};
 use crossbeam_channel::{select, Receiver, Sender};
@@ -70,6 +70,17 @@ pub struct Link {
     pub arguments: Arc<crate::arg_check::ArgumentPolicy>,
     /// Who has the floor: held while replies are pushed, so core jobs wait.
     pub floor: Arc<crate::floor::Floor>,
+}
+
+impl crate::held::Recall for Link {
+    fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
+        let req = self.recall_heartbeat(conversation);
+        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(10));
+        match resp {
+            Ok(r) => r.recalled.ok_or_else(|| "choird sent no tail".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -198,7 +209,17 @@ impl Link {
             wait_ms,
             receive,
             firings,
+            recall: None,
         }
+    }
+
+    /// A HEARTBEAT that only asks for a conversation's tail. It reports no
+    /// position (`processed_upto` 0), so choird stores nothing for it.
+    fn recall_heartbeat(&self, conversation: &str) -> HeartbeatRequest {
+        let mut req = self.bare_heartbeat(0, false, Vec::new());
+        req.processed_upto = 0;
+        req.recall = Some(conversation.to_owned());
+        req
     }
 
     /// A HEARTBEAT that only reports on firings.
@@ -319,6 +340,7 @@ impl Link {
                     wait_ms: 0,
                     // Only the poller takes messages; this thread does not forward them.
                     receive: false,
+                    recall: None,
                 };
                 log::debug!("push: HEARTBEAT with {} event(s), {} repl(ies)", req.events.len(), req.replies.len());
                 let _hold = (!req.replies.is_empty()).then(|| {

@@ -258,8 +258,9 @@ impl Mind {
         }
     }
 
-    /// Compacts `conv` (conversation `name`) if it is over `budget` estimated
-    /// tokens or `force` is set: older turns are folded into a summary made by
+    /// Compacts `conv` (conversation `name`) if it is over 80 % of `budget`
+    /// estimated tokens, holds more than [`memory::MAX_ENTRIES`] entries (and
+    /// folding would free at least half of them), or `force` is set: older turns are folded into a summary made by
     /// the model, committed as a compaction event. Returns whether it folded.
     /// A failed summary call leaves the history as it was.
     #[allow(clippy::too_many_arguments)]
@@ -274,10 +275,17 @@ impl Mind {
         force: bool,
     ) -> Result<bool, LogError> {
         let size = memory::estimate(system, &conv.entries);
-        if !force && size * 5 < budget * 4 {
+        let over_tokens = size * 5 >= budget * 4;
+        let over_entries = conv.entries.len() > memory::MAX_ENTRIES;
+        if !force && !over_tokens && !over_entries {
             return Ok(false);
         }
         let Some(cut) = memory::fold_point(conv, turn_starts_at) else { return Ok(false) };
+        // Many entries but few to fold (one long turn): a summary call would
+        // free almost nothing, and be asked for again at every step.
+        if !force && !over_tokens && cut < memory::MAX_ENTRIES / 2 {
+            return Ok(false);
+        }
         let req = memory::summary_request(&self.model, &conv.entries[..cut]);
         let summary = match self.llm.complete(self.llm_lane, self.job.as_deref(), &req) {
             Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),

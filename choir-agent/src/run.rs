@@ -210,6 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         skills,
         cancel: edge_cancel,
         discovered: Arc::default(),
+        recall: link.clone(),
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     board.set_session(SessionState::Running);

@@ -222,7 +222,22 @@ pub struct InboundMessage {
     pub sender: String,
     /// The text.
     pub text: String,
+    /// Whether the conversation had messages before this one: an agent that
+    /// no longer holds the conversation in memory recalls its tail
+    /// ([`HeartbeatRequest::recall`]) before answering; one that never had it
+    /// starts fresh without a round trip.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier: bool,
 }
+
+/// How many conversations an agent holds in memory at most (the least
+/// recently used is dropped and recalled from choird when it speaks again),
+/// and so how many a recovery snapshot carries.
+pub const HELD_CONVERSATIONS: usize = 32;
+
+/// The longest conversation key choird answers a recall for (keys it makes
+/// are far shorter: `cli`, `tg:<bot>:<chat>`, an admin client's own key).
+pub const MAX_CONVERSATION_KEY: usize = 256;
 
 /// Something the edge lane says: the answer to inbound messages, or (with
 /// `in_reply_to` 0) a message of its own, e.g. a core job's result.
@@ -281,6 +296,13 @@ pub struct HeartbeatRequest {
     /// reports their outcome.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub firings: Vec<FiringReport>,
+    /// A conversation the agent no longer holds in memory and must answer
+    /// in: choird returns its tail (latest compaction summary, then the last
+    /// answered exchanges) in [`HeartbeatResponse::recalled`]. Only the
+    /// agent's own conversations; a key longer than
+    /// [`MAX_CONVERSATION_KEY`] is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<String>,
 }
 
 fn yes() -> bool {
@@ -313,6 +335,10 @@ pub struct HeartbeatResponse {
     /// starts these and no others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted: Vec<i64>,
+    /// The tail of the conversation the request asked to recall (empty
+    /// `turns` and no summary: nothing answered there yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recalled: Option<ConversationTail>,
 }
 
 /// A firing handed to the agent (in a HEARTBEAT reply): run it as core job

@@ -431,3 +431,118 @@ fn a_job_started_with_allowed_tools_is_offered_and_runs_only_those() {
         events.iter().filter(|e| e.lane == "core:reader").map(|e| (e.tool.as_str(), e.outcome)).collect();
     assert_eq!(job, [("choir.fs.write", Outcome::Rejected), ("choir.fs.read", Outcome::Ok)]);
 }
+
+/// Sends `text` in `conversation` through the admin API; the answer.
+fn chat_in(choird: &Choird, conversation: &str, text: &str) -> String {
+    let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
+    let mut resp = admin
+        .post("http://localhost/admin/v1/agents/demo/chat")
+        .send_json(json!({"text": text, "conversation": conversation, "timeout_s": 60}))
+        .unwrap();
+    let body: Value = resp.body_mut().read_json().unwrap();
+    body["reply"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The contents of a request's messages (user, assistant and tool), in order.
+fn contents(req: &Value) -> Vec<String> {
+    req["messages"].as_array().unwrap()[1..]
+        .iter()
+        .map(|m| match (m["role"].as_str().unwrap(), m["content"].as_str()) {
+            ("tool", _) => "tool: a result".to_owned(),
+            (role, Some(c)) => format!("{role}: {c}"),
+            (role, None) => format!("{role}: calls {}", m["tool_calls"][0]["function"]["name"].as_str().unwrap()),
+        })
+        .collect()
+}
+
+#[test]
+fn the_agent_holds_a_bounded_number_of_conversations_and_recalls_a_dropped_one_from_choird() {
+    let Some(pg) = TestPg::start() else { return };
+    let held = choir_common::rpc::HELD_CONVERSATIONS;
+    // The first message of `a` makes the model call a tool before it answers:
+    // held, the history keeps that call; recalled, only the exchange's text.
+    let edge = FakeLlm::with_responder(|req, _| {
+        let last = req["messages"].as_array()?.last()?.clone();
+        if last["role"] == "user" && last["content"] == "the code word is PLUM" {
+            return Some(Step::call("choir.fs.write", json!({"path": "word.txt", "content": "PLUM"})));
+        }
+        Some(Step::Text(if last["role"] == "tool" { "noted".into() } else { "ok".into() }))
+    });
+    let config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(chat_in(&choird, "a", "the code word is PLUM"), "noted");
+    let first_of_new = edge.requests().len();
+    // Others speak, but fewer than would push `a` out.
+    for i in 0..held - 1 {
+        assert_eq!(chat_in(&choird, &format!("x{i}"), "hello"), "ok");
+    }
+    // A new conversation's first request holds its message only: nothing recalled.
+    assert_eq!(contents(&edge.requests()[first_of_new].body), vec!["user: hello"]);
+    assert_eq!(chat_in(&choird, "a", "what was it?"), "ok");
+    let held_view = contents(&edge.requests().last().unwrap().body);
+    assert_eq!(
+        held_view,
+        vec![
+            "user: the code word is PLUM",
+            "assistant: calls choir__fs__write",
+            "tool: a result",
+            "assistant: noted",
+            "user: what was it?"
+        ],
+        "held: the whole history, tool call included"
+    );
+    // As many others again: `a` is now the least recently used and dropped.
+    for i in 0..held {
+        assert_eq!(chat_in(&choird, &format!("y{i}"), "hello"), "ok");
+    }
+    assert_eq!(chat_in(&choird, "a", "and now?"), "ok");
+    let recalled_view = contents(&edge.requests().last().unwrap().body);
+    assert_eq!(
+        recalled_view,
+        vec![
+            "user: the code word is PLUM",
+            "assistant: noted",
+            "user: what was it?",
+            "assistant: ok",
+            "user: and now?"
+        ],
+        "recalled from choird: the answered exchanges, without the tool call inside them"
+    );
+    // A dropped conversation with no earlier messages of its own is not one:
+    // a recall of a key the agent never spoke in is empty, not another's.
+    assert_eq!(chat_in(&choird, "fresh", "hello"), "ok");
+    assert_eq!(contents(&edge.requests().last().unwrap().body), vec!["user: hello"]);
+}
+
+#[test]
+fn a_conversation_of_many_short_turns_is_compacted_by_its_entry_count_not_only_its_tokens() {
+    let Some(pg) = TestPg::start() else { return };
+    let edge = FakeLlm::with_responder(|req, _| {
+        if req.get("tools").is_none() {
+            return Some(Step::Text("SUMMARY: many hellos.".into()));
+        }
+        Some(Step::Text("ok".into()))
+    });
+    let config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    // Two entries an exchange, a few tokens each: far under the default
+    // token budget (24,000) when the entry bound (256) is passed.
+    let turns = choir_agent::memory::MAX_ENTRIES / 2 + 2;
+    for i in 0..turns {
+        assert_eq!(chat_in(&choird, "many", &format!("hello {i}")), "ok");
+    }
+    let reqs = edge.requests();
+    let summaries: Vec<usize> =
+        reqs.iter().enumerate().filter(|(_, r)| r.body.get("tools").is_none()).map(|(i, _)| i).collect();
+    assert_eq!(summaries.len(), 1, "one compaction");
+    let before = reqs[summaries[0] - 1].body["messages"].as_array().unwrap().len();
+    let after = reqs[summaries[0] + 1].body["messages"].as_array().unwrap();
+    // The request before it: the system prompt and all but the newest message.
+    assert_eq!(before, choir_agent::memory::MAX_ENTRIES, "{before} messages before");
+    assert!(after.len() < 8, "{} messages after", after.len());
+    assert_eq!(after[1]["content"], "Summary of the earlier conversation: SUMMARY: many hellos.");
+    let events = replicated_events(&pg, "demo", 1);
+    assert!(events.iter().any(|e| e.kind == EventKind::Compaction && e.input["conversation"] == "many"));
+}

@@ -269,6 +269,34 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(to_502.iter().filter(|t| t.starts_with("notice") || t.starts_with("flood")).count(), 3, "{to_502:?}");
     assert_eq!(audit_count(&pg, "outcome = 'notice_refused'"), 2 + 8, "two misdirected, eight over the quota");
 
+    // --- A recall reads only the agent's own conversations; a refused one stores nothing. ---
+    assert_eq!(choird.ctl_ok(&["chat", "good", "good's secret plan"]), "good answers\n");
+    let recall = |conversation: &str, replies: Value| {
+        let mut hb = heartbeat(vec![], replies);
+        hb["recall"] = json!(conversation);
+        evil.rpc("HEARTBEAT", &hb)
+    };
+    let (status, body) = recall("cli", json!([]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["recalled"], json!({"conversation": "cli", "turns": []}), "good's `cli` is not evil's");
+    let (status, body) = recall("tg:alpha:502", json!([]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["recalled"]["turns"],
+        json!([{"user": "hello evil", "assistant": "answer, claimed for 501"}]),
+        "its own conversation, as answered"
+    );
+    let long = "x".repeat(choir_common::rpc::MAX_CONVERSATION_KEY + 1);
+    let notice = json!([{"in_reply_to": 0, "conversation": "tg:alpha:502", "key": "r1", "text": "over the quota"}]);
+    let (status, body) = recall(&long, notice);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("at most 256 bytes"), "{body}");
+    assert_eq!(
+        audit_count(&pg, "outcome = 'notice_refused'"),
+        10,
+        "the refused HEARTBEAT's notice was never looked at"
+    );
+
     // Errors carry no internal address.
     let (status, body) =
         evil.post("/llm/core/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}));

@@ -12,7 +12,7 @@ use choir_common::ids::AgentId;
 use choir_common::rpc::{
     Bindings, ConversationTail, DynamicConfig, ExecuteHostToolRequest, ExecuteHostToolResponse, HeartbeatRequest,
     HeartbeatResponse, HostToolBinding, InboundMessage, InitHelloRequest, InitHelloResponse, LaneModels, OutboundReply,
-    RecoverySnapshot, ReportStatusRequest,
+    RecoverySnapshot, ReportStatusRequest, HELD_CONVERSATIONS, MAX_CONVERSATION_KEY,
 };
 use serde_json::json;
 
@@ -90,28 +90,45 @@ impl Daemon {
         })
     }
 
-    /// What a (re)started agent needs to keep its conversations: the latest
+    /// What a (re)started agent needs to keep its conversations: for the
+    /// conversations it may hold (the most recently answered), the latest
     /// compaction summary of each, then the answered exchanges after it.
     fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, ApiError> {
-        let mut tails = self.store.recent_exchanges(agent, processed, RECOVERED_EXCHANGES)?;
-        for (conversation, summary, upto) in self.store.compactions(agent)? {
-            let idx = match tails.iter().position(|t| t.conversation == conversation) {
-                Some(i) => i,
-                None => {
-                    tails.push(ConversationTail {
-                        conversation: conversation.clone(),
-                        summary: None,
-                        turns: Vec::new(),
-                    });
-                    tails.len() - 1
-                }
-            };
-            let tail = &mut tails[idx];
-            tail.summary = Some(summary);
-            // Exchanges already folded into the summary are not repeated.
-            tail.turns = self.store.exchanges_after(agent, &conversation, upto, processed, RECOVERED_EXCHANGES)?;
+        let mut tails =
+            self.store.recent_exchanges(agent, processed, HELD_CONVERSATIONS as i64, RECOVERED_EXCHANGES)?;
+        for tail in &mut tails {
+            self.after_summary(agent, tail, processed)?;
         }
         Ok(tails)
+    }
+
+    /// The tail of one of the agent's conversations, for a HEARTBEAT's
+    /// `recall`: the agent dropped it from memory and it speaks again. The
+    /// key is only looked up among the agent's own messages.
+    fn recalled(&self, agent: &AgentId, conversation: &str) -> Result<ConversationTail, ApiError> {
+        if conversation.len() > MAX_CONVERSATION_KEY {
+            return Err(ApiError::BadRequest(format!(
+                "recall: a conversation key is at most {MAX_CONVERSATION_KEY} bytes"
+            )));
+        }
+        let all = i64::MAX as u64;
+        let mut tail = ConversationTail {
+            conversation: conversation.to_owned(),
+            summary: None,
+            turns: self.store.exchanges_after(agent, conversation, 0, all, RECOVERED_EXCHANGES)?,
+        };
+        self.after_summary(agent, &mut tail, all)?;
+        Ok(tail)
+    }
+
+    /// Puts a conversation's latest compaction summary in front of its tail,
+    /// which then holds only exchanges the summary did not fold.
+    fn after_summary(&self, agent: &AgentId, tail: &mut ConversationTail, upto: u64) -> Result<(), ApiError> {
+        if let Some((summary, folded)) = self.store.compaction_of(agent, &tail.conversation)? {
+            tail.summary = Some(summary);
+            tail.turns = self.store.exchanges_after(agent, &tail.conversation, folded, upto, RECOVERED_EXCHANGES)?;
+        }
+        Ok(())
     }
 
     /// The hot-reloadable config of one agent.
@@ -164,10 +181,20 @@ impl Daemon {
         Ok(out)
     }
 
-    /// HEARTBEAT: stores replicated events and replies, then hands out new
-    /// messages, waiting up to `wait_ms` for some to arrive.
+    /// HEARTBEAT: recalls a conversation's tail if asked, stores replicated
+    /// events and replies, then hands out new messages, waiting up to
+    /// `wait_ms` for some to arrive. The recall is read first: a refused key
+    /// fails the request before anything is stored.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         super::schedule::check_firing_reports(&req.firings)?;
+        let recalled = req.recall.as_deref().map(|c| self.recalled(&who.agent, c)).transpose()?;
+        let mut reply = self.exchange(who, req)?;
+        reply.recalled = recalled;
+        Ok(reply)
+    }
+
+    /// HEARTBEAT's exchange: what it stores and what it hands out.
+    fn exchange(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         if !req.replies.is_empty() {
             choir_common::hop::mark("reply.in");
         }
@@ -362,6 +389,7 @@ impl Daemon {
             cancel: Vec::new(),
             firings: Vec::new(),
             accepted: Vec::new(),
+            recalled: None,
         }
     }
 

@@ -30,6 +30,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (12, "0012_job_ledger.sql", include_str!("../../../sql/0012_job_ledger.sql")),
     (13, "0013_schedules.sql", include_str!("../../../sql/0013_schedules.sql")),
     (14, "0014_schedule_fingerprints.sql", include_str!("../../../sql/0014_schedule_fingerprints.sql")),
+    (15, "0015_conversation_tails.sql", include_str!("../../../sql/0015_conversation_tails.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

@@ -224,17 +224,31 @@ impl Store {
         })
     }
 
-    /// The last `per` answered exchanges of every conversation of an agent, up
-    /// to message `upto`, oldest first.
-    pub fn recent_exchanges(&self, agent: &AgentId, upto: u64, per: i64) -> Result<Vec<ConversationTail>, DbError> {
+    /// The tails of an agent's `conversations` most recently answered
+    /// conversations: the last `per` answered exchanges of each with
+    /// `id <= upto`, exchanges oldest first, the tails in order of their last
+    /// answer (least recent first). Reads one index range per conversation
+    /// for the tails; the choice of conversations reads the agent's answered
+    /// messages once (recovery only, not per turn).
+    pub fn recent_exchanges(
+        &self,
+        agent: &AgentId,
+        upto: u64,
+        conversations: i64,
+        per: i64,
+    ) -> Result<Vec<ConversationTail>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "SELECT conversation, text, reply FROM (
-                     SELECT conversation, text, reply, id,
-                            row_number() OVER (PARTITION BY conversation ORDER BY id DESC) AS rn
-                     FROM messages WHERE agent_id = $1 AND replied_at IS NOT NULL AND id <= $2) t
-                 WHERE rn <= $3 ORDER BY conversation, id",
-                &[&agent.as_str(), &(upto as i64), &per],
+                "SELECT r.conversation, t.text, t.reply FROM (
+                     SELECT conversation, max(id) AS last FROM messages
+                     WHERE agent_id = $1 AND replied_at IS NOT NULL AND id <= $2
+                     GROUP BY conversation ORDER BY last DESC LIMIT $3) r
+                 CROSS JOIN LATERAL (
+                     SELECT id, text, reply FROM messages
+                     WHERE agent_id = $1 AND conversation = r.conversation AND replied_at IS NOT NULL AND id <= $2
+                     ORDER BY id DESC LIMIT $4) t
+                 ORDER BY r.last, t.id",
+                &[&agent.as_str(), &(upto as i64), &conversations, &per],
             )?;
             let mut out: Vec<ConversationTail> = Vec::new();
             for r in rows {
@@ -304,11 +318,16 @@ impl Store {
         })
     }
 
-    /// Unanswered messages with `id > after`, oldest first.
+    /// Unanswered messages with `id > after`, oldest first, each saying
+    /// whether its conversation had messages before it.
     pub fn pending_messages(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<InboundMessage>, DbError> {
         self.db.with(|c| {
+            // `earlier`: one probe of `messages_conversation` per message.
             let pending = c.prepared(
-                "SELECT id, conversation, sender, text FROM messages
+                "SELECT id, conversation, sender, text,
+                        EXISTS (SELECT 1 FROM messages p
+                                WHERE p.agent_id = m.agent_id AND p.conversation = m.conversation AND p.id < m.id)
+                 FROM messages m
                  WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3",
             )?;
             let rows = c.query(&pending, &[&agent.as_str(), &(after as i64), &limit])?;
@@ -319,6 +338,7 @@ impl Store {
                     conversation: r.get(1),
                     sender: r.get(2),
                     text: r.get(3),
+                    earlier: r.get(4),
                 })
                 .collect())
         })
@@ -346,25 +366,20 @@ impl Store {
         })
     }
 
-    /// The latest compaction of each conversation of an agent, from its
-    /// replicated commit log: conversation → (summary, last folded message id).
-    pub fn compactions(&self, agent: &AgentId) -> Result<Vec<(String, String, u64)>, DbError> {
+    /// The latest compaction of one conversation: its summary as committed
+    /// and the highest message id it folded (an index probe:
+    /// `commit_events_compactions`).
+    pub fn compaction_of(&self, agent: &AgentId, conversation: &str) -> Result<Option<(String, u64)>, DbError> {
         self.db.with(|c| {
-            let rows = c.query(
-                "SELECT DISTINCT ON (event->'input'->>'conversation')
-                        event->'input'->>'conversation', event->'result'->>'summary',
-                        COALESCE((event->'input'->>'upto_message')::bigint, 0)
+            let row = c.query_opt(
+                "SELECT event->'result'->>'summary', COALESCE((event->'input'->>'upto_message')::bigint, 0)
                  FROM commit_events
-                 WHERE agent_id = $1 AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
-                 ORDER BY event->'input'->>'conversation', seq DESC",
-                &[&agent.as_str()],
+                 WHERE agent_id = $1 AND event->'input'->>'conversation' = $2
+                   AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
+                 ORDER BY seq DESC LIMIT 1",
+                &[&agent.as_str(), &conversation],
             )?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| {
-                    Some((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, i64>(2) as u64))
-                })
-                .collect())
+            Ok(row.and_then(|r| Some((r.get::<_, Option<String>>(0)?, r.get::<_, i64>(1) as u64))))
         })
     }
 
