@@ -69,6 +69,11 @@ struct Bot {
 struct State {
     bots: HashMap<String, Bot>,
     calls: Vec<Call>,
+    /// Successful calls so far, by method (kept also when calls are not).
+    counts: HashMap<String, u64>,
+    /// For load tests: keep no per-call record (calls, delivery times, more
+    /// than the latest sent message per chat), only `counts`.
+    forget: bool,
     faults: HashMap<String, VecDeque<Fault>>,
     next_message: i64,
     /// (chat, message id) → text, of messages the bots sent.
@@ -253,6 +258,28 @@ impl FakeTelegram {
     /// Makes the next call(s) of `method` fail, in order.
     pub fn fail_next(&self, method: &str, faults: Vec<Fault>) {
         self.shared.0.lock().faults.entry(method.to_owned()).or_default().extend(faults);
+    }
+
+    /// Stops keeping a record of every call (they are still answered and
+    /// counted): for load tests, whose waits would otherwise scan and copy
+    /// an ever longer list.
+    pub fn forget_calls(&self) {
+        self.shared.0.lock().forget = true;
+    }
+
+    /// Waits until at least `n` calls of `method` have succeeded, or fails
+    /// after `timeout`.
+    pub fn wait_count(&self, method: &str, n: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.shared.0.lock();
+        loop {
+            let have = g.counts.get(method).copied().unwrap_or(0);
+            if have >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {n} {method} calls; {have} so far");
+            self.shared.1.wait_for(&mut g, Duration::from_millis(100));
+        }
     }
 
     /// Every call so far.
@@ -444,14 +471,19 @@ fn serve(shared: &Arc<(Mutex<State>, Condvar)>, mut rq: tiny_http::Request) {
     let fault = shared.0.lock().faults.get_mut(&method).and_then(VecDeque::pop_front);
     let record = |status: u16| {
         let mut g = shared.0.lock();
-        g.calls.push(Call {
-            token: token.clone(),
-            method: method.clone(),
-            params: params.clone(),
-            files: files.clone(),
-            at: Instant::now(),
-            status,
-        });
+        if status == 200 {
+            *g.counts.entry(method.clone()).or_default() += 1;
+        }
+        if !g.forget {
+            g.calls.push(Call {
+                token: token.clone(),
+                method: method.clone(),
+                params: params.clone(),
+                files: files.clone(),
+                at: Instant::now(),
+                status,
+            });
+        }
         shared.1.notify_all();
     };
     let (status, out) = match fault {
@@ -500,6 +532,7 @@ fn call(
             let limit = int(params, "limit").unwrap_or(100).clamp(1, 100) as usize;
             let timeout = Duration::from_secs(int(params, "timeout").unwrap_or(0).max(0) as u64);
             let deadline = Instant::now() + timeout;
+            let forget = g.forget;
             loop {
                 let bot = g.bots.get_mut(token).expect("bot vanished");
                 // Passing an offset confirms every update below it, for good.
@@ -508,7 +541,7 @@ fn call(
                     let out: Vec<Value> = bot.updates.iter().take(limit).cloned().collect();
                     for u in &out {
                         let id = u["update_id"].as_i64().unwrap_or(0);
-                        if !bot.delivered.iter().any(|(d, _)| *d == id) {
+                        if !forget && !bot.delivered.iter().any(|(d, _)| *d == id) {
                             bot.delivered.push((id, Instant::now()));
                         }
                     }
@@ -545,6 +578,9 @@ fn call(
                     Some(_) => mid,
                 }
             };
+            if g.forget {
+                g.sent.retain(|(c, _), _| *c != chat);
+            }
             g.sent.insert((chat, message_id), text.to_owned());
             let mut m = json!({"message_id": message_id, "from": bot_user, "chat": FakeTelegram::private_chat(chat),
                                "date": now_s(), "text": text});
