@@ -11,7 +11,8 @@ else ~/.choir.d. Logs go to stderr and DIR/logs/choird.log (level: RUST_LOG,
 default info).";
 
 fn main() {
-    limit_malloc_arenas();
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    choir_common::malloc::limit_arenas(std::env::var_os("MALLOC_ARENA_MAX").is_some());
     if let Err(e) = real_main() {
         eprintln!("choird: {e:#}");
         std::process::exit(1);
@@ -53,34 +54,6 @@ fn real_main() -> anyhow::Result<()> {
     let clock_file = std::env::var_os("CHOIR_TEST_CLOCK_FILE").map(PathBuf::from);
     choird::run(choird::Options { home, default_agent_binary, clock_file })
 }
-
-/// glibc gives a thread that meets contention its own malloc arena (up to
-/// eight per core), and an arena keeps the pages it once held: measured with
-/// `bench-soak`, arenas alone took choird from 19 to 29 MB resident in its
-/// first 200 turns, and on to 33 MB by 4,000. Two arenas serve choird's
-/// threads (22 MB after 4,000 turns, no slower). An operator's own
-/// `MALLOC_ARENA_MAX` is left as it is.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    /// glibc's `M_ARENA_MAX` (malloc.h).
-    const M_ARENA_MAX: std::ffi::c_int = -8;
-    extern "C" {
-        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
-    }
-    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
-    // SAFETY: mallopt only sets a tunable of glibc's allocator; it is called
-    // first thing in main, before any other thread exists.
-    #[allow(unsafe_code)]
-    unsafe {
-        mallopt(M_ARENA_MAX, 2);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
 
 /// Logs to stderr (human) and to `logs/choird.log` (JSON, rotated and
 /// archived by the log manager); level from `RUST_LOG`, default info.

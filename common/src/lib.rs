@@ -12,6 +12,7 @@ pub mod compaction;
 pub mod hop;
 pub mod host_tools;
 pub mod ids;
+pub mod malloc;
 pub mod manifest;
 pub mod openai;
 pub mod proc_tree;

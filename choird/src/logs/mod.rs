@@ -84,8 +84,8 @@ struct Writer {
 /// The manager: cheap to share; one per process.
 pub struct LogManager {
     dir: PathBuf,
-    own: Sender<Entry>,
-    agents: Sender<Entry>,
+    own: Sender<Box<Entry>>,
+    agents: Sender<Box<Entry>>,
     dropped_own: AtomicU64,
     dropped_agents: AtomicU64,
     writer: Mutex<Writer>,
@@ -109,6 +109,9 @@ impl LogManager {
     /// Starts the writer and archiver threads for `dir` (created if missing).
     pub fn start(dir: &Path) -> Arc<LogManager> {
         let _ = std::fs::create_dir_all(dir.join("archive"));
+        // Boxed: a bounded channel allocates and writes every slot up front,
+        // so its memory is capacity × slot size from the start (unboxed
+        // entries made these two 2.5 MB each, half of choird's heap).
         let (own, own_rx) = bounded(QUEUE);
         let (agents, agents_rx) = bounded(QUEUE);
         let (archiver, archive_rx) = bounded(64);
@@ -178,7 +181,7 @@ impl LogManager {
     /// Queues one of choird's own records; never blocks.
     pub fn own(&self, record: LogRecord) {
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.own.try_send(Entry { stream: CHOIRD.to_owned(), record })
+            self.own.try_send(Box::new(Entry { stream: CHOIRD.to_owned(), record }))
         {
             self.dropped_own.fetch_add(1, Ordering::Relaxed);
         }
@@ -189,7 +192,7 @@ impl LogManager {
     /// agent's own writes block (back-pressure on whoever floods), nothing is
     /// dropped, and no thread serving agents is held.
     pub fn agent(&self, agent: &str, record: LogRecord) {
-        if self.agents.send(Entry { stream: agent.to_owned(), record }).is_err() {
+        if self.agents.send(Box::new(Entry { stream: agent.to_owned(), record })).is_err() {
             self.dropped_agents.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -313,15 +316,15 @@ impl LogManager {
 
 /// What the writer thread woke up for.
 enum Got {
-    Entry(Entry),
+    Entry(Box<Entry>),
     Flush(Sender<()>),
     Closed,
 }
 
 fn writer_loop(
     me: &std::sync::Weak<LogManager>,
-    own: &Receiver<Entry>,
-    agents: &Receiver<Entry>,
+    own: &Receiver<Box<Entry>>,
+    agents: &Receiver<Box<Entry>>,
     flushes: &Receiver<Sender<()>>,
 ) {
     loop {
@@ -335,19 +338,19 @@ fn writer_loop(
         let mut batch = m.dropped_records();
         let mut flush = Vec::new();
         match got {
-            Got::Entry(e) => batch.push(e),
+            Got::Entry(e) => batch.push(*e),
             Got::Flush(f) => flush.push(f),
             Got::Closed => return,
         }
-        batch.extend(own.try_iter().take(1024));
-        batch.extend(agents.try_iter().take(1024));
+        batch.extend(own.try_iter().take(1024).map(|e| *e));
+        batch.extend(agents.try_iter().take(1024).map(|e| *e));
         m.write(batch);
         flush.extend(flushes.try_iter());
         if !flush.is_empty() {
             // What was queued before a flush was asked is in the channels
             // now: write exactly that much, then answer.
-            let mut rest: Vec<Entry> = own.try_iter().take(own.len()).collect();
-            rest.extend(agents.try_iter().take(agents.len()));
+            let mut rest: Vec<Entry> = own.try_iter().take(own.len()).map(|e| *e).collect();
+            rest.extend(agents.try_iter().take(agents.len()).map(|e| *e));
             m.write(rest);
             for f in flush {
                 let _ = f.send(());
