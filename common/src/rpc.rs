@@ -222,7 +222,8 @@ pub struct InboundMessage {
     pub sender: String,
     /// The text.
     pub text: String,
-    /// Whether the conversation had messages before this one: an agent that
+    /// Whether the conversation had answered messages before this one (one
+    /// still being answered is in a conversation the agent holds): an agent that
     /// no longer holds the conversation in memory recalls its tail
     /// ([`HeartbeatRequest::recall`]) before answering; one that never had it
     /// starts fresh without a round trip.

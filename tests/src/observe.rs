@@ -132,3 +132,16 @@ pub fn the_confirmation(choird: &crate::harness::Choird) -> String {
     assert_eq!(found.len(), 1, "{found:?}");
     found[0]["id"].to_string()
 }
+
+/// The rows of `table` each scan in `plan` (EXPLAIN's JSON) read: what it
+/// returned over all its loops plus what its filters threw away.
+pub fn rows_read(plan: &Value, table: &str, out: &mut Vec<(String, f64)>) {
+    if plan["Relation Name"] == table {
+        let n = |k: &str| plan[k].as_f64().unwrap_or(0.0);
+        let read = n("Actual Rows") * n("Actual Loops").max(1.0) + n("Rows Removed by Filter");
+        out.push((plan["Node Type"].as_str().unwrap_or("?").to_owned(), read));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        rows_read(child, table, out);
+    }
+}

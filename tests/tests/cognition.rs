@@ -546,3 +546,67 @@ fn a_conversation_of_many_short_turns_is_compacted_by_its_entry_count_not_only_i
     let events = replicated_events(&pg, "demo", 1);
     assert!(events.iter().any(|e| e.kind == EventKind::Compaction && e.input["conversation"] == "many"));
 }
+
+/// The rows of `table` the prepared statement `name` reads, executed with
+/// `args` under both plans PostgreSQL may give it (custom and generic).
+fn rows_read_by(c: &mut postgres::Client, name: &str, args: &str, table: &str) -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}")).unwrap();
+        let plan: Value =
+            c.query_one(&format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})"), &[]).unwrap().get(0);
+        let mut scans = Vec::new();
+        choir_tests::observe::rows_read(&plan[0]["Plan"], table, &mut scans);
+        assert!(!scans.is_empty(), "{name} ({mode}) reads {table}: {plan}");
+        out.extend(scans.into_iter().map(|(node, read)| (mode.to_owned(), node, read)));
+    }
+    out
+}
+
+/// What recalling a dropped conversation and handing out a message read
+/// must not grow with the agent's history: with 4,000 answered messages
+/// (500 in the recalled conversation, the rest in 37 others) and 2,000 commit events (a hundred of
+/// them compactions), each statement reads about what it returns, under the
+/// custom and the generic plan.
+#[test]
+fn recalling_a_conversation_and_handing_out_a_message_read_only_their_rows_however_long_the_history() {
+    let Some(pg) = TestPg::start() else { return };
+    choird::db::Db::connect(&pg.url()).unwrap().migrate().unwrap();
+    let mut c = pg.client();
+    c.batch_execute(
+        "INSERT INTO messages (agent_id, conversation, sender, text, reply, replied_at)
+             SELECT 'a', CASE WHEN g % 8 = 0 THEN 'big' ELSE 'c' || (g % 37) END, 'u', 'q' || g, 'r' || g, now()
+             FROM generate_series(1, 4000) g;
+         INSERT INTO messages (agent_id, conversation, sender, text) VALUES ('a', 'big', 'u', 'new');
+         INSERT INTO commit_events (agent_id, seq, prev_hash, hash, event)
+             SELECT 'a', g, 'p', 'h', CASE WHEN g % 20 = 0
+                 THEN jsonb_build_object('kind', 'compaction', 'outcome', 'ok',
+                          'input', jsonb_build_object('conversation', CASE WHEN g % 40 = 0 THEN 'big' ELSE 'other' END,
+                                                      'upto_message', g),
+                          'result', jsonb_build_object('summary', 's' || g))
+                 ELSE jsonb_build_object('kind', 'tool_call', 'outcome', 'ok', 'tool', 'choir.fs.read') END
+             FROM generate_series(1, 2000) g;
+         ANALYZE messages; ANALYZE commit_events;",
+    )
+    .unwrap();
+    let prepare = |c: &mut postgres::Client, name: &str, types: &str, sql: &str| {
+        c.batch_execute(&format!("PREPARE {name}({types}) AS {sql}")).unwrap();
+    };
+    prepare(&mut c, "tail", "text, text, bigint, bigint, bigint", choird::store::EXCHANGES_AFTER);
+    prepare(&mut c, "summary", "text, text", choird::store::COMPACTION_OF);
+    prepare(&mut c, "pending", "text, bigint, bigint", choird::store::PENDING_MESSAGES);
+    let tail = rows_read_by(&mut c, "tail", "'a', 'big', 1000, 9223372036854775807, 10", "messages");
+    assert!(tail.iter().all(|(_, _, read)| *read <= 10.0), "the last ten exchanges, not the conversation: {tail:?}");
+    let summary = rows_read_by(&mut c, "summary", "'a', 'big'", "commit_events");
+    assert!(summary.iter().all(|(_, _, read)| *read <= 1.0), "the latest compaction, not the log: {summary:?}");
+    let pending = rows_read_by(&mut c, "pending", "'a', 0, 32", "messages");
+    assert!(pending.iter().all(|(_, _, read)| *read <= 2.0), "the message and one probe: {pending:?}");
+    let row = c.query_one("EXECUTE pending('a', 0, 32)", &[]).unwrap();
+    assert_eq!(
+        (row.get::<_, String>(3), row.get::<_, bool>(4)),
+        ("new".to_owned(), true),
+        "it had answered messages before"
+    );
+    let summary: String = c.query_one("EXECUTE summary('a', 'big')", &[]).unwrap().get(0);
+    assert_eq!(summary, "s2000", "the latest of the conversation's compactions");
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram, Fault};
 use choir_tests::harness::{test_config, Choird};
-use choir_tests::observe::{system_of, wait_for};
+use choir_tests::observe::{rows_read, system_of, wait_for};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
@@ -655,19 +655,6 @@ fn a_nul_character_in_an_update_wedged_the_bot_and_is_now_stored_escaped() {
         .get(0);
     assert_eq!(raw, 3, "the three updates with a NUL stored, escaped");
     assert_eq!(tg.unconfirmed(TOKEN_A), 0, "every update confirmed: the poller is not stuck");
-}
-
-/// The rows of `table` each scan in `plan` (EXPLAIN's JSON) read: what it
-/// returned over all its loops plus what its filters threw away.
-fn rows_read(plan: &Value, table: &str, out: &mut Vec<(String, f64)>) {
-    if plan["Relation Name"] == table {
-        let n = |k: &str| plan[k].as_f64().unwrap_or(0.0);
-        let read = n("Actual Rows") * n("Actual Loops").max(1.0) + n("Rows Removed by Filter");
-        out.push((plan["Node Type"].as_str().unwrap_or("?").to_owned(), read));
-    }
-    for child in plan["Plans"].as_array().into_iter().flatten() {
-        rows_read(child, table, out);
-    }
 }
 
 /// Regression: the batch statement asked "was this update stored before?"

@@ -94,6 +94,34 @@ pub struct Store {
     pub(crate) db: Db,
 }
 
+/// An agent's unanswered messages after a position (`$1` agent, `$2` after,
+/// `$3` limit), each with `earlier`: one probe of `messages_answered` per
+/// message. Public for the test that pins its plan.
+pub const PENDING_MESSAGES: &str = "SELECT id, conversation, sender, text,
+        EXISTS (SELECT 1 FROM messages p
+                WHERE p.agent_id = m.agent_id AND p.conversation = m.conversation AND p.id < m.id
+                  AND p.replied_at IS NOT NULL)
+ FROM messages m
+ WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3";
+
+/// The last answered exchanges of one conversation in a range of ids (`$1`
+/// agent, `$2` conversation, `$3` after, `$4` up to, `$5` limit), oldest
+/// first: one range of `messages_answered`. Public for the test that pins its plan.
+pub const EXCHANGES_AFTER: &str = "SELECT text, reply FROM (
+     SELECT id, text, reply FROM messages
+     WHERE agent_id = $1 AND conversation = $2 AND id > $3 AND id <= $4 AND replied_at IS NOT NULL
+     ORDER BY id DESC LIMIT $5) t ORDER BY id";
+
+/// The latest compaction of one conversation (`$1` agent, `$2`
+/// conversation): one probe of `commit_events_compactions`. Public for the
+/// test that pins its plan.
+pub const COMPACTION_OF: &str =
+    "SELECT event->'result'->>'summary', COALESCE((event->'input'->>'upto_message')::bigint, 0)
+ FROM commit_events
+ WHERE agent_id = $1 AND event->'input'->>'conversation' = $2
+   AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
+ ORDER BY seq DESC LIMIT 1";
+
 impl Store {
     /// Wraps a migrated database.
     pub fn new(db: Db) -> Store {
@@ -275,13 +303,8 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Exchange>, DbError> {
         self.db.with(|c| {
-            let rows = c.query(
-                "SELECT text, reply FROM (
-                     SELECT id, text, reply FROM messages
-                     WHERE agent_id = $1 AND conversation = $2 AND id > $3 AND id <= $4 AND replied_at IS NOT NULL
-                     ORDER BY id DESC LIMIT $5) t ORDER BY id",
-                &[&agent.as_str(), &conversation, &(after as i64), &(upto as i64), &limit],
-            )?;
+            let rows =
+                c.query(EXCHANGES_AFTER, &[&agent.as_str(), &conversation, &(after as i64), &(upto as i64), &limit])?;
             Ok(rows
                 .iter()
                 .map(|r| Exchange { user: r.get(0), assistant: r.get::<_, Option<String>>(1).unwrap_or_default() })
@@ -319,17 +342,10 @@ impl Store {
     }
 
     /// Unanswered messages with `id > after`, oldest first, each saying
-    /// whether its conversation had messages before it.
+    /// whether its conversation had answered messages before it.
     pub fn pending_messages(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<InboundMessage>, DbError> {
         self.db.with(|c| {
-            // `earlier`: one probe of `messages_conversation` per message.
-            let pending = c.prepared(
-                "SELECT id, conversation, sender, text,
-                        EXISTS (SELECT 1 FROM messages p
-                                WHERE p.agent_id = m.agent_id AND p.conversation = m.conversation AND p.id < m.id)
-                 FROM messages m
-                 WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3",
-            )?;
+            let pending = c.prepared(PENDING_MESSAGES)?;
             let rows = c.query(&pending, &[&agent.as_str(), &(after as i64), &limit])?;
             Ok(rows
                 .iter()
@@ -371,14 +387,7 @@ impl Store {
     /// `commit_events_compactions`).
     pub fn compaction_of(&self, agent: &AgentId, conversation: &str) -> Result<Option<(String, u64)>, DbError> {
         self.db.with(|c| {
-            let row = c.query_opt(
-                "SELECT event->'result'->>'summary', COALESCE((event->'input'->>'upto_message')::bigint, 0)
-                 FROM commit_events
-                 WHERE agent_id = $1 AND event->'input'->>'conversation' = $2
-                   AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
-                 ORDER BY seq DESC LIMIT 1",
-                &[&agent.as_str(), &conversation],
-            )?;
+            let row = c.query_opt(COMPACTION_OF, &[&agent.as_str(), &conversation])?;
             Ok(row.and_then(|r| Some((r.get::<_, Option<String>>(0)?, r.get::<_, i64>(1) as u64))))
         })
     }
