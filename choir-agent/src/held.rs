@@ -1,17 +1,18 @@
 //! The conversations the edge lane holds in memory (issue 19): at most
 //! [`HELD_CONVERSATIONS`]; when another comes in, the least recently used is
 //! dropped. A dropped conversation that speaks again is recalled from choird
-//! — its latest compaction summary and last answered exchanges, exactly what
-//! a restarted agent gets — so the agent's memory stays bounded however many
+//! — its latest compaction summary and last answered exchanges, what a
+//! restarted agent gets — so the agent's memory stays bounded however many
 //! people talk to it. What a recall does not bring back: the tool calls and
 //! results inside its last turns (they stay in the commit log, not in the
 //! history), and the tools `choir.tools.find` had found there.
 //!
 //! **Invariant:** at most `cap` conversations are held, and the one just
 //! opened (the one being answered) is never the one dropped.
-//! **Invariant:** a conversation is recalled only when it is not held and
-//! choird said it had earlier messages, so a new conversation costs no
-//! round trip.
+//! **Invariant:** a user's message recalls its conversation only when it is
+//! not held and choird said it had earlier messages, so a new conversation
+//! costs no round trip (a note — a decision, a core job's report — always
+//! recalls: it belongs to a conversation that spoke before).
 
 use std::collections::HashMap;
 
@@ -74,12 +75,14 @@ impl Held {
             match recall.recall(name) {
                 Ok(tail) => from_tail(&tail),
                 Err(why) => {
+                    // The detail (a transport error may name an address)
+                    // goes to the log, not to the model.
                     log::warn!("edge: conversation {name} could not be recalled: {why}");
                     let mut c = Conversation::default();
-                    c.push(Entry::operator(format!(
-                        "The earlier part of this conversation could not be loaded ({why}); if the user refers \
-                         to it, say that you cannot see it now."
-                    )));
+                    c.push(Entry::operator(
+                        "The earlier part of this conversation could not be loaded; if the user refers to it, say \
+                         that you cannot see it now.",
+                    ));
                     c
                 }
             }
@@ -138,7 +141,7 @@ pub fn from_tail(tail: &ConversationTail) -> Conversation {
         conv.push(memory::summary_entry(summary));
     }
     for ex in &tail.turns {
-        conv.push(Entry::user(ex.user.clone()));
+        conv.push_user(ex.id, &ex.user);
         conv.push(Entry::model(ChatMessage::text(Role::Assistant, ex.assistant.clone())));
     }
     conv
@@ -167,7 +170,7 @@ mod tests {
             Ok(ConversationTail {
                 conversation: conversation.to_owned(),
                 summary: Some("they spoke before".into()),
-                turns: vec![Exchange { user: format!("hello from {conversation}"), assistant: "hi".into() }],
+                turns: vec![Exchange { user: format!("hello from {conversation}"), assistant: "hi".into(), id: 7 }],
             })
         }
     }
@@ -210,6 +213,8 @@ mod tests {
             texts(held.get("b")),
             vec!["Summary of the earlier conversation: they spoke before", "hello from b", "hi"]
         );
+        // The recalled message keeps its id, so a later compaction records how far it folded.
+        assert_eq!(held.get("b").user_ids, vec![(1, 7)]);
     }
 
     #[test]
@@ -219,6 +224,7 @@ mod tests {
         held.open("a", true, &choird);
         let t = texts(held.get("a"));
         assert_eq!(t.len(), 1);
-        assert!(t[0].contains("could not be loaded (choird did not answer)"), "{t:?}");
+        assert!(t[0].contains("could not be loaded;"), "{t:?}");
+        assert!(!t[0].contains("choird did not answer"), "the error's detail stays out of the model's view: {t:?}");
     }
 }

@@ -260,7 +260,7 @@ impl Mind {
 
     /// Compacts `conv` (conversation `name`) if it is over 80 % of `budget`
     /// estimated tokens, holds more than [`memory::MAX_ENTRIES`] entries (and
-    /// folding would free at least half of them), or `force` is set: older turns are folded into a summary made by
+    /// folding would free at least `MAX_ENTRIES / 2` of them), or `force` is set: older turns are folded into a summary made by
     /// the model, committed as a compaction event. Returns whether it folded.
     /// A failed summary call leaves the history as it was.
     #[allow(clippy::too_many_arguments)]

@@ -178,6 +178,14 @@ pub struct Exchange {
     pub user: String,
     /// What the agent answered.
     pub assistant: String,
+    /// The user message's id (so a compaction after a recall or a restart
+    /// records how far it folded; 0 from a choird that did not send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub id: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// INIT_HELLO response.
@@ -222,8 +230,8 @@ pub struct InboundMessage {
     pub sender: String,
     /// The text.
     pub text: String,
-    /// Whether the conversation had answered messages before this one (one
-    /// still being answered is in a conversation the agent holds): an agent that
+    /// Whether the conversation had messages before this one (answered or
+    /// not: the one before may still be on its way when this is handed out): an agent that
     /// no longer holds the conversation in memory recalls its tail
     /// ([`HeartbeatRequest::recall`]) before answering; one that never had it
     /// starts fresh without a round trip.
@@ -236,8 +244,9 @@ pub struct InboundMessage {
 /// and so how many a recovery snapshot carries.
 pub const HELD_CONVERSATIONS: usize = 32;
 
-/// The longest conversation key choird answers a recall for (keys it makes
-/// are far shorter: `cli`, `tg:<bot>:<chat>`, an admin client's own key).
+/// The longest conversation key: an admin client's longer key is refused
+/// when the message is sent, a longer recall refused too (the keys choird
+/// makes are far shorter: `cli`, `tg:<bot>:<chat>`).
 pub const MAX_CONVERSATION_KEY: usize = 256;
 
 /// Something the edge lane says: the answer to inbound messages, or (with

@@ -596,17 +596,14 @@ fn recalling_a_conversation_and_handing_out_a_message_read_only_their_rows_howev
     prepare(&mut c, "summary", "text, text", choird::store::COMPACTION_OF);
     prepare(&mut c, "pending", "text, bigint, bigint", choird::store::PENDING_MESSAGES);
     let tail = rows_read_by(&mut c, "tail", "'a', 'big', 1000, 9223372036854775807, 10", "messages");
-    assert!(tail.iter().all(|(_, _, read)| *read <= 10.0), "the last ten exchanges, not the conversation: {tail:?}");
+    // Ten answered, and the one unanswered message of the conversation skipped.
+    assert!(tail.iter().all(|(_, _, read)| *read <= 11.0), "the last ten exchanges, not the conversation: {tail:?}");
     let summary = rows_read_by(&mut c, "summary", "'a', 'big'", "commit_events");
     assert!(summary.iter().all(|(_, _, read)| *read <= 1.0), "the latest compaction, not the log: {summary:?}");
     let pending = rows_read_by(&mut c, "pending", "'a', 0, 32", "messages");
     assert!(pending.iter().all(|(_, _, read)| *read <= 2.0), "the message and one probe: {pending:?}");
     let row = c.query_one("EXECUTE pending('a', 0, 32)", &[]).unwrap();
-    assert_eq!(
-        (row.get::<_, String>(3), row.get::<_, bool>(4)),
-        ("new".to_owned(), true),
-        "it had answered messages before"
-    );
+    assert_eq!((row.get::<_, String>(3), row.get::<_, bool>(4)), ("new".to_owned(), true), "it had messages before");
     let summary: String = c.query_one("EXECUTE summary('a', 'big')", &[]).unwrap().get(0);
     assert_eq!(summary, "s2000", "the latest of the conversation's compactions");
 }

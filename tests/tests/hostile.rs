@@ -283,7 +283,7 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["recalled"]["turns"],
-        json!([{"user": "hello evil", "assistant": "answer, claimed for 501"}]),
+        json!([{"user": "hello evil", "assistant": "answer, claimed for 501", "id": m["id"]}]),
         "its own conversation, as answered"
     );
     let long = "x".repeat(choir_common::rpc::MAX_CONVERSATION_KEY + 1);
@@ -296,6 +296,19 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
         10,
         "the refused HEARTBEAT's notice was never looked at"
     );
+    let (status, body) = recall("tg:alpha:502\u{0}", json!([]));
+    assert_eq!(status, 400, "a NUL is refused before the database sees it: {body}");
+    assert!(body.to_string().contains("NUL"), "{body}");
+    // A key no recall could serve is refused when the message is sent.
+    let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
+    let refused = admin
+        .post("http://localhost/admin/v1/agents/good/chat")
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send_json(json!({"text": "hi", "conversation": long, "timeout_s": 5}))
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
 
     // Errors carry no internal address.
     let (status, body) =

@@ -438,6 +438,12 @@ impl Daemon {
         if text.contains('\0') || conversation.contains('\0') {
             return Err(ApiError::BadRequest("a message cannot hold a NUL character".into()));
         }
+        if conversation.len() > choir_common::rpc::MAX_CONVERSATION_KEY {
+            return Err(ApiError::BadRequest(format!(
+                "a conversation key is at most {} bytes",
+                choir_common::rpc::MAX_CONVERSATION_KEY
+            )));
+        }
         if !self.sessions.accepting(&id) {
             return Err(ApiError::Conflict(format!(
                 "agent {id} is not running; start it with `choirctl agent start {id}`"

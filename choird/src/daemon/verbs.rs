@@ -111,6 +111,9 @@ impl Daemon {
                 "recall: a conversation key is at most {MAX_CONVERSATION_KEY} bytes"
             )));
         }
+        if conversation.contains('\0') {
+            return Err(ApiError::BadRequest("recall: a conversation key cannot hold a NUL character".into()));
+        }
         let all = i64::MAX as u64;
         let mut tail = ConversationTail {
             conversation: conversation.to_owned(),

@@ -95,19 +95,20 @@ pub struct Store {
 }
 
 /// An agent's unanswered messages after a position (`$1` agent, `$2` after,
-/// `$3` limit), each with `earlier`: one probe of `messages_answered` per
-/// message. Public for the test that pins its plan.
+/// `$3` limit), each with `earlier`: one probe of `messages_conversation`
+/// per message. Any earlier message counts, answered or not: one handed out
+/// while the one before it is still being answered may reach the edge after
+/// that conversation was dropped. Public for the test that pins its plan.
 pub const PENDING_MESSAGES: &str = "SELECT id, conversation, sender, text,
         EXISTS (SELECT 1 FROM messages p
-                WHERE p.agent_id = m.agent_id AND p.conversation = m.conversation AND p.id < m.id
-                  AND p.replied_at IS NOT NULL)
+                WHERE p.agent_id = m.agent_id AND p.conversation = m.conversation AND p.id < m.id)
  FROM messages m
  WHERE agent_id = $1 AND id > $2 AND replied_at IS NULL ORDER BY id LIMIT $3";
 
 /// The last answered exchanges of one conversation in a range of ids (`$1`
 /// agent, `$2` conversation, `$3` after, `$4` up to, `$5` limit), oldest
-/// first: one range of `messages_answered`. Public for the test that pins its plan.
-pub const EXCHANGES_AFTER: &str = "SELECT text, reply FROM (
+/// first: one range of `messages_conversation`. Public for the test that pins its plan.
+pub const EXCHANGES_AFTER: &str = "SELECT text, reply, id FROM (
      SELECT id, text, reply FROM messages
      WHERE agent_id = $1 AND conversation = $2 AND id > $3 AND id <= $4 AND replied_at IS NOT NULL
      ORDER BY id DESC LIMIT $5) t ORDER BY id";
@@ -115,8 +116,9 @@ pub const EXCHANGES_AFTER: &str = "SELECT text, reply FROM (
 /// The latest compaction of one conversation (`$1` agent, `$2`
 /// conversation): one probe of `commit_events_compactions`. Public for the
 /// test that pins its plan.
-pub const COMPACTION_OF: &str =
-    "SELECT event->'result'->>'summary', COALESCE((event->'input'->>'upto_message')::bigint, 0)
+pub const COMPACTION_OF: &str = "SELECT event->'result'->>'summary',
+        CASE WHEN (event->'input'->>'upto_message') ~ '^[0-9]{1,18}$'
+             THEN (event->'input'->>'upto_message')::bigint ELSE 0 END
  FROM commit_events
  WHERE agent_id = $1 AND event->'input'->>'conversation' = $2
    AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
@@ -267,7 +269,7 @@ impl Store {
     ) -> Result<Vec<ConversationTail>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "SELECT r.conversation, t.text, t.reply FROM (
+                "SELECT r.conversation, t.text, t.reply, t.id FROM (
                      SELECT conversation, max(id) AS last FROM messages
                      WHERE agent_id = $1 AND replied_at IS NOT NULL AND id <= $2
                      GROUP BY conversation ORDER BY last DESC LIMIT $3) r
@@ -281,8 +283,11 @@ impl Store {
             let mut out: Vec<ConversationTail> = Vec::new();
             for r in rows {
                 let conversation: String = r.get(0);
-                let exchange =
-                    Exchange { user: r.get(1), assistant: r.get::<_, Option<String>>(2).unwrap_or_default() };
+                let exchange = Exchange {
+                    user: r.get(1),
+                    assistant: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                    id: r.get::<_, i64>(3) as u64,
+                };
                 match out.last_mut() {
                     Some(t) if t.conversation == conversation => t.turns.push(exchange),
                     _ => out.push(ConversationTail { conversation, summary: None, turns: vec![exchange] }),
@@ -307,7 +312,11 @@ impl Store {
                 c.query(EXCHANGES_AFTER, &[&agent.as_str(), &conversation, &(after as i64), &(upto as i64), &limit])?;
             Ok(rows
                 .iter()
-                .map(|r| Exchange { user: r.get(0), assistant: r.get::<_, Option<String>>(1).unwrap_or_default() })
+                .map(|r| Exchange {
+                    user: r.get(0),
+                    assistant: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    id: r.get::<_, i64>(2) as u64,
+                })
                 .collect())
         })
     }
@@ -342,7 +351,7 @@ impl Store {
     }
 
     /// Unanswered messages with `id > after`, oldest first, each saying
-    /// whether its conversation had answered messages before it.
+    /// whether its conversation had messages before it.
     pub fn pending_messages(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<InboundMessage>, DbError> {
         self.db.with(|c| {
             let pending = c.prepared(PENDING_MESSAGES)?;
