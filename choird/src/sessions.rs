@@ -509,7 +509,13 @@ impl Sessions {
             let mut t = self.table.lock();
             match t.get_mut(id) {
                 Some(slot) if slot.session.as_ref().is_some_and(|s| s.id == session) => {
-                    let will_restart = slot.desired && may_restart && slot.phase != Phase::Stopping;
+                    // An exit before the operator's start finished is that
+                    // start failing (`agent start` reports it), not a crash
+                    // to restart from: restarting raced the failing start,
+                    // which then found the agent "already starting".
+                    let failed_first_start = slot.phase == Phase::Starting && slot.crashes == 0;
+                    let will_restart =
+                        slot.desired && may_restart && slot.phase != Phase::Stopping && !failed_first_start;
                     slot.session = None;
                     slot.phase = if will_restart { Phase::Starting } else { Phase::Stopped };
                     if !will_restart {

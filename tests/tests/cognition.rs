@@ -607,3 +607,34 @@ fn recalling_a_conversation_and_handing_out_a_message_read_only_their_rows_howev
     let summary: String = c.query_one("EXECUTE summary('a', 'big')", &[]).unwrap().get(0);
     assert_eq!(summary, "s2000", "the latest of the conversation's compactions");
 }
+
+#[test]
+fn after_a_restart_the_most_recent_conversations_are_held_and_an_older_one_is_recalled() {
+    let Some(pg) = TestPg::start() else { return };
+    let held = choir_common::rpc::HELD_CONVERSATIONS;
+    let edge = FakeLlm::with_responder(|req, _| {
+        let last = req["messages"].as_array()?.last()?.clone();
+        Some(Step::Text(format!("re: {}", last["content"].as_str().unwrap_or_default())))
+    });
+    let config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    // The oldest conversation first, then as many as are held.
+    for i in 0..=held {
+        assert_eq!(chat_in(&choird, &format!("k{i}"), &format!("I am {i}")), format!("re: I am {i}"));
+    }
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    choird.restart();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    // The newest came back in the recovery snapshot, the oldest by a recall:
+    // both answer with their earlier exchange in the model's view.
+    for i in [held, 0] {
+        assert_eq!(chat_in(&choird, &format!("k{i}"), "who am I?"), "re: who am I?");
+        let view = contents(&edge.requests().last().unwrap().body);
+        assert_eq!(
+            view,
+            vec![format!("user: I am {i}"), format!("assistant: re: I am {i}"), "user: who am I?".to_owned()],
+            "conversation k{i}"
+        );
+    }
+}
