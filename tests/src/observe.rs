@@ -145,3 +145,28 @@ pub fn rows_read(plan: &Value, table: &str, out: &mut Vec<(String, f64)>) {
         rows_read(child, table, out);
     }
 }
+
+/// The rows of `table` each scan reads when `execute(mode)` (an `EXECUTE`
+/// of a prepared statement) runs under each plan PostgreSQL may give it:
+/// (mode, node, rows read), for `force_custom_plan` then
+/// `force_generic_plan`. Fails if a plan does not touch `table` at all.
+pub fn rows_read_under_both_plans(
+    c: &mut postgres::Client,
+    table: &str,
+    execute: impl Fn(&str) -> String,
+) -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}")).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let statement = execute(mode);
+        let plan: Value = c
+            .query_one(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {statement}"), &[])
+            .unwrap_or_else(|e| panic!("{statement}: {e}"))
+            .get(0);
+        let mut scans = Vec::new();
+        rows_read(&plan[0]["Plan"], table, &mut scans);
+        assert!(!scans.is_empty(), "{statement} ({mode}) reads {table}: {plan}");
+        out.extend(scans.into_iter().map(|(node, read)| (mode.to_owned(), node, read)));
+    }
+    out
+}

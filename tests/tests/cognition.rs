@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use choir_common::commit::{EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{bin, test_config, two_lane_config, Choird};
-use choir_tests::observe::{notices, system_of, wait_for};
+use choir_tests::observe::{notices, rows_read_under_both_plans, system_of, wait_for};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
@@ -547,22 +547,6 @@ fn a_conversation_of_many_short_turns_is_compacted_by_its_entry_count_not_only_i
     assert!(events.iter().any(|e| e.kind == EventKind::Compaction && e.input["conversation"] == "many"));
 }
 
-/// The rows of `table` the prepared statement `name` reads, executed with
-/// `args` under both plans PostgreSQL may give it (custom and generic).
-fn rows_read_by(c: &mut postgres::Client, name: &str, args: &str, table: &str) -> Vec<(String, String, f64)> {
-    let mut out = Vec::new();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        c.batch_execute(&format!("SET plan_cache_mode = {mode}")).unwrap();
-        let plan: Value =
-            c.query_one(&format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})"), &[]).unwrap().get(0);
-        let mut scans = Vec::new();
-        choir_tests::observe::rows_read(&plan[0]["Plan"], table, &mut scans);
-        assert!(!scans.is_empty(), "{name} ({mode}) reads {table}: {plan}");
-        out.extend(scans.into_iter().map(|(node, read)| (mode.to_owned(), node, read)));
-    }
-    out
-}
-
 /// What recalling a dropped conversation and handing out a message read
 /// must not grow with the agent's history: with 4,000 answered messages
 /// (500 in the recalled conversation, the rest in 37 others) and 2,000 commit events (a hundred of
@@ -595,12 +579,14 @@ fn recalling_a_conversation_and_handing_out_a_message_read_only_their_rows_howev
     prepare(&mut c, "tail", "text, text, bigint, bigint, bigint", choird::store::EXCHANGES_AFTER);
     prepare(&mut c, "summary", "text, text", choird::store::COMPACTION_OF);
     prepare(&mut c, "pending", "text, bigint, bigint", choird::store::PENDING_MESSAGES);
-    let tail = rows_read_by(&mut c, "tail", "'a', 'big', 1000, 9223372036854775807, 10", "messages");
+    let tail = rows_read_under_both_plans(&mut c, "messages", |_| {
+        "EXECUTE tail('a', 'big', 1000, 9223372036854775807, 10)".to_owned()
+    });
     // Ten answered, and the one unanswered message of the conversation skipped.
     assert!(tail.iter().all(|(_, _, read)| *read <= 11.0), "the last ten exchanges, not the conversation: {tail:?}");
-    let summary = rows_read_by(&mut c, "summary", "'a', 'big'", "commit_events");
+    let summary = rows_read_under_both_plans(&mut c, "commit_events", |_| "EXECUTE summary('a', 'big')".to_owned());
     assert!(summary.iter().all(|(_, _, read)| *read <= 1.0), "the latest compaction, not the log: {summary:?}");
-    let pending = rows_read_by(&mut c, "pending", "'a', 0, 32", "messages");
+    let pending = rows_read_under_both_plans(&mut c, "messages", |_| "EXECUTE pending('a', 0, 32)".to_owned());
     assert!(pending.iter().all(|(_, _, read)| *read <= 2.0), "the message and one probe: {pending:?}");
     let row = c.query_one("EXECUTE pending('a', 0, 32)", &[]).unwrap();
     assert_eq!((row.get::<_, String>(3), row.get::<_, bool>(4)), ("new".to_owned(), true), "it had messages before");

@@ -94,12 +94,8 @@ impl Daemon {
     /// conversations it may hold (the most recently answered), the latest
     /// compaction summary of each, then the answered exchanges after it.
     fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, ApiError> {
-        let mut tails =
-            self.store.recent_exchanges(agent, processed, HELD_CONVERSATIONS as i64, RECOVERED_EXCHANGES)?;
-        for tail in &mut tails {
-            self.after_summary(agent, tail, processed)?;
-        }
-        Ok(tails)
+        let keys = self.store.recent_conversations(agent, processed, HELD_CONVERSATIONS as i64)?;
+        keys.iter().map(|key| self.tail_of(agent, key, processed)).collect()
     }
 
     /// The tail of one of the agent's conversations, for a HEARTBEAT's
@@ -114,24 +110,19 @@ impl Daemon {
         if conversation.contains('\0') {
             return Err(ApiError::BadRequest("recall: a conversation key cannot hold a NUL character".into()));
         }
-        let all = i64::MAX as u64;
-        let mut tail = ConversationTail {
-            conversation: conversation.to_owned(),
-            summary: None,
-            turns: self.store.exchanges_after(agent, conversation, 0, all, RECOVERED_EXCHANGES)?,
-        };
-        self.after_summary(agent, &mut tail, all)?;
-        Ok(tail)
+        self.tail_of(agent, conversation, i64::MAX as u64)
     }
 
-    /// Puts a conversation's latest compaction summary in front of its tail,
-    /// which then holds only exchanges the summary did not fold.
-    fn after_summary(&self, agent: &AgentId, tail: &mut ConversationTail, upto: u64) -> Result<(), ApiError> {
-        if let Some((summary, folded)) = self.store.compaction_of(agent, &tail.conversation)? {
-            tail.summary = Some(summary);
-            tail.turns = self.store.exchanges_after(agent, &tail.conversation, folded, upto, RECOVERED_EXCHANGES)?;
-        }
-        Ok(())
+    /// A conversation's tail as a (re)started or recalling agent gets it: its
+    /// latest compaction summary, then the last answered exchanges with
+    /// `id <= upto` the summary did not fold. Two index probes.
+    fn tail_of(&self, agent: &AgentId, conversation: &str, upto: u64) -> Result<ConversationTail, ApiError> {
+        let (summary, folded) = match self.store.compaction_of(agent, conversation)? {
+            Some((summary, folded)) => (Some(summary), folded),
+            None => (None, 0),
+        };
+        let turns = self.store.exchanges_after(agent, conversation, folded, upto, RECOVERED_EXCHANGES)?;
+        Ok(ConversationTail { conversation: conversation.to_owned(), summary, turns })
     }
 
     /// The hot-reloadable config of one agent.

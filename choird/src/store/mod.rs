@@ -3,7 +3,7 @@
 
 use choir_common::commit::{ChainError, ChainHead, CommitEvent, GENESIS_HASH};
 use choir_common::ids::AgentId;
-use choir_common::rpc::{ConversationTail, Exchange, InboundMessage};
+use choir_common::rpc::{Exchange, InboundMessage};
 use serde_json::Value;
 
 use crate::db::{Db, DbError};
@@ -254,46 +254,20 @@ impl Store {
         })
     }
 
-    /// The tails of an agent's `conversations` most recently answered
-    /// conversations: the last `per` answered exchanges of each with
-    /// `id <= upto`, exchanges oldest first, the tails in order of their last
-    /// answer (least recent first). Reads one index range per conversation
-    /// for the tails; the choice of conversations reads the agent's answered
-    /// messages once (recovery only, not per turn).
-    pub fn recent_exchanges(
-        &self,
-        agent: &AgentId,
-        upto: u64,
-        conversations: i64,
-        per: i64,
-    ) -> Result<Vec<ConversationTail>, DbError> {
+    /// The keys of an agent's `n` most recently answered conversations among
+    /// messages with `id <= upto`, least recent first. Reads the agent's
+    /// answered messages once (recovery only, not per turn).
+    pub fn recent_conversations(&self, agent: &AgentId, upto: u64, n: i64) -> Result<Vec<String>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "SELECT r.conversation, t.text, t.reply, t.id FROM (
+                "SELECT conversation FROM (
                      SELECT conversation, max(id) AS last FROM messages
                      WHERE agent_id = $1 AND replied_at IS NOT NULL AND id <= $2
                      GROUP BY conversation ORDER BY last DESC LIMIT $3) r
-                 CROSS JOIN LATERAL (
-                     SELECT id, text, reply FROM messages
-                     WHERE agent_id = $1 AND conversation = r.conversation AND replied_at IS NOT NULL AND id <= $2
-                     ORDER BY id DESC LIMIT $4) t
-                 ORDER BY r.last, t.id",
-                &[&agent.as_str(), &(upto as i64), &conversations, &per],
+                 ORDER BY last",
+                &[&agent.as_str(), &(upto as i64), &n],
             )?;
-            let mut out: Vec<ConversationTail> = Vec::new();
-            for r in rows {
-                let conversation: String = r.get(0);
-                let exchange = Exchange {
-                    user: r.get(1),
-                    assistant: r.get::<_, Option<String>>(2).unwrap_or_default(),
-                    id: r.get::<_, i64>(3) as u64,
-                };
-                match out.last_mut() {
-                    Some(t) if t.conversation == conversation => t.turns.push(exchange),
-                    _ => out.push(ConversationTail { conversation, summary: None, turns: vec![exchange] }),
-                }
-            }
-            Ok(out)
+            Ok(rows.iter().map(|r| r.get(0)).collect())
         })
     }
 
