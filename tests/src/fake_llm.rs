@@ -77,6 +77,8 @@ struct Shared {
     /// answer 500.
     fallback: Option<Step>,
     counter: u64,
+    /// The CPU nice value answers run at (0: the bench's own).
+    nice: i32,
 }
 
 /// The running fake. Stops when dropped.
@@ -105,6 +107,7 @@ impl FakeLlm {
                 requests: Vec::new(),
                 fallback,
                 counter: 0,
+                nice: 0,
             }),
             Condvar::new(),
         ));
@@ -114,6 +117,11 @@ impl FakeLlm {
                 let s2 = s2.clone();
                 // One thread per request: a slow answer does not hold up others.
                 std::thread::spawn(move || {
+                let nice = s2.0.lock().nice;
+                if nice != 0 {
+                    // Best effort: a bench that asked for it says so in its report.
+                    let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice);
+                }
                 let mut body = String::new();
                 let _ = rq.as_reader().read_to_string(&mut body);
                 let auth =
@@ -178,6 +186,13 @@ impl FakeLlm {
     /// Stops keeping request bodies (they are still answered): for load tests.
     pub fn forget_bodies(&self) {
         self.shared.0.lock().keep_bodies = false;
+    }
+
+    /// Answers at this CPU nice value from now on (the next request on):
+    /// for benches, where the fake stands in for a remote model whose work
+    /// is not this machine's and should not compete with what is measured.
+    pub fn answer_at_nice(&self, nice: i32) {
+        self.shared.0.lock().nice = nice;
     }
 
     /// Steps not yet consumed.

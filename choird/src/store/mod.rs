@@ -415,6 +415,14 @@ impl Store {
 
     /// Records one relayed LLM call and adds its tokens to the agent's
     /// usage of the day (UTC), in one transaction.
+    ///
+    /// Committed without waiting for its WAL flush (`synchronous_commit =
+    /// off` for this transaction only; issue 19, item 1): every model call
+    /// writes one, and its fsync queued with the turn's own commits (the
+    /// message, the reply and its events), which must wait for theirs. A
+    /// crash of PostgreSQL or the host may lose the last fraction of a second
+    /// of these rows — a call's tokens not counted in the ledger, never a
+    /// half-written row; the next synchronous commit flushes them with its own.
     #[allow(clippy::too_many_arguments)]
     pub fn record_llm_call(
         &self,
@@ -440,6 +448,7 @@ impl Store {
                  ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
             )?;
             let mut tx = c.transaction()?;
+            tx.batch_execute("SET LOCAL synchronous_commit = off")?;
             tx.execute(
                 &call,
                 &[
