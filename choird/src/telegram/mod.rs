@@ -43,7 +43,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use choir_common::admin::{BotStatus, TelegramStatus};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Sender};
 use serde_json::json;
 
 use crate::config::TelegramConfig;
@@ -214,10 +214,10 @@ impl Delivery for TelegramDelivery {
 
 /// `tg-events`: acts on the daemon's events until the channel closes or
 /// `stop` is set.
-pub fn run_events(d: &Handle, events: &Receiver<Event>, stop: &AtomicBool) {
+pub fn run_events(d: &Handle, events: &crate::events::Inbox, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         let Ok(event) = events.recv_timeout(Duration::from_millis(500)) else { continue };
-        match event {
+        match *event {
             Event::Answered { agent, conversation } => {
                 if let Some((bot, chat)) = chat_of(&conversation) {
                     collect_files(d, &agent, &bot, chat);

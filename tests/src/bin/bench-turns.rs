@@ -10,6 +10,10 @@
 //! p50/p99 of each step between consecutive marks (the marks cost a log line
 //! each, so this run's totals are a little higher than the untraced ones).
 //!
+//! Each p50/p99 is also given as a ratio to the floor measured at the start
+//! of the same run (one PostgreSQL commit plus three socket hops: see
+//! `Floor`), so runs on a quiet and on a noisy day compare.
+//!
 //! The fake core model answers at nice 19: in production it is a remote
 //! service whose work does not share this machine's CPU with the turn; the
 //! core jobs' work that does (their agent threads, choird's relay and
@@ -68,6 +72,9 @@ fn hops() -> Vec<&'static str> {
 
 fn main() {
     let pg = TestPg::start().expect("PostgreSQL is needed");
+    // Before choird starts: the machine as quiet as it gets in this run.
+    let floor = Floor::measure(&pg);
+    choir_tests::report!("{}", floor.describe());
     let edge = FakeLlm::with_responder(|req, _| {
         let last = req["messages"].as_array()?.last()?.clone();
         if last["content"] == "start eight" {
@@ -104,7 +111,7 @@ fn main() {
         json!({"max_core_jobs": 8, "core_budget": {"steps": 100000000, "tokens": 1000000000000u64, "wall_s": 36000}});
     // `--breakdown-only`: skip the untraced runs.
     if !std::env::args().any(|a| a == "--breakdown-only") {
-        untraced(&config, &edge, &core);
+        untraced(&config, &edge, &core, &floor);
     }
 
     // The breakdown: the same agent, its processes marking each hop; idle,
@@ -112,12 +119,12 @@ fn main() {
     let traced = Choird::start_logging(&config, &json!({"llm_key": "k"}), "info,choir::hop=trace");
     start_demo(&traced, &edge);
     let (inb, outb, idle) = turns(&traced, &edge, 500, "traced");
-    choir_tests::report!("traced, idle, 500 turns: {}", in_out(inb, outb));
+    choir_tests::report!("traced, idle, 500 turns: {}", in_out(inb, outb, &floor));
     traced.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
     let (inb, outb, busy) = turns(&traced, &edge, 500, "traced-busy");
     traced.ctl_ok(&["agent", "stop", "demo"]);
-    choir_tests::report!("traced, 8 busy core jobs, 500 turns: {}", in_out(inb, outb));
+    choir_tests::report!("traced, 8 busy core jobs, 500 turns: {}", in_out(inb, outb, &floor));
     // The log manager writes in batches: let it catch up.
     std::thread::sleep(Duration::from_secs(2));
     let marks = marks(&traced, &["demo"]);
@@ -128,14 +135,14 @@ fn main() {
 }
 
 /// The untraced runs: idle, then with 8 busy core jobs.
-fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
+fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
     let choird = Choird::start(config, &json!({"llm_key": "k"}));
     start_demo(&choird, edge);
 
     let (inb, outb, _) = turns(&choird, edge, 1000, "idle");
     choir_tests::report!(
         "idle agent, 1000 turns: {} (in: message into choird → model request out of the relay; out: model answer → reply out of choird)",
-        in_out(inb, outb)
+        in_out(inb, outb, floor)
     );
 
     choird.ctl_ok(&["chat", "demo", "start eight"]);
@@ -145,7 +152,7 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm) {
     let core_steps = core.requests().len() - core_before;
     choir_tests::report!(
         "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: {}",
-        in_out(inb, outb)
+        in_out(inb, outb, floor)
     );
     choird.ctl_ok(&["agent", "stop", "demo"]);
     drop(choird);
@@ -160,13 +167,71 @@ fn start_demo(choird: &Choird, edge: &FakeLlm) {
     turns(choird, edge, 50, "warmup");
 }
 
-/// p50 and p99 of both directions of a run of turns.
-fn in_out(inb: Vec<Duration>, outb: Vec<Duration>) -> String {
+/// p50 and p99 of both directions of a run of turns, each with its ratio to
+/// the floor.
+fn in_out(inb: Vec<Duration>, outb: Vec<Duration>, floor: &Floor) -> String {
+    let (i50, i99, o50, o99) = (pct(inb.clone(), 0.5), pct(inb, 0.99), pct(outb.clone(), 0.5), pct(outb, 0.99));
     format!(
-        "in p50 {:.2} ms p99 {:.2} ms; out p50 {:.2} ms p99 {:.2} ms",
-        pct(inb.clone(), 0.5),
-        pct(inb, 0.99),
-        pct(outb.clone(), 0.5),
-        pct(outb, 0.99)
+        "in p50 {i50:.2} ms ({:.1}× the floor) p99 {i99:.2} ms ({:.1}×); out p50 {o50:.2} ms ({:.1}×) p99 {o99:.2} ms ({:.1}×)",
+        i50 / floor.p50,
+        i99 / floor.p99,
+        o50 / floor.p50,
+        o99 / floor.p99
     )
+}
+
+/// The physical floor of one direction of a turn on this machine, measured in
+/// the same run: the one durable write each direction needs (a PostgreSQL
+/// commit of a one-row `INSERT`, prepared, on the cluster choird uses, so with
+/// its fsync) and three one-way Unix-socket hops (in: the admin request, the
+/// hand-out to the agent, the agent's request to the relay; out: the answer to
+/// the agent, its HEARTBEAT, the answer to the admin client), each half of a
+/// one-byte round trip. p99 is the sum of the parts' p99s.
+struct Floor {
+    commit: (f64, f64),
+    trip: (f64, f64),
+    p50: f64,
+    p99: f64,
+}
+
+impl Floor {
+    fn measure(pg: &TestPg) -> Floor {
+        let mut c = pg.client();
+        c.batch_execute("CREATE TABLE bench_floor (id bigint)").unwrap();
+        let insert = c.prepare("INSERT INTO bench_floor VALUES ($1)").unwrap();
+        let mut commits = Vec::new();
+        for i in 0..1000i64 {
+            let t = Instant::now();
+            c.execute(&insert, &[&i]).unwrap();
+            commits.push(t.elapsed());
+        }
+        c.batch_execute("DROP TABLE bench_floor").unwrap();
+
+        use std::io::{Read, Write};
+        let (mut near, mut far) = std::os::unix::net::UnixStream::pair().unwrap();
+        let echo = std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while far.read_exact(&mut b).is_ok() && far.write_all(&b).is_ok() {}
+        });
+        let mut trips = Vec::new();
+        for _ in 0..2000 {
+            let mut b = [0u8; 1];
+            let t = Instant::now();
+            near.write_all(b"x").unwrap();
+            near.read_exact(&mut b).unwrap();
+            trips.push(t.elapsed());
+        }
+        drop(near);
+        echo.join().unwrap();
+        let commit = (pct(commits.clone(), 0.5), pct(commits, 0.99));
+        let trip = (pct(trips.clone(), 0.5), pct(trips, 0.99));
+        Floor { commit, trip, p50: commit.0 + 1.5 * trip.0, p99: commit.1 + 1.5 * trip.1 }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "floor of one direction (one PostgreSQL commit p50 {:.3} / p99 {:.3} ms + three socket hops, a round trip being p50 {:.3} / p99 {:.3} ms): p50 {:.2} ms, p99 {:.2} ms",
+            self.commit.0, self.commit.1, self.trip.0, self.trip.1, self.p50, self.p99
+        )
+    }
 }
