@@ -438,6 +438,43 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(stored, 2, "the placeholder and the event after it");
 }
 
+/// The core job a relayed call names (`?job=`) is the agent's claim, kept in
+/// the ledger for the operator: only a plain name gets there; a made-up log
+/// line, a NUL, a path or an oversized name is left out, and the call goes.
+#[test]
+fn t2_a_job_name_that_is_not_a_plain_name_never_reaches_the_ledger() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil"]);
+    config["agent_binary"] = json!(bin("hostile-agent"));
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let ask = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let long = "j".repeat(65);
+    let jobs = ["census", "a%0Aforged%20line", "ok%00", "..%2F..%2Fetc", long.as_str(), "", "job_1.b-2"];
+    for job in jobs {
+        let (status, body) = evil.post(&format!("/llm/edge/v1/chat/completions?job={job}"), &ask);
+        assert_eq!(status, 200, "{job}: {body}");
+    }
+    let mut client = pg.client();
+    let mut recorded = || -> Vec<Option<String>> {
+        client
+            .query("SELECT job FROM llm_calls WHERE agent_id = 'evil' ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let mut seen = Vec::new();
+    wait_for("every call in the ledger", Duration::from_secs(10), || {
+        seen = recorded();
+        seen.len() >= jobs.len()
+    });
+    let plain = |s: &str| Some(s.to_owned());
+    assert_eq!(seen, [plain("census"), None, None, None, None, None, plain("job_1.b-2")]);
+}
+
 #[test]
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };
