@@ -48,11 +48,7 @@ pub struct Hold<'a> {
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        if self.turn {
-            let mut s = self.floor.state.lock();
-            s.turns = s.turns.saturating_sub(1);
-        }
-        self.floor.release();
+        self.floor.release(self.turn);
     }
 }
 
@@ -115,9 +111,14 @@ impl Floor {
         Some(Aside { floor: self })
     }
 
-    fn release(&self) {
+    /// Lets go of a hold (and of its turn, for a turn's): one update, so no
+    /// one sees the turn ended while its hold is still counted.
+    fn release(&self, turn: bool) {
         let mut s = self.state.lock();
         s.held = s.held.saturating_sub(1);
+        if turn {
+            s.turns = s.turns.saturating_sub(1);
+        }
         self.changed.notify_all();
     }
 
@@ -213,7 +214,7 @@ mod tests {
         assert!(f.is_held(), "the push's hold outlives the turn's");
         drop(b);
         assert!(!f.is_held());
-        f.release();
+        f.release(false);
         assert!(!f.is_held());
         let _c = f.hold();
         assert!(f.is_held(), "an extra release did not leave the count negative");
