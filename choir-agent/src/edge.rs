@@ -219,10 +219,9 @@ impl EdgeLane {
         start: Start,
     ) -> Result<(), LogError> {
         // Core jobs hold back while this turn is worked on (not while its
-        // model thinks: `Mind::ask` steps aside); link-push holds back their
-        // events until the reply (see `floor.rs`).
+        // model thinks: `Mind::ask` steps aside).
         let floor = self.mind.floor.clone();
-        let _hold = floor.turn();
+        let _hold = floor.hold();
         self.pool.set_limits(self.limits());
         let (max_steps, retry_budget, context_tokens) = {
             let c = self.config.read();

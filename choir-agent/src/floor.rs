@@ -6,12 +6,6 @@
 //! first. (Core job threads also run at a lower CPU priority: see
 //! `core.rs`.)
 //!
-//! While a turn is under way (from its message to its end, the model's
-//! thinking included) link-push also holds back HEARTBEATs that would carry
-//! only core events, for at most `link::DEFER_DURING_TURN`: the reply then
-//! takes them along in its own HEARTBEAT instead of queueing behind theirs
-//! (one transaction in choird either way; see `link.rs`).
-//!
 //! **Invariant:** a core step waits only while the edge has the floor *and*
 //! another core step is under way; it never waits for the edge alone, so an
 //! edge that is never idle slows core jobs to one step at a time but never
@@ -27,8 +21,6 @@ struct State {
     held: u32,
     /// Core steps under way.
     core: u32,
-    /// Edge turns under way (not lowered while the edge steps aside).
-    turns: u32,
 }
 
 /// Who has the floor.
@@ -42,13 +34,11 @@ pub struct Floor {
 #[must_use = "the floor is released when the hold is dropped"]
 pub struct Hold<'a> {
     floor: &'a Floor,
-    /// Whether this hold is a turn's (see [`Floor::turn`]).
-    turn: bool,
 }
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        self.floor.release(self.turn);
+        self.floor.release();
     }
 }
 
@@ -79,24 +69,10 @@ impl Drop for CoreStep<'_> {
 }
 
 impl Floor {
-    /// Takes the floor (link-push pushing a reply).
+    /// Takes the floor (the edge starting a turn, or pushing its reply).
     pub fn hold(&self) -> Hold<'_> {
         self.state.lock().held += 1;
-        Hold { floor: self, turn: false }
-    }
-
-    /// Takes the floor for a turn: as [`Floor::hold`], and the turn counts as
-    /// under way until the hold is dropped, its model's thinking included.
-    pub fn turn(&self) -> Hold<'_> {
-        let mut s = self.state.lock();
-        s.held += 1;
-        s.turns += 1;
-        Hold { floor: self, turn: true }
-    }
-
-    /// Whether an edge turn is under way (whether or not it has stepped aside).
-    pub fn turn_under_way(&self) -> bool {
-        self.state.lock().turns > 0
+        Hold { floor: self }
     }
 
     /// Gives the floor up while waiting on something slow (the model) when
@@ -111,14 +87,9 @@ impl Floor {
         Some(Aside { floor: self })
     }
 
-    /// Lets go of a hold (and of its turn, for a turn's): one update, so no
-    /// one sees the turn ended while its hold is still counted.
-    fn release(&self, turn: bool) {
+    fn release(&self) {
         let mut s = self.state.lock();
         s.held = s.held.saturating_sub(1);
-        if turn {
-            s.turns = s.turns.saturating_sub(1);
-        }
         self.changed.notify_all();
     }
 
@@ -214,28 +185,9 @@ mod tests {
         assert!(f.is_held(), "the push's hold outlives the turn's");
         drop(b);
         assert!(!f.is_held());
-        f.release(false);
+        f.release();
         assert!(!f.is_held());
         let _c = f.hold();
         assert!(f.is_held(), "an extra release did not leave the count negative");
-    }
-
-    #[test]
-    fn a_turn_is_under_way_while_its_model_thinks_and_ends_with_its_hold() {
-        let f = Floor::default();
-        assert!(!f.turn_under_way());
-        let push = f.hold();
-        assert!(!f.turn_under_way(), "a push's hold is not a turn");
-        let turn = f.turn();
-        assert!(f.turn_under_way());
-        {
-            let _aside = f.step_aside().expect("held");
-            assert!(f.turn_under_way(), "the model thinking is part of the turn");
-        }
-        drop(turn);
-        assert!(!f.turn_under_way());
-        assert!(f.is_held(), "the push's hold outlives the turn");
-        drop(push);
-        assert!(!f.is_held());
     }
 }

@@ -3,9 +3,7 @@
 //! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
 //!   feeds the edge lane's inbox.
 //! * `link-push` ships committed events (as soon as they are committed, and
-//!   again until acknowledged; core events held back at most
-//!   [`DEFER_DURING_TURN`] while an edge turn is under way, so its reply
-//!   does not queue behind them), answers and status reports, and heartbeats
+//!   again until acknowledged), answers and status reports, and heartbeats
 //!   every few seconds to keep the lease.
 //!
 //! Two threads, because a long-poll in flight must not delay replication.
@@ -41,16 +39,6 @@ const PERIOD: Duration = Duration::from_secs(5);
 const GIVE_UP_WHEN_STOPPING: Duration = Duration::from_secs(10);
 /// Status reports are coalesced to at most one per this interval.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
-/// How long committed core events may wait while an edge turn is under way
-/// (issue 19, item 1). A reply's HEARTBEAT carries every event committed
-/// before it (chain order), so a HEARTBEAT of core events in flight when the
-/// reply is queued only makes the reply wait for its round trip and commit;
-/// held back, they go in the reply's one transaction instead. Bounded, so a
-/// long turn (a model thinking for seconds) delays core replication by at
-/// most this, and never more than a few turns' worth of events pile up.
-pub const DEFER_DURING_TURN: Duration = Duration::from_millis(20);
-/// How often a held-back push looks whether the turn ended without a reply.
-const TURN_LOOK: Duration = Duration::from_millis(2);
 
 /// State shared by the two link threads.
 pub struct Link {
@@ -295,8 +283,6 @@ impl Link {
         let mut open = true;
         let mut closed_at: Option<Instant> = None;
         let mut failures = 0;
-        // Since when core events have been held back for a turn.
-        let mut deferred: Option<Instant> = None;
         loop {
             if !open && closed_at.is_none() {
                 closed_at = Some(Instant::now());
@@ -328,26 +314,6 @@ impl Link {
             if self.lease_lost.load(Ordering::SeqCst) {
                 return;
             }
-            // Core events wait while a turn is under way, for its reply to
-            // take them along (see `DEFER_DURING_TURN`).
-            let alone = open
-                && out.replies.is_empty()
-                && out.partials.is_empty()
-                && out.firings.is_empty()
-                && !self.log.all_acked();
-            let waited = deferred.map_or(Duration::ZERO, |t| t.elapsed());
-            if let Some(wait) = hold_back(alone, self.floor.turn_under_way(), waited) {
-                deferred.get_or_insert_with(Instant::now);
-                select! {
-                    recv(outbound) -> m => match m {
-                        Ok(m) => take(m, &mut out),
-                        Err(_) => open = false,
-                    },
-                    default(wait) => {},
-                }
-                continue;
-            }
-            deferred = None;
             let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
             let Pending { replies, partials, firings } = &mut out;
             let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty() || !firings.is_empty();
@@ -448,19 +414,6 @@ impl Link {
     }
 }
 
-/// How long link-push waits now before shipping committed core events
-/// (`None`: ship now). They wait only when they would go `alone` (no reply,
-/// partial or firing report to take them along), a turn is under way, and
-/// they have `waited` less than [`DEFER_DURING_TURN`]; the wait is cut into
-/// [`TURN_LOOK`] slices so a turn that ends without a reply is noticed.
-fn hold_back(alone: bool, turn_under_way: bool, waited: Duration) -> Option<Duration> {
-    if !alone || !turn_under_way {
-        return None;
-    }
-    let left = DEFER_DURING_TURN.saturating_sub(waited);
-    (!left.is_zero()).then(|| left.min(TURN_LOOK))
-}
-
 /// What link-push has yet to ship.
 #[derive(Default)]
 struct Pending {
@@ -502,21 +455,5 @@ fn take(m: Outbound, out: &mut Pending) {
             partials.retain(|q| q.in_reply_to != p.in_reply_to);
             partials.push(p);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn core_events_wait_only_alone_during_a_turn_and_never_past_the_bound() {
-        let ms = Duration::from_millis;
-        assert_eq!(hold_back(true, true, Duration::ZERO), Some(TURN_LOOK), "held back in slices");
-        assert_eq!(hold_back(true, true, DEFER_DURING_TURN - ms(1)), Some(ms(1)), "only what is left of the bound");
-        assert_eq!(hold_back(true, true, DEFER_DURING_TURN), None, "never past the bound");
-        assert_eq!(hold_back(true, true, ms(3_600_000)), None);
-        assert_eq!(hold_back(true, false, Duration::ZERO), None, "no turn under way: shipped at once");
-        assert_eq!(hold_back(false, true, Duration::ZERO), None, "a reply takes them along at once");
     }
 }

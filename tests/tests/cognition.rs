@@ -203,59 +203,6 @@ fn stopping_the_edge_stops_its_core_jobs_and_leaves_no_thread() {
     assert_eq!(status["last_exit"], "process exited (exit status: 0)");
 }
 
-/// Core events wait for a turn's reply to take them along (`link.rs`,
-/// `DEFER_DURING_TURN`), but never for long: while the edge's model thinks for
-/// a second and a half, what a core job commits reaches choird all along.
-#[test]
-fn core_events_committed_while_the_edge_model_thinks_reach_choird_before_its_reply() {
-    let Some(pg) = TestPg::start() else { return };
-    let thinking = std::sync::Arc::new(parking_lot::Mutex::new(None::<f64>));
-    let mark = thinking.clone();
-    let edge = FakeLlm::with_responder(move |req, _| {
-        let last = req["messages"].as_array()?.last()?.clone();
-        if last["role"] == "user" && last["content"] == "start" {
-            return Some(Step::call("choir.core.start", json!({"name": "ticker", "objective": "read forever"})));
-        }
-        if last["role"] == "user" && last["content"] == "think" {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-            *mark.lock() = Some(now.as_secs_f64());
-            std::thread::sleep(Duration::from_millis(1500));
-            return Some(Step::Text("thought".into()));
-        }
-        Some(Step::Text("ok".into()))
-    });
-    // A job that never ends: a committed read every 20 ms or so.
-    let core = FakeLlm::with_responder(|_, _| {
-        std::thread::sleep(Duration::from_millis(20));
-        Some(Step::call("choir.fs.read", json!({"path": "config.txt"})))
-    });
-    let mut config = two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]);
-    config["agents"]["demo"]["core_budget"] = json!({"steps": 100000, "tokens": 1000000000, "wall_s": 3600});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    std::fs::create_dir_all(choird.workspace("demo")).unwrap();
-    std::fs::write(choird.workspace("demo").join("config.txt"), "setting=1\n").unwrap();
-    choird.ctl_ok(&["agent", "start", "demo"]);
-    choird.ctl_ok(&["chat", "demo", "start"]);
-    let mut client = pg.client();
-    let core_events = "SELECT count(*) FROM commit_events WHERE agent_id = 'demo' AND event->>'lane' = 'core:ticker'";
-    wait_for("the job's first reads", Duration::from_secs(30), || {
-        client.query_one(core_events, &[]).unwrap().get::<_, i64>(0) >= 3
-    });
-    let answer = choird.ctl_ok(&["chat", "demo", "think"]);
-    assert!(answer.contains("thought"), "{answer}");
-    let started = thinking.lock().expect("the edge model was asked");
-    // Stored while the model still thought (it answers at started + 1.5 s).
-    let during: i64 = client
-        .query_one(
-            &format!("{core_events} AND received_at > to_timestamp($1) AND received_at < to_timestamp($2)"),
-            &[&(started + 0.1), &(started + 1.2)],
-        )
-        .unwrap()
-        .get(0);
-    assert!(during >= 5, "only {during} core event(s) reached choird while the turn was under way");
-    choird.ctl_ok(&["agent", "stop", "demo"]);
-}
-
 #[test]
 fn a_message_injected_during_a_long_tool_call_is_seen_at_the_next_step() {
     let Some(pg) = TestPg::start() else { return };
