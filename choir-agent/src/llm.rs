@@ -25,6 +25,9 @@ const ATTEMPTS: u32 = 4;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time allowed for one model call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bytes after a streamed answer's end read to reach the end of its body;
+/// a longer tail is left unread and its connection dropped.
+const STREAM_TAIL: u64 = 64 * 1024;
 
 /// A model call failed for good.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +119,13 @@ impl Llm {
                 let _ = std::io::Read::read_to_end(&mut reader, &mut text);
                 return Err(Attempt::Failed(refusal("LLM", &RawAnswer { status, retry_after_s, body: text })));
             }
-            read_sse(reader.as_mut(), on_text)
+            let answer = read_sse(reader.as_mut(), on_text)?;
+            // The stream's end (its last chunk) is read too, so the connection
+            // returns to the pool for the next call instead of being closed
+            // (choird would start a new connection thread for each call).
+            // Bounded: choird passes nothing after `[DONE]`.
+            let _ = std::io::copy(&mut std::io::Read::take(reader.as_mut(), STREAM_TAIL), &mut std::io::sink());
+            Ok(answer)
         });
         if lane == "edge" {
             choir_common::hop::mark("agent.answer");
@@ -278,5 +287,72 @@ mod tests {
             r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"choir__fs__write","arguments":"{\"path\": \"a"}}]}}]}"#,
         ]);
         assert!(matches!(r, Err(Attempt::Failed(RpcError::Transport(_)))));
+    }
+
+    /// A stand-in for choird's agent socket: answers every request on a
+    /// connection with the same chunked event stream, keeping the connection
+    /// alive, and counts the connections it accepted.
+    fn streaming_socket(dir: &std::path::Path) -> (std::path::PathBuf, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let path = dir.join("agent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut conn = conn;
+                    loop {
+                        let mut length = 0;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        reader.by_ref().take(length).read_to_end(&mut Vec::new()).unwrap();
+                        let events = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+                        let out = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\
+                             Connection: keep-alive\r\n\r\n{:x}\r\n{events}\r\n0\r\n\r\n",
+                            events.len()
+                        );
+                        if conn.write_all(out.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (path, accepted)
+    }
+
+    #[test]
+    fn streamed_calls_one_after_another_share_one_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, accepted) = streaming_socket(dir.path());
+        let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
+        let req = ChatRequest {
+            model: "m".into(),
+            messages: vec![ChatMessage::text(Role::User, "hello")],
+            tools: Vec::new(),
+            tool_choice: None,
+            stream: None,
+            stream_options: None,
+        };
+        for _ in 0..3 {
+            let answer = llm.stream("core", Some("job"), &req, &mut |_| {}).unwrap();
+            assert_eq!(answer.choices[0].message.content.as_deref(), Some("hi"));
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "a new connection for each streamed call");
     }
 }

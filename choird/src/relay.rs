@@ -287,8 +287,8 @@ impl<R: Read> UsageTap<R> {
             let line = std::mem::take(&mut self.line);
             let Some(data) = line.strip_prefix(b"data:") else { continue };
             if data.trim_ascii() == b"[DONE]" {
-                // The end of the stream: recorded once it has gone out (on
-                // the next read), so the record is not in the agent's way.
+                // The end of the stream: recorded once it has gone out (when
+                // the tap is dropped), so the record is not in the agent's way.
                 self.done = true;
                 continue;
             }
@@ -304,16 +304,15 @@ impl<R: Read> UsageTap<R> {
 impl<R: Read> Read for UsageTap<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.done {
-            // `[DONE]` went out with the previous read: the agent acts on it
-            // while the call is recorded; nothing after it is passed on.
-            self.finish();
+            // `[DONE]` went out with the previous read: the stream ends here
+            // (nothing after it is passed on) and the call is recorded when
+            // the server drops the tap, after the stream's end went out.
             return Ok(0);
         }
         let n = self.inner.read(buf)?;
         self.scan(&buf[..n]);
         if n == 0 {
             self.done = true;
-            self.finish();
         }
         Ok(n)
     }
@@ -453,9 +452,11 @@ mod tests {
         let n = tap.read(&mut out).unwrap();
         assert!(String::from_utf8_lossy(&out[..n]).contains("data: [DONE]"));
         assert!(recorded.lock().unwrap().is_empty(), "recorded before the end went out");
-        // The next read records it, once, and ends the stream.
+        // The stream ends there; the call is recorded, once, when the server
+        // drops the tap after writing the stream's last chunk.
         assert_eq!(tap.read(&mut out).unwrap(), 0);
         assert_eq!(tap.read(&mut out).unwrap(), 0);
+        assert!(recorded.lock().unwrap().is_empty(), "recorded before the stream's end went out");
         drop(tap);
         assert_eq!(*recorded.lock().unwrap(), [(Some((7, 2)), stream.len() as u64)]);
     }

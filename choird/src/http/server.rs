@@ -408,10 +408,9 @@ fn serve_connection(mut stream: Stream, ctx: &Ctx) {
                 return;
             }
         };
-        let streamed = response.stream.is_some();
         match write_response(&mut stream, response, keep_alive) {
-            Ok(()) if keep_alive && !streamed => continue,
-            Ok(()) => return,
+            Ok(Delivered::Whole) if keep_alive => continue,
+            Ok(_) => return,
             Err(e) => {
                 log::debug!("client went away before the reply to {}: {e}", crate::http::printable(&path));
                 return;
@@ -630,9 +629,24 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// How much of a reply's body reached the client.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivered {
+    /// All of it, with its end marked: the connection may carry another request.
+    Whole,
+    /// A streamed body whose source failed: its end is left unmarked (no last
+    /// chunk), so the client sees a cut body, never a short one that looks
+    /// whole, and the connection must close.
+    Cut,
+}
+
 /// Writes a reply. A streamed body goes out chunked, one flushed chunk per
-/// read of its source, and ends the connection.
-fn write_response(stream: &mut Stream, response: Response, keep_alive: bool) -> io::Result<()> {
+/// read of its source; the connection stays open after it only when the
+/// source ended cleanly (its last chunk went out) and the client keeps alive.
+/// The source is dropped after the last chunk is written, so whatever its
+/// drop does (a relayed model call's ledger row) never delays the client.
+fn write_response(stream: &mut Stream, response: Response, keep_alive: bool) -> io::Result<Delivered> {
+    let connection = if keep_alive { "keep-alive" } else { "close" };
     let mut head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\n",
         response.status,
@@ -651,7 +665,9 @@ fn write_response(stream: &mut Stream, response: Response, keep_alive: bool) -> 
     }
     match response.stream {
         Some(mut reader) => {
-            head.push_str("Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n");
+            head.push_str(&format!(
+                "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: {connection}\r\n\r\n"
+            ));
             stream.write_all(head.as_bytes())?;
             stream.flush()?;
             let mut buf = vec![0u8; 16 * 1024];
@@ -662,7 +678,7 @@ fn write_response(stream: &mut Stream, response: Response, keep_alive: bool) -> 
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
                         log::debug!("stream source failed: {e}");
-                        break;
+                        return Ok(Delivered::Cut);
                     }
                 };
                 let mut piece = format!("{n:x}\r\n").into_bytes();
@@ -672,18 +688,17 @@ fn write_response(stream: &mut Stream, response: Response, keep_alive: bool) -> 
                 stream.flush()?;
             }
             stream.write_all(b"0\r\n\r\n")?;
-            stream.flush()
+            stream.flush()?;
+            drop(reader);
+            Ok(Delivered::Whole)
         }
         None => {
-            head.push_str(&format!(
-                "Content-Length: {}\r\nConnection: {}\r\n\r\n",
-                response.body.len(),
-                if keep_alive { "keep-alive" } else { "close" }
-            ));
+            head.push_str(&format!("Content-Length: {}\r\nConnection: {connection}\r\n\r\n", response.body.len()));
             let mut out = head.into_bytes();
             out.extend_from_slice(&response.body);
             stream.write_all(&out)?;
-            stream.flush()
+            stream.flush()?;
+            Ok(Delivered::Whole)
         }
     }
 }
@@ -727,7 +742,22 @@ mod tests {
             if req.path == "/panic" {
                 panic!("boom");
             }
+            if req.path == "/stream" {
+                return Response::streaming(io::Cursor::new(b"abc".to_vec()));
+            }
+            if req.path == "/broken" {
+                // Three bytes, then the source fails.
+                return Response::streaming(io::Cursor::new(b"abc".to_vec()).chain(Failing));
+            }
             Response { status: 200, body: req.body, content_type: "text/plain", headers: Vec::new(), stream: None }
+        }
+    }
+
+    struct Failing;
+
+    impl Read for Failing {
+        fn read(&mut self, _buf: &mut [u8]) -> io::Result<usize> {
+            Err(io::Error::other("the upstream went away"))
         }
     }
 
@@ -810,6 +840,104 @@ mod tests {
         let (_d, path, s) = server(Limits::default());
         assert!(exchange(&path, b"GET /panic HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 500"));
         assert!(exchange(&path, b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 200"));
+        s.stop();
+    }
+
+    #[test]
+    fn a_stream_that_ended_cleanly_leaves_the_connection_open_for_the_next_request() {
+        let (_d, path, s) = server(Limits::default());
+        let out = exchange(&path, b"GET /stream HTTP/1.1\r\n\r\nGET /a HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
+        assert!(out.contains("Connection: keep-alive\r\n\r\n3\r\nabc\r\n0\r\n\r\nHTTP/1.1 200"), "{out}");
+        // A client that asked to close gets its stream, marked, and the close.
+        let out = exchange(&path, b"GET /stream HTTP/1.1\r\nConnection: close\r\n\r\nGET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 1, "{out}");
+        assert!(out.contains("Connection: close\r\n") && out.ends_with("3\r\nabc\r\n0\r\n\r\n"), "{out}");
+        s.stop();
+    }
+
+    #[test]
+    fn a_stream_whose_source_fails_is_cut_unmarked_and_its_connection_closed() {
+        let (_d, path, s) = server(Limits::default());
+        let out = exchange(&path, b"GET /broken HTTP/1.1\r\n\r\nGET /a HTTP/1.1\r\n\r\n");
+        // What came before the failure went out; the last chunk did not, so
+        // the client cannot take the cut body for a whole one; the request
+        // after it is never read.
+        assert!(out.ends_with("\r\n\r\n3\r\nabc\r\n"), "{out}");
+        assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 1, "{out}");
+        s.stop();
+    }
+
+    /// A stream source whose drop waits until the client says it has the
+    /// stream's end (or 5 s), and notes which came first.
+    struct Gated {
+        inner: io::Cursor<Vec<u8>>,
+        release: crossbeam_channel::Receiver<()>,
+        released_first: Arc<AtomicBool>,
+    }
+
+    impl Read for Gated {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.inner.read(buf)
+        }
+    }
+
+    impl Drop for Gated {
+        fn drop(&mut self) {
+            let first = self.release.recv_timeout(Duration::from_secs(5)).is_ok();
+            self.released_first.store(first, Ordering::SeqCst);
+        }
+    }
+
+    struct GatedStream(crossbeam_channel::Receiver<()>, Arc<AtomicBool>);
+
+    impl Handler for GatedStream {
+        fn admit(&self, _kind: &ListenerKind, _head: &Head) -> Result<Admitted, ApiError> {
+            Ok(Admitted { max_body: 0, caller: None })
+        }
+        fn handle(&self, _kind: &ListenerKind, _req: Request) -> Response {
+            Response::streaming(Gated {
+                inner: io::Cursor::new(b"abc".to_vec()),
+                release: self.0.clone(),
+                released_first: self.1.clone(),
+            })
+        }
+    }
+
+    #[test]
+    fn a_streams_source_is_dropped_only_after_the_client_has_its_end() {
+        // The relay records a model call when its stream's source is dropped:
+        // that write must never stand between the agent and the answer's end.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let (release, gate) = crossbeam_channel::bounded(1);
+        let released_first = Arc::new(AtomicBool::new(false));
+        let handler = Arc::new(GatedStream(gate, released_first.clone()));
+        let s = Server::start(
+            Socket::Unix(UnixListener::bind(&path).unwrap(), path.clone()),
+            ListenerKind::Tcp,
+            handler,
+            Limits::default(),
+            "t",
+        )
+        .unwrap();
+        let mut c = UnixStream::connect(&path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"0\r\n\r\n") {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "closed before the stream's end: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        release.send(()).unwrap();
+        drop(c);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.active() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(released_first.load(Ordering::SeqCst), "the source was dropped before the stream's end went out");
         s.stop();
     }
 }
