@@ -355,4 +355,39 @@ mod tests {
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "a new connection for each streamed call");
     }
+
+    #[test]
+    fn concurrent_streamed_calls_keep_their_connections_between_rounds() {
+        // Six core jobs asking at once, three rounds: the six connections of
+        // the first round serve the next two (ureq's default keeps three).
+        let dir = tempfile::tempdir().unwrap();
+        let (path, accepted) = streaming_socket(dir.path());
+        let llm = Arc::new(Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into()))));
+        let barrier = Arc::new(std::sync::Barrier::new(6));
+        let jobs: Vec<_> = (0..6)
+            .map(|_| {
+                let (llm, barrier) = (llm.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let req = ChatRequest {
+                        model: "m".into(),
+                        messages: vec![ChatMessage::text(Role::User, "hello")],
+                        tools: Vec::new(),
+                        tool_choice: None,
+                        stream: None,
+                        stream_options: None,
+                    };
+                    for _ in 0..3 {
+                        barrier.wait();
+                        llm.stream("core", Some("job"), &req, &mut |_| {}).unwrap();
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        for j in jobs {
+            j.join().unwrap();
+        }
+        let opened = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(opened <= 6, "{opened} connections for six callers");
+    }
 }

@@ -94,6 +94,13 @@ pub struct RawAnswer {
     pub body: Vec<u8>,
 }
 
+/// Connections to choird kept open between requests: enough for the edge's
+/// model call, the default core jobs' (4) with room for more, replication and
+/// host tools at once. Each is a waiting thread in choird (closed after 30 s
+/// idle); past this many requests at once, a connection closes after use and
+/// the next request opens a new one (choird starts a thread for it).
+const IDLE_CONNECTIONS: usize = 12;
+
 /// The RPC client.
 pub struct Rpc {
     agent: ureq::Agent,
@@ -106,13 +113,17 @@ impl Rpc {
     pub fn new(endpoint: &Endpoint, token: String) -> Rpc {
         match endpoint {
             Endpoint::Unix(path) => Rpc {
-                agent: choir_common::unix_http::agent_for_socket(path, None),
+                agent: choir_common::unix_http::pooled_agent_for_socket(path, None, IDLE_CONNECTIONS),
                 base: "http://localhost".to_owned(),
                 token,
             },
             Endpoint::Tcp(base) => Rpc {
                 agent: ureq::Agent::new_with_config(
-                    ureq::config::Config::builder().http_status_as_error(false).build(),
+                    ureq::config::Config::builder()
+                        .http_status_as_error(false)
+                        .max_idle_connections(IDLE_CONNECTIONS)
+                        .max_idle_connections_per_host(IDLE_CONNECTIONS)
+                        .build(),
                 ),
                 base: base.clone(),
                 token,

@@ -18,7 +18,22 @@ use ureq::unversioned::transport::{Buffers, ConnectionDetails, Connector, LazyBu
 /// Non-2xx statuses are returned as responses, not errors, so callers can read
 /// the structured error body.
 pub fn agent_for_socket(path: &Path, timeout: Option<Duration>) -> ureq::Agent {
-    let config = Config::builder().http_status_as_error(false).timeout_global(timeout).build();
+    pooled_agent_for_socket(path, timeout, DEFAULT_IDLE)
+}
+
+/// ureq's own default of idle connections kept per host.
+const DEFAULT_IDLE: usize = 3;
+
+/// [`agent_for_socket`] keeping up to `idle` idle connections for reuse (a
+/// client making that many requests at once finds them all open again next
+/// time; past it, a connection is closed after its request).
+pub fn pooled_agent_for_socket(path: &Path, timeout: Option<Duration>, idle: usize) -> ureq::Agent {
+    let config = Config::builder()
+        .http_status_as_error(false)
+        .timeout_global(timeout)
+        .max_idle_connections(idle.max(DEFAULT_IDLE))
+        .max_idle_connections_per_host(idle)
+        .build();
     ureq::Agent::with_parts(config, UnixConnector { path: path.to_owned() }, NoResolver)
 }
 
