@@ -47,7 +47,7 @@ const MAX_FIRING_REPORT: usize = 4000;
 
 /// The nice value core job threads run at (edge and link threads keep the
 /// agent's own): when the CPU is short, the person waiting goes first.
-pub const CORE_NICE: i32 = 10;
+pub const CORE_NICE: i32 = choir_common::nice::BACKGROUND_NICE;
 
 /// What every core job shares.
 pub struct CoreSetup {
@@ -226,9 +226,7 @@ impl CorePool {
             .spawn(move || {
                 // Background work: below the edge (and the link threads) for
                 // the CPU; the tools it runs inherit it.
-                if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), CORE_NICE) {
-                    log::debug!("core job: cannot lower its priority ({e})");
-                }
+                choir_common::nice::lower_this_thread();
                 run.run()
             })
             .map_err(|e| ToolError::new("start_failed", format!("cannot start a thread for the job: {e}")))?;

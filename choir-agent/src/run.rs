@@ -51,6 +51,10 @@ pub struct Args {
 
 /// Runs the agent until choird stops it, the lease is lost, or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Core jobs' model calls go over connections of their own: choird runs
+    // a connection that relayed a core call below the edge from then on
+    // (see choird's relay), so the edge's calls must never be pooled with them.
+    let core_rpc = Arc::new(Rpc::new(&args.endpoint, args.token.clone()));
     let rpc = Arc::new(Rpc::new(&args.endpoint, args.token));
     let workspace = Workspace::open(&args.workspace)
         .with_context(|| format!("cannot open the workspace {}", args.workspace.display()))?;
@@ -147,6 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let identity = Identity::load(&args.choir_dir, &args.agent);
     arbiter.set_operator_words(identity.operator_words());
     let llm = Arc::new(Llm::new(rpc.clone()));
+    let core_llm = Arc::new(Llm::new(core_rpc));
     let limits = {
         let c = config.read();
         CoreLimits {
@@ -159,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pool = Arc::new(CorePool::new(
         CoreSetup {
             arbiter: arbiter.clone(),
-            llm: llm.clone(),
+            llm: core_llm,
             model: hello.bindings.models.core.clone(),
             identity: identity.clone(),
             board: board.clone(),

@@ -6,6 +6,9 @@
 //!
 //! **Invariant:** the API key exists only in choird's memory and in the
 //! upstream request; it is never sent to an agent or logged.
+//! **Invariant:** a connection thread that relayed a core call runs at
+//! [`choir_common::nice::BACKGROUND_NICE`] until its connection ends; an
+//! agent can only slow its own connections this way.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -66,6 +69,13 @@ pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, Ap
         .clone()
         .ok_or_else(|| ApiError::Internal("a model call reached the relay unauthenticated".into()))?;
     let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
+    if lane == Lane::Core {
+        // A core job's call is background work: this connection's thread
+        // (which relays it, streams the answer and records it) runs below
+        // the edge's from here on. The agent keeps its core jobs' calls on
+        // connections of their own, so its edge never lands on this one.
+        choir_common::nice::lower_this_thread();
+    }
     let job = job_of(req);
     if req.body.len() > MAX_REQUEST {
         return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));

@@ -14,6 +14,7 @@ pub mod host_tools;
 pub mod ids;
 pub mod malloc;
 pub mod manifest;
+pub mod nice;
 pub mod openai;
 pub mod proc_tree;
 pub mod provenance;

@@ -19,6 +19,24 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The threads of process `pid`: (name, nice value), from `/proc`.
+pub fn thread_nices(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // `pid (comm) state ...`: the name may hold spaces and parentheses;
+        // the fields after its last `)` start with the state (field 3), the
+        // nice value being field 19.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].to_owned();
+        let nice = stat[close + 1..].split_whitespace().nth(16).and_then(|n| n.parse().ok());
+        if let Some(nice) = nice {
+            out.push((name, nice));
+        }
+    }
+    out
+}
+
 /// The records of `logs/<stream>.log` under `home` (one JSON object per
 /// line, as choird's log manager writes them).
 pub fn log_records(home: &std::path::Path, stream: &str) -> Vec<Value> {

@@ -121,6 +121,12 @@ fn a_core_jobs_model_calls_are_in_the_ledger_under_its_name() {
     let by_job: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "usage", "--by", "job"])).unwrap();
     let keys: Vec<&str> = by_job["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["-", "tally"], "{by_job}");
+    // The connection that relayed the job's call is served below the edge;
+    // choird's other threads keep their priority.
+    let threads = choir_tests::observe::thread_nices(choird.pid());
+    let lowered: Vec<&(String, i32)> = threads.iter().filter(|(_, nice)| *nice == 10).collect();
+    assert!(!lowered.is_empty() && lowered.iter().all(|(name, _)| name == "rpc-demo-c"), "{threads:?}");
+    assert!(threads.iter().any(|(name, nice)| name == "choird" && *nice == 0), "{threads:?}");
 }
 
 #[test]
