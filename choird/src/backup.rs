@@ -563,6 +563,33 @@ mod tests {
         assert_eq!(std::fs::read_dir(home.path()).unwrap().count(), 0, "the home is empty again");
     }
 
+    /// Appends a file entry named `name` as given, past the tar crate's own
+    /// refusal of `..` (a hostile archive is not written by our builder).
+    fn append_raw_name<W: Write>(tar: &mut tar::Builder<W>, name: &[u8], bytes: &[u8]) {
+        let mut h = file_header(bytes.len() as u64, 0o644);
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        tar.append(&h, bytes).unwrap();
+    }
+
+    #[test]
+    fn entries_whose_path_climbs_out_are_refused_and_nothing_lands_outside() {
+        for name in [&b"../escape.json"[..], b"repos/../../escape.json", b"workspaces/demo/../../../escape.json"] {
+            let file = archive(|tar| {
+                append_bytes(tar, "config.json", crate::home::STARTER_CONFIG.as_bytes(), 0o600).unwrap();
+                append_raw_name(tar, name, b"{}");
+            });
+            let outer = tempfile::tempdir().unwrap();
+            let home = outer.path().join("home");
+            std::fs::create_dir(&home).unwrap();
+            let err = restore(file.path(), &home, &mut |_| {}).unwrap_err();
+            assert!(err.0.contains("leaves its directory"), "{}: {err}", String::from_utf8_lossy(name));
+            let beside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert_eq!(beside, ["home"], "{}: something was written outside the home", String::from_utf8_lossy(name));
+            assert!(!home.join("escape.json").exists() && !outer.path().join("escape.json").exists());
+        }
+    }
+
     #[test]
     fn hard_links_and_devices_are_refused() {
         let file = archive(|tar| {

@@ -598,3 +598,98 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
     let mail_look = &show(&choird, "demo/mail")["last"][0];
     assert!(mail_look["detail"].as_str().unwrap().contains("nothing new"), "{mail_look}");
 }
+
+/// A page on `ip` whose status, headers and body the test sets, counting
+/// the requests it got (for `url_changed`'s hostile cases).
+struct Site {
+    answer: std::sync::Arc<parking_lot::Mutex<(u16, Option<String>, String)>>,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    port: u16,
+    server: std::sync::Arc<tiny_http::Server>,
+}
+
+impl Site {
+    fn start(ip: &str, body: &str) -> Site {
+        let server = std::sync::Arc::new(tiny_http::Server::http(format!("{ip}:0")).unwrap());
+        let port = server.server_addr().to_ip().unwrap().port();
+        let answer = std::sync::Arc::new(parking_lot::Mutex::new((200, None, body.to_owned())));
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, a, h) = (server.clone(), answer.clone(), hits.clone());
+        std::thread::spawn(move || {
+            for req in s.incoming_requests() {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (status, location, body) = a.lock().clone();
+                let mut resp = tiny_http::Response::from_string(body).with_status_code(status);
+                if let Some(to) = location {
+                    resp.add_header(tiny_http::Header::from_bytes("Location", to).unwrap());
+                }
+                let _ = req.respond(resp);
+            }
+        });
+        Site { answer, hits, port, server }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+#[test]
+fn a_url_precondition_reads_one_mebibyte_follows_no_redirect_and_reaches_no_refused_address() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = answering_model();
+    // 127.0.0.2 is loopback too, and not in the agent's allowed addresses.
+    let inside = Site::start("127.0.0.2", "internal secrets");
+    let mib = "a".repeat(1024 * 1024);
+    let big = Site::start("127.0.0.1", &format!("{mib}tail one"));
+    let hop = Site::start("127.0.0.1", "");
+    *hop.answer.lock() = (302, Some(format!("http://127.0.0.2:{}/secret", inside.port)), String::new());
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]});
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-08-01T00:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let jobs = [
+        ("big", format!("url:http://127.0.0.1:{}/page", big.port), "Read the big page."),
+        ("hop", format!("url:http://127.0.0.1:{}/moved", hop.port), "Read the moved page."),
+        ("inside", format!("url:http://127.0.0.2:{}/secret", inside.port), "Read the inside page."),
+    ];
+    for (name, pre, prompt) in &jobs {
+        choird.ctl_ok(&["schedule", "add", "demo", name, "--every", "1m", "--prompt", prompt, "--precondition", pre]);
+    }
+    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    choird.set_clock(&at(1));
+    // First looks: the big page and the redirect (its own answer, not where
+    // it points) run; the internal address is refused before any connection.
+    wait_state(&choird, "demo/big", &at(1), "done");
+    wait_state(&choird, "demo/hop", &at(1), "done");
+    wait_state(&choird, "demo/inside", &at(1), "failed");
+    let refused = &show(&choird, "demo/inside")["last"][0];
+    let why = refused["detail"].as_str().unwrap();
+    assert!(why.contains("precondition failed") && why.contains("may not reach it"), "{refused}");
+    assert_eq!(inside.hits(), 0, "the internal site was reached (directly or through the redirect)");
+    // A change past the first MiB is not looked at; one within it is.
+    *big.answer.lock() = (200, None, format!("{mib}tail two, megabytes more {}", "b".repeat(4 << 20)));
+    choird.set_clock(&at(2));
+    wait_state(&choird, "demo/big", &at(2), "skipped");
+    wait_state(&choird, "demo/hop", &at(2), "skipped");
+    *big.answer.lock() = (200, None, format!("b{mib}"));
+    choird.set_clock(&at(3));
+    wait_state(&choird, "demo/big", &at(3), "done");
+    wait_state(&choird, "demo/hop", &at(3), "skipped");
+    assert_eq!(inside.hits(), 0, "the internal site was reached");
+    assert_eq!(hop.hits(), 3, "the redirecting page is looked at once a minute");
+    assert_eq!(
+        [
+            runs_of(&fake, "Read the big page."),
+            runs_of(&fake, "Read the moved page."),
+            runs_of(&fake, "Read the inside page.")
+        ],
+        [2, 1, 0]
+    );
+}
