@@ -371,6 +371,46 @@ mod tests {
     }
 
     #[test]
+    fn a_fingerprint_looks_at_no_more_entries_or_levels_than_its_caps_and_opens_no_fifo() {
+        // What a hostile agent can leave in its workspace for choird's look:
+        // a flat directory past the entry cap, a tree past the depth cap, a
+        // FIFO and a link to a big directory elsewhere.
+        let ws = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        for i in 0..50 {
+            std::fs::write(outside.path().join(format!("o{i}")), "x").unwrap();
+        }
+        let flat = ws.path().join("t/flat");
+        std::fs::create_dir_all(&flat).unwrap();
+        for i in 0..FINGERPRINT_ENTRIES + 50 {
+            std::fs::write(flat.join(i.to_string()), "").unwrap();
+        }
+        let mut deep = ws.path().join("t");
+        for i in 0..FINGERPRINT_DEPTH + 10 {
+            deep = deep.join(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        rustix::fs::mknodat(rustix::fs::CWD, ws.path().join("t/pipe"), FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+            .unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("t/elsewhere")).unwrap();
+
+        let root = open_root(ws.path()).unwrap();
+        let t = dir_beneath(&root, "t", false).unwrap();
+        let (mut count, mut seen, mut deepest) = (0, 0, 0);
+        walk_fingerprint(t, b"", 0, &mut count, &mut |name, _| {
+            seen += 1;
+            deepest = deepest.max(name.iter().filter(|b| **b == b'/').count());
+            assert!(!name.starts_with(b"/elsewhere/"), "followed a link: {}", String::from_utf8_lossy(name));
+        })
+        .unwrap();
+        assert_eq!((count, seen), (FINGERPRINT_ENTRIES, FINGERPRINT_ENTRIES), "looked past the entry cap");
+        assert!(deepest <= FINGERPRINT_DEPTH, "descended {deepest} levels");
+        // The whole look returns (the FIFO was never opened) and is stable.
+        let once = fingerprint(ws.path(), "t").unwrap();
+        assert_eq!(fingerprint(ws.path(), "t").unwrap(), once);
+    }
+
+    #[test]
     fn outgoing_files_are_spooled_and_removed_and_links_never_followed() {
         let ws = tempfile::tempdir().unwrap();
         let spool = tempfile::tempdir().unwrap();
