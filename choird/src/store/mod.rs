@@ -414,7 +414,7 @@ impl Store {
     }
 
     /// Records one relayed LLM call and adds its tokens to the agent's
-    /// usage of the day (UTC), in one transaction.
+    /// usage of the day (UTC), in one statement (one transaction).
     ///
     /// Committed without waiting for its WAL flush (`synchronous_commit =
     /// off` for this transaction only; issue 19, item 1): every model call
@@ -438,19 +438,24 @@ impl Store {
         estimated: bool,
         cost_usd: Option<f64>,
     ) -> Result<(), DbError> {
+        let tokens = (prompt_tokens + completion_tokens) as i64;
         self.db.with(|c| {
-            let call = c.prepared(
-                "INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens, completion_tokens, duration_ms, estimated, cost_usd, job)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            // One statement, so one round trip and its implicit commit,
+            // made asynchronous by `set_config(…, true)`: local to this
+            // statement's transaction, read when it commits.
+            let record = c.prepared(
+                "WITH call AS (
+                     INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens,
+                                            completion_tokens, duration_ms, estimated, cost_usd, job)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)),
+                 usage AS (
+                     INSERT INTO token_usage (agent_id, day, tokens)
+                     SELECT $1::text, (now() AT TIME ZONE 'UTC')::date, $12::bigint WHERE $12::bigint > 0
+                     ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens)
+                 SELECT set_config('synchronous_commit', 'off', true)",
             )?;
-            let usage = c.prepared(
-                "INSERT INTO token_usage (agent_id, day, tokens) VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2)
-                 ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
-            )?;
-            let mut tx = c.transaction()?;
-            tx.batch_execute("SET LOCAL synchronous_commit = off")?;
-            tx.execute(
-                &call,
+            c.query_one(
+                &record,
                 &[
                     &agent.as_str(),
                     &session,
@@ -463,13 +468,10 @@ impl Store {
                     &estimated,
                     &cost_usd,
                     &job,
+                    &tokens,
                 ],
-            )?;
-            let tokens = (prompt_tokens + completion_tokens) as i64;
-            if tokens > 0 {
-                tx.execute(&usage, &[&agent.as_str(), &tokens])?;
-            }
-            tx.commit()
+            )
+            .map(drop)
         })
     }
 
