@@ -3,7 +3,8 @@
 //! manifests) is defined here and only here, so the two ends cannot drift apart.
 //! Besides, the few helpers the binaries need in the same form (`proc_tree`:
 //! process trees from `/proc`; `text`: hostile text made safe to show;
-//! `unix_http`: HTTP over a Unix socket).
+//! `unix_http`: HTTP over a Unix socket; `nice`: background threads below
+//! the edge).
 
 pub mod admin;
 pub mod arg_policy;

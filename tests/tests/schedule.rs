@@ -693,3 +693,71 @@ fn a_url_precondition_reads_one_mebibyte_follows_no_redirect_and_reaches_no_refu
         [2, 1, 0]
     );
 }
+
+#[test]
+fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
+    let Some(pg) = TestPg::start() else { return };
+    let emb = choir_tests::fake_embeddings::FakeEmbeddings::start(8);
+    // The model (an attacker, as ever) files items whose `due` is anything
+    // but a time, and one real due date.
+    let dues = [
+        json!("soon"),
+        json!(12345),
+        json!({"at": "2026-08-01T00:00:30Z"}),
+        json!("2026-13-45T99:00:00Z"),
+        json!("x".repeat(2000)),
+        json!("2026-08-01T00:01:30Z"),
+    ];
+    let fake = FakeLlm::with_responder(move |req, _| {
+        if req["model"] == "fake-core" {
+            return Some(Step::Text("done what was due".into()));
+        }
+        let last = req["messages"].as_array()?.last()?.clone();
+        let n: Option<usize> =
+            last["content"].as_str().and_then(|t| t.strip_prefix("file item ")).and_then(|n| n.parse().ok());
+        Some(match n {
+            Some(n) => Step::call(
+                "choir.memory.upsert",
+                json!({"tier": "knowledge", "content": format!("item {n}"), "metadata": {"due": dues[n]}}),
+            ),
+            None => Step::Text("filed".into()),
+        })
+    });
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
+                                             "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-08-01T00:00:00Z");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    for n in 0..6 {
+        choird.ctl_ok(&["chat", "demo", &format!("file item {n}")]);
+    }
+    choird.ctl_ok(&[
+        "schedule",
+        "add",
+        "demo",
+        "due",
+        "--every",
+        "1m",
+        "--prompt",
+        "Do what is due.",
+        "--precondition",
+        "memory",
+    ]);
+    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    // Minute 1: the real due date is still ahead, the others are no dates:
+    // nothing came due, and the look did not fail over them.
+    let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let filed: i64 =
+        db.query_one("SELECT count(*) FROM \"agent_demo\".items WHERE metadata ? 'due'", &[]).unwrap().get(0);
+    assert_eq!(filed, 6, "every item reached the table the look reads");
+    choird.set_clock(&at(1));
+    wait_state(&choird, "demo/due", &at(1), "skipped");
+    let look = &show(&choird, "demo/due")["last"][0];
+    assert!(look["detail"].as_str().unwrap().contains("no memory item came due"), "{look}");
+    // Minute 2: the real one passed; it alone counts, once.
+    choird.set_clock(&at(2));
+    wait_state(&choird, "demo/due", &at(2), "done");
+    choird.set_clock(&at(3));
+    wait_state(&choird, "demo/due", &at(3), "skipped");
+    assert_eq!(runs_of(&fake, "Do what is due."), 1);
+}
