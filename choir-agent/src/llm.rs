@@ -336,19 +336,23 @@ mod tests {
         (path, accepted)
     }
 
-    #[test]
-    fn streamed_calls_one_after_another_share_one_connection() {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, accepted) = streaming_socket(dir.path());
-        let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
-        let req = ChatRequest {
+    fn hello() -> ChatRequest {
+        ChatRequest {
             model: "m".into(),
             messages: vec![ChatMessage::text(Role::User, "hello")],
             tools: Vec::new(),
             tool_choice: None,
             stream: None,
             stream_options: None,
-        };
+        }
+    }
+
+    #[test]
+    fn streamed_calls_one_after_another_share_one_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, accepted) = streaming_socket(dir.path());
+        let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
+        let req = hello();
         for _ in 0..3 {
             let answer = llm.stream("core", Some("job"), &req, &mut |_| {}).unwrap();
             assert_eq!(answer.choices[0].message.content.as_deref(), Some("hi"));
@@ -368,14 +372,7 @@ mod tests {
             .map(|_| {
                 let (llm, barrier) = (llm.clone(), barrier.clone());
                 std::thread::spawn(move || {
-                    let req = ChatRequest {
-                        model: "m".into(),
-                        messages: vec![ChatMessage::text(Role::User, "hello")],
-                        tools: Vec::new(),
-                        tool_choice: None,
-                        stream: None,
-                        stream_options: None,
-                    };
+                    let req = hello();
                     for _ in 0..3 {
                         barrier.wait();
                         llm.stream("core", Some("job"), &req, &mut |_| {}).unwrap();

@@ -503,35 +503,6 @@ fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_a
     wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
 }
 
-/// A page whose body the test sets (for `url_changed`).
-struct Page {
-    body: std::sync::Arc<parking_lot::Mutex<String>>,
-    port: u16,
-    server: std::sync::Arc<tiny_http::Server>,
-}
-
-impl Page {
-    fn start(body: &str) -> Page {
-        let server = std::sync::Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
-        let port = server.server_addr().to_ip().unwrap().port();
-        let body = std::sync::Arc::new(parking_lot::Mutex::new(body.to_owned()));
-        let (s, b) = (server.clone(), body.clone());
-        std::thread::spawn(move || {
-            for req in s.incoming_requests() {
-                let text = b.lock().clone();
-                let _ = req.respond(tiny_http::Response::from_string(text));
-            }
-        });
-        Page { body, port, server }
-    }
-}
-
-impl Drop for Page {
-    fn drop(&mut self) {
-        self.server.unblock();
-    }
-}
-
 #[test]
 fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
     use choir_tests::mail_servers::{MailServers, PASSWORD, USER};
@@ -551,7 +522,7 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
             _ => Step::Text("noted".into()),
         })
     });
-    let page = Page::start("status: green");
+    let page = Site::start("127.0.0.1", "status: green");
     let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
     config["agents"]["demo"]["email"] = json!({
         "smtp": {"host": "localhost", "port": mail.smtp_port, "security": "starttls"},
@@ -580,7 +551,7 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
     wait_state(&choird, "demo/page", &at(1), "done");
     // Something new in each.
     mail.deliver("boss@example.org", "From: boss@example.org\r\nSubject: hi\r\n\r\nPlease call.\r\n");
-    *page.body.lock() = "status: red".into();
+    page.answer.lock().2 = "status: red".into();
     assert_eq!(choird.ctl_ok(&["chat", "demo", "remind me"]).trim(), "noted");
     choird.set_clock(&at(2));
     for job in ["demo/mail", "demo/page", "demo/due"] {
@@ -599,8 +570,8 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
     assert!(mail_look["detail"].as_str().unwrap().contains("nothing new"), "{mail_look}");
 }
 
-/// A page on `ip` whose status, headers and body the test sets, counting
-/// the requests it got (for `url_changed`'s hostile cases).
+/// A page on `ip` whose status, `Location` and body the test sets, counting
+/// the requests it got (for `url_changed`).
 struct Site {
     answer: std::sync::Arc<parking_lot::Mutex<(u16, Option<String>, String)>>,
     hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
