@@ -168,6 +168,18 @@ impl FakeLlm {
         self.shared.0.lock().requests.clone()
     }
 
+    /// How many requests arrived so far.
+    pub fn request_count(&self) -> usize {
+        self.shared.0.lock().requests.len()
+    }
+
+    /// The requests from the `from`-th on (0-based), copying none before
+    /// it: for benches, which look at one turn's request after another.
+    pub fn requests_since(&self, from: usize) -> Vec<Recorded> {
+        let g = self.shared.0.lock();
+        g.requests[from.min(g.requests.len())..].to_vec()
+    }
+
     /// Waits until at least `n` requests arrived.
     pub fn wait_requests(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
         let deadline = Instant::now() + timeout;

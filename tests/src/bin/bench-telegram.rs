@@ -52,7 +52,7 @@ fn run(tg: &FakeTelegram, llm: &FakeLlm, first: i64, n: i64) -> Run {
         // the calls so far are dropped, so the bench copies one message's
         // worth of records, not an ever longer history, between turns.
         tg.clear_calls();
-        let before = llm.requests().len();
+        let before = llm.request_count();
         let w0 = wall_us();
         let update = tg.user_says(TOKEN, user, &text);
         let reply = format!("re: {text}");
@@ -63,9 +63,9 @@ fn run(tg: &FakeTelegram, llm: &FakeLlm, first: i64, n: i64) -> Run {
         let sent =
             calls.iter().rev().find(|c| c.method == "sendMessage" && c.params["text"] == reply.as_str()).unwrap();
         let delivered = tg.delivered(TOKEN).into_iter().find(|(id, _)| *id == update).unwrap().1;
-        let mut asked = llm.requests();
-        assert_eq!(asked.len(), before + 1, "one model request per message");
-        let asked = asked.swap_remove(before);
+        let mut asked = llm.requests_since(before);
+        assert_eq!(asked.len(), 1, "one model request per message");
+        let asked = asked.swap_remove(0);
         inbound.push(asked.at.duration_since(delivered));
         outbound.push(sent.at.duration_since(asked.answered_at.unwrap()));
     }

@@ -46,7 +46,7 @@ fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
     let (mut inbound, mut outbound, mut windows) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
-        let before = edge.requests().len();
+        let before = edge.request_count();
         let w0 = wall_us();
         let t0 = Instant::now();
         let mut resp = admin
@@ -57,8 +57,8 @@ fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
         let t3 = Instant::now();
         windows.push((w0, wall_us()));
         assert_eq!(body["reply"], "ok", "{body}");
-        let reqs = edge.requests();
-        let r = &reqs[before];
+        let reqs = edge.requests_since(before);
+        let r = &reqs[0];
         inbound.push(r.at - t0);
         outbound.push(t3 - r.answered_at.unwrap());
     }
@@ -147,9 +147,9 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
 
     choird.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
-    let core_before = core.requests().len();
+    let core_before = core.request_count();
     let (inb, outb, _) = turns(&choird, edge, 1000, "busy");
-    let core_steps = core.requests().len() - core_before;
+    let core_steps = core.request_count() - core_before;
     choir_tests::report!(
         "with 8 busy core jobs ({core_steps} core steps meanwhile), 1000 turns: {}",
         in_out(inb, outb, floor)
