@@ -26,14 +26,14 @@ pub fn lower_this_thread() {
     }
 }
 
-/// The calling thread's nice value.
-pub fn this_thread() -> i32 {
-    rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's nice value.
+    fn this_thread() -> i32 {
+        rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0)
+    }
 
     #[test]
     fn only_the_calling_thread_is_lowered_and_only_once() {

@@ -143,12 +143,18 @@ fn messages_of(ws: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A configuration for `agents`, each run as the scripted hostile agent.
+fn hostile_config(llm: &FakeLlm, pg: &TestPg, agents: &[&str]) -> Value {
+    let mut c = test_config(&llm.base_url(), Some(&pg.url()), agents);
+    c["agent_binary"] = json!(bin("hostile-agent"));
+    c
+}
+
 /// The config of the T2 tests: `evil` (the hostile agent) and `good` (a
 /// real agent) on one choird, a Telegram bot serving one user of each, and
 /// memory.
 fn t2_config(llm: &FakeLlm, pg: &TestPg, tg: &FakeTelegram, emb: &FakeEmbeddings) -> Value {
-    let mut c = test_config(&llm.base_url(), Some(&pg.url()), &["evil", "good"]);
-    c["agent_binary"] = json!(bin("hostile-agent"));
+    let mut c = hostile_config(llm, pg, &["evil", "good"]);
     c["agents"]["evil"] = json!({
         "quotas": {"memory_item_bytes": 1024, "memory_items": 5, "pending_proposals": 2, "notices_per_hour": 3,
                    "audit_per_hour": 40},
@@ -445,8 +451,7 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
 fn t2_a_job_name_that_is_not_a_plain_name_never_reaches_the_ledger() {
     let Some(pg) = TestPg::start() else { return };
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
-    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil"]);
-    config["agent_binary"] = json!(bin("hostile-agent"));
+    let config = hostile_config(&llm, &pg, &["evil"]);
     let choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "evil"]);
     let evil = Evil::of(&choird, "evil");
@@ -479,8 +484,7 @@ fn t2_a_job_name_that_is_not_a_plain_name_never_reaches_the_ledger() {
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("good answers".into())));
-    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil", "good"]);
-    config["agent_binary"] = json!(bin("hostile-agent"));
+    let config = hostile_config(&llm, &pg, &["evil", "good"]);
     let choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "good"]);
     choird.ctl_ok(&["agent", "start", "evil"]);
@@ -889,8 +893,7 @@ fn regression_replication_down_fails_closed_withholds_results_and_recovers() {
 fn regression_sighup_revokes_a_removed_agent_and_opens_a_socket_for_an_added_one() {
     let Some(pg) = TestPg::start() else { return };
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("late answers".into())));
-    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["evil"]);
-    config["agent_binary"] = json!(bin("hostile-agent"));
+    let mut config = hostile_config(&llm, &pg, &["evil"]);
     let choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "evil"]);
     let evil = Evil::of(&choird, "evil");

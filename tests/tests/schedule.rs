@@ -503,6 +503,23 @@ fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_a
     wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
 }
 
+/// Adds demo's job `name`, every minute, firing `prompt` when its
+/// precondition `pre` sees something new.
+fn add_looking(choird: &Choird, name: &str, pre: &str, prompt: &str) {
+    choird.ctl_ok(&["schedule", "add", "demo", name, "--every", "1m", "--prompt", prompt, "--precondition", pre]);
+}
+
+/// Minute `m` of the precondition tests' day.
+fn minute(m: u32) -> String {
+    format!("2026-08-01T00:{m:02}:00Z")
+}
+
+/// Memory with the fake embeddings `emb`, quick batches.
+fn memory_config(emb: &choir_tests::fake_embeddings::FakeEmbeddings) -> Value {
+    json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(), "timeout_s": 5},
+           "batch_ms": 20, "upsert_wait_ms": 500})
+}
+
 #[test]
 fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
     use choir_tests::mail_servers::{MailServers, PASSWORD, USER};
@@ -531,8 +548,7 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
         "ca_file": mail.ca_file(),
     });
     config["agents"]["demo"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]});
-    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
-                                             "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    config["memory"] = memory_config(&emb);
     let choird = Choird::start_at(&config, &json!({"llm_key": "k", "mail_pw": PASSWORD}), "2026-08-01T00:00:00Z");
     choird.ctl_ok(&["agent", "start", "demo"]);
     let url = format!("url:http://127.0.0.1:{}/status", page.port);
@@ -541,9 +557,9 @@ fn preconditions_look_at_mail_a_url_and_memory_without_a_model_call() {
         ("page", url.as_str(), "Read the page."),
         ("due", "memory", "Do what is due."),
     ] {
-        choird.ctl_ok(&["schedule", "add", "demo", name, "--every", "1m", "--prompt", prompt, "--precondition", pre]);
+        add_looking(&choird, name, pre, prompt);
     }
-    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    let at = minute;
     // Minute 1: no unseen mail, no memory due: nothing to do; the page's first look runs.
     choird.set_clock(&at(1));
     wait_state(&choird, "demo/mail", &at(1), "skipped");
@@ -631,9 +647,9 @@ fn a_url_precondition_reads_one_mebibyte_follows_no_redirect_and_reaches_no_refu
         ("inside", format!("url:http://127.0.0.2:{}/secret", inside.port), "Read the inside page."),
     ];
     for (name, pre, prompt) in &jobs {
-        choird.ctl_ok(&["schedule", "add", "demo", name, "--every", "1m", "--prompt", prompt, "--precondition", pre]);
+        add_looking(&choird, name, pre, prompt);
     }
-    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    let at = minute;
     choird.set_clock(&at(1));
     // First looks: the big page and the redirect (its own answer, not where
     // it points) run; the internal address is refused before any connection.
@@ -695,26 +711,14 @@ fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
         })
     });
     let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": emb.dims(),
-                                             "timeout_s": 5}, "batch_ms": 20, "upsert_wait_ms": 500});
+    config["memory"] = memory_config(&emb);
     let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-08-01T00:00:00Z");
     choird.ctl_ok(&["agent", "start", "demo"]);
     for n in 0..6 {
         choird.ctl_ok(&["chat", "demo", &format!("file item {n}")]);
     }
-    choird.ctl_ok(&[
-        "schedule",
-        "add",
-        "demo",
-        "due",
-        "--every",
-        "1m",
-        "--prompt",
-        "Do what is due.",
-        "--precondition",
-        "memory",
-    ]);
-    let at = |m: u32| format!("2026-08-01T00:{m:02}:00Z");
+    add_looking(&choird, "due", "memory", "Do what is due.");
+    let at = minute;
     // Minute 1: the real due date is still ahead, the others are no dates:
     // nothing came due, and the look did not fail over them.
     let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();

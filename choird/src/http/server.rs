@@ -762,10 +762,14 @@ mod tests {
     }
 
     fn server(limits: Limits) -> (tempfile::TempDir, PathBuf, Server) {
+        serve(Arc::new(Echo), limits)
+    }
+
+    fn serve(handler: Arc<dyn Handler>, limits: Limits) -> (tempfile::TempDir, PathBuf, Server) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let l = UnixListener::bind(&path).unwrap();
-        let s = Server::start(Socket::Unix(l, path.clone()), ListenerKind::Tcp, Arc::new(Echo), limits, "t").unwrap();
+        let s = Server::start(Socket::Unix(l, path.clone()), ListenerKind::Tcp, handler, limits, "t").unwrap();
         (dir, path, s)
     }
 
@@ -908,19 +912,9 @@ mod tests {
     fn a_streams_source_is_dropped_only_after_the_client_has_its_end() {
         // The relay records a model call when its stream's source is dropped:
         // that write must never stand between the agent and the answer's end.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.sock");
         let (release, gate) = crossbeam_channel::bounded(1);
         let released_first = Arc::new(AtomicBool::new(false));
-        let handler = Arc::new(GatedStream(gate, released_first.clone()));
-        let s = Server::start(
-            Socket::Unix(UnixListener::bind(&path).unwrap(), path.clone()),
-            ListenerKind::Tcp,
-            handler,
-            Limits::default(),
-            "t",
-        )
-        .unwrap();
+        let (_d, path, s) = serve(Arc::new(GatedStream(gate, released_first.clone())), Limits::default());
         let mut c = UnixStream::connect(&path).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
