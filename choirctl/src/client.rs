@@ -59,7 +59,7 @@ impl Client {
         if resp.status().as_u16() != 200 {
             return Err(refusal(&mut resp));
         }
-        let reader = std::io::BufReader::new(resp.into_body().into_reader());
+        let reader = std::io::BufReader::new(streamed(resp));
         let mut last = String::new();
         for line in reader.lines() {
             let line = line?;
@@ -88,7 +88,7 @@ impl Client {
         if resp.status().as_u16() != 200 {
             return Err(refusal(&mut resp));
         }
-        for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
+        for line in std::io::BufReader::new(streamed(resp)).lines() {
             on_line(serde_json::from_str(&line?)?);
         }
         Ok(())
@@ -104,7 +104,7 @@ impl Client {
         if resp.status().as_u16() != 200 {
             return Err(refusal(&mut resp));
         }
-        for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
+        for line in std::io::BufReader::new(streamed(resp)).lines() {
             on_line(&line?)?;
         }
         Ok(())
@@ -117,7 +117,7 @@ impl Client {
         if resp.status().as_u16() != 200 {
             return Err(refusal(&mut resp));
         }
-        Ok(std::io::copy(&mut resp.into_body().into_reader(), out)?)
+        Ok(std::io::copy(&mut streamed(resp), out)?)
     }
 
     /// POST `body` to `path` and copy the streamed reply to `out`; returns
@@ -135,7 +135,7 @@ impl Client {
             return Err(refusal(&mut resp));
         }
         let value = resp.headers().get(header).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Ok((std::io::copy(&mut resp.into_body().into_reader(), out)?, value))
+        Ok((std::io::copy(&mut streamed(resp), out)?, value))
     }
 
     fn finish<T: DeserializeOwned>(
@@ -172,6 +172,29 @@ impl Client {
     }
 }
 
+/// The body of a streamed answer. choird ends a stream it could not finish
+/// without its last chunk, so a cut answer is a read error, never a short
+/// whole one; this says so in the operator's words instead of the HTTP
+/// library's.
+fn streamed(resp: ureq::http::Response<ureq::Body>) -> impl std::io::Read {
+    Streamed(resp.into_body().into_reader())
+}
+
+struct Streamed<R>(R);
+
+impl<R: std::io::Read> std::io::Read for Streamed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "choird's answer broke off before its end ({e}): what arrived is incomplete; choird's log says why"
+                ),
+            )
+        })
+    }
+}
+
 /// choird's refusal as an error: its message, or the status and body.
 fn refusal(resp: &mut ureq::http::Response<ureq::Body>) -> anyhow::Error {
     let status = resp.status().as_u16();
@@ -185,5 +208,49 @@ fn refusal_of(status: u16, body: &[u8]) -> anyhow::Error {
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(e) => anyhow::anyhow!("{}", e.error.message),
         Err(_) => anyhow::anyhow!("choird answered {status}: {}", String::from_utf8_lossy(body)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, Write};
+
+    /// A choird stand-in on `home`'s socket that answers one request with
+    /// `head` and the chunks `body`, then hangs up without the last chunk.
+    fn cut_after(home: &Path, body: &'static str) -> std::thread::JoinHandle<()> {
+        std::fs::create_dir_all(home.join("socks")).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(home.join("socks").join("choird.sock")).unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
+                line.clear();
+            }
+            write!(conn, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n", body.len())
+                .unwrap();
+        })
+    }
+
+    #[test]
+    fn a_stream_choird_cut_is_an_error_that_says_so() {
+        let dir = std::env::temp_dir().join(format!("choirctl-cut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let server = cut_after(&dir.join("a"), "part of a backup");
+        let mut out = Vec::new();
+        let err = Client::new(&dir.join("a")).get_to("backup", &mut out).unwrap_err().to_string();
+        server.join().unwrap();
+        assert!(err.starts_with("choird's answer broke off before its end"), "{err}");
+        assert_eq!(out, b"part of a backup", "what arrived is still handed on");
+
+        let server = cut_after(&dir.join("b"), "step one\n");
+        let mut lines = Vec::new();
+        let err =
+            Client::new(&dir.join("b")).post_streaming("build", |l| lines.push(l.to_owned())).unwrap_err().to_string();
+        server.join().unwrap();
+        assert!(err.starts_with("choird's answer broke off before its end"), "{err}");
+        assert_eq!(lines, ["step one"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,8 +12,17 @@ pub(crate) struct Ctx {
     pub(crate) stream: bool,
 }
 
-/// Prints a value as pretty JSON (through the terminal's escaping).
+/// Prints a value as pretty JSON, safe for a terminal and still JSON that
+/// parses to the same value (`text::clean_json`; `say!`'s escaping would
+/// not parse).
 pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    say!("{}", serde_json::to_string_pretty(v)?);
+    println!("{}", choir_common::text::clean_json(&serde_json::to_string_pretty(v)?));
+    Ok(())
+}
+
+/// Prints a value as one line of JSON (JSON lines: `logs`, followed
+/// events), escaped as [`print_json`] does.
+pub(crate) fn print_json_line(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", choir_common::text::clean_json(&serde_json::to_string(v)?));
     Ok(())
 }

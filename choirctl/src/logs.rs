@@ -50,7 +50,7 @@ fn enc(s: &str) -> String {
 
 fn print(ctx: &Ctx, r: &LogRecord) -> anyhow::Result<()> {
     if ctx.json {
-        say!("{}", serde_json::to_string(r)?);
+        crate::ctx::print_json_line(r)?;
     } else {
         say!("{}", crate::term::one_line(&r.human()));
     }

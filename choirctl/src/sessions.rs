@@ -75,7 +75,7 @@ pub fn events(ctx: &Ctx, id: &str, after: u64, follow: bool) -> anyhow::Result<(
         }
         for e in &r.events {
             if ctx.json {
-                say!("{}", serde_json::to_string(e)?);
+                crate::ctx::print_json_line(e)?;
                 continue;
             }
             let input = serde_json::to_string(&e.input)?;

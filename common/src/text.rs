@@ -54,6 +54,28 @@ pub fn one_line(text: &str) -> String {
     escape(text, false, None)
 }
 
+/// Serialized JSON made safe to show, still JSON: each hostile character
+/// written as a `\uXXXX` escape. serde_json escapes C0 controls itself but
+/// writes C1 controls, DEL and bidi or invisible characters as they are;
+/// those can only stand inside a string, where the escape means the same
+/// character, so the text parses to the same value. ([`clean`] would write
+/// `\u{202e}`, which no JSON parser reads.) Every hostile character is in
+/// the Basic Multilingual Plane, so one escape each is enough.
+pub fn clean_json(json: &str) -> String {
+    if !json.chars().any(|c| hostile(c, true)) {
+        return json.to_owned();
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if hostile(c, true) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// [`one_line`], at most `max` characters (then `…`): for a string a
 /// client chose, quoted in a message, a log line or an audit record.
 pub fn clipped(text: &str, max: usize) -> String {
@@ -126,5 +148,17 @@ mod tests {
         assert_eq!(clean("\u{9b}31m plain"), "\\u{9b}31m plain");
         assert_eq!(clean("naïve 日本"), "naïve 日本");
         assert_eq!(clipped("abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn json_is_cleaned_into_json_that_means_the_same() {
+        let v = serde_json::json!({"text": "a\u{202e}b\u{9b}c\u{7f}d\u{feff}\u{1b}[2J\nnaïve", "n": 1});
+        let pretty = serde_json::to_string_pretty(&v).unwrap();
+        let shown = clean_json(&pretty);
+        assert!(!shown.chars().any(|c| hostile(c, true)), "{shown}");
+        assert!(shown.contains(r"a\u202eb\u009bc\u007fd\ufeff\u001b[2J\nnaïve"), "{shown}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&shown).unwrap(), v);
+        assert!(serde_json::from_str::<serde_json::Value>(&clean(&pretty)).is_err(), "why clean_json exists");
+        assert_eq!(clean_json("{\n  \"plain\": true\n}"), "{\n  \"plain\": true\n}");
     }
 }

@@ -204,9 +204,11 @@ fn a_failing_job_trips_the_breaker_and_the_admin_is_told_on_telegram() {
         if req["model"] != "fake-core" {
             return Some(Step::Text("hello there".into()));
         }
-        // The first run works; every later one meets a broken model.
+        // The first run works (a report of several lines, longer than a
+        // chat message may be, with characters that must not reach a chat as
+        // they are); every later one meets a broken model.
         Some(if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            Step::Text("the nightly report is fine".into())
+            Step::Text(format!("the nightly report is fine\n- disk: 41% used\n\u{202e}evil\u{7}\n{}", "y".repeat(5000)))
         } else {
             Step::Raw { status: 400, body: r#"{"error": {"message": "bad request"}}"#.into(), headers: Vec::new() }
         })
@@ -235,9 +237,23 @@ fn a_failing_job_trips_the_breaker_and_the_admin_is_told_on_telegram() {
     let at = |m: u32| format!("2026-03-01T06:{m:02}:00Z");
     choird.set_clock(&at(1));
     wait_state(&choird, "demo/nightly", &at(1), "done");
-    tg.wait_calls("the result in the chat", WAIT, |c| {
-        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t == "[nightly] the nightly report is fine"))
+    let calls = tg.wait_calls("the result in the chat", WAIT, |c| {
+        texts_by_chat(c).get(&501).is_some_and(|t| t.iter().any(|t| t.starts_with("[nightly] the nightly report")))
     });
+    // Delivered as lines, escaped, cut at 3,500 characters with a note.
+    let texts = texts_by_chat(&calls)[&501].clone();
+    let result = texts.iter().find(|t| t.starts_with("[nightly]")).unwrap();
+    assert!(
+        result.starts_with("[nightly] the nightly report is fine\n- disk: 41% used\n\\u{202e}evil\\u{7}\nyyy"),
+        "{result}"
+    );
+    assert!(!result.contains('\u{202e}') && !result.contains('\u{7}'), "{result}");
+    assert!(result.ends_with("y\n[… cut at 3500 characters]"), "{}", result.chars().rev().take(60).collect::<String>());
+    assert_eq!(result.chars().count(), 3500 + "\n[… cut at 3500 characters]".chars().count());
+    // `--json` stays JSON with such characters in it (`show` parses it), and
+    // means the report as the agent sent it.
+    let detail = show(&choird, "demo/nightly")["last"][0]["detail"].as_str().unwrap().to_owned();
+    assert!(detail.starts_with("the nightly report is fine\n- disk: 41% used\n\u{202e}evil\u{7}\nyyy"), "{detail}");
     choird.set_clock(&at(2));
     wait_state(&choird, "demo/nightly", &at(2), "failed");
     assert!(show(&choird, "demo/nightly")["job"]["paused"] == false, "one failure does not trip a breaker of 2");
@@ -450,7 +466,7 @@ fn a_hostile_agent_cannot_start_or_end_firings_that_are_not_its_own() {
     report(&evil, json!([{"id": own, "state": "failed", "detail": "again"}]));
     let (state, detail) = firing_row(&mut db, own);
     assert_eq!(state, "done");
-    assert!(detail.starts_with("a\\u0000b") && detail.chars().count() <= 4001, "{}", detail.len());
+    assert!(detail.starts_with("a\\u0000b") && detail.ends_with("x\n[… cut at 4000 characters]"), "{}", detail.len());
     // The good agent's firing ends as its own agent says.
     wait_state(&choird, "good/g", "2026-06-01T00:01:00Z", "done");
     assert_eq!(firing_row(&mut db, good).1, "good report");

@@ -379,7 +379,9 @@ impl Daemon {
                     choir_common::text::clipped(&r.state, 40)
                 )));
             }
-            let detail = choir_common::text::clipped(&choir_common::text::nul_escaped(&r.detail), 4000);
+            // Kept with its lines (it is the job's report, delivered as a
+            // message); escaped wherever it is shown inside a line.
+            let (detail, _) = choir_common::text::cap_with_note(&choir_common::text::nul_escaped(&r.detail), 4000);
             match self.store.end_firing(&who.agent, r.id, &r.state, &detail)? {
                 Some(ended) => self.firing_ended(&ended),
                 None => log::warn!("agent {}: report on firing {} that is not running; ignored", who.agent, r.id),
@@ -441,7 +443,9 @@ impl Daemon {
                 covers: Vec::new(),
                 key: format!("firing-{}", e.id),
                 conversation: conversation.clone(),
-                text: choir_common::text::clipped(&text, MAX_DELIVERED),
+                // The report's lines stay lines; control and bidi characters
+                // are escaped; a long report is cut, with a note saying so.
+                text: choir_common::text::cap_with_note(&choir_common::text::clean(&text), MAX_DELIVERED).0,
             };
             match self.store.record_replies(&agent, &[reply], 0, self.delivery.as_ref()) {
                 Ok(r) => {
