@@ -94,11 +94,14 @@ pub struct RawAnswer {
     pub body: Vec<u8>,
 }
 
-/// Connections to choird kept open between requests: enough for the edge's
-/// model call, the default core jobs' (4) with room for more, replication and
-/// host tools at once. Each is a waiting thread in choird (closed after 30 s
-/// idle); past this many requests at once, a connection closes after use and
-/// the next request opens a new one (choird starts a thread for it).
+/// Connections to choird the agent's main client keeps open between
+/// requests: enough for the edge's model call, link-poll, link-push, status
+/// reports and host tools (the edge's and the core jobs') at once. Each is a
+/// waiting thread in choird (closed after 30 s idle); past this many
+/// requests at once, a connection closes after use and the next request
+/// opens a new one (choird starts a thread for it). The core jobs' model
+/// calls have a client of their own, sized to `max_core_jobs`
+/// ([`Rpc::with_idle`]).
 const IDLE_CONNECTIONS: usize = 12;
 
 /// The RPC client.
@@ -111,9 +114,15 @@ pub struct Rpc {
 impl Rpc {
     /// A client for `endpoint` using `token`.
     pub fn new(endpoint: &Endpoint, token: String) -> Rpc {
+        Rpc::with_idle(endpoint, token, IDLE_CONNECTIONS)
+    }
+
+    /// A client keeping up to `idle` connections open between requests:
+    /// as many as requests it will carry at once.
+    pub fn with_idle(endpoint: &Endpoint, token: String, idle: usize) -> Rpc {
         match endpoint {
             Endpoint::Unix(path) => Rpc {
-                agent: choir_common::unix_http::pooled_agent_for_socket(path, None, IDLE_CONNECTIONS),
+                agent: choir_common::unix_http::pooled_agent_for_socket(path, None, idle),
                 base: "http://localhost".to_owned(),
                 token,
             },
@@ -121,8 +130,8 @@ impl Rpc {
                 agent: ureq::Agent::new_with_config(
                     ureq::config::Config::builder()
                         .http_status_as_error(false)
-                        .max_idle_connections(IDLE_CONNECTIONS)
-                        .max_idle_connections_per_host(IDLE_CONNECTIONS)
+                        .max_idle_connections(idle)
+                        .max_idle_connections_per_host(idle)
                         .build(),
                 ),
                 base: base.clone(),

@@ -51,10 +51,8 @@ pub struct Args {
 
 /// Runs the agent until choird stops it, the lease is lost, or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // Core jobs' model calls go over connections of their own: choird runs
-    // a connection that relayed a core call below the edge from then on
-    // (see choird's relay), so the edge's calls must never be pooled with them.
-    let core_rpc = Arc::new(Rpc::new(&args.endpoint, args.token.clone()));
+    // For the core jobs' client, made once their number is known (below).
+    let core_token = args.token.clone();
     let rpc = Arc::new(Rpc::new(&args.endpoint, args.token));
     let workspace = Workspace::open(&args.workspace)
         .with_context(|| format!("cannot open the workspace {}", args.workspace.display()))?;
@@ -151,7 +149,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let identity = Identity::load(&args.choir_dir, &args.agent);
     arbiter.set_operator_words(identity.operator_words());
     let llm = Arc::new(Llm::new(rpc.clone()));
-    let core_llm = Arc::new(Llm::new(core_rpc));
     let limits = {
         let c = config.read();
         CoreLimits {
@@ -161,6 +158,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             context_tokens: c.context_tokens,
         }
     };
+    // Core jobs' model calls go over connections of their own: choird runs
+    // a connection that relayed a core call below the edge from then on
+    // (see choird's relay), so the edge's calls must never be pooled with
+    // them. One kept connection per core job that may run at once (a later
+    // config raising the limit only makes the extra jobs' connections
+    // short-lived).
+    let core_rpc = Rpc::with_idle(&args.endpoint, core_token, limits.max_jobs.max(1));
+    let core_llm = Arc::new(Llm::new(Arc::new(core_rpc)));
     let pool = Arc::new(CorePool::new(
         CoreSetup {
             arbiter: arbiter.clone(),
