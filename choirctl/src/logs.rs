@@ -36,18 +36,6 @@ pub fn since(text: &str) -> anyhow::Result<String> {
     Ok(jiff::Timestamp::now().checked_sub(age.abs())?.to_string())
 }
 
-fn enc(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 fn print(ctx: &Ctx, r: &LogRecord) -> anyhow::Result<()> {
     if ctx.json {
         crate::ctx::print_json_line(r)?;
@@ -66,13 +54,13 @@ pub fn run(ctx: &Ctx, a: &Args<'_>) -> anyhow::Result<()> {
         query.push(format!("agent={agent}"));
     }
     if let Some(s) = a.since {
-        query.push(format!("since={}", enc(&since(s)?)));
+        query.push(format!("since={}", choir_common::unix_http::query_value(&since(s)?)));
     }
     if let Some(l) = a.level {
-        query.push(format!("level={}", enc(l)));
+        query.push(format!("level={}", choir_common::unix_http::query_value(l)));
     }
     if let Some(g) = a.grep {
-        query.push(format!("grep={}", enc(g)));
+        query.push(format!("grep={}", choir_common::unix_http::query_value(g)));
     }
     let limit = a.limit.unwrap_or(if a.since.is_some() {
         100_000

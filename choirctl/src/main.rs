@@ -355,10 +355,7 @@ fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
 }
 
 fn memory_search(ctx: &Ctx, id: &str, text: &str, k: u64) -> anyhow::Result<()> {
-    let q: String = text
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect();
+    let q = choir_common::unix_http::query_value(text);
     let r: serde_json::Value = ctx.client.get(&format!("agents/{id}/memory/search?q={q}&k={k}"))?;
     if ctx.json {
         return print_json(&r);

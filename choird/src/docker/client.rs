@@ -12,6 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use choir_common::unix_http::query_value;
 use serde_json::{json, Value};
 
 /// The Engine API version every request names.
@@ -186,8 +187,12 @@ impl Engine {
     /// Image names with `repo` as their repository (`repo:*`).
     pub fn images_of(&self, repo: &str) -> Result<Vec<String>, EngineError> {
         let filters = json!({"reference": [repo]}).to_string();
-        let (status, body) =
-            self.call("GET", &format!("/images/json?filters={}", enc(&filters)), None, Some(Duration::from_secs(30)))?;
+        let (status, body) = self.call(
+            "GET",
+            &format!("/images/json?filters={}", query_value(&filters)),
+            None,
+            Some(Duration::from_secs(30)),
+        )?;
         self.check("list images", status, &body)?;
         Ok(body
             .as_array()
@@ -210,9 +215,9 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let path = format!(
             "/build?t={}&rm=1&forcerm=1&labels={}&buildargs={}",
-            enc(tag),
-            enc(&labels.to_string()),
-            enc(&buildargs.to_string())
+            query_value(tag),
+            query_value(&labels.to_string()),
+            query_value(&buildargs.to_string())
         );
         let what = "POST /build".to_owned();
         let resp = self
@@ -248,7 +253,7 @@ impl Engine {
     pub fn create(&self, name: &str, config: &Value) -> Result<String, EngineError> {
         let (status, body) = self.call(
             "POST",
-            &format!("/containers/create?name={}", enc(name)),
+            &format!("/containers/create?name={}", query_value(name)),
             Some(config),
             Some(Duration::from_secs(60)),
         )?;
@@ -352,7 +357,7 @@ impl Engine {
         let filters = json!({"label": [label]}).to_string();
         let (status, body) = self.call(
             "GET",
-            &format!("/containers/json?all=1&filters={}", enc(&filters)),
+            &format!("/containers/json?all=1&filters={}", query_value(&filters)),
             None,
             Some(Duration::from_secs(30)),
         )?;
@@ -373,7 +378,10 @@ impl Engine {
         let what = "GET /events".to_owned();
         let resp = self
             .agent
-            .get(&self.url(&format!("/events?since={since:.3}&until={until:.3}&filters={}", enc(&filters.to_string()))))
+            .get(&self.url(&format!(
+                "/events?since={since:.3}&until={until:.3}&filters={}",
+                query_value(&filters.to_string())
+            )))
             .call()
             .map_err(|e| self.transport(&what, e))?;
         let reader = BufReader::new(resp.into_body().into_reader());
@@ -477,18 +485,6 @@ pub fn demux(mut bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Percent-encodes a query value.
-fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,12 +497,6 @@ mod tests {
         framed.extend_from_slice(b"de");
         assert_eq!(demux(&framed), b"abcde");
         assert_eq!(demux(b"plain text"), b"plain text");
-    }
-
-    #[test]
-    fn query_values_are_encoded() {
-        assert_eq!(enc(r#"{"label":["a=b"]}"#), "%7B%22label%22%3A%5B%22a%3Db%22%5D%7D");
-        assert_eq!(enc("choir/demo:abc"), "choir%2Fdemo%3Aabc");
     }
 
     #[test]

@@ -275,34 +275,11 @@ pub fn printable(s: &str) -> String {
     choir_common::text::clipped(s, 200)
 }
 
+/// A query string's pairs, decoded (`application/x-www-form-urlencoded`:
+/// `+` is a space; a `%` not followed by two hex digits stays as it is;
+/// bytes that are not UTF-8 become U+FFFD).
 pub(crate) fn parse_query(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|s| !s.is_empty())
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => (percent_decode(k), percent_decode(v)),
-            None => (percent_decode(kv), String::new()),
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(if b == b'+' { b' ' } else { b });
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    url::form_urlencoded::parse(q.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
 }
 
 #[cfg(test)]
@@ -315,7 +292,14 @@ mod tests {
             parse_query("after=3&agent=a%20b&x"),
             vec![("after".into(), "3".into()), ("agent".into(), "a b".into()), ("x".into(), String::new())]
         );
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%4"), "%4");
+        let one = |q: &str| parse_query(q).remove(0).1;
+        assert_eq!(one("q=100%"), "100%");
+        assert_eq!(one("q=%4"), "%4");
+        assert_eq!(one("q=a+b%2Bc"), "a b+c");
+        assert_eq!(one("q=%FF"), "\u{fffd}");
+        // What choirctl encodes comes back as it was.
+        for text in ["a b&c=d#e+f", "100%", "été \u{202e}", "x=y&z", ""] {
+            assert_eq!(one(&format!("q={}", choir_common::unix_http::query_value(text))), text);
+        }
     }
 }
