@@ -142,19 +142,7 @@ impl Rpc {
 
     /// POSTs `body` to `path`, returning whatever choird answered.
     pub fn post_raw(&self, path: &str, body: &[u8], timeout: Duration) -> Result<RawAnswer, RpcError> {
-        let mut answer = self
-            .agent
-            .post(&format!("{}{path}", self.base))
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", "application/json")
-            .send(body)
-            .map_err(|e| RpcError::Transport(e.to_string()))?;
-        let status = answer.status().as_u16();
-        let retry_after_s =
-            answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok());
+        let (status, retry_after_s, mut answer) = self.send(path, body, timeout)?;
         let body = answer
             .body_mut()
             .with_config()
@@ -167,6 +155,19 @@ impl Rpc {
     /// POSTs `body` to `path` and returns the status, `Retry-After` and the
     /// body as a reader (for streamed answers).
     pub fn post_reader(&self, path: &str, body: &[u8], timeout: Duration) -> Result<StreamedAnswer, RpcError> {
+        let (status, retry_after_s, answer) = self.send(path, body, timeout)?;
+        let reader = std::io::BufReader::new(answer.into_body().into_reader());
+        Ok((status, retry_after_s, Box::new(reader)))
+    }
+
+    /// POSTs `body` to `path`: the status, `Retry-After` (seconds) and the
+    /// answer, its body unread.
+    fn send(
+        &self,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<(u16, Option<u64>, ureq::http::Response<ureq::Body>), RpcError> {
         let answer = self
             .agent
             .post(&format!("{}{path}", self.base))
@@ -180,8 +181,7 @@ impl Rpc {
         let status = answer.status().as_u16();
         let retry_after_s =
             answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok());
-        let reader = std::io::BufReader::new(answer.into_body().into_reader());
-        Ok((status, retry_after_s, Box::new(reader)))
+        Ok((status, retry_after_s, answer))
     }
 
     /// Calls a verb.

@@ -51,9 +51,9 @@ pub(crate) fn backup(ctx: &Ctx, file: &str, workspaces: bool) -> anyhow::Result<
     }
     say!(
         "wrote {file} ({}): {} files, database dump {}{}",
-        choird::doctor::human_bytes(bytes),
+        choir_common::text::human_bytes(bytes),
         summary["files"],
-        choird::doctor::human_bytes(summary["database_bytes"].as_u64().unwrap_or(0)),
+        choir_common::text::human_bytes(summary["database_bytes"].as_u64().unwrap_or(0)),
         match summary["skipped"].as_u64() {
             Some(n) if n > 0 => format!(", {n} special files or too-deep trees skipped"),
             _ => String::new(),

@@ -173,8 +173,8 @@ fn disk(home: &Home) -> Check {
     let total = vfs.f_blocks.saturating_mul(vfs.f_frsize).max(1);
     let detail = format!(
         "{} free of {} on the home's file system ({:.0} %)",
-        human_bytes(free),
-        human_bytes(total),
+        choir_common::text::human_bytes(free),
+        choir_common::text::human_bytes(total),
         free as f64 * 100.0 / total as f64
     );
     let fix = "free space there (docker image prune, old logs/archive), or lower logs.max_total_mb";
@@ -263,7 +263,7 @@ fn docker(config: &Config) -> Vec<Check> {
     out.push(match engine.image(base) {
         Ok(Some(image)) => {
             let size = image["Size"].as_u64().unwrap_or(0);
-            Check::ok("base image", format!("{base} ({})", human_bytes(size)))
+            Check::ok("base image", format!("{base} ({})", choir_common::text::human_bytes(size)))
         }
         Ok(None) => Check::fail(
             "base image",
@@ -407,10 +407,14 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
         401 | 403 => Check::fail(&name, format!("the endpoint refused the key ({status})"), key_fix),
         404 => Check::fail(
             &name,
-            format!("404 for model {model}: {}", excerpt(&text)),
+            format!("404 for model {model}: {}", choir_common::text::clipped(&text, 200)),
             format!("check llm.{}.model and base_url (it includes /v1)", lane.as_str()),
         ),
-        _ => Check::fail(&name, format!("{status}: {}", excerpt(&text)), "see the endpoint's own status page or logs"),
+        _ => Check::fail(
+            &name,
+            format!("{status}: {}", choir_common::text::clipped(&text, 200)),
+            "see the endpoint's own status page or logs",
+        ),
     }
 }
 
@@ -472,37 +476,9 @@ fn bot_token(api_base: &str, bot: &str, secret: &str, secrets: &Secrets) -> Chec
     }
 }
 
-/// `1.5 GiB`-style sizes.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
-
-fn excerpt(s: &str) -> String {
-    let s: String = s.chars().filter(|c| !c.is_control()).take(200).collect();
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
-        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
-    }
 
     #[test]
     fn a_home_without_config_fails_and_names_the_file() {

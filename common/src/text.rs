@@ -82,6 +82,22 @@ pub fn clipped(text: &str, max: usize) -> String {
     escape(text, false, Some(max))
 }
 
+/// `1.5 GiB`-style sizes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
 /// `text` cut to at most `max_chars` characters (on a character boundary),
 /// with a note saying where when it was cut; and whether it was.
 pub fn cap_with_note(text: &str, max_chars: usize) -> (String, bool) {
@@ -132,6 +148,13 @@ mod tests {
         let mut v = serde_json::json!({"k\0": ["x\0", {"deep": "y\0z"}, 1, null], "ok": "fine"});
         escape_nul_in(&mut v);
         assert_eq!(v, serde_json::json!({"k\\u0000": ["x\\u0000", {"deep": "y\\u0000z"}, 1, null], "ok": "fine"}));
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
     }
 
     #[test]

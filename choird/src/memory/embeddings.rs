@@ -102,10 +102,10 @@ impl Embedder {
         // 401/403/404 say the endpoint or its key is wrong, not an item:
         // kept and retried like an outage, never held against the items.
         if status == 429 || status >= 500 || matches!(status, 401 | 403 | 404) {
-            return Err(EmbedError::Unavailable(format!("{status}: {}", excerpt(&text))));
+            return Err(EmbedError::Unavailable(format!("{status}: {}", choir_common::text::clipped(&text, 300))));
         }
         if status != 200 {
-            return Err(EmbedError::Refused(format!("{status}: {}", excerpt(&text))));
+            return Err(EmbedError::Refused(format!("{status}: {}", choir_common::text::clipped(&text, 300))));
         }
         let v: Value =
             serde_json::from_str(&text).map_err(|e| EmbedError::Unavailable(format!("the answer is not JSON: {e}")))?;
@@ -125,8 +125,4 @@ impl Embedder {
         out.sort_by_key(|(i, _)| *i);
         Ok(out.into_iter().map(|(_, v)| v).collect())
     }
-}
-
-fn excerpt(s: &str) -> String {
-    s.chars().take(300).collect()
 }
