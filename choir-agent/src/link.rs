@@ -72,13 +72,34 @@ pub struct Link {
     pub floor: Arc<crate::floor::Floor>,
 }
 
-impl crate::held::Recall for Link {
+/// How long the edge waits for a recall (link-push may first have answers
+/// to ship, and retries while choird cannot be reached).
+const RECALL_WAIT: Duration = Duration::from_secs(10);
+
+/// The edge's way to recall a conversation: through link-push's queue, behind
+/// the answers queued before it ([`Outbound::Recall`]).
+pub struct RecallThroughPush {
+    out: Sender<Outbound>,
+}
+
+impl RecallThroughPush {
+    /// Recalls sent on `out`, link-push's queue.
+    pub fn new(out: Sender<Outbound>) -> RecallThroughPush {
+        RecallThroughPush { out }
+    }
+}
+
+impl crate::held::Recall for RecallThroughPush {
     fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
-        let req = self.recall_heartbeat(conversation);
-        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(10));
-        match resp {
-            Ok(r) => r.recalled.ok_or_else(|| "choird sent no tail".to_owned()),
-            Err(e) => Err(e.to_string()),
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let ask = crate::outbound::RecallAsk { conversation: conversation.to_owned(), answer: tx };
+        self.out.send(Outbound::Recall(ask)).map_err(|_| "the link to choird is closed".to_owned())?;
+        match rx.recv_timeout(RECALL_WAIT) {
+            Ok(answer) => answer,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                Err(format!("choird did not answer within {} s", RECALL_WAIT.as_secs()))
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err("the link to choird closed".to_owned()),
         }
     }
 }
@@ -222,6 +243,17 @@ impl Link {
         req
     }
 
+    /// Asks choird for a conversation's tail (link-push, once the answers
+    /// queued before the ask are stored).
+    fn recall_now(&self, conversation: &str) -> Result<ConversationTail, String> {
+        let req = self.recall_heartbeat(conversation);
+        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, RECALL_WAIT);
+        match resp {
+            Ok(r) => r.recalled.ok_or_else(|| "choird sent no tail".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// A HEARTBEAT that only reports on firings.
     fn report_firings(&self, firings: Vec<FiringReport>) -> Result<HeartbeatResponse, RpcError> {
         let req = self.bare_heartbeat(0, false, firings);
@@ -315,7 +347,7 @@ impl Link {
                 return;
             }
             let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
-            let Pending { replies, partials, firings } = &mut out;
+            let Pending { replies, partials, firings, .. } = &mut out;
             let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty() || !firings.is_empty();
             if work || last_beat.elapsed() >= PERIOD {
                 let processed =
@@ -396,6 +428,11 @@ impl Link {
                     }
                 }
             }
+            // Every answer queued before these asks is stored now (a failed
+            // shipment went round the loop again above, asks still waiting).
+            for ask in std::mem::take(&mut out.recalls) {
+                let _ = ask.answer.send(self.recall_now(&ask.conversation));
+            }
             let version = self.board.version();
             let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
             if version != reported && report_due {
@@ -414,12 +451,13 @@ impl Link {
     }
 }
 
-/// What link-push has yet to ship.
+/// What link-push has yet to ship (and the recalls to make after it).
 #[derive(Default)]
 struct Pending {
     replies: Vec<OutboundReply>,
     partials: Vec<PartialReply>,
     firings: Vec<FiringReport>,
+    recalls: Vec<crate::outbound::RecallAsk>,
 }
 
 /// Firing reports per HEARTBEAT (choird refuses more).
@@ -447,13 +485,159 @@ fn storable_reply(mut r: OutboundReply) -> OutboundReply {
 /// Sorts what the edge handed over: replies queue; a partial replaces an
 /// older partial of the same message.
 fn take(m: Outbound, out: &mut Pending) {
-    let Pending { replies, partials, firings } = out;
+    let Pending { replies, partials, firings, recalls } = out;
     match m {
+        Outbound::Recall(ask) => recalls.push(ask),
         Outbound::Firing(f) => firings.push(f),
         Outbound::Reply(r) => replies.push(r),
         Outbound::Partial(p) => {
             partials.retain(|q| q.in_reply_to != p.in_reply_to);
             partials.push(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::{Arc, Weak};
+
+    use choir_common::rpc::{ConversationTail, OutboundReply};
+    use parking_lot::Mutex;
+    use serde_json::{json, Value};
+
+    use super::{Link, RecallThroughPush};
+    use crate::held::Recall;
+    use crate::outbound::Outbound;
+
+    /// A choird stand-in on `path`: records what reaches it, in order;
+    /// takes `store` to store a HEARTBEAT's answers (then records
+    /// "stored"); answers a recall with a tail of one exchange.
+    fn choird(path: std::path::PathBuf, store: std::time::Duration) -> Arc<Mutex<Vec<String>>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let record = record.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut conn = conn;
+                    loop {
+                        let (mut length, mut target) = (0, String::new());
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if target.is_empty() {
+                                target = line.split(' ').nth(1).unwrap_or_default().to_owned();
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = Vec::new();
+                        reader.by_ref().take(length).read_to_end(&mut body).unwrap();
+                        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let answer = if target.ends_with("/HEARTBEAT") {
+                            let mut resp = json!({"acked_seq": 0, "messages": [], "config_version": 0, "stop": false});
+                            if let Some(conversation) = req["recall"].as_str() {
+                                record.lock().push(format!("recall {conversation}"));
+                                resp["recalled"] = json!({"conversation": conversation, "turns": []});
+                            }
+                            if req["replies"].as_array().is_some_and(|r| !r.is_empty()) {
+                                std::thread::sleep(store);
+                                record.lock().push(format!("stored {}", req["replies"][0]["conversation"]));
+                            }
+                            resp
+                        } else {
+                            json!({"ok": true})
+                        };
+                        let text = answer.to_string();
+                        let out = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+                            text.len()
+                        );
+                        if conn.write_all(out.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        seen
+    }
+
+    fn link(dir: &std::path::Path) -> Arc<Link> {
+        let endpoint = crate::rpc::Endpoint::Unix(dir.join("agent.sock"));
+        let rpc = Arc::new(crate::rpc::Rpc::new(&endpoint, "t".into()));
+        let (log, _) = crate::commitlog::CommitLog::open(&dir.join("state")).unwrap();
+        let log = Arc::new(crate::commitlog::DurableLog::new(log).unwrap());
+        let registry =
+            crate::tools::Registry::load(&dir.join("choir"), &[], Arc::new(crate::tools::host::NoHost), &[], &[])
+                .unwrap();
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        let (committed, _) = crossbeam_channel::bounded(1);
+        let arbiter = Arc::new(crate::arbiter::Arbiter::new(
+            registry,
+            crate::workspace::Workspace::open(&dir.join("ws")).unwrap(),
+            dir.join("state"),
+            log.clone(),
+            committed,
+            crate::secrets::SecretStore::default(),
+        ));
+        let config =
+            serde_json::from_value(json!({"version": 0, "kill_switch": false, "max_steps_per_turn": 8})).unwrap();
+        Arc::new(Link {
+            rpc,
+            log,
+            processed: AtomicU64::new(0),
+            config_version: AtomicU64::new(0),
+            lease_lost: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            arbiter,
+            config: Arc::new(parking_lot::RwLock::new(config)),
+            board: crate::lanes::StatusBoard::new(),
+            approvals: Arc::new(crate::approvals::Approvals::new(None)),
+            edge_cancel: Arc::new(AtomicBool::new(false)),
+            pool: Weak::new(),
+            arguments: Arc::new(crate::arg_check::ArgumentPolicy::default()),
+            floor: Arc::default(),
+        })
+    }
+
+    #[test]
+    fn a_recall_is_asked_only_after_the_answers_queued_before_it_are_stored() {
+        // The edge answered in conversation a, dropped it (other
+        // conversations came in) and a speaks again: the recall must not
+        // reach choird before that answer is stored, or the tail misses it.
+        let dir = tempfile::tempdir().unwrap();
+        let seen = choird(dir.path().join("agent.sock"), std::time::Duration::from_millis(300));
+        let link = link(dir.path());
+        let (out, queue) = crossbeam_channel::unbounded();
+        let (_poke, committed) = crossbeam_channel::unbounded::<()>();
+        let push = {
+            let link = link.clone();
+            std::thread::spawn(move || link.push(queue, committed))
+        };
+        let reply = OutboundReply {
+            in_reply_to: 7,
+            covers: vec![7],
+            key: String::new(),
+            conversation: "a".into(),
+            text: "the answer".into(),
+        };
+        out.send(Outbound::Reply(reply)).unwrap();
+        let tail = RecallThroughPush::new(out.clone()).recall("a").unwrap();
+        assert_eq!(tail, ConversationTail { conversation: "a".into(), summary: None, turns: Vec::new() });
+        assert_eq!(*seen.lock(), ["stored \"a\"", "recall a"]);
+        drop(out);
+        push.join().unwrap();
     }
 }

@@ -199,6 +199,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         floor: floor.clone(),
     });
     link.apply(&hello.config);
+    // Recalls go through link-push's queue, behind the answers before them.
+    let recall = Arc::new(crate::link::RecallThroughPush::new(out_tx.clone()));
     let lane = EdgeLane {
         mind: Mind {
             arbiter,
@@ -220,7 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         skills,
         cancel: edge_cancel,
         discovered: Arc::default(),
-        recall: link.clone(),
+        recall,
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     board.set_session(SessionState::Running);
