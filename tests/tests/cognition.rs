@@ -351,6 +351,7 @@ fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
     let answer = "The answer is forty-two; the model took its time to write it.";
     let edge = FakeLlm::start(vec![
         Step::SlowText(answer.into(), Duration::from_millis(120)),
+        Step::SlowText("Quick answer ok.".into(), Duration::from_millis(20)),
         Step::SlowText("short".into(), Duration::from_millis(10)),
     ]);
     let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
@@ -377,6 +378,18 @@ fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
         "the first words came {:?} before the end",
         last_at - *first_at
     );
+    // An answer the model has written within the edge's PARTIAL_EVERY
+    // (150 ms; here its two pieces come at about 40 and 60 ms) goes out
+    // whole: no partial ahead of it, so a quick turn is one HEARTBEAT, not two.
+    let resp = admin
+        .post("http://localhost/admin/v1/agents/demo/chat")
+        .send_json(json!({"text": "and quickly?", "stream": true}))
+        .unwrap();
+    let lines: Vec<Value> = std::io::BufRead::lines(std::io::BufReader::new(resp.into_body().into_reader()))
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    assert!(lines.iter().all(|l| l.get("partial").is_none()), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["reply"], "Quick answer ok.");
     // choirctl --stream shows the same final text.
     assert_eq!(choird.ctl_ok(&["chat", "--stream", "demo", "again"]), "short\n");
 }
