@@ -752,3 +752,48 @@ fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
     wait_state(&choird, "demo/due", &at(3), "skipped");
     assert_eq!(runs_of(&fake, "Do what is due."), 1);
 }
+
+/// A running firing whose job names no wall time was left running for a
+/// day (the sweep's fallback) though its agent runs it with its core
+/// budget's (30 minutes by default): it is interrupted past that, plus the
+/// grace; a job's own wall time still wins; a firing within both runs on.
+#[test]
+fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_after_a_day() {
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let store = choird::store::Store::new(db);
+    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let mut c = pg.client();
+    // (job spec, seconds since its firing started)
+    let cases = [(json!({}), 2_000), (json!({}), 600), (json!({"budget": {"wall_s": 300}}), 600)];
+    let mut ids = Vec::new();
+    for (i, (spec, ago)) in cases.iter().enumerate() {
+        let job: i64 = c
+            .query_one(
+                "INSERT INTO schedule_jobs (agent_id, name, spec, created_by) VALUES ('demo', $1, $2, 'op') RETURNING id",
+                &[&format!("j{i}"), spec],
+            )
+            .unwrap()
+            .get(0);
+        let id: i64 = c
+            .query_one(
+                "INSERT INTO schedule_firings (job_id, scheduled_for, state, session_id, started_at)
+                 VALUES ($1, now(), 'running', $2, now() - make_interval(secs => $3)) RETURNING id",
+                &[&job, &session, &(*ago as f64)],
+            )
+            .unwrap()
+            .get(0);
+        ids.push(id);
+    }
+    let (ended, _) = store.sweep_firings(&[("demo".to_owned(), 1_800)]).unwrap();
+    let mut interrupted: Vec<i64> = ended.iter().map(|e| e.id).collect();
+    interrupted.sort();
+    assert_eq!(interrupted, [ids[0], ids[2]], "past 1,800 + 120 s, and past the job's own 300 + 120 s");
+    assert_eq!(
+        firing_row(&mut c, ids[0]),
+        ("interrupted".to_owned(), "no outcome within the job's wall time".to_owned())
+    );
+    assert_eq!(firing_row(&mut c, ids[1]).0, "running");
+}
