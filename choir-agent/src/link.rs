@@ -92,7 +92,8 @@ impl RecallThroughPush {
 impl crate::held::Recall for RecallThroughPush {
     fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let ask = crate::outbound::RecallAsk { conversation: conversation.to_owned(), answer: tx };
+        let deadline = Instant::now() + RECALL_WAIT;
+        let ask = crate::outbound::RecallAsk { conversation: conversation.to_owned(), deadline, answer: tx };
         self.out.send(Outbound::Recall(ask)).map_err(|_| "the link to choird is closed".to_owned())?;
         match rx.recv_timeout(RECALL_WAIT) {
             Ok(answer) => answer,
@@ -244,10 +245,10 @@ impl Link {
     }
 
     /// Asks choird for a conversation's tail (link-push, once the answers
-    /// queued before the ask are stored).
-    fn recall_now(&self, conversation: &str) -> Result<ConversationTail, String> {
+    /// queued before the ask are stored), within what is left of `wait`.
+    fn recall_now(&self, conversation: &str, wait: Duration) -> Result<ConversationTail, String> {
         let req = self.recall_heartbeat(conversation);
-        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, RECALL_WAIT);
+        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, wait);
         match resp {
             Ok(r) => r.recalled.ok_or_else(|| "choird sent no tail".to_owned()),
             Err(e) => Err(e.to_string()),
@@ -430,8 +431,12 @@ impl Link {
             }
             // Every answer queued before these asks is stored now (a failed
             // shipment went round the loop again above, asks still waiting).
+            // An ask whose asker stopped waiting is dropped unasked.
             for ask in std::mem::take(&mut out.recalls) {
-                let _ = ask.answer.send(self.recall_now(&ask.conversation));
+                let left = ask.deadline.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    let _ = ask.answer.send(self.recall_now(&ask.conversation, left));
+                }
             }
             let version = self.board.version();
             let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
@@ -637,6 +642,14 @@ mod tests {
         let tail = RecallThroughPush::new(out.clone()).recall("a").unwrap();
         assert_eq!(tail, ConversationTail { conversation: "a".into(), summary: None, turns: Vec::new() });
         assert_eq!(*seen.lock(), ["stored \"a\"", "recall a"]);
+        // An ask whose asker stopped waiting is dropped, not made.
+        let (answer, gave_up) = crossbeam_channel::bounded(1);
+        let ask =
+            crate::outbound::RecallAsk { conversation: "gone".into(), deadline: std::time::Instant::now(), answer };
+        out.send(Outbound::Recall(ask)).unwrap();
+        RecallThroughPush::new(out.clone()).recall("b").unwrap();
+        assert!(gave_up.try_recv().is_err());
+        assert_eq!(*seen.lock(), ["stored \"a\"", "recall a", "recall b"]);
         drop(out);
         push.join().unwrap();
     }

@@ -27,6 +27,9 @@ pub enum Outbound {
 pub struct RecallAsk {
     /// The conversation.
     pub conversation: String,
+    /// When the asker stops waiting: an ask still queued then is dropped,
+    /// not made (no round trip for nobody).
+    pub deadline: std::time::Instant,
     /// The tail, or why not (the asker may have stopped waiting).
     pub answer: Sender<Result<ConversationTail, String>>,
 }

@@ -49,6 +49,12 @@ pub struct Args {
     pub choir_dir: PathBuf,
 }
 
+/// Idle connections the core jobs' client keeps at most: choird serves an
+/// agent's socket at most 64 connections at once (`AGENT_CONNECTIONS` in
+/// its `serve.rs`) and the main client keeps up to 12; kept core
+/// connections past this would crowd out the edge's and the link's.
+const MAX_IDLE_CORE_CONNECTIONS: usize = 32;
+
 /// Runs the agent until choird stops it, the lease is lost, or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<()> {
     // For the core jobs' client, made once their number is known (below).
@@ -161,10 +167,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Core jobs' model calls go over connections of their own: choird runs
     // a connection that relayed a core call below the edge from then on
     // (see choird's relay), so the edge's calls must never be pooled with
-    // them. One kept connection per core job that may run at once (a later
-    // config raising the limit only makes the extra jobs' connections
-    // short-lived).
-    let core_rpc = Rpc::with_idle(&args.endpoint, core_token, limits.max_jobs.max(1));
+    // them. One kept connection per core job that may run at once, up to
+    // MAX_IDLE_CORE_CONNECTIONS (a later config raising the limit only makes
+    // the extra jobs' connections short-lived).
+    let core_rpc = Rpc::with_idle(&args.endpoint, core_token, limits.max_jobs.clamp(1, MAX_IDLE_CORE_CONNECTIONS));
     let core_llm = Arc::new(Llm::new(Arc::new(core_rpc)));
     let pool = Arc::new(CorePool::new(
         CoreSetup {

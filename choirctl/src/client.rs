@@ -185,6 +185,10 @@ struct Streamed<R>(R);
 impl<R: std::io::Read> std::io::Read for Streamed<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.0.read(buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                // choirctl's own time limit, not choird cutting the answer.
+                return e;
+            }
             std::io::Error::new(
                 e.kind(),
                 format!(

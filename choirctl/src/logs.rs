@@ -51,7 +51,7 @@ pub fn run(ctx: &Ctx, a: &Args<'_>) -> anyhow::Result<()> {
     let mut query = Vec::new();
     if let Some(agent) = a.agent {
         choir_common::ids::AgentId::parse(agent)?;
-        query.push(format!("agent={agent}"));
+        query.push(format!("agent={}", choir_common::unix_http::query_value(agent)));
     }
     if let Some(s) = a.since {
         query.push(format!("since={}", choir_common::unix_http::query_value(&since(s)?)));

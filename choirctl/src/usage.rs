@@ -13,7 +13,7 @@ pub fn run(ctx: &Ctx, agent: Option<&str>, since: Option<&str>, by: Option<&str>
         query.push(format!("agent={a}"));
     }
     if let Some(s) = since {
-        query.push(format!("since={}", crate::logs::since(s)?.replace('+', "%2B")));
+        query.push(format!("since={}", choir_common::unix_http::query_value(&crate::logs::since(s)?)));
     }
     let report: UsageReport = ctx.client.get(&format!("usage?{}", query.join("&")))?;
     if ctx.json {

@@ -351,7 +351,7 @@ fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
     let answer = "The answer is forty-two; the model took its time to write it.";
     let edge = FakeLlm::start(vec![
         Step::SlowText(answer.into(), Duration::from_millis(120)),
-        Step::SlowText("Quick answer ok.".into(), Duration::from_millis(20)),
+        Step::SlowText("Quick answer ok.".into(), Duration::from_millis(5)),
         Step::SlowText("short".into(), Duration::from_millis(10)),
     ]);
     let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
@@ -379,7 +379,7 @@ fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
         last_at - *first_at
     );
     // An answer the model has written within the edge's PARTIAL_EVERY
-    // (150 ms; here its two pieces come at about 40 and 60 ms) goes out
+    // (150 ms; here its two pieces come at about 10 and 15 ms) goes out
     // whole: no partial ahead of it, so a quick turn is one HEARTBEAT, not two.
     let resp = admin
         .post("http://localhost/admin/v1/agents/demo/chat")
