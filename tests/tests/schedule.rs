@@ -756,7 +756,8 @@ fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
 /// A running firing whose job names no wall time was left running for a
 /// day (the sweep's fallback) though its agent runs it with its core
 /// budget's (30 minutes by default): it is interrupted past that, plus the
-/// grace; a job's own wall time still wins; a firing within both runs on.
+/// grace; a job's own wall time still wins; a firing within both runs on,
+/// and one offered under a longer budget is held to that one.
 #[test]
 fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_after_a_day() {
     let Some(pg) = TestPg::start() else { return };
@@ -787,6 +788,13 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
             .get(0);
         ids.push(id);
     }
+    // Offered under a budget of an hour, the agent's since lowered to 30
+    // minutes by a reload: held to the hour it was given.
+    c.execute(
+        "UPDATE schedule_firings SET wall_s = 3600, started_at = now() - interval '2000 s' WHERE id = $1",
+        &[&ids[1]],
+    )
+    .unwrap();
     let (ended, _) = store.sweep_firings(&[("demo".to_owned(), 1_800)]).unwrap();
     let mut interrupted: Vec<i64> = ended.iter().map(|e| e.id).collect();
     interrupted.sort();
@@ -796,4 +804,24 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
         ("interrupted".to_owned(), "no outcome within the job's wall time".to_owned())
     );
     assert_eq!(firing_row(&mut c, ids[1]).0, "running");
+    // An offer records the wall time it is made with: the job's own, else
+    // the agent's budget at the offer.
+    c.batch_execute(
+        "INSERT INTO schedule_firings (job_id, scheduled_for, state)
+         SELECT id, now() - interval '1 minute', 'due' FROM schedule_jobs WHERE name IN ('j1', 'j2')",
+    )
+    .unwrap();
+    let offered = store.offer_firings(&agent, session, 1_800).unwrap();
+    let walls: Vec<(String, f64)> = c
+        .query(
+            "SELECT j.name, f.wall_s FROM schedule_firings f JOIN schedule_jobs j ON j.id = f.job_id
+             WHERE f.state = 'offered' ORDER BY j.name",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(offered.len(), 2);
+    assert_eq!(walls, [("j1".to_owned(), 1_800.0), ("j2".to_owned(), 300.0)]);
 }

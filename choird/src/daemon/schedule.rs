@@ -396,7 +396,7 @@ impl Daemon {
     pub fn offer_firings(&self, who: &Authed) -> Result<Vec<FiringOffer>, ApiError> {
         let config = self.config();
         let core = config.agents.get(&who.agent).map(|a| a.core_budget).unwrap_or_default();
-        let offered = self.store.offer_firings(&who.agent, who.session)?;
+        let offered = self.store.offer_firings(&who.agent, who.session, core.wall_s)?;
         if offered.len() >= crate::store::schedule::MAX_OFFERED {
             // More wait: the next poll takes them.
             self.sessions.firings_still_due(&who.agent);

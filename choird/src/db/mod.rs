@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (13, "0013_schedules.sql", include_str!("../../../sql/0013_schedules.sql")),
     (14, "0014_schedule_fingerprints.sql", include_str!("../../../sql/0014_schedule_fingerprints.sql")),
     (15, "0015_conversation_tails.sql", include_str!("../../../sql/0015_conversation_tails.sql")),
+    (16, "0016_firing_wall_time.sql", include_str!("../../../sql/0016_firing_wall_time.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

@@ -400,17 +400,25 @@ impl Store {
     }
 
     /// Offers up to [`MAX_OFFERED`] of `agent`'s due firings (of jobs not
-    /// paused) to `session`: (firing, job name, spec).
-    pub fn offer_firings(&self, agent: &AgentId, session: i64) -> Result<Vec<(i64, String, Value)>, DbError> {
+    /// paused) to `session`: (firing, job name, spec). Each records the wall
+    /// time it is offered with: its job's own, else `wall_s` (the agent's
+    /// core budget now), which the overrun sweep then holds it to.
+    pub fn offer_firings(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        wall_s: u64,
+    ) -> Result<Vec<(i64, String, Value)>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "UPDATE schedule_firings f SET state = 'offered', session_id = $2, offered_at = now()
+                "UPDATE schedule_firings f SET state = 'offered', session_id = $2, offered_at = now(),
+                        wall_s = coalesce((j.spec->'budget'->>'wall_s')::float8, $4)
                  FROM schedule_jobs j
                  WHERE f.job_id = j.id AND f.id IN (
                      SELECT f2.id FROM schedule_firings f2 JOIN schedule_jobs j2 ON j2.id = f2.job_id
                      WHERE j2.agent_id = $1 AND NOT j2.paused AND f2.state = 'due' ORDER BY f2.id LIMIT $3)
                  RETURNING f.id, j.name, j.spec",
-                &[&agent.as_str(), &session, &(MAX_OFFERED as i64)],
+                &[&agent.as_str(), &session, &(MAX_OFFERED as i64), &(wall_s as f64)],
             )?;
             Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
         })
@@ -474,10 +482,10 @@ impl Store {
 
     /// Tidies firings whose session is gone: offered ones are offered
     /// again, running ones (and those past their wall time by
-    /// [`OVERRUN_GRACE_S`]) are `interrupted`. A job without a wall time of
-    /// its own has its agent's (`wall_s`: each configured agent's core
-    /// budget, what the agent runs the job with); an agent no longer
-    /// configured, a day. Returns those interrupted, and the agents with
+    /// [`OVERRUN_GRACE_S`]) are `interrupted`: the wall time a firing was
+    /// offered with; for one offered before that was recorded, its job's
+    /// own, else its agent's (`wall_s`: each configured agent's core
+    /// budget), else (an agent no longer configured) a day. Returns those interrupted, and the agents with
     /// firings to offer again.
     pub fn sweep_firings(&self, wall_s: &[(String, u64)]) -> Result<(Vec<Ended>, Vec<String>), DbError> {
         let configured: Vec<&str> = wall_s.iter().map(|(a, _)| a.as_str()).collect();
@@ -513,7 +521,7 @@ impl Store {
                  WHERE f.job_id = j.id AND f.state = 'running'
                    AND (NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
                         OR f.started_at < now() - make_interval(secs =>
-                              coalesce((j.spec->'budget'->>'wall_s')::float8,
+                              coalesce(f.wall_s, (j.spec->'budget'->>'wall_s')::float8,
                                        (SELECT w.s FROM unnest($2::text[], $3::float8[]) AS w(agent, s)
                                         WHERE w.agent = j.agent_id),
                                        86400) + $1))
