@@ -852,6 +852,13 @@ fn once_key(intent: &CommitEvent) -> String {
     format!("intent:{}:{}", intent.seq, &intent.hash[..16.min(intent.hash.len())])
 }
 
+/// Test support (also the link's tests): an arbiter over the built-ins and
+/// the external tools `manifests`, its log in `dir/state`.
+#[cfg(test)]
+pub(crate) fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Arbiter {
+    tests::arbiter_with(dir, manifests)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -861,7 +868,7 @@ mod tests {
 
     /// An arbiter over the built-ins and the external tools `manifests`
     /// (name stem → manifest), each a script that prints `{}`.
-    fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Arbiter {
+    pub(super) fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Arbiter {
         let tools = dir.join("choir/tools/agent");
         std::fs::create_dir_all(&tools).unwrap();
         for (stem, manifest) in manifests {

@@ -504,7 +504,7 @@ fn take(m: Outbound, out: &mut Pending) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufReader, Write};
     use std::sync::atomic::{AtomicBool, AtomicU64};
     use std::sync::{Arc, Weak};
 
@@ -518,7 +518,7 @@ mod tests {
 
     /// A choird stand-in on `path`: records what reaches it, in order;
     /// takes `store` to store a HEARTBEAT's answers (then records
-    /// "stored"); answers a recall with a tail of one exchange.
+    /// "stored"); answers a recall with an empty tail.
     fn choird(path: std::path::PathBuf, store: std::time::Duration) -> Arc<Mutex<Vec<String>>> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
@@ -530,25 +530,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(conn.try_clone().unwrap());
                     let mut conn = conn;
-                    loop {
-                        let (mut length, mut target) = (0, String::new());
-                        loop {
-                            let mut line = String::new();
-                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if target.is_empty() {
-                                target = line.split(' ').nth(1).unwrap_or_default().to_owned();
-                            }
-                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                                length = v.trim().parse().unwrap();
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                        }
-                        let mut body = Vec::new();
-                        reader.by_ref().take(length).read_to_end(&mut body).unwrap();
+                    while let Some((target, body)) = crate::rpc::read_request(&mut reader) {
                         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                         let answer = if target.ends_with("/HEARTBEAT") {
                             let mut resp = json!({"acked_seq": 0, "messages": [], "config_version": 0, "stop": false});
@@ -582,21 +564,10 @@ mod tests {
     fn link(dir: &std::path::Path) -> Arc<Link> {
         let endpoint = crate::rpc::Endpoint::Unix(dir.join("agent.sock"));
         let rpc = Arc::new(crate::rpc::Rpc::new(&endpoint, "t".into()));
-        let (log, _) = crate::commitlog::CommitLog::open(&dir.join("state")).unwrap();
+        // The arbiter keeps its own log in `dir/state`; link-push's is here.
+        let (log, _) = crate::commitlog::CommitLog::open(&dir.join("link")).unwrap();
         let log = Arc::new(crate::commitlog::DurableLog::new(log).unwrap());
-        let registry =
-            crate::tools::Registry::load(&dir.join("choir"), &[], Arc::new(crate::tools::host::NoHost), &[], &[])
-                .unwrap();
-        std::fs::create_dir_all(dir.join("ws")).unwrap();
-        let (committed, _) = crossbeam_channel::bounded(1);
-        let arbiter = Arc::new(crate::arbiter::Arbiter::new(
-            registry,
-            crate::workspace::Workspace::open(&dir.join("ws")).unwrap(),
-            dir.join("state"),
-            log.clone(),
-            committed,
-            crate::secrets::SecretStore::default(),
-        ));
+        let arbiter = Arc::new(crate::arbiter::arbiter_with(dir, &[]));
         let config =
             serde_json::from_value(json!({"version": 0, "kill_switch": false, "max_steps_per_turn": 8})).unwrap();
         Arc::new(Link {

@@ -293,7 +293,7 @@ mod tests {
     /// connection with the same chunked event stream, keeping the connection
     /// alive, and counts the connections it accepted.
     fn streaming_socket(dir: &std::path::Path) -> (std::path::PathBuf, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::io::{BufRead, BufReader, Read, Write};
+        use std::io::{BufReader, Write};
         let path = dir.join("agent.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -305,21 +305,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(conn.try_clone().unwrap());
                     let mut conn = conn;
-                    loop {
-                        let mut length = 0;
-                        loop {
-                            let mut line = String::new();
-                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                                length = v.trim().parse().unwrap();
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                        }
-                        reader.by_ref().take(length).read_to_end(&mut Vec::new()).unwrap();
+                    while crate::rpc::read_request(&mut reader).is_some() {
                         // A model takes a while: calls made at once overlap.
                         std::thread::sleep(std::time::Duration::from_millis(100));
                         let events = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";

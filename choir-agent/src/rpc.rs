@@ -228,3 +228,29 @@ pub fn refusal(what: &str, answer: &RawAnswer) -> RpcError {
         retry_after_s: answer.retry_after_s,
     }
 }
+
+/// Test support for choird stand-ins: one HTTP request read from `reader`,
+/// its target and body; `None` once the client has closed the connection.
+#[cfg(test)]
+pub(crate) fn read_request(reader: &mut impl std::io::BufRead) -> Option<(String, Vec<u8>)> {
+    use std::io::Read;
+    let (mut length, mut target) = (0u64, String::new());
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        if target.is_empty() {
+            target = line.split(' ').nth(1).unwrap_or_default().to_owned();
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = Vec::new();
+    reader.by_ref().take(length).read_to_end(&mut body).ok()?;
+    Some((target, body))
+}

@@ -755,9 +755,10 @@ fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
 
 /// A running firing whose job names no wall time was left running for a
 /// day (the sweep's fallback) though its agent runs it with its core
-/// budget's (30 minutes by default): it is interrupted past that, plus the
-/// grace; a job's own wall time still wins; a firing within both runs on,
-/// and one offered under a longer budget is held to that one.
+/// budget's (30 minutes by default): it is held to the wall time it was
+/// offered with (recorded by the offer: the job's own, else the agent's
+/// budget then), plus the grace; a firing within it runs on, also when the
+/// agent's budget has since been lowered.
 #[test]
 fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_after_a_day() {
     let Some(pg) = TestPg::start() else { return };
@@ -767,10 +768,12 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
     let agent = choir_common::ids::AgentId::parse("demo").unwrap();
     let session = store.create_session(&agent, "process", b"digest").unwrap();
     let mut c = pg.client();
-    // (job spec, seconds since its firing started)
-    let cases = [(json!({}), 2_000), (json!({}), 600), (json!({"budget": {"wall_s": 300}}), 600)];
+    // (job spec, seconds since its firing started, the wall time its offer
+    // recorded: the agent's budget of 30 minutes, or the job's own)
+    let cases =
+        [(json!({}), 2_000, 1_800.0), (json!({}), 600, 1_800.0), (json!({"budget": {"wall_s": 300}}), 600, 300.0)];
     let mut ids = Vec::new();
-    for (i, (spec, ago)) in cases.iter().enumerate() {
+    for (i, (spec, ago, wall)) in cases.iter().enumerate() {
         let job: i64 = c
             .query_one(
                 "INSERT INTO schedule_jobs (agent_id, name, spec, created_by) VALUES ('demo', $1, $2, 'op') RETURNING id",
@@ -780,9 +783,9 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
             .get(0);
         let id: i64 = c
             .query_one(
-                "INSERT INTO schedule_firings (job_id, scheduled_for, state, session_id, started_at)
-                 VALUES ($1, now(), 'running', $2, now() - make_interval(secs => $3)) RETURNING id",
-                &[&job, &session, &(*ago as f64)],
+                "INSERT INTO schedule_firings (job_id, scheduled_for, state, session_id, started_at, wall_s)
+                 VALUES ($1, now(), 'running', $2, now() - make_interval(secs => $3), $4) RETURNING id",
+                &[&job, &session, &(*ago as f64), wall],
             )
             .unwrap()
             .get(0);
@@ -795,7 +798,7 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
         &[&ids[1]],
     )
     .unwrap();
-    let (ended, _) = store.sweep_firings(&[("demo".to_owned(), 1_800)]).unwrap();
+    let (ended, _) = store.sweep_firings().unwrap();
     let mut interrupted: Vec<i64> = ended.iter().map(|e| e.id).collect();
     interrupted.sort();
     assert_eq!(interrupted, [ids[0], ids[2]], "past 1,800 + 120 s, and past the job's own 300 + 120 s");

@@ -235,9 +235,7 @@ impl Daemon {
             });
             if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
                 last_sweep = Some(Instant::now());
-                let wall_s: Vec<(String, u64)> =
-                    (self.config().agents.iter()).map(|(id, a)| (id.to_string(), a.core_budget.wall_s)).collect();
-                match self.store.sweep_firings(&wall_s) {
+                match self.store.sweep_firings() {
                     Ok((ended, again)) => {
                         ended.iter().for_each(|e| self.firing_ended(e));
                         for agent in again.iter().filter_map(|a| AgentId::parse(a).ok()) {

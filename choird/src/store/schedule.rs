@@ -483,13 +483,10 @@ impl Store {
     /// Tidies firings whose session is gone: offered ones are offered
     /// again, running ones (and those past their wall time by
     /// [`OVERRUN_GRACE_S`]) are `interrupted`: the wall time a firing was
-    /// offered with; for one offered before that was recorded, its job's
-    /// own, else its agent's (`wall_s`: each configured agent's core
-    /// budget), else (an agent no longer configured) a day. Returns those interrupted, and the agents with
-    /// firings to offer again.
-    pub fn sweep_firings(&self, wall_s: &[(String, u64)]) -> Result<(Vec<Ended>, Vec<String>), DbError> {
-        let configured: Vec<&str> = wall_s.iter().map(|(a, _)| a.as_str()).collect();
-        let walls: Vec<f64> = wall_s.iter().map(|(_, s)| *s as f64).collect();
+    /// offered with (see [`Store::offer_firings`]; for one offered before
+    /// that was recorded, its job's own, else a day). Returns those
+    /// interrupted, and the agents with firings to offer again.
+    pub fn sweep_firings(&self) -> Result<(Vec<Ended>, Vec<String>), DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.execute(
@@ -521,12 +518,9 @@ impl Store {
                  WHERE f.job_id = j.id AND f.state = 'running'
                    AND (NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
                         OR f.started_at < now() - make_interval(secs =>
-                              coalesce(f.wall_s, (j.spec->'budget'->>'wall_s')::float8,
-                                       (SELECT w.s FROM unnest($2::text[], $3::float8[]) AS w(agent, s)
-                                        WHERE w.agent = j.agent_id),
-                                       86400) + $1))
+                              coalesce(f.wall_s, (j.spec->'budget'->>'wall_s')::float8, 86400) + $1))
                  RETURNING f.id, f.job_id, f.detail",
-                &[&(OVERRUN_GRACE_S as f64), &configured, &walls],
+                &[&(OVERRUN_GRACE_S as f64)],
             )?;
             let mut out = Vec::new();
             for r in rows {
