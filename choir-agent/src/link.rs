@@ -3,8 +3,10 @@
 //! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
 //!   feeds the edge lane's inbox.
 //! * `link-push` ships committed events (as soon as they are committed, and
-//!   again until acknowledged), answers and status reports, and heartbeats
-//!   every few seconds to keep the lease.
+//!   again until acknowledged), answers and status reports, asks choird for
+//!   the tail of a conversation the edge recalls (only once every answer
+//!   queued before the ask is stored, so a recall never misses the agent's
+//!   own last answer), and heartbeats every few seconds to keep the lease.
 //!
 //! Two threads, because a long-poll in flight must not delay replication.
 //! **Invariant:** an event leaves the replication queue only once choird has

@@ -828,3 +828,35 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
     assert_eq!(offered.len(), 2);
     assert_eq!(walls, [("j1".to_owned(), 1_800.0), ("j2".to_owned(), 300.0)]);
 }
+
+/// A job whose stored spec stops reading between the claim of its firing
+/// and the offer (an upgrade reading specs more strictly, an edit in the
+/// database) was marked offered but never handed to the agent, and offered
+/// again every 30 s for ever: now the job is paused with the reason, as a
+/// claim pauses one, and its firing ends skipped; no model call is made.
+#[test]
+fn a_job_whose_spec_stops_reading_before_its_offer_is_paused_not_offered_for_ever() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = answering_model();
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-06-01T00:00:00Z");
+    choird.ctl_ok(&["schedule", "add", "demo", "j", "--every", "1m", "--prompt", "Scheduled work."]);
+    // Claimed while the agent is not running: the firing waits, due.
+    choird.set_clock("2026-06-01T00:01:00Z");
+    wait_state(&choird, "demo/j", "2026-06-01T00:01:00Z", "due");
+    let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    db.execute("UPDATE schedule_jobs SET spec = jsonb_set(spec, '{prompt}', '5') WHERE name = 'j'", &[]).unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    wait_state(&choird, "demo/j", "2026-06-01T00:01:00Z", "skipped");
+    let job = show(&choird, "demo/j");
+    assert_eq!(job["job"]["paused"], true, "{job}");
+    assert!(job["job"]["paused_reason"].as_str().unwrap().contains("its stored spec no longer reads"), "{job}");
+    let offered: i64 = db
+        .query_one("SELECT count(*) FROM schedule_firings WHERE state IN ('due', 'offered', 'running')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(offered, 0, "nothing is left to offer again");
+    assert_eq!(runs_of(&fake, "Scheduled work."), 0);
+    let audit = choird.ctl_ok(&["--json", "audit", "--agent", "demo"]);
+    assert!(audit.contains("schedule.pause") && audit.contains("no longer reads"), "{audit}");
+}

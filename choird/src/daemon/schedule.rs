@@ -402,7 +402,13 @@ impl Daemon {
         Ok(offered
             .into_iter()
             .filter_map(|(id, name, spec)| {
-                let spec: JobSpec = serde_json::from_value(spec).ok()?;
+                let spec: JobSpec = match serde_json::from_value(spec) {
+                    Ok(spec) => spec,
+                    Err(e) => {
+                        self.unreadable_at_offer(&who.agent, &name, &e);
+                        return None;
+                    }
+                };
                 Some(FiringOffer {
                     id,
                     job: name,
@@ -418,6 +424,21 @@ impl Daemon {
                 })
             })
             .collect())
+    }
+
+    /// A job whose stored spec stopped reading between its claim and its
+    /// offer (an upgrade that reads specs more strictly, an edit in the
+    /// database): paused with the reason, as the claim pauses one, so its
+    /// firing ends `skipped` instead of being offered again every
+    /// [`REOFFER_S`](crate::store::schedule::REOFFER_S) seconds to an agent
+    /// that is never handed it.
+    fn unreadable_at_offer(&self, agent: &AgentId, name: &str, e: &serde_json::Error) {
+        let why = format!("its stored spec no longer reads: {e}");
+        log::warn!("agent {agent}: scheduled job {name} paused: {why}");
+        match self.store.set_job_paused(agent, name, Some(&why), None) {
+            Ok(_) => self.audit("scheduler", Some(agent), "schedule.pause", "paused", json!({"job": name, "why": why})),
+            Err(e) => log::warn!("agent {agent}: scheduled job {name}: pausing it failed: {e}"),
+        }
     }
 
     /// After a firing ended: audit, deliver its result to the job's chat,
