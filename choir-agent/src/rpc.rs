@@ -132,6 +132,9 @@ impl Rpc {
                         .http_status_as_error(false)
                         .max_idle_connections(idle)
                         .max_idle_connections_per_host(idle)
+                        .input_buffer_size(choir_common::unix_http::SOCKET_BUFFER)
+                        .output_buffer_size(choir_common::unix_http::SOCKET_BUFFER)
+                        .max_response_header_size(choir_common::unix_http::SOCKET_MAX_HEAD)
                         .build(),
                 ),
                 base: base.clone(),

@@ -48,9 +48,7 @@ pub struct Notion {
 impl Notion {
     /// The tool over `shared`'s config and secrets.
     pub fn new(shared: Arc<Shared>) -> Notion {
-        let http = crate::resolver::agent(
-            ureq::config::Config::builder().http_status_as_error(false).max_redirects(0).build(),
-        );
+        let http = crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false).max_redirects(0));
         Notion { shared, http }
     }
 }

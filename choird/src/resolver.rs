@@ -17,6 +17,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use ureq::config::ConfigBuilder;
+use ureq::typestate::AgentScope;
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 
@@ -73,9 +75,29 @@ impl Resolver for Cached {
     }
 }
 
-/// A client with `config` and the [`Cached`] resolver.
-pub fn agent(config: ureq::config::Config) -> ureq::Agent {
-    ureq::Agent::with_parts(config, DefaultConnector::new(), Cached::default())
+/// Bytes of an outward connection's input buffer (ureq's default 128 KiB).
+pub const INPUT_BUFFER: usize = 48 * 1024;
+/// The largest response head read (ureq's default 64 KiB; servers' own
+/// limits are commonly 8–16 KiB). Below [`INPUT_BUFFER`]: a head that fills
+/// the whole buffer would end as "peer disconnected" instead of ureq's
+/// `LargeResponseHeader`.
+pub const MAX_HEAD: usize = 32 * 1024;
+/// Bytes of an outward connection's output buffer (ureq's default 128 KiB);
+/// a request body larger than it goes out in pieces of this size.
+pub const OUTPUT_BUFFER: usize = 16 * 1024;
+
+/// `builder` with the buffer sizes of every outward client of choird. ureq
+/// allocates a connection's two buffers zero-filled at its first request
+/// and keeps them while it is pooled: at its defaults, 256 KiB resident for
+/// every kept connection (issue 19, item 2). Bodies stream through the
+/// input buffer whatever their size; only a response head must fit in it.
+pub fn sized(builder: ConfigBuilder<AgentScope>) -> ConfigBuilder<AgentScope> {
+    builder.input_buffer_size(INPUT_BUFFER).max_response_header_size(MAX_HEAD).output_buffer_size(OUTPUT_BUFFER)
+}
+
+/// A client configured by `builder` ([`sized`]) with the [`Cached`] resolver.
+pub fn agent(builder: ConfigBuilder<AgentScope>) -> ureq::Agent {
+    ureq::Agent::with_parts(sized(builder).build(), DefaultConnector::new(), Cached::default())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ impl Default for Upstream {
 impl Upstream {
     /// A client.
     pub fn new() -> Upstream {
-        Upstream { agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false).build()) }
+        Upstream { agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false)) }
     }
 
     /// POSTs `body` (JSON) to `<lane's base_url>/chat/completions` with the

@@ -30,6 +30,18 @@ pub fn agent_for_socket(path: &Path, timeout: Option<Duration>) -> ureq::Agent {
 /// ureq's own default of idle connections kept per host.
 const DEFAULT_IDLE: usize = 3;
 
+/// Bytes of each of a socket connection's two buffers. ureq's defaults are
+/// 128 KiB each, allocated zero-filled at a connection's first request and
+/// kept while it is pooled: 256 KiB resident for every open connection —
+/// most of an agent's own memory (issue 19, item 2). Bodies stream through
+/// the buffer whatever their size.
+pub const SOCKET_BUFFER: usize = 16 * 1024;
+/// The largest answer head read from a socket (choird's and the Docker
+/// engine's are a few hundred bytes). Below [`SOCKET_BUFFER`]: a head that
+/// fills the whole buffer would end as "peer disconnected" instead of
+/// ureq's `LargeResponseHeader`.
+pub const SOCKET_MAX_HEAD: usize = 8 * 1024;
+
 /// [`agent_for_socket`] keeping up to `idle` idle connections for reuse (a
 /// client making that many requests at once finds them all open again next
 /// time; past it, a connection is closed after its request).
@@ -39,6 +51,9 @@ pub fn pooled_agent_for_socket(path: &Path, timeout: Option<Duration>, idle: usi
         .timeout_global(timeout)
         .max_idle_connections(idle.max(DEFAULT_IDLE))
         .max_idle_connections_per_host(idle)
+        .input_buffer_size(SOCKET_BUFFER)
+        .output_buffer_size(SOCKET_BUFFER)
+        .max_response_header_size(SOCKET_MAX_HEAD)
         .build();
     ureq::Agent::with_parts(config, UnixConnector { path: path.to_owned() }, NoResolver)
 }

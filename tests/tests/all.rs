@@ -11,6 +11,7 @@ mod arg_policy;
 mod backup;
 mod bad_input;
 mod catalog;
+mod clients;
 mod cognition;
 mod decisions;
 mod docker;

@@ -59,8 +59,7 @@ impl Embedder {
         let agent = crate::resolver::agent(
             ureq::config::Config::builder()
                 .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(em.timeout_s)))
-                .build(),
+                .timeout_global(Some(Duration::from_secs(em.timeout_s))),
         );
         Embedder {
             agent,

@@ -31,8 +31,7 @@ pub fn transcribe(
         ureq::config::Config::builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_global(Some(Duration::from_secs(cfg.timeout_s)))
-            .build(),
+            .timeout_global(Some(Duration::from_secs(cfg.timeout_s))),
     );
     let mime = match file_name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).as_deref() {
         Some("ogg" | "oga" | "opus") => "audio/ogg",

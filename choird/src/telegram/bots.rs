@@ -109,7 +109,7 @@ impl Link {
 /// A client for one bot, with `timeout` for each request.
 pub fn client(api_base: &str, token: &str, timeout: Duration) -> Bot {
     let agent = crate::resolver::agent(
-        ureq::config::Config::builder().http_status_as_error(false).timeout_global(Some(timeout)).build(),
+        ureq::config::Config::builder().http_status_as_error(false).timeout_global(Some(timeout)),
     );
     Bot::builder().api_url(format!("{}/bot{token}", api_base.trim_end_matches('/'))).request_agent(agent).build()
 }

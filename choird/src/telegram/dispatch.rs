@@ -364,10 +364,7 @@ fn fetch(api_base: &str, token: &str, file_id: &str, cap: u64) -> Result<Vec<u8>
     let path = file.file_path.ok_or("Telegram gave no file path")?;
     let url = format!("{}/file/bot{token}/{path}", api_base.trim_end_matches('/'));
     let agent = crate::resolver::agent(
-        ureq::config::Config::builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
-            .build(),
+        ureq::config::Config::builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))),
     );
     let mut resp = agent.get(&url).call().map_err(|e| text::mask(&e.to_string(), token))?;
     if resp.status() != 200 {

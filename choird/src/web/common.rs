@@ -38,7 +38,7 @@ impl ureq::unversioned::resolver::Resolver for Pinned {
 /// An HTTP client that connects only to `addr`, follows no redirects and
 /// treats every status as an answer.
 pub fn pinned_agent(addr: SocketAddr, timeout: std::time::Duration) -> ureq::Agent {
-    let config = ureq::config::Config::builder()
+    let config = crate::resolver::sized(ureq::config::Config::builder())
         .http_status_as_error(false)
         .max_redirects(0)
         .timeout_global(Some(timeout))

@@ -38,9 +38,7 @@ pub struct Search {
 impl Search {
     /// The tool over `shared`'s config and secrets.
     pub fn new(shared: Arc<Shared>) -> Search {
-        let http = crate::resolver::agent(
-            ureq::config::Config::builder().http_status_as_error(false).max_redirects(0).build(),
-        );
+        let http = crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false).max_redirects(0));
         Search { shared, http }
     }
 }
