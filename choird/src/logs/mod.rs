@@ -35,8 +35,16 @@ use parking_lot::Mutex;
 /// The name of choird's own log stream (and file, `choird.log`); no agent may
 /// have this id.
 pub const CHOIRD: &str = "choird";
-/// Records waiting for the writer, per channel.
-const QUEUE: usize = 16 * 1024;
+/// choird's own records that may wait for the writer; past it a record is
+/// dropped and counted. A bounded channel allocates and writes every slot
+/// up front (16 bytes each, boxed entries), so this is paid from the start:
+/// 64 KiB (at 16 Ki slots, the two channels were half a megabyte of
+/// choird's heap; issue 19, item 2). The writer takes up to 1,024 of each
+/// channel per write.
+const OWN_QUEUE: usize = 4 * 1024;
+/// Agents' records that may wait for the writer; past it an agent's reader
+/// thread waits (nothing is dropped): 32 KiB.
+const AGENT_QUEUE: usize = 2 * 1024;
 /// Records a follower may lag behind before it is cut off.
 const FOLLOW_QUEUE: usize = 4 * 1024;
 /// Followers at once.
@@ -112,8 +120,8 @@ impl LogManager {
         // Boxed: a bounded channel allocates and writes every slot up front,
         // so its memory is capacity × slot size from the start (unboxed
         // entries made these two 2.5 MB each, half of choird's heap).
-        let (own, own_rx) = bounded(QUEUE);
-        let (agents, agents_rx) = bounded(QUEUE);
+        let (own, own_rx) = bounded(OWN_QUEUE);
+        let (agents, agents_rx) = bounded(AGENT_QUEUE);
         let (archiver, archive_rx) = bounded(64);
         let (flushes, flush_rx) = bounded(64);
         let me = Arc::new(LogManager {
