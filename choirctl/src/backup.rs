@@ -63,10 +63,10 @@ pub(crate) fn backup(ctx: &Ctx, file: &str, workspaces: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// `restore FILE` into `home`.
-pub(crate) fn restore(json: bool, home: &Path, file: &str) -> anyhow::Result<()> {
+/// `restore FILE [--database-url URL | --managed]` into `home`.
+pub(crate) fn restore(json: bool, home: &Path, file: &str, into: &choird::backup::RestoreInto) -> anyhow::Result<()> {
     let mut steps = Vec::new();
-    let summary = choird::backup::restore(Path::new(file), home, &mut |step: &str| {
+    let summary = choird::backup::restore(Path::new(file), home, into, &mut |step: &str| {
         if !json {
             say!("{step}");
         }

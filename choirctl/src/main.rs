@@ -36,9 +36,12 @@ commands:
   backup FILE [--workspaces]    a consistent archive of the home: config, secrets, repos/, the
                                 database (pg_dump) and, with --workspaces, the agents' workspaces;
                                 FILE is new and mode 0600 (it holds the secrets)
-  restore FILE                  unpack a backup into an empty home (--home) and load its database
-                                (a new managed cluster, or database_url's empty database);
-                                offline: run it before choird starts there
+  restore FILE [--database-url URL | --managed]
+                                unpack a backup into an empty home (--home) and load its database
+                                (a new managed cluster, or database_url's empty database; or
+                                the empty database at URL, or a new managed cluster, which the
+                                restored config.json then names); offline: run it before
+                                choird starts there
   doctor                        check what a deployment needs (config, secrets, disk, sockets,
                                 Docker and the base image, PostgreSQL and pgvector, each
                                 model endpoint, embeddings, bot tokens, host tools' logins),
@@ -163,6 +166,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut grep: Option<String> = None;
     let mut by: Option<String> = None;
     let mut workspaces = false;
+    let mut restore_into = choird::backup::RestoreInto::AsBackedUp;
     let mut global = false;
     let mut job = schedule::AddArgs::default();
     let mut parser = lexopt::Parser::from_env();
@@ -188,6 +192,16 @@ fn real_main() -> anyhow::Result<()> {
             Long("status") => status_filter = Some(parser.value()?.string()?),
             Long("all") => all = true,
             Long("workspaces") => workspaces = true,
+            Long(name @ ("database-url" | "managed")) => {
+                if restore_into != choird::backup::RestoreInto::AsBackedUp {
+                    anyhow::bail!("give one of --database-url and --managed, once");
+                }
+                restore_into = if name == "managed" {
+                    choird::backup::RestoreInto::Managed
+                } else {
+                    choird::backup::RestoreInto::Url(parser.value()?.string()?)
+                };
+            }
             Long("global") => global = true,
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
@@ -226,7 +240,7 @@ fn real_main() -> anyhow::Result<()> {
         return proposals::tools_validate(json, path);
     }
     if let ["restore", file] = w.as_slice() {
-        return backup::restore(json, &home, file);
+        return backup::restore(json, &home, file, &restore_into);
     }
     let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {

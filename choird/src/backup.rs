@@ -339,11 +339,72 @@ impl<R: Read> Read for Padded<R> {
     }
 }
 
+/// Where a restore loads the database.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum RestoreInto {
+    /// As the backup's config.json says: the managed cluster, or its
+    /// `database_url`.
+    #[default]
+    AsBackedUp,
+    /// This external database (the restored config.json's `database_url`
+    /// is set to it): moving to a host whose PostgreSQL is elsewhere.
+    Url(String),
+    /// A new managed cluster in the home (`database_url` is removed).
+    Managed,
+}
+
+impl RestoreInto {
+    /// Checked before anything is unpacked: a connection string that does
+    /// not parse changes nothing. The error never repeats the string (it
+    /// may hold a password).
+    fn check(&self) -> Result<(), BackupError> {
+        match self {
+            RestoreInto::Url(url) if url.trim().is_empty() => {
+                Err(BackupError("--database-url is empty (use --managed for the managed cluster)".into()))
+            }
+            RestoreInto::Url(url) => url
+                .parse::<postgres::Config>()
+                .map(drop)
+                .map_err(|e| BackupError(format!("--database-url is not a PostgreSQL connection string: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Points the restored config.json at the chosen database; everything
+    /// else in it keeps its value (written back pretty-printed, keys in
+    /// sorted order).
+    fn apply(&self, config_json: &Path) -> Result<(), BackupError> {
+        let set = match self {
+            RestoreInto::AsBackedUp => return Ok(()),
+            RestoreInto::Url(url) => Some(url.as_str()),
+            RestoreInto::Managed => None,
+        };
+        let text = std::fs::read_to_string(config_json).map_err(io(config_json.display()))?;
+        let mut value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| BackupError(format!("the backup's config.json: {e}")))?;
+        let object =
+            value.as_object_mut().ok_or_else(|| BackupError("the backup's config.json is not an object".into()))?;
+        match set {
+            Some(url) => object.insert("database_url".into(), url.into()),
+            None => object.remove("database_url"),
+        };
+        let mut out = serde_json::to_string_pretty(&value).map_err(|e| BackupError(e.to_string()))?;
+        out.push('\n');
+        std::fs::write(config_json, out).map_err(io(config_json.display()))
+    }
+}
+
 /// Restores the archive at `archive` into `root`, which must not exist or be
-/// empty; `report` hears each step. The database goes into the managed
-/// cluster (created in the new home) or into `database_url`'s database,
+/// empty; `report` hears each step. The database goes where `into` says:
+/// the managed cluster (created in the new home) or an external database,
 /// which must not hold choird's tables yet.
-pub fn restore(archive: &Path, root: &Path, report: &mut dyn FnMut(&str)) -> Result<Summary, BackupError> {
+pub fn restore(
+    archive: &Path,
+    root: &Path,
+    into: &RestoreInto,
+    report: &mut dyn FnMut(&str),
+) -> Result<Summary, BackupError> {
+    into.check()?;
     if let Ok(mut entries) = std::fs::read_dir(root) {
         if let Some(first) = entries.next() {
             let name = first.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
@@ -354,7 +415,7 @@ pub fn restore(archive: &Path, root: &Path, report: &mut dyn FnMut(&str)) -> Res
         }
     }
     std::fs::create_dir_all(root).map_err(io(root.display()))?;
-    let result = restore_into(archive, root, report);
+    let result = restore_into(archive, root, into, report);
     if result.is_err() {
         // The home was empty: a failed restore leaves it so (the managed
         // cluster, if one was made, is stopped by then).
@@ -372,7 +433,12 @@ pub fn restore(archive: &Path, root: &Path, report: &mut dyn FnMut(&str)) -> Res
     result
 }
 
-fn restore_into(archive: &Path, root: &Path, report: &mut dyn FnMut(&str)) -> Result<Summary, BackupError> {
+fn restore_into(
+    archive: &Path,
+    root: &Path,
+    into: &RestoreInto,
+    report: &mut dyn FnMut(&str),
+) -> Result<Summary, BackupError> {
     let home = Home::new(root.to_owned());
     let file = File::open(archive).map_err(io(archive.display()))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
@@ -437,6 +503,7 @@ fn restore_into(archive: &Path, root: &Path, report: &mut dyn FnMut(&str)) -> Re
             _ => unpack_under(&mut entry, root, &path)?,
         };
         if target == root.join("config.json") {
+            into.apply(&target)?;
             config = Some(Config::load(&target).map_err(|e| BackupError(format!("the backup's {e}")))?);
         }
         if entry.header().entry_type().is_file() {
@@ -557,7 +624,7 @@ mod tests {
             append_bytes(tar, "repos/evil.json", b"{}", 0o644).unwrap();
         });
         let home = tempfile::tempdir().unwrap();
-        let err = restore(file.path(), home.path(), &mut |_| {}).unwrap_err();
+        let err = restore(file.path(), home.path(), &RestoreInto::AsBackedUp, &mut |_| {}).unwrap_err();
         assert!(err.0.contains("leads out of"), "{err}");
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing written outside");
         assert_eq!(std::fs::read_dir(home.path()).unwrap().count(), 0, "the home is empty again");
@@ -582,7 +649,7 @@ mod tests {
             let outer = tempfile::tempdir().unwrap();
             let home = outer.path().join("home");
             std::fs::create_dir(&home).unwrap();
-            let err = restore(file.path(), &home, &mut |_| {}).unwrap_err();
+            let err = restore(file.path(), &home, &RestoreInto::AsBackedUp, &mut |_| {}).unwrap_err();
             assert!(err.0.contains("leaves its directory"), "{}: {err}", String::from_utf8_lossy(name));
             let beside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
             assert_eq!(beside, ["home"], "{}: something was written outside the home", String::from_utf8_lossy(name));
@@ -599,7 +666,7 @@ mod tests {
             tar.append_link(&mut h, "config.json", "/etc/shadow").unwrap();
         });
         let home = tempfile::tempdir().unwrap();
-        let err = restore(file.path(), home.path(), &mut |_| {}).unwrap_err();
+        let err = restore(file.path(), home.path(), &RestoreInto::AsBackedUp, &mut |_| {}).unwrap_err();
         assert!(err.0.contains("choirctl writes none"), "{err}");
     }
 

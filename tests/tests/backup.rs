@@ -102,3 +102,60 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     let sessions = new.ctl_ok(&["sessions", "demo"]);
     assert!(sessions.lines().count() >= 3, "the old home's session is in the history: {sessions}");
 }
+
+fn restore_with(home: &std::path::Path, file: &std::path::Path, flags: &[&str]) -> std::process::Output {
+    Command::new(bin("choirctl")).arg("--home").arg(home).arg("restore").arg(file).args(flags).output().unwrap()
+}
+
+/// Moving to a host whose PostgreSQL is elsewhere: `restore --database-url`
+/// loads the backup of a managed home into that (empty) database and points
+/// the restored config.json at it; choird then runs on it with the history.
+/// A connection string that does not parse, both choices at once, or a
+/// database that cannot be reached change nothing — and the error never
+/// repeats the password the string holds.
+#[test]
+fn a_backup_restores_into_another_database_named_at_restore() {
+    let Some(pg) = choir_tests::pg::TestPg::start() else { return };
+    let llm = FakeLlm::start(vec![Step::Text("noted".into())]);
+    let config = test_config(&llm.base_url(), None, &["demo"]);
+    let mut old = Choird::start(&config, &json!({"llm_key": "k"}));
+    old.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(old.ctl_ok(&["chat", "demo", ASKED]).trim(), "noted");
+    let out_dir = tempfile::tempdir().unwrap();
+    let archive = out_dir.path().join("choir.tar.gz");
+    old.ctl_ok(&["backup", archive.to_str().unwrap()]);
+    old.stop();
+
+    let new = TempHome::empty();
+    let refused = |flags: &[&str], why: &str| {
+        let out = restore_with(new.path(), &archive, flags);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && stderr.contains(why), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("s3cret"), "the password is not repeated: {stderr}");
+        assert_eq!(std::fs::read_dir(new.path()).unwrap().count(), 0, "{flags:?} left nothing behind");
+    };
+    refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:notaport/x"], "not a PostgreSQL connection string");
+    refused(&["--database-url", " "], "--database-url is empty");
+    refused(&["--managed", "--database-url", "postgresql://127.0.0.1/x"], "give one of --database-url and --managed");
+    refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:1/x"], "cannot reach the external database");
+
+    let restored = restore_with(new.path(), &archive, &["--database-url", &pg.url()]);
+    assert!(restored.status.success(), "{}", String::from_utf8_lossy(&restored.stderr));
+    assert!(String::from_utf8_lossy(&restored.stdout).contains("into the external cluster"), "{restored:?}");
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(new.path().join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["database_url"], json!(pg.url()));
+    assert_eq!(written["agents"], config["agents"], "the rest of config.json is kept");
+    let mut db = pg.client();
+    let asked: i64 = db.query_one("SELECT count(*) FROM messages WHERE text = $1", &[&ASKED]).unwrap().get(0);
+    assert_eq!(asked, 1, "the history is in the external database");
+    // A second restore into the same database is refused: it holds choird's tables.
+    let again = TempHome::empty();
+    let out = restore_with(again.path(), &archive, &["--database-url", &pg.url()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already holds choird's tables"), "{out:?}");
+    assert_eq!(std::fs::read_dir(again.path()).unwrap().count(), 0);
+
+    let new = Choird::start_in(new);
+    let sessions = new.ctl_ok(&["sessions", "demo"]);
+    assert!(sessions.lines().count() >= 2, "the old home's session is in the history: {sessions}");
+}
