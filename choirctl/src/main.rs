@@ -40,8 +40,9 @@ commands:
                                 unpack a backup into an empty home (--home) and load its database
                                 (a new managed cluster, or database_url's empty database; or
                                 the empty database at URL, or a new managed cluster, which the
-                                restored config.json then names); offline: run it before
-                                choird starts there
+                                restored config.json then names; URL - reads it from stdin, out
+                                of ps and the shell's history); offline: run it before choird
+                                starts there
   doctor                        check what a deployment needs (config, secrets, disk, sockets,
                                 Docker and the base image, PostgreSQL and pgvector, each
                                 model endpoint, embeddings, bot tokens, host tools' logins),
@@ -199,7 +200,10 @@ fn real_main() -> anyhow::Result<()> {
                 restore_into = if name == "managed" {
                     choird::backup::RestoreInto::Managed
                 } else {
-                    choird::backup::RestoreInto::Url(parser.value()?.string()?)
+                    // Never echoed: the string may hold a password.
+                    let url =
+                        parser.value()?.into_string().map_err(|_| anyhow::anyhow!("--database-url is not UTF-8"))?;
+                    choird::backup::RestoreInto::Url(if url == "-" { backup::read_url_from_stdin()? } else { url })
                 };
             }
             Long("global") => global = true,

@@ -132,8 +132,10 @@ impl Database {
     }
 }
 
+/// The database a connection string names; without one, the user's, as the
+/// server picks it (choird connects the same way).
 fn dbname(config: &postgres::Config) -> String {
-    config.get_dbname().unwrap_or(crate::db::cluster::DATABASE).to_owned()
+    config.get_dbname().or(config.get_user()).unwrap_or(crate::db::cluster::DATABASE).to_owned()
 }
 
 /// Writes the archive of `home` to `out` (gzip level 6). `workspaces`: the
@@ -362,10 +364,19 @@ impl RestoreInto {
             RestoreInto::Url(url) if url.trim().is_empty() => {
                 Err(BackupError("--database-url is empty (use --managed for the managed cluster)".into()))
             }
-            RestoreInto::Url(url) => url
-                .parse::<postgres::Config>()
-                .map(drop)
-                .map_err(|e| BackupError(format!("--database-url is not a PostgreSQL connection string: {e}"))),
+            RestoreInto::Url(url) => {
+                let config = url
+                    .parse::<postgres::Config>()
+                    .map_err(|e| BackupError(format!("--database-url is not a PostgreSQL connection string: {e}")))?;
+                if config.get_dbname().is_none() {
+                    return Err(BackupError(
+                        "--database-url names no database (postgresql://HOST/NAME, or dbname=NAME): restore loads \
+                         only into a database named for it"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -390,7 +401,15 @@ impl RestoreInto {
         };
         let mut out = serde_json::to_string_pretty(&value).map_err(|e| BackupError(e.to_string()))?;
         out.push('\n');
-        std::fs::write(config_json, out).map_err(io(config_json.display()))
+        std::fs::write(config_json, out).map_err(io(config_json.display()))?;
+        let password =
+            set.and_then(|url| url.parse::<postgres::Config>().ok()).is_some_and(|c| c.get_password().is_some());
+        if password {
+            // The file now holds a password: readable by its owner only.
+            std::fs::set_permissions(config_json, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(io(config_json.display()))?;
+        }
+        Ok(())
     }
 }
 
@@ -611,6 +630,44 @@ mod tests {
         entries(&mut tar);
         tar.into_inner().unwrap().finish().unwrap();
         file
+    }
+
+    #[test]
+    fn a_restore_target_is_checked_first_and_written_into_the_config() {
+        use std::os::unix::fs::PermissionsExt;
+        let url = |u: &str| RestoreInto::Url(u.to_owned());
+        for (bad, why) in [
+            (url(""), "is empty"),
+            (url("postgresql://u:s3cret@h:notaport/x"), "not a PostgreSQL connection string"),
+            (url("postgresql://u:s3cret@h"), "names no database"),
+            (url("host=/tmp user=u password=s3cret"), "names no database"),
+        ] {
+            let err = bad.check().unwrap_err().to_string();
+            assert!(err.contains(why) && !err.contains("s3cret"), "{bad:?}: {err}");
+        }
+        assert!(url("postgresql://u@h/choir2").check().is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.json");
+        let original = serde_json::json!({"agents": {"demo": {"image": "x"}}, "database_url": "postgresql://old/db"});
+        let write = || {
+            std::fs::write(&file, original.to_string()).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        };
+        let read = || serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let mode = || std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        write();
+        RestoreInto::AsBackedUp.apply(&file).unwrap();
+        assert_eq!(read(), original);
+        RestoreInto::Managed.apply(&file).unwrap();
+        assert_eq!(read(), serde_json::json!({"agents": {"demo": {"image": "x"}}}));
+        assert_eq!(mode(), 0o644);
+        write();
+        url("postgresql://u@new/db").apply(&file).unwrap();
+        assert_eq!(read()["database_url"], "postgresql://u@new/db");
+        assert_eq!(read()["agents"], original["agents"]);
+        assert_eq!(mode(), 0o644, "no password in it");
+        url("postgresql://u:pw@new/db").apply(&file).unwrap();
+        assert_eq!(mode(), 0o600, "it holds a password now");
     }
 
     #[test]

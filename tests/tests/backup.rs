@@ -110,9 +110,9 @@ fn restore_with(home: &std::path::Path, file: &std::path::Path, flags: &[&str]) 
 /// Moving to a host whose PostgreSQL is elsewhere: `restore --database-url`
 /// loads the backup of a managed home into that (empty) database and points
 /// the restored config.json at it; choird then runs on it with the history.
-/// A connection string that does not parse, both choices at once, or a
-/// database that cannot be reached change nothing — and the error never
-/// repeats the password the string holds.
+/// A connection string that does not parse or names no database, both
+/// choices at once, or a database that cannot be reached change nothing —
+/// and the error never repeats the password the string holds.
 #[test]
 fn a_backup_restores_into_another_database_named_at_restore() {
     let Some(pg) = choir_tests::pg::TestPg::start() else { return };
@@ -137,9 +137,21 @@ fn a_backup_restores_into_another_database_named_at_restore() {
     refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:notaport/x"], "not a PostgreSQL connection string");
     refused(&["--database-url", " "], "--database-url is empty");
     refused(&["--managed", "--database-url", "postgresql://127.0.0.1/x"], "give one of --database-url and --managed");
+    refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1"], "names no database");
     refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:1/x"], "cannot reach the external database");
 
-    let restored = restore_with(new.path(), &archive, &["--database-url", &pg.url()]);
+    // The string from stdin (`-`): a password in it stays out of ps.
+    let mut child = Command::new(bin("choirctl"))
+        .arg("--home")
+        .arg(new.path())
+        .args(["restore", archive.to_str().unwrap(), "--database-url", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), format!("{}\n", pg.url()).as_bytes()).unwrap();
+    let restored = child.wait_with_output().unwrap();
     assert!(restored.status.success(), "{}", String::from_utf8_lossy(&restored.stderr));
     assert!(String::from_utf8_lossy(&restored.stdout).contains("into the external cluster"), "{restored:?}");
     let written: serde_json::Value =

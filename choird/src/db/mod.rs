@@ -145,8 +145,10 @@ impl DerefMut for Conn {
 impl Db {
     /// Parses `url` (URL or key=value form) and checks one connection.
     pub fn connect(url: &str) -> Result<Db, DbError> {
-        let config: postgres::Config = url.parse().map_err(|e| DbError::Connect { target: redact(url), source: e })?;
-        let db = Db { config, target: redact(url), idle: Mutex::new(Vec::new()), max_idle: 8 };
+        let config: postgres::Config = url
+            .parse()
+            .map_err(|e| DbError::Connect { target: "a connection string that does not parse".into(), source: e })?;
+        let db = Db { target: describe(&config), config, idle: Mutex::new(Vec::new()), max_idle: 8 };
         let client = db.open()?;
         db.idle.lock().push(Conn { client, prepared: HashMap::new() });
         Ok(db)
@@ -267,19 +269,26 @@ pub fn agent_schema(agent: &choir_common::ids::AgentId) -> String {
     format!("\"agent_{}\"", agent.as_str())
 }
 
-/// Drops a password from a connection string for messages.
-fn redact(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((creds, host)) = rest.split_once('@') {
-            let user = creds.split(':').next().unwrap_or("");
-            return format!("{scheme}://{user}:***@{host}");
-        }
-        return url.to_owned();
-    }
-    url.split_whitespace()
-        .map(|kv| if kv.starts_with("password=") { "password=***" } else { kv })
-        .collect::<Vec<_>>()
-        .join(" ")
+/// How a connection string is named in messages: its hosts, port, user and
+/// database as parsed — never its password, wherever the string put it (in
+/// the URL's user info, a `?password=` parameter, or a quoted key=value).
+pub fn describe(config: &postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            postgres::config::Host::Tcp(name) => name.clone(),
+            postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+    format!(
+        "host {} port {} user {} database {}",
+        if hosts.is_empty() { "(default)".to_owned() } else { hosts.join(",") },
+        if ports.is_empty() { "(default)".to_owned() } else { ports.join(",") },
+        config.get_user().unwrap_or("(default)"),
+        config.get_dbname().unwrap_or("(the user's)"),
+    )
 }
 
 #[cfg(test)]
@@ -288,8 +297,25 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_messages() {
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("host=/tmp user=u password=secret"), "host=/tmp user=u password=***");
+        for url in [
+            "postgres://u:s3cret@h/db",
+            "postgresql://h:5433/db?user=u&password=s3cret",
+            "host=/tmp user=u password=s3cret",
+            "host=/tmp user=u password = 's3cret and more'",
+        ] {
+            let config: postgres::Config = url.parse().unwrap();
+            let said = describe(&config);
+            assert!(!said.contains("s3cret") && said.contains("user u"), "{url}: {said}");
+        }
+        assert_eq!(
+            describe(&"postgresql://u:s3cret@h:5433/db".parse().unwrap()),
+            "host h port 5433 user u database db"
+        );
+        // Strings that do not parse: the error names none of it.
+        for url in ["postgresql://u:s3cret@h:notaport/x", "host=/tmp password='s3cret", "s3cret=x"] {
+            let err = Db::connect(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(!err.is_empty() && !err.contains("s3cret"), "{url}: {err}");
+        }
     }
 
     #[test]
