@@ -159,6 +159,11 @@ pub fn parse_web_url(raw: &str) -> Result<url::Url, Refused> {
         return Err(Refused("the URL is longer than 8192 bytes".into()));
     }
     let url = url::Url::parse(raw.trim()).map_err(|e| Refused(format!("not a valid URL: {e}")))?;
+    // Percent-encoding can triple what was given; the request line must fit
+    // the client's output buffer (`resolver::OUTPUT_BUFFER`).
+    if url.as_str().len() > 8192 {
+        return Err(Refused(format!("the URL is {} bytes once encoded; at most 8192", url.as_str().len())));
+    }
     match url.scheme() {
         "http" | "https" => {}
         other => return Err(Refused(format!("{other}: URLs are refused; only http and https are allowed"))),
@@ -260,6 +265,10 @@ mod tests {
             assert!(p.check_url(bad).is_err(), "{bad}");
         }
         assert_eq!(p.check_url("https://X.test/a?b").unwrap().host_str(), Some("x.test"));
+        // 8,000 bytes as given, 24,000 once encoded: refused, saying so.
+        let long = format!("https://x.test/{}", "é".repeat(4_000));
+        let err = p.check_url(&long).unwrap_err().0;
+        assert!(err.contains("once encoded"), "{err}");
         assert_eq!(origin_of(&p.check_url("HTTP://x.test:80/p").unwrap()), "http://x.test");
     }
 }

@@ -59,6 +59,8 @@ fn a_socket_client_streams_bodies_larger_than_its_buffers_and_refuses_a_head_lar
     let limit = choir_common::unix_http::SOCKET_MAX_HEAD;
     serve(tiny_http::Server::http_unix(&path).unwrap(), 1 << 20, limit + 1000);
     let agent = choir_common::unix_http::pooled_agent_for_socket(&path, Some(Duration::from_secs(10)), 2);
+    let buffer = choir_common::unix_http::SOCKET_BUFFER;
+    assert_eq!((agent.config().input_buffer_size(), agent.config().output_buffer_size()), (buffer, buffer));
     check(&agent, "http://localhost", limit);
 }
 
@@ -69,5 +71,7 @@ fn an_outward_client_streams_bodies_larger_than_its_buffers_and_refuses_a_head_l
     let limit = choird::resolver::MAX_HEAD;
     serve(server, 1 << 20, limit + 1000);
     let agent = choird::resolver::agent(ureq::config::Config::builder().http_status_as_error(false));
+    let sizes = (agent.config().input_buffer_size(), agent.config().output_buffer_size());
+    assert_eq!(sizes, (choird::resolver::INPUT_BUFFER, choird::resolver::OUTPUT_BUFFER));
     check(&agent, &base, limit);
 }

@@ -832,8 +832,10 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
 /// A job whose stored spec stops reading between the claim of its firing
 /// and the offer (an upgrade reading specs more strictly, an edit in the
 /// database) was marked offered but never handed to the agent, and offered
-/// again every 30 s for ever: now the job is paused with the reason, as a
-/// claim pauses one, and its firing ends skipped; no model call is made.
+/// again every 30 s for ever — or, with a wall time that is not a number,
+/// failed the offer's statement and with it every poll of the agent: now
+/// the job is paused with the reason, as a claim pauses one, its firing
+/// ends skipped, no model call is made, and the agent still answers.
 #[test]
 fn a_job_whose_spec_stops_reading_before_its_offer_is_paused_not_offered_for_ever() {
     let Some(pg) = TestPg::start() else { return };
@@ -845,9 +847,17 @@ fn a_job_whose_spec_stops_reading_before_its_offer_is_paused_not_offered_for_eve
     choird.set_clock("2026-06-01T00:01:00Z");
     wait_state(&choird, "demo/j", "2026-06-01T00:01:00Z", "due");
     let mut db = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    db.execute("UPDATE schedule_jobs SET spec = jsonb_set(spec, '{prompt}', '5') WHERE name = 'j'", &[]).unwrap();
+    // A wall time that is not a number: the offer's own statement reads
+    // the job's wall time from the spec, and must not fail on it either.
+    db.execute(
+        "UPDATE schedule_jobs SET spec = jsonb_set(spec, '{budget}', '{\"wall_s\": \"soon\"}') WHERE name = 'j'",
+        &[],
+    )
+    .unwrap();
     choird.ctl_ok(&["agent", "start", "demo"]);
     wait_state(&choird, "demo/j", "2026-06-01T00:01:00Z", "skipped");
+    // The agent's polls went on: it answers.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hello"]).trim(), "ok");
     let job = show(&choird, "demo/j");
     assert_eq!(job["job"]["paused"], true, "{job}");
     assert!(job["job"]["paused_reason"].as_str().unwrap().contains("its stored spec no longer reads"), "{job}");

@@ -401,17 +401,17 @@ impl Daemon {
         }
         Ok(offered
             .into_iter()
-            .filter_map(|(id, name, spec)| {
-                let spec: JobSpec = match serde_json::from_value(spec) {
+            .filter_map(|o| {
+                let spec: JobSpec = match serde_json::from_value(o.spec) {
                     Ok(spec) => spec,
                     Err(e) => {
-                        self.unreadable_at_offer(&who.agent, &name, &e);
+                        self.unreadable_at_offer(&who.agent, o.job_id, &o.name, &e);
                         return None;
                     }
                 };
                 Some(FiringOffer {
-                    id,
-                    job: name,
+                    id: o.id,
+                    job: o.name,
                     prompt: spec.prompt,
                     skill: spec.skill,
                     input: spec.input,
@@ -432,11 +432,15 @@ impl Daemon {
     /// firing ends `skipped` instead of being offered again every
     /// [`REOFFER_S`](crate::store::schedule::REOFFER_S) seconds to an agent
     /// that is never handed it.
-    fn unreadable_at_offer(&self, agent: &AgentId, name: &str, e: &serde_json::Error) {
-        let why = format!("its stored spec no longer reads: {e}");
+    fn unreadable_at_offer(&self, agent: &AgentId, job_id: i64, name: &str, e: &serde_json::Error) {
+        // serde quotes the offending value, which may be long.
+        let why = format!("its stored spec no longer reads: {}", choir_common::text::clipped(&e.to_string(), 300));
         log::warn!("agent {agent}: scheduled job {name} paused: {why}");
-        match self.store.set_job_paused(agent, name, Some(&why), None) {
-            Ok(_) => self.audit("scheduler", Some(agent), "schedule.pause", "paused", json!({"job": name, "why": why})),
+        match self.store.pause_job_by_id(agent, job_id, &why) {
+            Ok(true) => {
+                self.audit("scheduler", Some(agent), "schedule.pause", "paused", json!({"job": name, "why": why}))
+            }
+            Ok(false) => {}
             Err(e) => log::warn!("agent {agent}: scheduled job {name}: pausing it failed: {e}"),
         }
     }

@@ -10,7 +10,9 @@
 //! records go through a bounded channel with `try_send` (what does not fit
 //! is counted and the count written as soon as there is room); an agent's
 //! output is read by a thread of its own, which waits when the writer is
-//! behind, so a flooding agent is slowed, not its records dropped. The two
+//! behind, so a flooding agent is slowed, not its records dropped. The
+//! agents share one channel: while one floods, every agent's reader waits
+//! its turn (their records are slowed too, never dropped). The two
 //! channels are separate, so an agent's flood cannot crowd out choird's own
 //! records. Records reach a file in the order the writer took them, and a reader sees
 //! each written record exactly once: a snapshot (last record, size of each

@@ -21,6 +21,15 @@ use serde_json::Value;
 use super::Store;
 use crate::db::DbError;
 
+/// A firing's job's own wall time (seconds) from its spec (`j`), when it is
+/// a number in range: a spec edited into anything else reads as none
+/// instead of failing the statement — and with it every poll of the agent.
+/// Nested `CASE`s: PostgreSQL does not promise to test an `AND`'s sides in
+/// order, so the cast is reached only through the type test.
+const JOB_WALL_S: &str = "CASE WHEN jsonb_typeof(j.spec->'budget'->'wall_s') = 'number' THEN
+       CASE WHEN (j.spec->'budget'->>'wall_s')::numeric BETWEEN 0 AND 1e9
+            THEN (j.spec->'budget'->>'wall_s')::float8 END END";
+
 /// Seconds an offered firing waits for the agent's start before it is
 /// offered again.
 pub const REOFFER_S: i64 = 30;
@@ -155,6 +164,19 @@ fn broken_spec(name: String, why: &str) -> JobSpec {
         precondition: None,
         breaker: 1,
     }
+}
+
+/// A firing offered to a session, with its job.
+#[derive(Debug, Clone)]
+pub struct Offered {
+    /// The firing.
+    pub id: i64,
+    /// Its job.
+    pub job_id: i64,
+    /// The job's name.
+    pub name: String,
+    /// The job's spec as stored (the caller reads it).
+    pub spec: Value,
 }
 
 const JOB_COLUMNS: &str = "id, agent_id, name, spec, paused, paused_reason, failures, next_due, created_by";
@@ -400,27 +422,47 @@ impl Store {
     }
 
     /// Offers up to [`MAX_OFFERED`] of `agent`'s due firings (of jobs not
-    /// paused) to `session`: (firing, job name, spec). Each records the wall
-    /// time it is offered with: its job's own, else `wall_s` (the agent's
-    /// core budget now), which the overrun sweep then holds it to.
-    pub fn offer_firings(
-        &self,
-        agent: &AgentId,
-        session: i64,
-        wall_s: u64,
-    ) -> Result<Vec<(i64, String, Value)>, DbError> {
+    /// paused) to `session`. Each records the wall time it is offered with:
+    /// its job's own, else `wall_s` (the agent's core budget now), which the
+    /// overrun sweep then holds it to.
+    pub fn offer_firings(&self, agent: &AgentId, session: i64, wall_s: u64) -> Result<Vec<Offered>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "UPDATE schedule_firings f SET state = 'offered', session_id = $2, offered_at = now(),
-                        wall_s = coalesce((j.spec->'budget'->>'wall_s')::float8, $4)
-                 FROM schedule_jobs j
-                 WHERE f.job_id = j.id AND f.id IN (
-                     SELECT f2.id FROM schedule_firings f2 JOIN schedule_jobs j2 ON j2.id = f2.job_id
-                     WHERE j2.agent_id = $1 AND NOT j2.paused AND f2.state = 'due' ORDER BY f2.id LIMIT $3)
-                 RETURNING f.id, j.name, j.spec",
+                &format!(
+                    "UPDATE schedule_firings f SET state = 'offered', session_id = $2, offered_at = now(),
+                            wall_s = coalesce({JOB_WALL_S}, $4)
+                     FROM schedule_jobs j
+                     WHERE f.job_id = j.id AND f.id IN (
+                         SELECT f2.id FROM schedule_firings f2 JOIN schedule_jobs j2 ON j2.id = f2.job_id
+                         WHERE j2.agent_id = $1 AND NOT j2.paused AND f2.state = 'due' ORDER BY f2.id LIMIT $3)
+                     RETURNING f.id, j.id, j.name, j.spec"
+                ),
                 &[&agent.as_str(), &session, &(MAX_OFFERED as i64), &(wall_s as f64)],
             )?;
-            Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+            Ok(rows
+                .iter()
+                .map(|r| Offered { id: r.get(0), job_id: r.get(1), name: r.get(2), spec: r.get(3) })
+                .collect())
+        })
+    }
+
+    /// Pauses job `job_id` of `agent` with `reason` (its spec no longer
+    /// reads), by id — not by name, which a job removed and added again
+    /// meanwhile would share; its firings not started end `skipped`.
+    /// `false` if there is no such job of `agent`.
+    pub fn pause_job_by_id(&self, agent: &AgentId, job_id: i64, reason: &str) -> Result<bool, DbError> {
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            let n = tx.execute(
+                "UPDATE schedule_jobs SET paused = true, paused_reason = $3, next_due = NULL
+                 WHERE id = $2 AND agent_id = $1",
+                &[&agent.as_str(), &job_id, &reason],
+            )?;
+            if n > 0 {
+                close_pending(&mut tx, job_id)?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
         })
     }
 
@@ -507,7 +549,7 @@ impl Store {
                 .map(|r| r.get(0))
                 .collect();
             let rows = tx.query(
-                "UPDATE schedule_firings f SET state = 'interrupted', finished_at = now(),
+                &format!("UPDATE schedule_firings f SET state = 'interrupted', finished_at = now(),
                         detail = CASE WHEN EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
                                       THEN 'no outcome within the job''s wall time'
                                       ELSE 'the agent stopped while the job ran; not run again (it may have acted)' END,
@@ -518,8 +560,8 @@ impl Store {
                  WHERE f.job_id = j.id AND f.state = 'running'
                    AND (NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = f.session_id AND s.ended_at IS NULL)
                         OR f.started_at < now() - make_interval(secs =>
-                              coalesce(f.wall_s, (j.spec->'budget'->>'wall_s')::float8, 86400) + $1))
-                 RETURNING f.id, f.job_id, f.detail",
+                              coalesce(f.wall_s, {JOB_WALL_S}, 86400) + $1))
+                 RETURNING f.id, f.job_id, f.detail"),
                 &[&(OVERRUN_GRACE_S as f64)],
             )?;
             let mut out = Vec::new();
