@@ -63,14 +63,6 @@ pub(crate) fn backup(ctx: &Ctx, file: &str, workspaces: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// `--database-url -`: the connection string's first line on stdin (a
-/// password in it stays out of `ps` and the shell's history).
-pub(crate) fn read_url_from_stdin() -> anyhow::Result<String> {
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line)?;
-    Ok(line.trim_end_matches(['\n', '\r']).to_owned())
-}
-
 /// `restore FILE [--database-url URL | --managed]` into `home`.
 pub(crate) fn restore(json: bool, home: &Path, file: &str, into: &choird::backup::RestoreInto) -> anyhow::Result<()> {
     let mut steps = Vec::new();

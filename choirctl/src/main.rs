@@ -203,7 +203,11 @@ fn real_main() -> anyhow::Result<()> {
                     // Never echoed: the string may hold a password.
                     let url =
                         parser.value()?.into_string().map_err(|_| anyhow::anyhow!("--database-url is not UTF-8"))?;
-                    choird::backup::RestoreInto::Url(if url == "-" { backup::read_url_from_stdin()? } else { url })
+                    choird::backup::RestoreInto::Url(if url == "-" {
+                        secrets::read_hidden("the database's connection string")?
+                    } else {
+                        url
+                    })
                 };
             }
             Long("global") => global = true,

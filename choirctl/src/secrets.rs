@@ -32,8 +32,10 @@ pub fn list(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads the value: from a prompt without echo on a terminal, else stdin.
-fn read_value(name: &str) -> anyhow::Result<String> {
+/// Reads a value that must stay out of `ps` and the shell's history (a
+/// secret, a connection string with a password): from a prompt without echo
+/// on a terminal, naming `what`, else from stdin (at most `MAX_VALUE` bytes).
+pub(crate) fn read_hidden(what: &str) -> anyhow::Result<String> {
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
         let fd = rustix::stdio::stdin();
@@ -42,7 +44,7 @@ fn read_value(name: &str) -> anyhow::Result<String> {
         quiet.local_modes.remove(rustix::termios::LocalModes::ECHO);
         rustix::termios::tcsetattr(fd, rustix::termios::OptionalActions::Now, &quiet)
             .context("cannot turn the terminal's echo off")?;
-        eprint!("value of secret {name} (not shown): ");
+        eprint!("{what} (not shown): ");
         let _ = std::io::stderr().flush();
         let mut line = String::new();
         let read = stdin.read_line(&mut line);
@@ -70,7 +72,7 @@ fn check_name(name: &str) -> anyhow::Result<()> {
 /// Sets a secret from stdin or a prompt.
 pub fn set(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
     check_name(name)?;
-    let value = read_value(name)?;
+    let value = read_hidden(&format!("value of secret {name}"))?;
     let r: Value = ctx.client.put(&format!("secrets/{name}"), &SetSecret { value })?;
     if ctx.json {
         return print_json(&r);

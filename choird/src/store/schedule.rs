@@ -453,16 +453,15 @@ impl Store {
     pub fn pause_job_by_id(&self, agent: &AgentId, job_id: i64, reason: &str) -> Result<bool, DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            let n = tx.execute(
-                "UPDATE schedule_jobs SET paused = true, paused_reason = $3, next_due = NULL
-                 WHERE id = $2 AND agent_id = $1",
-                &[&agent.as_str(), &job_id, &reason],
+            let ours = tx.query_opt(
+                "SELECT 1 FROM schedule_jobs WHERE id = $2 AND agent_id = $1",
+                &[&agent.as_str(), &job_id],
             )?;
-            if n > 0 {
-                close_pending(&mut tx, job_id)?;
+            if ours.is_some() {
+                pause(&mut tx, job_id, reason)?;
             }
             tx.commit()?;
-            Ok(n > 0)
+            Ok(ours.is_some())
         })
     }
 
@@ -575,6 +574,17 @@ impl Store {
     }
 }
 
+/// Pauses job `job_id` with `reason`, by the scheduler (its breaker, or a
+/// spec that no longer reads): no next due time, and its firings not
+/// started end `skipped` ([`close_pending`]).
+fn pause(tx: &mut postgres::Transaction<'_>, job_id: i64, reason: &str) -> Result<(), postgres::Error> {
+    tx.execute(
+        "UPDATE schedule_jobs SET paused = true, next_due = NULL, paused_reason = $2 WHERE id = $1",
+        &[&job_id, &reason],
+    )?;
+    close_pending(tx, job_id).map(drop)
+}
+
 /// A paused job's firings not started yet end `skipped`: they never run
 /// later, when the agent next starts.
 fn close_pending(tx: &mut postgres::Transaction<'_>, job_id: i64) -> Result<u64, postgres::Error> {
@@ -606,11 +616,7 @@ fn settle(
     let breaker = spec["breaker"].as_i64().unwrap_or(choir_common::schedule::DEFAULT_BREAKER as i64);
     let tripped = !paused && state != "done" && state != "refused" && i64::from(failures) >= breaker;
     if tripped {
-        tx.execute(
-            "UPDATE schedule_jobs SET paused = true, next_due = NULL, paused_reason = $2 WHERE id = $1",
-            &[&job_id, &format!("circuit breaker: {failures} failures in a row")],
-        )?;
-        close_pending(tx, job_id)?;
+        pause(tx, job_id, &format!("circuit breaker: {failures} failures in a row"))?;
     }
     if state == "done" {
         // The change this firing was started on is now acted on.
