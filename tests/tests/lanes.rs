@@ -5,7 +5,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use choir_tests::fake_embeddings::FakeEmbeddings;
 use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::fake_telegram::FakeTelegram;
 use choir_tests::harness::{bin, test_config, Choird};
 use choir_tests::pg::TestPg;
 use serde_json::json;
@@ -186,4 +188,51 @@ fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log(
     // What it committed is still in its local log, for the next start.
     let log = std::fs::read_to_string(workspace.join(".choir/commit.log")).unwrap_or_default();
     assert!(log.contains("choir.fs.write"), "the commit log keeps the call");
+}
+
+/// choird's whole shutdown (Telegram gateway, scheduler, agents, memory
+/// batcher, listeners, task threads) with the database gone under it: no
+/// step may wait on PostgreSQL for long (systemd's stop would otherwise run
+/// into its timeout and kill choird).
+#[test]
+fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
+    const TOKEN: &str = "123456:shutdown";
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        if msgs.last()?["role"] == "tool" {
+            return Some(Step::Text("stored".into()));
+        }
+        Some(Step::call("choir.memory.upsert", json!({"tier": "working", "content": "a note"})))
+    });
+    let emb = FakeEmbeddings::start(8);
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN, 123456, "shutdown_bot");
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["a", "b"]);
+    config["telegram"] =
+        json!({"api_base": tg.base_url(), "bots": {"b": {"token_secret": "tg", "users": {"20000": {"agent": "b"}}}}});
+    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": 8}});
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg": TOKEN}));
+    let mut pids = Vec::new();
+    for agent in ["a", "b"] {
+        choird.ctl_ok(&["agent", "start", agent]);
+        let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", agent])).unwrap();
+        pids.push(s["pid"].as_u64().unwrap() as i32);
+    }
+    assert_eq!(choird.ctl_ok(&["chat", "a", "hi"]), "stored\n");
+    tg.user_says(TOKEN, 20000, "hi");
+    tg.wait_count("sendMessage", 1, Duration::from_secs(30));
+    pg.stop_immediate();
+    // Traffic meets the missing database: a chat, a Telegram message, the
+    // agents' HEARTBEATs.
+    let _ = choird.ctl(&["chat", "a", "again"]);
+    tg.user_says(TOKEN, 20000, "again");
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    let status = choird.stop().unwrap();
+    let took = started.elapsed();
+    eprintln!("choird left {took:?} after SIGTERM ({status})");
+    assert!(took < Duration::from_secs(10), "choird took {took:?} to leave:\n{}", choird.stderr());
+    let gone = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    assert!(pids.iter().all(|&p| gone(p)), "the agents were stopped with choird");
 }
