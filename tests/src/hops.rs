@@ -56,6 +56,7 @@ pub fn marks(choird: &Choird, agents: &[&str]) -> Vec<(u128, String)> {
 /// are counted and left out.
 pub fn breakdown(hops: &[&str], windows: &[(u128, u128)], marks: &[(u128, String)]) {
     let mut steps: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    let mut turns: Vec<Vec<Duration>> = Vec::new();
     let mut incomplete = 0;
     for &(start, end) in windows {
         let inside: Vec<&(u128, String)> = marks.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
@@ -76,9 +77,12 @@ pub fn breakdown(hops: &[&str], windows: &[(u128, u128)], marks: &[(u128, String
             continue;
         }
         at.push(end);
-        for (i, w) in at.windows(2).enumerate() {
-            steps.entry(i).or_default().push(Duration::from_micros(w[1].saturating_sub(w[0]) as u64));
+        let turn: Vec<Duration> =
+            at.windows(2).map(|w| Duration::from_micros(w[1].saturating_sub(w[0]) as u64)).collect();
+        for (i, d) in turn.iter().enumerate() {
+            steps.entry(i).or_default().push(*d);
         }
+        turns.push(turn);
     }
     let names: Vec<&str> = std::iter::once("bench: start").chain(hops.iter().copied()).chain(["bench: end"]).collect();
     crate::report!(
@@ -93,4 +97,33 @@ pub fn breakdown(hops: &[&str], windows: &[(u128, u128)], marks: &[(u128, String
         crate::report!("  {:>18} → {:<18} {:>7.3} / {:>7.3}", names[i], names[i + 1], p50, p99);
     }
     crate::report!("  sum of the p50s: {total:.3} ms");
+    // Where the slowest turns lose their time: the p99 of a direction is
+    // made of these turns, not of each hop's own p99.
+    let at = |hop: &str| names.iter().position(|n| *n == hop);
+    if let (Some(upstream), Some(answered)) = (at("relay.upstream"), at("relay.answered")) {
+        slowest(&turns, &names, "in", 0..upstream);
+        slowest(&turns, &names, "out", answered..names.len() - 1);
+    }
+}
+
+/// The slowest 1 % of `turns` (at least five) by the sum of their steps in
+/// `range`, and the mean of each of those steps over them.
+fn slowest(turns: &[Vec<Duration>], names: &[&str], direction: &str, range: std::ops::Range<usize>) {
+    let mut by_sum: Vec<(Duration, &Vec<Duration>)> =
+        turns.iter().map(|t| (t[range.clone()].iter().sum(), t)).collect();
+    by_sum.sort_by_key(|(sum, _)| std::cmp::Reverse(*sum));
+    let n = (turns.len() / 100).max(5).min(turns.len());
+    if n == 0 {
+        return;
+    }
+    let worst = &by_sum[..n];
+    let mean = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
+    crate::report!(
+        "  the slowest {n} turns {direction} (from {:.3} ms): mean per step (ms)",
+        worst[n - 1].0.as_secs_f64() * 1e3
+    );
+    for i in range {
+        let m = mean(worst.iter().map(|(_, t)| t[i]).sum());
+        crate::report!("  {:>18} → {:<18} {:>7.3}", names[i], names[i + 1], m);
+    }
 }
