@@ -6,14 +6,30 @@
 //! first. (Core job threads also run at a lower CPU priority: see
 //! `core.rs`.)
 //!
-//! **Invariant:** a core step waits only while the edge has the floor *and*
-//! another core step is under way; it never waits for the edge alone, so an
-//! edge that is never idle slows core jobs to one step at a time but never
-//! stops them, and no timer releases a burst of waiting steps at once.
-//! Holds and steps are guards: a panicking or erroring lane cannot leave
-//! the floor held or a step counted.
+//! When the edge lets go, the steps that waited for it do not all start at
+//! once: while one is under way, the next may start [`STAGGER`] after the
+//! last. A burst of core steps released together is what made the slowest
+//! turns (the next message arriving into it; issue 19, item 1).
+//!
+//! **Invariant:** a core step waits only while another core step is under
+//! way — for the edge to let go of the floor, or for its slot, at most
+//! [`STAGGER`] after the step before it — never for the edge alone and
+//! never when none is under way, so an edge that is never idle slows core
+//! jobs to one step at a time but never stops them, and no timer releases
+//! a burst of waiting steps at once. Holds and steps are guards: a
+//! panicking or erroring lane cannot leave the floor held or a step
+//! counted.
+
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+
+/// While a core step is under way, another starts at most this often (the
+/// edge not holding the floor): core steps that waited for the edge go one
+/// by one when it lets go, not all at once. Against a core step's own length
+/// (a model call: hundreds of milliseconds and more) it costs nothing; it
+/// only spreads steps that would have started together.
+pub const STAGGER: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct State {
@@ -21,6 +37,11 @@ struct State {
     held: u32,
     /// Core steps under way.
     core: u32,
+    /// When the next core step may start while one is under way:
+    /// [`STAGGER`] after the last one started.
+    next_start: Option<Instant>,
+    /// Whether a waiting step is timing that start (the others sleep).
+    watched: bool,
 }
 
 /// Who has the floor.
@@ -99,16 +120,45 @@ impl Floor {
     }
 
     /// A core job taking a step (a model call, a round of tool calls):
-    /// waits while the edge has the floor and another core step is under way.
+    /// waits while another core step is under way and either the edge has
+    /// the floor or the step's slot ([`STAGGER`] after the last) has not
+    /// come.
     /// Not re-entrant: a thread holding a step must not ask for another (it
     /// would wait for itself while the edge works); `Mind::ask` and
     /// `Mind::run_calls` take theirs one after the other, never nested.
     pub fn core_step(&self) -> CoreStep<'_> {
         let mut s = self.state.lock();
-        while s.held > 0 && s.core > 0 {
-            self.changed.wait(&mut s);
+        // Whether this step is the one waiting out the slot (the others
+        // sleep until it has taken it: one timer, not one per waiter).
+        let mut watching = false;
+        while s.core > 0 {
+            if s.held > 0 {
+                if watching {
+                    watching = false;
+                    s.watched = false;
+                }
+                self.changed.wait(&mut s);
+                continue;
+            }
+            let left = s.next_start.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                break;
+            }
+            if s.watched && !watching {
+                self.changed.wait(&mut s);
+                continue;
+            }
+            watching = true;
+            s.watched = true;
+            self.changed.wait_for(&mut s, left);
+        }
+        if watching {
+            s.watched = false;
         }
         s.core += 1;
+        s.next_start = Some(Instant::now() + STAGGER);
+        // A step waiting for its slot takes over the watch.
+        self.changed.notify_one();
         CoreStep { floor: self }
     }
 }
@@ -117,7 +167,6 @@ impl Floor {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::time::Duration;
 
     /// A core job's step on its own thread: the receiver hears when it went.
     fn core_step_on_a_thread(f: &Arc<Floor>) -> (std::thread::JoinHandle<()>, crossbeam_channel::Receiver<()>) {
@@ -174,6 +223,41 @@ mod tests {
         waiter.join().unwrap();
         drop((running, hold));
         assert!(!f.is_held());
+    }
+
+    #[test]
+    fn core_steps_that_waited_for_the_edge_go_one_by_one_when_it_lets_go() {
+        let f = Arc::new(Floor::default());
+        let running = f.core_step();
+        let hold = f.hold();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (f, tx) = (f.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let step = f.core_step();
+                    tx.send(Instant::now()).unwrap();
+                    // Held until the last has gone: each waits for its slot.
+                    std::thread::sleep(STAGGER * 5);
+                    drop(step);
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(rx.try_recv().is_err(), "none went while the edge held the floor");
+        let released = Instant::now();
+        drop(hold);
+        let mut went: Vec<Instant> = (0..3).map(|_| rx.recv_timeout(Duration::from_secs(60)).unwrap()).collect();
+        went.sort();
+        assert!(
+            went[2].duration_since(released) >= STAGGER * 2,
+            "three waiting steps took slots a STAGGER apart, not the same instant: {:?}",
+            went.iter().map(|t| t.duration_since(released)).collect::<Vec<_>>()
+        );
+        for w in waiters {
+            w.join().unwrap();
+        }
+        drop(running);
     }
 
     #[test]

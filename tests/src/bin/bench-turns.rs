@@ -17,7 +17,10 @@
 //! The fake core model answers at nice 19: in production it is a remote
 //! service whose work does not share this machine's CPU with the turn; the
 //! core jobs' work that does (their agent threads, choird's relay and
-//! replication for them, PostgreSQL) runs as it would.
+//! replication for them, PostgreSQL) runs as it would. It answers at once
+//! (the worst case: each core job steps as fast as the machine lets it);
+//! `--core-model-ms N` makes it take N ms a call instead, as a remote model
+//! does (`make bench` runs the default).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -90,7 +93,18 @@ fn main() {
         }
         Some(Step::Text("ok".into()))
     });
-    let core = FakeLlm::with_responder(|req, _| {
+    let args: Vec<String> = std::env::args().collect();
+    let core_model = args
+        .iter()
+        .position(|a| a == "--core-model-ms")
+        .and_then(|i| args.get(i + 1))
+        .map(|ms| Duration::from_millis(ms.parse().expect("--core-model-ms takes a number of milliseconds")))
+        .unwrap_or_default();
+    if !core_model.is_zero() {
+        choir_tests::report!("the core model takes {} ms a call", core_model.as_millis());
+    }
+    let core = FakeLlm::with_responder(move |req, _| {
+        std::thread::sleep(core_model);
         // Compaction asks without tools: give it a summary, so histories stay bounded.
         if req.get("tools").is_none() {
             return Some(Step::Text("read small.txt many times".into()));
