@@ -148,6 +148,17 @@ fn regression_a_message_is_never_handed_to_the_replication_heartbeat() {
 
 /// Regression: an agent whose choird died for good never left, even on
 /// SIGTERM, because it kept trying to ship its last answer and events.
+/// A process agent killed when the test ends, whatever happened before.
+struct Reap(i32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(p) = rustix::process::Pid::from_raw(self.0) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 #[test]
 fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log() {
     let Some(pg) = TestPg::start() else { return };
@@ -161,14 +172,6 @@ fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log(
     let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
     let pid = s["pid"].as_u64().unwrap() as i32;
     // Whatever happens below, the agent does not outlive the test.
-    struct Reap(i32);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            if let Some(p) = rustix::process::Pid::from_raw(self.0) {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            }
-        }
-    }
     let _reap = Reap(pid);
     let workspace = choird.workspace("demo");
     let home = choird.home.path().to_owned();
@@ -217,7 +220,7 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     for agent in ["a", "b"] {
         choird.ctl_ok(&["agent", "start", agent]);
         let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", agent])).unwrap();
-        pids.push(s["pid"].as_u64().unwrap() as i32);
+        pids.push(Reap(s["pid"].as_u64().unwrap() as i32));
     }
     assert_eq!(choird.ctl_ok(&["chat", "a", "hi"]), "stored\n");
     tg.user_says(TOKEN, 20000, "hi");
@@ -225,7 +228,10 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     pg.stop_immediate();
     // Traffic meets the missing database: a chat, a Telegram message, the
     // agents' HEARTBEATs.
-    let _ = choird.ctl(&["chat", "a", "again"]);
+    let home = choird.home.path().to_owned();
+    let chat = std::thread::spawn(move || {
+        Command::new(bin("choirctl")).arg("--home").arg(home).args(["chat", "a", "again"]).output()
+    });
     tg.user_says(TOKEN, 20000, "again");
     std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();
@@ -234,5 +240,7 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     eprintln!("choird left {took:?} after SIGTERM ({status})");
     assert!(took < Duration::from_secs(10), "choird took {took:?} to leave:\n{}", choird.stderr());
     let gone = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
-    assert!(pids.iter().all(|&p| gone(p)), "the agents were stopped with choird");
+    assert!(pids.iter().all(|p| gone(p.0)), "the agents were stopped with choird");
+    // The chat ended with choird, whatever it was told.
+    let _ = chat.join();
 }

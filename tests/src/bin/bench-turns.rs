@@ -97,8 +97,10 @@ fn main() {
     let core_model = args
         .iter()
         .position(|a| a == "--core-model-ms")
-        .and_then(|i| args.get(i + 1))
-        .map(|ms| Duration::from_millis(ms.parse().expect("--core-model-ms takes a number of milliseconds")))
+        .map(|i| {
+            args.get(i + 1).and_then(|ms| ms.parse().ok()).expect("--core-model-ms takes a number of milliseconds")
+        })
+        .map(Duration::from_millis)
         .unwrap_or_default();
     if !core_model.is_zero() {
         choir_tests::report!("the core model takes {} ms a call", core_model.as_millis());
