@@ -55,6 +55,9 @@ pub(crate) fn read_hidden(what: &str) -> anyhow::Result<String> {
     }
     let mut buf = Vec::new();
     stdin.lock().take(MAX_VALUE + 1).read_to_end(&mut buf).context("cannot read the value from stdin")?;
+    if buf.len() as u64 > MAX_VALUE {
+        anyhow::bail!("the value on stdin is longer than {MAX_VALUE} bytes");
+    }
     let text = String::from_utf8(buf).context("the value on stdin is not UTF-8")?;
     // `echo VALUE |` adds one newline; it is not part of the value.
     let text = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);

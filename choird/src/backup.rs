@@ -358,12 +358,17 @@ pub enum RestoreInto {
 impl RestoreInto {
     /// Checked before anything is unpacked: a connection string that does
     /// not parse changes nothing. The error never repeats the string (it
-    /// may hold a password).
-    fn check(&self) -> Result<(), BackupError> {
+    /// may hold a password). Returns whether the string holds a password
+    /// (what [`RestoreInto::apply`] needs to know of it).
+    fn check(&self) -> Result<bool, BackupError> {
         match self {
             RestoreInto::Url(url) if url.trim().is_empty() => {
                 Err(BackupError("--database-url is empty (use --managed for the managed cluster)".into()))
             }
+            RestoreInto::Url(url) if url.chars().any(char::is_control) => Err(BackupError(
+                "--database-url holds a control character (a NUL, a line break): give the connection string on one line"
+                    .into(),
+            )),
             RestoreInto::Url(url) => {
                 let config = url
                     .parse::<postgres::Config>()
@@ -375,16 +380,18 @@ impl RestoreInto {
                             .into(),
                     ));
                 }
-                Ok(())
+                Ok(config.get_password().is_some())
             }
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 
     /// Points the restored config.json at the chosen database; everything
     /// else in it keeps its value (written back pretty-printed, keys in
-    /// sorted order).
-    fn apply(&self, config_json: &Path) -> Result<(), BackupError> {
+    /// sorted order). `holds_password` is what [`RestoreInto::check`]
+    /// returned: the file is made its owner's alone before the password is
+    /// written into it.
+    fn apply(&self, config_json: &Path, holds_password: bool) -> Result<(), BackupError> {
         let set = match self {
             RestoreInto::AsBackedUp => return Ok(()),
             RestoreInto::Url(url) => Some(url.as_str()),
@@ -401,14 +408,12 @@ impl RestoreInto {
         };
         let mut out = serde_json::to_string_pretty(&value).map_err(|e| BackupError(e.to_string()))?;
         out.push('\n');
-        std::fs::write(config_json, out).map_err(io(config_json.display()))?;
-        let password =
-            set.and_then(|url| url.parse::<postgres::Config>().ok()).is_some_and(|c| c.get_password().is_some());
-        if password {
-            // The file now holds a password: readable by its owner only.
+        if holds_password {
+            // Readable by its owner only before the password is in it.
             std::fs::set_permissions(config_json, std::os::unix::fs::PermissionsExt::from_mode(0o600))
                 .map_err(io(config_json.display()))?;
         }
+        std::fs::write(config_json, out).map_err(io(config_json.display()))?;
         Ok(())
     }
 }
@@ -423,7 +428,7 @@ pub fn restore(
     into: &RestoreInto,
     report: &mut dyn FnMut(&str),
 ) -> Result<Summary, BackupError> {
-    into.check()?;
+    let holds_password = into.check()?;
     if let Ok(mut entries) = std::fs::read_dir(root) {
         if let Some(first) = entries.next() {
             let name = first.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
@@ -434,7 +439,7 @@ pub fn restore(
         }
     }
     std::fs::create_dir_all(root).map_err(io(root.display()))?;
-    let result = restore_into(archive, root, into, report);
+    let result = restore_into(archive, root, (into, holds_password), report);
     if result.is_err() {
         // The home was empty: a failed restore leaves it so (the managed
         // cluster, if one was made, is stopped by then).
@@ -452,10 +457,12 @@ pub fn restore(
     result
 }
 
+/// `(into, holds_password)`: where the database goes, as checked by
+/// [`RestoreInto::check`].
 fn restore_into(
     archive: &Path,
     root: &Path,
-    into: &RestoreInto,
+    (into, holds_password): (&RestoreInto, bool),
     report: &mut dyn FnMut(&str),
 ) -> Result<Summary, BackupError> {
     let home = Home::new(root.to_owned());
@@ -522,7 +529,7 @@ fn restore_into(
             _ => unpack_under(&mut entry, root, &path)?,
         };
         if target == root.join("config.json") {
-            into.apply(&target)?;
+            into.apply(&target, holds_password)?;
             config = Some(Config::load(&target).map_err(|e| BackupError(format!("the backup's {e}")))?);
         }
         if entry.header().entry_type().is_file() {
@@ -641,11 +648,14 @@ mod tests {
             (url("postgresql://u:s3cret@h:notaport/x"), "not a PostgreSQL connection string"),
             (url("postgresql://u:s3cret@h"), "names no database"),
             (url("host=/tmp user=u password=s3cret"), "names no database"),
+            (url("postgresql://u:s3cret@h/db\0x"), "control character"),
+            (url("postgresql://u:s3cret@h/db\nx"), "control character"),
         ] {
             let err = bad.check().unwrap_err().to_string();
             assert!(err.contains(why) && !err.contains("s3cret"), "{bad:?}: {err}");
         }
-        assert!(url("postgresql://u@h/choir2").check().is_ok());
+        assert!(!url("postgresql://u@h/choir2").check().unwrap(), "no password");
+        assert!(url("postgresql://u:pw@h/choir2").check().unwrap(), "a password");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.json");
         let original = serde_json::json!({"agents": {"demo": {"image": "x"}}, "database_url": "postgresql://old/db"});
@@ -656,17 +666,19 @@ mod tests {
         let read = || serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let mode = || std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
         write();
-        RestoreInto::AsBackedUp.apply(&file).unwrap();
+        RestoreInto::AsBackedUp.apply(&file, false).unwrap();
         assert_eq!(read(), original);
-        RestoreInto::Managed.apply(&file).unwrap();
+        RestoreInto::Managed.apply(&file, false).unwrap();
         assert_eq!(read(), serde_json::json!({"agents": {"demo": {"image": "x"}}}));
         assert_eq!(mode(), 0o644);
         write();
-        url("postgresql://u@new/db").apply(&file).unwrap();
+        let plain = url("postgresql://u@new/db");
+        plain.apply(&file, plain.check().unwrap()).unwrap();
         assert_eq!(read()["database_url"], "postgresql://u@new/db");
         assert_eq!(read()["agents"], original["agents"]);
         assert_eq!(mode(), 0o644, "no password in it");
-        url("postgresql://u:pw@new/db").apply(&file).unwrap();
+        let secret = url("postgresql://u:pw@new/db");
+        secret.apply(&file, secret.check().unwrap()).unwrap();
         assert_eq!(mode(), 0o600, "it holds a password now");
     }
 

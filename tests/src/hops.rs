@@ -99,8 +99,8 @@ pub fn breakdown(hops: &[&str], windows: &[(u128, u128)], marks: &[(u128, String
     crate::report!("  sum of the p50s: {total:.3} ms");
     // Where the slowest turns lose their time: the p99 of a direction is
     // made of these turns, not of each hop's own p99.
-    let at = |hop: &str| names.iter().position(|n| *n == hop);
-    if let (Some(upstream), Some(answered)) = (at("relay.upstream"), at("relay.answered")) {
+    let index_of = |hop: &str| names.iter().position(|n| *n == hop);
+    if let (Some(upstream), Some(answered)) = (index_of("relay.upstream"), index_of("relay.answered")) {
         slowest(&turns, &names, "in", 0..upstream);
         slowest(&turns, &names, "out", answered..names.len() - 1);
     }

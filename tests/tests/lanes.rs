@@ -146,10 +146,15 @@ fn regression_a_message_is_never_handed_to_the_replication_heartbeat() {
     }
 }
 
-/// Regression: an agent whose choird died for good never left, even on
-/// SIGTERM, because it kept trying to ship its last answer and events.
 /// A process agent killed when the test ends, whatever happened before.
 struct Reap(i32);
+
+impl Reap {
+    /// Whether the process has exited (gone, or a zombie).
+    fn gone(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.0)).map_or(true, |s| s.contains(") Z "))
+    }
+}
 
 impl Drop for Reap {
     fn drop(&mut self) {
@@ -159,6 +164,8 @@ impl Drop for Reap {
     }
 }
 
+/// Regression: an agent whose choird died for good never left, even on
+/// SIGTERM, because it kept trying to ship its last answer and events.
 #[test]
 fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log() {
     let Some(pg) = TestPg::start() else { return };
@@ -172,7 +179,7 @@ fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log(
     let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
     let pid = s["pid"].as_u64().unwrap() as i32;
     // Whatever happens below, the agent does not outlive the test.
-    let _reap = Reap(pid);
+    let reap = Reap(pid);
     let workspace = choird.workspace("demo");
     let home = choird.home.path().to_owned();
     let chat = std::thread::spawn(move || {
@@ -183,8 +190,7 @@ fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log(
     let _ = chat.join();
     rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::TERM).unwrap();
     let started = Instant::now();
-    let gone = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
-    while !gone() {
+    while !reap.gone() {
         assert!(started.elapsed() < Duration::from_secs(60), "the agent is still there after SIGTERM");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -216,11 +222,11 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
         json!({"api_base": tg.base_url(), "bots": {"b": {"token_secret": "tg", "users": {"20000": {"agent": "b"}}}}});
     config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": 8}});
     let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg": TOKEN}));
-    let mut pids = Vec::new();
+    let mut agents = Vec::new();
     for agent in ["a", "b"] {
         choird.ctl_ok(&["agent", "start", agent]);
         let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", agent])).unwrap();
-        pids.push(Reap(s["pid"].as_u64().unwrap() as i32));
+        agents.push(Reap(s["pid"].as_u64().unwrap() as i32));
     }
     assert_eq!(choird.ctl_ok(&["chat", "a", "hi"]), "stored\n");
     tg.user_says(TOKEN, 20000, "hi");
@@ -239,8 +245,7 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     let took = started.elapsed();
     eprintln!("choird left {took:?} after SIGTERM ({status})");
     assert!(took < Duration::from_secs(10), "choird took {took:?} to leave:\n{}", choird.stderr());
-    let gone = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
-    assert!(pids.iter().all(|p| gone(p.0)), "the agents were stopped with choird");
+    assert!(agents.iter().all(Reap::gone), "the agents were stopped with choird");
     // The chat ended with choird, whatever it was told.
     let _ = chat.join();
 }

@@ -60,9 +60,13 @@ fn secrets_are_set_from_stdin_listed_without_values_used_at_once_and_kept_while_
     let before = std::fs::read(&file).unwrap();
     let err = choird.ctl_err(&["secrets", "set", "llm_key", "on-the-command-line"]);
     assert!(err.contains("never from the command line"), "{err}");
-    for (name, input, want) in
-        [("a b", "v", "must be 1–64 letters"), ("llm_key", "", "the value is empty"), ("llm_key", "a\u{0}b", "NUL")]
-    {
+    let oversized = "x".repeat(64 * 1024 + 1);
+    for (name, input, want) in [
+        ("a b", "v", "must be 1–64 letters"),
+        ("llm_key", "", "the value is empty"),
+        ("llm_key", "a\u{0}b", "NUL"),
+        ("llm_key", oversized.as_str(), "longer than 65536 bytes"),
+    ] {
         let out = choird.ctl_with_input(&["secrets", "set", name], input);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);

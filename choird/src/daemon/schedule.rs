@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use choir_common::ids::AgentId;
-use choir_common::rpc::{CoreBudget, OutboundReply};
+use choir_common::rpc::OutboundReply;
 use choir_common::rpc::{FiringOffer, FiringReport};
 use choir_common::schedule::{JobDetail, JobList, JobRow, JobSpec, Missed, Precondition};
 use jiff::Timestamp;
@@ -416,11 +416,7 @@ impl Daemon {
                     skill: spec.skill,
                     input: spec.input,
                     allowed_tools: spec.allowed_tools,
-                    budget: CoreBudget {
-                        steps: spec.budget.steps.unwrap_or(core.steps),
-                        tokens: spec.budget.tokens.unwrap_or(core.tokens),
-                        wall_s: spec.budget.wall_s.unwrap_or(core.wall_s),
-                    },
+                    budget: crate::schedule::spec::firing_budget(&spec.budget, &core),
                 })
             })
             .collect())

@@ -242,7 +242,7 @@ impl Daemon {
                     Ok(f) => f,
                     Err(e) => {
                         // The messages still go out; the scheduler's sweep
-                        // wakes the agent for its firings again within 30 s
+                        // wakes the agent for its firings again within 5 s
                         // (not at once: a failing offer would spin the poll).
                         log::warn!("agent {}: offering scheduled firings failed: {e}", who.agent);
                         Vec::new()

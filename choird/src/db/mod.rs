@@ -272,7 +272,7 @@ pub fn agent_schema(agent: &choir_common::ids::AgentId) -> String {
 /// How a connection string is named in messages: its hosts, port, user and
 /// database as parsed — never its password, wherever the string put it (in
 /// the URL's user info, a `?password=` parameter, or a quoted key=value).
-pub fn describe(config: &postgres::Config) -> String {
+fn describe(config: &postgres::Config) -> String {
     let hosts: Vec<String> = config
         .get_hosts()
         .iter()

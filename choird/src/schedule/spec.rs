@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use choir_common::schedule::{JobSpec, Precondition};
+use choir_common::rpc::CoreBudget;
+use choir_common::schedule::{JobBudget, JobSpec, Precondition};
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use jiff::tz::TimeZone;
@@ -189,6 +190,20 @@ pub fn check(spec: &JobSpec) -> Result<When, String> {
     Ok(when)
 }
 
+/// The budget a stored job's firing runs with: each of its own limits when
+/// it is within what [`check`] allows, the agent's core budget otherwise.
+/// A spec edited in the database past the bounds gets the core budget —
+/// the same rule the scheduler's overrun sweep applies to `wall_s`
+/// (`store::schedule`), so the agent and choird agree on the wall time.
+pub fn firing_budget(b: &JobBudget, core: &CoreBudget) -> CoreBudget {
+    let within = |v: Option<u64>, max: u64| v.filter(|v| (1..=max).contains(v));
+    CoreBudget {
+        steps: within(b.steps, MAX_STEPS).unwrap_or(core.steps),
+        tokens: within(b.tokens, MAX_TOKENS).unwrap_or(core.tokens),
+        wall_s: within(b.wall_s, MAX_WALL_S).unwrap_or(core.wall_s),
+    }
+}
+
 impl When {
     /// When a stored (already checked) spec fires: parsed only, so the
     /// scheduler's claim does not repeat the checks of [`check`].
@@ -279,6 +294,20 @@ impl When {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_stored_budget_past_the_bounds_runs_on_the_core_budget() {
+        let core = CoreBudget { steps: 50, tokens: 100_000, wall_s: 600 };
+        let own = JobBudget { steps: Some(10), tokens: Some(2_000), wall_s: Some(60) };
+        let b = firing_budget(&own, &core);
+        assert_eq!((b.steps, b.tokens, b.wall_s), (10, 2_000, 60));
+        // Edited in the database: zero, or past what `check` allows.
+        let edited = JobBudget { steps: Some(0), tokens: Some(u64::MAX), wall_s: Some(2_000_000_000) };
+        let b = firing_budget(&edited, &core);
+        assert_eq!((b.steps, b.tokens, b.wall_s), (50, 100_000, 600));
+        let b = firing_budget(&JobBudget::default(), &core);
+        assert_eq!((b.steps, b.tokens, b.wall_s), (50, 100_000, 600));
+    }
 
     fn spec(v: serde_json::Value) -> Result<JobSpec, serde_json::Error> {
         serde_json::from_value(v)

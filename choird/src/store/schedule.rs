@@ -22,12 +22,14 @@ use super::Store;
 use crate::db::DbError;
 
 /// A firing's job's own wall time (seconds) from its spec (`j`), when it is
-/// a number in range: a spec edited into anything else reads as none
-/// instead of failing the statement — and with it every poll of the agent.
-/// Nested `CASE`s: PostgreSQL does not promise to test an `AND`'s sides in
-/// order, so the cast is reached only through the type test.
+/// a number within what a spec may say (1 to `spec::MAX_WALL_S`, as
+/// `spec::firing_budget` reads it for the agent): a spec edited into
+/// anything else reads as none instead of failing the statement — and with
+/// it every poll of the agent. Nested `CASE`s: PostgreSQL does not promise
+/// to test an `AND`'s sides in order, so the cast is reached only through
+/// the type test.
 const JOB_WALL_S: &str = "CASE WHEN jsonb_typeof(j.spec->'budget'->'wall_s') = 'number' THEN
-       CASE WHEN (j.spec->'budget'->>'wall_s')::numeric BETWEEN 0 AND 1e9
+       CASE WHEN (j.spec->'budget'->>'wall_s')::numeric BETWEEN 1 AND 86400
             THEN (j.spec->'budget'->>'wall_s')::float8 END END";
 
 /// Seconds an offered firing waits for the agent's start before it is
@@ -627,4 +629,13 @@ fn settle(
         )?;
     }
     Ok(Ended { id, job_id, agent, name, spec, state: state.to_owned(), detail: detail.to_owned(), tripped, failures })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_sweeps_wall_time_bound_is_the_specs() {
+        let bound = format!("BETWEEN 1 AND {}", crate::schedule::spec::MAX_WALL_S);
+        assert!(super::JOB_WALL_S.contains(&bound), "{}", super::JOB_WALL_S);
+    }
 }
