@@ -338,6 +338,8 @@ fn serve(
         }
     }
 
+    // Start-up is done: the code only it ran need not stay resident.
+    choir_common::code_pages::give_back_logged();
     let scheduler = {
         let d = daemon.clone();
         std::thread::Builder::new().name("scheduler".into()).spawn(move || d.run_scheduler())?
@@ -395,6 +397,7 @@ fn signal_loop(
                         Ok(g) => *gateway = g,
                         Err(e) => log::error!("telegram gateway not restarted: {e}"),
                     }
+                    choir_common::code_pages::give_back_logged();
                 }
                 SIGTERM | SIGINT => return Ok(()),
                 other => bail!("unexpected signal {other}"),

@@ -4,10 +4,11 @@
 //! Besides, the few helpers the binaries need in the same form (`proc_tree`:
 //! process trees from `/proc`; `text`: hostile text made safe to show;
 //! `unix_http`: HTTP over a Unix socket; `nice`: background threads below
-//! the edge).
+//! the edge; `code_pages`: start-up code's pages given back).
 
 pub mod admin;
 pub mod arg_policy;
+pub mod code_pages;
 pub mod commit;
 pub mod compaction;
 pub mod hop;
