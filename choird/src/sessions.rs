@@ -203,6 +203,11 @@ struct AgentSlot {
     replicated_seq: u64,
     /// Chat requests waiting for the answer to a message id.
     waiters: HashMap<u64, Sender<ChatUpdate>>,
+    /// Bumped before each HEARTBEAT carrying replies stores them (before its
+    /// commit): a chat that reads the same count before its message is
+    /// stored and when its waiter is registered knows no answer to it can
+    /// have been stored unseen (`Sessions::wait_for_answer`).
+    replies_begun: u64,
     /// Bumped whenever a long-poll of this agent should look again.
     wake: u64,
     /// Decisions on its proposals wait to be handed over.
@@ -816,13 +821,40 @@ impl Sessions {
 
     // ----- chats ------------------------------------------------------------
 
-    /// Registers a chat waiting for the answer to `message` and wakes the agent.
-    pub fn wait_for_answer(&self, id: &AgentId, message: u64, tx: Sender<ChatUpdate>) {
-        if let Some(slot) = self.table.lock().get_mut(id) {
-            slot.waiters.insert(message, tx);
-            slot.wake += 1;
-        }
+    /// Registers a chat waiting for the answer to `message` and wakes the
+    /// agent. `seen` is [`Sessions::replies_begun`] read before the message
+    /// was stored. Returns whether the answer may already be stored, unseen
+    /// by [`Sessions::replicated`] (the caller then reads it from the store):
+    /// true when a HEARTBEAT with replies began storing since `seen`, or the
+    /// agent has no slot. When false, no answer to `message` had begun
+    /// storing (it cannot begin before the message is stored), so the one
+    /// that will be stored passes through `replicated`, which finds this
+    /// waiter — the chat needs no query of its own.
+    pub fn wait_for_answer(&self, id: &AgentId, message: u64, tx: Sender<ChatUpdate>, seen: Option<u64>) -> bool {
+        let missed = match self.table.lock().get_mut(id) {
+            Some(slot) => {
+                slot.waiters.insert(message, tx);
+                slot.wake += 1;
+                seen != Some(slot.replies_begun)
+            }
+            None => true,
+        };
         self.notify();
+        missed
+    }
+
+    /// Counts a HEARTBEAT about to store replies; call it before their
+    /// transaction begins (see [`Sessions::wait_for_answer`]).
+    pub fn storing_replies(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.replies_begun += 1;
+        }
+    }
+
+    /// How many HEARTBEATs with replies began storing them (`None`: no slot);
+    /// read before a chat's message is stored.
+    pub fn replies_begun(&self, id: &AgentId) -> Option<u64> {
+        self.table.lock().get(id).map(|slot| slot.replies_begun)
     }
 
     /// Forgets a chat's waiter (answered already, or given up).
@@ -874,5 +906,34 @@ fn summary(id: &AgentId, slot: &AgentSlot, runtime: &str) -> AgentSummary {
         lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
         last_exit: slot.last_exit.clone(),
         config_version: s.and(slot.config_version),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_reads_its_answer_from_the_store_only_if_replies_began_storing_since_its_message() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        // Nothing stored since the message: the answer will pass through
+        // `replicated`, which finds the waiter.
+        let seen = sessions.replies_begun(&a);
+        assert!(!sessions.wait_for_answer(&a, 1, tx.clone(), seen));
+        sessions.replicated(&a, None, &[(1, "one".to_owned())], &[]);
+        assert_eq!(rx.try_recv().unwrap(), ChatUpdate::Done(Ok("one".to_owned())));
+        // A HEARTBEAT with replies began storing between the message and the
+        // waiter: its answer may be in the store already.
+        let seen = sessions.replies_begun(&a);
+        sessions.storing_replies(&a);
+        assert!(sessions.wait_for_answer(&a, 2, tx.clone(), seen));
+        // An agent without a slot, or a count read before its slot existed:
+        // always read.
+        let b = AgentId::parse("beta").unwrap();
+        assert!(sessions.wait_for_answer(&b, 3, tx.clone(), sessions.replies_begun(&b)));
+        sessions.ensure([&b]);
+        assert!(sessions.wait_for_answer(&b, 4, tx, None));
     }
 }

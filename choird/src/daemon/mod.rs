@@ -450,16 +450,19 @@ impl Daemon {
             )));
         }
         choir_common::hop::mark("message.in");
+        let replies_begun = self.sessions.replies_begun(&id);
         let message_id = self.store.insert_message(&id, conversation, sender, text)?;
         choir_common::hop::mark("message.stored");
         // Unbounded: a handful of throttled partials, then one answer (the
         // agent's partials are coalesced to a few a second).
         let (tx, rx) = unbounded();
-        self.sessions.wait_for_answer(&id, message_id, tx.clone());
-        // The answer may have been recorded before the waiter was registered.
-        if let Some(reply) = self.store.reply_of(&id, message_id)? {
-            self.sessions.forget_waiter(&id, message_id);
-            let _ = tx.send(ChatUpdate::Done(Ok(reply)));
+        // The answer may have been recorded before the waiter was
+        // registered: only possible if replies began storing meanwhile.
+        if self.sessions.wait_for_answer(&id, message_id, tx.clone(), replies_begun) {
+            if let Some(reply) = self.store.reply_of(&id, message_id)? {
+                self.sessions.forget_waiter(&id, message_id);
+                let _ = tx.send(ChatUpdate::Done(Ok(reply)));
+            }
         }
         Ok((message_id, rx))
     }

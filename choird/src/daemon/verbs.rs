@@ -191,8 +191,19 @@ impl Daemon {
     fn exchange(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         if !req.replies.is_empty() {
             choir_common::hop::mark("reply.in");
+            // Before the transaction: a chat registering its waiter meanwhile
+            // reads its answer from the store (Sessions::wait_for_answer).
+            self.sessions.storing_replies(&who.agent);
         }
         let (acked, recorded) = self.store_turn(who, req)?;
+        if !req.replies.is_empty() {
+            choir_common::hop::mark("reply.stored");
+        }
+        // At once after the commit: a failure below must not keep the
+        // waiting chats from their answers (a retried HEARTBEAT finds its
+        // replies recorded already and would not pass them on again).
+        let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
+        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
         for conversation in &recorded.refused {
@@ -208,11 +219,6 @@ impl Daemon {
         for conversation in recorded.delivered {
             self.events.send(Event::Answered { agent: who.agent.clone(), conversation });
         }
-        let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
-        if !req.replies.is_empty() {
-            choir_common::hop::mark("reply.stored");
-        }
-        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         loop {
