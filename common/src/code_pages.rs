@@ -10,14 +10,20 @@
 //! start-up is done; what runs after faults its pages in again from the page
 //! cache (minor faults, no disk read while the file's pages stay cached).
 //!
-//! Invariant: only mappings of this process's own executable (the file
-//! holding this function's code, by device and inode) that are private,
-//! not writable, and hold no private (copied-on-write) page are given back.
-//! For such a mapping every page equals the file's, so dropping it loses
+//! Invariant: only the mappings the loader made of this process's own
+//! executable for its *read-only* loadable segments (`PT_LOAD` without
+//! `PF_W`, read from the executable's program headers: at the address the
+//! segment's virtual address and the load bias give, within the segment's
+//! pages of the file) are given back, and of those only the ones smaps shows
+//! private, not writable, with no copied-on-write page resident or swapped
+//! out. Every page of such a mapping equals the file's, so dropping it loses
 //! nothing: `MADV_DONTNEED` on a private file mapping brings back the file's
-//! contents on the next touch. A writable mapping (`.data`, `.bss`) or one
-//! written once (the RELRO segment, relocated before it was made read-only)
-//! holds anonymous pages and is never touched.
+//! contents on the next touch. The RELRO area (relocated, then made
+//! read-only) lies in the writable segment and is never chosen, whatever
+//! smaps says of it (its relocated pages may be swapped out, leaving
+//! `Anonymous: 0 kB`); so is any other mapping of the same file (std's
+//! backtrace symbolizer maps the executable whole, elsewhere, and may unmap
+//! it at any time).
 
 use std::ops::Range;
 
@@ -37,20 +43,20 @@ pub struct GivenBack {
     pub mappings: usize,
     /// Their resident bytes before.
     pub resident_before: u64,
+    /// Mappings the kernel refused the advice for (locked ones, say): they
+    /// stay resident.
+    pub refused: usize,
 }
 
 /// Why nothing was given back.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `/proc/self/smaps` could not be read.
-    #[error("cannot read /proc/self/smaps: {0}")]
+    /// `/proc/self/smaps` or the executable's head could not be read.
+    #[error("cannot read /proc/self: {0}")]
     Read(std::io::Error),
     /// No mapping holds this function's code (not Linux's smaps format).
     #[error("no mapping in /proc/self/smaps holds this binary's code")]
     NoOwnMapping,
-    /// The kernel refused the advice.
-    #[error("madvise: {0}")]
-    Advise(std::io::Error),
 }
 
 /// A mapping's header line and the fields read from its block.
@@ -58,9 +64,72 @@ pub enum Error {
 struct Mapping<'a> {
     range: Range<usize>,
     perms: &'a str,
+    offset: u64,
     file: (&'a str, u64),
     rss_kib: Option<u64>,
     anonymous_kib: Option<u64>,
+    swap_kib: Option<u64>,
+}
+
+/// A loadable segment (`PT_LOAD`) of the executable, from its program headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// `p_offset .. p_offset + p_filesz`: its bytes in the file.
+    pub file: Range<u64>,
+    /// `p_vaddr`: where it is loaded, before the load bias.
+    pub vaddr: u64,
+    /// `PF_W`: the loader maps it writable (RELRO is inside such a segment).
+    pub writable: bool,
+}
+
+/// The page size the loader aligns segments to (x86-64, aarch64 with 4 KiB pages).
+const PAGE: u64 = 4096;
+
+/// The loadable segments of an ELF executable whose first bytes are `head`
+/// (the program headers must lie within it). `None` if it is not ELF, or
+/// they do not.
+pub fn segments(head: &[u8]) -> Option<Vec<Segment>> {
+    use object::elf::{FileHeader64, PF_W, PT_LOAD};
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::Endianness;
+    let header = FileHeader64::<Endianness>::parse(head).ok()?;
+    let endian = header.endian().ok()?;
+    let phdrs = header.program_headers(endian, head).ok()?;
+    Some(
+        phdrs
+            .iter()
+            .filter(|p| p.p_type(endian) == PT_LOAD)
+            .map(|p| {
+                let offset = p.p_offset(endian);
+                Segment {
+                    file: offset..offset.saturating_add(p.p_filesz(endian)),
+                    vaddr: p.p_vaddr(endian),
+                    writable: p.p_flags(endian) & PF_W == PF_W,
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The segment the loader mapped `m` from: `m`'s pages of the file lie within
+/// the segment's, and `m` sits where the segment's address plus `bias` puts
+/// them. `None` for any other mapping of the file.
+fn loaded_from<'s>(m: &Mapping<'_>, bias: i128, segments: &'s [Segment]) -> Option<&'s Segment> {
+    segments.iter().find(|s| within(m, s) && address(s, m.offset) + bias == m.range.start as i128)
+}
+
+/// Whether `m`'s pages of the file lie within `s`'s (segments may share a
+/// page of the file at their edges).
+fn within(m: &Mapping<'_>, s: &Segment) -> bool {
+    let len = (m.range.end - m.range.start) as u64;
+    let first_page = s.file.start / PAGE * PAGE;
+    let end_page = s.file.end.div_ceil(PAGE) * PAGE;
+    first_page <= m.offset && m.offset.saturating_add(len) <= end_page
+}
+
+/// Where `s` puts the byte at file `offset`, before the load bias.
+fn address(s: &Segment, offset: u64) -> i128 {
+    i128::from(s.vaddr) - i128::from(s.file.start) + i128::from(offset)
 }
 
 /// Parses a header line: `start-end perms offset dev inode [path]`. `None`
@@ -70,13 +139,13 @@ fn header(line: &str) -> Option<Mapping<'_>> {
     let (start, end) = parts.next()?.split_once('-')?;
     let range = usize::from_str_radix(start, 16).ok()?..usize::from_str_radix(end, 16).ok()?;
     let perms = parts.next()?;
-    let _offset = parts.next()?;
+    let offset = u64::from_str_radix(parts.next()?, 16).ok()?;
     let dev = parts.next()?;
     let inode = parts.next()?.parse().ok()?;
     if perms.len() != 4 || range.start >= range.end {
         return None;
     }
-    Some(Mapping { range, perms, file: (dev, inode), rss_kib: None, anonymous_kib: None })
+    Some(Mapping { range, perms, offset, file: (dev, inode), rss_kib: None, anonymous_kib: None, swap_kib: None })
 }
 
 /// The value in KiB of a field line such as `Rss:   1234 kB`.
@@ -86,29 +155,51 @@ fn kib(line: &str, field: &str) -> Option<u64> {
 }
 
 /// The mappings of `smaps` (the text of `/proc/self/smaps`) that may be
-/// given back: those of the file that holds address `own` (inode ≠ 0),
-/// private, not writable, whose block says `Anonymous: 0 kB` and some pages
-/// resident. A block without its `Anonymous:` or `Rss:` line is never
-/// chosen. `None` when no file mapping holds `own`.
-pub fn droppable(smaps: &str, own: usize) -> Option<Vec<Droppable>> {
+/// given back, `segments` being the loadable segments of the executable
+/// that holds address `own` (its code): the mappings of that file (device
+/// and inode; inode ≠ 0) the loader made of its read-only segments, private,
+/// not writable, whose block says `Anonymous: 0 kB` and `Swap: 0 kB` and
+/// that have some pages resident. A block without those lines, or after a
+/// line that is neither a field nor a header, is never chosen. `None` when
+/// no mapping of `segments` holds `own`.
+pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Droppable>> {
     let mut maps: Vec<Mapping<'_>> = Vec::new();
+    let mut current = false;
     for line in smaps.lines() {
         if let Some(m) = header(line) {
             maps.push(m);
-        } else if let Some(m) = maps.last_mut() {
+            current = true;
+        } else if let (true, Some(m)) = (current, maps.last_mut()) {
             if let Some(v) = kib(line, "Rss") {
                 m.rss_kib = Some(v);
             } else if let Some(v) = kib(line, "Anonymous") {
                 m.anonymous_kib = Some(v);
+            } else if let Some(v) = kib(line, "Swap") {
+                m.swap_kib = Some(v);
+            } else if !line.split_once(':').is_some_and(|(k, _)| !k.is_empty() && !k.contains(char::is_whitespace)) {
+                // Neither a field nor a header: what follows is not this
+                // mapping's; it is not chosen.
+                m.anonymous_kib = None;
+                current = false;
             }
         }
     }
-    let exe = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)?.file;
+    let own_map = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)?;
+    let exe = own_map.file;
+    // The load bias, from the one segment whose pages hold the mapping of
+    // this function's code (none, or more than one: nothing is chosen).
+    let mut holding = segments.iter().filter(|s| within(own_map, s));
+    let own_segment = holding.next()?;
+    if holding.next().is_some() {
+        return None;
+    }
+    let bias = own_map.range.start as i128 - address(own_segment, own_map.offset);
     Some(
         maps.iter()
             .filter(|m| m.file == exe)
+            .filter(|m| loaded_from(m, bias, segments).is_some_and(|s| !s.writable))
             .filter(|m| m.perms.as_bytes()[1] != b'w' && m.perms.as_bytes()[3] == b'p')
-            .filter(|m| m.anonymous_kib == Some(0))
+            .filter(|m| m.anonymous_kib == Some(0) && m.swap_kib == Some(0))
             .filter_map(|m| match m.rss_kib {
                 Some(rss) if rss > 0 => Some(Droppable { range: m.range.clone(), resident: rss * 1024 }),
                 _ => None,
@@ -117,33 +208,54 @@ pub fn droppable(smaps: &str, own: usize) -> Option<Vec<Droppable>> {
     )
 }
 
+/// How much of the executable is read for its program headers.
+const HEAD: u64 = 64 * 1024;
+
+/// The loadable segments of this process's executable (`/proc/self/exe`,
+/// the file the process was started from even if renamed or deleted since).
+#[cfg(target_os = "linux")]
+fn own_segments() -> Result<Vec<Segment>, Error> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    std::fs::File::open("/proc/self/exe").and_then(|f| f.take(HEAD).read_to_end(&mut head)).map_err(Error::Read)?;
+    segments(&head).ok_or(Error::NoOwnMapping)
+}
+
 /// Drops this process's resident pages of its own binary that equal the
 /// file's (see the module's invariant). Call it once start-up is done, and
 /// again after a reload; what runs afterwards comes back on its own.
 #[cfg(target_os = "linux")]
 pub fn give_back() -> Result<GivenBack, Error> {
+    let segments = own_segments()?;
     let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(Error::Read)?;
     let own = give_back as fn() -> Result<GivenBack, Error> as usize;
-    let chosen = droppable(&smaps, own).ok_or(Error::NoOwnMapping)?;
+    let chosen = droppable(&smaps, own, &segments).ok_or(Error::NoOwnMapping)?;
     let mut done = GivenBack::default();
     for m in chosen {
-        // SAFETY: the range is a whole mapping of this process's executable,
-        // private, not writable, holding no copied-on-write page (checked
-        // above from smaps; nothing in Choir makes such a mapping writable),
-        // so each of its pages equals the file's: MADV_DONTNEED only drops
-        // them from the page tables, and the next touch maps the file's
-        // page again. No Rust reference points into it as mutable data.
+        // SAFETY: the range is a whole mapping the loader made of a
+        // read-only segment of this process's executable (not the RELRO
+        // area, which lies in the writable segment; not a mapping anything
+        // else made, which could be unmapped and its range reused), private,
+        // not writable, with no copied-on-write page resident or swapped
+        // (checked above; nothing in Choir makes such a mapping writable or
+        // unmaps it), so each of its pages equals the file's: MADV_DONTNEED
+        // only drops them from the page tables, and the next touch maps the
+        // file's page again. No Rust reference points into it as mutable
+        // data.
         #[allow(unsafe_code)]
-        unsafe {
+        match unsafe {
             rustix::mm::madvise(
                 m.range.start as *mut std::ffi::c_void,
                 m.range.end - m.range.start,
                 rustix::mm::Advice::LinuxDontNeed,
             )
+        } {
+            Ok(()) => {
+                done.mappings += 1;
+                done.resident_before += m.resident;
+            }
+            Err(_) => done.refused += 1,
         }
-        .map_err(|e| Error::Advise(e.into()))?;
-        done.mappings += 1;
-        done.resident_before += m.resident;
     }
     Ok(done)
 }
@@ -152,11 +264,16 @@ pub fn give_back() -> Result<GivenBack, Error> {
 /// only stay resident).
 pub fn give_back_logged() {
     match give_back() {
-        Ok(g) => log::info!(
-            "gave back {} KiB of code pages start-up ran through ({} mappings); what runs again comes back",
-            g.resident_before / 1024,
-            g.mappings
-        ),
+        Ok(g) => {
+            log::info!(
+                "gave back {} KiB of code pages start-up ran through ({} mappings); what runs again comes back",
+                g.resident_before / 1024,
+                g.mappings
+            );
+            if g.refused > 0 {
+                log::warn!("{} mappings of the binary's code refused MADV_DONTNEED; they stay resident", g.refused);
+            }
+        }
         Err(e) => log::warn!("start-up's code pages not given back: {e}"),
     }
 }
@@ -171,40 +288,67 @@ pub fn give_back() -> Result<GivenBack, Error> {
 mod tests {
     use super::*;
 
-    /// An excerpt of a PIE binary's smaps: its four segments (headers and
-    /// rodata, text, RELRO, data), its bss, the heap and libc's text.
+    /// An excerpt of a PIE binary's smaps: its four segments' mappings
+    /// (headers and rodata, text, the RELRO part of the writable segment,
+    /// data), its bss, the heap, libc's text, and the whole binary mapped
+    /// once more elsewhere (as std's backtrace symbolizer does).
     const SMAPS: &str = "\
 55d0c3000000-55d0c3200000 r--p 00000000 fd:01 4242 /usr/bin/choird
 Size:               2048 kB
 Rss:                 900 kB
 Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd mr mw me sd
 55d0c3200000-55d0c4000000 r-xp 00200000 fd:01 4242 /usr/bin/choird
 Size:              14336 kB
 Rss:               10000 kB
 Anonymous:             0 kB
+AnonHugePages:         0 kB
+Swap:                  0 kB
+THPeligible:    0
 55d0c4000000-55d0c4100000 r--p 01000000 fd:01 4242 /usr/bin/choird
 Size:               1024 kB
 Rss:                 600 kB
 Anonymous:           600 kB
+Swap:                  0 kB
 55d0c4100000-55d0c4110000 rw-p 01100000 fd:01 4242 /usr/bin/choird
 Size:                 64 kB
 Rss:                  64 kB
 Anonymous:            16 kB
+Swap:                  0 kB
 55d0c4110000-55d0c4120000 rw-p 00000000 00:00 0
 Size:                 64 kB
 Rss:                   8 kB
 Anonymous:             8 kB
+Swap:                  0 kB
 55d0c5000000-55d0c5400000 rw-p 00000000 00:00 0 [heap]
 Rss:                2400 kB
 Anonymous:          2400 kB
+Swap:                  0 kB
 7f0000000000-7f0000100000 r-xp 00028000 fd:01 777 /usr/lib/x86_64-linux-gnu/libc.so.6
 Rss:                1000 kB
 Anonymous:             0 kB
+Swap:                  0 kB
+7f1000000000-7f1001200000 r--p 00000000 fd:01 4242 /usr/bin/choird (deleted)
+Rss:                 300 kB
+Anonymous:             0 kB
+Swap:                  0 kB
 ";
 
+    /// The binary's program headers as the fixture's mappings imply them.
+    fn fixture_segments() -> Vec<Segment> {
+        vec![
+            Segment { file: 0..0x1f_f800, vaddr: 0, writable: false },
+            Segment { file: 0x20_0000..0xff_f400, vaddr: 0x20_0000, writable: false },
+            Segment { file: 0x100_0000..0x110_8000, vaddr: 0x100_0000, writable: true },
+        ]
+    }
+
+    const IN_TEXT: usize = 0x55d0_c350_0000;
+
     #[test]
-    fn only_the_binarys_read_only_pages_that_equal_the_file_are_chosen() {
-        let got = droppable(SMAPS, 0x55d0_c350_0000).unwrap();
+    fn only_the_loaders_mappings_of_the_binarys_read_only_segments_are_chosen() {
+        let got = droppable(SMAPS, IN_TEXT, &fixture_segments()).unwrap();
         assert_eq!(
             got,
             vec![
@@ -215,28 +359,106 @@ Anonymous:             0 kB
     }
 
     #[test]
-    fn the_relro_segment_data_and_other_files_are_never_chosen() {
-        // Asked from libc's text, only libc's text (the same rules) is chosen.
-        let got = droppable(SMAPS, 0x7f00_0000_0100).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].range.start, 0x7f00_0000_0000);
+    fn a_relro_segment_whose_relocated_pages_were_swapped_out_is_never_chosen() {
+        // Its written pages swapped out: smaps shows no anonymous page there.
+        let swapped = SMAPS.replacen(
+            "Anonymous:           600 kB\nSwap:                  0 kB",
+            "Anonymous:             0 kB\nSwap:                600 kB",
+            1,
+        );
+        let got = droppable(&swapped, IN_TEXT, &fixture_segments()).unwrap();
+        assert!(got.iter().all(|d| d.range.start != 0x55d0_c400_0000), "{got:?}");
+        // Even if smaps said it held nothing of its own: it is part of the
+        // writable segment.
+        let clean = SMAPS.replacen("Anonymous:           600 kB", "Anonymous:             0 kB", 1);
+        let got = droppable(&clean, IN_TEXT, &fixture_segments()).unwrap();
+        assert!(got.iter().all(|d| d.range.start != 0x55d0_c400_0000), "{got:?}");
+        // A read-only segment's page that was swapped out (a breakpoint's
+        // copy, say) keeps its mapping.
+        let text_swapped = SMAPS.replacen(
+            "AnonHugePages:         0 kB\nSwap:                  0 kB",
+            "AnonHugePages:         0 kB\nSwap:                  4 kB",
+            1,
+        );
+        let got = droppable(&text_swapped, IN_TEXT, &fixture_segments()).unwrap();
+        assert!(got.iter().all(|d| d.range.start != 0x55d0_c320_0000), "{got:?}");
+    }
+
+    #[test]
+    fn data_other_files_and_other_mappings_of_the_binary_are_never_chosen() {
+        let segments = fixture_segments();
+        // The whole binary mapped again elsewhere is not the loader's.
+        assert!(droppable(SMAPS, IN_TEXT, &segments).unwrap().iter().all(|d| d.range.start != 0x7f10_0000_0000));
         // An address in anonymous memory names no file: nothing.
-        assert_eq!(droppable(SMAPS, 0x55d0_c500_0000), None);
+        assert_eq!(droppable(SMAPS, 0x55d0_c500_0000, &segments), None);
+        // Program headers that do not hold this code: nothing.
+        assert_eq!(droppable(SMAPS, IN_TEXT, &segments[2..]), None);
         // A shared mapping, or a block that does not say it holds no
         // anonymous page, is kept.
         let shared = SMAPS.replace("r-xp 00200000", "r-xs 00200000");
-        assert!(droppable(&shared, 0x55d0_c350_0000).unwrap().iter().all(|d| d.range.start != 0x55d0_c320_0000));
-        let unsaid = SMAPS.replacen("Anonymous:             0 kB\n55d0c3200000", "55d0c3200000", 1);
-        assert!(droppable(&unsaid, 0x55d0_c350_0000).unwrap().iter().all(|d| d.range.start != 0x55d0_c300_0000));
+        assert!(droppable(&shared, IN_TEXT, &segments).unwrap().iter().all(|d| d.range.start != 0x55d0_c320_0000));
+        let unsaid = SMAPS.replacen("Anonymous:             0 kB\nSwap:                  0 kB\nVmFlags", "VmFlags", 1);
+        assert!(droppable(&unsaid, IN_TEXT, &segments).unwrap().iter().all(|d| d.range.start != 0x55d0_c300_0000));
+        // Segments that say the text is writable: not chosen.
+        let mut rw = segments.clone();
+        rw[1].writable = true;
+        assert!(droppable(SMAPS, IN_TEXT, &rw).unwrap().iter().all(|d| d.range.start != 0x55d0_c320_0000));
+    }
+
+    #[test]
+    fn segments_sharing_a_page_of_the_file_give_the_right_load_bias() {
+        // As the linker lays out this workspace's test binaries: the text
+        // segment starts in the last page of the file the read-only one
+        // ends in, one page further on in memory.
+        let segments = vec![
+            Segment { file: 0..0x39_80d4, vaddr: 0, writable: false },
+            Segment { file: 0x39_80e0..0xc9_41a0, vaddr: 0x39_90e0, writable: false },
+            Segment { file: 0xc9_41a0..0xd2_97d0, vaddr: 0xc9_61a0, writable: true },
+        ];
+        let smaps = "\
+5600_0000_0000-5600_0039_9000 r--p 00000000 fd:01 9 /t
+Rss: 100 kB
+Anonymous: 0 kB
+Swap: 0 kB
+5600_0039_9000-5600_00c9_6000 r-xp 00398000 fd:01 9 /t
+Rss: 200 kB
+Anonymous: 0 kB
+Swap: 0 kB
+5600_00c9_6000-5600_00d2_c000 r--p 00c94000 fd:01 9 /t
+Rss: 300 kB
+Anonymous: 0 kB
+Swap: 300 kB
+"
+        .replace('_', "");
+        let got = droppable(&smaps, 0x5600_0040_0000, &segments).unwrap();
+        let starts: Vec<usize> = got.iter().map(|d| d.range.start).collect();
+        assert_eq!(starts, vec![0x5600_0000_0000, 0x5600_0039_9000]);
     }
 
     #[test]
     fn malformed_smaps_chooses_nothing_and_does_not_panic() {
+        let segments = fixture_segments();
         for text in ["", "garbage\n", "1-0 r-xp 0 fd:01 4242 x\nRss: 4 kB\nAnonymous: 0 kB\n", "zz-1 r-xp\n"] {
-            assert_eq!(droppable(text, 0), None, "{text:?}");
+            assert_eq!(droppable(text, 0, &segments), None, "{text:?}");
         }
         let truncated = "55d0c3200000-55d0c4000000 r-xp 00200000 fd:01 4242 /usr/bin/choird\nRss: 10 kB\nAnonym";
-        assert_eq!(droppable(truncated, 0x55d0_c350_0000), Some(vec![]));
+        assert_eq!(droppable(truncated, IN_TEXT, &segments), Some(vec![]));
+        // A line that is neither a header nor a field: the block it is in is
+        // not trusted, even if a good-looking Anonymous line follows.
+        let broken = SMAPS.replacen("AnonHugePages:         0 kB", "55d0c3200000 junk\nAnonymous: 0 kB", 1);
+        assert!(droppable(&broken, IN_TEXT, &segments).unwrap().iter().all(|d| d.range.start != 0x55d0_c320_0000));
+    }
+
+    #[test]
+    fn the_program_headers_of_this_binary_are_read_and_junk_is_refused() {
+        let mut head = Vec::new();
+        use std::io::Read;
+        std::fs::File::open("/proc/self/exe").unwrap().take(HEAD).read_to_end(&mut head).unwrap();
+        let got = segments(&head).unwrap();
+        assert!(got.iter().any(|s| !s.writable), "{got:?}");
+        assert!(got.iter().any(|s| s.writable), "{got:?}");
+        assert_eq!(segments(b"#!/bin/sh\necho not elf\n"), None);
+        assert_eq!(segments(&head[..40]), None, "headers cut short");
     }
 
     /// The resident bytes of this test binary's code mapping.
@@ -262,10 +484,10 @@ Anonymous:             0 kB
         let before = own_text_resident();
         let done = give_back().unwrap();
         let after = own_text_resident();
-        assert!(done.mappings >= 1, "{done:?}");
+        assert!(done.mappings >= 1 && done.refused == 0, "{done:?}");
         assert!(done.resident_before >= before / 2, "{done:?} vs {before}");
         assert!(after < before, "resident code {before} -> {after} bytes");
         // Code dropped is faulted in again: parsing (not run since) still works.
-        assert_eq!(droppable(SMAPS, 0x55d0_c350_0000).unwrap().len(), 2);
+        assert_eq!(droppable(SMAPS, IN_TEXT, &fixture_segments()).unwrap().len(), 2);
     }
 }
