@@ -843,6 +843,14 @@ impl Sessions {
         missed
     }
 
+    /// Which of `messages` chats of `id` still wait for.
+    pub fn waiting_among(&self, id: &AgentId, messages: &[u64]) -> Vec<u64> {
+        match self.table.lock().get(id) {
+            Some(slot) => messages.iter().copied().filter(|m| slot.waiters.contains_key(m)).collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// Counts a HEARTBEAT about to store replies; call it before their
     /// transaction begins (see [`Sessions::wait_for_answer`]).
     pub fn storing_replies(&self, id: &AgentId) {

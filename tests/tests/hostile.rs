@@ -480,6 +480,51 @@ fn t2_a_job_name_that_is_not_a_plain_name_never_reaches_the_ledger() {
     assert_eq!(seen, [plain("census"), None, None, None, None, None, plain("job_1.b-2")]);
 }
 
+/// Regression: a HEARTBEAT retried after its first try committed (the
+/// commit's acknowledgement lost on the way back) found its answer recorded
+/// already and passed nothing to the waiting chat, which waited out its
+/// timeout for an answer that was in the store.
+#[test]
+fn regression_a_retried_heartbeat_whose_answer_was_recorded_still_answers_the_waiting_chat() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let choird = Choird::start(&hostile_config(&llm, &pg, &["evil"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let ws = choird.workspace("evil");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let home = choird.home.path().to_owned();
+    std::thread::spawn(move || {
+        let out = std::process::Command::new(bin("choirctl"))
+            .arg("--home")
+            .arg(&home)
+            .args(["chat", "evil", "are you there"])
+            .output()
+            .unwrap();
+        let _ = tx.send(out);
+    });
+    wait_for("the message handed out", Duration::from_secs(20), || !messages_of(&ws).is_empty());
+    let m = messages_of(&ws)[0].clone();
+    let id = m["id"].as_i64().unwrap();
+    // The first try's commit: the answer is in the store, the chat was not told.
+    let stored = pg
+        .client()
+        .execute("UPDATE messages SET reply = 'here', replied_at = now() WHERE id = $1 AND agent_id = 'evil'", &[&id])
+        .unwrap();
+    assert_eq!(stored, 1);
+    // The retry carries the same answer; nothing new is recorded.
+    let retry = json!([{"in_reply_to": id, "conversation": m["conversation"], "text": "here"}]);
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], retry)).0, 200);
+    let out = rx.recv_timeout(Duration::from_secs(20)).expect("the chat is answered, not left to its timeout");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
+    // An answer to a message no chat waits for reads nothing and changes nothing.
+    let again = json!([{"in_reply_to": id, "conversation": m["conversation"], "text": "changed"}]);
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], again)).0, 200);
+    let reply: String = pg.client().query_one("SELECT reply FROM messages WHERE id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(reply, "here");
+}
+
 #[test]
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };

@@ -204,6 +204,7 @@ impl Daemon {
         // replies recorded already and would not pass them on again).
         let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
         let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
+        self.answer_retried(who, req, &recorded.new);
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
         for conversation in &recorded.refused {
@@ -277,6 +278,34 @@ impl Daemon {
                 return Ok(reply);
             }
             self.sessions.wait_wake(&who.agent, poll.wake, deadline);
+        }
+    }
+
+    /// A retried HEARTBEAT (its first try committed, but the commit's
+    /// acknowledgement was lost on the way back) finds its answers recorded
+    /// already, so `replicated` never saw them: chats still waiting for
+    /// them read them from the store. Only messages a chat waits for are
+    /// read, at most one query each; a failure is logged (the HEARTBEAT's
+    /// own commit stands).
+    fn answer_retried(&self, who: &Authed, req: &HeartbeatRequest, new: &[(u64, String)]) {
+        let answered: Vec<u64> = req
+            .replies
+            .iter()
+            .filter(|r| r.in_reply_to != 0)
+            .flat_map(|r| if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() })
+            .filter(|id| !new.iter().any(|(n, _)| n == id))
+            .collect();
+        if answered.is_empty() {
+            return;
+        }
+        for id in self.sessions.waiting_among(&who.agent, &answered) {
+            match self.store.reply_of(&who.agent, id) {
+                Ok(Some(text)) => {
+                    self.sessions.replicated(&who.agent, None, &[(id, text)], &[]);
+                }
+                Ok(None) => {}
+                Err(e) => log::warn!("agent {}: reading the recorded answer to message {id}: {e}", who.agent),
+            }
         }
     }
 
