@@ -57,6 +57,9 @@ pub enum Error {
     /// No mapping holds this function's code (not Linux's smaps format).
     #[error("no mapping in /proc/self/smaps holds this binary's code")]
     NoOwnMapping,
+    /// The executable's program headers could not be read from its head.
+    #[error("the executable is not ELF, or its program headers are not in its first {} bytes", HEAD)]
+    Headers,
 }
 
 /// A mapping's header line and the fields read from its block.
@@ -82,7 +85,10 @@ pub struct Segment {
     pub writable: bool,
 }
 
-/// The page size the loader aligns segments to (x86-64, aarch64 with 4 KiB pages).
+/// The page size the loader aligns segments to (x86-64, aarch64 with 4 KiB
+/// pages). With larger pages a mapping's file offset lies below the 4 KiB
+/// alignment of its segment, so no mapping is chosen: nothing is given back,
+/// never a wrong one (the address must match too).
 const PAGE: u64 = 4096;
 
 /// The loadable segments of an ELF executable whose first bytes are `head`
@@ -218,7 +224,7 @@ fn own_segments() -> Result<Vec<Segment>, Error> {
     use std::io::Read;
     let mut head = Vec::new();
     std::fs::File::open("/proc/self/exe").and_then(|f| f.take(HEAD).read_to_end(&mut head)).map_err(Error::Read)?;
-    segments(&head).ok_or(Error::NoOwnMapping)
+    segments(&head).ok_or(Error::Headers)
 }
 
 /// Drops this process's resident pages of its own binary that equal the

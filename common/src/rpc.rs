@@ -269,6 +269,18 @@ pub struct OutboundReply {
     pub text: String,
 }
 
+impl OutboundReply {
+    /// The inbound messages this text answers: `covers`, else
+    /// `in_reply_to` alone; none for a message of its own.
+    pub fn answers(&self) -> &[u64] {
+        match (self.in_reply_to, self.covers.is_empty()) {
+            (0, _) => &[],
+            (_, true) => std::slice::from_ref(&self.in_reply_to),
+            (_, false) => &self.covers,
+        }
+    }
+}
+
 /// An answer still being written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartialReply {
@@ -663,4 +675,24 @@ pub struct ExecuteHostToolRequest {
 pub struct ExecuteHostToolResponse {
     /// The tool's result object (with a `summary`).
     pub result: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_answers_what_it_covers_or_its_message_and_a_notice_nothing() {
+        let reply = |in_reply_to, covers: Vec<u64>| OutboundReply {
+            in_reply_to,
+            covers,
+            key: String::new(),
+            conversation: "c".into(),
+            text: "t".into(),
+        };
+        assert_eq!(reply(7, vec![]).answers(), &[7]);
+        assert_eq!(reply(7, vec![5, 6, 7]).answers(), &[5, 6, 7]);
+        assert!(reply(0, vec![]).answers().is_empty());
+        assert!(reply(0, vec![5]).answers().is_empty(), "a notice answers nothing, whatever it claims to cover");
+    }
 }

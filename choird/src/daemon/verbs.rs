@@ -291,8 +291,7 @@ impl Daemon {
         let answered: Vec<u64> = req
             .replies
             .iter()
-            .filter(|r| r.in_reply_to != 0)
-            .flat_map(|r| if r.covers.is_empty() { vec![r.in_reply_to] } else { r.covers.clone() })
+            .flat_map(|r| r.answers().iter().copied())
             .filter(|id| !new.iter().any(|(n, _)| n == id))
             .collect();
         if answered.is_empty() {

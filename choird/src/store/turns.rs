@@ -283,9 +283,8 @@ fn record(
             let n = tx.execute(&p.insert_notice, &[&agent.as_str(), &reply.conversation, &reply.key, &reply.text])?;
             (n == 1, Some(reply.conversation.clone()))
         } else {
-            let ids = if reply.covers.is_empty() { vec![reply.in_reply_to] } else { reply.covers.clone() };
             let mut conversation = None;
-            for id in ids {
+            for &id in reply.answers() {
                 if let Some(row) = tx.query_opt(&p.answer, &[&agent.as_str(), &(id as i64), &reply.text])? {
                     out.new.push((id, reply.text.clone()));
                     // The first answered message names the chat; covered
