@@ -362,6 +362,10 @@ fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         say!("  {tier:<10} {}", s["tiers"][tier].as_i64().unwrap_or(0));
     }
     say!("pending embeddings: {}", s["pending_embeddings"]);
+    let fresh = s["fresh_embeddings"].as_i64().unwrap_or(0);
+    if fresh > 0 {
+        say!("not yet in the HNSW index: {fresh} (searchable by exact scan; the memory-index thread indexes them)");
+    }
     let failed = s["failed_embeddings"].as_i64().unwrap_or(0);
     if failed > 0 {
         say!("failed embeddings: {failed} (the endpoint refused them every time; set aside, not searchable)");

@@ -132,8 +132,17 @@ fn memory_round_trips_in_three_modes_dedupes_filters_and_keeps_agents_apart() {
     assert_eq!(row.get::<_, String>(0), "edge");
     assert!(row.get::<_, i64>(1) >= 1);
 
-    // The operator's view.
-    let stats: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "memory", "stats", "alpha"])).unwrap();
+    // The operator's view, once the memory-index thread has indexed every
+    // fresh vector.
+    let stats = || -> Value { serde_json::from_str(&choird.ctl_ok(&["--json", "memory", "stats", "alpha"])).unwrap() };
+    wait_for("every vector in the HNSW index", Duration::from_secs(20), || stats()["fresh_embeddings"] == 0);
+    let indexed: i64 = pg
+        .client()
+        .query_one("SELECT count(*) FROM agent_alpha.items WHERE embedding IS NOT NULL AND fresh IS NULL", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(indexed, 3);
+    let stats = stats();
     assert_eq!(stats["tiers"], json!({"knowledge": 2, "session": 1}));
     assert_eq!((stats["pending_embeddings"].as_i64(), stats["dimensions"].as_i64()), (Some(0), Some(64)));
     assert!(stats["index_bytes"].as_i64().unwrap() > 0);
@@ -520,7 +529,7 @@ fn an_embedding_batch_spanning_agents_is_stored_whole_and_stale_outbox_rows_are_
 
     let done: Vec<_> =
         batch.into_iter().enumerate().map(|(i, (o, ag, id, _))| (o, ag, id, vec![i as f32 + 1.0, 0.5, -1.0])).collect();
-    store.store_embeddings(&done).unwrap();
+    store.store_embeddings(&done, 0).unwrap();
     let left: i64 = c.query_one("SELECT count(*) FROM embedding_outbox", &[]).unwrap().get(0);
     assert_eq!(left, 0);
     let mut stored = |schema: &str, id: i64| -> String {
@@ -531,5 +540,248 @@ fn an_embedding_batch_spanning_agents_is_stored_whole_and_stale_outbox_rows_are_
     assert_eq!(stored("agent_beta", got_b[0].id), "[3,0.5,-1]", "each vector on its own agent's item");
     // Nothing more to do: an empty batch, and storing nothing is harmless.
     assert!(store.outbox_batch(100).unwrap().is_empty());
-    store.store_embeddings(&[]).unwrap();
+    store.store_embeddings(&[], 0).unwrap();
+}
+
+/// Issue 19, item 5: a stored vector waits fresh (outside the HNSW index,
+/// found by an exact scan) for the `memory-index` thread; queries find an
+/// item once, fresh or indexed, with the same score and filters either way.
+#[test]
+fn fresh_vectors_are_found_at_once_with_filters_and_the_same_scores_after_indexing() {
+    use choir_common::ids::AgentId;
+    use choird::memory::indexer;
+    use choird::store::memory::NewItem;
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let a = AgentId::parse("alpha").unwrap();
+    db.migrate_agent(&a, 3).unwrap();
+    let store = choird::store::Store::new(db);
+    let item = |text: &str, tier: &str, k: &str| NewItem {
+        tier: tier.into(),
+        content: text.into(),
+        sha256: sha(text),
+        metadata: json!({ "k": k }),
+    };
+    let items = [
+        item("a0", "session", "x"),
+        item("a1", "session", "y"),
+        item("a2", "session", "x"),
+        item("a3", "knowledge", "y"),
+        item("a4", "knowledge", "x"),
+    ];
+    let ids: Vec<i64> = store.memory_upsert(&a, &items, "edge", None).unwrap().iter().map(|u| u.id).collect();
+    let done: Vec<_> = store
+        .outbox_batch(100)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (o, ag, id, _))| (o, ag, id, vec![1.0, i as f32 * 0.3, 0.1]))
+        .collect();
+    assert_eq!(store.store_embeddings(&done, 3).unwrap(), 3, "three fit under fresh_max, two go to the index");
+    let mut c = pg.client();
+    let placed = |c: &mut postgres::Client| -> Vec<(i64, bool, bool)> {
+        c.query("SELECT id, fresh IS NOT NULL, embedding IS NOT NULL FROM agent_alpha.items ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    };
+    let want: Vec<_> = ids.iter().enumerate().map(|(i, id)| (*id, i < 3, i >= 3)).collect();
+    assert_eq!(placed(&mut c), want, "the oldest three fresh, the rest indexed, none both");
+    assert_eq!(store.memory_stats(&a).unwrap().fresh, 3);
+
+    let query = |tier: Option<&str>, meta: Value, k: i64| -> Vec<(String, i64)> {
+        store
+            .memory_semantic(&a, vec![1.0, 0.0, 0.0], tier, &meta, k, 100)
+            .unwrap()
+            .iter()
+            .map(|(i, score)| (i.content.clone(), (score * 1e6).round() as i64))
+            .collect()
+    };
+    let names = |r: &[(String, i64)]| r.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let all = query(None, json!({}), 10);
+    assert_eq!(names(&all), ["a0", "a1", "a2", "a3", "a4"], "every item once, nearest first, fresh and indexed");
+    assert_eq!(names(&query(None, json!({}), 2)), ["a0", "a1"], "k bounds the merged answer");
+    assert_eq!(names(&query(Some("knowledge"), json!({}), 10)), ["a3", "a4"], "the tier filter holds on both");
+    assert_eq!(names(&query(None, json!({"k": "x"}), 10)), ["a0", "a2", "a4"], "the metadata filter holds on both");
+    let exported = store.memory_export(&a, 0, 10).unwrap();
+    assert_eq!(exported[0]["embedding"], json!([1.0, 0.0, 0.1f32]), "export carries a fresh vector");
+
+    let r = indexer::round(&store).unwrap();
+    assert_eq!((r.moved, r.failed.len()), (3, 0));
+    assert_eq!(indexer::round(&store).unwrap().moved, 0, "nothing left to index");
+    let want: Vec<_> = ids.iter().map(|id| (*id, false, true)).collect();
+    assert_eq!(placed(&mut c), want);
+    assert_eq!(query(None, json!({}), 10), all, "the same answers and scores once indexed");
+    assert_eq!(store.memory_stats(&a).unwrap().fresh, 0);
+}
+
+/// A flood of upserts cannot make every query scan more than `fresh_max`
+/// vectors: past the bound the batcher stores vectors straight into the
+/// index, batch after batch; a vector for an item already indexed (its
+/// outbox row queued again) replaces the indexed one and never makes two;
+/// the database itself refuses an item with two vectors.
+#[test]
+fn fresh_vectors_stay_within_fresh_max_across_batches_and_an_item_never_holds_two() {
+    use choir_common::ids::AgentId;
+    use choird::store::memory::NewItem;
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let a = AgentId::parse("alpha").unwrap();
+    db.migrate_agent(&a, 3).unwrap();
+    let store = choird::store::Store::new(db);
+    let mut c = pg.client();
+    let count = |c: &mut postgres::Client, what: &str| -> i64 {
+        c.query_one(&format!("SELECT count(*) FROM agent_alpha.items WHERE {what}"), &[]).unwrap().get(0)
+    };
+    let mut stored_fresh = Vec::new();
+    for batch in 0..4 {
+        let items: Vec<NewItem> = (0..5)
+            .map(|i| {
+                let text = format!("flood {batch}-{i}");
+                NewItem { tier: "working".into(), sha256: sha(&text), content: text, metadata: json!({}) }
+            })
+            .collect();
+        store.memory_upsert(&a, &items, "edge", None).unwrap();
+        let done: Vec<_> = store
+            .outbox_batch(100)
+            .unwrap()
+            .into_iter()
+            .map(|(o, ag, id, _)| (o, ag, id, vec![1.0, 0.5, 0.0]))
+            .collect();
+        stored_fresh.push(store.store_embeddings(&done, 7).unwrap());
+    }
+    assert_eq!(stored_fresh, [5, 2, 0, 0], "the bound holds across batches");
+    assert_eq!(count(&mut c, "fresh IS NOT NULL"), 7);
+    assert_eq!(count(&mut c, "embedding IS NOT NULL"), 13);
+
+    // The outbox row of an indexed item and of a fresh one queued again.
+    let (indexed, fresh): (i64, i64) = (
+        c.query_one("SELECT min(id) FROM agent_alpha.items WHERE embedding IS NOT NULL", &[]).unwrap().get(0),
+        c.query_one("SELECT min(id) FROM agent_alpha.items WHERE fresh IS NOT NULL", &[]).unwrap().get(0),
+    );
+    c.execute(
+        "INSERT INTO embedding_outbox (agent_id, item_id) VALUES ('alpha', $1), ('alpha', $2)",
+        &[&indexed, &fresh],
+    )
+    .unwrap();
+    let done: Vec<_> =
+        store.outbox_batch(100).unwrap().into_iter().map(|(o, ag, id, _)| (o, ag, id, vec![0.0, 0.0, 1.0])).collect();
+    assert_eq!(done.len(), 2);
+    store.store_embeddings(&done, 100).unwrap();
+    let vectors = |c: &mut postgres::Client, id: i64| -> (Option<String>, Option<String>) {
+        let r =
+            c.query_one("SELECT fresh::text, embedding::text FROM agent_alpha.items WHERE id = $1", &[&id]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(vectors(&mut c, indexed), (None, Some("[0,0,1]".into())), "the indexed vector replaced in place");
+    assert_eq!(vectors(&mut c, fresh), (Some("[0,0,1]".into()), None), "a fresh vector replaced in place");
+    let both = c.execute("UPDATE agent_alpha.items SET fresh = embedding WHERE id = $1", &[&indexed]);
+    let err = both.expect_err("two vectors on one item are refused");
+    assert_eq!(err.as_db_error().and_then(|e| e.constraint()), Some("items_one_vector"), "{err:?}");
+    assert_eq!(vectors(&mut c, indexed), (None, Some("[0,0,1]".into())), "the refused update changed nothing");
+}
+
+/// While the indexer moves vectors, every query (one statement, one
+/// snapshot) finds each item once: never twice, never lost between the two.
+#[test]
+fn queries_during_indexing_find_each_item_exactly_once() {
+    use choir_common::ids::AgentId;
+    use choird::memory::indexer;
+    use choird::store::memory::NewItem;
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let a = AgentId::parse("alpha").unwrap();
+    db.migrate_agent(&a, 3).unwrap();
+    let store = std::sync::Arc::new(choird::store::Store::new(db));
+    let items: Vec<NewItem> = (0..400)
+        .map(|i| {
+            let text = format!("item {i}");
+            NewItem { tier: "knowledge".into(), sha256: sha(&text), content: text, metadata: json!({}) }
+        })
+        .collect();
+    store.memory_upsert(&a, &items, "edge", None).unwrap();
+    // Near the query, in a known order: item i at angle i/1000.
+    let done: Vec<_> = store
+        .outbox_batch(1000)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (o, ag, id, _))| (o, ag, id, vec![1.0, i as f32 / 1000.0, 0.0]))
+        .collect();
+    assert_eq!(store.store_embeddings(&done, 1000).unwrap(), 400);
+    let mover = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while indexer::round(&store).unwrap().moved > 0 {
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut checked = 0;
+    while !mover.is_finished() || checked == 0 {
+        let got = store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({}), 20, 100).unwrap();
+        let names: Vec<String> = got.iter().map(|(i, _)| i.content.clone()).collect();
+        let want: Vec<String> = (0..20).map(|i| format!("item {i}")).collect();
+        assert_eq!(names, want, "query {checked}: each of the nearest once, in order");
+        checked += 1;
+    }
+    assert_eq!(mover.join().unwrap(), 25, "400 items in rounds of {}", indexer::BATCH);
+    let left: i64 =
+        pg.client().query_one("SELECT count(*) FROM agent_alpha.items WHERE fresh IS NOT NULL", &[]).unwrap().get(0);
+    assert_eq!(left, 0);
+}
+
+/// An agent whose memory predates the `fresh` column is skipped by the
+/// indexer's rounds (no error every round) until its schema is brought up
+/// to date, as the indexer does for every agent at start.
+#[test]
+fn a_memory_schema_from_before_fresh_vectors_is_brought_up_to_date_and_indexed() {
+    use choir_common::ids::AgentId;
+    use choird::memory::indexer;
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
+    db.migrate_agent(&a, 3).unwrap();
+    db.migrate_agent(&b, 3).unwrap();
+    // Beta as an older choird left it: no fresh column, migration 2 not recorded.
+    pg.client()
+        .batch_execute(
+            "ALTER TABLE agent_beta.items DROP COLUMN fresh;
+             DELETE FROM agent_migrations WHERE agent_id = 'beta' AND version = 2",
+        )
+        .unwrap();
+    let store = std::sync::Arc::new(choird::store::Store::new(db));
+    assert_eq!(store.memory_agents(Some(choird::db::FRESH_MIGRATION)).unwrap(), std::slice::from_ref(&a));
+    let r = indexer::round(&store).unwrap();
+    assert!(r.failed.is_empty(), "beta is skipped, not failed: {:?}", r.failed);
+    // The indexer thread, as choird starts it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (poke, poked) = crossbeam_channel::bounded::<()>(1);
+    let thread = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || indexer::run(&store, 3, &poked, &stop))
+    };
+    let both = vec![a, b];
+    wait_for("beta's schema brought up to date", Duration::from_secs(20), || {
+        store.memory_agents(Some(choird::db::FRESH_MIGRATION)).unwrap() == both
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = poke.try_send(());
+    thread.join().unwrap();
+    let has: i64 = pg
+        .client()
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'agent_beta' AND column_name = 'fresh'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(has, 1);
 }

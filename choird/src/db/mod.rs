@@ -37,8 +37,14 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to
 /// each agent's own schema on its first use and recorded in
 /// `agent_migrations`. A tidy test checks this matches `sql/agent/`.
-pub const AGENT_MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "0001_items.sql", include_str!("../../../sql/agent/0001_items.sql"))];
+pub const AGENT_MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "0001_items.sql", include_str!("../../../sql/agent/0001_items.sql")),
+    (2, "0002_fresh.sql", include_str!("../../../sql/agent/0002_fresh.sql")),
+];
+
+/// The per-agent migration that adds the `fresh` column (vectors waiting
+/// outside the HNSW index); agents whose memory predates it get it at start.
+pub const FRESH_MIGRATION: i32 = 2;
 
 /// Key of the advisory lock serialising migrations ("choir" in ASCII).
 const MIGRATION_LOCK: i64 = 0x63686f6972;

@@ -2,7 +2,9 @@
 //! and an outbox row in one transaction and poke this thread; it gathers
 //! outbox rows (up to `batch_size`, waiting `batch_ms` for more to arrive),
 //! embeds them in one request, stores the vectors and clears the rows in one
-//! transaction, and tells waiting upserts. When the endpoint is down it backs
+//! transaction, and tells waiting upserts. Vectors are stored fresh (outside
+//! the HNSW index, up to `fresh_max` per agent) and the `memory-index` thread
+//! is poked to index them. When the endpoint is down it backs
 //! off and tries again: the outbox keeps everything, so nothing is lost.
 //! When the endpoint *refuses* a batch (4xx), its items are embedded one by
 //! one; an item refused alone [`GIVE_UP_AFTER`] times is set aside
@@ -13,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use super::embeddings::Embedder;
@@ -51,15 +53,30 @@ impl Progress {
     }
 }
 
+/// The threads the batcher wakes and is woken by.
+pub struct Pokes {
+    /// Upserts (and stop) poke this: look at the outbox.
+    pub outbox: Receiver<()>,
+    /// The batcher pokes this when it stored fresh vectors.
+    pub index: Sender<()>,
+}
+
 /// Runs until `stop`.
 pub fn run(
     store: &Store,
     embedder: &Embedder,
     cfg: &MemoryConfig,
     progress: &Arc<Progress>,
-    poke: &Receiver<()>,
+    pokes: &Pokes,
     stop: &AtomicBool,
 ) {
+    let poke = &pokes.outbox;
+    let fresh_max = i64::from(cfg.fresh_max);
+    let stored = |fresh: u64| {
+        if fresh > 0 {
+            let _ = pokes.index.try_send(());
+        }
+    };
     let mut failures = 0u32;
     while !stop.load(Ordering::SeqCst) {
         let batch = match store.outbox_batch(cfg.batch_size as i64) {
@@ -82,8 +99,9 @@ pub fn run(
             Ok(vectors) => {
                 let done: Vec<_> =
                     batch.into_iter().zip(vectors).map(|((o, agent, item, _), v)| (o, agent, item, v)).collect();
-                match store.store_embeddings(&done) {
-                    Ok(()) => {
+                match store.store_embeddings(&done, fresh_max) {
+                    Ok(fresh) => {
+                        stored(fresh);
                         failures = 0;
                         progress.bump();
                     }
@@ -107,8 +125,9 @@ pub fn run(
                     match embedder.embed(std::slice::from_ref(&text)) {
                         Ok(mut v) if v.len() == 1 => {
                             if let Some(v) = v.pop() {
-                                if let Err(e) = store.store_embeddings(&[(o, agent, item, v)]) {
-                                    log::warn!("memory: cannot store an embedding ({e})");
+                                match store.store_embeddings(&[(o, agent, item, v)], fresh_max) {
+                                    Ok(fresh) => stored(fresh),
+                                    Err(e) => log::warn!("memory: cannot store an embedding ({e})"),
                                 }
                             }
                         }

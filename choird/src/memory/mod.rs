@@ -14,9 +14,12 @@
 //! **Invariant:** an item is stored before its embedding exists; the
 //! embedding outbox guarantees it gets one (the `memory-embed` thread), so an
 //! embedding endpoint that is down delays semantic search but loses nothing.
+//! A stored vector is searchable at once: fresh (exact scan) until the
+//! `memory-index` thread has put it into the HNSW index.
 
 pub mod batcher;
 pub mod embeddings;
+pub mod indexer;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,8 +132,9 @@ pub struct Memory {
     embedder: Arc<Embedder>,
     progress: Arc<Progress>,
     poke: Sender<()>,
+    index_poke: Sender<()>,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     /// Agents whose schema is known to be migrated (by this process).
     ready: Mutex<HashSet<AgentId>>,
     /// Items per agent (counted once, then kept up to date), for the quota.
@@ -162,16 +166,25 @@ impl Memory {
                  the endpoint answers"
             ),
         }
-        // Bounded(1): one pending poke means "look at the outbox".
+        // Bounded(1): one pending poke means "look at the outbox" (or "look
+        // for fresh vectors").
         let (poke, poked) = bounded::<()>(1);
+        let (index_poke, index_poked) = bounded::<()>(1);
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
-        let thread = {
+        let embed = {
             let (d, embedder, cfg, progress, stop) =
                 (d.clone(), embedder.clone(), cfg.clone(), progress.clone(), stop.clone());
+            let pokes = batcher::Pokes { outbox: poked, index: index_poke.clone() };
             std::thread::Builder::new()
                 .name("memory-embed".into())
-                .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &poked, &stop))?
+                .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &stop))?
+        };
+        let index = {
+            let (d, dims, stop) = (d.clone(), cfg.embeddings.dimensions, stop.clone());
+            std::thread::Builder::new()
+                .name("memory-index".into())
+                .spawn(move || indexer::run(&d.store, dims, &index_poked, &stop))?
         };
         let _ = poke.try_send(());
         Ok(Some(Arc::new(Memory {
@@ -180,8 +193,9 @@ impl Memory {
             embedder,
             progress,
             poke,
+            index_poke,
             stop,
-            thread: Mutex::new(Some(thread)),
+            threads: Mutex::new(vec![embed, index]),
             ready: Mutex::new(HashSet::new()),
             counts: Mutex::new(std::collections::HashMap::new()),
         })))
@@ -197,11 +211,13 @@ impl Memory {
         Ok(n)
     }
 
-    /// Stops the batcher (what it has not embedded stays in the outbox).
+    /// Stops the batcher and the indexer (what the one has not embedded
+    /// stays in the outbox, what the other has not indexed stays fresh).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.poke.try_send(());
-        if let Some(t) = self.thread.lock().take() {
+        let _ = self.index_poke.try_send(());
+        for t in std::mem::take(&mut *self.threads.lock()) {
             let _ = t.join();
         }
     }
@@ -475,7 +491,7 @@ impl Memory {
         let tiers: serde_json::Map<String, Value> = st.tiers.iter().map(|(t, n)| (t.clone(), json!(n))).collect();
         Ok(json!({"agent": agent, "schema": format!("agent_{agent}"), "tiers": tiers,
                   "items": st.tiers.iter().map(|(_, n)| n).sum::<i64>(), "pending_embeddings": st.pending,
-                  "failed_embeddings": st.failed,
+                  "failed_embeddings": st.failed, "fresh_embeddings": st.fresh,
                   "index_bytes": st.index_bytes, "total_bytes": st.total_bytes,
                   "dimensions": self.cfg.embeddings.dimensions, "model": self.embedder.model()}))
     }

@@ -4,6 +4,14 @@
 //! **Invariant:** the schema an operation touches is named from the agent
 //! id the caller authenticated as — a validated identifier, quoted — and
 //! never from anything in a request; every value is a parameter.
+//!
+//! **Invariant:** an item has at most one vector: `fresh` (stored by the
+//! batcher, outside the HNSW index, found by an exact scan) or `embedding`
+//! (in the index); a CHECK constraint holds it. At most `fresh_max` items
+//! per agent hold a fresh vector when the batcher stores one (the rest go
+//! straight into the index), and [`Store::index_fresh`] moves fresh vectors
+//! into the index in the background. A semantic query reads both in one
+//! statement, so under one snapshot an item is found once, fresh or indexed.
 
 use std::collections::HashMap;
 
@@ -72,8 +80,8 @@ impl Item {
     }
 }
 
-const COLUMNS: &str =
-    "id, tier, content, content_sha256, metadata, lane, commit_seq, created_at::text, embedding IS NOT NULL";
+const COLUMNS: &str = "id, tier, content, content_sha256, metadata, lane, commit_seq, created_at::text, \
+                       (embedding IS NOT NULL OR fresh IS NOT NULL)";
 
 fn item(r: &postgres::Row) -> Item {
     Item {
@@ -115,6 +123,8 @@ pub struct Stats {
     pub pending: i64,
     /// Items the endpoint kept refusing: set aside, never embedded.
     pub failed: i64,
+    /// Items embedded but not yet in the HNSW index (found by exact scan).
+    pub fresh: i64,
     /// Size of the HNSW index, bytes.
     pub index_bytes: i64,
     /// Size of the table with its indexes, bytes.
@@ -197,11 +207,14 @@ impl Store {
         })
     }
 
-    /// The `k` items nearest to `query` by cosine distance (HNSW), with their
-    /// similarity (1 − distance). Filters apply inside the index scan
-    /// (pgvector's iterative scan), so a narrow filter still finds `k`. Only
-    /// the filters given appear in the statement: a catch-all predicate would
-    /// steer the planner away from the HNSW index.
+    /// The `k` items nearest to `query` by cosine distance, with their
+    /// similarity (1 − distance): the `k` nearest in the HNSW index and the
+    /// `k` nearest fresh vectors (an exact scan of at most `fresh_max` rows,
+    /// through the partial index `items_fresh`), in one statement, merged.
+    /// Filters apply inside the index scan (pgvector's iterative scan), so a
+    /// narrow filter still finds `k`. Only the filters given appear in the
+    /// statement: a catch-all predicate would steer the planner away from
+    /// the HNSW index.
     pub fn memory_semantic(
         &self,
         agent: &AgentId,
@@ -225,19 +238,27 @@ impl Store {
             filters.push_str(&format!(" AND metadata @> ${}", params.len()));
         }
         let sql = format!(
-            "SELECT {COLUMNS}, 1 - (embedding <=> $1) FROM {schema}.items
-             WHERE embedding IS NOT NULL{filters} ORDER BY embedding <=> $1 LIMIT $2"
+            "(SELECT {COLUMNS}, 1 - (embedding <=> $1) FROM {schema}.items
+              WHERE embedding IS NOT NULL{filters} ORDER BY embedding <=> $1 LIMIT $2)
+             UNION ALL
+             (SELECT {COLUMNS}, 1 - (fresh <=> $1) FROM {schema}.items
+              WHERE fresh IS NOT NULL{filters} ORDER BY fresh <=> $1 LIMIT $2)"
         );
         self.db.with(|c| {
             let mut tx = c.transaction()?;
+            // No sequential scan: the fresh branch reads its few rows through
+            // `items_fresh` whatever the statistics say (the other branch is
+            // an index scan either way).
             tx.batch_execute(&format!(
-                "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order"
+                "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order;
+                 SET LOCAL enable_seqscan = off"
             ))?;
             let rows = tx.query(&sql, &params)?;
             tx.commit()?;
             // relaxed_order may return neighbours slightly out of order: sort exactly.
             let mut out: Vec<(Item, f64)> = rows.iter().map(|r| (item(r), r.get::<_, f64>(9))).collect();
             out.sort_by(|a, b| b.1.total_cmp(&a.1));
+            out.truncate(usize::try_from(k).unwrap_or(0));
             Ok(out)
         })
     }
@@ -281,7 +302,12 @@ impl Store {
 
     /// Stores embeddings and clears their outbox rows, in one transaction:
     /// one `UPDATE … FROM unnest(…)` per agent in the batch and one `DELETE`.
-    pub fn store_embeddings(&self, done: &[(i64, AgentId, i64, Vec<f32>)]) -> Result<(), DbError> {
+    /// Each agent's first vectors are stored fresh (no graph search) while
+    /// fewer than `fresh_max` of its items wait for the index; the rest go
+    /// straight into `embedding` (the HNSW insert, as slow as it is). An item
+    /// that already has an indexed vector gets the new one there.
+    /// Returns how many were stored fresh.
+    pub fn store_embeddings(&self, done: &[(i64, AgentId, i64, Vec<f32>)], fresh_max: i64) -> Result<u64, DbError> {
         let mut by_agent: Vec<(&AgentId, Vec<i64>, Vec<Vector>)> = Vec::new();
         for (_, agent, item_id, v) in done {
             let at = match by_agent.iter().position(|(a, _, _)| *a == agent) {
@@ -297,18 +323,67 @@ impl Store {
         let outbox: Vec<i64> = done.iter().map(|(o, _, _, _)| *o).collect();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
+            // The count reads `items_fresh`, never the whole table.
+            tx.batch_execute("SET LOCAL enable_seqscan = off")?;
+            let mut fresh = 0;
             for (agent, ids, vectors) in &by_agent {
                 let schema = agent_schema(agent);
-                tx.execute(
+                // `room`: how many more may wait fresh. The batcher is the only
+                // writer of fresh vectors, so the count cannot race upward.
+                let rows = tx.query(
                     &format!(
-                        "UPDATE {schema}.items AS i SET embedding = u.e
-                         FROM unnest($1::bigint[], $2::vector[]) AS u(id, e) WHERE i.id = u.id"
+                        "WITH room AS (SELECT greatest($3 - count(*), 0) AS n FROM {schema}.items WHERE fresh IS NOT NULL),
+                              u AS (SELECT u.id, u.e, (u.o <= room.n) AS f
+                                    FROM unnest($1::bigint[], $2::vector[]) WITH ORDINALITY AS u(id, e, o), room)
+                         UPDATE {schema}.items AS i
+                            SET fresh = CASE WHEN u.f AND i.embedding IS NULL THEN u.e END,
+                                embedding = CASE WHEN u.f AND i.embedding IS NULL THEN NULL ELSE u.e END
+                           FROM u WHERE i.id = u.id
+                         RETURNING i.fresh IS NOT NULL"
                     ),
-                    &[ids, vectors],
+                    &[ids, vectors, &fresh_max],
                 )?;
+                fresh += rows.iter().filter(|r| r.get::<_, bool>(0)).count() as u64;
             }
             tx.execute("DELETE FROM embedding_outbox WHERE id = ANY($1)", &[&outbox])?;
-            tx.commit()
+            tx.commit()?;
+            Ok(fresh)
+        })
+    }
+
+    /// Moves up to `limit` of an agent's fresh vectors into the HNSW index,
+    /// in one transaction; returns how many. Rows a concurrent move holds are
+    /// skipped, never waited for. No `ORDER BY`: with one the planner may walk
+    /// the primary key from the oldest item to find the newest; without, the
+    /// partial index `items_fresh` (which lists only these rows) is the cheap
+    /// path, and sequential scans are off.
+    pub fn index_fresh(&self, agent: &AgentId, limit: i64) -> Result<u64, DbError> {
+        let schema = agent_schema(agent);
+        self.db.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute("SET LOCAL enable_seqscan = off")?;
+            let n = tx.execute(
+                &format!(
+                    "UPDATE {schema}.items SET embedding = fresh, fresh = NULL
+                     WHERE id IN (SELECT id FROM {schema}.items WHERE fresh IS NOT NULL LIMIT $1
+                                  FOR UPDATE SKIP LOCKED)"
+                ),
+                &[&limit],
+            )?;
+            tx.commit()?;
+            Ok(n)
+        })
+    }
+
+    /// The agents whose memory schema exists: with `migrated`, only those
+    /// whose schema has migration `migrated` applied.
+    pub fn memory_agents(&self, migrated: Option<i32>) -> Result<Vec<AgentId>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT DISTINCT agent_id FROM agent_migrations WHERE $1::integer IS NULL OR version = $1 ORDER BY agent_id",
+                &[&migrated],
+            )?;
+            Ok(rows.iter().filter_map(|r| AgentId::parse(r.get::<_, &str>(0)).ok()).collect())
         })
     }
 
@@ -447,12 +522,14 @@ impl Store {
                 &[&agent.as_str()],
             )?;
             let (pending, failed): (i64, i64) = (counts.get(0), counts.get(1));
+            let fresh: i64 =
+                c.query_one(&format!("SELECT count(*) FROM {schema}.items WHERE fresh IS NOT NULL"), &[])?.get(0);
             let sizes = c.query_one(
                 "SELECT pg_relation_size(($1 || '.items_embedding')::regclass),
                         pg_total_relation_size(($1 || '.items')::regclass)",
                 &[&plain],
             )?;
-            Ok(Stats { tiers, pending, failed, index_bytes: sizes.get(0), total_bytes: sizes.get(1) })
+            Ok(Stats { tiers, pending, failed, fresh, index_bytes: sizes.get(0), total_bytes: sizes.get(1) })
         })
     }
 
@@ -462,7 +539,8 @@ impl Store {
         self.db.with(|c| {
             let rows = c.query(
                 &format!(
-                    "SELECT {COLUMNS}, embedding, updated_at::text FROM {schema}.items WHERE id > $1 ORDER BY id LIMIT $2"
+                    "SELECT {COLUMNS}, coalesce(embedding, fresh), updated_at::text FROM {schema}.items
+                     WHERE id > $1 ORDER BY id LIMIT $2"
                 ),
                 &[&after, &limit],
             )?;

@@ -3,9 +3,12 @@
 //! 1,000,000 random 384-dimensional vectors into an agent schema made by the
 //! real per-agent migration, build its HNSW index, then report recall@10
 //! against exact search and p50/p99 query latency for `ef_search` 40, 100,
-//! 200 and 400, and upsert throughput (batches of 100 through
-//! `Store::memory_upsert` and `Store::store_embeddings`, the index
-//! maintained).
+//! 200 and 400, and upsert throughput: batches of 100 through
+//! `Store::memory_upsert` and `Store::store_embeddings` (the vectors stored
+//! fresh, searchable by exact scan at once), queries while they wait, and how
+//! fast the `memory-index` thread's rounds put them into the HNSW index —
+//! each against the floor, the same number of items inserted with their
+//! vectors straight into the index.
 //!
 //! `CHOIR_BENCH_N` changes the number of vectors (default 1,000,000);
 //! `CHOIR_BENCH_M` and `CHOIR_BENCH_EFC` the index's `m` and
@@ -14,7 +17,10 @@
 //! text embeddings are: structured) instead of uniformly on the sphere (the
 //! default, the hardest case for any approximate index);
 //! `CHOIR_BENCH_SHARED_BUFFERS` (e.g. `2GB`) sizes the cluster's
-//! shared_buffers (ALTER SYSTEM and a restart) before the load.
+//! shared_buffers (ALTER SYSTEM and a restart) before the load;
+//! `CHOIR_BENCH_UPSERTS` the number of items in the floor's insert and in
+//! the long burst of upserts (default 10,000, a multiple of 100); the short
+//! burst is the default `fresh_max`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -23,6 +29,7 @@ use std::time::{Duration, Instant};
 use choir_common::ids::AgentId;
 use choir_tests::pg::TestPg;
 use choird::db::Db;
+use choird::memory::indexer;
 use choird::store::memory::NewItem;
 use choird::store::Store;
 use pgvector::Vector;
@@ -143,17 +150,8 @@ fn main() {
 
     let queries: Vec<Vec<f32>> = (0..QUERIES).map(|_| rng.vector()).collect();
     // Exact answers: a sequential scan.
-    let mut truth = Vec::new();
     let started = Instant::now();
-    for q in &queries {
-        let mut tx = c.transaction().unwrap();
-        tx.batch_execute("SET LOCAL enable_indexscan = off; SET LOCAL max_parallel_workers_per_gather = 2").unwrap();
-        let rows = tx
-            .query("SELECT id FROM agent_bench.items ORDER BY embedding <=> $1 LIMIT 10", &[&Vector::from(q.clone())])
-            .unwrap();
-        truth.push(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>());
-        tx.commit().unwrap();
-    }
+    let truth = exact(&mut c, &queries, "embedding");
     choir_tests::report!(
         "exact search: {:.0} ms per query (sequential scan)",
         started.elapsed().as_secs_f64() * 1e3 / QUERIES as f64
@@ -183,7 +181,7 @@ fn main() {
     // The floor: the same number of items written with their vectors by one
     // bulk statement per 100 (no outbox, no second pass): what the HNSW
     // index costs by itself.
-    let total = 10_000;
+    let total: usize = std::env::var("CHOIR_BENCH_UPSERTS").ok().and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let started = Instant::now();
     for b in 0..total / 100 {
         let ids: Vec<i64> = (0..100).map(|i| (n + b * 100 + i) as i64).collect();
@@ -200,40 +198,130 @@ fn main() {
         "floor: {total} items inserted with their vectors, 100 per statement, HNSW maintained: {floor:.0} items/s"
     );
 
-    // Upserts through the store, with their embeddings, the index maintained:
-    // what the memory-embed batcher does (its embedder answering at once).
-    let (mut upserting, mut storing) = (Duration::ZERO, Duration::ZERO);
-    let started = Instant::now();
-    for b in 0..total / 100 {
-        let items: Vec<NewItem> = (0..100)
-            .map(|i| {
-                let content = format!("new item {b}-{i}");
-                NewItem {
-                    tier: "session".into(),
-                    sha256: format!("{:x}", md5ish(&content)),
-                    content,
-                    metadata: json!({}),
-                }
-            })
-            .collect();
-        let t = Instant::now();
-        let stored = store.memory_upsert(&agent, &items, "edge", None).unwrap();
-        upserting += t.elapsed();
-        let t = Instant::now();
-        let done: Vec<(i64, AgentId, i64, Vec<f32>)> =
-            store.outbox_batch(200).unwrap().into_iter().map(|(o, a, id, _)| (o, a, id, rng.vector())).collect();
-        assert_eq!(done.len(), stored.len());
-        store.store_embeddings(&done).unwrap();
-        storing += t.elapsed();
-    }
-    let up = total as f64 / started.elapsed().as_secs_f64();
+    // Upserts through the store, with their embeddings, as the memory-embed
+    // batcher stores them (its embedder answering at once). A burst within
+    // the default fresh_max: every vector fresh, searchable at once.
+    let fresh_max = i64::from(choird::config::DEFAULT_FRESH_MAX);
+    let mut upsert = Upserts { store: &store, agent: &agent, rng: &mut rng, next: 0 };
+    let (up, fresh) = upsert.burst(fresh_max as usize, fresh_max);
+    assert_eq!(fresh, fresh_max as usize, "within fresh_max every vector is stored fresh");
     choir_tests::report!(
-        "upserts: {total} items in batches of 100 (insert + outbox + embedding stored, HNSW maintained): {up:.0} items/s \
-         ({:.0}% of the floor; upsert {:.1} s, embeddings stored {:.1} s)",
-        100.0 * up / floor,
-        upserting.as_secs_f64(),
-        storing.as_secs_f64()
+        "upserts, a burst of {fresh_max} (= fresh_max) in batches of 100 (insert + outbox + embedding stored fresh, \
+         searchable at once): {up:.0} items/s ({:.1}x the floor)",
+        up / floor
     );
+
+    // Queries while they wait fresh: the exact scan's cost, and recall
+    // against exact search over every vector, indexed or fresh.
+    let sample = &queries[..QUERIES.min(50)];
+    let measure = |c: &mut postgres::Client, label: &str| {
+        let truth = exact(c, sample, "coalesce(embedding, fresh)");
+        for q in sample.iter().take(10) {
+            store.memory_semantic(&agent, q.clone(), None, &json!({}), 10, 100).unwrap();
+        }
+        let (mut times, mut hits, mut fresh_hits) = (Vec::new(), 0usize, 0usize);
+        for (q, want) in sample.iter().zip(&truth) {
+            let t = Instant::now();
+            let got = store.memory_semantic(&agent, q.clone(), None, &json!({}), 10, 100).unwrap();
+            times.push(t.elapsed());
+            hits += got.iter().filter(|(i, _)| want.contains(&i.id)).count();
+            fresh_hits += got.iter().filter(|(i, _)| i.tier == "session").count();
+        }
+        choir_tests::report!(
+            "ef_search 100 with {label}: recall@10 {:.3} ({fresh_hits} of the answers new items), latency p50 {:.2} ms \
+             p99 {:.2} ms ({} queries)",
+            hits as f64 / (10 * sample.len()) as f64,
+            pct(times.clone(), 0.5),
+            pct(times, 0.99),
+            sample.len()
+        );
+    };
+    measure(&mut c, &format!("{fresh_max} items fresh"));
+    let indexed = drain(&store, &mut c, fresh_max as usize);
+    choir_tests::report!(
+        "indexed in the background: {fresh_max} fresh vectors moved into the HNSW index by the indexer's rounds \
+         (16 items each): {indexed:.0} items/s ({:.0}% of the floor)",
+        100.0 * indexed / floor
+    );
+    measure(&mut c, "every item indexed");
+
+    // A longer burst: past fresh_max, vectors go straight into the index.
+    let (up, fresh) = upsert.burst(total, fresh_max);
+    choir_tests::report!(
+        "upserts, a burst of {total}: {up:.0} items/s ({:.1}x the floor; {fresh} stored fresh, the rest indexed as \
+         stored)",
+        up / floor
+    );
+    drain(&store, &mut c, fresh);
+}
+
+/// Upserts through the store, `memory-embed`'s way, with random vectors.
+struct Upserts<'a> {
+    store: &'a Store,
+    agent: &'a AgentId,
+    rng: &'a mut Source,
+    next: usize,
+}
+
+impl Upserts<'_> {
+    /// `n` items (a multiple of 100) in batches of 100; (items/s, stored fresh).
+    fn burst(&mut self, n: usize, fresh_max: i64) -> (f64, usize) {
+        let (started, mut fresh) = (Instant::now(), 0);
+        for _ in 0..n / 100 {
+            let items: Vec<NewItem> = (0..100)
+                .map(|_| {
+                    self.next += 1;
+                    let content = format!("new item {}", self.next);
+                    NewItem {
+                        tier: "session".into(),
+                        sha256: format!("{:x}", md5ish(&content)),
+                        content,
+                        metadata: json!({}),
+                    }
+                })
+                .collect();
+            let stored = self.store.memory_upsert(self.agent, &items, "edge", None).unwrap();
+            let done: Vec<(i64, AgentId, i64, Vec<f32>)> = self
+                .store
+                .outbox_batch(200)
+                .unwrap()
+                .into_iter()
+                .map(|(o, a, id, _)| (o, a, id, self.rng.vector()))
+                .collect();
+            assert_eq!(done.len(), stored.len());
+            fresh += self.store.store_embeddings(&done, fresh_max).unwrap() as usize;
+        }
+        (n as f64 / started.elapsed().as_secs_f64(), fresh)
+    }
+}
+
+/// The indexer's rounds, back to back, until no vector waits; items/s.
+fn drain(store: &Store, c: &mut postgres::Client, fresh: usize) -> f64 {
+    let started = Instant::now();
+    while indexer::round(store).unwrap().moved > 0 {}
+    let left: i64 = c.query_one("SELECT count(*) FROM agent_bench.items WHERE fresh IS NOT NULL", &[]).unwrap().get(0);
+    assert_eq!(left, 0);
+    fresh as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Exact answers for `queries` over `column`: a sequential scan.
+fn exact(c: &mut postgres::Client, queries: &[Vec<f32>], column: &str) -> Vec<Vec<i64>> {
+    let mut truth = Vec::new();
+    for q in queries {
+        let mut tx = c.transaction().unwrap();
+        tx.batch_execute("SET LOCAL enable_indexscan = off; SET LOCAL max_parallel_workers_per_gather = 2").unwrap();
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT id FROM agent_bench.items WHERE {column} IS NOT NULL ORDER BY {column} <=> $1 LIMIT 10"
+                ),
+                &[&Vector::from(q.clone())],
+            )
+            .unwrap();
+        truth.push(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>());
+        tx.commit().unwrap();
+    }
+    truth
 }
 
 /// A cheap distinct hash for synthetic contents.
