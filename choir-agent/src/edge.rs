@@ -19,7 +19,7 @@ use std::sync::Arc;
 use choir_common::commit::{canonical_json, CommitEvent, Outcome};
 use choir_common::ids::wire_tool_name;
 use choir_common::openai::{ChatMessage, FunctionCall, Role, ToolCall};
-use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply};
+use choir_common::rpc::{ConversationTail, DynamicConfig, InboundMessage, OutboundReply, PartialReply, MAX_COVERS};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
@@ -439,11 +439,13 @@ impl EdgeLane {
     }
 
     /// Takes what arrived during the turn: messages of this conversation join
-    /// it (appended); everything else waits; a stop is noted.
+    /// it (appended) while the turn's answer covers fewer than
+    /// [`MAX_COVERS`] messages; everything else waits (for a turn of its
+    /// own); a stop is noted.
     fn inject(&self, st: &mut State, inbox: &Receiver<EdgeEvent>, conv_name: &str, covers: &mut Vec<u64>) {
         while let Ok(ev) = inbox.try_recv() {
             match ev {
-                EdgeEvent::Message(m) if m.conversation == conv_name => {
+                EdgeEvent::Message(m) if m.conversation == conv_name && covers.len() < MAX_COVERS => {
                     log::info!("message {} injected into the running turn", m.id);
                     st.held.get(conv_name).push_user(m.id, &m.text);
                     covers.push(m.id);

@@ -249,6 +249,12 @@ pub const HELD_CONVERSATIONS: usize = 32;
 /// makes are far shorter: `cli`, `tg:<bot>:<chat>`).
 pub const MAX_CONVERSATION_KEY: usize = 256;
 
+/// Inbound messages one reply answers at most (`OutboundReply::covers`):
+/// the agent's edge answers messages beyond it in a turn of their own, and
+/// choird refuses a HEARTBEAT with a reply that covers more (each covered
+/// message is a row choird updates).
+pub const MAX_COVERS: usize = 256;
+
 /// Something the edge lane says: the answer to inbound messages, or (with
 /// `in_reply_to` 0) a message of its own, e.g. a core job's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,7 +262,8 @@ pub struct OutboundReply {
     /// The (last) inbound message this answers; 0 for a message of its own.
     pub in_reply_to: u64,
     /// Every inbound message this text answers (messages injected into one
-    /// turn share its answer); empty means just `in_reply_to`.
+    /// turn share its answer); empty means just `in_reply_to`. At most
+    /// [`MAX_COVERS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covers: Vec<u64>,
     /// For a message of its own: a key unique per agent, so a resend is

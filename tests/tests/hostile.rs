@@ -525,6 +525,56 @@ fn regression_a_retried_heartbeat_whose_answer_was_recorded_still_answers_the_wa
     assert_eq!(reply, "here");
 }
 
+/// A hostile agent cannot make choird update a row per id of a huge
+/// `covers` list: a reply covering more than MAX_COVERS messages is refused
+/// before anything of the HEARTBEAT is stored (the message stays
+/// unanswered); a reply within the bound, listing an id twice and ids that
+/// are not its messages, answers its own message once, in one statement.
+#[test]
+fn a_reply_covering_more_than_max_covers_messages_is_refused_and_changes_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let choird = Choird::start(&hostile_config(&llm, &pg, &["evil"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let ws = choird.workspace("evil");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let home = choird.home.path().to_owned();
+    std::thread::spawn(move || {
+        let out = std::process::Command::new(bin("choirctl"))
+            .arg("--home")
+            .arg(&home)
+            .args(["chat", "evil", "are you there"])
+            .output()
+            .unwrap();
+        let _ = tx.send(out);
+    });
+    wait_for("the message handed out", Duration::from_secs(20), || !messages_of(&ws).is_empty());
+    let m = messages_of(&ws)[0].clone();
+    let id = m["id"].as_u64().unwrap();
+    let max = choir_common::rpc::MAX_COVERS as u64;
+    let flood: Vec<u64> = std::iter::once(id).chain((1..=max).map(|i| id + 1_000_000 + i)).collect();
+    let too_many = json!([{"in_reply_to": id, "covers": flood, "conversation": m["conversation"], "text": "flood"}]);
+    let (status, body) = evil.rpc("HEARTBEAT", &heartbeat(vec![], too_many));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.to_string().contains(&format!("covers {} messages; one reply answers at most {max}", max + 1)),
+        "{body}"
+    );
+    let replied: Option<String> =
+        pg.client().query_one("SELECT reply FROM messages WHERE id = $1", &[&(id as i64)]).unwrap().get(0);
+    assert_eq!(replied, None, "the refused HEARTBEAT changed nothing");
+
+    let covers = json!([id, 4_000_000_000_u64, id, 1]);
+    let fine = json!([{"in_reply_to": id, "covers": covers, "conversation": m["conversation"], "text": "here"}]);
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], fine)).0, 200);
+    let out = rx.recv_timeout(Duration::from_secs(20)).expect("the chat is answered");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
+    let answered: i64 =
+        pg.client().query_one("SELECT count(*) FROM messages WHERE replied_at IS NOT NULL", &[]).unwrap().get(0);
+    assert_eq!(answered, 1, "only its own message, once");
+}
+
 #[test]
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };

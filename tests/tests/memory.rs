@@ -608,9 +608,10 @@ fn fresh_vectors_are_found_at_once_with_filters_and_the_same_scores_after_indexi
     let exported = store.memory_export(&a, 0, 10).unwrap();
     assert_eq!(exported[0]["embedding"], json!([1.0, 0.0, 0.1f32]), "export carries a fresh vector");
 
-    let r = indexer::round(&store).unwrap();
+    let mut waits = indexer::Waits::default();
+    let r = indexer::round(&store, &mut waits).unwrap();
     assert_eq!((r.moved, r.failed.len()), (3, 0));
-    assert_eq!(indexer::round(&store).unwrap().moved, 0, "nothing left to index");
+    assert_eq!(indexer::round(&store, &mut waits).unwrap().moved, 0, "nothing left to index");
     let want: Vec<_> = ids.iter().map(|id| (*id, false, true)).collect();
     assert_eq!(placed(&mut c), want);
     assert_eq!(query(None, json!({}), 10), all, "the same answers and scores once indexed");
@@ -684,40 +685,67 @@ fn fresh_vectors_stay_within_fresh_max_across_batches_and_an_item_never_holds_tw
     assert_eq!(vectors(&mut c, indexed), (None, Some("[0,0,1]".into())), "the refused update changed nothing");
 }
 
-/// While the indexer moves vectors, every query (one statement, one
-/// snapshot) finds each item once: never twice, never lost between the two.
-#[test]
-fn queries_during_indexing_find_each_item_exactly_once() {
-    use choir_common::ids::AgentId;
-    use choird::memory::indexer;
+/// Stores `n` items for `agent` with vectors at angle i/1000 from the x
+/// axis (item i is the i-th nearest to [1, 0, 0]), fresh up to `fresh_max`.
+fn store_items(store: &choird::store::Store, agent: &choir_common::ids::AgentId, n: usize, fresh_max: i64) -> u64 {
     use choird::store::memory::NewItem;
-    let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let a = AgentId::parse("alpha").unwrap();
-    db.migrate_agent(&a, 3).unwrap();
-    let store = std::sync::Arc::new(choird::store::Store::new(db));
-    let items: Vec<NewItem> = (0..400)
+    let items: Vec<NewItem> = (0..n)
         .map(|i| {
             let text = format!("item {i}");
             NewItem { tier: "knowledge".into(), sha256: sha(&text), content: text, metadata: json!({}) }
         })
         .collect();
-    store.memory_upsert(&a, &items, "edge", None).unwrap();
-    // Near the query, in a known order: item i at angle i/1000.
+    store.memory_upsert(agent, &items, "edge", None).unwrap();
     let done: Vec<_> = store
-        .outbox_batch(1000)
+        .outbox_batch(10_000)
         .unwrap()
         .into_iter()
         .enumerate()
         .map(|(i, (o, ag, id, _))| (o, ag, id, vec![1.0, i as f32 / 1000.0, 0.0]))
         .collect();
-    assert_eq!(store.store_embeddings(&done, 1000).unwrap(), 400);
+    store.store_embeddings(&done, fresh_max).unwrap()
+}
+
+/// While the indexer moves vectors, every query (one statement, one
+/// snapshot) finds each item once: never twice, never lost between the two
+/// — after each round (some fresh, some indexed), and with rounds running
+/// beside the queries.
+#[test]
+fn queries_during_indexing_find_each_item_exactly_once() {
+    use choir_common::ids::AgentId;
+    use choird::memory::indexer::{self, Waits};
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
+    db.migrate_agent(&a, 3).unwrap();
+    db.migrate_agent(&b, 3).unwrap();
+    let store = std::sync::Arc::new(choird::store::Store::new(db));
+    assert_eq!(store_items(&store, &a, 64, 1000), 64);
+    let fresh = |agent: &str| -> i64 {
+        pg.client()
+            .query_one(&format!("SELECT count(*) FROM agent_{agent}.items WHERE fresh IS NOT NULL"), &[])
+            .unwrap()
+            .get(0)
+    };
+    let nearest = |agent: &AgentId, k: usize| -> Vec<String> {
+        let got = store.memory_semantic(agent, vec![1.0, 0.0, 0.0], None, &json!({}), k as i64, 100).unwrap();
+        got.iter().map(|(i, _)| i.content.clone()).collect()
+    };
+    let want = |k: usize| -> Vec<String> { (0..k).map(|i| format!("item {i}")).collect() };
+    let mut waits = Waits::default();
+    for round in 1..=4 {
+        assert_eq!(indexer::round(&store, &mut waits).unwrap().moved, 16);
+        assert_eq!(fresh("alpha"), 64 - 16 * round, "round {round}: indexed and fresh side by side");
+        assert_eq!(nearest(&a, 40), want(40), "round {round}: each of the nearest once, in order");
+    }
+
+    assert_eq!(store_items(&store, &b, 400, 1000), 400);
     let mover = {
         let store = store.clone();
         std::thread::spawn(move || {
-            let mut rounds = 0;
-            while indexer::round(&store).unwrap().moved > 0 {
+            let (mut rounds, mut waits) = (0, Waits::default());
+            while indexer::round(&store, &mut waits).unwrap().moved > 0 {
                 rounds += 1;
             }
             rounds
@@ -725,63 +753,79 @@ fn queries_during_indexing_find_each_item_exactly_once() {
     };
     let mut checked = 0;
     while !mover.is_finished() || checked == 0 {
-        let got = store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({}), 20, 100).unwrap();
-        let names: Vec<String> = got.iter().map(|(i, _)| i.content.clone()).collect();
-        let want: Vec<String> = (0..20).map(|i| format!("item {i}")).collect();
-        assert_eq!(names, want, "query {checked}: each of the nearest once, in order");
+        assert_eq!(nearest(&b, 20), want(20), "query {checked} beside the indexer");
         checked += 1;
     }
     assert_eq!(mover.join().unwrap(), 25, "400 items in rounds of {}", indexer::BATCH);
-    let left: i64 =
-        pg.client().query_one("SELECT count(*) FROM agent_alpha.items WHERE fresh IS NOT NULL", &[]).unwrap().get(0);
-    assert_eq!(left, 0);
+    assert_eq!(fresh("beta"), 0);
 }
 
 /// An agent whose memory predates the `fresh` column is skipped by the
-/// indexer's rounds (no error every round) until its schema is brought up
-/// to date, as the indexer does for every agent at start.
+/// indexer (no failure every round); the batcher brings its schema up to
+/// date when it first meets its queued embeddings, and holds back (one more
+/// failed attempt, the rows kept) the rows of an agent whose schema cannot
+/// be, while the others' go on. An agent whose move fails waits out its own
+/// backoff while the others are indexed.
 #[test]
-fn a_memory_schema_from_before_fresh_vectors_is_brought_up_to_date_and_indexed() {
+fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
     use choir_common::ids::AgentId;
-    use choird::memory::indexer;
+    use choird::memory::batcher;
+    use choird::memory::indexer::{self, Waits};
     let Some(pg) = TestPg::start() else { return };
     let db = choird::db::Db::connect(&pg.url()).unwrap();
     db.migrate().unwrap();
-    let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
+    let [a, b, g] = ["alpha", "beta", "gamma"].map(|n| AgentId::parse(n).unwrap());
     db.migrate_agent(&a, 3).unwrap();
     db.migrate_agent(&b, 3).unwrap();
+    db.migrate_agent(&g, 4).unwrap();
+    let store = choird::store::Store::new(db);
+    let mut c = pg.client();
     // Beta as an older choird left it: no fresh column, migration 2 not recorded.
-    pg.client()
-        .batch_execute(
-            "ALTER TABLE agent_beta.items DROP COLUMN fresh;
-             DELETE FROM agent_migrations WHERE agent_id = 'beta' AND version = 2",
-        )
-        .unwrap();
-    let store = std::sync::Arc::new(choird::store::Store::new(db));
-    assert_eq!(store.memory_agents(Some(choird::db::FRESH_MIGRATION)).unwrap(), std::slice::from_ref(&a));
-    let r = indexer::round(&store).unwrap();
+    c.batch_execute(
+        "ALTER TABLE agent_beta.items DROP COLUMN fresh;
+         DELETE FROM agent_migrations WHERE agent_id = 'beta' AND version = 2",
+    )
+    .unwrap();
+    assert_eq!(store.memory_agents(Some(choird::db::FRESH_MIGRATION)).unwrap(), [a.clone(), g.clone()]);
+    let mut waits = Waits::default();
+    let r = indexer::round(&store, &mut waits).unwrap();
     assert!(r.failed.is_empty(), "beta is skipped, not failed: {:?}", r.failed);
-    // The indexer thread, as choird starts it.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (poke, poked) = crossbeam_channel::bounded::<()>(1);
-    let thread = {
-        let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || indexer::run(&store, 3, &poked, &stop))
+
+    let item = |text: &str| choird::store::memory::NewItem {
+        tier: "working".into(),
+        content: text.into(),
+        sha256: sha(text),
+        metadata: json!({}),
     };
-    let both = vec![a, b];
-    wait_for("beta's schema brought up to date", Duration::from_secs(20), || {
-        store.memory_agents(Some(choird::db::FRESH_MIGRATION)).unwrap() == both
-    });
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = poke.try_send(());
-    thread.join().unwrap();
-    let has: i64 = pg
-        .client()
-        .query_one(
-            "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'agent_beta' AND column_name = 'fresh'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(has, 1);
+    for (agent, text) in [(&g, "g1"), (&b, "b1"), (&a, "a1")] {
+        store.memory_upsert(agent, &[item(text)], "edge", None).unwrap();
+    }
+    let mut migrated = std::collections::HashSet::new();
+    let ready = batcher::schema_ready(&store, 3, &mut migrated, store.outbox_batch(100).unwrap());
+    let names: Vec<&str> = ready.iter().map(|(_, ag, _, _)| ag.as_str()).collect();
+    assert_eq!(names, ["beta", "alpha"], "gamma's schema was made for 4 dimensions: its row is held back");
+    assert!(migrated.contains(&b), "beta brought up to date");
+    let held: (i32, String) = c
+        .query_one("SELECT attempts, last_error FROM embedding_outbox WHERE agent_id = 'gamma'", &[])
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(held.0, 1);
+    assert!(held.1.contains("schema is not up to date"), "{}", held.1);
+    let done: Vec<_> = ready.into_iter().map(|(o, ag, id, _)| (o, ag, id, vec![1.0, 0.0, 0.0])).collect();
+    assert_eq!(store.store_embeddings(&done, 100).unwrap(), 2, "beta's vector stored fresh like alpha's");
+    let next = store.outbox_batch(100).unwrap();
+    assert_eq!(next.len(), 1, "gamma's row is still queued, behind any newer ones");
+
+    // Gamma's move fails every time (its table gone from under it): it waits,
+    // the others are indexed.
+    c.batch_execute(
+        "DELETE FROM embedding_outbox WHERE agent_id = 'gamma'; ALTER TABLE agent_gamma.items RENAME TO gone",
+    )
+    .unwrap();
+    let r = indexer::round(&store, &mut waits).unwrap();
+    assert_eq!(r.moved, 2, "alpha's and beta's vectors indexed");
+    assert_eq!(r.failed.iter().map(|(ag, _)| ag.as_str()).collect::<Vec<_>>(), ["gamma"]);
+    store_items(&store, &a, 3, 100);
+    let r = indexer::round(&store, &mut waits).unwrap();
+    assert_eq!((r.moved, r.failed.len()), (3, 0), "gamma waits out its backoff; alpha goes on");
 }

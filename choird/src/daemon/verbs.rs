@@ -181,6 +181,7 @@ impl Daemon {
     /// fails the request before anything is stored.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         super::schedule::check_firing_reports(&req.firings)?;
+        check_covers(&req.replies)?;
         let recalled = req.recall.as_deref().map(|c| self.recalled(&who.agent, c)).transpose()?;
         let mut reply = self.exchange(who, req)?;
         reply.recalled = recalled;
@@ -470,5 +471,19 @@ impl Daemon {
         req: &ExecuteHostToolRequest,
     ) -> Result<ExecuteHostToolResponse, ApiError> {
         Ok(ExecuteHostToolResponse { result: self.host_tools.execute(who, req)? })
+    }
+}
+
+/// Refuses a HEARTBEAT with a reply covering more than
+/// [`choir_common::rpc::MAX_COVERS`] messages (the agent's edge never
+/// makes one): before anything of it is stored.
+fn check_covers(replies: &[OutboundReply]) -> Result<(), ApiError> {
+    match replies.iter().find(|r| r.covers.len() > choir_common::rpc::MAX_COVERS) {
+        Some(r) => Err(ApiError::BadRequest(format!(
+            "a reply covers {} messages; one reply answers at most {} (nothing of this HEARTBEAT was stored)",
+            r.covers.len(),
+            choir_common::rpc::MAX_COVERS
+        ))),
+        None => Ok(()),
     }
 }

@@ -11,12 +11,15 @@
 //! (`failed_at`, shown by `choirctl memory stats`), so one poisoned item
 //! never stops embeddings for every agent.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
+
+use choir_common::ids::AgentId;
 
 use super::embeddings::Embedder;
 use crate::config::MemoryConfig;
@@ -61,6 +64,44 @@ pub struct Pokes {
     pub index: Sender<()>,
 }
 
+/// An outbox row as the batcher reads it: (outbox id, agent, item id, content).
+pub type Queued = (i64, AgentId, i64, String);
+
+/// The rows of `batch` whose agent's memory schema is up to date: each agent
+/// is brought up to date once per process, on first sight (a schema made
+/// before a per-agent migration, with embeddings still queued, gets it
+/// here). The rows of an agent whose schema cannot be (a dimension it was
+/// not made for, the database refusing) stay in the outbox with one more
+/// failed attempt, so they sort behind everyone else's: one agent never
+/// holds up embeddings for the others.
+pub fn schema_ready(store: &Store, dims: u32, migrated: &mut HashSet<AgentId>, batch: Vec<Queued>) -> Vec<Queued> {
+    let mut refused: HashSet<AgentId> = HashSet::new();
+    for (_, agent, _, _) in &batch {
+        if migrated.contains(agent) || refused.contains(agent) {
+            continue;
+        }
+        match store.db.migrate_agent(agent, dims) {
+            Ok(applied) => {
+                applied.iter().for_each(|name| log::info!("memory: applied {name}"));
+                migrated.insert(agent.clone());
+            }
+            Err(e) => {
+                log::warn!("memory: agent {agent}'s memory cannot be brought up to date ({e}); its embeddings wait");
+                refused.insert(agent.clone());
+            }
+        }
+    }
+    if refused.is_empty() {
+        return batch;
+    }
+    let (ready, held): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|(_, a, _, _)| !refused.contains(a));
+    let ids: Vec<i64> = held.iter().map(|(o, _, _, _)| *o).collect();
+    if let Err(e) = store.outbox_failed(&ids, "the agent's memory schema is not up to date (see choird's log)") {
+        log::warn!("memory: cannot record that {} embedding(s) wait ({e})", ids.len());
+    }
+    ready
+}
+
 /// Runs until `stop`.
 pub fn run(
     store: &Store,
@@ -78,9 +119,20 @@ pub fn run(
         }
     };
     let mut failures = 0u32;
+    let mut migrated = HashSet::new();
     while !stop.load(Ordering::SeqCst) {
         let batch = match store.outbox_batch(cfg.batch_size as i64) {
-            Ok(b) => b,
+            Ok(b) if b.is_empty() => b,
+            Ok(b) => {
+                let ready = schema_ready(store, cfg.embeddings.dimensions, &mut migrated, b);
+                if ready.is_empty() {
+                    // Only agents whose schema cannot be brought up to date.
+                    failures += 1;
+                    nap(backoff(failures), stop);
+                    continue;
+                }
+                ready
+            }
             Err(e) => {
                 failures += 1;
                 log::warn!("memory: cannot read the embedding outbox ({e}); retrying");

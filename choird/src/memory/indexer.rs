@@ -2,17 +2,17 @@
 //! 5). The batcher stores an item's vector in `fresh`, outside the index,
 //! where a query finds it by an exact scan; this thread then indexes a few
 //! items per agent per round, one short transaction each, so an upsert never
-//! waits for a graph search and no lock is held for long.
-//!
-//! At start it first brings every agent's memory schema up to date (a
-//! schema made before the `fresh` column existed gets it), then works only
-//! on schemas that have the column.
+//! waits for a graph search and no lock is held for long. It works only on
+//! schemas that have the `fresh` column (per-agent migration 2, applied when
+//! the agent starts or when the batcher first stores a vector for it).
 //!
 //! **Invariant:** a round moves at most [`BATCH`] items per agent; agents
-//! take turns, so one agent's backlog never holds up another's.
+//! take turns, and an agent whose move fails waits out its own backoff
+//! while the others go on.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use choir_common::ids::AgentId;
 use crossbeam_channel::Receiver;
@@ -29,23 +29,21 @@ pub const BATCH: i64 = 16;
 /// How long an idle round waits for the batcher's poke before looking again.
 const IDLE: Duration = Duration::from_secs(5);
 
-/// Runs until `stop`. `dims` is the configured embedding dimension (for
-/// bringing schemas up to date); `poked` wakes it when fresh vectors were
-/// stored.
-pub fn run(store: &Store, dims: u32, poked: &Receiver<()>, stop: &AtomicBool) {
+/// Runs until `stop`; `poked` wakes it when fresh vectors were stored.
+pub fn run(store: &Store, poked: &Receiver<()>, stop: &AtomicBool) {
     let mut failures = 0u32;
-    // Schemas first: an agent not started since an upgrade has no `fresh`
-    // column yet, and the batcher cannot store its vectors until it has.
+    let mut waits = Waits::default();
     while !stop.load(Ordering::SeqCst) {
-        match store.memory_agents(None) {
-            Ok(agents) => {
-                for agent in agents {
-                    match store.db.migrate_agent(&agent, dims) {
-                        Ok(applied) => applied.iter().for_each(|name| log::info!("memory: applied {name}")),
-                        Err(e) => log::error!("memory: agent {agent}'s memory cannot be brought up to date: {e}"),
-                    }
+        match round(store, &mut waits) {
+            Ok(Round { moved, failed }) => {
+                failures = 0;
+                for (agent, e) in &failed {
+                    log::warn!("memory: cannot index agent {agent}'s fresh vectors ({e}); it is retried after a pause");
                 }
-                break;
+                if moved == 0 {
+                    // Idle, or every agent with work is waiting out a backoff.
+                    let _ = poked.recv_timeout(waits.next_due().unwrap_or(IDLE).min(IDLE));
+                }
             }
             Err(e) => {
                 failures += 1;
@@ -54,26 +52,31 @@ pub fn run(store: &Store, dims: u32, poked: &Receiver<()>, stop: &AtomicBool) {
             }
         }
     }
-    failures = 0;
-    while !stop.load(Ordering::SeqCst) {
-        match round(store) {
-            Ok(Round { moved, failed }) => {
-                for (agent, e) in &failed {
-                    log::warn!("memory: cannot index agent {agent}'s fresh vectors ({e}); retrying");
-                }
-                failures = if failed.is_empty() { 0 } else { failures + 1 };
-                if failures > 0 {
-                    nap(backoff(failures), stop);
-                } else if moved == 0 {
-                    let _ = poked.recv_timeout(IDLE);
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                log::warn!("memory: cannot list agents' memory ({e}); retrying");
-                nap(backoff(failures), stop);
-            }
-        }
+}
+
+/// Per-agent backoff after failed moves.
+#[derive(Debug, Default)]
+pub struct Waits {
+    agents: HashMap<AgentId, (u32, Instant)>,
+}
+
+impl Waits {
+    fn due(&self, agent: &AgentId) -> bool {
+        self.agents.get(agent).is_none_or(|(_, at)| Instant::now() >= *at)
+    }
+
+    fn failed(&mut self, agent: &AgentId) {
+        let n = self.agents.get(agent).map_or(0, |(n, _)| *n) + 1;
+        self.agents.insert(agent.clone(), (n, Instant::now() + backoff(n)));
+    }
+
+    fn succeeded(&mut self, agent: &AgentId) {
+        self.agents.remove(agent);
+    }
+
+    /// How long until the first waiting agent is due again.
+    fn next_due(&self) -> Option<Duration> {
+        self.agents.values().map(|(_, at)| at.saturating_duration_since(Instant::now())).min()
     }
 }
 
@@ -82,18 +85,27 @@ pub fn run(store: &Store, dims: u32, poked: &Receiver<()>, stop: &AtomicBool) {
 pub struct Round {
     /// Items moved into the index.
     pub moved: u64,
-    /// Agents whose move failed (the others still moved).
+    /// Agents whose move failed this round (the others still moved).
     pub failed: Vec<(AgentId, DbError)>,
 }
 
-/// One round: up to [`BATCH`] items per agent, each agent in its own
-/// transaction (one failing does not stop the others).
-pub fn round(store: &Store) -> Result<Round, DbError> {
+/// One round: up to [`BATCH`] items of each agent not waiting out a
+/// backoff, each agent in its own transaction.
+pub fn round(store: &Store, waits: &mut Waits) -> Result<Round, DbError> {
     let mut out = Round::default();
     for agent in store.memory_agents(Some(FRESH_MIGRATION))? {
+        if !waits.due(&agent) {
+            continue;
+        }
         match store.index_fresh(&agent, BATCH) {
-            Ok(n) => out.moved += n,
-            Err(e) => out.failed.push((agent, e)),
+            Ok(n) => {
+                waits.succeeded(&agent);
+                out.moved += n;
+            }
+            Err(e) => {
+                waits.failed(&agent);
+                out.failed.push((agent, e));
+            }
         }
     }
     Ok(out)

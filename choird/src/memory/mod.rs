@@ -181,10 +181,20 @@ impl Memory {
                 .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &stop))?
         };
         let index = {
-            let (d, dims, stop) = (d.clone(), cfg.embeddings.dimensions, stop.clone());
+            let (d, stop) = (d.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("memory-index".into())
-                .spawn(move || indexer::run(&d.store, dims, &index_poked, &stop))?
+                .spawn(move || indexer::run(&d.store, &index_poked, &stop))
+        };
+        let index = match index {
+            Ok(t) => t,
+            Err(e) => {
+                // Not left running without a way to stop it.
+                stop.store(true, Ordering::SeqCst);
+                let _ = poke.try_send(());
+                let _ = embed.join();
+                return Err(e.into());
+            }
         };
         let _ = poke.try_send(());
         Ok(Some(Arc::new(Memory {

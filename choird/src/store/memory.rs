@@ -246,12 +246,18 @@ impl Store {
         );
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            // No sequential scan: the fresh branch reads its few rows through
-            // `items_fresh` whatever the statistics say (the other branch is
-            // an index scan either way).
+            // No sequential scan: the fresh branch reads its rows through
+            // `items_fresh` whatever the statistics say (the HNSW branch is an
+            // index scan either way). The entries of rows since indexed are
+            // skipped once marked dead, which the batcher's and the indexer's
+            // plain index scans of `items_fresh` do as they pass them. No JIT:
+            // statistics that have not seen the column yet (a table loaded
+            // after its migration) make the fresh branch look like a million
+            // rows, and compiling the plan then cost 35 ms a query at a
+            // million items (bench-memory) for a few rows read.
             tx.batch_execute(&format!(
                 "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order;
-                 SET LOCAL enable_seqscan = off"
+                 SET LOCAL enable_seqscan = off; SET LOCAL jit = off"
             ))?;
             let rows = tx.query(&sql, &params)?;
             tx.commit()?;
@@ -323,8 +329,9 @@ impl Store {
         let outbox: Vec<i64> = done.iter().map(|(o, _, _, _)| *o).collect();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            // The count reads `items_fresh`, never the whole table.
-            tx.batch_execute("SET LOCAL enable_seqscan = off")?;
+            // The count reads `items_fresh` (an index scan, which marks dead
+            // entries for later scans to skip), never the whole table.
+            tx.batch_execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off")?;
             let mut fresh = 0;
             for (agent, ids, vectors) in &by_agent {
                 let schema = agent_schema(agent);
@@ -356,12 +363,12 @@ impl Store {
     /// skipped, never waited for. No `ORDER BY`: with one the planner may walk
     /// the primary key from the oldest item to find the newest; without, the
     /// partial index `items_fresh` (which lists only these rows) is the cheap
-    /// path, and sequential scans are off.
+    /// path, and sequential and bitmap scans are off.
     pub fn index_fresh(&self, agent: &AgentId, limit: i64) -> Result<u64, DbError> {
         let schema = agent_schema(agent);
         self.db.with(|c| {
             let mut tx = c.transaction()?;
-            tx.batch_execute("SET LOCAL enable_seqscan = off")?;
+            tx.batch_execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off")?;
             let n = tx.execute(
                 &format!(
                     "UPDATE {schema}.items SET embedding = fresh, fresh = NULL

@@ -9,6 +9,8 @@
 //! events that came with it, nor the events without the reply: a failure
 //! anywhere rolls the whole HEARTBEAT back and the agent resends it.
 
+use std::collections::HashMap;
+
 use choir_common::commit::{verify_extension, ChainError, ChainHead, CommitEvent, GENESIS_HASH};
 use choir_common::ids::AgentId;
 use choir_common::rpc::OutboundReply;
@@ -36,9 +38,11 @@ const STATE_UPDATE: &str = "UPDATE agent_state SET head_seq = COALESCE($2, head_
 const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
 const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
      ON CONFLICT (agent_id, key) DO NOTHING";
+/// One statement per reply, however many messages it covers (at most
+/// `MAX_COVERS`, checked before).
 const ANSWER: &str = "UPDATE messages SET reply = $3, replied_at = now()
-     WHERE agent_id = $1 AND id = $2 AND replied_at IS NULL
-     RETURNING conversation";
+     WHERE agent_id = $1 AND id = ANY($2) AND replied_at IS NULL
+     RETURNING id, conversation";
 
 /// Which part of a HEARTBEAT failed to store, for [`Store::store_turn`]:
 /// the caller answers an event's data error by refusing that event (the
@@ -283,14 +287,19 @@ fn record(
             let n = tx.execute(&p.insert_notice, &[&agent.as_str(), &reply.conversation, &reply.key, &reply.text])?;
             (n == 1, Some(reply.conversation.clone()))
         } else {
+            let ids: Vec<i64> = reply.answers().iter().map(|&id| id as i64).collect();
+            let rows = tx.query(&p.answer, &[&agent.as_str(), &ids, &reply.text])?;
+            let mut answered: HashMap<u64, String> =
+                rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))).collect();
             let mut conversation = None;
-            for &id in reply.answers() {
-                if let Some(row) = tx.query_opt(&p.answer, &[&agent.as_str(), &(id as i64), &reply.text])? {
-                    out.new.push((id, reply.text.clone()));
-                    // The first answered message names the chat; covered
-                    // messages of other conversations are answered there,
-                    // not sent elsewhere.
-                    conversation.get_or_insert(row.get::<_, String>(0));
+            for id in reply.answers() {
+                // `remove`: an id listed twice is answered once.
+                if let Some(conv) = answered.remove(id) {
+                    out.new.push((*id, reply.text.clone()));
+                    // The first answered message (in the reply's order)
+                    // names the chat; covered messages of other
+                    // conversations are answered there, not sent elsewhere.
+                    conversation.get_or_insert(conv);
                 }
             }
             (conversation.is_some(), conversation)

@@ -298,7 +298,8 @@ impl Upserts<'_> {
 /// The indexer's rounds, back to back, until no vector waits; items/s.
 fn drain(store: &Store, c: &mut postgres::Client, fresh: usize) -> f64 {
     let started = Instant::now();
-    while indexer::round(store).unwrap().moved > 0 {}
+    let mut waits = indexer::Waits::default();
+    while indexer::round(store, &mut waits).unwrap().moved > 0 {}
     let left: i64 = c.query_one("SELECT count(*) FROM agent_bench.items WHERE fresh IS NOT NULL", &[]).unwrap().get(0);
     assert_eq!(left, 0);
     fresh as f64 / started.elapsed().as_secs_f64()
