@@ -543,6 +543,17 @@ fn an_embedding_batch_spanning_agents_is_stored_whole_and_stale_outbox_rows_are_
     store.store_embeddings(&[], 0).unwrap();
 }
 
+/// A store on `pg`, migrated, with each agent's memory schema made for its
+/// dimension.
+fn memory_store(pg: &TestPg, agents: &[(&choir_common::ids::AgentId, u32)]) -> choird::store::Store {
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    for (agent, dims) in agents {
+        db.migrate_agent(agent, *dims).unwrap();
+    }
+    choird::store::Store::new(db)
+}
+
 /// Issue 19, item 5: a stored vector waits fresh (outside the HNSW index,
 /// found by an exact scan) for the `memory-index` thread; queries find an
 /// item once, fresh or indexed, with the same score and filters either way.
@@ -552,11 +563,8 @@ fn fresh_vectors_are_found_at_once_with_filters_and_the_same_scores_after_indexi
     use choird::memory::indexer;
     use choird::store::memory::NewItem;
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
     let a = AgentId::parse("alpha").unwrap();
-    db.migrate_agent(&a, 3).unwrap();
-    let store = choird::store::Store::new(db);
+    let store = memory_store(&pg, &[(&a, 3)]);
     let item = |text: &str, tier: &str, k: &str| NewItem {
         tier: tier.into(),
         content: text.into(),
@@ -628,11 +636,8 @@ fn fresh_vectors_stay_within_fresh_max_across_batches_and_an_item_never_holds_tw
     use choir_common::ids::AgentId;
     use choird::store::memory::NewItem;
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
     let a = AgentId::parse("alpha").unwrap();
-    db.migrate_agent(&a, 3).unwrap();
-    let store = choird::store::Store::new(db);
+    let store = memory_store(&pg, &[(&a, 3)]);
     let mut c = pg.client();
     let count = |c: &mut postgres::Client, what: &str| -> i64 {
         c.query_one(&format!("SELECT count(*) FROM agent_alpha.items WHERE {what}"), &[]).unwrap().get(0)
@@ -715,12 +720,8 @@ fn queries_during_indexing_find_each_item_exactly_once() {
     use choir_common::ids::AgentId;
     use choird::memory::indexer::{self, Waits};
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
     let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
-    db.migrate_agent(&a, 3).unwrap();
-    db.migrate_agent(&b, 3).unwrap();
-    let store = std::sync::Arc::new(choird::store::Store::new(db));
+    let store = std::sync::Arc::new(memory_store(&pg, &[(&a, 3), (&b, 3)]));
     assert_eq!(store_items(&store, &a, 64, 1000), 64);
     let fresh = |agent: &str| -> i64 {
         pg.client()
@@ -772,13 +773,8 @@ fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
     use choird::memory::batcher;
     use choird::memory::indexer::{self, Waits};
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
     let [a, b, g] = ["alpha", "beta", "gamma"].map(|n| AgentId::parse(n).unwrap());
-    db.migrate_agent(&a, 3).unwrap();
-    db.migrate_agent(&b, 3).unwrap();
-    db.migrate_agent(&g, 4).unwrap();
-    let store = choird::store::Store::new(db);
+    let store = memory_store(&pg, &[(&a, 3), (&b, 3), (&g, 4)]);
     let mut c = pg.client();
     // Beta as an older choird left it: no fresh column, migration 2 not recorded.
     c.batch_execute(
