@@ -480,29 +480,32 @@ fn t2_a_job_name_that_is_not_a_plain_name_never_reaches_the_ledger() {
     assert_eq!(seen, [plain("census"), None, None, None, None, None, plain("job_1.b-2")]);
 }
 
-/// Starts `choirctl chat AGENT TEXT` in the background and waits until the
-/// hostile agent has been handed the message: (the message, the chat's
-/// output when it ends).
-fn chat_handed_out(
-    choird: &Choird,
-    agent: &str,
-    text: &str,
-) -> (Value, crossbeam_channel::Receiver<std::process::Output>) {
-    let ws = choird.workspace(agent);
+/// A choird with the hostile agent `evil` started and a `choirctl chat evil
+/// "are you there"` in the background, waiting until the agent has been
+/// handed the message: (the model, choird, the agent's client, the message,
+/// the chat's output when it ends).
+fn evil_handed_a_chat(
+    pg: &TestPg,
+) -> (FakeLlm, Choird, Evil, Value, crossbeam_channel::Receiver<std::process::Output>) {
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let choird = Choird::start(&hostile_config(&llm, pg, &["evil"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let ws = choird.workspace("evil");
     let (tx, rx) = crossbeam_channel::bounded(1);
     let home = choird.home.path().to_owned();
-    let (agent, text) = (agent.to_owned(), text.to_owned());
     std::thread::spawn(move || {
         let out = std::process::Command::new(bin("choirctl"))
             .arg("--home")
             .arg(&home)
-            .args(["chat", &agent, &text])
+            .args(["chat", "evil", "are you there"])
             .output()
             .unwrap();
         let _ = tx.send(out);
     });
     wait_for("the message handed out", Duration::from_secs(20), || !messages_of(&ws).is_empty());
-    (messages_of(&ws)[0].clone(), rx)
+    let m = messages_of(&ws)[0].clone();
+    (llm, choird, evil, m, rx)
 }
 
 /// Regression: a HEARTBEAT retried after its first try committed (the
@@ -512,11 +515,7 @@ fn chat_handed_out(
 #[test]
 fn regression_a_retried_heartbeat_whose_answer_was_recorded_still_answers_the_waiting_chat() {
     let Some(pg) = TestPg::start() else { return };
-    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
-    let choird = Choird::start(&hostile_config(&llm, &pg, &["evil"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "evil"]);
-    let evil = Evil::of(&choird, "evil");
-    let (m, rx) = chat_handed_out(&choird, "evil", "are you there");
+    let (_llm, _choird, evil, m, rx) = evil_handed_a_chat(&pg);
     let id = m["id"].as_i64().unwrap();
     // The first try's commit: the answer is in the store, the chat was not told.
     let stored = pg
@@ -545,11 +544,7 @@ fn regression_a_retried_heartbeat_whose_answer_was_recorded_still_answers_the_wa
 #[test]
 fn a_reply_covering_more_than_max_covers_messages_is_refused_and_changes_nothing() {
     let Some(pg) = TestPg::start() else { return };
-    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
-    let choird = Choird::start(&hostile_config(&llm, &pg, &["evil"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "evil"]);
-    let evil = Evil::of(&choird, "evil");
-    let (m, rx) = chat_handed_out(&choird, "evil", "are you there");
+    let (_llm, _choird, evil, m, rx) = evil_handed_a_chat(&pg);
     let id = m["id"].as_u64().unwrap();
     let max = choir_common::rpc::MAX_COVERS as u64;
     let flood: Vec<u64> = std::iter::once(id).chain((1..=max).map(|i| id + 1_000_000 + i)).collect();

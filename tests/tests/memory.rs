@@ -796,11 +796,11 @@ fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
     for (agent, text) in [(&g, "g1"), (&b, "b1"), (&a, "a1")] {
         store.memory_upsert(agent, &[item(text)], "edge", None).unwrap();
     }
-    let mut migrated = std::collections::HashSet::new();
-    let ready = batcher::schema_ready(&store, 3, &mut migrated, store.outbox_batch(100).unwrap());
+    let migrated = parking_lot::Mutex::new(std::collections::HashSet::new());
+    let ready = batcher::schema_ready(&store, 3, &migrated, store.outbox_batch(100).unwrap());
     let names: Vec<&str> = ready.iter().map(|(_, ag, _, _)| ag.as_str()).collect();
     assert_eq!(names, ["beta", "alpha"], "gamma's schema was made for 4 dimensions: its row is held back");
-    assert!(migrated.contains(&b), "beta brought up to date");
+    assert!(migrated.lock().contains(&b), "beta brought up to date");
     let held: (i32, String) = c
         .query_one("SELECT attempts, last_error FROM embedding_outbox WHERE agent_id = 'gamma'", &[])
         .map(|r| (r.get(0), r.get(1)))

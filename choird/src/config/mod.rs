@@ -1093,6 +1093,23 @@ mod tests {
     }
 
     #[test]
+    fn fresh_max_is_bounded_and_defaults_to_the_measured_value() {
+        let llm = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"}}"#;
+        let memory = |extra: &str| {
+            format!(
+                r#"{{{llm}, "memory": {{"embeddings": {{"base_url": "http://e/v1", "model": "m", "dimensions": 3}}{extra}}}}}"#
+            )
+        };
+        let c = Config::parse(&memory("")).unwrap();
+        assert_eq!(c.memory.map(|m| m.fresh_max), Some(DEFAULT_FRESH_MAX));
+        let (field, why) = Config::parse(&memory(r#", "fresh_max": 100001"#)).unwrap_err();
+        assert_eq!(field, "memory.fresh_max");
+        assert!(why.contains("at most 100000"), "{why}");
+        assert_eq!(field_of(&memory(r#", "fresh_max": -1"#)), "memory.fresh_max");
+        assert_eq!(Config::parse(&memory(r#", "fresh_max": 0"#)).unwrap().memory.map(|m| m.fresh_max), Some(0));
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let llm = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"}}"#;
         assert_eq!(

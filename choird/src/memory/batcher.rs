@@ -68,22 +68,23 @@ pub struct Pokes {
 pub type Queued = (i64, AgentId, i64, String);
 
 /// The rows of `batch` whose agent's memory schema is up to date: each agent
-/// is brought up to date once per process, on first sight (a schema made
+/// not in `migrated` (shared with `Memory::ensure`) is brought up to date
+/// once, on first sight (a schema made
 /// before a per-agent migration, with embeddings still queued, gets it
 /// here). The rows of an agent whose schema cannot be (a dimension it was
 /// not made for, the database refusing) stay in the outbox with one more
 /// failed attempt, so they sort behind everyone else's: one agent never
 /// holds up embeddings for the others.
-pub fn schema_ready(store: &Store, dims: u32, migrated: &mut HashSet<AgentId>, batch: Vec<Queued>) -> Vec<Queued> {
+pub fn schema_ready(store: &Store, dims: u32, migrated: &Mutex<HashSet<AgentId>>, batch: Vec<Queued>) -> Vec<Queued> {
     let mut refused: HashSet<AgentId> = HashSet::new();
     for (_, agent, _, _) in &batch {
-        if migrated.contains(agent) || refused.contains(agent) {
+        if refused.contains(agent) || migrated.lock().contains(agent) {
             continue;
         }
         match store.db.migrate_agent(agent, dims) {
             Ok(applied) => {
                 applied.iter().for_each(|name| log::info!("memory: applied {name}"));
-                migrated.insert(agent.clone());
+                migrated.lock().insert(agent.clone());
             }
             Err(e) => {
                 log::warn!("memory: agent {agent}'s memory cannot be brought up to date ({e}); its embeddings wait");
@@ -109,6 +110,7 @@ pub fn run(
     cfg: &MemoryConfig,
     progress: &Arc<Progress>,
     pokes: &Pokes,
+    ready: &Mutex<HashSet<AgentId>>,
     stop: &AtomicBool,
 ) {
     let poke = &pokes.outbox;
@@ -119,19 +121,18 @@ pub fn run(
         }
     };
     let mut failures = 0u32;
-    let mut migrated = HashSet::new();
     while !stop.load(Ordering::SeqCst) {
         let batch = match store.outbox_batch(cfg.batch_size as i64) {
             Ok(b) if b.is_empty() => b,
             Ok(b) => {
-                let ready = schema_ready(store, cfg.embeddings.dimensions, &mut migrated, b);
-                if ready.is_empty() {
+                let kept = schema_ready(store, cfg.embeddings.dimensions, ready, b);
+                if kept.is_empty() {
                     // Only agents whose schema cannot be brought up to date.
                     failures += 1;
                     nap(backoff(failures), stop);
                     continue;
                 }
-                ready
+                kept
             }
             Err(e) => {
                 failures += 1;

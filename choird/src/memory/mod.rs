@@ -136,7 +136,7 @@ pub struct Memory {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Agents whose schema is known to be migrated (by this process).
-    ready: Mutex<HashSet<AgentId>>,
+    ready: Arc<Mutex<HashSet<AgentId>>>,
     /// Items per agent (counted once, then kept up to date), for the quota.
     counts: Mutex<std::collections::HashMap<AgentId, u64>>,
 }
@@ -172,13 +172,16 @@ impl Memory {
         let (index_poke, index_poked) = bounded::<()>(1);
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
+        // Agents whose schema is up to date, as `ensure` and the batcher
+        // (for queued embeddings) found them: each migrates an agent once.
+        let ready = Arc::new(Mutex::new(HashSet::new()));
         let embed = {
-            let (d, embedder, cfg, progress, stop) =
-                (d.clone(), embedder.clone(), cfg.clone(), progress.clone(), stop.clone());
+            let (d, embedder, cfg, progress, stop, ready) =
+                (d.clone(), embedder.clone(), cfg.clone(), progress.clone(), stop.clone(), ready.clone());
             let pokes = batcher::Pokes { outbox: poked, index: index_poke.clone() };
             std::thread::Builder::new()
                 .name("memory-embed".into())
-                .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &stop))?
+                .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &ready, &stop))?
         };
         let index = {
             let (d, stop) = (d.clone(), stop.clone());
@@ -206,7 +209,7 @@ impl Memory {
             index_poke,
             stop,
             threads: Mutex::new(vec![embed, index]),
-            ready: Mutex::new(HashSet::new()),
+            ready,
             counts: Mutex::new(std::collections::HashMap::new()),
         })))
     }
