@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps base-image build release demo test lint fmt bench bench-memory install clean
+.PHONY: all deps base-image build release code-order demo test lint fmt bench bench-memory install clean
 
 all: build
 
@@ -31,6 +31,13 @@ build: deps
 release: deps
 	$(CARGO) build --workspace --release --bins --exclude choir-agent
 	$(CARGO) build --release -p choir-agent
+
+# Rewrites code-order/*.order (the function order release builds link with,
+# so the code steady turns run lies together: issue 19, item 2) from a
+# profile of bench-soak under valgrind's callgrind. Minutes; run it again
+# after dependency or toolchain updates.
+code-order: deps
+	./scripts/code-order.sh
 
 demo: build base-image
 	./scripts/demo.sh

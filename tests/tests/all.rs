@@ -12,6 +12,7 @@ mod backup;
 mod bad_input;
 mod catalog;
 mod clients;
+mod code_order;
 mod cognition;
 mod decisions;
 mod docker;
