@@ -287,7 +287,7 @@ impl EdgeLane {
         let mut text: Option<String> = None;
         for step in 1..=u64::from(max_steps) {
             if step > 1 {
-                self.inject(st, inbox, conv_name, &mut covers);
+                inject(st, inbox, conv_name, &mut covers);
             }
             if self.cancel.load(Ordering::SeqCst) {
                 let _ = machine.go(LaneState::Cancelled);
@@ -417,7 +417,7 @@ impl EdgeLane {
         let mut run = SkillRun::start(skill, input, &self.mind, lane)?;
         self.board.skill("edge", Some(run.progress()));
         let outcome = loop {
-            self.inject(st, inbox, conv_name, covers);
+            inject(st, inbox, conv_name, covers);
             if st.stopping || self.cancel.load(Ordering::SeqCst) {
                 break SkillOutcome::Cancelled;
             }
@@ -437,22 +437,22 @@ impl EdgeLane {
         self.board.skill("edge", None);
         Ok(outcome)
     }
+}
 
-    /// Takes what arrived during the turn: messages of this conversation join
-    /// it (appended) while the turn's answer covers fewer than
-    /// [`MAX_COVERS`] messages; everything else waits (for a turn of its
-    /// own); a stop is noted.
-    fn inject(&self, st: &mut State, inbox: &Receiver<EdgeEvent>, conv_name: &str, covers: &mut Vec<u64>) {
-        while let Ok(ev) = inbox.try_recv() {
-            match ev {
-                EdgeEvent::Message(m) if m.conversation == conv_name && covers.len() < MAX_COVERS => {
-                    log::info!("message {} injected into the running turn", m.id);
-                    st.held.get(conv_name).push_user(m.id, &m.text);
-                    covers.push(m.id);
-                }
-                EdgeEvent::Stop => st.stopping = true,
-                other => st.deferred.push_back(other),
+/// Takes what arrived during the turn: messages of this conversation join
+/// it (appended) while the turn's answer covers fewer than [`MAX_COVERS`]
+/// messages (choird refuses a reply covering more); everything else waits,
+/// in arrival order, for a turn of its own; a stop is noted.
+fn inject(st: &mut State, inbox: &Receiver<EdgeEvent>, conv_name: &str, covers: &mut Vec<u64>) {
+    while let Ok(ev) = inbox.try_recv() {
+        match ev {
+            EdgeEvent::Message(m) if m.conversation == conv_name && covers.len() < MAX_COVERS => {
+                log::info!("message {} injected into the running turn", m.id);
+                st.held.get(conv_name).push_user(m.id, &m.text);
+                covers.push(m.id);
             }
+            EdgeEvent::Stop => st.stopping = true,
+            other => st.deferred.push_back(other),
         }
     }
 }
@@ -491,5 +491,62 @@ fn replay_committed(conv: &mut Conversation, events: &[CommitEvent], registry: &
         let (content, trust) = crate::results::replayed(&ev.result, declared, ev.outcome != Outcome::Rejected);
         let tool = ev.tool.strip_prefix('?').unwrap_or(&ev.tool).to_owned();
         conv.push(Entry::tool_result(&id, content, Origin::Tool { tool, trust }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(id: u64, conversation: &str) -> EdgeEvent {
+        EdgeEvent::Message(InboundMessage {
+            id,
+            conversation: conversation.into(),
+            sender: "user".into(),
+            text: format!("message {id}"),
+            earlier: true,
+        })
+    }
+
+    /// A flood of messages into a running turn (a hostile chat, or a busy
+    /// one): the turn's answer covers at most MAX_COVERS of them, so choird
+    /// accepts it; the others, and other conversations' messages, wait in
+    /// the order they came, and a stop among them is noted.
+    #[test]
+    fn a_running_turn_takes_in_at_most_max_covers_messages_and_the_rest_wait_in_order() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let max = MAX_COVERS as u64;
+        for id in 2..=max + 10 {
+            tx.send(message(id, "chat")).unwrap();
+            if id == 5 {
+                tx.send(message(1_000, "other")).unwrap();
+                tx.send(EdgeEvent::Stop).unwrap();
+            }
+        }
+        let mut st = State { held: Held::new(4), deferred: VecDeque::new(), stopping: false, tokens: 0 };
+        let mut covers = vec![1]; // the message that began the turn
+        inject(&mut st, &rx, "chat", &mut covers);
+
+        assert_eq!(covers, (1..=max).collect::<Vec<_>>(), "the first MAX_COVERS messages, in order");
+        assert_eq!(st.held.get("chat").user_ids.len(), MAX_COVERS - 1, "each injected one joined the turn");
+        assert!(st.stopping);
+        let waiting: Vec<(u64, String)> = st
+            .deferred
+            .iter()
+            .map(|e| match e {
+                EdgeEvent::Message(m) => (m.id, m.conversation.clone()),
+                _ => panic!("only messages wait"),
+            })
+            .collect();
+        let mut expected = vec![(1_000, "other".to_owned())];
+        expected.extend((max + 1..=max + 10).map(|id| (id, "chat".to_owned())));
+        assert_eq!(waiting, expected);
+
+        // Once the turn covers MAX_COVERS, a later message of its own
+        // conversation waits too.
+        tx.send(message(max + 11, "chat")).unwrap();
+        inject(&mut st, &rx, "chat", &mut covers);
+        assert_eq!(covers.len(), MAX_COVERS);
+        assert!(matches!(st.deferred.back(), Some(EdgeEvent::Message(m)) if m.id == max + 11));
     }
 }
