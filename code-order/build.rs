@@ -14,9 +14,10 @@
 //! does; names the binary no longer has (a changed function, an updated
 //! crate or toolchain: symbol hashes follow `-C metadata`) are skipped by
 //! the linker without a word, so a stale list costs resident memory, never
-//! a build. Only rustc's bundled `rust-lld`, the default linker of
-//! `x86_64-unknown-linux-gnu` since Rust 1.90, is given the option;
-//! `CHOIR_CODE_ORDER=off` leaves it out (another linker, another target).
+//! a build. The option is rustc's bundled `rust-lld`'s, the default linker
+//! of `x86_64-unknown-linux-gnu` since Rust 1.90 (the workspace's
+//! `rust-version`), given on that target only; `CHOIR_CODE_ORDER=off` leaves
+//! it out (a linker configured otherwise).
 
 // A build script's inputs are its environment.
 #![allow(clippy::disallowed_methods)]
@@ -26,8 +27,11 @@ use std::path::PathBuf;
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let package = std::env::var("CARGO_PKG_NAME").unwrap_or_default();
-    let order = manifest.join("..").join("code-order").join(format!("{package}.order"));
-    println!("cargo:rerun-if-changed={}", order.display());
+    let dir = manifest.join("..").join("code-order");
+    let order = dir.join(format!("{package}.order"));
+    // The directory, which exists: a missing file watched would rerun this
+    // script (and relink) on every build.
+    println!("cargo:rerun-if-changed={}", dir.display());
     println!("cargo:rerun-if-env-changed=CHOIR_CODE_ORDER");
     let is = |var: &str, value: &str| std::env::var(var).as_deref() == Ok(value);
     let wanted = is("PROFILE", "release")
@@ -36,7 +40,13 @@ fn main() {
         && is("CARGO_CFG_TARGET_ENV", "gnu")
         && !is("CHOIR_CODE_ORDER", "off");
     if wanted && order.is_file() {
-        println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}", order.display());
-        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        // `-Xlinker` pairs, not `-Wl,`: a comma in the checkout's path stays
+        // part of the path.
+        for arg in ["--no-warn-symbol-ordering", "--symbol-ordering-file"] {
+            println!("cargo:rustc-link-arg-bins=-Xlinker");
+            println!("cargo:rustc-link-arg-bins={arg}");
+        }
+        println!("cargo:rustc-link-arg-bins=-Xlinker");
+        println!("cargo:rustc-link-arg-bins={}", order.display());
     }
 }

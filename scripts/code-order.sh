@@ -10,7 +10,7 @@
 # symbol names, hashes included, are the release build's), in its own target
 # directory; `bench-soak` (short mode) run on copies of it with choird and
 # choir-agent under valgrind's callgrind, which starts a new part of its
-# profile where `choir_common::code_pages::give_back_logged` is entered (the
+# profile where `choir_common::code_pages::give_back_logged` returns (the
 # end of start-up); `scripts/code_order.py` turns the parts into the lists.
 # Run it again after a dependency or toolchain update (a stale list only
 # costs resident memory; DESIGN.md, "Measurements", says how much).
@@ -44,7 +44,7 @@ for b in choird choir-agent; do
   cat > "$work/$b" <<WRAP
 #!/bin/sh
 exec valgrind --tool=callgrind --demangle=no --dump-instr=no \\
-  --dump-before='*give_back_logged*' --dump-every-bb=50000000 \\
+  --dump-after='*give_back_logged*' --dump-every-bb=50000000 \\
   --log-file="$work/profile/$b.%p.log" \\
   --callgrind-out-file="$work/profile/$b.%p" "$work/$b.real" "\$@"
 WRAP
@@ -54,7 +54,13 @@ done
 echo "code-order: bench-soak under callgrind (several minutes)"
 "$work/bench-soak"
 
+# Both lists or neither: written beside the profile, moved at the end.
+shopt -s nullglob
+for b in choird choir-agent; do
+  parts=("$work"/profile/$b.*[0-9])
+  [ ${#parts[@]} -gt 0 ] || { echo "code-order: no profile of $b" >&2; exit 1; }
+  python3 scripts/code_order.py --binary "$work/$b.real" --out "$work/$b.order" "${parts[@]}"
+done
 mkdir -p code-order
-python3 scripts/code_order.py --binary "$work/choird.real" --out code-order/choird.order "$work"/profile/choird.*[0-9]
-python3 scripts/code_order.py --binary "$work/choir-agent.real" --out code-order/choir-agent.order "$work"/profile/choir-agent.*[0-9]
+mv "$work/choird.order" "$work/choir-agent.order" code-order/
 echo "code-order: done; rebuild with make release"

@@ -2,9 +2,9 @@
 """Turns callgrind profiles of one binary into a symbol ordering file for lld.
 
 Used by scripts/code-order.sh (`make code-order`; issue 19, item 2). Each
-profile file is one part of one process's run; a part whose trigger was
-`--dump-before` ends start-up (the profile was split where
-`give_back_logged` is entered). Written, one mangled symbol a line:
+profile file is one part of one process's run; the part whose trigger was
+`--dump-after` ends start-up (the profile was split where
+`give_back_logged` returns). Written, one mangled symbol a line:
 
   1. the binary's functions that ran after start-up, by their own cost,
      highest first (what steady turns keep resident, the hottest together);
@@ -77,9 +77,9 @@ def read_parts(paths, binary):
                         costs[fn] += int(fields[-1])
         own = collections.Counter()
         for name, cost in costs.items():
-            if not name.startswith("0x"):  # no symbol
+            if not name.startswith(("0x", "(")):  # no symbol; "(below main)"
                 own[name.split("'")[0]] += cost  # recursion levels: name'2
-        parts.append(("--dump-before" in trigger, own))
+        parts.append(("--dump-after" in trigger, own))
     return parts
 
 

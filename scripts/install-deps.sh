@@ -102,7 +102,7 @@ fi
 # --- Rust -------------------------------------------------------------------
 # Debian 12's rustc is too old for the dependency set; a rustup toolchain is
 # expected. Install one only when none is there and rustup's server answers.
-need_minor=85
+need_minor=90
 if command -v cargo >/dev/null 2>&1; then
   minor=$(cargo --version | awk '{split($2, v, "."); print v[2]}')
   if [ "${minor:-0}" -lt "$need_minor" ]; then

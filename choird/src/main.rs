@@ -13,6 +13,9 @@ default info).";
 fn main() {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     choir_common::malloc::limit_arenas(std::env::var_os("MALLOC_ARENA_MAX").is_some());
+    // Start-up reads its binary by faults, not from large folios a fresh
+    // install left in the page cache (code_pages::drop_unmapped_cache).
+    choir_common::code_pages::drop_unmapped_cache();
     if let Err(e) = real_main() {
         eprintln!("choird: {e:#}");
         std::process::exit(1);

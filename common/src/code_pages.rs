@@ -46,9 +46,9 @@ pub struct GivenBack {
     /// Mappings the kernel refused the advice for (locked ones, say): they
     /// stay resident.
     pub refused: usize,
-    /// Whether the kernel took the hint to drop the executable's cached
-    /// pages no process maps (see [`give_back`]).
-    pub cache_dropped: bool,
+    /// Whether the hint to drop the executable's cached pages no process
+    /// maps was given (see [`give_back`]); the kernel may still keep them.
+    pub cache_advised: bool,
 }
 
 /// Why nothing was given back.
@@ -267,24 +267,26 @@ pub fn give_back() -> Result<GivenBack, Error> {
         }
     }
     if done.mappings > 0 {
-        done.cache_dropped = drop_unmapped_cache();
+        done.cache_advised = drop_unmapped_cache();
     }
     Ok(done)
 }
 
 /// Asks the kernel to drop the executable's cached pages that no process
 /// maps (`POSIX_FADV_DONTNEED`: a hint; a page mapped anywhere, by this
-/// process or another, stays). Why: a fault maps what the page cache holds
-/// around the page touched, and a binary the linker or `install` has just
-/// written sits in the cache in large folios — measured, an agent's binary
-/// then stayed 3.5 MB resident in steady turns against 1.8 MB once its
-/// cached pages had been dropped before it started (DESIGN.md,
-/// "Measurements"). Dropped, the code steady turns run comes back from the
-/// file as it is faulted in. The cost: those first faults read the file
-/// (major faults, once), and another process running the same binary
-/// reads again what it had cached but not mapped.
+/// process or another, stays); whether the hint could be given. Called
+/// first thing in `main` and again by [`give_back`]. Why: a binary the
+/// linker, `install` or `cp` has just written sits in the page cache in
+/// large folios, and on this machine's kernel (6.18) a fault maps the whole
+/// folio it lands in — measured, two agents sharing a freshly copied binary
+/// held 3.5 MB of it resident in steady turns (RSS 7.3–7.8 MB) against
+/// 1.8 MB (5.5–5.9) when its cached pages had been dropped before they
+/// started (DESIGN.md, "Measurements"). Read back by faults, the code comes
+/// in as it is touched. The cost: a start reads the binary from the disk
+/// instead of the cache (a restart too), and another process running the
+/// same binary reads again what it had cached but not mapped.
 #[cfg(target_os = "linux")]
-fn drop_unmapped_cache() -> bool {
+pub fn drop_unmapped_cache() -> bool {
     std::fs::File::open("/proc/self/exe")
         .and_then(|f| Ok(rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?))
         .is_ok()
@@ -302,8 +304,8 @@ pub fn give_back_logged() {
                 g.resident_before / 1024,
                 g.mappings
             );
-            if !g.cache_dropped && g.mappings > 0 {
-                log::info!("the kernel did not take the hint to drop the binary's unmapped cached pages");
+            if !g.cache_advised && g.mappings > 0 {
+                log::info!("the binary's unmapped cached pages could not be advised away (/proc/self/exe unreadable)");
             }
             if g.refused > 0 {
                 log::warn!("{} mappings of the binary's code refused MADV_DONTNEED; they stay resident", g.refused);
@@ -311,6 +313,12 @@ pub fn give_back_logged() {
         }
         Err(e) => log::warn!("start-up's code pages not given back: {e}"),
     }
+}
+
+/// Elsewhere, nothing is dropped.
+#[cfg(not(target_os = "linux"))]
+pub fn drop_unmapped_cache() -> bool {
+    false
 }
 
 /// Elsewhere, nothing is given back.
@@ -520,7 +528,7 @@ Swap: 300 kB
         let done = give_back().unwrap();
         let after = own_text_resident();
         assert!(done.mappings >= 1 && done.refused == 0, "{done:?}");
-        assert!(done.cache_dropped, "the hint to drop the unmapped cache is taken: {done:?}");
+        assert!(done.cache_advised, "the hint to drop the unmapped cache is given: {done:?}");
         assert!(done.resident_before >= before / 2, "{done:?} vs {before}");
         assert!(after < before, "resident code {before} -> {after} bytes");
         // Code dropped is faulted in again: parsing (not run since) still works.

@@ -3,7 +3,7 @@
 //! start-up first (costliest first), then what only start-up ran; other
 //! objects' functions, unnamed code and processes that never finished
 //! start-up left out. The profiles are written in callgrind's own format as
-//! valgrind 3.19 writes it with `--dump-before`: the part the trigger ended
+//! valgrind 3.19 writes it with `--dump-after`: the part the trigger ended
 //! is start-up, and names are compressed across a process's parts.
 
 use std::path::Path;
@@ -46,7 +46,7 @@ fn steady_functions_come_first_by_their_own_cost_then_those_only_start_up_ran() 
     let startup = part(
         7,
         1,
-        "--dump-before=_ZN12choir_common10code_pages16give_back_logged17h0E",
+        "--dump-after=_ZN12choir_common10code_pages16give_back_logged17h0E",
         "ob=(1) /usr/lib/x86_64-linux-gnu/libc.so.6\nfl=(1) ???\nfn=(1) memcpy\n0 50\n\n\
          ob=(2) /w/choird.real\nfl=(2) ???\nfn=(2) main\n0 3\ncfn=(3) _ZN6choird6config5parse17h1E\ncalls=1 0\n0 900\n\n\
          fn=(3)\n0 900\n\nfn=(4) _ZN6choird4turn17h2E\n0 1\n\nfn=(5) 0x0000000000001050\n0 5\n",
@@ -58,16 +58,33 @@ fn steady_functions_come_first_by_their_own_cost_then_those_only_start_up_ran() 
         2,
         "Program termination",
         "ob=(2)\nfl=(2)\nfn=(2)\n0 1\ncfn=(4)\ncalls=5 0\n0 10000\n\nfn=(4)\n0 400\n+1 200\n\n\
-         fn=(6) _ZN6choird5relay17h3E'2\n0 30\n\nfn=(7) _ZN6choird5relay17h3E\n0 50\n\n\
-         ob=(1)\nfn=(1)\n0 99999\n",
+         fn=(6) _ZN6choird5relay17h3E'2\n0 30\n\n\
+         cob=(1)\ncfn=(1)\ncalls=1 0\n0 7\nfn=(7) _ZN6choird5relay17h3E\n0 50\n\n\
+         fn=(8) (below main)\n0 9\n\nob=(1)\nfn=(1)\n0 99999\n",
     );
-    let (output, lines) = run(&[("choird.7.1", startup), ("choird.7", steady)]);
+    // A second process (a restart), whose start-up ran the turn code too,
+    // and after it a function the first never ran; then a periodic dump
+    // before its start-up ended.
+    let second = [
+        part(8, 1, "--dump-every-bb=50000000", "ob=(1) /w/choird.real\nfl=(1) ???\nfn=(1) _ZN6choird4turn17h2E\n0 5\n"),
+        part(8, 2, "--dump-after=_ZN12choir_common10code_pages16give_back_logged17h0E", "ob=(1)\nfn=(1)\n0 5\n"),
+        part(8, 3, "Program termination", "ob=(1)\nfn=(2) _ZN6choird5flush17h4E\n0 70\n"),
+    ];
+    // Passed out of order: the parts are put back in order by their heads.
+    let (output, lines) = run(&[
+        ("choird.8", second[2].clone()),
+        ("choird.7", steady),
+        ("choird.8.2", second[1].clone()),
+        ("choird.7.1", startup),
+        ("choird.8.1", second[0].clone()),
+    ]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(
         lines,
         [
             "_ZN6choird4turn17h2E",  // 600 after start-up
             "_ZN6choird5relay17h3E", // 30 + 50, recursion levels merged
+            "_ZN6choird5flush17h4E", // 70, in the second process only
             "main",                  // 1 after start-up (its call's 10,000 not its own)
             "_ZN6choird6config5parse17h1E",
         ]
