@@ -243,8 +243,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let link = link.clone();
         std::thread::Builder::new().name("link-push".into()).spawn(move || link.push(out_rx, committed_rx))?
     };
-    // Start-up is done: the code only it ran need not stay resident.
-    choir_common::code_pages::give_back_logged();
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
     let signal_handle = signals.handle();
     let sig = std::thread::Builder::new().name("signals".into()).spawn(move || {
@@ -253,6 +251,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let _ = edge_tx.send(EdgeEvent::Stop);
         }
     })?;
+    // Start-up is done (SIGTERM handled from here on): the code only it ran
+    // need not stay resident.
+    choir_common::code_pages::give_back_logged();
 
     let lane_result = edge.join();
     board.set_session(SessionState::Draining);
