@@ -62,8 +62,12 @@ test: deps base-image lint
 # prints them as one table.
 BENCH_TABLE = target/bench-table.tsv
 bench: export CHOIR_BENCH_TABLE = $(abspath $(BENCH_TABLE))
+# The arbiter's criterion bench builds in its own target directory: built
+# in target/, `cargo bench` relinks target/release/choir-agent with the
+# dev-dependency features (failpoints) and without the release build's
+# function order, and every later benchmark would run that agent.
 bench: deps base-image release
-	$(CARGO) bench -p choir-agent --bench arbiter
+	$(CARGO) bench -p choir-agent --bench arbiter --target-dir target/criterion
 	rm -f $(BENCH_TABLE)
 	target/release/bench-docker
 	target/release/bench-turns

@@ -280,9 +280,8 @@ pub fn give_back() -> Result<GivenBack, Error> {
 /// large folios, and on this machine's kernel (6.18) a fault maps the whole
 /// folio it lands in — measured, two agents sharing a freshly copied binary
 /// held 3.5 MB of it resident in steady turns (RSS 7.3–7.8 MB) without this
-/// call and 1.8 MB (5.6–5.9) with it (DESIGN.md, "Measurements"; run from
-/// the linker's output in place the agents stayed at 7.1–7.5 MB either way,
-/// not yet explained). Read back by faults, the code comes
+/// call and 1.8 MB (5.6–5.9) with it (DESIGN.md, "Measurements"). Read
+/// back by faults, the code comes
 /// in as it is touched. The cost: a start reads the binary from the disk
 /// instead of the cache (a restart too), and another process running the
 /// same binary reads again what it had cached but not mapped.
