@@ -275,16 +275,17 @@ pub fn give_back() -> Result<GivenBack, Error> {
 /// Asks the kernel to drop the executable's cached pages that no process
 /// maps (`POSIX_FADV_DONTNEED`: a hint; a page mapped anywhere, by this
 /// process or another, stays); whether the hint could be given. Called
-/// first thing in `main` and again by [`give_back`]. Why: a binary the
-/// linker, `install` or `cp` has just written sits in the page cache in
-/// large folios, and on this machine's kernel (6.18) a fault maps the whole
-/// folio it lands in — measured, two agents sharing a freshly copied binary
-/// held 3.5 MB of it resident in steady turns (RSS 7.3–7.8 MB) without this
-/// call and 1.8 MB (5.6–5.9) with it (DESIGN.md, "Measurements"). Read
-/// back by faults, the code comes
-/// in as it is touched. The cost: a start reads the binary from the disk
-/// instead of the cache (a restart too), and another process running the
-/// same binary reads again what it had cached but not mapped.
+/// first thing in `main` and again by [`give_back`]. Why: pages of the binary
+/// already in the page cache (a fresh install or copy, an earlier run) are
+/// mapped by each fault's fault-around whether or not the code runs, so a
+/// process's resident code grows with what happens to be cached; read back
+/// by faults, the code comes in as it is touched. Measured (DESIGN.md,
+/// "Measurements"), release builds freshly copied, short soak, three runs
+/// each: with the call choird 9.5–9.6 MB and agents 5.8 MB at 4,000 turns,
+/// without it 9.7–9.9 and 5.8–6.0 MB (file pages 0.1–0.4 MB more) — a small
+/// gain, but the agents' target is 6 MB. The cost: a start reads the binary
+/// from the disk instead of the cache (a restart too), and another process
+/// running the same binary reads again what it had cached but not mapped.
 #[cfg(target_os = "linux")]
 pub fn drop_unmapped_cache() -> bool {
     std::fs::File::open("/proc/self/exe")
