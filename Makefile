@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps base-image build release code-order demo test lint fmt bench bench-memory install clean
+.PHONY: all deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install clean
 
 all: build
 
@@ -38,6 +38,15 @@ release: deps
 # after dependency or toolchain updates.
 code-order: deps
 	./scripts/code-order.sh
+
+# A developer's trial of pgvector's index kinds at a million items (issue 19,
+# item 5; DESIGN.md, "Memory"): its own scratch cluster, minutes. ARGS are
+# the script's (--index hnsw|hnsw-bq|ivfflat --data clustered|uniform --n N).
+PY_TRIAL = target/py-trial
+index-trial: deps
+	test -x $(PY_TRIAL)/bin/pip || python3 -m venv --clear $(PY_TRIAL)
+	$(PY_TRIAL)/bin/pip install --quiet numpy==2.4.6 'psycopg[binary]==3.3.9'
+	$(PY_TRIAL)/bin/python scripts/vector-index-trial.py $(ARGS)
 
 demo: build base-image
 	./scripts/demo.sh

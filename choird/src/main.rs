@@ -13,8 +13,8 @@ default info).";
 fn main() {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     choir_common::malloc::limit_arenas(std::env::var_os("MALLOC_ARENA_MAX").is_some());
-    // Start-up maps the code it runs, not every cached page of the binary a
-    // fault lands near (code_pages::drop_unmapped_cache).
+    // Faults map about the code that runs (each its 64 KiB neighbourhood),
+    // not whatever else of the binary is cached (code_pages::drop_unmapped_cache).
     choir_common::code_pages::drop_unmapped_cache();
     if let Err(e) = real_main() {
         eprintln!("choird: {e:#}");

@@ -277,13 +277,14 @@ pub fn give_back() -> Result<GivenBack, Error> {
 /// process or another, stays); whether the hint could be given. Called
 /// first thing in `main` and again by [`give_back`]. Why: pages of the binary
 /// already in the page cache (a fresh install or copy, an earlier run) are
-/// mapped by each fault's fault-around whether or not the code runs, so a
+/// mapped by each fault's fault-around whether or not their code runs, so a
 /// process's resident code grows with what happens to be cached; read back
-/// by faults, the code comes in as it is touched. Measured (DESIGN.md,
-/// "Measurements"), release builds freshly copied, short soak, three runs
-/// each: with the call choird 9.5–9.6 MB and agents 5.8 MB at 4,000 turns,
-/// without it 9.7–9.9 and 5.8–6.0 MB (file pages 0.1–0.4 MB more) — a small
-/// gain, but the agents' target is 6 MB. The cost: a start reads the binary
+/// by faults, about the code that runs comes in (each fault still maps its
+/// 64 KiB neighbourhood). Measured (DESIGN.md, "Measurements"), release
+/// builds freshly copied, short soak, three paired runs: with the call
+/// choird 9.5–9.6 MB and agents 5.8–5.9 MB at 4,000 turns, without it
+/// 9.7–9.9 and 5.8–6.0 MB — 0.1–0.4 MB of choird, 0–0.2 MB of an agent:
+/// margin under the agents' 6 MB target. The cost: a start reads the binary
 /// from the disk instead of the cache (a restart too), and another process
 /// running the same binary reads again what it had cached but not mapped.
 #[cfg(target_os = "linux")]
