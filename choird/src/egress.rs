@@ -152,17 +152,23 @@ impl Policy {
     }
 }
 
+/// The longest URL a tool may be given, in bytes, as given and once
+/// encoded: the one bound the web tools' schemas and [`parse_web_url`]
+/// share. Invariant: a request line with such a URL fits the outward
+/// client's output buffer (`resolver::OUTPUT_BUFFER`).
+pub const MAX_URL_BYTES: usize = 8192;
+
 /// Parses an `http`/`https` URL with a host and no user info; anything else
 /// is refused, saying why.
 pub fn parse_web_url(raw: &str) -> Result<url::Url, Refused> {
-    if raw.len() > 8192 {
-        return Err(Refused("the URL is longer than 8192 bytes".into()));
+    if raw.len() > MAX_URL_BYTES {
+        return Err(Refused(format!("the URL is longer than {MAX_URL_BYTES} bytes")));
     }
     let url = url::Url::parse(raw.trim()).map_err(|e| Refused(format!("not a valid URL: {e}")))?;
     // Percent-encoding can triple what was given; the request line must fit
     // the client's output buffer (`resolver::OUTPUT_BUFFER`).
-    if url.as_str().len() > 8192 {
-        return Err(Refused(format!("the URL is {} bytes once encoded; at most 8192", url.as_str().len())));
+    if url.as_str().len() > MAX_URL_BYTES {
+        return Err(Refused(format!("the URL is {} bytes once encoded; at most {MAX_URL_BYTES}", url.as_str().len())));
     }
     match url.scheme() {
         "http" | "https" => {}
@@ -269,6 +275,11 @@ mod tests {
         let long = format!("https://x.test/{}", "é".repeat(4_000));
         let err = p.check_url(&long).unwrap_err().0;
         assert!(err.contains("once encoded"), "{err}");
+        // The bound itself: exactly MAX_URL_BYTES passes, one byte more is refused.
+        let at = format!("https://x.test/{}", "a".repeat(MAX_URL_BYTES - "https://x.test/".len()));
+        assert_eq!(p.check_url(&at).unwrap().as_str().len(), MAX_URL_BYTES);
+        let err = p.check_url(&format!("{at}a")).unwrap_err().0;
+        assert!(err.contains("longer than 8192 bytes"), "{err}");
         assert_eq!(origin_of(&p.check_url("HTTP://x.test:80/p").unwrap()), "http://x.test");
     }
 }

@@ -84,7 +84,7 @@ impl HostTool for Browse {
                     "type": "object",
                     "properties": {
                         "action": {"type": "string", "enum": ["open", "click", "type", "back", "screenshot"]},
-                        "url": {"type": "string", "minLength": 1, "maxLength": 8192, "description": "open: the http(s) URL"},
+                        "url": {"type": "string", "minLength": 1, "maxLength": crate::egress::MAX_URL_BYTES, "description": "open: the http(s) URL"},
                         "link": {"type": "integer", "minimum": 1, "description": "click: the link's number [n] on the page"},
                         "selector": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "click/type: a CSS selector"},
                         "text": {"type": "string", "maxLength": 10000, "description": "type: the text"},

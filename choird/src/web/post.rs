@@ -17,7 +17,7 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::egress::{origin_of, parse_web_url, Policy};
+use crate::egress::{origin_of, parse_web_url, Policy, MAX_URL_BYTES};
 use crate::host_tools::{HostCall, HostTool, Status};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
@@ -79,7 +79,7 @@ impl HostTool for Post {
                 "parameters": {
                     "type": "object",
                     "properties": {
-                        "url": {"type": "string", "minLength": 1, "maxLength": 8192},
+                        "url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_BYTES},
                         "json": {"description": "A JSON body"},
                         "form": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Form fields (application/x-www-form-urlencoded)"},
                         "headers": {"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": MAX_HEADERS},
