@@ -364,14 +364,19 @@ fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     say!("pending embeddings: {}", s["pending_embeddings"]);
     let fresh = s["fresh_embeddings"].as_i64().unwrap_or(0);
     if fresh > 0 {
-        say!("not yet in the HNSW index: {fresh} (searchable by exact scan; the memory-index thread indexes them)");
+        say!("not yet in the vector index: {fresh} (searchable by exact scan; the memory-index thread indexes them)");
     }
     let failed = s["failed_embeddings"].as_i64().unwrap_or(0);
     if failed > 0 {
         say!("failed embeddings: {failed} (the endpoint refused them every time; set aside, not searchable)");
     }
+    let index = match (s["index"]["kind"].as_str().unwrap_or("?"), s["index"]["lists"].as_u64()) {
+        ("none", _) => "no vector index (exact scans)".to_owned(),
+        (kind, Some(lists)) => format!("{} index, {lists} lists", kind.to_uppercase()),
+        (kind, None) => format!("{} index", kind.to_uppercase()),
+    };
     say!(
-        "HNSW index: {} KiB; table with indexes: {} KiB; {}-dimensional {}",
+        "{index}: {} KiB; table with indexes: {} KiB; {}-dimensional {}",
         s["index_bytes"].as_i64().unwrap_or(0) / 1024,
         s["total_bytes"].as_i64().unwrap_or(0) / 1024,
         s["dimensions"],

@@ -9,6 +9,7 @@ use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird, TempHome};
 use choir_tests::observe::{system_of, wait_for};
 use choir_tests::pg::TestPg;
+use choird::store::memory::Breadth;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -146,6 +147,11 @@ fn memory_round_trips_in_three_modes_dedupes_filters_and_keeps_agents_apart() {
     assert_eq!(stats["tiers"], json!({"knowledge": 2, "session": 1}));
     assert_eq!((stats["pending_embeddings"].as_i64(), stats["dimensions"].as_i64()), (Some(0), Some(64)));
     assert!(stats["index_bytes"].as_i64().unwrap() > 0);
+    assert_eq!(
+        stats["index"],
+        json!({"kind": "hnsw", "lists": null}),
+        "a small table keeps the HNSW index it was made with"
+    );
     let found = choird.ctl_ok(&["memory", "search", "alpha", "wifi password"]);
     assert!(found.lines().next().unwrap().ends_with(WIFI), "{found}");
     let export = choird.ctl_ok(&["memory", "export", "alpha"]);
@@ -601,7 +607,7 @@ fn fresh_vectors_are_found_at_once_with_filters_and_the_same_scores_after_indexi
 
     let query = |tier: Option<&str>, meta: Value, k: i64| -> Vec<(String, i64)> {
         store
-            .memory_semantic(&a, vec![1.0, 0.0, 0.0], tier, &meta, k, 100)
+            .memory_semantic(&a, vec![1.0, 0.0, 0.0], tier, &meta, k, Breadth::DEFAULT)
             .unwrap()
             .iter()
             .map(|(i, score)| (i.content.clone(), (score * 1e6).round() as i64))
@@ -730,7 +736,8 @@ fn queries_during_indexing_find_each_item_exactly_once() {
             .get(0)
     };
     let nearest = |agent: &AgentId, k: usize| -> Vec<String> {
-        let got = store.memory_semantic(agent, vec![1.0, 0.0, 0.0], None, &json!({}), k as i64, 100).unwrap();
+        let got =
+            store.memory_semantic(agent, vec![1.0, 0.0, 0.0], None, &json!({}), k as i64, Breadth::DEFAULT).unwrap();
         got.iter().map(|(i, _)| i.content.clone()).collect()
     };
     let want = |k: usize| -> Vec<String> { (0..k).map(|i| format!("item {i}")).collect() };
@@ -824,4 +831,115 @@ fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
     store_items(&store, &a, 3, 100);
     let r = indexer::round(&store, &mut waits).unwrap();
     assert_eq!((r.moved, r.failed.len()), (3, 0), "gamma waits out its backoff; alpha goes on");
+}
+
+/// Issue 19, item 5: once an agent's table is large its vector index becomes
+/// IVFFlat (inserts a nearest-centre lookup, not a graph search), with lists
+/// sized to its rows, and is rebuilt only when the rows have doubled —
+/// looking again without growth builds nothing, however often. Queries find
+/// the same nearest items before, during (a half-made index left by a
+/// crash is never used) and after; a leftover index is dropped by the next
+/// build; an agent whose build fails waits while the others are built.
+#[test]
+fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_double() {
+    use choir_common::ids::AgentId;
+    use choird::memory::indexer::{self, Builds};
+    use choird::memory::lifecycle::{Kind, Policy};
+    use choird::store::memory_index::BuildCancel;
+    use std::sync::atomic::AtomicBool;
+    let Some(pg) = TestPg::start() else { return };
+    let [a, b] = ["alpha", "beta"].map(|n| AgentId::parse(n).unwrap());
+    let store = memory_store(&pg, &[(&a, 3), (&b, 3)]);
+    let mut c = pg.client();
+    // Item i at angle i/1000 from [1, 0, 0]: item i is the i-th nearest.
+    let grow = |c: &mut postgres::Client, agent: &str, to: i64| {
+        c.batch_execute(&format!(
+            "INSERT INTO agent_{agent}.items (tier, content, content_sha256, embedding)
+             SELECT 'knowledge', 'item ' || i, md5(i::text), ('[1,' || (i / 1000.0) || ',0]')::vector
+             FROM generate_series((SELECT count(*) FROM agent_{agent}.items), {to} - 1) AS i;
+             ANALYZE agent_{agent}.items"
+        ))
+        .unwrap();
+    };
+    let policy = Policy { build_at: 200, rows_per_list: 20, sqrt_from: u64::MAX, growth: 2 };
+    let (cancel, stop) = (BuildCancel::default(), AtomicBool::new(false));
+    let mut builds = Builds::default();
+    let look = |builds: &mut Builds| -> Vec<(String, u32)> {
+        let r = indexer::reshape(&store, &policy, builds, &cancel, &stop).unwrap();
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        r.built.iter().map(|b| (b.agent.to_string(), b.lists)).collect()
+    };
+    let nearest = |k: usize| -> Vec<String> {
+        let got = store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({}), k as i64, Breadth::DEFAULT).unwrap();
+        got.iter().map(|(i, _)| i.content.clone()).collect()
+    };
+    let want = |k: usize| -> Vec<String> { (0..k).map(|i| format!("item {i}")).collect() };
+    let kind = |agent: &AgentId| store.memory_index_shape(agent).unwrap().kind;
+
+    grow(&mut c, "alpha", 199);
+    assert_eq!(look(&mut builds), [], "below build_at the schema's own index stays");
+    assert_eq!(kind(&a), Kind::Other("hnsw".into()));
+    assert_eq!(nearest(10), want(10));
+
+    grow(&mut c, "alpha", 200);
+    assert_eq!(look(&mut builds), [("alpha".to_owned(), 10)], "built at build_at, rows / 20 lists");
+    assert_eq!(kind(&a), Kind::IvfFlat(10));
+    assert_eq!(kind(&b), Kind::Other("hnsw".into()), "beta's small table is left alone");
+    assert_eq!(nearest(10), want(10), "the same answers through IVFFlat");
+    for _ in 0..5 {
+        assert_eq!(look(&mut Builds::default()), [], "looking again without growth builds nothing");
+    }
+    grow(&mut c, "alpha", 399);
+    assert_eq!(look(&mut builds), [], "19 lists wanted, 10 built: within a factor of two");
+    grow(&mut c, "alpha", 400);
+    assert_eq!(look(&mut builds), [("alpha".to_owned(), 20)], "rebuilt at a doubling");
+    assert_eq!(kind(&a), Kind::IvfFlat(20));
+    let plan: String = c
+        .query("EXPLAIN SELECT id FROM agent_alpha.items ORDER BY embedding <=> '[1,0,0]' LIMIT 5", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    assert!(plan.contains("items_embedding"), "queries use the new index: {plan}");
+    // A narrow filter still finds its items through IVFFlat (pgvector's
+    // iterative scan, bounded at four times the probes).
+    c.batch_execute(
+        "UPDATE agent_alpha.items SET metadata = '{\"k\": \"rare\"}' WHERE content IN ('item 300', 'item 399')",
+    )
+    .unwrap();
+    let rare =
+        store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({"k": "rare"}), 5, Breadth::DEFAULT).unwrap();
+    assert_eq!(rare.iter().map(|(i, _)| i.content.as_str()).collect::<Vec<_>>(), ["item 300", "item 399"]);
+
+    // A crash mid-build left `items_embedding_next` (here a valid, unrelated
+    // index stands in for it): queries are unaffected, and the next build
+    // drops it and puts its own in place.
+    c.batch_execute("CREATE INDEX items_embedding_next ON agent_alpha.items (id)").unwrap();
+    assert_eq!(nearest(10), want(10));
+    grow(&mut c, "alpha", 800);
+    assert_eq!(look(&mut builds), [("alpha".to_owned(), 40)]);
+    let names: Vec<String> = c
+        .query("SELECT indexname FROM pg_indexes WHERE schemaname = 'agent_alpha' AND indexname LIKE 'items_emb%'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names, ["items_embedding"], "the leftover is gone");
+    assert_eq!(nearest(10), want(10));
+    let stats = store.memory_stats(&a).unwrap();
+    assert!(stats.index_bytes > 0 && stats.total_bytes > stats.index_bytes, "{stats:?}");
+
+    // Beta's build fails (its vectors' column taken from under it): it waits
+    // out FAILED_BUILD_WAIT, alpha is still built; nothing of beta changed.
+    grow(&mut c, "beta", 300);
+    c.batch_execute("ALTER TABLE agent_beta.items RENAME COLUMN embedding TO gone").unwrap();
+    grow(&mut c, "alpha", 1600);
+    let r = indexer::reshape(&store, &policy, &mut builds, &cancel, &stop).unwrap();
+    assert_eq!(r.built.iter().map(|b| b.agent.as_str()).collect::<Vec<_>>(), ["alpha"]);
+    assert_eq!(r.failed.iter().map(|(ag, _)| ag.as_str()).collect::<Vec<_>>(), ["beta"]);
+    assert_eq!(kind(&b), Kind::Other("hnsw".into()), "beta keeps the index it had");
+    let r = indexer::reshape(&store, &policy, &mut builds, &cancel, &stop).unwrap();
+    assert!(r.built.is_empty() && r.failed.is_empty(), "beta is not tried again at once: {r:?}");
+    // With nothing running, a cancel is harmless.
+    choird::store::memory_index::cancel_build(&cancel);
 }

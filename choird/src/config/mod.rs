@@ -550,6 +550,10 @@ pub struct MemoryConfig {
     /// HNSW search breadth (`hnsw.ef_search`) for semantic queries.
     #[serde(default = "default_ef_search")]
     pub ef_search: u32,
+    /// IVFFlat search breadth (`ivfflat.probes`: lists read) for semantic
+    /// queries once an agent's memory is large enough for its IVFFlat index.
+    #[serde(default = "default_probes")]
+    pub probes: u32,
     /// Most items per agent whose vectors wait outside the HNSW index (found
     /// by an exact scan) for the `memory-index` thread to index them; beyond
     /// it new vectors go straight into the index. 0 indexes every vector as
@@ -569,6 +573,9 @@ fn default_upsert_wait_ms() -> u64 {
 }
 fn default_ef_search() -> u32 {
     100
+}
+fn default_probes() -> u32 {
+    10
 }
 fn default_fresh_max() -> u32 {
     DEFAULT_FRESH_MAX
@@ -921,6 +928,9 @@ impl Config {
             if m.ef_search == 0 || m.ef_search > 1000 {
                 return e("memory.ef_search", "must be between 1 and 1000");
             }
+            if m.probes == 0 || m.probes > 1000 {
+                return e("memory.probes", "must be between 1 and 1000");
+            }
             if m.fresh_max > 100_000 {
                 return e("memory.fresh_max", "must be at most 100000 (each query scans that many vectors exactly)");
             }
@@ -1093,7 +1103,7 @@ mod tests {
     }
 
     #[test]
-    fn fresh_max_is_bounded_and_defaults_to_the_measured_value() {
+    fn fresh_max_and_probes_are_bounded_and_default_to_the_measured_values() {
         let llm = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"}}"#;
         let memory = |extra: &str| {
             format!(
@@ -1107,6 +1117,12 @@ mod tests {
         assert!(why.contains("at most 100000"), "{why}");
         assert_eq!(field_of(&memory(r#", "fresh_max": -1"#)), "memory.fresh_max");
         assert_eq!(Config::parse(&memory(r#", "fresh_max": 0"#)).unwrap().memory.map(|m| m.fresh_max), Some(0));
+        let defaults = Config::parse(&memory("")).unwrap().memory.map(|m| (m.ef_search, m.probes));
+        let breadth = crate::store::memory::Breadth::DEFAULT;
+        assert_eq!(defaults, Some((breadth.ef_search, breadth.probes)), "Breadth::DEFAULT is the config's");
+        for bad in ["0", "1001", "-1"] {
+            assert_eq!(field_of(&memory(&format!(r#", "probes": {bad}"#))), "memory.probes", "{bad}");
+        }
     }
 
     #[test]

@@ -6,9 +6,15 @@
 //! schemas that have the `fresh` column (per-agent migration 2, applied when
 //! the agent starts or when the batcher first stores a vector for it).
 //!
+//! Every [`CHECK_EVERY`] it also looks at each agent's vector index and
+//! builds the one the [`lifecycle`] policy calls for (IVFFlat once a table
+//! is large, rebuilt as it grows), one build at a time; fresh vectors wait
+//! meanwhile (up to `fresh_max`, then the batcher indexes them as stored).
+//!
 //! **Invariant:** a round moves at most [`BATCH`] items per agent; agents
 //! take turns, and an agent whose move fails waits out its own backoff
-//! while the others go on.
+//! while the others go on. An agent whose build fails is not built again
+//! for [`FAILED_BUILD_WAIT`]: a build reads the whole table.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +23,10 @@ use std::time::{Duration, Instant};
 use choir_common::ids::AgentId;
 use crossbeam_channel::Receiver;
 
+use super::lifecycle::{self, Policy, Step};
 use crate::db::{DbError, FRESH_MIGRATION};
 use crate::pace::{backoff, nap};
+use crate::store::memory_index::BuildCancel;
 use crate::store::Store;
 
 /// Items indexed per agent per transaction: at a million items an HNSW
@@ -29,11 +37,44 @@ pub const BATCH: i64 = 16;
 /// How long an idle round waits for the batcher's poke before looking again.
 const IDLE: Duration = Duration::from_secs(5);
 
-/// Runs until `stop`; `poked` wakes it when fresh vectors were stored.
-pub fn run(store: &Store, poked: &Receiver<()>, stop: &AtomicBool) {
+/// How often the agents' vector indexes are looked at.
+pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// How long an agent whose build failed waits before the next.
+pub const FAILED_BUILD_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// Runs until `stop`; `poked` wakes it when fresh vectors were stored; a
+/// running build leaves its cancel token in `cancel` for `stop`'s caller.
+pub fn run(store: &Store, poked: &Receiver<()>, cancel: &BuildCancel, stop: &AtomicBool) {
     let mut failures = 0u32;
     let mut waits = Waits::default();
+    let mut builds = Builds::default();
+    let mut next_check = Instant::now();
     while !stop.load(Ordering::SeqCst) {
+        if Instant::now() >= next_check {
+            next_check = Instant::now() + CHECK_EVERY;
+            match reshape(store, &Policy::DEFAULT, &mut builds, cancel, stop) {
+                Ok(r) => {
+                    for b in &r.built {
+                        log::info!(
+                            "memory: agent {}'s vector index rebuilt as IVFFlat with {} lists for {} rows in {:.1} s",
+                            b.agent,
+                            b.lists,
+                            b.rows,
+                            b.took.as_secs_f64()
+                        );
+                    }
+                    for (agent, e) in r.failed.iter().filter(|_| !stop.load(Ordering::SeqCst)) {
+                        log::warn!(
+                            "memory: cannot build agent {agent}'s vector index ({e}); queries use the index it \
+                             has, and the build is tried again in {} minutes",
+                            FAILED_BUILD_WAIT.as_secs() / 60
+                        );
+                    }
+                }
+                Err(e) => log::warn!("memory: cannot list agents' memory for their indexes ({e}); retrying"),
+            }
+        }
         match round(store, &mut waits) {
             Ok(Round { moved, failed }) => {
                 failures = 0;
@@ -87,6 +128,72 @@ pub struct Round {
     pub moved: u64,
     /// Agents whose move failed this round (the others still moved).
     pub failed: Vec<(AgentId, DbError)>,
+}
+
+/// Agents whose last build failed, and when they may be built again.
+#[derive(Debug, Default)]
+pub struct Builds {
+    failed_until: HashMap<AgentId, Instant>,
+}
+
+/// A build done.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// Whose.
+    pub agent: AgentId,
+    /// Its lists.
+    pub lists: u32,
+    /// The rows its table had when the build was decided.
+    pub rows: u64,
+    /// How long it took.
+    pub took: Duration,
+}
+
+/// What one look at the indexes did.
+#[derive(Debug, Default)]
+pub struct Reshaped {
+    /// Builds done, one after another.
+    pub built: Vec<Built>,
+    /// Agents whose shape could not be read or whose build failed.
+    pub failed: Vec<(AgentId, DbError)>,
+}
+
+/// Looks at each agent's vector index (but those whose last build failed
+/// less than [`FAILED_BUILD_WAIT`] ago) and builds what `policy` says,
+/// one agent after another, until `stop`.
+pub fn reshape(
+    store: &Store,
+    policy: &Policy,
+    builds: &mut Builds,
+    cancel: &BuildCancel,
+    stop: &AtomicBool,
+) -> Result<Reshaped, DbError> {
+    let mut out = Reshaped::default();
+    for agent in store.memory_agents(Some(FRESH_MIGRATION))? {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if builds.failed_until.get(&agent).is_some_and(|at| Instant::now() < *at) {
+            continue;
+        }
+        let done = store.memory_index_shape(&agent).and_then(|shape| match lifecycle::step(policy, &shape) {
+            Step::Keep => Ok(None),
+            Step::Build(lists) => store
+                .memory_index_build(&agent, lists, shape.dims, cancel)
+                .map(|took| Some(Built { agent: agent.clone(), lists, rows: shape.rows, took })),
+        });
+        match done {
+            Ok(built) => {
+                builds.failed_until.remove(&agent);
+                out.built.extend(built);
+            }
+            Err(e) => {
+                builds.failed_until.insert(agent.clone(), Instant::now() + FAILED_BUILD_WAIT);
+                out.failed.push((agent, e));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// One round: up to [`BATCH`] items of each agent not waiting out a

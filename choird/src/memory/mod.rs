@@ -20,6 +20,7 @@
 pub mod batcher;
 pub mod embeddings;
 pub mod indexer;
+pub mod lifecycle;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,12 +36,14 @@ use sha2::{Digest, Sha256};
 
 use self::batcher::Progress;
 use self::embeddings::{EmbedError, Embedder};
+use self::lifecycle::Kind;
 use crate::config::MemoryConfig;
 use crate::host_tools::{HostCall, HostTool, Registry, RegistryError, Status};
 use crate::http::ApiError;
 use crate::http::Caller as Authed;
 use crate::shared::Shared;
-use crate::store::memory::{NewItem, Range};
+use crate::store::memory::{Breadth, NewItem, Range};
+use crate::store::memory_index::{cancel_build, BuildCancel};
 
 /// What choird serves agents when memory is configured: the memory host
 /// tools, the host half of `choir.memory.compact`, and the ranking behind
@@ -133,6 +136,8 @@ pub struct Memory {
     progress: Arc<Progress>,
     poke: Sender<()>,
     index_poke: Sender<()>,
+    /// Cancels the index build running now, at stop.
+    build_cancel: BuildCancel,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Agents whose schema is known to be migrated (by this process).
@@ -183,11 +188,12 @@ impl Memory {
                 .name("memory-embed".into())
                 .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &ready, &stop))?
         };
+        let build_cancel = BuildCancel::default();
         let index = {
-            let (d, stop) = (d.clone(), stop.clone());
+            let (d, stop, cancel) = (d.clone(), stop.clone(), build_cancel.clone());
             std::thread::Builder::new()
                 .name("memory-index".into())
-                .spawn(move || indexer::run(&d.store, &index_poked, &stop))
+                .spawn(move || indexer::run(&d.store, &index_poked, &cancel, &stop))
         };
         let index = match index {
             Ok(t) => t,
@@ -207,6 +213,7 @@ impl Memory {
             progress,
             poke,
             index_poke,
+            build_cancel,
             stop,
             threads: Mutex::new(vec![embed, index]),
             ready,
@@ -224,12 +231,18 @@ impl Memory {
         Ok(n)
     }
 
+    /// How wide semantic queries search, as configured.
+    fn breadth(&self) -> Breadth {
+        Breadth { ef_search: self.cfg.ef_search, probes: self.cfg.probes }
+    }
+
     /// Stops the batcher and the indexer (what the one has not embedded
     /// stays in the outbox, what the other has not indexed stays fresh).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.poke.try_send(());
         let _ = self.index_poke.try_send(());
+        cancel_build(&self.build_cancel);
         for t in std::mem::take(&mut *self.threads.lock()) {
             let _ = t.join();
         }
@@ -355,7 +368,7 @@ impl Memory {
                 let v = self.embed_one(&q)?;
                 self.shared
                     .store
-                    .memory_semantic(agent, v, tier.as_deref(), &metadata, k, self.cfg.ef_search)?
+                    .memory_semantic(agent, v, tier.as_deref(), &metadata, k, self.breadth())?
                     .into_iter()
                     .map(|(i, score)| (i, Some(score)))
                     .unzip()
@@ -501,10 +514,16 @@ impl Memory {
     pub fn stats(&self, agent: &AgentId) -> Result<Value, ApiError> {
         self.ensure(agent)?;
         let st = self.shared.store.memory_stats(agent)?;
+        let (kind, lists) = match self.shared.store.memory_index_shape(agent)?.kind {
+            Kind::None => ("none".to_owned(), None),
+            Kind::IvfFlat(lists) => ("ivfflat".to_owned(), Some(lists)),
+            Kind::Other(am) => (am, None),
+        };
         let tiers: serde_json::Map<String, Value> = st.tiers.iter().map(|(t, n)| (t.clone(), json!(n))).collect();
         Ok(json!({"agent": agent, "schema": format!("agent_{agent}"), "tiers": tiers,
                   "items": st.tiers.iter().map(|(_, n)| n).sum::<i64>(), "pending_embeddings": st.pending,
                   "failed_embeddings": st.failed, "fresh_embeddings": st.fresh,
+                  "index": {"kind": kind, "lists": lists},
                   "index_bytes": st.index_bytes, "total_bytes": st.total_bytes,
                   "dimensions": self.cfg.embeddings.dimensions, "model": self.embedder.model()}))
     }

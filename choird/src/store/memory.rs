@@ -114,6 +114,23 @@ pub struct Range {
     pub metadata: Value,
 }
 
+/// How wide a semantic query searches, in whichever index the agent's
+/// table has now (see [`crate::memory::lifecycle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breadth {
+    /// HNSW's `hnsw.ef_search` (while a table is small).
+    pub ef_search: u32,
+    /// IVFFlat's `ivfflat.probes`: the lists read (once it is large). A
+    /// filtered query reads at most four times as many before it stops
+    /// (pgvector's iterative scan): a narrow filter cannot make it read all.
+    pub probes: u32,
+}
+
+impl Breadth {
+    /// The configuration's defaults (`memory.ef_search`, `memory.probes`).
+    pub const DEFAULT: Breadth = Breadth { ef_search: 100, probes: 10 };
+}
+
 /// Per-agent figures for `choirctl memory stats`.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
@@ -123,9 +140,9 @@ pub struct Stats {
     pub pending: i64,
     /// Items the endpoint kept refusing: set aside, never embedded.
     pub failed: i64,
-    /// Items embedded but not yet in the HNSW index (found by exact scan).
+    /// Items embedded but not yet in the vector index (found by exact scan).
     pub fresh: i64,
-    /// Size of the HNSW index, bytes.
+    /// Size of the vector index, bytes (0 if there is none).
     pub index_bytes: i64,
     /// Size of the table with its indexes, bytes.
     pub total_bytes: i64,
@@ -208,13 +225,14 @@ impl Store {
     }
 
     /// The `k` items nearest to `query` by cosine distance, with their
-    /// similarity (1 − distance): the `k` nearest in the HNSW index and the
+    /// similarity (1 − distance): the `k` nearest in the vector index (HNSW
+    /// or IVFFlat, as the table's size has it) and the
     /// `k` nearest fresh vectors (an exact scan of at most `fresh_max` rows,
     /// through the partial index `items_fresh`), in one statement, merged.
     /// Filters apply inside the index scan (pgvector's iterative scan), so a
     /// narrow filter still finds `k`. Only the filters given appear in the
     /// statement: a catch-all predicate would steer the planner away from
-    /// the HNSW index.
+    /// the vector index.
     pub fn memory_semantic(
         &self,
         agent: &AgentId,
@@ -222,7 +240,7 @@ impl Store {
         tier: Option<&str>,
         metadata: &Value,
         k: i64,
-        ef_search: u32,
+        breadth: Breadth,
     ) -> Result<Vec<(Item, f64)>, DbError> {
         let schema = agent_schema(agent);
         let v = Vector::from(query);
@@ -255,9 +273,13 @@ impl Store {
             // after its migration) make the fresh branch look like a million
             // rows, and compiling the plan then cost 35 ms a query at a
             // million items (bench-memory) for a few rows read.
+            let Breadth { ef_search, probes } = breadth;
             tx.batch_execute(&format!(
                 "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order;
-                 SET LOCAL enable_seqscan = off; SET LOCAL jit = off"
+                 SET LOCAL ivfflat.probes = {probes}; SET LOCAL ivfflat.iterative_scan = relaxed_order;
+                 SET LOCAL ivfflat.max_probes = {};
+                 SET LOCAL enable_seqscan = off; SET LOCAL jit = off",
+                probes.saturating_mul(4)
             ))?;
             let rows = tx.query(&sql, &params)?;
             tx.commit()?;
@@ -531,8 +553,10 @@ impl Store {
             let (pending, failed): (i64, i64) = (counts.get(0), counts.get(1));
             let fresh: i64 =
                 c.query_one(&format!("SELECT count(*) FROM {schema}.items WHERE fresh IS NOT NULL"), &[])?.get(0);
+            // The index may be missing (dropped by an operator, or between a
+            // rebuild's two steps): its size is then 0, not an error.
             let sizes = c.query_one(
-                "SELECT pg_relation_size(($1 || '.items_embedding')::regclass),
+                "SELECT coalesce(pg_relation_size(to_regclass($1 || '.items_embedding')), 0),
                         pg_total_relation_size(($1 || '.items')::regclass)",
                 &[&plain],
             )?;

@@ -11,6 +11,7 @@ use crate::db::{Db, DbError};
 mod approvals;
 pub mod host_calls;
 pub mod memory;
+pub mod memory_index;
 pub mod schedule;
 mod sessions;
 pub mod telegram;
