@@ -877,6 +877,15 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     let kind = |agent: &AgentId| store.memory_index_shape(agent).unwrap().kind;
 
     grow(&mut c, "alpha", 199);
+    // Beta's 250 items all wait for their vectors (the endpoint down): they
+    // are not rows an index could sample, so nothing is built for them.
+    c.batch_execute(
+        "INSERT INTO agent_beta.items (tier, content, content_sha256)
+         SELECT 'knowledge', 'pending ' || i, md5('p' || i) FROM generate_series(1, 250) AS i;
+         ANALYZE agent_beta.items",
+    )
+    .unwrap();
+    assert_eq!(store.memory_index_shape(&b).unwrap().rows, 0, "rows without a vector do not count");
     assert_eq!(look(&mut builds), [], "below build_at the schema's own index stays");
     assert_eq!(kind(&a), Kind::Other("hnsw".into()));
     assert_eq!(nearest(10), want(10));

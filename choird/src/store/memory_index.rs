@@ -33,10 +33,11 @@ pub fn cancel_build(cancel: &BuildCancel) {
 }
 
 impl Store {
-    /// The index `agent`'s `items.embedding` has, and the rows of its table:
-    /// the larger of the planner's estimate (kept by autovacuum and by every
-    /// index build) and the statistics' live rows (kept at every commit), or
-    /// a count for a table never analyzed.
+    /// The index `agent`'s `items.embedding` has, and the rows of its table
+    /// that have a vector there: the larger of the planner's estimate (kept
+    /// by autovacuum and by every index build) and the statistics' live rows
+    /// (kept at every commit), or a count for a table never analyzed; times
+    /// the share of rows with a vector as ANALYZE last saw it.
     pub fn memory_index_shape(&self, agent: &AgentId) -> Result<Shape, DbError> {
         let schema = agent_schema(agent);
         self.db.with(|c| {
@@ -48,20 +49,30 @@ impl Store {
                           WHERE i.oid = to_regclass($2) AND x.indisvalid),
                         (SELECT o FROM pg_class i, unnest(i.reloptions) AS o
                           WHERE i.oid = to_regclass($2) AND o LIKE 'lists=%'),
-                        (SELECT s.n_live_tup FROM pg_stat_all_tables s WHERE s.relid = t.oid)
+                        (SELECT s.n_live_tup FROM pg_stat_all_tables s WHERE s.relid = t.oid),
+                        (SELECT s.null_frac FROM pg_stats s
+                          WHERE s.schemaname = $3 AND s.tablename = 'items' AND s.attname = 'embedding')
                  FROM pg_class t WHERE t.oid = to_regclass($1)",
-                &[&format!("{schema}.items"), &format!("{schema}.items_embedding")],
+                &[
+                    &format!("{schema}.items"),
+                    &format!("{schema}.items_embedding"),
+                    &format!("agent_{}", agent.as_str()),
+                ],
             )?;
             // Every column may be NULL: a table without `embedding` (an
             // operator's hand, or a schema half made) must not panic here.
             let (estimate, dims, am, lists): (Option<i64>, Option<i32>, Option<String>, Option<String>) =
                 (r.get(0), r.get(1), r.get(2), r.get(3));
-            let live: Option<i64> = r.get(4);
+            let (live, no_vector): (Option<i64>, Option<f32>) = (r.get(4), r.get(5));
             let rows = if let Some(estimate) = estimate.filter(|e| *e >= 0) {
                 estimate.max(live.unwrap_or(0))
             } else {
                 c.query_one(&format!("SELECT count(*) FROM {schema}.items"), &[])?.get(0)
             };
+            // Rows with a vector in `embedding` are what the index lists and
+            // its k-means samples: items still waiting for theirs (an
+            // endpoint down) or fresh do not count.
+            let rows = (rows.max(0) as f64 * (1.0 - f64::from(no_vector.unwrap_or(0.0)).clamp(0.0, 1.0))) as u64;
             let kind = match am.as_deref() {
                 None => Kind::None,
                 Some("ivfflat") => {
@@ -69,7 +80,7 @@ impl Store {
                 }
                 Some(other) => Kind::Other(other.to_owned()),
             };
-            Ok(Shape { kind, rows: rows.max(0) as u64, dims: dims.unwrap_or(1).max(1) as u32 })
+            Ok(Shape { kind, rows, dims: dims.unwrap_or(1).max(1) as u32 })
         })
     }
 
