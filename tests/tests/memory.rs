@@ -903,15 +903,23 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     grow(&mut c, "alpha", 400);
     assert_eq!(look(&mut builds), [("alpha".to_owned(), 20)], "rebuilt at a doubling");
     assert_eq!(kind(&a), Kind::IvfFlat(20));
-    let plan: String = c
-        .query("EXPLAIN SELECT id FROM agent_alpha.items ORDER BY embedding <=> '[1,0,0]' LIMIT 5", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
+    let plan: String = {
+        let mut tx = c.transaction().unwrap();
+        tx.batch_execute("SET LOCAL enable_seqscan = off").unwrap();
+        let plan = tx
+            .query("EXPLAIN SELECT id FROM agent_alpha.items ORDER BY embedding <=> '[1,0,0]' LIMIT 5", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        tx.commit().unwrap();
+        plan
+    };
     assert!(plan.contains("items_embedding"), "queries use the new index: {plan}");
     // A narrow filter still finds its items through IVFFlat (pgvector's
-    // iterative scan, bounded at four times the probes).
+    // iterative scan, bounded at four times the probes); without the GIN
+    // index on metadata, IVFFlat is the only way to the answer.
+    c.batch_execute("DROP INDEX agent_alpha.items_metadata").unwrap();
     c.batch_execute(
         "UPDATE agent_alpha.items SET metadata = '{\"k\": \"rare\"}' WHERE content IN ('item 300', 'item 399')",
     )
@@ -920,27 +928,90 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
         store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({"k": "rare"}), 5, Breadth::DEFAULT).unwrap();
     assert_eq!(rare.iter().map(|(i, _)| i.content.as_str()).collect::<Vec<_>>(), ["item 300", "item 399"]);
 
-    // A crash mid-build left `items_embedding_next` (here a valid, unrelated
-    // index stands in for it): queries are unaffected, and the next build
-    // drops it and puts its own in place.
-    c.batch_execute("CREATE INDEX items_embedding_next ON agent_alpha.items (id)").unwrap();
-    assert_eq!(nearest(10), want(10));
-    grow(&mut c, "alpha", 800);
-    assert_eq!(look(&mut builds), [("alpha".to_owned(), 40)]);
-    let names: Vec<String> = c
-        .query("SELECT indexname FROM pg_indexes WHERE schemaname = 'agent_alpha' AND indexname LIKE 'items_emb%'", &[])
+    // What a crash or a cancel can leave, put right by the next look without
+    // a build. (1) An invalid `items_embedding_next` (a concurrent build that
+    // failed): never used, dropped.
+    let indexes = |c: &mut postgres::Client| -> Vec<(String, bool)> {
+        c.query(
+            "SELECT i.relname::text, x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+             WHERE x.indrelid = 'agent_alpha.items'::regclass AND i.relname LIKE 'items_emb%' ORDER BY 1",
+            &[],
+        )
         .unwrap()
         .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(names, ["items_embedding"], "the leftover is gone");
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let item = |n: &str, valid: bool| (n.to_owned(), valid);
+    let failed = c.batch_execute("CREATE UNIQUE INDEX CONCURRENTLY items_embedding_next ON agent_alpha.items (tier)");
+    assert!(failed.is_err(), "the tiers repeat");
+    assert_eq!(indexes(&mut c), [item("items_embedding", true), item("items_embedding_next", false)]);
+    assert_eq!(nearest(10), want(10));
+    assert_eq!(look(&mut builds), [], "settled, not built");
+    assert_eq!(indexes(&mut c), [item("items_embedding", true)]);
+    // (2) A crash between the old index's drop and the new one's rename.
+    c.batch_execute("ALTER INDEX agent_alpha.items_embedding RENAME TO items_embedding_next").unwrap();
+    assert_eq!(kind(&a), Kind::None);
+    assert_eq!(look(&mut builds), [], "renamed, not built");
+    assert_eq!((kind(&a), indexes(&mut c)), (Kind::IvfFlat(20), vec![item("items_embedding", true)]));
+    // (3) The old index left invalid (a cancelled DROP INDEX CONCURRENTLY),
+    // the new one valid: the old one goes, the new one takes its name.
+    c.batch_execute(
+        "CREATE INDEX items_embedding_next ON agent_alpha.items USING ivfflat (embedding vector_cosine_ops)
+           WITH (lists = 19);
+         UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'agent_alpha.items_embedding'::regclass",
+    )
+    .unwrap();
+    assert_eq!(kind(&a), Kind::None, "an invalid index is no index");
+    assert_eq!(look(&mut builds), []);
+    assert_eq!((kind(&a), indexes(&mut c)), (Kind::IvfFlat(19), vec![item("items_embedding", true)]));
+    assert_eq!(nearest(10), want(10));
+
+    // (4) choird stopping mid-build: the build is cancelled, not waited
+    // out (here it waits behind a writer's open transaction), and the old
+    // index serves on; the next look drops the half-made one.
+    grow(&mut c, "alpha", 800);
+    let mut writer = pg.client();
+    let mut open = writer.transaction().unwrap();
+    open.execute("INSERT INTO agent_alpha.items (tier, content, content_sha256) VALUES ('working', 'w', 'w')", &[])
+        .unwrap();
+    let stopping = BuildCancel::default();
+    let cancelled = std::thread::scope(|s| {
+        let building = s.spawn(|| store.memory_index_build(&a, 40, 3, &stopping));
+        let waiting = || {
+            pg.client()
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX CONCURRENTLY%'
+                     AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        };
+        let since = std::time::Instant::now();
+        while !waiting() {
+            assert!(since.elapsed() < Duration::from_secs(30), "the build never waited");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stopping.cancel();
+        building.join().unwrap()
+    });
+    assert!(matches!(cancelled, Err(choird::db::DbError::Stopped)), "{cancelled:?}");
+    open.rollback().unwrap();
+    assert_eq!(indexes(&mut c), [item("items_embedding", true), item("items_embedding_next", false)]);
+    assert_eq!(nearest(10), want(10), "the old index serves on");
+    assert!(matches!(store.memory_index_build(&a, 40, 3, &stopping), Err(choird::db::DbError::Stopped)));
+    assert_eq!(look(&mut builds), [("alpha".to_owned(), 40)], "the leftover dropped, the build done");
+    assert_eq!(indexes(&mut c), [item("items_embedding", true)]);
     assert_eq!(nearest(10), want(10));
     let stats = store.memory_stats(&a).unwrap();
     assert!(stats.index_bytes > 0 && stats.total_bytes > stats.index_bytes, "{stats:?}");
 
     // Beta's build fails (its vectors' column taken from under it): it waits
     // out FAILED_BUILD_WAIT, alpha is still built; nothing of beta changed.
-    grow(&mut c, "beta", 300);
+    grow(&mut c, "beta", 500);
+    assert_eq!(store.memory_index_shape(&b).unwrap().rows, 250, "half of beta's rows have vectors");
     c.batch_execute("ALTER TABLE agent_beta.items RENAME COLUMN embedding TO gone").unwrap();
     grow(&mut c, "alpha", 1600);
     let r = indexer::reshape(&store, &policy, &mut builds, &cancel, &stop).unwrap();
@@ -950,5 +1021,5 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     let r = indexer::reshape(&store, &policy, &mut builds, &cancel, &stop).unwrap();
     assert!(r.built.is_empty() && r.failed.is_empty(), "beta is not tried again at once: {r:?}");
     // With nothing running, a cancel is harmless.
-    choird::store::memory_index::cancel_build(&cancel);
+    cancel.cancel();
 }

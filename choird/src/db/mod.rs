@@ -77,6 +77,9 @@ pub enum DbError {
         /// The configured dimension.
         configured: u32,
     },
+    /// Work stopped because choird is stopping (a cancelled index build).
+    #[error("stopped: choird is shutting down")]
+    Stopped,
     /// A migration failed; the message names it.
     #[error("migration {name} failed: {source}{hint}")]
     Migration {
@@ -186,6 +189,14 @@ impl Db {
             }
         }
         Ok(out?)
+    }
+
+    /// Runs `f` on a connection of its own, opened now and closed after:
+    /// for work that sets session state (settings, session advisory locks)
+    /// or runs long, so none of it reaches a pooled connection.
+    pub fn dedicated<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, DbError>) -> Result<T, DbError> {
+        let mut client = self.open()?;
+        f(&mut client)
     }
 
     /// Applies pending migrations; returns the names applied now.

@@ -26,7 +26,7 @@ use crossbeam_channel::Receiver;
 use super::lifecycle::{self, Policy, Step};
 use crate::db::{DbError, FRESH_MIGRATION};
 use crate::pace::{backoff, nap};
-use crate::store::memory_index::BuildCancel;
+use crate::store::memory_index::{BuildCancel, Settled};
 use crate::store::Store;
 
 /// Items indexed per agent per transaction: at a million items an HNSW
@@ -159,8 +159,9 @@ pub struct Reshaped {
 }
 
 /// Looks at each agent's vector index (but those whose last build failed
-/// less than [`FAILED_BUILD_WAIT`] ago) and builds what `policy` says,
-/// one agent after another, until `stop`.
+/// less than [`FAILED_BUILD_WAIT`] ago): puts right what an interrupted
+/// build left, then builds what `policy` says, one agent after another,
+/// until `stop`.
 pub fn reshape(
     store: &Store,
     policy: &Policy,
@@ -176,11 +177,17 @@ pub fn reshape(
         if builds.failed_until.get(&agent).is_some_and(|at| Instant::now() < *at) {
             continue;
         }
-        let done = store.memory_index_shape(&agent).and_then(|shape| match lifecycle::step(policy, &shape) {
-            Step::Keep => Ok(None),
-            Step::Build(lists) => store
-                .memory_index_build(&agent, lists, shape.dims, cancel)
-                .map(|took| Some(Built { agent: agent.clone(), lists, rows: shape.rows, took })),
+        let done = store.memory_index_settle(&agent, cancel).and_then(|settled| {
+            if settled == Settled::Busy {
+                return Ok(None); // built elsewhere (another choird on this database)
+            }
+            let shape = store.memory_index_shape(&agent)?;
+            match lifecycle::step(policy, &shape) {
+                Step::Keep => Ok(None),
+                Step::Build(lists) => Ok(store
+                    .memory_index_build(&agent, lists, shape.dims, cancel)?
+                    .map(|took| Built { agent: agent.clone(), lists, rows: shape.rows, took })),
+            }
         });
         match done {
             Ok(built) => {

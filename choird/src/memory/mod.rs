@@ -43,7 +43,7 @@ use crate::http::ApiError;
 use crate::http::Caller as Authed;
 use crate::shared::Shared;
 use crate::store::memory::{Breadth, NewItem, Range};
-use crate::store::memory_index::{cancel_build, BuildCancel};
+use crate::store::memory_index::BuildCancel;
 
 /// What choird serves agents when memory is configured: the memory host
 /// tools, the host half of `choir.memory.compact`, and the ranking behind
@@ -137,7 +137,7 @@ pub struct Memory {
     poke: Sender<()>,
     index_poke: Sender<()>,
     /// Cancels the index build running now, at stop.
-    build_cancel: BuildCancel,
+    build_cancel: Arc<BuildCancel>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Agents whose schema is known to be migrated (by this process).
@@ -188,7 +188,7 @@ impl Memory {
                 .name("memory-embed".into())
                 .spawn(move || batcher::run(&d.store, &embedder, &cfg, &progress, &pokes, &ready, &stop))?
         };
-        let build_cancel = BuildCancel::default();
+        let build_cancel = Arc::new(BuildCancel::default());
         let index = {
             let (d, stop, cancel) = (d.clone(), stop.clone(), build_cancel.clone());
             std::thread::Builder::new()
@@ -242,7 +242,7 @@ impl Memory {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.poke.try_send(());
         let _ = self.index_poke.try_send(());
-        cancel_build(&self.build_cancel);
+        self.build_cancel.cancel();
         for t in std::mem::take(&mut *self.threads.lock()) {
             let _ = t.join();
         }

@@ -230,7 +230,10 @@ impl Store {
     /// `k` nearest fresh vectors (an exact scan of at most `fresh_max` rows,
     /// through the partial index `items_fresh`), in one statement, merged.
     /// Filters apply inside the index scan (pgvector's iterative scan), so a
-    /// narrow filter still finds `k`. Only the filters given appear in the
+    /// narrow filter still finds `k` — within the scan's bound (HNSW's
+    /// `hnsw.max_scan_tuples`, 20,000; IVFFlat's 4 × `probes` lists), past
+    /// which a filter that rare answers fewer than `k` rather than reading
+    /// the whole table. Only the filters given appear in the
     /// statement: a catch-all predicate would steer the planner away from
     /// the vector index.
     pub fn memory_semantic(

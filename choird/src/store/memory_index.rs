@@ -6,38 +6,105 @@
 //! had: the new index is made beside the old one (`items_embedding_next`,
 //! `CREATE INDEX CONCURRENTLY`, so upserts and queries go on meanwhile),
 //! and only once it is valid is the old one dropped (`DROP INDEX
-//! CONCURRENTLY`) and the new one given its name. An index left half made
-//! by a crash is never used (PostgreSQL marks it invalid) and is dropped by
-//! the next build. The schema is named from the agent id, never from input.
+//! CONCURRENTLY`) and the new one given its name. Whatever a crash or a
+//! cancel interrupts, [`Store::memory_index_settle`] (run before every look)
+//! puts right without a new build: a valid `items_embedding_next` finishes
+//! its swap (the old index, valid or not, dropped; the new one renamed), an
+//! invalid one (never used by PostgreSQL, but kept up to date by every
+//! insert) is dropped. Builds and settling take a session advisory lock per
+//! agent on a connection of their own, so two choirds on one database never
+//! drop each other's index, and no setting outlives the work. The schema is
+//! named from the agent id, never from input.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::ids::AgentId;
 use parking_lot::Mutex;
+use postgres::Client;
 
 use super::Store;
 use crate::db::{agent_schema, DbError};
 use crate::memory::lifecycle::{build_memory_mib, Kind, Shape};
 
-/// Where a running build leaves the means to cancel it (so stopping choird
-/// need not wait out a build that reads a whole table).
-pub type BuildCancel = Arc<Mutex<Option<postgres::CancelToken>>>;
+/// Key of the per-agent build lock ("vect"; the second key is the agent).
+const BUILD_LOCK: i32 = 0x7665_6374;
 
-/// Cancels the build running now, if any; it then fails, leaving an invalid
-/// index the next build drops. Blocks for one connection to PostgreSQL.
-pub fn cancel_build(cancel: &BuildCancel) {
-    if let Some(token) = cancel.lock().take() {
-        let _ = token.cancel_query(postgres::NoTls);
+/// How a running build is cancelled when choird stops, so stopping need not
+/// wait out a pass over a whole table.
+///
+/// **Invariant:** once [`BuildCancel::cancel`] has run, no statement of a
+/// build starts (each checks first, under the same lock), and the statement
+/// running then is cancelled: the cancel is sent again until the build has
+/// let go of its connection, since PostgreSQL ignores one that reaches a
+/// connection between statements.
+#[derive(Default)]
+pub struct BuildCancel {
+    state: Mutex<(Option<postgres::CancelToken>, bool)>,
+}
+
+impl BuildCancel {
+    /// Cancels the build running now, and any to come. Blocks while it
+    /// sends the cancel (a connection to PostgreSQL each), at most ~10 s.
+    pub fn cancel(&self) {
+        self.state.lock().1 = true;
+        for _ in 0..50 {
+            let Some(token) = self.state.lock().0.clone() else { return };
+            let _ = token.cancel_query(postgres::NoTls);
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
+
+    /// Runs `sql` unless cancelled.
+    fn run(&self, c: &mut Client, sql: &str) -> Result<(), DbError> {
+        if self.state.lock().1 {
+            return Err(DbError::Stopped);
+        }
+        c.batch_execute(sql).map_err(|e| if self.state.lock().1 { DbError::Stopped } else { DbError::Query(e) })
+    }
+
+    /// Holds `c`'s cancel token while the returned guard lives.
+    fn hold(&self, c: &Client) -> Held<'_> {
+        self.state.lock().0 = Some(c.cancel_token());
+        Held(self)
+    }
+}
+
+impl std::fmt::Debug for BuildCancel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BuildCancel {{ cancelled: {} }}", self.state.lock().1)
+    }
+}
+
+/// Clears the token when a build lets go of its connection.
+struct Held<'a>(&'a BuildCancel);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().0 = None;
+    }
+}
+
+/// What settling did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Nothing to put right.
+    Nothing,
+    /// A valid `items_embedding_next` took the old index's place.
+    Swapped,
+    /// An invalid `items_embedding_next` was dropped.
+    DroppedInvalid,
+    /// Another connection holds the agent's build lock (a build elsewhere).
+    Busy,
 }
 
 impl Store {
     /// The index `agent`'s `items.embedding` has, and the rows of its table
-    /// that have a vector there: the larger of the planner's estimate (kept
-    /// by autovacuum and by every index build) and the statistics' live rows
-    /// (kept at every commit), or a count for a table never analyzed; times
-    /// the share of rows with a vector as ANALYZE last saw it.
+    /// that have a vector there: the planner's estimate of its rows times
+    /// the share with a vector, both as ANALYZE (autovacuum's, after a tenth
+    /// of the table changed) last saw them; 0 for a table never analyzed.
+    /// No `count(*)`: this runs every minute. (Not the statistics' live
+    /// rows: an ANALYZE racing the flush of a backend's insert counts makes
+    /// them count those rows twice, until the next ANALYZE.)
     pub fn memory_index_shape(&self, agent: &AgentId) -> Result<Shape, DbError> {
         let schema = agent_schema(agent);
         self.db.with(|c| {
@@ -49,7 +116,6 @@ impl Store {
                           WHERE i.oid = to_regclass($2) AND x.indisvalid),
                         (SELECT o FROM pg_class i, unnest(i.reloptions) AS o
                           WHERE i.oid = to_regclass($2) AND o LIKE 'lists=%'),
-                        (SELECT s.n_live_tup FROM pg_stat_all_tables s WHERE s.relid = t.oid),
                         (SELECT s.null_frac FROM pg_stats s
                           WHERE s.schemaname = $3 AND s.tablename = 'items' AND s.attname = 'embedding')
                  FROM pg_class t WHERE t.oid = to_regclass($1)",
@@ -63,16 +129,12 @@ impl Store {
             // operator's hand, or a schema half made) must not panic here.
             let (estimate, dims, am, lists): (Option<i64>, Option<i32>, Option<String>, Option<String>) =
                 (r.get(0), r.get(1), r.get(2), r.get(3));
-            let (live, no_vector): (Option<i64>, Option<f32>) = (r.get(4), r.get(5));
-            let rows = if let Some(estimate) = estimate.filter(|e| *e >= 0) {
-                estimate.max(live.unwrap_or(0))
-            } else {
-                c.query_one(&format!("SELECT count(*) FROM {schema}.items"), &[])?.get(0)
-            };
+            let no_vector: Option<f32> = r.get(4);
+            let rows = estimate.unwrap_or(0).max(0);
             // Rows with a vector in `embedding` are what the index lists and
             // its k-means samples: items still waiting for theirs (an
             // endpoint down) or fresh do not count.
-            let rows = (rows.max(0) as f64 * (1.0 - f64::from(no_vector.unwrap_or(0.0)).clamp(0.0, 1.0))) as u64;
+            let rows = (rows as f64 * (1.0 - f64::from(no_vector.unwrap_or(0.0)).clamp(0.0, 1.0))) as u64;
             let kind = match am.as_deref() {
                 None => Kind::None,
                 Some("ivfflat") => {
@@ -84,36 +146,83 @@ impl Store {
         })
     }
 
+    /// Puts right what an interrupted build left (see the module's
+    /// invariant), under the agent's build lock; cancelled like a build.
+    pub fn memory_index_settle(&self, agent: &AgentId, cancel: &BuildCancel) -> Result<Settled, DbError> {
+        self.db.dedicated(|c| {
+            if !build_lock(c, agent)? {
+                return Ok(Settled::Busy);
+            }
+            let _held = cancel.hold(c);
+            settle(c, agent, cancel)
+        })
+    }
+
     /// Builds an IVFFlat index of `lists` lists over `agent`'s embeddings
     /// and puts it in place of the present one (see the module's
-    /// invariant); returns how long it took. Runs on a pooled connection of
-    /// its own, outside any transaction (as `CONCURRENTLY` must), with the
-    /// memory the k-means sample needs, reset afterwards.
+    /// invariant); returns how long it took, or `None` when another
+    /// connection holds the agent's build lock. On a connection of its own,
+    /// outside any transaction (as `CONCURRENTLY` must), with at least the
+    /// `maintenance_work_mem` pgvector's k-means needs.
     pub fn memory_index_build(
         &self,
         agent: &AgentId,
         lists: u32,
         dims: u32,
         cancel: &BuildCancel,
-    ) -> Result<Duration, DbError> {
+    ) -> Result<Option<Duration>, DbError> {
         let schema = agent_schema(agent);
         let started = Instant::now();
-        self.db.with(|c| {
-            *cancel.lock() = Some(c.cancel_token());
-            c.batch_execute(&format!("SET maintenance_work_mem = '{}MB'", build_memory_mib(lists, dims)))?;
-            let built = (|| {
-                c.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding_next"))?;
-                c.batch_execute(&format!(
+        self.db.dedicated(|c| {
+            if !build_lock(c, agent)? {
+                return Ok(None);
+            }
+            let _held = cancel.hold(c);
+            let mib = build_memory_mib(lists, dims);
+            let have: i64 =
+                c.query_one("SELECT pg_size_bytes(current_setting('maintenance_work_mem')) / 1048576", &[])?.get(0);
+            if i64::try_from(mib).unwrap_or(i64::MAX) > have {
+                cancel.run(c, &format!("SET maintenance_work_mem = '{mib}MB'"))?;
+            }
+            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding_next"))?;
+            cancel.run(
+                c,
+                &format!(
                     "CREATE INDEX CONCURRENTLY items_embedding_next ON {schema}.items
                      USING ivfflat (embedding vector_cosine_ops) WITH (lists = {lists})"
-                ))?;
-                c.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding"))?;
-                c.batch_execute(&format!("ALTER INDEX {schema}.items_embedding_next RENAME TO items_embedding"))
-            })();
-            cancel.lock().take();
-            let reset = c.batch_execute("RESET maintenance_work_mem");
-            built.and(reset)
-        })?;
-        Ok(started.elapsed())
+                ),
+            )?;
+            settle(c, agent, cancel)?;
+            Ok(Some(started.elapsed()))
+        })
+    }
+}
+
+/// Takes `agent`'s build lock for the session (released when the dedicated
+/// connection closes); false if another session holds it.
+fn build_lock(c: &mut Client, agent: &AgentId) -> Result<bool, DbError> {
+    Ok(c.query_one("SELECT pg_try_advisory_lock($1, hashtext($2))", &[&BUILD_LOCK, &agent.as_str()])?.get(0))
+}
+
+/// The settling itself, on a connection holding the build lock.
+fn settle(c: &mut Client, agent: &AgentId, cancel: &BuildCancel) -> Result<Settled, DbError> {
+    let schema = agent_schema(agent);
+    let next: Option<bool> = c
+        .query_opt(
+            "SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass($1)",
+            &[&format!("{schema}.items_embedding_next")],
+        )?
+        .map(|r| r.get(0));
+    match next {
+        None => Ok(Settled::Nothing),
+        Some(false) => {
+            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding_next"))?;
+            Ok(Settled::DroppedInvalid)
+        }
+        Some(true) => {
+            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding"))?;
+            cancel.run(c, &format!("ALTER INDEX {schema}.items_embedding_next RENAME TO items_embedding"))?;
+            Ok(Settled::Swapped)
+        }
     }
 }
