@@ -90,7 +90,7 @@ bench: deps base-image release
 	CHOIR_BENCH_N=50000 CHOIR_BENCH_DATA=clustered CHOIR_BENCH_UPSERTS=2000 target/release/bench-memory
 	./scripts/bench-table.sh $(BENCH_TABLE)
 
-# The memory store at scale (1,000,000 vectors; about half an hour); `make
+# The memory store at scale (1,000,000 vectors; about 12 minutes); `make
 # bench` runs it short (50,000 vectors, 2,000 upserts).
 bench-memory: deps
 	$(CARGO) build --release -p choir-tests --bin bench-memory

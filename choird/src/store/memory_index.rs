@@ -149,6 +149,12 @@ impl Store {
     /// Puts right what an interrupted build left (see the module's
     /// invariant), under the agent's build lock; cancelled like a build.
     pub fn memory_index_settle(&self, agent: &AgentId, cancel: &BuildCancel) -> Result<Settled, DbError> {
+        // Nearly always nothing is left: one catalog read on a pooled
+        // connection, no connection of its own, no lock.
+        let left = format!("{}.items_embedding_next", agent_schema(agent));
+        if self.db.with(|c| c.query_one("SELECT to_regclass($1) IS NULL", &[&left]))?.get::<_, bool>(0) {
+            return Ok(Settled::Nothing);
+        }
         self.db.dedicated(|c| {
             if !build_lock(c, agent)? {
                 return Ok(Settled::Busy);
