@@ -845,7 +845,7 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     use choir_common::ids::AgentId;
     use choird::memory::indexer::{self, Builds};
     use choird::memory::lifecycle::{Kind, Policy};
-    use choird::store::memory_index::BuildCancel;
+    use choird::store::memory_index::{BuildCancel, Settled};
     use std::sync::atomic::AtomicBool;
     let Some(pg) = TestPg::start() else { return };
     let [a, b] = ["alpha", "beta"].map(|n| AgentId::parse(n).unwrap());
@@ -864,6 +864,11 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     let policy = Policy { build_at: 200, rows_per_list: 20, sqrt_from: u64::MAX, growth: 2 };
     let (cancel, stop) = (BuildCancel::default(), AtomicBool::new(false));
     let mut builds = Builds::default();
+    let settle = |builds: &mut Builds| -> Vec<(String, Settled)> {
+        let r = indexer::reshape(&store, &policy, builds, &cancel, &stop).unwrap();
+        assert!(r.failed.is_empty() && r.built.is_empty(), "{r:?}");
+        r.settled.iter().map(|(a, s)| (a.to_string(), *s)).collect()
+    };
     let look = |builds: &mut Builds| -> Vec<(String, u32)> {
         let r = indexer::reshape(&store, &policy, builds, &cancel, &stop).unwrap();
         assert!(r.failed.is_empty(), "{:?}", r.failed);
@@ -947,12 +952,12 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     assert!(failed.is_err(), "the tiers repeat");
     assert_eq!(indexes(&mut c), [item("items_embedding", true), item("items_embedding_next", false)]);
     assert_eq!(nearest(10), want(10));
-    assert_eq!(look(&mut builds), [], "settled, not built");
+    assert_eq!(settle(&mut builds), [("alpha".to_owned(), Settled::DroppedInvalid)], "settled, not built");
     assert_eq!(indexes(&mut c), [item("items_embedding", true)]);
     // (2) A crash between the old index's drop and the new one's rename.
     c.batch_execute("ALTER INDEX agent_alpha.items_embedding RENAME TO items_embedding_next").unwrap();
     assert_eq!(kind(&a), Kind::None);
-    assert_eq!(look(&mut builds), [], "renamed, not built");
+    assert_eq!(settle(&mut builds), [("alpha".to_owned(), Settled::Swapped)], "renamed, not built");
     assert_eq!((kind(&a), indexes(&mut c)), (Kind::IvfFlat(20), vec![item("items_embedding", true)]));
     // (3) The old index left invalid (a cancelled DROP INDEX CONCURRENTLY),
     // the new one valid: the old one goes, the new one takes its name.
@@ -963,7 +968,7 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     )
     .unwrap();
     assert_eq!(kind(&a), Kind::None, "an invalid index is no index");
-    assert_eq!(look(&mut builds), []);
+    assert_eq!(settle(&mut builds), [("alpha".to_owned(), Settled::Swapped)]);
     assert_eq!((kind(&a), indexes(&mut c)), (Kind::IvfFlat(19), vec![item("items_embedding", true)]));
     assert_eq!(nearest(10), want(10));
 
@@ -977,7 +982,7 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
         .unwrap();
     let stopping = BuildCancel::default();
     let cancelled = std::thread::scope(|s| {
-        let building = s.spawn(|| store.memory_index_build(&a, 40, 3, &stopping));
+        let building = s.spawn(|| store.memory_index_build(&a, 40, 64, &stopping));
         let waiting = || {
             pg.client()
                 .query_one(
@@ -1001,7 +1006,7 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     open.rollback().unwrap();
     assert_eq!(indexes(&mut c), [item("items_embedding", true), item("items_embedding_next", false)]);
     assert_eq!(nearest(10), want(10), "the old index serves on");
-    assert!(matches!(store.memory_index_build(&a, 40, 3, &stopping), Err(choird::db::DbError::Stopped)));
+    assert!(matches!(store.memory_index_build(&a, 40, 64, &stopping), Err(choird::db::DbError::Stopped)));
     assert_eq!(look(&mut builds), [("alpha".to_owned(), 40)], "the leftover dropped, the build done");
     assert_eq!(indexes(&mut c), [item("items_embedding", true)]);
     assert_eq!(nearest(10), want(10));

@@ -554,7 +554,7 @@ pub struct MemoryConfig {
     /// queries once an agent's memory is large enough for its IVFFlat index.
     #[serde(default = "default_probes")]
     pub probes: u32,
-    /// Most items per agent whose vectors wait outside the HNSW index (found
+    /// Most items per agent whose vectors wait outside the vector index (found
     /// by an exact scan) for the `memory-index` thread to index them; beyond
     /// it new vectors go straight into the index. 0 indexes every vector as
     /// it is stored. Bounds what a burst of upserts adds to a query.
@@ -1122,6 +1122,10 @@ mod tests {
         assert_eq!(defaults, Some((breadth.ef_search, breadth.probes)), "Breadth::DEFAULT is the config's");
         for bad in ["0", "1001", "-1"] {
             assert_eq!(field_of(&memory(&format!(r#", "probes": {bad}"#))), "memory.probes", "{bad}");
+        }
+        for good in [1, 1000] {
+            let c = Config::parse(&memory(&format!(r#", "probes": {good}"#))).unwrap();
+            assert_eq!(c.memory.map(|m| m.probes), Some(good));
         }
     }
 

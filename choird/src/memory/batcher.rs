@@ -3,7 +3,7 @@
 //! outbox rows (up to `batch_size`, waiting `batch_ms` for more to arrive),
 //! embeds them in one request, stores the vectors and clears the rows in one
 //! transaction, and tells waiting upserts. Vectors are stored fresh (outside
-//! the HNSW index, up to `fresh_max` per agent) and the `memory-index` thread
+//! the vector index, up to `fresh_max` per agent) and the `memory-index` thread
 //! is poked to index them. When the endpoint is down it backs
 //! off and tries again: the outbox keeps everything, so nothing is lost.
 //! When the endpoint *refuses* a batch (4xx), its items are embedded one by

@@ -1,4 +1,4 @@
-//! `memory-index`: moves fresh vectors into the HNSW index (issue 19, item
+//! `memory-index`: moves fresh vectors into the vector index (issue 19, item
 //! 5). The batcher stores an item's vector in `fresh`, outside the index,
 //! where a query finds it by an exact scan; this thread then indexes a few
 //! items per agent per round, one short transaction each, so an upsert never
@@ -62,6 +62,11 @@ pub fn run(store: &Store, poked: &Receiver<()>, cancel: &BuildCancel, stop: &Ato
                             b.lists,
                             b.rows,
                             b.took.as_secs_f64()
+                        );
+                    }
+                    for (agent, what) in &r.settled {
+                        log::info!(
+                            "memory: agent {agent}'s vector index put right after an interrupted build ({what:?})"
                         );
                     }
                     for (agent, e) in r.failed.iter().filter(|_| !stop.load(Ordering::SeqCst)) {
@@ -156,6 +161,9 @@ pub struct Reshaped {
     pub built: Vec<Built>,
     /// Agents whose shape could not be read or whose build failed.
     pub failed: Vec<(AgentId, DbError)>,
+    /// Leftovers of interrupted builds put right (a swap finished, a
+    /// half-made index dropped).
+    pub settled: Vec<(AgentId, Settled)>,
 }
 
 /// Looks at each agent's vector index (but those whose last build failed
@@ -178,14 +186,16 @@ pub fn reshape(
             continue;
         }
         let done = store.memory_index_settle(&agent, cancel).and_then(|settled| {
-            if settled == Settled::Busy {
-                return Ok(None); // built elsewhere (another choird on this database)
+            match settled {
+                Settled::Busy => return Ok(None), // built elsewhere (another choird on this database)
+                Settled::Nothing => {}
+                Settled::Swapped | Settled::DroppedInvalid => out.settled.push((agent.clone(), settled)),
             }
             let shape = store.memory_index_shape(&agent)?;
             match lifecycle::step(policy, &shape) {
                 Step::Keep => Ok(None),
                 Step::Build(lists) => Ok(store
-                    .memory_index_build(&agent, lists, shape.dims, cancel)?
+                    .memory_index_build(&agent, lists, lifecycle::build_memory_mib(lists, shape.dims), cancel)?
                     .map(|took| Built { agent: agent.clone(), lists, rows: shape.rows, took })),
             }
         });

@@ -10,10 +10,12 @@
 //! But IVFFlat's lists are the k-means centres of the rows present when it
 //! is built, so it is built once a table holds [`Policy::build_at`] rows,
 //! with lists sized to the rows (pgvector's advice: rows / 1000 up to a
-//! million, √rows beyond), and built again when the rows have grown or
-//! shrunk by [`Policy::growth`] (and once more when the lists reach the
-//! bound a build's memory sets). Below `build_at` the index the schema was
-//! made with (HNSW, cheap while the graph is small) stays.
+//! million, √rows beyond), and built again when the lists the rows call for
+//! have grown or shrunk by [`Policy::growth`] from the lists built (the rows
+//! doubling or halving up to a million, quadrupling or quartering beyond;
+//! and once more when the lists reach the bound a build's memory sets).
+//! Below `build_at` the index the schema was made with (HNSW, cheap while
+//! the graph is small) stays; a table that shrinks below it keeps IVFFlat.
 //!
 //! **Invariant:** a table is rebuilt only after its lists and the lists its
 //! rows call for differ by `growth` (2) either way, so the rows indexed by
@@ -21,14 +23,16 @@
 //! has, plus what it deleted — a flood of upserts cannot make builds run
 //! back to back (and the indexer runs one build at a time, for all agents).
 
+pub use crate::store::memory_index::{Kind, Shape};
+
 /// pgvector's most lists.
 pub const MAX_LISTS: u32 = 32_768;
 
 /// The most `maintenance_work_mem` a build may ask for, MiB. pgvector's
 /// k-means keeps a float per sample per list (50 samples a list), so its
 /// memory grows with the square of the lists; past this bound the lists
-/// stop growing (about 2,000 lists at 384 dimensions, so lists hold more
-/// than 1,000 rows past 4 million items, and queries read more).
+/// stop growing (about 2,000 lists at 384 dimensions, reached at about 4
+/// million rows; beyond, each list and so each query keeps growing).
 pub const MAX_BUILD_MIB: u64 = 1024;
 
 /// When to build and rebuild.
@@ -57,28 +61,6 @@ impl Policy {
         let lists = if rows <= self.sqrt_from { rows / self.rows_per_list.max(1) } else { (rows as f64).sqrt() as u64 };
         u32::try_from(lists).unwrap_or(MAX_LISTS).clamp(1, max_lists(dims))
     }
-}
-
-/// The index an agent's `items.embedding` has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
-    /// No valid index (the exact scan answers queries).
-    None,
-    /// IVFFlat with this many lists.
-    IvfFlat(u32),
-    /// Another kind (HNSW, as the per-agent migration made it).
-    Other(String),
-}
-
-/// What the indexer knows of one agent's table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Shape {
-    /// Its index.
-    pub kind: Kind,
-    /// Its rows (the planner's estimate, or a count when there is none).
-    pub rows: u64,
-    /// The embedding dimension (sizes the build's memory).
-    pub dims: u32,
 }
 
 /// What to do.

@@ -4,7 +4,8 @@
 //! Each agent's items live in its own schema `agent_<id>` (made on its first
 //! start by the per-agent migrations), in three tiers (working, session,
 //! knowledge), deduplicated by sha256 within a tier, with a `vector(N)`
-//! embedding under an HNSW (cosine) index. Queries: `semantic` (embed the
+//! embedding under a vector index (cosine; HNSW while small, IVFFlat once
+//! large: `lifecycle`). Queries: `semantic` (embed the
 //! query, nearest neighbours, tier and metadata filters), `hash` (exact
 //! content hash), `range` (commit sequence or time).
 //!
@@ -15,7 +16,7 @@
 //! embedding outbox guarantees it gets one (the `memory-embed` thread), so an
 //! embedding endpoint that is down delays semantic search but loses nothing.
 //! A stored vector is searchable at once: fresh (exact scan) until the
-//! `memory-index` thread has put it into the HNSW index.
+//! `memory-index` thread has put it into the vector index.
 
 pub mod batcher;
 pub mod embeddings;

@@ -6,7 +6,7 @@
 //! never from anything in a request; every value is a parameter.
 //!
 //! **Invariant:** an item has at most one vector: `fresh` (stored by the
-//! batcher, outside the HNSW index, found by an exact scan) or `embedding`
+//! batcher, outside the vector index, found by an exact scan) or `embedding`
 //! (in the index); a CHECK constraint holds it. At most `fresh_max` items
 //! per agent hold a fresh vector when the batcher stores one (the rest go
 //! straight into the index), and [`Store::index_fresh`] moves fresh vectors
@@ -268,7 +268,7 @@ impl Store {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             // No sequential scan: the fresh branch reads its rows through
-            // `items_fresh` whatever the statistics say (the HNSW branch is an
+            // `items_fresh` whatever the statistics say (the index branch is an
             // index scan either way). The entries of rows since indexed are
             // skipped once marked dead, which the batcher's and the indexer's
             // plain index scans of `items_fresh` do as they pass them. No JIT:
@@ -335,7 +335,8 @@ impl Store {
     /// one `UPDATE … FROM unnest(…)` per agent in the batch and one `DELETE`.
     /// Each agent's first vectors are stored fresh (no graph search) while
     /// fewer than `fresh_max` of its items wait for the index; the rest go
-    /// straight into `embedding` (the HNSW insert, as slow as it is). An item
+    /// straight into `embedding` (the index insert: slow for HNSW, cheap for
+    /// IVFFlat). An item
     /// that already has an indexed vector gets the new one there.
     /// Returns how many were stored fresh.
     pub fn store_embeddings(&self, done: &[(i64, AgentId, i64, Vec<f32>)], fresh_max: i64) -> Result<u64, DbError> {
@@ -383,7 +384,7 @@ impl Store {
         })
     }
 
-    /// Moves up to `limit` of an agent's fresh vectors into the HNSW index,
+    /// Moves up to `limit` of an agent's fresh vectors into the vector index,
     /// in one transaction; returns how many. Rows a concurrent move holds are
     /// skipped, never waited for. No `ORDER BY`: with one the planner may walk
     /// the primary key from the oldest item to find the newest; without, the

@@ -24,7 +24,6 @@ use postgres::Client;
 
 use super::Store;
 use crate::db::{agent_schema, DbError};
-use crate::memory::lifecycle::{build_memory_mib, Kind, Shape};
 
 /// Key of the per-agent build lock ("vect"; the second key is the agent).
 const BUILD_LOCK: i32 = 0x7665_6374;
@@ -44,10 +43,12 @@ pub struct BuildCancel {
 
 impl BuildCancel {
     /// Cancels the build running now, and any to come. Blocks while it
-    /// sends the cancel (a connection to PostgreSQL each), at most ~10 s.
+    /// sends the cancel (a connection to PostgreSQL each); stops sending
+    /// after 10 s (a build still running then ends when its statement does).
     pub fn cancel(&self) {
         self.state.lock().1 = true;
-        for _ in 0..50 {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
             let Some(token) = self.state.lock().0.clone() else { return };
             let _ = token.cancel_query(postgres::NoTls);
             std::thread::sleep(Duration::from_millis(200));
@@ -82,6 +83,28 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.0.state.lock().0 = None;
     }
+}
+
+/// The index an agent's `items.embedding` has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// No valid index (the exact scan answers queries).
+    None,
+    /// IVFFlat with this many lists.
+    IvfFlat(u32),
+    /// Another kind (HNSW, as the per-agent migration made it).
+    Other(String),
+}
+
+/// What the indexer knows of one agent's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// Its index.
+    pub kind: Kind,
+    /// Its rows with a vector (as ANALYZE last saw them).
+    pub rows: u64,
+    /// The embedding dimension (sizes the build's memory).
+    pub dims: u32,
 }
 
 /// What settling did.
@@ -168,13 +191,15 @@ impl Store {
     /// and puts it in place of the present one (see the module's
     /// invariant); returns how long it took, or `None` when another
     /// connection holds the agent's build lock. On a connection of its own,
-    /// outside any transaction (as `CONCURRENTLY` must), with at least the
-    /// `maintenance_work_mem` pgvector's k-means needs.
+    /// outside any transaction (as `CONCURRENTLY` must), with no statement
+    /// or lock timeout (a role's own would fail every large build) and at
+    /// least `memory_mib` of `maintenance_work_mem` (what pgvector's k-means
+    /// needs: [`crate::memory::lifecycle::build_memory_mib`]).
     pub fn memory_index_build(
         &self,
         agent: &AgentId,
         lists: u32,
-        dims: u32,
+        memory_mib: u64,
         cancel: &BuildCancel,
     ) -> Result<Option<Duration>, DbError> {
         let schema = agent_schema(agent);
@@ -184,7 +209,8 @@ impl Store {
                 return Ok(None);
             }
             let _held = cancel.hold(c);
-            let mib = build_memory_mib(lists, dims);
+            cancel.run(c, "SET statement_timeout = 0; SET lock_timeout = 0")?;
+            let mib = memory_mib;
             let have: i64 =
                 c.query_one("SELECT pg_size_bytes(current_setting('maintenance_work_mem')) / 1048576", &[])?.get(0);
             if i64::try_from(mib).unwrap_or(i64::MAX) > have {

@@ -163,7 +163,8 @@ fn main() {
         let Step::Build(lists) = lifecycle::step(&Policy::DEFAULT, &shape) else {
             panic!("{n} rows call for no build: {shape:?} (CHOIR_BENCH_N below the policy's build_at?)")
         };
-        store.memory_index_build(&agent, lists, DIMS as u32, &BuildCancel::default()).unwrap().expect("the build lock");
+        let mib = lifecycle::build_memory_mib(lists, DIMS as u32);
+        store.memory_index_build(&agent, lists, mib, &BuildCancel::default()).unwrap().expect("the build lock");
         assert_eq!(store.memory_index_shape(&agent).unwrap().kind, Kind::IvfFlat(lists));
         format!("IVFFlat index (lists {lists}, as the memory-index thread builds it)")
     };
