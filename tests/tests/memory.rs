@@ -932,6 +932,18 @@ fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_d
     let rare =
         store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({"k": "rare"}), 5, Breadth::DEFAULT).unwrap();
     assert_eq!(rare.iter().map(|(i, _)| i.content.as_str()).collect::<Vec<_>>(), ["item 300", "item 399"]);
+    // The bound binds: at 1 probe the scan reads at most 4 of the 20 lists
+    // (the nearest, holding the items nearest [1, 0, 0]) and stops there,
+    // answering without the far rare items rather than reading every list.
+    let one = Breadth { probes: 1, ..Breadth::DEFAULT };
+    let bounded = store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({"k": "rare"}), 5, one).unwrap();
+    assert!(bounded.is_empty(), "{:?}", bounded.iter().map(|(i, _)| &i.content).collect::<Vec<_>>());
+    let near = store.memory_semantic(&a, vec![1.0, 0.0, 0.0], None, &json!({}), 10, one).unwrap();
+    assert_eq!(
+        near.iter().map(|(i, _)| i.content.clone()).collect::<Vec<_>>(),
+        want(10),
+        "unfiltered, 1 probe is enough"
+    );
 
     // What a crash or a cancel can leave, put right by the next look without
     // a build. (1) An invalid `items_embedding_next` (a concurrent build that

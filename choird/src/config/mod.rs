@@ -572,10 +572,10 @@ fn default_upsert_wait_ms() -> u64 {
     5000
 }
 fn default_ef_search() -> u32 {
-    100
+    crate::store::memory::Breadth::DEFAULT.ef_search
 }
 fn default_probes() -> u32 {
-    10
+    crate::store::memory::Breadth::DEFAULT.probes
 }
 fn default_fresh_max() -> u32 {
     DEFAULT_FRESH_MAX

@@ -188,6 +188,23 @@ mod tests {
         // (√rows) until the build's memory stops the lists growing.
         assert!(builds.len() <= 11, "{builds:?}");
         assert_eq!(s.kind, Kind::IvfFlat(max_lists(384)));
+
+        // A model that shrinks its memory to a third (compaction) and
+        // regrows it, over and over: one build each way per cycle, each
+        // after the rows changed threefold, never more.
+        let mut s = shape(Kind::IvfFlat(400), 400_000);
+        let mut cycle_builds = Vec::new();
+        for _ in 0..20 {
+            for rows in [130_000, 400_000] {
+                s.rows = rows;
+                if let Step::Build(lists) = step(&p, &s) {
+                    cycle_builds.push(lists);
+                    s.kind = Kind::IvfFlat(lists);
+                }
+                assert_eq!(step(&p, &s), Step::Keep, "at {rows} rows");
+            }
+        }
+        assert_eq!(cycle_builds, [130, 400].repeat(20));
     }
 
     #[test]

@@ -25,6 +25,11 @@ use postgres::Client;
 use super::Store;
 use crate::db::{agent_schema, DbError};
 
+/// The vector index's name (the per-agent migration's), and the name a
+/// build makes its new index under.
+const INDEX: &str = "items_embedding";
+const NEXT: &str = "items_embedding_next";
+
 /// Key of the per-agent build lock ("vect"; the second key is the agent).
 const BUILD_LOCK: i32 = 0x7665_6374;
 
@@ -142,11 +147,7 @@ impl Store {
                         (SELECT s.null_frac FROM pg_stats s
                           WHERE s.schemaname = $3 AND s.tablename = 'items' AND s.attname = 'embedding')
                  FROM pg_class t WHERE t.oid = to_regclass($1)",
-                &[
-                    &format!("{schema}.items"),
-                    &format!("{schema}.items_embedding"),
-                    &format!("agent_{}", agent.as_str()),
-                ],
+                &[&format!("{schema}.items"), &format!("{schema}.{INDEX}"), &format!("agent_{}", agent.as_str())],
             )?;
             // Every column may be NULL: a table without `embedding` (an
             // operator's hand, or a schema half made) must not panic here.
@@ -174,17 +175,10 @@ impl Store {
     pub fn memory_index_settle(&self, agent: &AgentId, cancel: &BuildCancel) -> Result<Settled, DbError> {
         // Nearly always nothing is left: one catalog read on a pooled
         // connection, no connection of its own, no lock.
-        let left = format!("{}.items_embedding_next", agent_schema(agent));
-        if self.db.with(|c| c.query_one("SELECT to_regclass($1) IS NULL", &[&left]))?.get::<_, bool>(0) {
+        if self.db.with(|c| next_index(c, agent))?.is_none() {
             return Ok(Settled::Nothing);
         }
-        self.db.dedicated(|c| {
-            if !build_lock(c, agent)? {
-                return Ok(Settled::Busy);
-            }
-            let _held = cancel.hold(c);
-            settle(c, agent, cancel)
-        })
+        Ok(self.db.dedicated(|c| locked(c, agent, cancel, |c| settle(c, agent, cancel)))?.unwrap_or(Settled::Busy))
     }
 
     /// Builds an IVFFlat index of `lists` lists over `agent`'s embeddings
@@ -202,58 +196,71 @@ impl Store {
         memory_mib: u64,
         cancel: &BuildCancel,
     ) -> Result<Option<Duration>, DbError> {
-        let schema = agent_schema(agent);
-        let started = Instant::now();
+        let (schema, started) = (agent_schema(agent), Instant::now());
         self.db.dedicated(|c| {
-            if !build_lock(c, agent)? {
-                return Ok(None);
-            }
-            let _held = cancel.hold(c);
-            cancel.run(c, "SET statement_timeout = 0; SET lock_timeout = 0")?;
-            let mib = memory_mib;
-            let have: i64 =
-                c.query_one("SELECT pg_size_bytes(current_setting('maintenance_work_mem')) / 1048576", &[])?.get(0);
-            if i64::try_from(mib).unwrap_or(i64::MAX) > have {
-                cancel.run(c, &format!("SET maintenance_work_mem = '{mib}MB'"))?;
-            }
-            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding_next"))?;
-            cancel.run(
-                c,
-                &format!(
-                    "CREATE INDEX CONCURRENTLY items_embedding_next ON {schema}.items
-                     USING ivfflat (embedding vector_cosine_ops) WITH (lists = {lists})"
-                ),
-            )?;
-            settle(c, agent, cancel)?;
-            Ok(Some(started.elapsed()))
+            locked(c, agent, cancel, |c| {
+                cancel.run(c, "SET statement_timeout = 0; SET lock_timeout = 0")?;
+                let have: i64 =
+                    c.query_one("SELECT pg_size_bytes(current_setting('maintenance_work_mem')) / 1048576", &[])?.get(0);
+                if i64::try_from(memory_mib).unwrap_or(i64::MAX) > have {
+                    cancel.run(c, &format!("SET maintenance_work_mem = '{memory_mib}MB'"))?;
+                }
+                cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{NEXT}"))?;
+                cancel.run(
+                    c,
+                    &format!(
+                        "CREATE INDEX CONCURRENTLY {NEXT} ON {schema}.items
+                         USING ivfflat (embedding vector_cosine_ops) WITH (lists = {lists})"
+                    ),
+                )?;
+                settle(c, agent, cancel)?;
+                Ok(started.elapsed())
+            })
         })
     }
 }
 
-/// Takes `agent`'s build lock for the session (released when the dedicated
-/// connection closes); false if another session holds it.
-fn build_lock(c: &mut Client, agent: &AgentId) -> Result<bool, DbError> {
-    Ok(c.query_one("SELECT pg_try_advisory_lock($1, hashtext($2))", &[&BUILD_LOCK, &agent.as_str()])?.get(0))
+/// Runs `f` holding `agent`'s build lock for the session (released when
+/// the dedicated connection closes) with the connection's cancel token
+/// left in `cancel`; `None` if another session holds the lock.
+fn locked<T>(
+    c: &mut Client,
+    agent: &AgentId,
+    cancel: &BuildCancel,
+    f: impl FnOnce(&mut Client) -> Result<T, DbError>,
+) -> Result<Option<T>, DbError> {
+    let took: bool =
+        c.query_one("SELECT pg_try_advisory_lock($1, hashtext($2))", &[&BUILD_LOCK, &agent.as_str()])?.get(0);
+    if !took {
+        return Ok(None);
+    }
+    let _held = cancel.hold(c);
+    f(c).map(Some)
+}
+
+/// Whether `agent`'s `items_embedding_next` exists, and if so whether it
+/// is valid.
+fn next_index(c: &mut Client, agent: &AgentId) -> Result<Option<bool>, postgres::Error> {
+    Ok(c.query_opt(
+        "SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass($1)",
+        &[&format!("{}.{NEXT}", agent_schema(agent))],
+    )?
+    .map(|r| r.get(0)))
 }
 
 /// The settling itself, on a connection holding the build lock.
 fn settle(c: &mut Client, agent: &AgentId, cancel: &BuildCancel) -> Result<Settled, DbError> {
     let schema = agent_schema(agent);
-    let next: Option<bool> = c
-        .query_opt(
-            "SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass($1)",
-            &[&format!("{schema}.items_embedding_next")],
-        )?
-        .map(|r| r.get(0));
+    let next = next_index(c, agent)?;
     match next {
         None => Ok(Settled::Nothing),
         Some(false) => {
-            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding_next"))?;
+            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{NEXT}"))?;
             Ok(Settled::DroppedInvalid)
         }
         Some(true) => {
-            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.items_embedding"))?;
-            cancel.run(c, &format!("ALTER INDEX {schema}.items_embedding_next RENAME TO items_embedding"))?;
+            cancel.run(c, &format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{INDEX}"))?;
+            cancel.run(c, &format!("ALTER INDEX {schema}.{NEXT} RENAME TO {INDEX}"))?;
             Ok(Settled::Swapped)
         }
     }
