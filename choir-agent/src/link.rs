@@ -222,13 +222,15 @@ impl Link {
     }
 
     /// A HEARTBEAT carrying no events or answers: the poller's long-poll
-    /// (`receive`), or a report on firings.
+    /// (`receive`), or a report on firings. It reports no position
+    /// (`processed_upto` 0): the position moves with the replies that move
+    /// it, so a long-poll writes nothing to choird's database.
     fn bare_heartbeat(&self, wait_ms: u64, receive: bool, firings: Vec<FiringReport>) -> HeartbeatRequest {
         HeartbeatRequest {
             events: Vec::new(),
             replies: Vec::new(),
             partials: Vec::new(),
-            processed_upto: self.processed.load(Ordering::SeqCst),
+            processed_upto: 0,
             config_version: self.config_version.load(Ordering::SeqCst),
             wait_ms,
             receive,
@@ -237,11 +239,10 @@ impl Link {
         }
     }
 
-    /// A HEARTBEAT that only asks for a conversation's tail. It reports no
-    /// position (`processed_upto` 0), so choird stores nothing for it.
+    /// A HEARTBEAT that only asks for a conversation's tail (like every
+    /// bare HEARTBEAT it reports no position, so choird stores nothing for it).
     fn recall_heartbeat(&self, conversation: &str) -> HeartbeatRequest {
         let mut req = self.bare_heartbeat(0, false, Vec::new());
-        req.processed_upto = 0;
         req.recall = Some(conversation.to_owned());
         req
     }
@@ -353,8 +354,13 @@ impl Link {
             let Pending { replies, partials, firings, .. } = &mut out;
             let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty() || !firings.is_empty();
             if work || last_beat.elapsed() >= PERIOD {
-                let processed =
-                    replies.iter().map(|r| r.in_reply_to).max().unwrap_or(0).max(self.processed.load(Ordering::SeqCst));
+                // The position goes with the replies that move it (a
+                // HEARTBEAT of events alone reports none).
+                let processed = replies
+                    .iter()
+                    .map(|r| r.in_reply_to)
+                    .max()
+                    .map_or(0, |answered| answered.max(self.processed.load(Ordering::SeqCst)));
                 let req = HeartbeatRequest {
                     events,
                     replies: replies.iter().cloned().map(storable_reply).collect(),

@@ -138,6 +138,12 @@ struct Session {
     last_seen: Instant,
     /// Highest message id handed to this session.
     delivered_upto: u64,
+    /// The agent's wake count and `delivered_upto` when a pending-messages
+    /// query last found every pending message and they were handed out:
+    /// while both are unchanged no message can be pending (every message
+    /// is stored before the wake it causes), so a long-poll waits without
+    /// asking PostgreSQL again.
+    looked: Option<(u64, u64)>,
     stop: bool,
     terminated: bool,
     /// Its lapsed lease has been acted on.
@@ -154,6 +160,7 @@ impl Session {
             started: Instant::now(),
             last_seen: Instant::now(),
             delivered_upto,
+            looked: None,
             stop: false,
             terminated: false,
             reaped: false,
@@ -279,6 +286,9 @@ pub struct PollState {
     pub cancels: Vec<String>,
     /// The wake counter seen (to wait for a change).
     pub wake: u64,
+    /// Nothing woke this agent since every pending message was handed out:
+    /// no message can be pending, the query may be skipped.
+    pub nothing_new: bool,
 }
 
 /// The table of agent slots.
@@ -707,6 +717,7 @@ impl Sessions {
             ended: false,
             stop,
             after,
+            nothing_new: s.looked == Some((wake, after)),
             decisions_due: std::mem::take(&mut slot.decisions_due),
             firings_due: std::mem::take(&mut slot.firings_due),
             cancels: std::mem::take(&mut slot.cancels),
@@ -739,17 +750,25 @@ impl Sessions {
 
     /// Hands out `messages` to `session`: keeps those not handed out yet (a
     /// concurrent poll may have taken some) and moves the mark past them.
+    /// `every_one_at`: the wake count read before the query that found
+    /// them, when it found every pending message (fewer than its limit);
+    /// until the count moves, [`PollState::nothing_new`] tells polls no
+    /// message can be pending.
     pub fn hand_out(
         &self,
         id: &AgentId,
         session: i64,
         mut messages: Vec<InboundMessage>,
+        every_one_at: Option<u64>,
     ) -> Option<Vec<InboundMessage>> {
         let mut t = self.table.lock();
         let s = t.get_mut(id)?.session.as_mut().filter(|s| s.id == session)?;
         messages.retain(|m| m.id > s.delivered_upto);
         if let Some(last) = messages.last() {
             s.delivered_upto = last.id;
+        }
+        if let Some(wake) = every_one_at {
+            s.looked = Some((wake, s.delivered_upto));
         }
         Some(messages)
     }
@@ -943,5 +962,43 @@ mod tests {
         assert!(sessions.wait_for_answer(&b, 3, tx.clone(), sessions.replies_begun(&b)));
         sessions.ensure([&b]);
         assert!(sessions.wait_for_answer(&b, 4, tx, None));
+    }
+
+    fn message(id: u64) -> InboundMessage {
+        InboundMessage { id, conversation: "c".into(), sender: "admin".into(), text: "hi".into(), earlier: false }
+    }
+
+    #[test]
+    fn a_long_poll_skips_the_pending_query_only_while_nothing_woke_the_agent_since_all_were_handed_out() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 0);
+        // A new session has never looked: it queries.
+        let poll = sessions.poll(&a, 7, true);
+        assert!(!poll.nothing_new);
+        // The query found every pending message (fewer than its limit):
+        // until something wakes the agent, its next poll need not ask.
+        let out = sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
+        assert_eq!(out.len(), 1);
+        let again = sessions.poll(&a, 7, true);
+        assert!(again.nothing_new);
+        assert_eq!(again.after, 3);
+        // A message stored since wakes the agent: the next poll queries.
+        sessions.wake(&a);
+        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        // A query that hit its limit (more may wait) sets no mark.
+        let poll = sessions.poll(&a, 7, true);
+        sessions.hand_out(&a, 7, vec![message(4)], None).unwrap();
+        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        // The mark holds the hand-out position too: a concurrent poll
+        // handing out more after the mark was set means look again.
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        assert!(sessions.poll(&a, 7, true).nothing_new);
+        sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
+        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        // A new session (a restart) starts without a mark.
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        sessions.open(&a, 8, [0; 32], 5);
+        assert!(!sessions.poll(&a, 8, true).nothing_new);
     }
 }

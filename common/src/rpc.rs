@@ -309,7 +309,9 @@ pub struct HeartbeatRequest {
     /// Answers still being written (the text so far of the current model step).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partials: Vec<PartialReply>,
-    /// Highest inbound message id fully processed (answered).
+    /// Highest inbound message id fully processed (answered), sent with the
+    /// replies that answer it; 0 reports no position (a long-poll, a
+    /// recall, a HEARTBEAT of events alone), and choird stores nothing for it.
     pub processed_upto: u64,
     /// Config version the agent runs with.
     pub config_version: u64,

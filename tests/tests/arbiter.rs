@@ -410,6 +410,37 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
 }
 
+/// Every long-poll used to write the agent's row (and so commit with an
+/// fsync) while the edge worked on the message it had just handed out: a
+/// HEARTBEAT whose position does not move (the one stored, or lower) now
+/// writes no row version; one that moves writes it.
+#[test]
+fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let row = |pg: &TestPg| -> (String, i64) {
+        let r = pg
+            .client()
+            .query_one("SELECT xmin::text, processed_upto FROM agent_state WHERE agent_id = 'demo'", &[])
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let m = store.insert_message(&agent, "c1", "admin", "again").unwrap();
+    store.record_replies(&agent, &[], m, &choird::store::Nowhere).unwrap();
+    let (version, upto) = row(&pg);
+    assert_eq!(upto, m as i64);
+    for at in [m, m - 1] {
+        store.record_replies(&agent, &[], at, &choird::store::Nowhere).unwrap();
+        assert_eq!(row(&pg), (version.clone(), m as i64), "position {at} rewrote the row");
+    }
+    store.record_replies(&agent, &[], m + 1, &choird::store::Nowhere).unwrap();
+    let (moved, upto) = row(&pg);
+    assert_eq!(upto, m as i64 + 1);
+    assert_ne!(moved, version);
+}
+
 /// A migrated store on `pg` with a session of agent `demo`.
 fn store_with_session(pg: &TestPg) -> (choird::store::Store, choir_common::ids::AgentId, i64) {
     let db = choird::db::Db::connect(&pg.url()).unwrap();

@@ -233,7 +233,16 @@ impl Daemon {
                 reply.accepted = accepted;
                 return Ok(reply);
             }
-            let messages = self.store.pending_messages(&who.agent, poll.after, BATCH)?;
+            // The query is skipped when nothing woke the agent since every
+            // pending message was handed out (its re-poll after a message,
+            // while its edge works on it: one round trip less then).
+            let (messages, every_one) = if poll.nothing_new {
+                (Vec::new(), false)
+            } else {
+                let m = self.store.pending_messages(&who.agent, poll.after, BATCH)?;
+                let every_one = (m.len() as i64) < BATCH;
+                (m, every_one)
+            };
             let decisions = if poll.decisions_due {
                 match self.store.take_decisions(&who.agent) {
                     Ok(d) => d,
@@ -260,8 +269,10 @@ impl Daemon {
                 Vec::new()
             };
             // A concurrent HEARTBEAT may have handed some of these out already.
-            let messages: Vec<InboundMessage> =
-                self.sessions.hand_out(&who.agent, who.session, messages).unwrap_or_default();
+            let messages: Vec<InboundMessage> = self
+                .sessions
+                .hand_out(&who.agent, who.session, messages, every_one.then_some(poll.wake))
+                .unwrap_or_default();
             if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() || !firings.is_empty() {
                 if !messages.is_empty() {
                     choir_common::hop::mark("poll.handout");

@@ -32,9 +32,13 @@ const INSERT_EVENTS: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash
 const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
      VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
 /// The agent's chain head (when events were stored) and processed
-/// position, in one statement at the end of the turn's transaction.
+/// position, in one statement at the end of the turn's transaction. A
+/// position that does not move, without a head, touches no row: no tuple
+/// written, no WAL, no fsync at the commit (every long-poll and idle
+/// HEARTBEAT used to write the row).
 const STATE_UPDATE: &str = "UPDATE agent_state SET head_seq = COALESCE($2, head_seq),
-     head_hash = COALESCE($3, head_hash), processed_upto = GREATEST(processed_upto, $4) WHERE agent_id = $1";
+     head_hash = COALESCE($3, head_hash), processed_upto = GREATEST(processed_upto, $4)
+     WHERE agent_id = $1 AND ($2::bigint IS NOT NULL OR processed_upto < $4)";
 const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
 const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
      ON CONFLICT (agent_id, key) DO NOTHING";
