@@ -35,7 +35,6 @@ use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
 use crate::llm::Llm;
 use crate::memory::Conversation;
 use crate::origin::{Entry, Origin};
-use crate::outbound::Outbound;
 use crate::prompt::Identity;
 use crate::reasoning::{Mind, Step};
 use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
@@ -69,8 +68,8 @@ pub struct CoreSetup {
     pub floor: Arc<crate::floor::Floor>,
     /// Where decisions on proposals arrive.
     pub approvals: Arc<Approvals>,
-    /// Where a scheduled firing's outcome goes (to choird, not the edge).
-    pub out: Sender<Outbound>,
+    /// Where a scheduled firing's outcome goes (link-push, to choird; not the edge).
+    pub firings: Sender<FiringReport>,
 }
 
 /// Limits that may change at run time (dynamic config).
@@ -130,7 +129,7 @@ impl CorePool {
 
     /// Starts scheduled firing `offer` (choird accepted its start) as core
     /// job `offer.job` with the firing's own budget. Its outcome goes to
-    /// choird ([`Outbound::Firing`]); the edge is not told.
+    /// choird (a [`FiringReport`] to link-push); the edge is not told.
     pub fn start_firing(&self, offer: &FiringOffer) -> Result<Value, ToolError> {
         let skill = offer.skill.as_deref().map(|s| (s, &offer.input));
         let job = JobRequest {
@@ -519,7 +518,7 @@ impl JobRun {
                 (_, Err(why)) => ("failed", why.chars().take(MAX_FIRING_REPORT).collect()),
                 (_, Ok(_)) => ("failed", end.as_str().to_owned()),
             };
-            let _ = s.out.send(Outbound::Firing(FiringReport { id, state: state.to_owned(), detail }));
+            let _ = s.firings.send(FiringReport { id, state: state.to_owned(), detail });
         } else if !self.quiet.load(Ordering::SeqCst) {
             let _ = s.edge.send(EdgeEvent::CoreDone {
                 job: self.name.clone(),

@@ -387,9 +387,9 @@ impl EdgeLane {
         };
         log::debug!("edge: answer ready for {conv_name}");
         choir_common::hop::mark("agent.reply");
-        // The reply first, then the state change: the change pokes link-push,
-        // which (woken before the reply was queued) would report the status
-        // in a round trip of its own before shipping the reply.
+        // The reply first, then the state change (which pokes link-push to
+        // report it): the reply is on link-reply's queue before anything
+        // else of this turn is sent.
         if self.out.send(Outbound::Reply(reply)).is_err() {
             st.stopping = true;
         }

@@ -25,7 +25,7 @@ use crate::memory::{self, Conversation};
 use crate::origin::Entry;
 
 /// Asks choird for the tail of a conversation the agent no longer holds
-/// (the agent's: `link::RecallThroughPush`, which asks only once every
+/// (the agent's: `link::RecallThroughReply`, which asks only once every
 /// answer queued before it is stored).
 pub trait Recall: Send + Sync {
     /// The conversation's tail, or why it could not be had (said to the model,

@@ -1,16 +1,24 @@
-//! The link to choird: two named threads speaking HEARTBEAT.
+//! The link to choird: three named threads speaking HEARTBEAT.
 //!
 //! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
 //!   feeds the edge lane's inbox.
 //! * `link-push` ships committed events (as soon as they are committed, and
-//!   again until acknowledged), answers and status reports, asks choird for
-//!   the tail of a conversation the edge recalls (only once every answer
-//!   queued before the ask is stored, so a recall never misses the agent's
-//!   own last answer), and heartbeats every few seconds to keep the lease.
+//!   again until acknowledged), firing reports and status reports, and
+//!   heartbeats every few seconds to keep the lease.
+//! * `link-reply` ships what the edge says (answers, partial answers, and
+//!   the processed position with them) and asks choird for the tail of a
+//!   conversation the edge recalls (only once every answer queued before
+//!   the ask is stored, so a recall never misses the agent's own last
+//!   answer).
 //!
-//! Two threads, because a long-poll in flight must not delay replication.
-//! **Invariant:** an event leaves the replication queue only once choird has
-//! acknowledged a sequence number at or above it.
+//! Three threads, because a long-poll in flight must not delay
+//! replication, and an answer must not wait behind the replication of core
+//! jobs' events (issue 19, item 1).
+//! **Invariants:** an event leaves the replication queue only once choird
+//! has acknowledged a sequence number at or above it; answers, partials
+//! and recalls reach choird in the order the edge queued them, one
+//! HEARTBEAT at a time, so a partial is never stored after its message's
+//! answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -74,24 +82,24 @@ pub struct Link {
     pub floor: Arc<crate::floor::Floor>,
 }
 
-/// How long the edge waits for a recall (link-push may first have answers
+/// How long the edge waits for a recall (link-reply may first have answers
 /// to ship, and retries while choird cannot be reached).
 const RECALL_WAIT: Duration = Duration::from_secs(10);
 
-/// The edge's way to recall a conversation: through link-push's queue, behind
-/// the answers queued before it ([`Outbound::Recall`]).
-pub struct RecallThroughPush {
+/// The edge's way to recall a conversation: through link-reply's queue,
+/// behind the answers queued before it ([`Outbound::Recall`]).
+pub struct RecallThroughReply {
     out: Sender<Outbound>,
 }
 
-impl RecallThroughPush {
-    /// Recalls sent on `out`, link-push's queue.
-    pub fn new(out: Sender<Outbound>) -> RecallThroughPush {
-        RecallThroughPush { out }
+impl RecallThroughReply {
+    /// Recalls sent on `out`, link-reply's queue.
+    pub fn new(out: Sender<Outbound>) -> RecallThroughReply {
+        RecallThroughReply { out }
     }
 }
 
-impl crate::held::Recall for RecallThroughPush {
+impl crate::held::Recall for RecallThroughReply {
     fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let deadline = Instant::now() + RECALL_WAIT;
@@ -163,10 +171,7 @@ impl Link {
                     }
                 }
                 Err(RpcError::Unauthorized(msg)) => {
-                    log::error!("lease lost: {msg}");
-                    self.lease_lost.store(true, Ordering::SeqCst);
-                    self.arbiter.set_lease_lost();
-                    self.log.close_replication("choird no longer accepts this agent's lease");
+                    self.lose_lease(&msg);
                     let _ = edge.send(EdgeEvent::Stop);
                     return;
                 }
@@ -247,7 +252,7 @@ impl Link {
         req
     }
 
-    /// Asks choird for a conversation's tail (link-push, once the answers
+    /// Asks choird for a conversation's tail (link-reply, once the answers
     /// queued before the ask are stored), within what is left of `wait`.
     fn recall_now(&self, conversation: &str, wait: Duration) -> Result<ConversationTail, String> {
         let req = self.recall_heartbeat(conversation);
@@ -309,10 +314,13 @@ impl Link {
         }
     }
 
-    /// `link-push`: runs until `outbound` closes and everything is shipped
-    /// (or the lease is lost).
-    pub fn push(&self, outbound: Receiver<Outbound>, committed: Receiver<()>) {
-        let mut out = Pending::default();
+    /// `link-push`: replicates committed events (at once, and again until
+    /// acknowledged), reports firings and lane states, and heartbeats to
+    /// keep the lease; runs until `firings` closes and everything is
+    /// shipped (or the lease is lost). What the edge says goes through
+    /// [`Link::speak`] instead.
+    pub fn push(&self, firings: Receiver<FiringReport>, committed: Receiver<()>) {
+        let mut reports: Vec<FiringReport> = Vec::new();
         let mut reported = 0u64;
         let mut last_beat = Instant::now();
         let mut last_report: Option<Instant> = None;
@@ -336,72 +344,32 @@ impl Link {
                     PERIOD.saturating_sub(last_beat.elapsed())
                 };
                 select! {
-                    recv(outbound) -> m => match m {
-                        Ok(m) => take(m, &mut out),
+                    recv(firings) -> m => match m {
+                        Ok(f) => reports.push(f),
                         Err(_) => open = false,
                     },
                     recv(committed) -> _ => {},
                     default(wait) => {},
                 }
-                while let Ok(m) = outbound.try_recv() {
-                    take(m, &mut out);
-                }
+                reports.extend(firings.try_iter());
             }
             if self.lease_lost.load(Ordering::SeqCst) {
                 return;
             }
             let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
-            let Pending { replies, partials, firings, .. } = &mut out;
-            let work = !events.is_empty() || !replies.is_empty() || !partials.is_empty() || !firings.is_empty();
-            if work || last_beat.elapsed() >= PERIOD {
-                // The position goes with the replies that move it (a
-                // HEARTBEAT of events alone reports none).
-                let processed = replies
-                    .iter()
-                    .map(|r| r.in_reply_to)
-                    .max()
-                    .map_or(0, |answered| answered.max(self.processed.load(Ordering::SeqCst)));
-                let req = HeartbeatRequest {
-                    events,
-                    replies: replies.iter().cloned().map(storable_reply).collect(),
-                    firings: firings.iter().take(MAX_FIRING_REPORTS).cloned().collect(),
-                    // Only the latest text of each message matters; none once it is answered.
-                    partials: std::mem::take(partials)
-                        .into_iter()
-                        .filter(|p| {
-                            !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to))
-                        })
-                        .map(|mut p| {
-                            p.text = storable_text(&p.text);
-                            p
-                        })
-                        .collect(),
-                    processed_upto: processed,
-                    config_version: self.config_version.load(Ordering::SeqCst),
-                    wait_ms: 0,
-                    // Only the poller takes messages; this thread does not forward them.
-                    receive: false,
-                    recall: None,
-                };
-                log::debug!("push: HEARTBEAT with {} event(s), {} repl(ies)", req.events.len(), req.replies.len());
-                let _hold = (!req.replies.is_empty()).then(|| {
-                    choir_common::hop::mark("agent.push");
-                    self.floor.hold()
-                });
+            if !events.is_empty() || !reports.is_empty() || last_beat.elapsed() >= PERIOD {
+                let mut req = self.bare_heartbeat(0, false, reports.iter().take(MAX_FIRING_REPORTS).cloned().collect());
+                req.events = events;
+                log::debug!("push: HEARTBEAT with {} event(s)", req.events.len());
                 match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
                     Ok(resp) => {
                         failures = 0;
                         last_beat = Instant::now();
                         self.log.ack(resp.acked_seq);
-                        self.processed.fetch_max(processed, Ordering::SeqCst);
-                        replies.clear();
-                        firings.drain(..firings.len().min(MAX_FIRING_REPORTS));
+                        reports.drain(..reports.len().min(MAX_FIRING_REPORTS));
                     }
                     Err(RpcError::Unauthorized(msg)) => {
-                        log::error!("lease lost: {msg}");
-                        self.lease_lost.store(true, Ordering::SeqCst);
-                        self.arbiter.set_lease_lost();
-                        self.log.close_replication("choird no longer accepts this agent's lease");
+                        self.lose_lease(&msg);
                         return;
                     }
                     Err(RpcError::EventRefused { seq, message }) => {
@@ -437,15 +405,6 @@ impl Link {
                     }
                 }
             }
-            // Every answer queued before these asks is stored now (a failed
-            // shipment went round the loop again above, asks still waiting).
-            // An ask whose asker stopped waiting is dropped unasked.
-            for ask in std::mem::take(&mut out.recalls) {
-                let left = ask.deadline.saturating_duration_since(Instant::now());
-                if !left.is_zero() {
-                    let _ = ask.answer.send(self.recall_now(&ask.conversation, left));
-                }
-            }
             let version = self.board.version();
             let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
             if version != reported && report_due {
@@ -457,20 +416,161 @@ impl Link {
                     Err(e) => log::warn!("status report failed: {e}"),
                 }
             }
-            if !open && out.replies.is_empty() && out.firings.is_empty() && self.log.all_acked() {
+            if !open && reports.is_empty() && self.log.all_acked() {
                 return;
             }
         }
     }
+
+    /// `link-reply`: ships what the edge says (its answers and partial
+    /// answers) and makes its recalls, in the order the edge queued them,
+    /// on HEARTBEATs of their own; runs until `said` closes and everything
+    /// is shipped (or the lease is lost, or choird stays unreachable while
+    /// the agent stops).
+    ///
+    /// A thread and a connection of its own, so an answer never waits
+    /// behind link-push's replication of core events (issue 19, item 1:
+    /// the reply used to wait out a core HEARTBEAT's round trip and
+    /// commit). It sends no events: in production
+    /// ([`Durability::Replicated`]) every event an answer rests on was
+    /// acknowledged before the edge saw the result it answers from, so
+    /// choird holds them before the answer arrives. It alone reports the
+    /// processed position, with the answers that move it (choird keeps the
+    /// position in a row of its own, which no core HEARTBEAT locks).
+    ///
+    /// [`Durability::Replicated`]: crate::commitlog::Durability::Replicated
+    pub fn speak(&self, said: Receiver<Outbound>) {
+        let mut out = Said::default();
+        let mut open = true;
+        let mut closed_at: Option<Instant> = None;
+        let mut failures = 0;
+        loop {
+            if open && out.is_empty() {
+                match said.recv() {
+                    Ok(m) => out.take(m),
+                    Err(_) => open = false,
+                }
+            }
+            for m in said.try_iter() {
+                out.take(m);
+            }
+            if !open && closed_at.is_none() {
+                closed_at = Some(Instant::now());
+            }
+            if self.lease_lost.load(Ordering::SeqCst) {
+                return;
+            }
+            if !out.replies.is_empty() || !out.partials.is_empty() {
+                let req = self.said_heartbeat(&mut out);
+                let _hold = (!req.replies.is_empty()).then(|| {
+                    choir_common::hop::mark("agent.push");
+                    self.floor.hold()
+                });
+                match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
+                    Ok(_) => {
+                        failures = 0;
+                        self.processed.fetch_max(req.processed_upto, Ordering::SeqCst);
+                        out.replies.clear();
+                    }
+                    Err(RpcError::Unauthorized(msg)) => {
+                        self.lose_lease(&msg);
+                        return;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        // Stopping and choird unreachable: the answers go
+                        // with the agent; their messages stay unanswered in
+                        // choird, and the next start answers them.
+                        if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
+                            log::warn!(
+                                "choird unreachable while stopping ({e}); {} answer(s) not shipped",
+                                out.replies.len()
+                            );
+                            return;
+                        }
+                        log::warn!("shipping answers failed ({e}); retrying");
+                        std::thread::sleep(backoff(failures));
+                        continue;
+                    }
+                }
+            }
+            // Every answer queued before these asks is stored now (a failed
+            // shipment went round the loop again above, asks still waiting).
+            // An ask whose asker stopped waiting is dropped unasked.
+            for ask in std::mem::take(&mut out.recalls) {
+                let left = ask.deadline.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    let _ = ask.answer.send(self.recall_now(&ask.conversation, left));
+                }
+            }
+            if !open && out.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// The HEARTBEAT of what the edge said: its answers, the latest partial
+    /// of each message not answered (taken: a partial superseded while it
+    /// is on its way is not sent again), and the processed position the
+    /// answers move (0 without answers).
+    fn said_heartbeat(&self, out: &mut Said) -> HeartbeatRequest {
+        let Said { replies, partials, .. } = out;
+        let processed = replies
+            .iter()
+            .map(|r| r.in_reply_to)
+            .max()
+            .map_or(0, |answered| answered.max(self.processed.load(Ordering::SeqCst)));
+        let mut req = self.bare_heartbeat(0, false, Vec::new());
+        req.replies = replies.iter().cloned().map(storable_reply).collect();
+        // Only the latest text of each message matters; none once it is answered.
+        req.partials = std::mem::take(partials)
+            .into_iter()
+            .filter(|p| !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to)))
+            .map(|mut p| {
+                p.text = storable_text(&p.text);
+                p
+            })
+            .collect();
+        req.processed_upto = processed;
+        log::debug!("reply: HEARTBEAT with {} repl(ies), {} partial(s)", req.replies.len(), req.partials.len());
+        req
+    }
+
+    /// choird no longer accepts this session: tools stop, replication
+    /// closes, and the lanes end.
+    fn lose_lease(&self, msg: &str) {
+        log::error!("lease lost: {msg}");
+        self.lease_lost.store(true, Ordering::SeqCst);
+        self.arbiter.set_lease_lost();
+        self.log.close_replication("choird no longer accepts this agent's lease");
+    }
 }
 
-/// What link-push has yet to ship (and the recalls to make after it).
+/// What link-reply has yet to ship (and the recalls to make after it).
 #[derive(Default)]
-struct Pending {
+struct Said {
     replies: Vec<OutboundReply>,
     partials: Vec<PartialReply>,
-    firings: Vec<FiringReport>,
     recalls: Vec<crate::outbound::RecallAsk>,
+}
+
+impl Said {
+    fn is_empty(&self) -> bool {
+        self.replies.is_empty() && self.partials.is_empty() && self.recalls.is_empty()
+    }
+
+    /// Sorts what the edge handed over: replies queue; a partial replaces
+    /// an older partial of the same message.
+    fn take(&mut self, m: Outbound) {
+        match m {
+            Outbound::Recall(ask) => self.recalls.push(ask),
+            Outbound::Reply(r) => self.replies.push(r),
+            Outbound::Partial(p) => {
+                self.partials.retain(|q| q.in_reply_to != p.in_reply_to);
+                self.partials.push(p);
+            }
+        }
+    }
 }
 
 /// Firing reports per HEARTBEAT (choird refuses more).
@@ -495,21 +595,6 @@ fn storable_reply(mut r: OutboundReply) -> OutboundReply {
     r
 }
 
-/// Sorts what the edge handed over: replies queue; a partial replaces an
-/// older partial of the same message.
-fn take(m: Outbound, out: &mut Pending) {
-    let Pending { replies, partials, firings, recalls } = out;
-    match m {
-        Outbound::Recall(ask) => recalls.push(ask),
-        Outbound::Firing(f) => firings.push(f),
-        Outbound::Reply(r) => replies.push(r),
-        Outbound::Partial(p) => {
-            partials.retain(|q| q.in_reply_to != p.in_reply_to);
-            partials.push(p);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{BufReader, Write};
@@ -520,7 +605,7 @@ mod tests {
     use parking_lot::Mutex;
     use serde_json::{json, Value};
 
-    use super::{Link, RecallThroughPush};
+    use super::{Link, RecallThroughReply};
     use crate::held::Recall;
     use crate::outbound::Outbound;
 
@@ -549,6 +634,20 @@ mod tests {
                             if req["replies"].as_array().is_some_and(|r| !r.is_empty()) {
                                 std::thread::sleep(store);
                                 record.lock().push(format!("stored {}", req["replies"][0]["conversation"]));
+                            }
+                            if let Some(events) = req["events"].as_array().filter(|e| !e.is_empty()) {
+                                // Events are stored only once an answer
+                                // is (or after 10 s): an answer queued
+                                // behind them would wait that long.
+                                record.lock().push(format!("events {} in", events.len()));
+                                let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                                while !record.lock().iter().any(|r| r.starts_with("stored"))
+                                    && std::time::Instant::now() < until
+                                {
+                                    std::thread::sleep(std::time::Duration::from_millis(5));
+                                }
+                                record.lock().push("events stored".to_owned());
+                                resp["acked_seq"] = events.last().map_or(json!(0), |e| e["seq"].clone());
                             }
                             resp
                         } else {
@@ -605,10 +704,9 @@ mod tests {
         let seen = choird(dir.path().join("agent.sock"), std::time::Duration::from_millis(300));
         let link = link(dir.path());
         let (out, queue) = crossbeam_channel::unbounded();
-        let (_poke, committed) = crossbeam_channel::unbounded::<()>();
-        let push = {
+        let speak = {
             let link = link.clone();
-            std::thread::spawn(move || link.push(queue, committed))
+            std::thread::spawn(move || link.speak(queue))
         };
         let reply = OutboundReply {
             in_reply_to: 7,
@@ -618,7 +716,7 @@ mod tests {
             text: "the answer".into(),
         };
         out.send(Outbound::Reply(reply)).unwrap();
-        let tail = RecallThroughPush::new(out.clone()).recall("a").unwrap();
+        let tail = RecallThroughReply::new(out.clone()).recall("a").unwrap();
         assert_eq!(tail, ConversationTail { conversation: "a".into(), summary: None, turns: Vec::new() });
         assert_eq!(*seen.lock(), ["stored \"a\"", "recall a"]);
         // An ask whose asker stopped waiting is dropped, not made.
@@ -626,10 +724,75 @@ mod tests {
         let ask =
             crate::outbound::RecallAsk { conversation: "gone".into(), deadline: std::time::Instant::now(), answer };
         out.send(Outbound::Recall(ask)).unwrap();
-        RecallThroughPush::new(out.clone()).recall("b").unwrap();
+        RecallThroughReply::new(out.clone()).recall("b").unwrap();
         assert!(gave_up.try_recv().is_err());
         assert_eq!(*seen.lock(), ["stored \"a\"", "recall a", "recall b"]);
         drop(out);
+        speak.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_is_not_held_behind_a_heartbeat_of_core_events() {
+        // A core job's event is on its way to choird (which is slow to
+        // store it) when the edge answers: the answer goes at once, on its
+        // own HEARTBEAT, not after the events' round trip (issue 19, item
+        // 1). The stand-in stores events only once an answer is stored, so
+        // an answer queued behind them would be stored 10 s later, after.
+        let dir = tempfile::tempdir().unwrap();
+        let seen = choird(dir.path().join("agent.sock"), std::time::Duration::ZERO);
+        let link = link(dir.path());
+        let (firings, reports) = crossbeam_channel::unbounded();
+        let (poke, committed) = crossbeam_channel::bounded::<()>(1);
+        link.log.set_poke(poke);
+        let push = {
+            let link = link.clone();
+            std::thread::spawn(move || link.push(reports, committed))
+        };
+        let (out, said) = crossbeam_channel::unbounded();
+        let speak = {
+            let link = link.clone();
+            std::thread::spawn(move || link.speak(said))
+        };
+        let appending = {
+            let log = link.log.clone();
+            std::thread::spawn(move || {
+                log.append(crate::commitlog::NewEvent {
+                    lane: "core:job".into(),
+                    kind: choir_common::commit::EventKind::ToolCall,
+                    tool: "choir.fs.read".into(),
+                    call_id: None,
+                    turn: None,
+                    skill: None,
+                    state: None,
+                    input: json!({}),
+                    outcome: choir_common::commit::Outcome::Ok,
+                    result: json!({}),
+                    duration_us: 1,
+                    external: false,
+                })
+                .unwrap()
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !seen.lock().iter().any(|r| r == "events 1 in") {
+            assert!(std::time::Instant::now() < until, "the event never reached choird: {:?}", seen.lock());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let reply = OutboundReply {
+            in_reply_to: 9,
+            covers: vec![9],
+            key: String::new(),
+            conversation: "b".into(),
+            text: "the answer".into(),
+        };
+        out.send(Outbound::Reply(reply)).unwrap();
+        drop(out);
+        speak.join().unwrap();
+        assert_eq!(appending.join().unwrap().seq, 1);
+        // link-push returns once its channel closed and the event is acknowledged.
+        drop(firings);
         push.join().unwrap();
+        assert_eq!(*seen.lock(), ["events 1 in", "stored \"b\"", "events stored"]);
+        assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 9);
     }
 }

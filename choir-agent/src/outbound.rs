@@ -1,28 +1,27 @@
-//! What the agent hands to the link for choird (`link-push` ships it): the
-//! edge lane's answers and partial answers, its recalls of conversations it
-//! dropped, and the core pool's outcomes of scheduled firings. A leaf: the
-//! edge, the core pool and the link all use it, and it uses none of them.
+//! What the edge lane hands to the link for choird (`link-reply` ships it):
+//! its answers and partial answers, and its recalls of conversations it
+//! dropped. A leaf: the edge and the link use it, and it uses neither.
+//! (The core pool's firing reports go to `link-push`, as
+//! [`FiringReport`](choir_common::rpc::FiringReport)s.)
 
-use choir_common::rpc::{ConversationTail, FiringReport, OutboundReply, PartialReply};
+use choir_common::rpc::{ConversationTail, OutboundReply, PartialReply};
 use crossbeam_channel::Sender;
 
-/// Something for choird.
+/// Something the edge says to choird.
 #[derive(Debug)]
 pub enum Outbound {
     /// An answer (or a message of its own).
     Reply(OutboundReply),
     /// The answer so far, while the model is still writing it.
     Partial(PartialReply),
-    /// A scheduled firing's outcome (from the core pool).
-    Firing(FiringReport),
     /// The edge asks for a dropped conversation's tail. It goes through the
-    /// same queue as the answers, so link-push asks choird only once every
+    /// same queue as the answers, so link-reply asks choird only once every
     /// answer queued before it is stored: a recall never misses an answer
     /// still on its way (the conversation may have been dropped meanwhile).
     Recall(RecallAsk),
 }
 
-/// A recall for link-push to make, and where its answer goes.
+/// A recall for link-reply to make, and where its answer goes.
 #[derive(Debug)]
 pub struct RecallAsk {
     /// The conversation.

@@ -95,8 +95,8 @@ pub struct RawAnswer {
 }
 
 /// Connections to choird the agent's main client keeps open between
-/// requests: enough for the edge's model call, link-poll, link-push, status
-/// reports and host tools (the edge's and the core jobs') at once. Each is a
+/// requests: enough for the edge's model call, link-poll, link-push,
+/// link-reply, status reports and host tools (the edge's and the core jobs') at once. Each is a
 /// waiting thread in choird (closed after 30 s idle); past this many
 /// requests at once, a connection closes after use and the next request
 /// opens a new one (choird starts a thread for it). The core jobs' model

@@ -1,5 +1,6 @@
 //! Wiring of a running agent: handshake, recovery, threads, and the orderly
-//! exit. Threads: `edge` (the lane), `link-poll`, `link-push` and `signals`;
+//! exit. Threads: `edge` (the lane), `link-poll`, `link-push`, `link-reply`
+//! and `signals`;
 //! all named, all joined before the process exits.
 
 use std::path::PathBuf;
@@ -149,8 +150,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Unbounded: choird hands out at most a small batch per poll, plus one
     // event per finished core job or decision.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
-    // Unbounded: one reply per turn; the push thread drains it.
+    // Unbounded: one reply per turn; link-reply drains it.
+    // What the edge says (link-reply ships it) and the core pool's firing
+    // reports (link-push ships them).
     let (out_tx, out_rx) = unbounded();
+    let (firings_tx, firings_rx) = unbounded();
 
     let identity = Identity::load(&args.choir_dir, &args.agent);
     arbiter.set_operator_words(identity.operator_words());
@@ -182,7 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             edge: edge_tx.clone(),
             skills: skills.clone(),
             approvals: approvals.clone(),
-            out: out_tx.clone(),
+            firings: firings_tx,
             floor: floor.clone(),
         },
         limits,
@@ -205,8 +209,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         floor: floor.clone(),
     });
     link.apply(&hello.config);
-    // Recalls go through link-push's queue, behind the answers before them.
-    let recall = Arc::new(crate::link::RecallThroughPush::new(out_tx.clone()));
+    // Recalls go through link-reply's queue, behind the answers before them.
+    let recall = Arc::new(crate::link::RecallThroughReply::new(out_tx.clone()));
     let lane = EdgeLane {
         mind: Mind {
             arbiter,
@@ -241,7 +245,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let push = {
         let link = link.clone();
-        std::thread::Builder::new().name("link-push".into()).spawn(move || link.push(out_rx, committed_rx))?
+        std::thread::Builder::new().name("link-push".into()).spawn(move || link.push(firings_rx, committed_rx))?
+    };
+    let speak = {
+        let link = link.clone();
+        std::thread::Builder::new().name("link-reply".into()).spawn(move || link.speak(out_rx))?
     };
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
     let signal_handle = signals.handle();
@@ -263,7 +271,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok(Err(e)) => format!("commit log failure: {e}"),
         Err(_) => "edge lane panicked".to_owned(),
     };
-    // The edge's sender is gone: push drains, ships and returns.
+    // The edge's senders are gone (and the core pool's, with the lane):
+    // link-reply and link-push drain, ship and return.
+    let _ = speak.join();
     let _ = push.join();
     link.closing.store(true, Ordering::SeqCst);
     if !link.lease_lost.load(Ordering::SeqCst) {

@@ -371,7 +371,7 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
         let events: i64 = c.query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0);
         let reply: Option<String> = c.query_one("SELECT reply FROM messages", &[]).unwrap().get(0);
         let upto: i64 = c
-            .query_opt("SELECT processed_upto FROM agent_state WHERE agent_id = 'demo'", &[])
+            .query_opt("SELECT processed_upto FROM agent_processed WHERE agent_id = 'demo'", &[])
             .unwrap()
             .map_or(0, |r| r.get(0));
         (events, reply, upto)
@@ -410,10 +410,10 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
 }
 
-/// Every long-poll used to write the agent's row (and so commit with an
-/// fsync) while the edge worked on the message it had just handed out: a
-/// HEARTBEAT whose position does not move (the one stored, or lower) now
-/// writes no row version; one that moves writes it.
+/// Every long-poll used to write the agent's position (and so commit with
+/// an fsync) while the edge worked on the message it had just handed out:
+/// a HEARTBEAT whose position does not move (the one stored, or lower) now
+/// writes no row version and takes no row lock; one that moves writes it.
 #[test]
 fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
     let Some(pg) = TestPg::start() else { return };
@@ -422,7 +422,10 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
     let row = |pg: &TestPg| -> (String, i64) {
         let r = pg
             .client()
-            .query_one("SELECT xmin::text, processed_upto FROM agent_state WHERE agent_id = 'demo'", &[])
+            .query_one(
+                "SELECT xmin::text || '/' || xmax::text, processed_upto FROM agent_processed WHERE agent_id = 'demo'",
+                &[],
+            )
             .unwrap();
         (r.get(0), r.get(1))
     };
@@ -439,6 +442,46 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
     let (moved, upto) = row(&pg);
     assert_eq!(upto, m as i64 + 1);
     assert_ne!(moved, version);
+}
+
+/// The answer used to wait for the core jobs' replication: the processed
+/// position shared the chain head's row, which a HEARTBEAT of events holds
+/// locked from its head lock to its commit. An answer's HEARTBEAT (the
+/// agent's link-reply) now stores while that lock is held.
+#[test]
+fn an_answer_is_stored_while_a_heartbeat_of_events_holds_the_chain_head() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    // A core HEARTBEAT's transaction, between its head lock and its commit.
+    let mut holder = pg.client();
+    let mut events = holder.transaction().unwrap();
+    events.query_one("SELECT head_seq FROM agent_state WHERE agent_id = 'demo' FOR UPDATE", &[]).unwrap();
+    let (done, stored) = crossbeam_channel::bounded(1);
+    let answering = std::thread::spawn(move || {
+        let reply = choir_common::rpc::OutboundReply {
+            in_reply_to: message,
+            covers: Vec::new(),
+            key: String::new(),
+            conversation: "c1".into(),
+            text: "the answer".into(),
+        };
+        let _ = done.send(store.record_replies(&agent, &[reply], message, &choird::store::Nowhere).map(|r| r.new));
+    });
+    // A hang detector, not a timing bound: before the fix this waited for
+    // the holder, which only lets go after it.
+    let recorded =
+        stored.recv_timeout(std::time::Duration::from_secs(60)).expect("the answer waited for the head's lock");
+    assert_eq!(recorded.unwrap(), vec![(message, "the answer".to_owned())]);
+    events.rollback().unwrap();
+    answering.join().unwrap();
+    let upto: i64 = pg
+        .client()
+        .query_one("SELECT processed_upto FROM agent_processed WHERE agent_id = 'demo'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(upto, message as i64);
 }
 
 /// A migrated store on `pg` with a session of agent `demo`.

@@ -244,16 +244,19 @@ impl Store {
         })
     }
 
-    /// The agent's replicated head and processed-message position, creating the
-    /// row on first use.
+    /// The agent's replicated head and processed-message position, creating
+    /// their rows on first use (the position has a row of its own: see
+    /// `turns::PROCESSED`).
     pub fn agent_position(&self, agent: &AgentId) -> Result<(ChainHead, u64), DbError> {
         self.db.with(|c| {
             c.execute(
                 "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 &[&agent.as_str(), &GENESIS_HASH],
             )?;
+            c.execute("INSERT INTO agent_processed (agent_id) VALUES ($1) ON CONFLICT DO NOTHING", &[&agent.as_str()])?;
             let row = c.query_one(
-                "SELECT head_seq, head_hash, processed_upto FROM agent_state WHERE agent_id = $1",
+                "SELECT s.head_seq, s.head_hash, p.processed_upto
+                   FROM agent_state s JOIN agent_processed p USING (agent_id) WHERE agent_id = $1",
                 &[&agent.as_str()],
             )?;
             let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };

@@ -31,14 +31,20 @@ const INSERT_EVENTS: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash
      SELECT $1, s, p, h, $2, e FROM unnest($3::bigint[], $4::text[], $5::text[], $6::jsonb[]) AS u(s, p, h, e)";
 const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
      VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
-/// The agent's chain head (when events were stored) and processed
-/// position, in one statement at the end of the turn's transaction. A
-/// position that does not move, without a head, touches no row: no tuple
-/// written, no WAL, no fsync at the commit (every long-poll and idle
-/// HEARTBEAT used to write the row).
-const STATE_UPDATE: &str = "UPDATE agent_state SET head_seq = COALESCE($2, head_seq),
-     head_hash = COALESCE($3, head_hash), processed_upto = GREATEST(processed_upto, $4)
-     WHERE agent_id = $1 AND ($2::bigint IS NOT NULL OR processed_upto < $4)";
+/// The agent's chain head, when events moved it, at the end of the
+/// turn's transaction (its row is locked since [`HEAD_LOCK`]).
+const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 WHERE agent_id = $1";
+/// The agent's processed position, in a row of its own: the agent's
+/// answers store it (its link-reply thread) while a HEARTBEAT of core
+/// events (link-push) holds the head's row locked until its commit, and an
+/// answer must not wait for that. One statement: the row moved up, or made
+/// if missing. A position that does not move writes nothing: no tuple, no
+/// lock, no WAL, no fsync at the commit (every long-poll used to rewrite
+/// the position, while the edge worked on the message just handed out).
+pub const PROCESSED: &str = "WITH moved AS (
+         UPDATE agent_processed SET processed_upto = $2 WHERE agent_id = $1 AND processed_upto < $2 RETURNING 1)
+     INSERT INTO agent_processed (agent_id, processed_upto) SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM moved)
+     ON CONFLICT (agent_id) DO NOTHING";
 const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
 const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
      ON CONFLICT (agent_id, key) DO NOTHING";
@@ -79,7 +85,8 @@ struct Prepared {
     stored_hash: Statement,
     insert_events: Statement,
     audit_external: Statement,
-    state_update: Statement,
+    head_update: Statement,
+    processed: Statement,
     addressed: Statement,
     insert_notice: Statement,
     answer: Statement,
@@ -93,7 +100,8 @@ impl Prepared {
             stored_hash: c.prepared(STORED_HASH)?,
             insert_events: c.prepared(INSERT_EVENTS)?,
             audit_external: c.prepared(AUDIT_EXTERNAL)?,
-            state_update: c.prepared(STATE_UPDATE)?,
+            head_update: c.prepared(HEAD_UPDATE)?,
+            processed: c.prepared(PROCESSED)?,
             addressed: c.prepared(ADDRESSED)?,
             insert_notice: c.prepared(INSERT_NOTICE)?,
             answer: c.prepared(ANSWER)?,
@@ -194,15 +202,14 @@ impl Store {
                     record(&mut tx, &p, agent, &r)?
                 }
             };
-            // The head (when it moved) and the processed position in one
-            // statement; nothing to move, no statement.
-            let moved = head.as_ref().filter(|a| a.moved).map(|a| &a.head);
-            if moved.is_some() || processed > 0 {
-                // Neither an event's content nor a reply's: retryable.
-                part = Part::Setup;
-                let seq = moved.map(|h| h.seq as i64);
-                let hash = moved.map(|h| h.hash.as_str());
-                tx.execute(&p.state_update, &[&agent.as_str(), &seq, &hash, &processed])?;
+            // The head (when it moved) and the processed position (when
+            // reported); neither an event's content nor a reply's: retryable.
+            part = Part::Setup;
+            if let Some(moved) = head.as_ref().filter(|a| a.moved).map(|a| &a.head) {
+                tx.execute(&p.head_update, &[&agent.as_str(), &(moved.seq as i64), &moved.hash])?;
+            }
+            if processed > 0 {
+                tx.execute(&p.processed, &[&agent.as_str(), &processed])?;
             }
             part = Part::Setup;
             tx.commit()?;
@@ -219,7 +226,7 @@ impl Store {
 }
 
 /// What [`append`] stored: the new head, and whether it moved (the caller
-/// writes it to `agent_state` with the processed position).
+/// writes it to `agent_state`).
 struct Appended {
     head: ChainHead,
     moved: bool,
