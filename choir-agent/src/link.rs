@@ -29,7 +29,7 @@ use choir_common::rpc::{
     OutboundReply, PartialReply, ReportStatusRequest, Verb,
 };
 use choir_common::rpc::{FiringOffer, FiringReport};
-use crossbeam_channel::{select, Receiver, Sender};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::approvals::Approvals;
 use crate::arbiter::Arbiter;
@@ -226,10 +226,11 @@ impl Link {
         }
     }
 
-    /// A HEARTBEAT carrying no events or answers: the poller's long-poll
-    /// (`receive`), or a report on firings. It reports no position
-    /// (`processed_upto` 0): the position moves with the replies that move
-    /// it, so a long-poll writes nothing to choird's database.
+    /// A HEARTBEAT carrying no events or answers (the poller's long-poll
+    /// with `receive`, a report on firings; the base the other HEARTBEATs
+    /// fill in). It reports no position (`processed_upto` 0): the position
+    /// moves with the replies that move it (link-reply), so a long-poll
+    /// writes nothing to choird's database.
     fn bare_heartbeat(&self, wait_ms: u64, receive: bool, firings: Vec<FiringReport>) -> HeartbeatRequest {
         HeartbeatRequest {
             events: Vec::new(),
@@ -428,10 +429,10 @@ impl Link {
     /// is shipped (or the lease is lost, or choird stays unreachable while
     /// the agent stops).
     ///
-    /// A thread and a connection of its own, so an answer never waits
-    /// behind link-push's replication of core events (issue 19, item 1:
-    /// the reply used to wait out a core HEARTBEAT's round trip and
-    /// commit). It sends no events: in production
+    /// A thread of its own (and its own connection from the client's pool
+    /// for each HEARTBEAT), so an answer never waits behind link-push's
+    /// replication of core events (issue 19, item 1: the reply used to
+    /// wait out a core HEARTBEAT's round trip and commit). It sends no events: in production
     /// ([`Durability::Replicated`]) every event an answer rests on was
     /// acknowledged before the edge saw the result it answers from, so
     /// choird holds them before the answer arrives. It alone reports the
@@ -446,13 +447,22 @@ impl Link {
         let mut failures = 0;
         loop {
             if open && out.is_empty() {
-                match said.recv() {
+                // Awake now and then to notice a lost lease (the receiver
+                // is dropped on return, so the edge's next answer fails).
+                match said.recv_timeout(PERIOD) {
                     Ok(m) => out.take(m),
-                    Err(_) => open = false,
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
                 }
             }
-            for m in said.try_iter() {
-                out.take(m);
+            // Drained to the end, noticing the close: an answer that keeps
+            // failing must not keep a stopping agent from giving up.
+            while open {
+                match said.try_recv() {
+                    Ok(m) => out.take(m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
             }
             if !open && closed_at.is_none() {
                 closed_at = Some(Instant::now());
@@ -729,6 +739,38 @@ mod tests {
         assert_eq!(*seen.lock(), ["stored \"a\"", "recall a", "recall b"]);
         drop(out);
         speak.join().unwrap();
+    }
+
+    #[test]
+    fn regression_a_stopping_agent_gives_up_on_answers_choird_cannot_take() {
+        // choird unreachable (no socket), an answer queued, the edge gone:
+        // link-reply gives up after GIVE_UP_WHEN_STOPPING instead of
+        // retrying for ever (it used to miss the close while an answer was
+        // pending, and the agent's exit waited on it).
+        let dir = tempfile::tempdir().unwrap();
+        let link = link(dir.path());
+        let (out, said) = crossbeam_channel::unbounded();
+        let (done, returned) = crossbeam_channel::bounded(1);
+        let speak = {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                link.speak(said);
+                let _ = done.send(());
+            })
+        };
+        let reply = OutboundReply {
+            in_reply_to: 3,
+            covers: vec![3],
+            key: String::new(),
+            conversation: "a".into(),
+            text: "never stored".into(),
+        };
+        out.send(Outbound::Reply(reply)).unwrap();
+        drop(out);
+        // A hang detector, not a timing bound: it gives up 10 s after the close.
+        returned.recv_timeout(std::time::Duration::from_secs(60)).expect("link-reply never gave up");
+        speak.join().unwrap();
+        assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 
     #[test]

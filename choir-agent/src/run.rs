@@ -150,9 +150,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Unbounded: choird hands out at most a small batch per poll, plus one
     // event per finished core job or decision.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
-    // Unbounded: one reply per turn; link-reply drains it.
     // What the edge says (link-reply ships it) and the core pool's firing
-    // reports (link-push ships them).
+    // reports (link-push ships them). Unbounded: one reply per turn, a
+    // few partials a second, one report per firing.
     let (out_tx, out_rx) = unbounded();
     let (firings_tx, firings_rx) = unbounded();
 

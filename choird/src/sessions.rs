@@ -142,7 +142,10 @@ struct Session {
     /// query last found every pending message and they were handed out:
     /// while both are unchanged no message can be pending (every message
     /// is stored before the wake it causes), so a long-poll waits without
-    /// asking PostgreSQL again.
+    /// asking PostgreSQL again. Cleared when a long-poll ends without
+    /// news ([`Sessions::look_again`]): a message whose wake never came
+    /// (its commit's acknowledgement lost, so its sender never woke the
+    /// agent) is still found within one long-poll period.
     looked: Option<(u64, u64)>,
     stop: bool,
     terminated: bool,
@@ -773,6 +776,16 @@ impl Sessions {
         Some(messages)
     }
 
+    /// A long-poll of `session` ended without news: the next one queries
+    /// again whatever the wake count (see `Session::looked`).
+    pub fn look_again(&self, id: &AgentId, session: i64) {
+        if let Some(s) =
+            self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()).filter(|s| s.id == session)
+        {
+            s.looked = None;
+        }
+    }
+
     /// Waits until the agent's wake counter moves past `seen`, or `deadline`.
     pub fn wait_wake(&self, id: &AgentId, seen: u64, deadline: Instant) {
         let mut t = self.table.lock();
@@ -995,6 +1008,13 @@ mod tests {
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         assert!(sessions.poll(&a, 7, true).nothing_new);
         sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
+        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        // A long-poll that ended without news clears the mark: a message
+        // whose wake was lost is found by the next poll.
+        let poll = sessions.poll(&a, 7, true);
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        assert!(sessions.poll(&a, 7, true).nothing_new);
+        sessions.look_again(&a, 7);
         assert!(!sessions.poll(&a, 7, true).nothing_new);
         // A new session (a restart) starts without a mark.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();

@@ -319,8 +319,8 @@ pub struct HeartbeatRequest {
     #[serde(default)]
     pub wait_ms: u64,
     /// Whether this HEARTBEAT takes delivery of messages. An agent that sends
-    /// HEARTBEATs from two threads lets only its poller receive, so a message is
-    /// never handed to a thread that does not forward it.
+    /// HEARTBEATs from several threads lets only its poller receive, so a
+    /// message is never handed to a thread that does not forward it.
     #[serde(default = "yes")]
     pub receive: bool,
     /// What the agent says of scheduled firings: asks to start them, or

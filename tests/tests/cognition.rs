@@ -166,7 +166,7 @@ fn stopping_the_edge_stops_its_core_jobs_and_leaves_no_thread() {
     let pid = agent_pid(&choird);
     // RUNNING is reported before the last of the agent's own threads
     // (`signals`) is up: wait for the whole set.
-    let expected = ["choir-agent", "edge", "link-poll", "link-push", "reaper", "signals"];
+    let expected = ["choir-agent", "edge", "link-poll", "link-push", "link-reply", "reaper", "signals"];
     wait_for("the agent's own threads", Duration::from_secs(10), || threads(pid) == expected);
     let baseline = threads(pid);
     assert_eq!(baseline, expected);

@@ -38,13 +38,17 @@ const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 
 /// answers store it (its link-reply thread) while a HEARTBEAT of core
 /// events (link-push) holds the head's row locked until its commit, and an
 /// answer must not wait for that. One statement: the row moved up, or made
-/// if missing. A position that does not move writes nothing: no tuple, no
-/// lock, no WAL, no fsync at the commit (every long-poll used to rewrite
-/// the position, while the edge worked on the message just handed out).
+/// if missing (`agent_position` makes it at INIT_HELLO; the insert, and its
+/// conflict branch for two first writers at once, only run without it). A
+/// position that does not move writes nothing: no tuple, no lock, no WAL,
+/// no fsync at the commit (every long-poll used to rewrite the position,
+/// while the edge worked on the message just handed out).
 pub const PROCESSED: &str = "WITH moved AS (
          UPDATE agent_processed SET processed_upto = $2 WHERE agent_id = $1 AND processed_upto < $2 RETURNING 1)
-     INSERT INTO agent_processed (agent_id, processed_upto) SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM moved)
-     ON CONFLICT (agent_id) DO NOTHING";
+     INSERT INTO agent_processed (agent_id, processed_upto) SELECT $1, $2
+     WHERE NOT EXISTS (SELECT 1 FROM moved) AND NOT EXISTS (SELECT 1 FROM agent_processed WHERE agent_id = $1)
+     ON CONFLICT (agent_id) DO UPDATE SET processed_upto = EXCLUDED.processed_upto
+     WHERE agent_processed.processed_upto < EXCLUDED.processed_upto";
 const ADDRESSED: &str = "SELECT 1 FROM messages WHERE agent_id = $1 AND conversation = $2 LIMIT 1";
 const INSERT_NOTICE: &str = "INSERT INTO notices (agent_id, conversation, key, text) VALUES ($1, $2, $3, $4)
      ON CONFLICT (agent_id, key) DO NOTHING";
