@@ -678,6 +678,17 @@ mod tests {
         seen
     }
 
+    /// The edge's answer to message `id` in `conversation`.
+    fn answer(id: u64, conversation: &str, text: &str) -> OutboundReply {
+        OutboundReply {
+            in_reply_to: id,
+            covers: vec![id],
+            key: String::new(),
+            conversation: conversation.into(),
+            text: text.into(),
+        }
+    }
+
     fn link(dir: &std::path::Path) -> Arc<Link> {
         let endpoint = crate::rpc::Endpoint::Unix(dir.join("agent.sock"));
         let rpc = Arc::new(crate::rpc::Rpc::new(&endpoint, "t".into()));
@@ -718,13 +729,7 @@ mod tests {
             let link = link.clone();
             std::thread::spawn(move || link.speak(queue))
         };
-        let reply = OutboundReply {
-            in_reply_to: 7,
-            covers: vec![7],
-            key: String::new(),
-            conversation: "a".into(),
-            text: "the answer".into(),
-        };
+        let reply = answer(7, "a", "the answer");
         out.send(Outbound::Reply(reply)).unwrap();
         let tail = RecallThroughReply::new(out.clone()).recall("a").unwrap();
         assert_eq!(tail, ConversationTail { conversation: "a".into(), summary: None, turns: Vec::new() });
@@ -758,13 +763,7 @@ mod tests {
                 let _ = done.send(());
             })
         };
-        let reply = OutboundReply {
-            in_reply_to: 3,
-            covers: vec![3],
-            key: String::new(),
-            conversation: "a".into(),
-            text: "never stored".into(),
-        };
+        let reply = answer(3, "a", "never stored");
         out.send(Outbound::Reply(reply)).unwrap();
         drop(out);
         // A hang detector, not a timing bound: it gives up 10 s after the close.
@@ -820,13 +819,7 @@ mod tests {
             assert!(std::time::Instant::now() < until, "the event never reached choird: {:?}", seen.lock());
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let reply = OutboundReply {
-            in_reply_to: 9,
-            covers: vec![9],
-            key: String::new(),
-            conversation: "b".into(),
-            text: "the answer".into(),
-        };
+        let reply = answer(9, "b", "the answer");
         out.send(Outbound::Reply(reply)).unwrap();
         drop(out);
         speak.join().unwrap();

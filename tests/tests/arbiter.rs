@@ -438,10 +438,32 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
         store.record_replies(&agent, &[], at, &choird::store::Nowhere).unwrap();
         assert_eq!(row(&pg), (version.clone(), m as i64), "position {at} rewrote the row");
     }
-    store.record_replies(&agent, &[], m + 1, &choird::store::Nowhere).unwrap();
+    let later = store.insert_message(&agent, "c1", "admin", "later").unwrap();
+    store.record_replies(&agent, &[], later, &choird::store::Nowhere).unwrap();
     let (moved, upto) = row(&pg);
-    assert_eq!(upto, m as i64 + 1);
+    assert_eq!(upto, later as i64);
     assert_ne!(moved, version);
+}
+
+/// Regression: the position is the agent's word, and one past every
+/// message (or past i64, which wrapped) was stored as sent; a restarted
+/// agent is handed messages above its position, so it would never have
+/// been handed one again. Such a position is cut to the highest message.
+#[test]
+fn regression_a_position_past_every_message_would_have_silenced_the_agent_for_good() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let m = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    for hostile in [m + 1_000_000, i64::MAX as u64, u64::MAX] {
+        store.record_replies(&agent, &[], hostile, &choird::store::Nowhere).unwrap();
+        assert_eq!(store.agent_position(&agent).unwrap().1, m, "position {hostile}");
+    }
+    // The next message is handed out to a restarted agent (above its position).
+    let next = store.insert_message(&agent, "c1", "admin", "still there?").unwrap();
+    let (_, position) = store.agent_position(&agent).unwrap();
+    let pending = store.pending_messages(&agent, position, 32).unwrap();
+    assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), vec![next]);
 }
 
 /// The answer used to wait for the core jobs' replication: the processed

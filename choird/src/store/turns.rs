@@ -42,10 +42,14 @@ const HEAD_UPDATE: &str = "UPDATE agent_state SET head_seq = $2, head_hash = $3 
 /// conflict branch for two first writers at once, only run without it). A
 /// position that does not move writes nothing: no tuple, no lock, no WAL,
 /// no fsync at the commit (every long-poll used to rewrite the position,
-/// while the edge worked on the message just handed out).
-pub const PROCESSED: &str = "WITH moved AS (
-         UPDATE agent_processed SET processed_upto = $2 WHERE agent_id = $1 AND processed_upto < $2 RETURNING 1)
-     INSERT INTO agent_processed (agent_id, processed_upto) SELECT $1, $2
+/// while the edge worked on the message just handed out). A position past
+/// every stored message (the agent's word alone) is cut to the highest
+/// message id: past it, a restarted agent would be handed no message
+/// again, ever (one probe of the primary key).
+pub const PROCESSED: &str = "WITH top AS (SELECT LEAST($2::bigint, (SELECT coalesce(max(id), 0) FROM messages)) AS at),
+     moved AS (UPDATE agent_processed p SET processed_upto = top.at FROM top
+               WHERE p.agent_id = $1 AND p.processed_upto < top.at RETURNING 1)
+     INSERT INTO agent_processed (agent_id, processed_upto) SELECT $1, top.at FROM top
      WHERE NOT EXISTS (SELECT 1 FROM moved) AND NOT EXISTS (SELECT 1 FROM agent_processed WHERE agent_id = $1)
      ON CONFLICT (agent_id) DO UPDATE SET processed_upto = EXCLUDED.processed_upto
      WHERE agent_processed.processed_upto < EXCLUDED.processed_upto";
@@ -198,7 +202,8 @@ impl Store {
                     }
                 }
             };
-            let processed = replies.as_ref().map_or(0, |r| r.processed_upto as i64);
+            // Past i64 (the agent's word): the highest, cut by `PROCESSED`.
+            let processed = replies.as_ref().map_or(0, |r| i64::try_from(r.processed_upto).unwrap_or(i64::MAX));
             let recorded = match replies {
                 None => Recorded::default(),
                 Some(r) => {
