@@ -423,6 +423,10 @@ struct ReplState {
     fail_closed: std::time::Duration,
     /// The lease is gone: nothing will ever be acknowledged again.
     closed: Option<String>,
+    /// Highest sequence number whose append failed as not replicated (its
+    /// result withheld from the model); link-reply ships no answer before
+    /// choird holds it.
+    withheld: u64,
 }
 
 impl DurableLog {
@@ -450,6 +454,7 @@ impl DurableLog {
                 failing: None,
                 fail_closed: DEFAULT_FAIL_CLOSED,
                 closed: None,
+                withheld: 0,
             }),
             repl_cv: parking_lot::Condvar::new(),
             poke: std::sync::OnceLock::new(),
@@ -482,27 +487,57 @@ impl DurableLog {
         Ok(ev)
     }
 
+    /// Waits until choird acknowledged `seq`; fails (and marks `seq`
+    /// withheld) when it refused the event, the lease is gone or
+    /// replication has failed for the fail-closed time.
     fn wait_replicated(&self, seq: u64) -> Result<(), LogError> {
         let mut st = self.repl.lock();
-        loop {
+        let why = loop {
             if let Some(why) = st.quarantined.get(&seq) {
-                return Err(LogError::NotReplicated { seq, why: format!("choird refused its content ({why})") });
+                break format!("choird refused its content ({why})");
             }
             if st.acked >= seq {
                 return Ok(());
             }
             if let Some(why) = &st.closed {
-                return Err(LogError::NotReplicated { seq, why: why.clone() });
+                break why.clone();
             }
             if let Some((since, why)) = &st.failing {
                 if since.elapsed() >= st.fail_closed {
-                    return Err(LogError::NotReplicated {
-                        seq,
-                        why: format!("replication has failed for {} s: {why}", since.elapsed().as_secs()),
-                    });
+                    break format!("replication has failed for {} s: {why}", since.elapsed().as_secs());
                 }
             }
             self.repl_cv.wait_for(&mut st, std::time::Duration::from_millis(200));
+        };
+        st.withheld = st.withheld.max(seq);
+        Err(LogError::NotReplicated { seq, why })
+    }
+
+    /// Waits up to `wait` for choird to hold every event whose result was
+    /// withheld ([`LogError::NotReplicated`]): `Ok(true)` once it does (at
+    /// once while nothing was withheld), `Ok(false)` if it still does not,
+    /// `Err(why)` if it never will (replication closed).
+    ///
+    /// **Invariant** (what link-reply keeps with it): an answer given after
+    /// a withheld result reaches choird only after the events behind that
+    /// result, as an answer given after a result the model saw always does
+    /// (the append returned only once choird held the event). So choird
+    /// never holds an answer without the tool calls it followed, and the
+    /// acknowledgement that stores them also ends the fail-closed refusal
+    /// before the answer is out.
+    pub fn wait_withheld_stored(&self, wait: std::time::Duration) -> Result<bool, String> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut st = self.repl.lock();
+        loop {
+            if st.acked >= st.withheld {
+                return Ok(true);
+            }
+            if let Some(why) = &st.closed {
+                return Err(why.clone());
+            }
+            if self.repl_cv.wait_until(&mut st, deadline).timed_out() {
+                return Ok(st.acked >= st.withheld);
+            }
         }
     }
 

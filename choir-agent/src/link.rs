@@ -435,7 +435,10 @@ impl Link {
     /// wait out a core HEARTBEAT's round trip and commit). It sends no events: in production
     /// ([`Durability::Replicated`]) every event an answer rests on was
     /// acknowledged before the edge saw the result it answers from, so
-    /// choird holds them before the answer arrives. It alone reports the
+    /// choird holds them before the answer arrives; after a result withheld
+    /// because replication failed, the answer waits until link-push has
+    /// stored the events behind it ([`DurableLog::wait_withheld_stored`]),
+    /// which also reopens the tools. It alone reports the
     /// processed position, with the answers that move it (choird keeps the
     /// position in a row of its own, which no core HEARTBEAT locks).
     ///
@@ -471,6 +474,24 @@ impl Link {
                 return;
             }
             if !out.replies.is_empty() || !out.partials.is_empty() {
+                // After a withheld result, what the edge said waits for
+                // link-push to store the events behind it (at once while
+                // nothing was withheld).
+                match self.log.wait_withheld_stored(PERIOD) {
+                    Ok(true) => {}
+                    Ok(false) if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) => {
+                        log::warn!(
+                            "choird has not stored the agent's withheld events while it stops; {} answer(s) not shipped",
+                            out.replies.len()
+                        );
+                        return;
+                    }
+                    Ok(false) => continue,
+                    Err(why) => {
+                        log::warn!("{} answer(s) not shipped: {why}", out.replies.len());
+                        return;
+                    }
+                }
                 let req = self.said_heartbeat(&mut out);
                 let _hold = (!req.replies.is_empty()).then(|| {
                     choir_common::hop::mark("agent.push");
@@ -616,13 +637,27 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::{Link, RecallThroughReply};
+    use crate::commitlog::{Durability, LogError};
     use crate::held::Recall;
     use crate::outbound::Outbound;
 
+    /// How the choird stand-in behaves.
+    #[derive(Default, Clone)]
+    struct Standin {
+        /// How long storing a HEARTBEAT's answers takes.
+        store: std::time::Duration,
+        /// Events are stored only once an answer is (or after 10 s): an
+        /// answer queued behind them would wait that long.
+        events_after_answer: bool,
+        /// While set, a HEARTBEAT with events fails (503), as when
+        /// choird's database is gone; answers are still taken.
+        events_down: Arc<AtomicBool>,
+    }
+
     /// A choird stand-in on `path`: records what reaches it, in order;
-    /// takes `store` to store a HEARTBEAT's answers (then records
-    /// "stored"); answers a recall with an empty tail.
-    fn choird(path: std::path::PathBuf, store: std::time::Duration) -> Arc<Mutex<Vec<String>>> {
+    /// stores a HEARTBEAT's answers (records "stored") and events
+    /// ("events stored") as `how` says; answers a recall with an empty tail.
+    fn choird(path: std::path::PathBuf, how: Standin) -> Arc<Mutex<Vec<String>>> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
         let record = seen.clone();
@@ -630,19 +665,27 @@ mod tests {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
                 let record = record.clone();
+                let how = how.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(conn.try_clone().unwrap());
                     let mut conn = conn;
                     while let Some((target, body)) = crate::rpc::read_request(&mut reader) {
                         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let answer = if target.ends_with("/HEARTBEAT") {
+                        let with_events = req["events"].as_array().is_some_and(|e| !e.is_empty());
+                        let answer = if target.ends_with("/HEARTBEAT")
+                            && with_events
+                            && how.events_down.load(std::sync::atomic::Ordering::SeqCst)
+                        {
+                            record.lock().push("events refused".to_owned());
+                            None
+                        } else if target.ends_with("/HEARTBEAT") {
                             let mut resp = json!({"acked_seq": 0, "messages": [], "config_version": 0, "stop": false});
                             if let Some(conversation) = req["recall"].as_str() {
                                 record.lock().push(format!("recall {conversation}"));
                                 resp["recalled"] = json!({"conversation": conversation, "turns": []});
                             }
                             if req["replies"].as_array().is_some_and(|r| !r.is_empty()) {
-                                std::thread::sleep(store);
+                                std::thread::sleep(how.store);
                                 record.lock().push(format!("stored {}", req["replies"][0]["conversation"]));
                             }
                             if let Some(events) = req["events"].as_array().filter(|e| !e.is_empty()) {
@@ -651,7 +694,8 @@ mod tests {
                                 // behind them would wait that long.
                                 record.lock().push(format!("events {} in", events.len()));
                                 let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                                while !record.lock().iter().any(|r| r.starts_with("stored"))
+                                while how.events_after_answer
+                                    && !record.lock().iter().any(|r| r.starts_with("stored"))
                                     && std::time::Instant::now() < until
                                 {
                                     std::thread::sleep(std::time::Duration::from_millis(5));
@@ -659,13 +703,16 @@ mod tests {
                                 record.lock().push("events stored".to_owned());
                                 resp["acked_seq"] = events.last().map_or(json!(0), |e| e["seq"].clone());
                             }
-                            resp
+                            Some(resp)
                         } else {
-                            json!({"ok": true})
+                            Some(json!({"ok": true}))
                         };
-                        let text = answer.to_string();
+                        let (status, text) = match answer {
+                            Some(answer) => ("200 OK", answer.to_string()),
+                            None => ("503 Service Unavailable", json!({"error": "database unavailable"}).to_string()),
+                        };
                         let out = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+                            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
                             text.len()
                         );
                         if conn.write_all(out.as_bytes()).is_err() {
@@ -689,12 +736,34 @@ mod tests {
         }
     }
 
+    /// A core job's tool call, to commit.
+    fn event() -> crate::commitlog::NewEvent {
+        crate::commitlog::NewEvent {
+            lane: "core:job".into(),
+            kind: choir_common::commit::EventKind::ToolCall,
+            tool: "choir.fs.read".into(),
+            call_id: None,
+            turn: None,
+            skill: None,
+            state: None,
+            input: json!({}),
+            outcome: choir_common::commit::Outcome::Ok,
+            result: json!({}),
+            duration_us: 1,
+            external: false,
+        }
+    }
+
     fn link(dir: &std::path::Path) -> Arc<Link> {
+        link_with(dir, Durability::Local)
+    }
+
+    fn link_with(dir: &std::path::Path, durability: Durability) -> Arc<Link> {
         let endpoint = crate::rpc::Endpoint::Unix(dir.join("agent.sock"));
         let rpc = Arc::new(crate::rpc::Rpc::new(&endpoint, "t".into()));
         // The arbiter keeps its own log in `dir/state`; link-push's is here.
         let (log, _) = crate::commitlog::CommitLog::open(&dir.join("link")).unwrap();
-        let log = Arc::new(crate::commitlog::DurableLog::new(log).unwrap());
+        let log = Arc::new(crate::commitlog::DurableLog::with_durability(log, durability).unwrap());
         let arbiter = Arc::new(crate::arbiter::arbiter_with(dir, &[]));
         let config =
             serde_json::from_value(json!({"version": 0, "kill_switch": false, "max_steps_per_turn": 8})).unwrap();
@@ -722,7 +791,8 @@ mod tests {
         // conversations came in) and a speaks again: the recall must not
         // reach choird before that answer is stored, or the tail misses it.
         let dir = tempfile::tempdir().unwrap();
-        let seen = choird(dir.path().join("agent.sock"), std::time::Duration::from_millis(300));
+        let how = Standin { store: std::time::Duration::from_millis(300), ..Standin::default() };
+        let seen = choird(dir.path().join("agent.sock"), how);
         let link = link(dir.path());
         let (out, queue) = crossbeam_channel::unbounded();
         let speak = {
@@ -780,7 +850,8 @@ mod tests {
         // 1). The stand-in stores events only once an answer is stored, so
         // an answer queued behind them would be stored 10 s later, after.
         let dir = tempfile::tempdir().unwrap();
-        let seen = choird(dir.path().join("agent.sock"), std::time::Duration::ZERO);
+        let how = Standin { events_after_answer: true, ..Standin::default() };
+        let seen = choird(dir.path().join("agent.sock"), how);
         let link = link(dir.path());
         let (firings, reports) = crossbeam_channel::unbounded();
         let (poke, committed) = crossbeam_channel::bounded::<()>(1);
@@ -796,23 +867,7 @@ mod tests {
         };
         let appending = {
             let log = link.log.clone();
-            std::thread::spawn(move || {
-                log.append(crate::commitlog::NewEvent {
-                    lane: "core:job".into(),
-                    kind: choir_common::commit::EventKind::ToolCall,
-                    tool: "choir.fs.read".into(),
-                    call_id: None,
-                    turn: None,
-                    skill: None,
-                    state: None,
-                    input: json!({}),
-                    outcome: choir_common::commit::Outcome::Ok,
-                    result: json!({}),
-                    duration_us: 1,
-                    external: false,
-                })
-                .unwrap()
-            })
+            std::thread::spawn(move || log.append(event()).unwrap())
         };
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !seen.lock().iter().any(|r| r == "events 1 in") {
@@ -829,5 +884,54 @@ mod tests {
         push.join().unwrap();
         assert_eq!(*seen.lock(), ["events 1 in", "stored \"b\"", "events stored"]);
         assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 9);
+    }
+
+    #[test]
+    fn regression_an_answer_after_a_withheld_result_is_stored_only_after_its_events() {
+        // choird cannot store events (its database is gone): the tool
+        // call's event is not acknowledged within the fail-closed time, its
+        // result is withheld, and the model answers anyway. The answer used
+        // to reach choird at once on link-reply's lane, before the event,
+        // while link-push was still backing off, so the next message's
+        // tools were refused as if replication were still down
+        // (hostile::regression_replication_down_fails_closed_withholds_results_and_recovers
+        // failed in CI). It waits for the event now.
+        let dir = tempfile::tempdir().unwrap();
+        let how = Standin::default();
+        how.events_down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let seen = choird(dir.path().join("agent.sock"), how.clone());
+        let link = link_with(dir.path(), Durability::Replicated);
+        link.log.set_fail_closed(std::time::Duration::from_millis(300));
+        let (firings, reports) = crossbeam_channel::unbounded();
+        let (poke, committed) = crossbeam_channel::bounded::<()>(1);
+        link.log.set_poke(poke);
+        let push = {
+            let link = link.clone();
+            std::thread::spawn(move || link.push(reports, committed))
+        };
+        let (out, said) = crossbeam_channel::unbounded();
+        let speak = {
+            let link = link.clone();
+            std::thread::spawn(move || link.speak(said))
+        };
+        let withheld = link.log.append(event());
+        assert!(matches!(withheld, Err(LogError::NotReplicated { seq: 1, .. })), "{withheld:?}");
+        assert!(link.log.failed_closed().is_some(), "tools are refused meanwhile");
+        out.send(Outbound::Reply(answer(5, "c", "I cannot act right now"))).unwrap();
+        // choird would take the answer now; the answer must not go.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(!seen.lock().iter().any(|r| r.starts_with("stored")), "{:?}", seen.lock());
+        how.events_down.store(false, std::sync::atomic::Ordering::SeqCst);
+        drop(out);
+        speak.join().unwrap();
+        // The acknowledgement that stored the event reopened the tools
+        // before the answer was out.
+        assert_eq!(link.log.failed_closed(), None);
+        assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 5);
+        drop(firings);
+        push.join().unwrap();
+        let order: Vec<String> = seen.lock().iter().filter(|r| *r != "events refused").cloned().collect();
+        assert_eq!(order, ["events 1 in", "events stored", "stored \"c\""]);
+        assert!(seen.lock().first().is_some_and(|r| r == "events refused"), "{:?}", seen.lock());
     }
 }
