@@ -9,6 +9,7 @@ use choir_tests::fake_embeddings::FakeEmbeddings;
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::fake_telegram::FakeTelegram;
 use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
 use serde_json::json;
 
@@ -248,4 +249,46 @@ fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     assert!(agents.iter().all(Reap::gone), "the agents were stopped with choird");
     // The chat ended with choird, whatever it was told.
     let _ = chat.join();
+}
+
+/// Regression: a message that drew its id before a later message of its
+/// agent and committed after the agent was handed the later one was never
+/// answered (the agent is handed messages past a position). Here the first
+/// message's transaction stays open (as a slow commit would) while a chat
+/// sends the second: the second waits for the first, and both are answered.
+#[test]
+fn regression_a_message_committing_after_a_later_one_is_still_answered() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|req, _| {
+        let msgs = req["messages"].as_array()?;
+        let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+        Some(Step::Text(format!("done: {asked}")))
+    });
+    let config = test_config(&llm.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hello"]), "done: hello\n");
+    let mut held = pg.client();
+    let mut first = held.transaction().unwrap();
+    let first_id: i64 =
+        first.query_one(choird::store::INSERT_MESSAGE, &[&"demo", &"held", &"someone", &"first"]).unwrap().get(0);
+    let home = choird.home.path().to_owned();
+    let chat = std::thread::spawn(move || {
+        Command::new(bin("choirctl")).arg("--home").arg(home).args(["chat", "demo", "second"]).output().unwrap()
+    });
+    let waiting = || -> i64 {
+        pg.client()
+            .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+            .unwrap()
+            .get(0)
+    };
+    wait_for("the second message to wait for the first's commit", Duration::from_secs(30), || waiting() == 1);
+    first.commit().unwrap();
+    let out = chat.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done: second\n", "{}", String::from_utf8_lossy(&out.stderr));
+    let answered = || -> Option<String> {
+        pg.client().query_one("SELECT reply FROM messages WHERE id = $1", &[&first_id]).unwrap().get(0)
+    };
+    wait_for("the first message's answer", Duration::from_secs(30), || answered().is_some());
+    assert_eq!(answered().as_deref(), Some("done: first"));
 }

@@ -694,3 +694,84 @@ fn storing_a_batch_reads_only_its_own_updates_however_many_the_bot_has() {
     let queued: i64 = c.query_one("SELECT count(*) FROM messages WHERE text = 'hi'", &[]).unwrap().get(0);
     assert_eq!(queued, 2, "both batches' messages queued");
 }
+
+/// How many advisory locks are waited for right now.
+fn lock_waiters(pg: &TestPg) -> i64 {
+    pg.client()
+        .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// Regression: messages draw their ids from one sequence every writer
+/// shares, and an agent is handed its messages past a position; a message
+/// that drew its id before another of its agent and committed after it was
+/// passed over for good. Now every statement that queues a message (a
+/// chat's, the dispatcher's, a Telegram batch's) waits for an earlier
+/// uncommitted message of the same agent, and only of the same agent.
+#[test]
+fn regression_a_message_committing_after_a_later_one_of_its_agent_was_passed_over() {
+    let Some(pg) = TestPg::start() else { return };
+    choird::db::Db::connect(&pg.url()).unwrap().migrate().unwrap();
+    let mut held = pg.client();
+    let mut first = held.transaction().unwrap();
+    let first_id: i64 =
+        first.query_one(choird::store::INSERT_MESSAGE, &[&"alpha", &"c", &"u", &"first"]).unwrap().get(0);
+    // Another agent's message does not wait.
+    let other: i64 =
+        pg.client().query_one(choird::store::INSERT_MESSAGE, &[&"beta", &"c", &"u", &"other"]).unwrap().get(0);
+    assert!(other > first_id);
+    let url = pg.url();
+    let queue = |statement: &'static str, params: Vec<Box<dyn postgres::types::ToSql + Sync + Send>>| {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
+            c.execute(statement, &params).unwrap()
+        })
+    };
+    let chat =
+        queue(choird::store::INSERT_MESSAGE, vec![Box::new("alpha"), Box::new("c"), Box::new("u"), Box::new("chat")]);
+    let dispatched = queue(
+        choird::store::telegram::INSERT_TELEGRAM_MESSAGE,
+        vec![
+            Box::new("alpha"),
+            Box::new("tg:a:1"),
+            Box::new("telegram:1"),
+            Box::new("dispatched"),
+            Box::new(json!({"bot": "a", "update_id": "7"})),
+        ],
+    );
+    let batch = queue(
+        choird::store::telegram::STORE_BATCH,
+        vec![
+            Box::new("a"),
+            Box::new(vec![8i64]),
+            Box::new(vec![json!({})]),
+            Box::new(vec!["alpha"]),
+            Box::new(vec!["tg:a:1"]),
+            Box::new(vec!["telegram:1"]),
+            Box::new(vec!["batched"]),
+            Box::new(vec![json!({"bot": "a", "update_id": "8"})]),
+            Box::new(9i64),
+        ],
+    );
+    wait_for("the three to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 3);
+    let visible: i64 =
+        pg.client().query_one("SELECT count(*) FROM messages WHERE agent_id = 'alpha'", &[]).unwrap().get(0);
+    assert_eq!(visible, 0, "no later message of alpha committed before the first");
+    first.commit().unwrap();
+    for t in [chat, dispatched, batch] {
+        assert_eq!(t.join().unwrap(), 1);
+    }
+    let ids: Vec<(i64, String)> = pg
+        .client()
+        .query("SELECT id, text FROM messages WHERE agent_id = 'alpha' ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert_eq!(ids[0], (first_id, "first".to_owned()), "the first message has the lowest id: {ids:?}");
+}

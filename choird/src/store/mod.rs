@@ -95,6 +95,15 @@ pub struct Store {
     pub(crate) db: Db,
 }
 
+/// Queues message `$4` from `$3` in conversation `$2` for agent `$1`,
+/// once every earlier message of the agent has committed
+/// (`lock_agent_messages`, migration 0018: the agent is handed its messages
+/// past a position, so one committing after a later one would be passed
+/// over); returns its id. Public for the test of that order.
+pub const INSERT_MESSAGE: &str = "WITH turn AS (SELECT lock_agent_messages($1::text))
+     INSERT INTO messages (agent_id, conversation, sender, text)
+     SELECT $1::text, $2::text, $3::text, $4::text FROM turn RETURNING id";
+
 /// An agent's unanswered messages after a position (`$1` agent, `$2` after,
 /// `$3` limit), each with `earlier`: one probe of `messages_conversation`
 /// per message. Any earlier message counts, answered or not: one handed out
@@ -332,9 +341,7 @@ impl Store {
         text: &str,
     ) -> Result<u64, DbError> {
         self.db.with(|c| {
-            let insert = c.prepared(
-                "INSERT INTO messages (agent_id, conversation, sender, text) VALUES ($1, $2, $3, $4) RETURNING id",
-            )?;
+            let insert = c.prepared(INSERT_MESSAGE)?;
             let row = c.query_one(&insert, &[&agent.as_str(), &conversation, &sender, &text])?;
             Ok(row.get::<_, i64>(0) as u64)
         })

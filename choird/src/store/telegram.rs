@@ -67,7 +67,10 @@ pub struct StoredUpdates {
 /// not plain, was stored before, or has an earlier update of the bot still
 /// waiting for the dispatcher is `blocked`: the updates before it are
 /// stored handled with their messages queued (in order: the messages' ids
-/// follow `ORDER BY`), it and the rest are stored for the dispatcher.
+/// follow `ORDER BY`), it and the rest are stored for the dispatcher. The
+/// messages' agents are locked first, in the order of their names, so each
+/// message commits after every earlier one of its agent (see
+/// [`super::INSERT_MESSAGE`]).
 /// Returns the next offset, how many were left to the dispatcher, and the
 /// agents given a message.
 pub const STORE_BATCH: &str = "WITH batch AS (
@@ -88,10 +91,13 @@ pub const STORE_BATCH: &str = "WITH batch AS (
          WHERE k.ord IS NULL OR b.ord < k.ord
          ON CONFLICT (bot, update_id) DO NOTHING
          RETURNING update_id),
+     turns AS (
+         SELECT count(lock_agent_messages(a.agent)) AS agents
+         FROM (SELECT DISTINCT agent FROM plain ORDER BY agent) a),
      queued AS (
          INSERT INTO messages (agent_id, conversation, sender, text, origin)
          SELECT p.agent, p.conversation, p.sender, p.text, p.origin
-         FROM plain p JOIN batch b USING (ord) JOIN fast f ON f.update_id = b.id
+         FROM plain p JOIN batch b USING (ord) JOIN fast f ON f.update_id = b.id CROSS JOIN turns
          ORDER BY p.ord
          ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
          RETURNING agent_id),
@@ -107,8 +113,13 @@ pub const STORE_BATCH: &str = "WITH batch AS (
          RETURNING next_offset)
      SELECT (SELECT next_offset FROM next), (SELECT count(*) FROM rest),
             (SELECT array_agg(DISTINCT agent_id) FROM queued)";
-const INSERT_TELEGRAM_MESSAGE: &str =
-    "INSERT INTO messages (agent_id, conversation, sender, text, origin) VALUES ($1, $2, $3, $4, $5)
+/// The dispatcher's message (`$1` agent … `$5` origin), once every earlier
+/// message of the agent has committed (see [`super::INSERT_MESSAGE`]);
+/// nothing if the update's message is queued already. Public for the test
+/// of that order.
+pub const INSERT_TELEGRAM_MESSAGE: &str = "WITH turn AS (SELECT lock_agent_messages($1::text))
+     INSERT INTO messages (agent_id, conversation, sender, text, origin)
+     SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb FROM turn
      ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
      RETURNING id";
 // The sender's statements, prepared once per connection: a statement sent
