@@ -80,7 +80,18 @@ pub struct Link {
     pub arguments: Arc<crate::arg_check::ArgumentPolicy>,
     /// Who has the floor: held while replies are pushed, so core jobs wait.
     pub floor: Arc<crate::floor::Floor>,
+    /// How long an answer waits for choird to store the events behind a
+    /// withheld result before it goes without them ([`WITHHELD_WAIT`]).
+    pub withheld_wait: Duration,
 }
+
+/// How long an answer given after a withheld result waits for link-push to
+/// store the events behind it. Long enough to outlast link-push's backoff
+/// (at most 5 s) after choird or its database comes back; bounded because
+/// choird may refuse the events for good (a forked log) while it still
+/// stores answers, and the model's "I cannot act right now" must reach the
+/// user then.
+pub const WITHHELD_WAIT: Duration = Duration::from_secs(30);
 
 /// How long the edge waits for a recall (link-reply may first have answers
 /// to ship, and retries while choird cannot be reached).
@@ -126,7 +137,10 @@ impl Link {
         let mut highest = self.processed.load(Ordering::SeqCst);
         let mut failures = 0;
         while !self.closing.load(Ordering::SeqCst) {
-            let req = self.bare_heartbeat(POLL_WAIT_MS, true, Vec::new());
+            let mut req = self.bare_heartbeat(POLL_WAIT_MS, true, Vec::new());
+            // Had an answer to an earlier poll been lost, choird hands its
+            // messages out again.
+            req.received_upto = Some(highest);
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
                 Ok(resp) => {
@@ -240,6 +254,7 @@ impl Link {
             config_version: self.config_version.load(Ordering::SeqCst),
             wait_ms,
             receive,
+            received_upto: None,
             firings,
             recall: None,
         }
@@ -438,7 +453,8 @@ impl Link {
     /// choird holds them before the answer arrives; after a result withheld
     /// because replication failed, the answer waits until link-push has
     /// stored the events behind it ([`DurableLog::wait_withheld_stored`]),
-    /// which also reopens the tools. It alone reports the
+    /// which also reopens the tools, or [`WITHHELD_WAIT`] has passed (choird
+    /// may refuse them for good). It alone reports the
     /// processed position, with the answers that move it (choird keeps the
     /// position in a row of its own, which no core HEARTBEAT locks).
     ///
@@ -448,6 +464,8 @@ impl Link {
         let mut open = true;
         let mut closed_at: Option<Instant> = None;
         let mut failures = 0;
+        // Since when what the edge said waits for withheld events.
+        let mut held_since: Option<Instant> = None;
         loop {
             if open && out.is_empty() {
                 // Awake now and then to notice a lost lease (the receiver
@@ -476,17 +494,33 @@ impl Link {
             if !out.replies.is_empty() || !out.partials.is_empty() {
                 // After a withheld result, what the edge said waits for
                 // link-push to store the events behind it (at once while
-                // nothing was withheld).
-                match self.log.wait_withheld_stored(PERIOD) {
-                    Ok(true) => {}
-                    Ok(false) if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) => {
-                        log::warn!(
-                            "choird has not stored the agent's withheld events while it stops; {} answer(s) not shipped",
-                            out.replies.len()
-                        );
-                        return;
+                // nothing was withheld), for at most `withheld_wait`; once
+                // that is over, answers go without waiting until the events
+                // are stored (then a later withheld result is waited for again).
+                let patience = match held_since {
+                    Some(t) if t.elapsed() >= self.withheld_wait => Duration::ZERO,
+                    _ => PERIOD.min(self.withheld_wait),
+                };
+                match self.log.wait_withheld_stored(patience) {
+                    Ok(true) => held_since = None,
+                    Ok(false) => {
+                        if held_since.get_or_insert_with(Instant::now).elapsed() < self.withheld_wait {
+                            if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
+                                log::warn!(
+                                    "choird has not stored the agent's withheld events while it stops; {} answer(s) not shipped",
+                                    out.replies.len()
+                                );
+                                return;
+                            }
+                            continue;
+                        }
+                        if !patience.is_zero() {
+                            log::warn!(
+                                "choird has not stored the events behind a withheld result for {} s; answers go without them",
+                                self.withheld_wait.as_secs()
+                            );
+                        }
                     }
-                    Ok(false) => continue,
                     Err(why) => {
                         log::warn!("{} answer(s) not shipped: {why}", out.replies.len());
                         return;
@@ -652,6 +686,10 @@ mod tests {
         /// While set, a HEARTBEAT with events fails (503), as when
         /// choird's database is gone; answers are still taken.
         events_down: Arc<AtomicBool>,
+        /// What each long-poll (a HEARTBEAT that receives and waits) is
+        /// answered, in turn (recorded as "poll <received_upto>"); once
+        /// they are used up, `stop`.
+        polls: Arc<Mutex<std::collections::VecDeque<Value>>>,
     }
 
     /// A choird stand-in on `path`: records what reaches it, in order;
@@ -680,6 +718,13 @@ mod tests {
                             None
                         } else if target.ends_with("/HEARTBEAT") {
                             let mut resp = json!({"acked_seq": 0, "messages": [], "config_version": 0, "stop": false});
+                            if req["receive"] != false && req["wait_ms"].as_u64().is_some_and(|w| w > 0) {
+                                record.lock().push(format!("poll {}", req["received_upto"]));
+                                let next = how.polls.lock().pop_front().unwrap_or(json!({"stop": true}));
+                                for (k, v) in next.as_object().into_iter().flatten() {
+                                    resp[k] = v.clone();
+                                }
+                            }
                             if let Some(conversation) = req["recall"].as_str() {
                                 record.lock().push(format!("recall {conversation}"));
                                 resp["recalled"] = json!({"conversation": conversation, "turns": []});
@@ -782,6 +827,7 @@ mod tests {
             pool: Weak::new(),
             arguments: Arc::new(crate::arg_check::ArgumentPolicy::default()),
             floor: Arc::default(),
+            withheld_wait: super::WITHHELD_WAIT,
         })
     }
 
@@ -933,5 +979,63 @@ mod tests {
         let order: Vec<String> = seen.lock().iter().filter(|r| *r != "events refused").cloned().collect();
         assert_eq!(order, ["events 1 in", "events stored", "stored \"c\""]);
         assert!(seen.lock().first().is_some_and(|r| r == "events refused"), "{:?}", seen.lock());
+    }
+
+    #[test]
+    fn an_answer_goes_without_withheld_events_that_choird_keeps_refusing() {
+        // choird refuses the agent's events for good (a forked log, say) but
+        // stores answers: the model's "I cannot act right now" must still
+        // reach the user once the wait for those events is over, not wait
+        // for ever.
+        let dir = tempfile::tempdir().unwrap();
+        let seen = choird(dir.path().join("agent.sock"), Standin::default());
+        let mut link = link_with(dir.path(), Durability::Replicated);
+        Arc::get_mut(&mut link).unwrap().withheld_wait = std::time::Duration::from_millis(500);
+        link.log.set_fail_closed(std::time::Duration::from_millis(100));
+        link.log.replication_failed("choird refused the commit log");
+        let withheld = link.log.append(event());
+        assert!(matches!(withheld, Err(LogError::NotReplicated { seq: 1, .. })), "{withheld:?}");
+        let (out, said) = crossbeam_channel::unbounded();
+        let (done, returned) = crossbeam_channel::bounded(1);
+        let speak = {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                link.speak(said);
+                let _ = done.send(());
+            })
+        };
+        out.send(Outbound::Reply(answer(4, "d", "I cannot act right now"))).unwrap();
+        drop(out);
+        // A hang detector, not a timing bound.
+        returned.recv_timeout(std::time::Duration::from_secs(60)).expect("link-reply held the answer for ever");
+        speak.join().unwrap();
+        assert_eq!(*seen.lock(), ["stored \"d\""]);
+        assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 4);
+        assert!(link.log.failed_closed().is_some(), "the tools stay refused");
+    }
+
+    #[test]
+    fn a_poll_says_which_messages_the_agent_has_taken_delivery_of() {
+        // choird goes back to that position if an answer to a poll was lost
+        // on the way (sessions::tests::a_long_poll_whose_answer_was_lost_is_handed_its_messages_again);
+        // a message handed out twice reaches the edge once.
+        let dir = tempfile::tempdir().unwrap();
+        let how = Standin::default();
+        let five = json!({"messages": [{"id": 5, "conversation": "a", "sender": "u", "text": "hi"}]});
+        how.polls.lock().extend([five.clone(), five]);
+        let seen = choird(dir.path().join("agent.sock"), how);
+        let link = link(dir.path());
+        link.processed.store(3, std::sync::atomic::Ordering::SeqCst);
+        let (edge, inbox) = crossbeam_channel::unbounded();
+        link.poll(edge);
+        let got: Vec<String> = inbox
+            .try_iter()
+            .map(|e| match e {
+                crate::inbox::EdgeEvent::Message(m) => format!("message {}", m.id),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, ["message 5", "Stop"]);
+        assert_eq!(*seen.lock(), ["poll 3", "poll 5", "poll 5"]);
     }
 }

@@ -207,6 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pool: Arc::downgrade(&pool),
         arguments,
         floor: floor.clone(),
+        withheld_wait: crate::link::WITHHELD_WAIT,
     });
     link.apply(&hello.config);
     // Recalls go through link-reply's queue, behind the answers before them.

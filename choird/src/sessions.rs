@@ -704,14 +704,26 @@ impl Sessions {
     }
 
     /// Where a long-poll of `session` stands; takes the due decisions and
-    /// cancel requests (when `receive`).
-    pub fn poll(&self, id: &AgentId, session: i64, receive: bool) -> PollState {
+    /// cancel requests (when `receive`). `received`: the highest message id
+    /// the agent says it has taken delivery of; below the hand-out position
+    /// (an answer to an earlier poll was lost on the way), the position goes
+    /// back to it, so the messages after it are handed out again.
+    pub fn poll(&self, id: &AgentId, session: i64, receive: bool, received: Option<u64>) -> PollState {
         let mut t = self.table.lock();
         let Some(slot) = t.get_mut(id) else { return PollState { ended: true, ..PollState::default() } };
         let wake = slot.wake;
-        let Some(s) = slot.session.as_ref().filter(|s| s.id == session) else {
+        let Some(s) = slot.session.as_mut().filter(|s| s.id == session) else {
             return PollState { ended: true, ..PollState::default() };
         };
+        if let Some(received) = received.filter(|r| receive && *r < s.delivered_upto) {
+            log::warn!(
+                "agent {id}: messages {}..={} were handed out but not received; handing them out again",
+                received + 1,
+                s.delivered_upto
+            );
+            s.delivered_upto = received;
+            s.looked = None;
+        }
         let (after, stop) = (s.delivered_upto, s.stop);
         if stop || !receive {
             return PollState { stop, after, wake, ..PollState::default() };
@@ -987,38 +999,65 @@ mod tests {
         let sessions = Sessions::new([&a]);
         sessions.open(&a, 7, [0; 32], 0);
         // A new session has never looked: it queries.
-        let poll = sessions.poll(&a, 7, true);
+        let poll = sessions.poll(&a, 7, true, None);
         assert!(!poll.nothing_new);
         // The query found every pending message (fewer than its limit):
         // until something wakes the agent, its next poll need not ask.
         let out = sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
         assert_eq!(out.len(), 1);
-        let again = sessions.poll(&a, 7, true);
+        let again = sessions.poll(&a, 7, true, None);
         assert!(again.nothing_new);
         assert_eq!(again.after, 3);
         // A message stored since wakes the agent: the next poll queries.
         sessions.wake(&a);
-        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
         // A query that hit its limit (more may wait) sets no mark.
-        let poll = sessions.poll(&a, 7, true);
+        let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, vec![message(4)], None).unwrap();
-        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
         // The mark holds the hand-out position too: a concurrent poll
         // handing out more after the mark was set means look again.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
-        assert!(sessions.poll(&a, 7, true).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).nothing_new);
         sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
-        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
         // A long-poll that ended without news clears the mark: a message
         // whose wake was lost is found by the next poll.
-        let poll = sessions.poll(&a, 7, true);
+        let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
-        assert!(sessions.poll(&a, 7, true).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).nothing_new);
         sessions.look_again(&a, 7);
-        assert!(!sessions.poll(&a, 7, true).nothing_new);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
         // A new session (a restart) starts without a mark.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         sessions.open(&a, 8, [0; 32], 5);
-        assert!(!sessions.poll(&a, 8, true).nothing_new);
+        assert!(!sessions.poll(&a, 8, true, None).nothing_new);
+    }
+
+    #[test]
+    fn a_long_poll_whose_answer_was_lost_is_handed_its_messages_again() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 2);
+        let poll = sessions.poll(&a, 7, true, Some(2));
+        let out = sessions.hand_out(&a, 7, vec![message(3), message(4)], Some(poll.wake)).unwrap();
+        assert_eq!(out.len(), 2);
+        // The agent took delivery: the next poll goes on after them, and
+        // need not ask PostgreSQL.
+        let poll = sessions.poll(&a, 7, true, Some(4));
+        assert_eq!((poll.after, poll.nothing_new), (4, true));
+        // The answer to the poll that handed out 5 was lost: the agent
+        // still says 4, so 5 is looked for and handed out again.
+        sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
+        let poll = sessions.poll(&a, 7, true, Some(4));
+        assert_eq!((poll.after, poll.nothing_new), (4, false));
+        let again = sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
+        assert_eq!(again.iter().map(|m| m.id).collect::<Vec<_>>(), [5]);
+        // Not said, or said by a HEARTBEAT that takes no delivery: the
+        // position stays.
+        assert_eq!(sessions.poll(&a, 7, true, None).after, 5);
+        assert_eq!(sessions.poll(&a, 7, false, Some(1)).after, 5);
+        // A position above the hand-out (the agent's word alone) moves nothing.
+        assert_eq!(sessions.poll(&a, 7, true, Some(90)).after, 5);
     }
 }

@@ -323,6 +323,13 @@ pub struct HeartbeatRequest {
     /// message is never handed to a thread that does not forward it.
     #[serde(default = "yes")]
     pub receive: bool,
+    /// With `receive`: the highest message id the agent has taken delivery
+    /// of. Below what choird handed out, an answer to an earlier poll was
+    /// lost on the way, and choird hands those messages out again (the agent
+    /// drops any it already has). `None`: not said (choird goes by what it
+    /// handed out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_upto: Option<u64>,
     /// What the agent says of scheduled firings: asks to start them, or
     /// reports their outcome.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

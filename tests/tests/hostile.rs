@@ -508,6 +508,39 @@ fn evil_handed_a_chat(
     (llm, choird, evil, m, rx)
 }
 
+/// A long-poll that says it has not taken delivery of a message it was
+/// handed (the answer to that poll lost on the way) is handed it again,
+/// without a restart; a hostile position below it replays only the agent's
+/// own messages, and an answer to one settles it.
+#[test]
+fn a_poll_that_missed_its_messages_is_handed_them_again() {
+    let Some(pg) = TestPg::start() else { return };
+    let (_llm, choird, evil, m, rx) = evil_handed_a_chat(&pg);
+    let id = m["id"].as_u64().unwrap();
+    let ws = choird.workspace("evil");
+    let poll = |received: u64| {
+        let body = json!({"events": [], "replies": [], "processed_upto": 0, "config_version": 0, "wait_ms": 0,
+                          "receive": true, "received_upto": received});
+        let (status, reply) = evil.rpc("HEARTBEAT", &body);
+        assert_eq!(status, 200, "{reply}");
+        reply["messages"].as_array().cloned().unwrap_or_default()
+    };
+    // Taken delivery of: nothing again.
+    assert!(poll(id).is_empty());
+    // Missed: handed out again (to this poll, or to the agent's own poll
+    // running beside it).
+    let again = poll(0);
+    let handed = |ms: &[Value]| ms.iter().filter(|h| h["id"] == m["id"]).count();
+    assert!(handed(&again) == 1 || handed(&messages_of(&ws)) == 2, "{again:?} {:?}", messages_of(&ws));
+    assert!(again.iter().all(|h| h["id"].as_u64().is_some_and(|i| i <= id)), "only its own message: {again:?}");
+    let answer = json!([{"in_reply_to": id, "conversation": m["conversation"], "text": "here"}]);
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![], answer)).0, 200);
+    let out = rx.recv_timeout(Duration::from_secs(20)).expect("the chat is answered");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
+    // Answered: a poll that says it missed it is not handed it again.
+    assert!(poll(0).is_empty());
+}
+
 /// Regression: a HEARTBEAT retried after its first try committed (the
 /// commit's acknowledgement lost on the way back) found its answer recorded
 /// already and passed nothing to the waiting chat, which waited out its

@@ -224,7 +224,7 @@ impl Daemon {
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         loop {
-            let poll = self.sessions.poll(&who.agent, who.session, req.receive);
+            let poll = self.sessions.poll(&who.agent, who.session, req.receive, req.received_upto);
             if poll.ended {
                 return Err(ApiError::Unauthorized("the session ended".into()));
             }
