@@ -506,6 +506,147 @@ fn an_answer_is_stored_while_a_heartbeat_of_events_holds_the_chain_head() {
     assert_eq!(upto, message as i64);
 }
 
+/// A HEARTBEAT of one answer to one message and nothing else is one
+/// statement (its own commit): it stores what the transaction would — the
+/// answer once, the position moved with it — and a failure stores
+/// neither; a resend, or a position that does not move, writes nothing;
+/// another agent's message, or an id past i64, is not answered.
+#[test]
+fn a_lone_answer_is_stored_at_once_whole_or_not_at_all_and_a_resend_changes_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let other = choir_common::ids::AgentId::parse("other").unwrap();
+    let theirs = store.insert_message(&other, "c1", "admin", "not yours").unwrap();
+    let m1 = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let m2 = store.insert_message(&agent, "c2", "admin", "and you?").unwrap();
+    let answer = |covers: Vec<u64>, text: &str| choir_common::rpc::OutboundReply {
+        in_reply_to: *covers.last().unwrap(),
+        covers: if covers.len() > 1 { covers } else { Vec::new() },
+        key: String::new(),
+        conversation: "c1".into(),
+        text: text.into(),
+    };
+    let position = |pg: &TestPg| -> (String, i64) {
+        let r = pg
+            .client()
+            .query_one(
+                "SELECT xmin::text || '/' || xmax::text, processed_upto FROM agent_processed WHERE agent_id = 'demo'",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let replies = |pg: &TestPg| -> Vec<Option<String>> {
+        let rows = pg.client().query("SELECT reply FROM messages ORDER BY id", &[]).unwrap();
+        rows.iter().map(|r| r.get(0)).collect()
+    };
+    let nowhere = &choird::store::Nowhere;
+
+    // A failure in the statement (a trigger stands in for any): neither
+    // the answer nor the position is stored.
+    pg.client()
+        .batch_execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.reply = 'boom' THEN RAISE EXCEPTION 'reply refused'; END IF; RETURN NEW; END $$;
+             CREATE TRIGGER refuse_boom BEFORE UPDATE ON messages FOR EACH ROW EXECUTE FUNCTION refuse_boom();",
+        )
+        .unwrap();
+    let before = position(&pg);
+    assert!(store.record_replies(&agent, &[answer(vec![m1], "boom")], m1, nowhere).is_err());
+    assert_eq!(position(&pg), before);
+    assert_eq!(replies(&pg), vec![None, None, None]);
+
+    let recorded = store.record_replies(&agent, &[answer(vec![m1], "hi")], m1, nowhere).unwrap();
+    assert_eq!(recorded.new, vec![(m1, "hi".to_owned())]);
+    assert!(recorded.delivered.is_empty() && recorded.refused.is_empty());
+    assert_eq!(replies(&pg), vec![None, Some("hi".into()), None]);
+    let (version, upto) = position(&pg);
+    assert_eq!(upto, m1 as i64);
+
+    // The resend (its acknowledgement lost), another agent's message, an
+    // id no message can have: nothing new, nothing written.
+    for id in [m1, theirs, u64::MAX] {
+        let recorded = store.record_replies(&agent, &[answer(vec![id], "again")], m1, nowhere).unwrap();
+        assert!(recorded.new.is_empty(), "{id}");
+        assert_eq!(position(&pg), (version.clone(), m1 as i64), "{id}");
+        assert_eq!(replies(&pg), vec![None, Some("hi".into()), None], "{id}");
+    }
+
+    // Covers (the transaction's way), listed twice and with an answered
+    // one: each message answered once, in the reply's order.
+    let recorded = store.record_replies(&agent, &[answer(vec![m2, m1, m2], "both")], m2, nowhere).unwrap();
+    assert_eq!(recorded.new, vec![(m2, "both".to_owned())]);
+    assert_eq!(replies(&pg), vec![None, Some("hi".into()), Some("both".into())]);
+    assert_eq!(position(&pg).1, m2 as i64);
+}
+
+/// Hostile: a lone answer is stored at once with the outbox rows of the
+/// conversation the agent names, so those rows must never go anywhere but
+/// the chat of the message answered. Named right: queued there. Named
+/// `cli`, or another chat, for a Telegram message: queued to the message's
+/// own chat all the same (the statement writes nothing, and the
+/// transaction stores the answer). Covering a plain and a Telegram message:
+/// queued once, to the chat of the first. A plain message: no row.
+#[test]
+fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_the_agent_names() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let tg = choird::conversations::telegram("main", 42);
+    let delivery = &choird::telegram::TelegramDelivery;
+    let outbox = |pg: &TestPg| -> Vec<(String, i64, String)> {
+        let rows =
+            pg.client().query("SELECT bot, chat_id, body->>'text' FROM telegram_outbox ORDER BY id", &[]).unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+    };
+    let answer = |covers: Vec<u64>, conversation: &str, text: &str| choir_common::rpc::OutboundReply {
+        in_reply_to: *covers.last().unwrap(),
+        covers: if covers.len() > 1 { covers } else { Vec::new() },
+        key: String::new(),
+        conversation: conversation.into(),
+        text: text.into(),
+    };
+    let elsewhere = choird::conversations::telegram("main", 99);
+    for (n, named) in [tg.as_str(), "cli", elsewhere.as_str(), "tg:other:42"].into_iter().enumerate() {
+        let m = store.insert_message(&agent, &tg, "7", "hi").unwrap();
+        let text = format!("answer {n}");
+        let recorded = store.record_replies(&agent, &[answer(vec![m], named, &text)], m, delivery).unwrap();
+        assert_eq!(recorded.new, vec![(m, text.clone())], "named {named}");
+        assert_eq!(recorded.delivered, vec![tg.clone()], "named {named}");
+        assert_eq!(outbox(&pg).len(), n + 1, "named {named}: one row");
+        assert_eq!(outbox(&pg).last(), Some(&("main".to_owned(), 42, text)), "named {named}");
+        assert_eq!(store.agent_position(&agent).unwrap().1, m);
+        // Resent: neither answered nor queued again.
+        let recorded = store.record_replies(&agent, &[answer(vec![m], named, "again")], m, delivery).unwrap();
+        assert!(recorded.new.is_empty() && recorded.delivered.is_empty(), "named {named}");
+        assert_eq!(outbox(&pg).len(), n + 1, "named {named}: resent");
+    }
+    // A plain message and a Telegram one under one answer, the Telegram
+    // one first: queued once, to its chat.
+    let plain = store.insert_message(&agent, "cli", "admin", "and here").unwrap();
+    let m = store.insert_message(&agent, &tg, "7", "there").unwrap();
+    let recorded = store.record_replies(&agent, &[answer(vec![m, plain], "cli", "to both")], m, delivery).unwrap();
+    assert_eq!(recorded.new, vec![(m, "to both".to_owned()), (plain, "to both".to_owned())]);
+    assert_eq!(recorded.delivered, vec![tg.clone()]);
+    assert_eq!(outbox(&pg).len(), 5);
+    assert_eq!(outbox(&pg).last(), Some(&("main".to_owned(), 42, "to both".to_owned())));
+    // A plain message, named right or as a Telegram chat: stored, no row.
+    for named in ["cli", tg.as_str()] {
+        let plain = store.insert_message(&agent, "cli", "admin", "plain").unwrap();
+        let recorded = store.record_replies(&agent, &[answer(vec![plain], named, "plain")], plain, delivery).unwrap();
+        assert_eq!(recorded.new, vec![(plain, "plain".to_owned())], "named {named}");
+        assert!(recorded.delivered.is_empty(), "named {named}");
+        assert_eq!(outbox(&pg).len(), 5, "named {named}");
+    }
+    // Another agent's Telegram message, named right: nothing answered, no row.
+    let other = choir_common::ids::AgentId::parse("other").unwrap();
+    let theirs = store.insert_message(&other, &tg, "7", "not yours").unwrap();
+    let recorded = store.record_replies(&agent, &[answer(vec![theirs], &tg, "mine")], m, delivery).unwrap();
+    assert!(recorded.new.is_empty() && recorded.delivered.is_empty());
+    assert_eq!(outbox(&pg).len(), 5);
+}
+
 /// A migrated store on `pg` with a session of agent `demo`.
 fn store_with_session(pg: &TestPg) -> (choird::store::Store, choir_common::ids::AgentId, i64) {
     let db = choird::db::Db::connect(&pg.url()).unwrap();
