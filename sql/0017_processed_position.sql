@@ -7,6 +7,9 @@ CREATE TABLE agent_processed (
     agent_id       text   PRIMARY KEY,
     processed_upto bigint NOT NULL DEFAULT 0
 );
+-- A position past every message (the agent's word, stored as sent before
+-- positions were cut to the highest message id) would keep its agent from
+-- being handed a message again: it is cut here too.
 INSERT INTO agent_processed (agent_id, processed_upto)
-    SELECT agent_id, processed_upto FROM agent_state;
+    SELECT agent_id, LEAST(processed_upto, (SELECT coalesce(max(id), 0) FROM messages)) FROM agent_state;
 ALTER TABLE agent_state DROP COLUMN processed_upto;

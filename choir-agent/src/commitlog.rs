@@ -424,8 +424,9 @@ struct ReplState {
     /// The lease is gone: nothing will ever be acknowledged again.
     closed: Option<String>,
     /// Highest sequence number whose append failed as not replicated (its
-    /// result withheld from the model); link-reply ships no answer before
-    /// choird holds it.
+    /// result withheld from the model), or the head of an earlier run's
+    /// events not yet acknowledged at start; link-reply ships no answer
+    /// before choird holds it.
     withheld: u64,
 }
 
@@ -440,6 +441,13 @@ impl DurableLog {
         let sync_file = log.sync_handle()?;
         let head = log.head().seq;
         let acked = log.acked;
+        // Events of an earlier run that choird may not hold yet: a resumed
+        // turn shows the model their results, so an answer waits for them
+        // as for a withheld result (see `wait_withheld_stored`).
+        let withheld = match durability {
+            Durability::Replicated if !log.unacked.is_empty() => head,
+            _ => 0,
+        };
         Ok(DurableLog {
             log: parking_lot::Mutex::new(log),
             sync_file,
@@ -454,7 +462,7 @@ impl DurableLog {
                 failing: None,
                 fail_closed: DEFAULT_FAIL_CLOSED,
                 closed: None,
-                withheld: 0,
+                withheld,
             }),
             repl_cv: parking_lot::Condvar::new(),
             poke: std::sync::OnceLock::new(),
@@ -539,6 +547,12 @@ impl DurableLog {
                 return Ok(st.acked >= st.withheld);
             }
         }
+    }
+
+    /// The highest event an answer waits for ([`DurableLog::wait_withheld_stored`]):
+    /// it moves only up, with each result withheld.
+    pub fn withheld(&self) -> u64 {
+        self.repl.lock().withheld
     }
 
     fn wait_durable(&self, seq: u64) -> Result<(), LogError> {
@@ -771,6 +785,39 @@ mod tests {
         let dangling: Vec<(u64, String)> =
             log.dangling_intents().into_iter().map(|e| (e.seq, e.call_id.unwrap())).collect();
         assert_eq!(dangling, [(3, "c1".to_owned()), (7, "c2".to_owned())]);
+    }
+
+    #[test]
+    fn regression_an_answer_after_a_restart_waits_for_the_earlier_runs_events() {
+        // A restarted agent resumes its turns from its local log, showing
+        // the model results of events choird may not hold yet (the earlier
+        // run was cut off before replicating them). Its answer used to go
+        // at once on link-reply's lane, so choird could hold the answer and
+        // refuse the events it rests on (a fork), or store it before them.
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+            log.append(ev("a.b")).unwrap();
+            log.append(ev("a.c")).unwrap();
+        }
+        let (log, _) = CommitLog::open(dir.path()).unwrap();
+        let log = DurableLog::with_durability(log, Durability::Replicated).unwrap();
+        assert_eq!(log.withheld(), 2);
+        assert_eq!(log.wait_withheld_stored(std::time::Duration::ZERO), Ok(false));
+        log.ack(1);
+        assert_eq!(log.wait_withheld_stored(std::time::Duration::ZERO), Ok(false));
+        log.ack(2);
+        assert_eq!(log.wait_withheld_stored(std::time::Duration::ZERO), Ok(true));
+        // Everything acknowledged at start, or a log kept on the local
+        // disk only: nothing to wait for.
+        drop(log);
+        let (mut log, _) = CommitLog::open(dir.path()).unwrap();
+        log.ack(2);
+        let log = DurableLog::with_durability(log, Durability::Replicated).unwrap();
+        assert_eq!(log.withheld(), 0);
+        drop(log);
+        let (log, _) = CommitLog::open(dir.path()).unwrap();
+        assert_eq!(DurableLog::with_durability(log, Durability::Local).unwrap().withheld(), 0);
     }
 
     #[test]

@@ -126,6 +126,64 @@ impl crate::held::Recall for RecallThroughReply {
     }
 }
 
+/// link-reply's wait for withheld events: what the edge says after a
+/// withheld result waits for link-push to store the events behind it
+/// ([`DurableLog::wait_withheld_stored`]), for at most `limit` of time in
+/// which choird takes answers; then it goes without them, until a later
+/// result is withheld.
+///
+/// **Invariant:** time in which choird takes no answer does not count (a
+/// failed shipment starts the wait again, even for a mark given up on), so
+/// after an outage of any length the events, which link-push sends when
+/// choird is back, are stored before the answer; and a wait given up on
+/// keeps no later withheld result from its own wait.
+///
+/// [`DurableLog::wait_withheld_stored`]: crate::commitlog::DurableLog::wait_withheld_stored
+#[derive(Debug)]
+struct WithheldWait {
+    limit: Duration,
+    /// Since when the current wait runs.
+    since: Option<Instant>,
+    /// The withheld mark given up on: not waited for again.
+    gave_up_on: u64,
+}
+
+impl WithheldWait {
+    fn new(limit: Duration) -> WithheldWait {
+        WithheldWait { limit, since: None, gave_up_on: 0 }
+    }
+
+    /// How long to wait now for the events up to `mark` (at most
+    /// [`PERIOD`], so the caller notices a close); `None`: not at all.
+    fn patience(&mut self, mark: u64, now: Instant) -> Option<Duration> {
+        if mark <= self.gave_up_on {
+            return None;
+        }
+        let since = *self.since.get_or_insert(now);
+        Some(self.limit.saturating_sub(now.saturating_duration_since(since)).min(PERIOD))
+    }
+
+    /// The events are stored: a later withheld result gets a wait of its own.
+    fn stored(&mut self) {
+        self.since = None;
+    }
+
+    /// The events up to `mark` are still not stored at `now`: whether the
+    /// wait is over (then `mark` is not waited for again).
+    fn over(&mut self, mark: u64, now: Instant) -> bool {
+        let over = self.since.is_some_and(|since| now.saturating_duration_since(since) >= self.limit);
+        if over {
+            (self.gave_up_on, self.since) = (mark, None);
+        }
+        over
+    }
+
+    /// A shipment failed: choird took no answer, so the wait starts again.
+    fn choird_took_nothing(&mut self) {
+        (self.gave_up_on, self.since) = (0, None);
+    }
+}
+
 fn backoff(failures: u32) -> Duration {
     Duration::from_millis((200u64 << failures.min(5)).min(5_000))
 }
@@ -464,8 +522,7 @@ impl Link {
         let mut open = true;
         let mut closed_at: Option<Instant> = None;
         let mut failures = 0;
-        // Since when what the edge said waits for withheld events.
-        let mut held_since: Option<Instant> = None;
+        let mut held = WithheldWait::new(self.withheld_wait);
         loop {
             if open && out.is_empty() {
                 // Awake now and then to notice a lost lease (the receiver
@@ -493,18 +550,16 @@ impl Link {
             }
             if !out.replies.is_empty() || !out.partials.is_empty() {
                 // After a withheld result, what the edge said waits for
-                // link-push to store the events behind it (at once while
-                // nothing was withheld), for at most `withheld_wait`; once
-                // that is over, answers go without waiting until the events
-                // are stored (then a later withheld result is waited for again).
-                let patience = match held_since {
-                    Some(t) if t.elapsed() >= self.withheld_wait => Duration::ZERO,
-                    _ => PERIOD.min(self.withheld_wait),
-                };
-                match self.log.wait_withheld_stored(patience) {
-                    Ok(true) => held_since = None,
-                    Ok(false) => {
-                        if held_since.get_or_insert_with(Instant::now).elapsed() < self.withheld_wait {
+                // link-push to store the events behind it (`WithheldWait`).
+                let mark = self.log.withheld();
+                if let Some(patience) = held.patience(mark, Instant::now()) {
+                    match self.log.wait_withheld_stored(patience) {
+                        Ok(true) => held.stored(),
+                        Ok(false) if held.over(mark, Instant::now()) => log::warn!(
+                            "choird has not stored the events behind a withheld result for {} s; answers go without them",
+                            self.withheld_wait.as_secs()
+                        ),
+                        Ok(false) => {
                             if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
                                 log::warn!(
                                     "choird has not stored the agent's withheld events while it stops; {} answer(s) not shipped",
@@ -514,16 +569,10 @@ impl Link {
                             }
                             continue;
                         }
-                        if !patience.is_zero() {
-                            log::warn!(
-                                "choird has not stored the events behind a withheld result for {} s; answers go without them",
-                                self.withheld_wait.as_secs()
-                            );
+                        Err(why) => {
+                            log::warn!("{} answer(s) not shipped: {why}", out.replies.len());
+                            return;
                         }
-                    }
-                    Err(why) => {
-                        log::warn!("{} answer(s) not shipped: {why}", out.replies.len());
-                        return;
                     }
                 }
                 let req = self.said_heartbeat(&mut out);
@@ -543,6 +592,7 @@ impl Link {
                     }
                     Err(e) => {
                         failures += 1;
+                        held.choird_took_nothing();
                         // Stopping and choird unreachable: the answers go
                         // with the agent; their messages stay unanswered in
                         // choird, and the next start answers them.
@@ -1012,6 +1062,49 @@ mod tests {
         assert_eq!(*seen.lock(), ["stored \"d\""]);
         assert_eq!(link.processed.load(std::sync::atomic::Ordering::SeqCst), 4);
         assert!(link.log.failed_closed().is_some(), "the tools stay refused");
+    }
+
+    #[test]
+    fn the_wait_for_withheld_events_is_bounded_then_given_up_until_a_later_result_is_withheld() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        // Nothing withheld (mark 0): no wait.
+        assert_eq!(held.patience(0, at(0)), None);
+        // Mark 3: waits in periods of at most 5 s, 30 s in all.
+        assert_eq!(held.patience(3, at(0)), Some(super::PERIOD));
+        assert!(!held.over(3, at(5_000)));
+        assert_eq!(held.patience(3, at(28_000)), Some(std::time::Duration::from_secs(2)));
+        assert!(held.over(3, at(30_000)));
+        // Given up on 3: answers go at once while nothing later is withheld.
+        assert_eq!(held.patience(3, at(31_000)), None);
+        // Regression: a later withheld result used to find the old wait
+        // over and went at once; it gets a wait of its own.
+        assert_eq!(held.patience(7, at(100_000)), Some(super::PERIOD));
+        assert!(!held.over(7, at(129_000)));
+        // Stored: the next wait starts afresh.
+        held.stored();
+        assert_eq!(held.patience(9, at(200_000)), Some(super::PERIOD));
+        assert!(!held.over(9, at(229_000)));
+    }
+
+    #[test]
+    fn regression_time_in_which_choird_takes_no_answer_does_not_count_against_the_wait() {
+        // A long outage: the wait for mark 4 is over while choird is gone,
+        // and every shipment fails. The answer used to go without waiting
+        // once choird was back, racing link-push's events (and winning:
+        // the next message's tools were refused as replication down). A
+        // failed shipment starts the wait again, even for a mark given up on.
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        assert!(held.patience(4, at(0)).is_some());
+        assert!(held.over(4, at(30_000)));
+        assert_eq!(held.patience(4, at(30_000)), None);
+        held.choird_took_nothing();
+        assert_eq!(held.patience(4, at(60_000)), Some(super::PERIOD));
+        assert!(!held.over(4, at(89_000)));
+        assert!(held.over(4, at(90_000)));
     }
 
     #[test]

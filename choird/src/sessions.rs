@@ -147,6 +147,10 @@ struct Session {
     /// (its commit's acknowledgement lost, so its sender never woke the
     /// agent) is still found within one long-poll period.
     looked: Option<(u64, u64)>,
+    /// How many long-polls said the agent had not received messages handed
+    /// out (logged at the 1st, 2nd, 4th, 8th …: a hostile agent that says
+    /// so on every poll does not flood the log).
+    handed_again: u64,
     stop: bool,
     terminated: bool,
     /// Its lapsed lease has been acted on.
@@ -164,6 +168,7 @@ impl Session {
             last_seen: Instant::now(),
             delivered_upto,
             looked: None,
+            handed_again: 0,
             stop: false,
             terminated: false,
             reaped: false,
@@ -716,11 +721,15 @@ impl Sessions {
             return PollState { ended: true, ..PollState::default() };
         };
         if let Some(received) = received.filter(|r| receive && *r < s.delivered_upto) {
-            log::warn!(
-                "agent {id}: messages {}..={} were handed out but not received; handing them out again",
-                received + 1,
-                s.delivered_upto
-            );
+            s.handed_again += 1;
+            if s.handed_again.is_power_of_two() {
+                log::warn!(
+                    "agent {id}: messages {}..={} were handed out but not received; handing them out again ({} time(s) this session)",
+                    received + 1,
+                    s.delivered_upto,
+                    s.handed_again
+                );
+            }
             s.delivered_upto = received;
             s.looked = None;
         }
@@ -1059,5 +1068,15 @@ mod tests {
         assert_eq!(sessions.poll(&a, 7, false, Some(1)).after, 5);
         // A position above the hand-out (the agent's word alone) moves nothing.
         assert_eq!(sessions.poll(&a, 7, true, Some(90)).after, 5);
+        // Hostile: said on every poll, each one is handed its messages
+        // again (its own, no other agent's), and the log hears of it at
+        // the 1st, 2nd, 4th … time only.
+        for _ in 0..1000 {
+            let poll = sessions.poll(&a, 7, true, Some(2));
+            assert_eq!((poll.after, poll.nothing_new), (2, false));
+            sessions.hand_out(&a, 7, vec![message(3), message(4), message(5)], Some(poll.wake)).unwrap();
+        }
+        let again = sessions.table.lock().get(&a).and_then(|slot| slot.session.as_ref()).map(|s| s.handed_again);
+        assert_eq!(again, Some(1001));
     }
 }

@@ -466,6 +466,45 @@ fn regression_a_position_past_every_message_would_have_silenced_the_agent_for_go
     assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), vec![next]);
 }
 
+/// Regression: migration 0017 moved each agent's position into a row of
+/// its own as it was, so a position stored past every message before
+/// positions were cut (the agent's word) kept its agent from ever being
+/// handed a message again. The migration cuts it too.
+#[test]
+fn regression_the_positions_move_to_their_own_rows_cut_to_the_highest_message() {
+    let Some(pg) = TestPg::start() else { return };
+    let mut c = pg.client();
+    c.batch_execute(
+        "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                                         applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .unwrap();
+    for (version, name, sql) in choird::db::MIGRATIONS.iter().filter(|(v, _, _)| *v < 17) {
+        c.batch_execute(sql).unwrap();
+        c.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[version, name]).unwrap();
+    }
+    let top: i64 = c
+        .query_one(
+            "INSERT INTO messages (agent_id, conversation, sender, text) VALUES ('a', 'c', 'u', 'hi') RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    for (agent, position) in [("a", top - 1), ("b", top + 1_000_000), ("c", i64::MAX)] {
+        c.execute(
+            "INSERT INTO agent_state (agent_id, head_hash, processed_upto) VALUES ($1, 'x', $2)",
+            &[&agent, &position],
+        )
+        .unwrap();
+    }
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    let applied = db.migrate().unwrap();
+    assert_eq!(applied.first().map(String::as_str), Some("0017_processed_position.sql"));
+    let rows = c.query("SELECT agent_id, processed_upto FROM agent_processed ORDER BY agent_id", &[]).unwrap();
+    let positions: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(positions, [("a".to_owned(), top - 1), ("b".to_owned(), top), ("c".to_owned(), top)]);
+}
+
 /// The answer used to wait for the core jobs' replication: the processed
 /// position shared the chain head's row, which a HEARTBEAT of events holds
 /// locked from its head lock to its commit. An answer's HEARTBEAT (the
