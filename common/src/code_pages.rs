@@ -24,6 +24,18 @@
 //! `Anonymous: 0 kB`); so is any other mapping of the same file (std's
 //! backtrace symbolizer maps the executable whole, elsewhere, and may unmap
 //! it at any time).
+//!
+//! The shared libraries' code is given back too ([`droppable_libraries`]):
+//! libc alone held 1.3 MB of an agent's 6 MB, most of it mapped by the
+//! fault-around of start-up's calls. The same invariant holds for each
+//! library: only the mappings its loader made of its read-only loadable
+//! segments — the segments read from the file its mappings name, placed at
+//! the one load bias at which every segment's first page is a mapping of
+//! that file at its offset (a mapping of the whole file elsewhere, as a
+//! symbolizer makes, fits no such bias) — and of those only the ones smaps
+//! shows private, not writable, with no copied-on-write page resident or
+//! swapped out. A library whose file cannot be read as ELF (replaced,
+//! deleted, not a regular file) gives nothing back.
 
 use std::ops::Range;
 
@@ -39,8 +51,10 @@ pub struct Droppable {
 /// What [`give_back`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GivenBack {
-    /// Mappings given back.
+    /// Mappings given back (the binary's and its libraries').
     pub mappings: usize,
+    /// Of them, mappings of shared libraries.
+    pub library_mappings: usize,
     /// Their resident bytes before.
     pub resident_before: u64,
     /// Mappings the kernel refused the advice for (locked ones, say): they
@@ -72,6 +86,8 @@ struct Mapping<'a> {
     perms: &'a str,
     offset: u64,
     file: (&'a str, u64),
+    /// The path smaps names (empty for none).
+    path: &'a str,
     rss_kib: Option<u64>,
     anonymous_kib: Option<u64>,
     swap_kib: Option<u64>,
@@ -144,17 +160,36 @@ fn address(s: &Segment, offset: u64) -> i128 {
 /// Parses a header line: `start-end perms offset dev inode [path]`. `None`
 /// for anything else (the field lines of a block).
 fn header(line: &str) -> Option<Mapping<'_>> {
-    let mut parts = line.split_ascii_whitespace();
-    let (start, end) = parts.next()?.split_once('-')?;
+    let (span, rest) = token(line)?;
+    let (perms, rest) = token(rest)?;
+    let (offset, rest) = token(rest)?;
+    let (dev, rest) = token(rest)?;
+    let (inode, rest) = token(rest)?;
+    let (start, end) = span.split_once('-')?;
     let range = usize::from_str_radix(start, 16).ok()?..usize::from_str_radix(end, 16).ok()?;
-    let perms = parts.next()?;
-    let offset = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let dev = parts.next()?;
-    let inode = parts.next()?.parse().ok()?;
+    let offset = u64::from_str_radix(offset, 16).ok()?;
+    let inode = inode.parse().ok()?;
     if perms.len() != 4 || range.start >= range.end {
         return None;
     }
-    Some(Mapping { range, perms, offset, file: (dev, inode), rss_kib: None, anonymous_kib: None, swap_kib: None })
+    Some(Mapping {
+        range,
+        perms,
+        offset,
+        file: (dev, inode),
+        // The rest of the line (a path may hold spaces).
+        path: rest.trim(),
+        rss_kib: None,
+        anonymous_kib: None,
+        swap_kib: None,
+    })
+}
+
+/// The first word of `text` and what follows it.
+fn token(text: &str) -> Option<(&str, &str)> {
+    let text = text.trim_start_matches([' ', '\t']);
+    let end = text.find([' ', '\t']).unwrap_or(text.len());
+    (end > 0).then(|| text.split_at(end))
 }
 
 /// The value in KiB of a field line such as `Rss:   1234 kB`.
@@ -172,6 +207,56 @@ fn kib(line: &str, field: &str) -> Option<u64> {
 /// line that is neither a field nor a header, is never chosen. `None` when
 /// no mapping of `segments` holds `own`.
 pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Droppable>> {
+    let maps = parse(smaps);
+    let own_map = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)?;
+    let exe = own_map.file;
+    // The load bias, from the one segment whose pages hold the mapping of
+    // this function's code (none, or more than one: nothing is chosen).
+    let mut holding = segments.iter().filter(|s| within(own_map, s));
+    let own_segment = holding.next()?;
+    if holding.next().is_some() {
+        return None;
+    }
+    let bias = own_map.range.start as i128 - address(own_segment, own_map.offset);
+    Some(chosen(&maps, exe, bias, segments))
+}
+
+/// The mappings of shared libraries in `smaps` that may be given back:
+/// for every file mapped (device and inode; inode ≠ 0) but the executable
+/// holding address `own`, named by an absolute path that is not deleted,
+/// whose loadable segments `read` gives (`None`: nothing of it is chosen),
+/// the mappings [`loader_bias`] and the checks of [`droppable`] choose.
+/// Empty when `own` lies in no mapping of a file.
+pub fn droppable_libraries(
+    smaps: &str,
+    own: usize,
+    mut read: impl FnMut(&str) -> Option<Vec<Segment>>,
+) -> Vec<Droppable> {
+    let maps = parse(smaps);
+    let Some(exe) = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0).map(|m| m.file) else {
+        return Vec::new();
+    };
+    let mut files: Vec<((&str, u64), &str)> = Vec::new();
+    for m in &maps {
+        let named = m.path.starts_with('/') && !m.path.ends_with("(deleted)");
+        if m.file.1 != 0 && m.file != exe && named && !files.iter().any(|(f, _)| *f == m.file) {
+            files.push((m.file, m.path));
+        }
+    }
+    let mut out = Vec::new();
+    for (file, path) in files {
+        let Some(segments) = read(path) else { continue };
+        if let Some(bias) = loader_bias(&maps, file, &segments) {
+            out.extend(chosen(&maps, file, bias, &segments));
+        }
+    }
+    out
+}
+
+/// The mappings of `smaps`, with the fields read from each block. A block
+/// after a line that is neither a field nor a header loses its
+/// `Anonymous` (so it is never chosen).
+fn parse(smaps: &str) -> Vec<Mapping<'_>> {
     let mut maps: Vec<Mapping<'_>> = Vec::new();
     let mut current = false;
     for line in smaps.lines() {
@@ -193,28 +278,54 @@ pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Dr
             }
         }
     }
-    let own_map = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)?;
-    let exe = own_map.file;
-    // The load bias, from the one segment whose pages hold the mapping of
-    // this function's code (none, or more than one: nothing is chosen).
-    let mut holding = segments.iter().filter(|s| within(own_map, s));
-    let own_segment = holding.next()?;
-    if holding.next().is_some() {
-        return None;
-    }
-    let bias = own_map.range.start as i128 - address(own_segment, own_map.offset);
-    Some(
-        maps.iter()
-            .filter(|m| m.file == exe)
-            .filter(|m| loaded_from(m, bias, segments).is_some_and(|s| !s.writable))
-            .filter(|m| m.perms.as_bytes()[1] != b'w' && m.perms.as_bytes()[3] == b'p')
-            .filter(|m| m.anonymous_kib == Some(0) && m.swap_kib == Some(0))
-            .filter_map(|m| match m.rss_kib {
-                Some(rss) if rss > 0 => Some(Droppable { range: m.range.clone(), resident: rss * 1024 }),
-                _ => None,
+    maps
+}
+
+/// The mappings of `file` the loader made of its read-only `segments` at
+/// `bias` that may be given back: private, not writable, whose block says
+/// `Anonymous: 0 kB` and `Swap: 0 kB`, with some pages resident.
+fn chosen(maps: &[Mapping<'_>], file: (&str, u64), bias: i128, segments: &[Segment]) -> Vec<Droppable> {
+    maps.iter()
+        .filter(|m| m.file == file)
+        .filter(|m| loaded_from(m, bias, segments).is_some_and(|s| !s.writable))
+        .filter(|m| m.perms.as_bytes()[1] != b'w' && m.perms.as_bytes()[3] == b'p')
+        .filter(|m| m.anonymous_kib == Some(0) && m.swap_kib == Some(0))
+        .filter_map(|m| match m.rss_kib {
+            Some(rss) if rss > 0 => Some(Droppable { range: m.range.clone(), resident: rss * 1024 }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The load bias at which the loader placed `file`, whose loadable segments
+/// are `segments`: the one bias, among those its mappings suggest, at which
+/// the first page of every segment lies in a mapping of `file` at that page's
+/// offset. `None` when no bias fits, or more than one does (then nothing of
+/// the file is chosen).
+fn loader_bias(maps: &[Mapping<'_>], file: (&str, u64), segments: &[Segment]) -> Option<i128> {
+    let of_file: Vec<&Mapping<'_>> = maps.iter().filter(|m| m.file == file).collect();
+    let fits = |bias: i128| {
+        !segments.is_empty()
+            && segments.iter().all(|s| {
+                let offset = s.file.start / PAGE * PAGE;
+                let at = address(s, offset) + bias;
+                of_file.iter().any(|m| {
+                    (m.range.start as i128..m.range.end as i128).contains(&at)
+                        && i128::from(m.offset) + (at - m.range.start as i128) == i128::from(offset)
+                })
             })
-            .collect(),
-    )
+    };
+    let mut candidates: Vec<i128> = of_file
+        .iter()
+        .flat_map(|m| segments.iter().filter(|s| within(m, s)).map(|s| m.range.start as i128 - address(s, m.offset)))
+        .filter(|&bias| fits(bias))
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    match candidates[..] {
+        [bias] => Some(bias),
+        _ => None,
+    }
 }
 
 /// How much of the executable is read for its program headers.
@@ -230,6 +341,26 @@ fn own_segments() -> Result<Vec<Segment>, Error> {
     segments(&head).ok_or(Error::Headers)
 }
 
+/// The loadable segments of the library at `path` (as smaps names it):
+/// opened without following a link and without blocking (a FIFO put there
+/// since blocks nothing), read only if it is a regular file. `None` if it
+/// cannot be read, or is not ELF.
+#[cfg(target_os = "linux")]
+fn library_segments(path: &str) -> Option<Vec<Segment>> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let fd =
+        rustix::fs::open(path, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())
+            .ok()?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut head = Vec::new();
+    file.take(HEAD).read_to_end(&mut head).ok()?;
+    segments(&head)
+}
+
 /// Drops this process's resident pages of its own binary that equal the
 /// file's (see the module's invariant). Call it once start-up is done, and
 /// again after a reload; what runs afterwards comes back on its own.
@@ -239,12 +370,15 @@ pub fn give_back() -> Result<GivenBack, Error> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(Error::Read)?;
     let own = give_back as fn() -> Result<GivenBack, Error> as usize;
     let chosen = droppable(&smaps, own, &segments).ok_or(Error::NoOwnMapping)?;
+    let libraries = droppable_libraries(&smaps, own, library_segments);
     let mut done = GivenBack::default();
-    for m in chosen {
+    let own_count = chosen.len();
+    for (n, m) in chosen.into_iter().chain(libraries).enumerate() {
         // SAFETY: the range is a whole mapping the loader made of a
-        // read-only segment of this process's executable (not the RELRO
-        // area, which lies in the writable segment; not a mapping anything
-        // else made, which could be unmapped and its range reused), private,
+        // read-only segment of this process's executable or of a library it
+        // loaded (not the RELRO area, which lies in a writable segment; not
+        // a mapping anything else made, which could be unmapped and its
+        // range reused), private,
         // not writable, with no copied-on-write page resident or swapped
         // (checked above; nothing in Choir makes such a mapping writable or
         // unmaps it), so each of its pages equals the file's: MADV_DONTNEED
@@ -261,6 +395,7 @@ pub fn give_back() -> Result<GivenBack, Error> {
         } {
             Ok(()) => {
                 done.mappings += 1;
+                done.library_mappings += usize::from(n >= own_count);
                 done.resident_before += m.resident;
             }
             Err(_) => done.refused += 1,
@@ -302,9 +437,10 @@ pub fn give_back_logged() {
     match give_back() {
         Ok(g) => {
             log::info!(
-                "gave back {} KiB of code pages start-up ran through ({} mappings); what runs again comes back",
+                "gave back {} KiB of code pages start-up ran through ({} mappings, {} of them libraries'); what runs again comes back",
                 g.resident_before / 1024,
-                g.mappings
+                g.mappings,
+                g.library_mappings
             );
             if !g.cache_advised && g.mappings > 0 {
                 log::info!("the binary's unmapped cached pages could not be advised away (/proc/self/exe unreadable)");
@@ -494,6 +630,162 @@ Swap: 300 kB
         assert!(droppable(&broken, IN_TEXT, &segments).unwrap().iter().all(|d| d.range.start != 0x55d0_c320_0000));
     }
 
+    /// An excerpt of an agent's smaps: its text, libc as Debian 12's loader
+    /// maps it (headers, text, rodata, the RELRO part of the writable
+    /// segment with its relocated pages, data), libc mapped whole once more
+    /// elsewhere (as a symbolizer does), a deleted library, a mapped file
+    /// that is not ELF, and a library whose path holds a space.
+    const LIB_SMAPS: &str = "\
+55d0c3200000-55d0c4000000 r-xp 00200000 fd:01 4242 /usr/bin/choir-agent
+Rss:               2000 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f9f1bee3000-7f9f1bf09000 r--p 00000000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                 152 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f9f1bf09000-7f9f1c05f000 r-xp 00026000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                1000 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f9f1c05f000-7f9f1c0b2000 r--p 0017c000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                 128 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f9f1c0b2000-7f9f1c0b6000 r--p 001cf000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                  16 kB
+Anonymous:            16 kB
+Swap:                  0 kB
+7f9f1c0b6000-7f9f1c0b8000 rw-p 001d3000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                   8 kB
+Anonymous:             8 kB
+Swap:                  0 kB
+7f2000000000-7f20001d5000 r--p 00000000 fe:00 777                        /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                 400 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f3000000000-7f3000001000 r-xp 00000000 fe:00 778                        /usr/lib/libgone.so (deleted)
+Rss:                   4 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f4000000000-7f4000050000 r--p 00000000 fe:00 779                        /usr/lib/locale/C.utf8/LC_CTYPE
+Rss:                  40 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+7f5000000000-7f5000002000 r-xp 00000000 fe:00 780                        /opt/my libs/libx.so
+Rss:                   8 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+";
+
+    /// libc's loadable segments (Debian 12, `readelf -lW`).
+    fn libc_segments() -> Vec<Segment> {
+        vec![
+            Segment { file: 0..0x2_5388, vaddr: 0, writable: false },
+            Segment { file: 0x2_6000..0x17_b0fc, vaddr: 0x2_6000, writable: false },
+            Segment { file: 0x17_c000..0x1c_ec31, vaddr: 0x17_c000, writable: false },
+            Segment { file: 0x1c_f8d0..0x1d_4868, vaddr: 0x1c_f8d0, writable: true },
+        ]
+    }
+
+    /// What each path reads as, and the paths asked.
+    fn reader(asked: &mut Vec<String>) -> impl FnMut(&str) -> Option<Vec<Segment>> + '_ {
+        |path: &str| {
+            asked.push(path.to_owned());
+            match path {
+                "/usr/lib/x86_64-linux-gnu/libc.so.6" => Some(libc_segments()),
+                "/opt/my libs/libx.so" => Some(vec![Segment { file: 0..0x1800, vaddr: 0, writable: false }]),
+                _ => None,
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_loaders_mappings_of_a_librarys_read_only_segments_are_chosen() {
+        let mut asked = Vec::new();
+        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, reader(&mut asked));
+        assert_eq!(
+            got,
+            vec![
+                Droppable { range: 0x7f9f_1bee_3000..0x7f9f_1bf0_9000, resident: 152 * 1024 },
+                Droppable { range: 0x7f9f_1bf0_9000..0x7f9f_1c05_f000, resident: 1000 * 1024 },
+                Droppable { range: 0x7f9f_1c05_f000..0x7f9f_1c0b_2000, resident: 128 * 1024 },
+                Droppable { range: 0x7f50_0000_0000..0x7f50_0000_2000, resident: 8 * 1024 },
+            ]
+        );
+        // The binary itself is droppable's; a deleted library is not read.
+        assert_eq!(
+            asked,
+            ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/locale/C.utf8/LC_CTYPE", "/opt/my libs/libx.so"]
+        );
+        // Not a mapping of a file: nothing.
+        assert_eq!(droppable_libraries(LIB_SMAPS, 0x10, reader(&mut Vec::new())), vec![]);
+    }
+
+    #[test]
+    fn a_library_whose_mappings_fit_no_single_load_bias_gives_nothing() {
+        // The loader's mappings of libc (either set, when loaded twice).
+        let libc =
+            |got: &[Droppable]| got.iter().filter(|d| [0x7f9f1, 0x7e9f1].contains(&(d.range.start >> 28))).count();
+        // Headers that do not match the mappings (the file replaced since,
+        // say): a segment where libc has no mapping.
+        let mut moved = libc_segments();
+        moved[2].vaddr += 0x10_0000;
+        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str| p.contains("libc").then(|| moved.clone()));
+        assert_eq!(libc(&got), 0, "{got:?}");
+        // The RELRO page's mapping missing (unmapped, or never the loader's).
+        let no_relro =
+            LIB_SMAPS.replace("7f9f1c0b2000-7f9f1c0b6000 r--p 001cf000", "7f9f1c0b2000-7f9f1c0b6000 r--p 001ce000");
+        let got = droppable_libraries(&no_relro, IN_TEXT, reader(&mut Vec::new()));
+        assert_eq!(libc(&got), 0, "{got:?}");
+        // Loaded twice (two whole sets of the loader's mappings): two
+        // biases fit, and neither is trusted.
+        let start = LIB_SMAPS.find("7f9f1bee3000").unwrap();
+        let end = LIB_SMAPS.find("7f2000000000").unwrap();
+        let second = LIB_SMAPS[start..end].replace("7f9f1", "7e9f1");
+        let both = format!("{LIB_SMAPS}{second}");
+        let got = droppable_libraries(&both, IN_TEXT, reader(&mut Vec::new()));
+        assert_eq!(libc(&got), 0, "{got:?}");
+        // A writable or shared text mapping, or one with a page of its own: kept.
+        for (from, to) in [
+            ("r-xp 00026000 fe:00 777", "rwxp 00026000 fe:00 777"),
+            ("r-xp 00026000 fe:00 777", "r-xs 00026000 fe:00 777"),
+        ] {
+            let got = droppable_libraries(&LIB_SMAPS.replace(from, to), IN_TEXT, reader(&mut Vec::new()));
+            assert!(got.iter().all(|d| d.range.start != 0x7f9f_1bf0_9000), "{to}: {got:?}");
+        }
+        let copied = LIB_SMAPS.replacen(
+            "Rss:                1000 kB\nAnonymous:             0 kB",
+            "Rss:                1000 kB\nAnonymous:             4 kB",
+            1,
+        );
+        let got = droppable_libraries(&copied, IN_TEXT, reader(&mut Vec::new()));
+        assert!(got.iter().all(|d| d.range.start != 0x7f9f_1bf0_9000), "{got:?}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_library_path_that_is_not_a_regular_elf_file_reads_as_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("lib.so");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR).unwrap();
+        // A FIFO put where a library was: not opened for a blocking read.
+        assert_eq!(library_segments(fifo.to_str().unwrap()), None);
+        let link = dir.path().join("link.so");
+        std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
+        assert_eq!(library_segments(link.to_str().unwrap()), None, "a link is not followed");
+        let text = dir.path().join("text.so");
+        std::fs::write(&text, "not elf").unwrap();
+        assert_eq!(library_segments(text.to_str().unwrap()), None);
+        assert!(library_segments("/proc/self/exe").is_none(), "itself a link");
+        let libc = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.split_ascii_whitespace().nth(5).filter(|p| p.contains("libc.so")).map(str::to_owned))
+            .unwrap();
+        assert!(library_segments(&libc).is_some_and(|s| s.iter().any(|s| !s.writable)), "{libc}");
+    }
+
     #[test]
     fn the_program_headers_of_this_binary_are_read_and_junk_is_refused() {
         let mut head = Vec::new();
@@ -530,6 +822,8 @@ Swap: 300 kB
         let done = give_back().unwrap();
         let after = own_text_resident();
         assert!(done.mappings >= 1 && done.refused == 0, "{done:?}");
+        // libc's read-only segments (its text, at least) among them.
+        assert!(done.library_mappings >= 1 && done.library_mappings < done.mappings, "{done:?}");
         assert!(done.cache_advised, "the hint to drop the unmapped cache is given: {done:?}");
         assert!(done.resident_before >= before / 2, "{done:?} vs {before}");
         assert!(after < before, "resident code {before} -> {after} bytes");
