@@ -419,6 +419,10 @@ struct ReplState {
     quarantined: std::collections::BTreeMap<u64, String>,
     /// Since when replication has been failing, and the last reason.
     failing: Option<(std::time::Instant, String)>,
+    /// When an attempt last found choird unavailable (unreachable, or a
+    /// refusal worth retrying: its database gone, a rate limit) rather than
+    /// refusing the events.
+    unavailable_at: Option<std::time::Instant>,
     /// How long failing is tolerated.
     fail_closed: std::time::Duration,
     /// The lease is gone: nothing will ever be acknowledged again.
@@ -460,6 +464,7 @@ impl DurableLog {
                 acked,
                 quarantined: std::collections::BTreeMap::new(),
                 failing: None,
+                unavailable_at: None,
                 fail_closed: DEFAULT_FAIL_CLOSED,
                 closed: None,
                 withheld,
@@ -549,6 +554,12 @@ impl DurableLog {
         }
     }
 
+    /// When a replication attempt last found choird unavailable (see
+    /// [`DurableLog::replication_failed`]).
+    pub fn last_unavailable(&self) -> Option<std::time::Instant> {
+        self.repl.lock().unavailable_at
+    }
+
     /// The highest event an answer waits for ([`DurableLog::wait_withheld_stored`]):
     /// it moves only up, with each result withheld.
     pub fn withheld(&self) -> u64 {
@@ -630,11 +641,16 @@ impl DurableLog {
         replaced
     }
 
-    /// A replication attempt failed.
-    pub fn replication_failed(&self, why: &str) {
+    /// A replication attempt failed; `unavailable`: choird could not be
+    /// reached or asked for a retry (not a refusal of the events).
+    pub fn replication_failed(&self, why: &str, unavailable: bool) {
         let mut st = self.repl.lock();
-        let since = st.failing.as_ref().map_or_else(std::time::Instant::now, |(t, _)| *t);
+        let now = std::time::Instant::now();
+        let since = st.failing.as_ref().map_or(now, |(t, _)| *t);
         st.failing = Some((since, why.chars().take(300).collect()));
+        if unavailable {
+            st.unavailable_at = Some(now);
+        }
         drop(st);
         self.repl_cv.notify_all();
     }

@@ -128,15 +128,18 @@ impl crate::held::Recall for RecallThroughReply {
 
 /// link-reply's wait for withheld events: what the edge says after a
 /// withheld result waits for link-push to store the events behind it
-/// ([`DurableLog::wait_withheld_stored`]), for at most `limit` of time in
-/// which choird takes answers; then it goes without them, until a later
-/// result is withheld.
+/// ([`DurableLog::wait_withheld_stored`]), until `limit` has passed both
+/// since the wait began and since link-push last found choird unavailable;
+/// then it goes without them (choird refuses them: a forked log), until a
+/// later result is withheld.
 ///
-/// **Invariant:** time in which choird takes no answer does not count (a
-/// failed shipment starts the wait again, even for a mark given up on), so
-/// after an outage of any length the events, which link-push sends when
-/// choird is back, are stored before the answer; and a wait given up on
-/// keeps no later withheld result from its own wait.
+/// **Invariant:** time in which choird is unavailable does not count
+/// (while link-push finds it unreachable, or asking for a retry, the wait
+/// does not run out; a failed shipment starts it again, even for a mark
+/// given up on), so after an outage of any length link-push, whose retries
+/// come at most 5 s apart, stores the events before the wait can end and
+/// the answer go; and a wait given up on keeps no later withheld result
+/// from its own wait.
 ///
 /// [`DurableLog::wait_withheld_stored`]: crate::commitlog::DurableLog::wait_withheld_stored
 #[derive(Debug)]
@@ -154,13 +157,16 @@ impl WithheldWait {
     }
 
     /// How long to wait now for the events up to `mark` (at most
-    /// [`PERIOD`], so the caller notices a close); `None`: not at all.
-    fn patience(&mut self, mark: u64, now: Instant) -> Option<Duration> {
+    /// [`PERIOD`], so the caller notices a close; zero only once the wait
+    /// is over); `None`: not at all. `unavailable`: when link-push last
+    /// found choird unavailable.
+    fn patience(&mut self, mark: u64, now: Instant, unavailable: Option<Instant>) -> Option<Duration> {
         if mark <= self.gave_up_on {
             return None;
         }
         let since = *self.since.get_or_insert(now);
-        Some(self.limit.saturating_sub(now.saturating_duration_since(since)).min(PERIOD))
+        let from = unavailable.map_or(since, |u| u.max(since));
+        Some(self.limit.saturating_sub(now.saturating_duration_since(from)).min(PERIOD))
     }
 
     /// The events are stored: a later withheld result gets a wait of its own.
@@ -169,9 +175,13 @@ impl WithheldWait {
     }
 
     /// The events up to `mark` are still not stored at `now`: whether the
-    /// wait is over (then `mark` is not waited for again).
-    fn over(&mut self, mark: u64, now: Instant) -> bool {
-        let over = self.since.is_some_and(|since| now.saturating_duration_since(since) >= self.limit);
+    /// wait is over (then `mark` is not waited for again): `limit` has
+    /// passed since it began and since `unavailable`.
+    fn over(&mut self, mark: u64, now: Instant, unavailable: Option<Instant>) -> bool {
+        let over = self.since.is_some_and(|since| {
+            let from = unavailable.map_or(since, |u| u.max(since));
+            now.saturating_duration_since(from) >= self.limit
+        });
         if over {
             (self.gave_up_on, self.since) = (mark, None);
         }
@@ -462,7 +472,7 @@ impl Link {
                     }
                     Err(e) => {
                         failures += 1;
-                        self.log.replication_failed(&e.to_string());
+                        self.log.replication_failed(&e.to_string(), e.retryable());
                         // Stopping and choird unreachable: what is committed stays
                         // in the local log and is replicated at the next start.
                         if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
@@ -552,10 +562,10 @@ impl Link {
                 // After a withheld result, what the edge said waits for
                 // link-push to store the events behind it (`WithheldWait`).
                 let mark = self.log.withheld();
-                if let Some(patience) = held.patience(mark, Instant::now()) {
+                if let Some(patience) = held.patience(mark, Instant::now(), self.log.last_unavailable()) {
                     match self.log.wait_withheld_stored(patience) {
                         Ok(true) => held.stored(),
-                        Ok(false) if held.over(mark, Instant::now()) => log::warn!(
+                        Ok(false) if held.over(mark, Instant::now(), self.log.last_unavailable()) => log::warn!(
                             "choird has not stored the events behind a withheld result for {} s; answers go without them",
                             self.withheld_wait.as_secs()
                         ),
@@ -1042,7 +1052,7 @@ mod tests {
         let mut link = link_with(dir.path(), Durability::Replicated);
         Arc::get_mut(&mut link).unwrap().withheld_wait = std::time::Duration::from_millis(500);
         link.log.set_fail_closed(std::time::Duration::from_millis(100));
-        link.log.replication_failed("choird refused the commit log");
+        link.log.replication_failed("choird refused the commit log", false);
         let withheld = link.log.append(event());
         assert!(matches!(withheld, Err(LogError::NotReplicated { seq: 1, .. })), "{withheld:?}");
         let (out, said) = crossbeam_channel::unbounded();
@@ -1070,22 +1080,22 @@ mod tests {
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
         let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
         // Nothing withheld (mark 0): no wait.
-        assert_eq!(held.patience(0, at(0)), None);
+        assert_eq!(held.patience(0, at(0), None), None);
         // Mark 3: waits in periods of at most 5 s, 30 s in all.
-        assert_eq!(held.patience(3, at(0)), Some(super::PERIOD));
-        assert!(!held.over(3, at(5_000)));
-        assert_eq!(held.patience(3, at(28_000)), Some(std::time::Duration::from_secs(2)));
-        assert!(held.over(3, at(30_000)));
+        assert_eq!(held.patience(3, at(0), None), Some(super::PERIOD));
+        assert!(!held.over(3, at(5_000), None));
+        assert_eq!(held.patience(3, at(28_000), None), Some(std::time::Duration::from_secs(2)));
+        assert!(held.over(3, at(30_000), None));
         // Given up on 3: answers go at once while nothing later is withheld.
-        assert_eq!(held.patience(3, at(31_000)), None);
+        assert_eq!(held.patience(3, at(31_000), None), None);
         // Regression: a later withheld result used to find the old wait
         // over and went at once; it gets a wait of its own.
-        assert_eq!(held.patience(7, at(100_000)), Some(super::PERIOD));
-        assert!(!held.over(7, at(129_000)));
+        assert_eq!(held.patience(7, at(100_000), None), Some(super::PERIOD));
+        assert!(!held.over(7, at(129_000), None));
         // Stored: the next wait starts afresh.
         held.stored();
-        assert_eq!(held.patience(9, at(200_000)), Some(super::PERIOD));
-        assert!(!held.over(9, at(229_000)));
+        assert_eq!(held.patience(9, at(200_000), None), Some(super::PERIOD));
+        assert!(!held.over(9, at(229_000), None));
     }
 
     #[test]
@@ -1098,13 +1108,39 @@ mod tests {
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
         let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
-        assert!(held.patience(4, at(0)).is_some());
-        assert!(held.over(4, at(30_000)));
-        assert_eq!(held.patience(4, at(30_000)), None);
+        assert!(held.patience(4, at(0), None).is_some());
+        assert!(held.over(4, at(30_000), None));
+        assert_eq!(held.patience(4, at(30_000), None), None);
         held.choird_took_nothing();
-        assert_eq!(held.patience(4, at(60_000)), Some(super::PERIOD));
-        assert!(!held.over(4, at(89_000)));
-        assert!(held.over(4, at(90_000)));
+        assert_eq!(held.patience(4, at(60_000), None), Some(super::PERIOD));
+        assert!(!held.over(4, at(89_000), None));
+        assert!(held.over(4, at(90_000), None));
+    }
+
+    #[test]
+    fn regression_the_wait_does_not_run_out_while_link_push_finds_choird_unavailable() {
+        // The wait used to count time in which choird was still gone: the
+        // wait, restarted by a failed shipment at 31 s, ran out at 61 s,
+        // just after choird came back at 60 s, and the answer went while
+        // link-push was still in its backoff (up to 5 s), before the events.
+        // Now it runs out only `limit` after link-push last found choird
+        // unavailable; a refusal of the events (a fork) lets it run out.
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        assert!(held.patience(4, at(0), Some(at(0))).is_some());
+        assert!(!held.over(4, at(30_000), Some(at(29_000))));
+        // link-push's last failure at 59 s: no end before 89 s, and the
+        // waits in between are never zero (no spinning).
+        for ms in [60_000, 61_000, 75_000, 88_999] {
+            assert!(!held.over(4, at(ms), Some(at(59_000))), "{ms}");
+            assert!(held.patience(4, at(ms), Some(at(59_000))).is_some_and(|p| !p.is_zero()), "{ms}");
+        }
+        assert!(held.over(4, at(89_000), Some(at(59_000))));
+        // A failure before the wait began does not lengthen it.
+        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        assert!(held.patience(5, at(100_000), Some(at(50_000))).is_some());
+        assert!(held.over(5, at(130_000), Some(at(50_000))));
     }
 
     #[test]

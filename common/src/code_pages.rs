@@ -136,11 +136,15 @@ pub fn segments(head: &[u8]) -> Option<Vec<Segment>> {
     )
 }
 
-/// The segment the loader mapped `m` from: `m`'s pages of the file lie within
-/// the segment's, and `m` sits where the segment's address plus `bias` puts
-/// them. `None` for any other mapping of the file.
-fn loaded_from<'s>(m: &Mapping<'_>, bias: i128, segments: &'s [Segment]) -> Option<&'s Segment> {
-    segments.iter().find(|s| within(m, s) && address(s, m.offset) + bias == m.range.start as i128)
+/// Whether the loader mapped `m` from a read-only segment and from no
+/// writable one: `m`'s pages of the file lie within the segment's, and `m`
+/// sits where the segment's address plus `bias` puts them. False for any
+/// other mapping of the file, and for one a writable segment (which holds
+/// RELRO) could also have made, whatever the read-only one says.
+fn loaded_read_only(m: &Mapping<'_>, bias: i128, segments: &[Segment]) -> bool {
+    let mut from = segments.iter().filter(|s| within(m, s) && address(s, m.offset) + bias == m.range.start as i128);
+    let first = from.next();
+    first.is_some_and(|s| !s.writable) && from.all(|s| !s.writable)
 }
 
 /// Whether `m`'s pages of the file lie within `s`'s (segments may share a
@@ -148,7 +152,8 @@ fn loaded_from<'s>(m: &Mapping<'_>, bias: i128, segments: &'s [Segment]) -> Opti
 fn within(m: &Mapping<'_>, s: &Segment) -> bool {
     let len = (m.range.end - m.range.start) as u64;
     let first_page = s.file.start / PAGE * PAGE;
-    let end_page = s.file.end.div_ceil(PAGE) * PAGE;
+    // Past u64 (junk headers): within nothing.
+    let Some(end_page) = s.file.end.div_ceil(PAGE).checked_mul(PAGE) else { return false };
     first_page <= m.offset && m.offset.saturating_add(len) <= end_page
 }
 
@@ -177,8 +182,9 @@ fn header(line: &str) -> Option<Mapping<'_>> {
         perms,
         offset,
         file: (dev, inode),
-        // The rest of the line (a path may hold spaces).
-        path: rest.trim(),
+        // The rest of the line, but for the padding before it (a path may
+        // hold spaces, even at its end).
+        path: rest.trim_start_matches([' ', '\t']),
         rss_kib: None,
         anonymous_kib: None,
         swap_kib: None,
@@ -224,13 +230,13 @@ pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Dr
 /// The mappings of shared libraries in `smaps` that may be given back:
 /// for every file mapped (device and inode; inode ≠ 0) but the executable
 /// holding address `own`, named by an absolute path that is not deleted,
-/// whose loadable segments `read` gives (`None`: nothing of it is chosen),
-/// the mappings [`loader_bias`] and the checks of [`droppable`] choose.
-/// Empty when `own` lies in no mapping of a file.
+/// whose loadable segments `read` gives for that path and inode (`None`:
+/// nothing of it is chosen), the mappings [`loader_bias`] and the checks of
+/// [`droppable`] choose. Empty when `own` lies in no mapping of a file.
 pub fn droppable_libraries(
     smaps: &str,
     own: usize,
-    mut read: impl FnMut(&str) -> Option<Vec<Segment>>,
+    mut read: impl FnMut(&str, u64) -> Option<Vec<Segment>>,
 ) -> Vec<Droppable> {
     let maps = parse(smaps);
     let Some(exe) = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0).map(|m| m.file) else {
@@ -245,7 +251,7 @@ pub fn droppable_libraries(
     }
     let mut out = Vec::new();
     for (file, path) in files {
-        let Some(segments) = read(path) else { continue };
+        let Some(segments) = read(path, file.1) else { continue };
         if let Some(bias) = loader_bias(&maps, file, &segments) {
             out.extend(chosen(&maps, file, bias, &segments));
         }
@@ -287,11 +293,11 @@ fn parse(smaps: &str) -> Vec<Mapping<'_>> {
 fn chosen(maps: &[Mapping<'_>], file: (&str, u64), bias: i128, segments: &[Segment]) -> Vec<Droppable> {
     maps.iter()
         .filter(|m| m.file == file)
-        .filter(|m| loaded_from(m, bias, segments).is_some_and(|s| !s.writable))
+        .filter(|m| loaded_read_only(m, bias, segments))
         .filter(|m| m.perms.as_bytes()[1] != b'w' && m.perms.as_bytes()[3] == b'p')
         .filter(|m| m.anonymous_kib == Some(0) && m.swap_kib == Some(0))
         .filter_map(|m| match m.rss_kib {
-            Some(rss) if rss > 0 => Some(Droppable { range: m.range.clone(), resident: rss * 1024 }),
+            Some(rss) if rss > 0 => Some(Droppable { range: m.range.clone(), resident: rss.saturating_mul(1024) }),
             _ => None,
         })
         .collect()
@@ -341,29 +347,30 @@ fn own_segments() -> Result<Vec<Segment>, Error> {
     segments(&head).ok_or(Error::Headers)
 }
 
-/// The loadable segments of the library at `path` (as smaps names it):
-/// opened without following a link and without blocking (a FIFO put there
-/// since blocks nothing), read only if it is a regular file. `None` if it
-/// cannot be read, or is not ELF.
+/// The loadable segments of the library at `path` (as smaps names it) if
+/// it is still the file of inode `inode` smaps shows mapped: looked at
+/// without opening it (`O_PATH`, no link followed), then, only if it is a
+/// regular file of that inode, opened through its descriptor (no device's
+/// open side effects, no FIFO's blocking, no controlling terminal) and its
+/// head read. `None` if it cannot be read, is another file, or is not ELF.
+/// (The device is not compared: overlayfs shows a mapping's underlying one.)
 #[cfg(target_os = "linux")]
-fn library_segments(path: &str) -> Option<Vec<Segment>> {
-    use rustix::fs::{Mode, OFlags};
+fn library_segments(path: &str, inode: u64) -> Option<Vec<Segment>> {
+    use rustix::fs::{FileType, Mode, OFlags};
     use std::io::Read;
-    let fd =
-        rustix::fs::open(path, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())
-            .ok()?;
-    let file = std::fs::File::from(fd);
-    if !file.metadata().ok()?.is_file() {
+    use std::os::fd::AsRawFd;
+    let at = rustix::fs::open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let stat = rustix::fs::fstat(&at).ok()?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile || stat.st_ino != inode {
         return None;
     }
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(format!("/proc/self/fd/{}", at.as_raw_fd()), flags, Mode::empty()).ok()?;
     let mut head = Vec::new();
-    file.take(HEAD).read_to_end(&mut head).ok()?;
+    std::fs::File::from(fd).take(HEAD).read_to_end(&mut head).ok()?;
     segments(&head)
 }
 
-/// Drops this process's resident pages of its own binary that equal the
-/// file's (see the module's invariant). Call it once start-up is done, and
-/// again after a reload; what runs afterwards comes back on its own.
 #[cfg(target_os = "linux")]
 pub fn give_back() -> Result<GivenBack, Error> {
     let segments = own_segments()?;
@@ -378,7 +385,9 @@ pub fn give_back() -> Result<GivenBack, Error> {
         // read-only segment of this process's executable or of a library it
         // loaded (not the RELRO area, which lies in a writable segment; not
         // a mapping anything else made, which could be unmapped and its
-        // range reused), private,
+        // range reused; nothing in Choir unloads a library, so none of these
+        // ranges is unmapped and reused between the read of smaps and here),
+        // private,
         // not writable, with no copied-on-write page resident or swapped
         // (checked above; nothing in Choir makes such a mapping writable or
         // unmaps it), so each of its pages equals the file's: MADV_DONTNEED
@@ -689,8 +698,8 @@ Swap:                  0 kB
     }
 
     /// What each path reads as, and the paths asked.
-    fn reader(asked: &mut Vec<String>) -> impl FnMut(&str) -> Option<Vec<Segment>> + '_ {
-        |path: &str| {
+    fn reader(asked: &mut Vec<String>) -> impl FnMut(&str, u64) -> Option<Vec<Segment>> + '_ {
+        |path: &str, _inode: u64| {
             asked.push(path.to_owned());
             match path {
                 "/usr/lib/x86_64-linux-gnu/libc.so.6" => Some(libc_segments()),
@@ -731,7 +740,7 @@ Swap:                  0 kB
         // say): a segment where libc has no mapping.
         let mut moved = libc_segments();
         moved[2].vaddr += 0x10_0000;
-        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str| p.contains("libc").then(|| moved.clone()));
+        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str, _| p.contains("libc").then(|| moved.clone()));
         assert_eq!(libc(&got), 0, "{got:?}");
         // The RELRO page's mapping missing (unmapped, or never the loader's).
         let no_relro =
@@ -765,25 +774,66 @@ Swap:                  0 kB
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_library_path_that_is_not_a_regular_elf_file_reads_as_nothing() {
+    fn a_library_path_that_is_not_the_mapped_regular_elf_file_reads_as_nothing() {
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
+        let inode = |p: &std::path::Path| std::fs::symlink_metadata(p).unwrap().ino();
         let fifo = dir.path().join("lib.so");
         rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR).unwrap();
-        // A FIFO put where a library was: not opened for a blocking read.
-        assert_eq!(library_segments(fifo.to_str().unwrap()), None);
+        // A FIFO put where a library was: never opened for a read (that
+        // would block), whatever its inode.
+        assert_eq!(library_segments(fifo.to_str().unwrap(), inode(&fifo)), None);
         let link = dir.path().join("link.so");
         std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
-        assert_eq!(library_segments(link.to_str().unwrap()), None, "a link is not followed");
+        let exe_inode = std::fs::metadata("/proc/self/exe").unwrap().ino();
+        assert_eq!(library_segments(link.to_str().unwrap(), exe_inode), None, "a link is not followed");
         let text = dir.path().join("text.so");
         std::fs::write(&text, "not elf").unwrap();
-        assert_eq!(library_segments(text.to_str().unwrap()), None);
-        assert!(library_segments("/proc/self/exe").is_none(), "itself a link");
+        assert_eq!(library_segments(text.to_str().unwrap(), inode(&text)), None);
+        // A device: not opened (no open side effects), not read.
+        assert_eq!(library_segments("/dev/null", inode(std::path::Path::new("/dev/null"))), None);
         let libc = std::fs::read_to_string("/proc/self/maps")
             .unwrap()
             .lines()
-            .find_map(|l| l.split_ascii_whitespace().nth(5).filter(|p| p.contains("libc.so")).map(str::to_owned))
+            .find_map(|l| {
+                let fields: Vec<&str> = l.split_ascii_whitespace().collect();
+                (fields.len() == 6 && fields[5].contains("libc.so"))
+                    .then(|| (fields[5].to_owned(), fields[4].parse::<u64>().unwrap()))
+            })
             .unwrap();
-        assert!(library_segments(&libc).is_some_and(|s| s.iter().any(|s| !s.writable)), "{libc}");
+        assert!(library_segments(&libc.0, libc.1).is_some_and(|s| s.iter().any(|s| !s.writable)), "{libc:?}");
+        // The same bytes in another file (the library replaced since it was
+        // mapped, say): not the mapped inode, nothing.
+        let copy = dir.path().join("libc.so.6");
+        std::fs::copy(&libc.0, &copy).unwrap();
+        assert_eq!(library_segments(copy.to_str().unwrap(), libc.1), None);
+        assert!(library_segments(copy.to_str().unwrap(), inode(&copy)).is_some());
+    }
+
+    #[test]
+    fn junk_headers_ambiguous_segments_and_odd_paths_choose_nothing_wrong() {
+        // A path is the rest of the line, trailing spaces and all.
+        let m = header("7f5000000000-7f5000002000 r-xp 00000000 fe:00 780   /opt/x/lib.so ").unwrap();
+        assert_eq!(m.path, "/opt/x/lib.so ");
+        assert_eq!(header("7f5000000000-7f5000002000 r-xp 00000000 00:00 0").unwrap().path, "");
+        // A segment whose end is past u64 (junk headers): holds nothing,
+        // and nothing panics.
+        let junk = vec![Segment { file: 0..u64::MAX, vaddr: 0, writable: false }];
+        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str, _| p.contains("libx").then(|| junk.clone()));
+        assert_eq!(got, vec![]);
+        // A mapping a read-only and a writable segment could both have
+        // made at the one bias (they share its page): not chosen, whatever
+        // the read-only one says.
+        let shared = vec![
+            Segment { file: 0..0x1800, vaddr: 0, writable: false },
+            Segment { file: 0x800..0x1800, vaddr: 0x800, writable: true },
+        ];
+        let got = droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str, _| p.contains("libx").then(|| shared.clone()));
+        assert_eq!(got, vec![]);
+        // The read-only one alone: chosen.
+        let got =
+            droppable_libraries(LIB_SMAPS, IN_TEXT, |p: &str, _| p.contains("libx").then(|| shared[..1].to_vec()));
+        assert_eq!(got.len(), 1);
     }
 
     #[test]

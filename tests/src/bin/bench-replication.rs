@@ -92,7 +92,7 @@ fn replicator(
                 None => {
                     // As the agent does: note the failure and try again shortly.
                     eprintln!("HEARTBEAT refused: {v}");
-                    log.replication_failed(&v.to_string());
+                    log.replication_failed(&v.to_string(), v["error"]["retryable"] == true);
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
