@@ -165,8 +165,7 @@ impl WithheldWait {
             return None;
         }
         let since = *self.since.get_or_insert(now);
-        let from = unavailable.map_or(since, |u| u.max(since));
-        Some(self.limit.saturating_sub(now.saturating_duration_since(from)).min(PERIOD))
+        Some(self.limit.saturating_sub(now.saturating_duration_since(counted_from(since, unavailable))).min(PERIOD))
     }
 
     /// The events are stored: a later withheld result gets a wait of its own.
@@ -178,10 +177,9 @@ impl WithheldWait {
     /// wait is over (then `mark` is not waited for again): `limit` has
     /// passed since it began and since `unavailable`.
     fn over(&mut self, mark: u64, now: Instant, unavailable: Option<Instant>) -> bool {
-        let over = self.since.is_some_and(|since| {
-            let from = unavailable.map_or(since, |u| u.max(since));
-            now.saturating_duration_since(from) >= self.limit
-        });
+        let over = self
+            .since
+            .is_some_and(|since| now.saturating_duration_since(counted_from(since, unavailable)) >= self.limit);
         if over {
             (self.gave_up_on, self.since) = (mark, None);
         }
@@ -192,6 +190,12 @@ impl WithheldWait {
     fn choird_took_nothing(&mut self) {
         (self.gave_up_on, self.since) = (0, None);
     }
+}
+
+/// Where a withheld wait's time counts from: its start, or link-push's last
+/// finding choird unavailable if that came later.
+fn counted_from(since: Instant, unavailable: Option<Instant>) -> Instant {
+    unavailable.map_or(since, |u| u.max(since))
 }
 
 fn backoff(failures: u32) -> Duration {

@@ -213,8 +213,12 @@ fn kib(line: &str, field: &str) -> Option<u64> {
 /// line that is neither a field nor a header, is never chosen. `None` when
 /// no mapping of `segments` holds `own`.
 pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Droppable>> {
-    let maps = parse(smaps);
-    let own_map = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)?;
+    droppable_in(&parse(smaps), own, segments)
+}
+
+/// [`droppable`] of parsed mappings.
+fn droppable_in(maps: &[Mapping<'_>], own: usize, segments: &[Segment]) -> Option<Vec<Droppable>> {
+    let own_map = executable(maps, own)?;
     let exe = own_map.file;
     // The load bias, from the one segment whose pages hold the mapping of
     // this function's code (none, or more than one: nothing is chosen).
@@ -224,7 +228,13 @@ pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Dr
         return None;
     }
     let bias = own_map.range.start as i128 - address(own_segment, own_map.offset);
-    Some(chosen(&maps, exe, bias, segments))
+    Some(chosen(maps, exe, bias, segments))
+}
+
+/// The mapping of a file (inode ≠ 0) that holds address `own`: the
+/// executable's, when `own` is its code.
+fn executable<'m, 'a>(maps: &'m [Mapping<'a>], own: usize) -> Option<&'m Mapping<'a>> {
+    maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0)
 }
 
 /// The mappings of shared libraries in `smaps` that may be given back:
@@ -236,14 +246,22 @@ pub fn droppable(smaps: &str, own: usize, segments: &[Segment]) -> Option<Vec<Dr
 pub fn droppable_libraries(
     smaps: &str,
     own: usize,
+    read: impl FnMut(&str, u64) -> Option<Vec<Segment>>,
+) -> Vec<Droppable> {
+    libraries_in(&parse(smaps), own, read)
+}
+
+/// [`droppable_libraries`] of parsed mappings.
+fn libraries_in(
+    maps: &[Mapping<'_>],
+    own: usize,
     mut read: impl FnMut(&str, u64) -> Option<Vec<Segment>>,
 ) -> Vec<Droppable> {
-    let maps = parse(smaps);
-    let Some(exe) = maps.iter().find(|m| m.range.contains(&own) && m.file.1 != 0).map(|m| m.file) else {
+    let Some(exe) = executable(maps, own).map(|m| m.file) else {
         return Vec::new();
     };
     let mut files: Vec<((&str, u64), &str)> = Vec::new();
-    for m in &maps {
+    for m in maps {
         let named = m.path.starts_with('/') && !m.path.ends_with("(deleted)");
         if m.file.1 != 0 && m.file != exe && named && !files.iter().any(|(f, _)| *f == m.file) {
             files.push((m.file, m.path));
@@ -252,8 +270,8 @@ pub fn droppable_libraries(
     let mut out = Vec::new();
     for (file, path) in files {
         let Some(segments) = read(path, file.1) else { continue };
-        if let Some(bias) = loader_bias(&maps, file, &segments) {
-            out.extend(chosen(&maps, file, bias, &segments));
+        if let Some(bias) = loader_bias(maps, file, &segments) {
+            out.extend(chosen(maps, file, bias, &segments));
         }
     }
     out
@@ -376,8 +394,9 @@ pub fn give_back() -> Result<GivenBack, Error> {
     let segments = own_segments()?;
     let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(Error::Read)?;
     let own = give_back as fn() -> Result<GivenBack, Error> as usize;
-    let chosen = droppable(&smaps, own, &segments).ok_or(Error::NoOwnMapping)?;
-    let libraries = droppable_libraries(&smaps, own, library_segments);
+    let maps = parse(&smaps);
+    let chosen = droppable_in(&maps, own, &segments).ok_or(Error::NoOwnMapping)?;
+    let libraries = libraries_in(&maps, own, library_segments);
     let mut done = GivenBack::default();
     let own_count = chosen.len();
     for (n, m) in chosen.into_iter().chain(libraries).enumerate() {
