@@ -85,7 +85,11 @@ fn render(dir: &Path, text: &str, voice: &str, speed: u64, pitch: u64) -> Result
     let ogg = dir.join("speech.ogg");
     std::fs::write(&input, text).map_err(|e| e.to_string())?;
     let mut espeak = Cmd::new(ESPEAK);
+    // espeak-ng loads libpulse, which makes a runtime directory even when
+    // writing a file: in `dir` (removed with it), not /tmp/pulse-<id>,
+    // which the scrubbed environment would leave behind for good.
     espeak
+        .env("PULSE_RUNTIME_PATH", dir.join("pulse"))
         .args(["-v", voice, "-s", &speed.to_string(), "-p", &pitch.to_string(), "-w"])
         .arg(wav.as_os_str())
         .arg("-f")
@@ -187,6 +191,22 @@ impl HostTool for Speak {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regression_espeak_keeps_the_sound_servers_runtime_dir_in_the_render_dir_not_in_tmp() {
+        if !Path::new(ESPEAK).exists() || !Path::new(OPUSENC).exists() {
+            let required = std::env::var_os("CHOIR_TEST_REQUIRE_SERVICES").is_some_and(|v| v == "1");
+            assert!(!required, "espeak-ng and opus-tools are required (make test installs them)");
+            eprintln!("skipped: espeak-ng or opus-tools missing");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ogg = render(dir.path(), "hello", "en", 175, 50).unwrap();
+        assert!(std::fs::metadata(&ogg).unwrap().len() > 0);
+        // Without the variable libpulse made /tmp/pulse-<id> and nothing
+        // ever removed it.
+        assert!(dir.path().join("pulse").is_dir(), "the runtime dir is the render's");
+    }
 
     #[test]
     fn voice_names_cannot_become_options_or_paths() {
