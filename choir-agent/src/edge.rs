@@ -360,7 +360,12 @@ impl EdgeLane {
                 Step::ModelDown(e) => {
                     log::error!("edge: {e}");
                     let _ = machine.go(LaneState::Failed);
-                    text = Some(format!("Sorry, I could not reach my model: {e}"));
+                    text = Some(match e.strip_prefix(crate::llm::CUT_PREFIX) {
+                        // The model answered, and every answer was cut: its
+                        // failure, not a path to it that is down.
+                        Some(rest) => format!("Sorry, my model's answer was cut off{rest}"),
+                        None => format!("Sorry, I could not reach my model: {e}"),
+                    });
                     break;
                 }
             }

@@ -29,6 +29,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// a longer tail is left unread and its connection dropped.
 const STREAM_TAIL: u64 = 64 * 1024;
 
+/// How a [`LlmError::Cut`] begins, for the edge's words to the user.
+pub const CUT_PREFIX: &str = "the model's answer was cut off";
+
 /// A model call failed for good.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
@@ -38,6 +41,16 @@ pub enum LlmError {
     /// The provider's answer is not a chat completion.
     #[error("the model's answer is not a valid chat completion: {0}")]
     Malformed(String),
+    /// Every attempt's stream ended before the model finished its answer
+    /// (nothing of it was used).
+    #[error("the model's answer was cut off before it finished, {attempts} time(s): {why}")]
+    // (The edge tells the user so: see [`CUT_PREFIX`].)
+    Cut {
+        /// How many attempts were cut.
+        attempts: u32,
+        /// The last cut, as seen.
+        why: String,
+    },
 }
 
 /// The relay's path for `lane`, naming the core job (for choird's ledger)
@@ -137,6 +150,10 @@ impl Llm {
 enum Attempt {
     /// May succeed if tried again.
     Failed(RpcError),
+    /// The answer's stream began and was cut before the model finished: at
+    /// a chunk's boundary, inside a chunk, or by a broken connection, all
+    /// alike. Retried as a failure is; reported as the model's.
+    Cut(String),
     /// Will not.
     Fatal(LlmError),
 }
@@ -149,6 +166,13 @@ fn retrying<T>(mut f: impl FnMut() -> Result<T, Attempt>) -> Result<T, LlmError>
             Ok(v) => return Ok(v),
             Err(Attempt::Fatal(e)) => return Err(e),
             Err(Attempt::Failed(e)) => e,
+            Err(Attempt::Cut(why)) if attempt >= ATTEMPTS => return Err(LlmError::Cut { attempts: attempt, why }),
+            Err(Attempt::Cut(why)) => {
+                let wait = backoff(attempt).min(MAX_BACKOFF);
+                log::warn!("model call attempt {attempt}: its answer was cut off ({why}); retrying in {wait:?}");
+                std::thread::sleep(wait);
+                continue;
+            }
         };
         if !err.retryable() || attempt >= ATTEMPTS {
             return Err(err.into());
@@ -176,8 +200,10 @@ fn read_sse(reader: &mut dyn BufRead, on_text: &mut dyn FnMut(&str)) -> Result<C
         line.clear();
         match reader.read_line(&mut line) {
             Ok(0) => break,
+            // A last line without its end: the stream was cut inside a chunk.
+            Ok(_) if !line.ends_with('\n') => return Err(Attempt::Cut("the stream ended inside a chunk".into())),
             Ok(_) => {}
-            Err(e) => return Err(Attempt::Failed(RpcError::Transport(format!("stream broke: {e}")))),
+            Err(e) => return Err(Attempt::Cut(format!("the stream broke: {e}"))),
         }
         let Some(data) = line.trim_end().strip_prefix("data:") else { continue };
         let data = data.trim_start();
@@ -219,7 +245,7 @@ fn read_sse(reader: &mut dyn BufRead, on_text: &mut dyn FnMut(&str)) -> Result<C
     }
     if !done && finish.is_none() {
         // Cut before the model finished: nothing of it may be used.
-        return Err(Attempt::Failed(RpcError::Transport("the model's stream ended before it finished".into())));
+        return Err(Attempt::Cut("the stream ended before the model finished".into()));
     }
     let tool_calls = calls
         .into_values()
@@ -286,7 +312,36 @@ mod tests {
         let r = sse(&[
             r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"choir__fs__write","arguments":"{\"path\": \"a"}}]}}]}"#,
         ]);
-        assert!(matches!(r, Err(Attempt::Failed(RpcError::Transport(_)))));
+        assert!(matches!(r, Err(Attempt::Cut(_))));
+    }
+
+    /// Regression: a stream cut inside a chunk (its last line half there)
+    /// was a malformed answer, not retried; one cut at a chunk's boundary
+    /// was retried but told as "cannot reach choird". Both are cuts now.
+    #[test]
+    fn regression_a_stream_cut_inside_a_chunk_is_a_cut_like_one_cut_between_chunks() {
+        let whole = r#"data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hel"}}]}"#;
+        for text in [format!("{whole}\n\n{}", &whole[..40]), format!("{whole}\n\n")] {
+            let r = read_sse(&mut std::io::Cursor::new(text.clone()), &mut |_| {});
+            assert!(matches!(r, Err(Attempt::Cut(_))), "{text}");
+        }
+        // A whole line that is not JSON is the provider's garbage, not a cut.
+        let r = read_sse(&mut std::io::Cursor::new("data: {nope\n\n".to_owned()), &mut |_| {});
+        assert!(matches!(r, Err(Attempt::Fatal(LlmError::Malformed(_)))));
+    }
+
+    /// Every attempt cut: the error says so (the model's failure, with the
+    /// attempts), not that choird could not be reached.
+    #[test]
+    fn a_call_whose_every_attempt_is_cut_fails_as_cut_after_the_attempts() {
+        let mut tries = 0;
+        let r: Result<(), LlmError> = retrying(|| {
+            tries += 1;
+            Err(Attempt::Cut("the stream ended inside a chunk".into()))
+        });
+        assert_eq!(tries, ATTEMPTS);
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("cut off before it finished") && !e.contains("choird"), "{e}");
     }
 
     /// A stand-in for choird's agent socket: answers every request on a

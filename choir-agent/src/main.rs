@@ -79,6 +79,15 @@ fn real_main() -> anyhow::Result<()> {
     // memory, environment or descriptors (/proc/<pid>/mem, ptrace, core dumps).
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| anyhow::anyhow!("cannot make the agent non-dumpable: {e}"))?;
+    // A session of its own: every tool stays in it (tools get a process
+    // group of their own, not a session), so a supervisor that outlives this
+    // process can end what it started if it dies without cleaning up
+    // (SIGKILL, OOM): choird's process runtime kills the session's members
+    // when it reaps the agent. Already a session or group leader (started so
+    // by hand): nothing to do.
+    if let Err(e) = rustix::process::setsid() {
+        log::debug!("no session of its own ({e}): already a group leader");
+    }
     // Whatever a tool starts and leaves behind is reparented to us and killed.
     choir_agent::reaper::init().map_err(|e| anyhow::anyhow!("cannot become the subreaper of tool processes: {e}"))?;
     let mut token = String::new();

@@ -51,6 +51,10 @@ pub struct Mind {
     pub floor: Arc<Floor>,
 }
 
+/// Appended to an answer the model ended at its output length limit
+/// (`finish_reason: length`), so the user knows it is not whole.
+pub const CUT_OFF_MARK: &str = "(My answer was cut off: the model reached its length limit.)";
+
 /// What one step led to.
 #[derive(Debug)]
 pub enum Step {
@@ -206,6 +210,19 @@ impl Mind {
             return self.correct(lane, history, None, "your reply had no choices at all", &allowed);
         };
         let answer = choice.message;
+        // The model stopped at its output limit: a call's arguments may be
+        // cut short, so none runs; a text answer is shown, marked.
+        let at_limit = choice.finish_reason.as_deref() == Some("length");
+        if at_limit && !answer.tool_calls.is_empty() {
+            return self.correct(
+                lane,
+                history,
+                None,
+                "your reply was cut off at the output length limit, so its tool calls were not run; make a shorter \
+                 reply",
+                &allowed,
+            );
+        }
         if answer.tool_calls.is_empty() {
             let text = answer.content.clone().unwrap_or_default();
             if text.trim().is_empty() {
@@ -229,6 +246,9 @@ impl Mind {
                 );
             }
             history.push(Entry::model(ChatMessage::text(Role::Assistant, text.clone())));
+            if at_limit {
+                return Ok(Step::Answer(format!("{text}\n\n{CUT_OFF_MARK}")));
+            }
             return Ok(Step::Answer(text));
         }
 

@@ -94,6 +94,54 @@ pub fn kill_trees(pids: &[i32]) -> usize {
     all.len()
 }
 
+/// The live processes of session `sid` (`/proc/*/stat`'s sixth field) that
+/// run with this process's real user id, at most `cap`; this process
+/// excluded.
+pub fn session_members(sid: i32, cap: usize) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let uid = rustix::process::getuid().as_raw();
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if pid == me || out.len() >= cap {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid pgrp session …"; a zombie is already dead.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().take(4).collect()).unwrap_or_default();
+        if fields.len() < 4 || fields[0] == "Z" || fields[3].parse::<i32>().ok() != Some(sid) {
+            continue;
+        }
+        let owner = std::fs::read_to_string(e.path().join("status")).ok().and_then(|status| {
+            status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse::<u32>().ok())
+        });
+        if owner == Some(uid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills every process left in session `sid` (see [`session_members`]) and
+/// their descendants, looking again while any is left (at most a few
+/// rounds). For a session leader that died without ending what it started:
+/// its members were reparented, and only their session still names it.
+/// Returns how many were signalled.
+pub fn kill_session(sid: i32) -> usize {
+    let mut killed = 0;
+    for _ in 0..8 {
+        let members = session_members(sid, 4096);
+        if members.is_empty() {
+            break;
+        }
+        killed += kill_trees(&members);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    killed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,7 +151,10 @@ pub struct HostToolBinding {
 pub struct RecoverySnapshot {
     /// Highest commit event choird holds for this agent.
     pub replicated_head: ChainHead,
-    /// Highest user message id the agent has reported as processed.
+    /// The position below the agent's first unanswered message (at most the
+    /// highest it answered): messages above it that are not answered are
+    /// handed out again, and the agent resumes the turns its commit log
+    /// holds above it. Answered messages above it are never handed out again.
     pub processed_upto: u64,
     /// The latest answered exchanges of each conversation, oldest first, so a
     /// restarted agent keeps talking where it left off.

@@ -29,6 +29,12 @@ pub enum Step {
     /// For a streamed request: a tool call whose stream is cut in the middle
     /// (no `finish_reason`, no `[DONE]`).
     CutStream,
+    /// For a streamed request: a text chunk, then half of the next one,
+    /// and the body ends there (a connection cut inside a chunk).
+    CutInsideChunk,
+    /// A text answer that ends with this `finish_reason` (`length`: the
+    /// model hit its output limit).
+    Ended(String, String),
     /// A raw HTTP answer (errors, rate limits, garbage).
     Raw {
         /// HTTP status.
@@ -266,6 +272,29 @@ fn answer(
                 "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "call_cut", "type": "function",
                 "function": {"name": "choir__fs__write", "arguments": "{\"path\": \"cut.txt\", \"con"}}]}, "finish_reason": null}]});
             return (200, format!("data: {chunk}\n\n"), vec![("Content-Type".into(), "text/event-stream".into())]);
+        }
+        Step::CutInsideChunk => {
+            let chunk = |text: &str| {
+                json!({"id": format!("chatcmpl-scripted-{n}"), "object": "chat.completion.chunk",
+                "created": 1_700_000_000 + n, "model": model, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+            };
+            let second = format!("data: {}", chunk(" and the rest"));
+            let body = format!("data: {}\n\n{}", chunk("the start"), &second[..second.len() / 2]);
+            return (200, body, vec![("Content-Type".into(), "text/event-stream".into())]);
+        }
+        Step::Ended(t, finish) => {
+            let message = json!({"role": "assistant", "content": t, "refusal": null});
+            if streaming {
+                return (
+                    200,
+                    sse(n, &model, &message, &finish, &body),
+                    vec![("Content-Type".into(), "text/event-stream".into())],
+                );
+            }
+            let resp = json!({"id": format!("chatcmpl-scripted-{n}"), "object": "chat.completion", "created": 1_700_000_000 + n,
+                "model": model, "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}});
+            return (200, resp.to_string(), vec![]);
         }
         Step::Text(t) => (json!({"role": "assistant", "content": t, "refusal": null}), "stop"),
         Step::SlowText(t, delay) => {

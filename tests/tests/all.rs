@@ -18,6 +18,7 @@ mod decisions;
 mod docker;
 mod doctor;
 mod e2e;
+mod faults;
 mod hostile;
 mod lanes;
 mod logs;

@@ -457,13 +457,54 @@ fn regression_a_position_past_every_message_would_have_silenced_the_agent_for_go
     let m = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
     for hostile in [m + 1_000_000, i64::MAX as u64, u64::MAX] {
         store.record_replies(&agent, &[], hostile, &choird::store::Nowhere).unwrap();
-        assert_eq!(store.agent_position(&agent).unwrap().1, m, "position {hostile}");
+        assert_eq!(store.agent_position(&agent).unwrap().processed, m, "position {hostile}");
     }
     // The next message is handed out to a restarted agent (above its position).
     let next = store.insert_message(&agent, "c1", "admin", "still there?").unwrap();
-    let (_, position) = store.agent_position(&agent).unwrap();
+    let position = store.agent_position(&agent).unwrap().processed;
     let pending = store.pending_messages(&agent, position, 32).unwrap();
     assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), vec![next]);
+}
+
+/// Regression (store level): the edge answers B1 and B2 (B2 injected into
+/// B1's running turn) while A1, of another conversation, waits behind them;
+/// the answer's position passes over A1. A restarted agent is handed
+/// messages above its position: it must be handed A1, and only A1 (B1 and
+/// B2 are answered). It used to be handed nothing, for good.
+#[test]
+fn regression_a_message_passed_over_by_another_conversations_answer_is_handed_out_again_after_a_restart() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, _session) = store_with_session(&pg);
+    store.agent_position(&agent).unwrap();
+    let b1 = store.insert_message(&agent, "b", "admin", "B1").unwrap();
+    let a1 = store.insert_message(&agent, "a", "admin", "A1").unwrap();
+    let b2 = store.insert_message(&agent, "b", "admin", "B2").unwrap();
+    let answer = choir_common::rpc::OutboundReply {
+        in_reply_to: b2,
+        covers: vec![b1, b2],
+        key: String::new(),
+        conversation: "b".into(),
+        text: "B1 and B2".into(),
+    };
+    store.record_replies(&agent, &[answer], b2, &choird::store::Nowhere).unwrap();
+    let position = store.agent_position(&agent).unwrap();
+    assert_eq!(position.processed, b2, "the answered history reaches B2");
+    assert_eq!(position.resume_from, a1 - 1, "hand-out resumes below A1");
+    let ids = |after: u64| store.pending_messages(&agent, after, 32).unwrap().iter().map(|p| p.id).collect::<Vec<_>>();
+    assert_eq!(ids(position.resume_from), vec![a1]);
+    // Negative control: from the high-water mark, A1 is never handed out.
+    assert_eq!(ids(position.processed), Vec::<u64>::new());
+    // Once A1 is answered, the position is the high-water mark again.
+    let answer_a = choir_common::rpc::OutboundReply {
+        in_reply_to: a1,
+        covers: Vec::new(),
+        key: String::new(),
+        conversation: "a".into(),
+        text: "A1".into(),
+    };
+    store.record_replies(&agent, &[answer_a], a1, &choird::store::Nowhere).unwrap();
+    let position = store.agent_position(&agent).unwrap();
+    assert_eq!((position.processed, position.resume_from), (b2, b2));
 }
 
 /// Regression: migration 0017 moved each agent's position into a row of
@@ -655,7 +696,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
         assert_eq!(recorded.delivered, vec![tg.clone()], "named {named}");
         assert_eq!(outbox(&pg).len(), n + 1, "named {named}: one row");
         assert_eq!(outbox(&pg).last(), Some(&("main".to_owned(), 42, text)), "named {named}");
-        assert_eq!(store.agent_position(&agent).unwrap().1, m);
+        assert_eq!(store.agent_position(&agent).unwrap().processed, m);
         // Resent: neither answered nor queued again.
         let recorded = store.record_replies(&agent, &[answer(vec![m], named, "again")], m, delivery).unwrap();
         assert!(recorded.new.is_empty() && recorded.delivered.is_empty(), "named {named}");

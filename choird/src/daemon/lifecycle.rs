@@ -130,9 +130,9 @@ impl Daemon {
         let workspace = config.workspace(&self.home, id);
         std::fs::create_dir_all(&workspace)
             .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
-        let (_, processed) = self.store.agent_position(id)?;
+        let resume_from = self.store.agent_position(id)?.resume_from;
         let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
-        self.sessions.open(id, session_id, digest, processed);
+        self.sessions.open(id, session_id, digest, resume_from);
         let instance = match config.runtime {
             RuntimeKind::Process => self.launch_process(id, session_id, &token, &workspace),
             RuntimeKind::Docker => self.launch_container(id, session_id, &token, &workspace, config),
@@ -195,6 +195,15 @@ impl Daemon {
                     Ok(status) => format!("process exited ({status})"),
                     Err(e) => format!("lost the process: {e}"),
                 };
+                // The agent leads a session of its own, which its tools stay
+                // in: an agent that died without ending them (SIGKILL, OOM)
+                // left them running, reparented. They end here, before a
+                // restarted agent resumes the turn that started them (which
+                // would run them a second time beside the first).
+                let left = choir_common::proc_tree::kill_session(pid as i32);
+                if left > 0 {
+                    log::warn!("agent {agent}: ended {left} process(es) its tools left running when it exited");
+                }
                 // Its last words reach the log before the exit is told (a
                 // tool process that kept a pipe open is not waited for long).
                 let _ = pumped.recv_timeout(Duration::from_secs(2));
@@ -572,10 +581,11 @@ impl Daemon {
                     {
                         let mut token_sha256 = [0u8; 32];
                         token_sha256.copy_from_slice(&digest);
-                        let (_, processed) = self.store.agent_position(&agent)?;
+                        // The running agent drops what it was handed before.
+                        let resume_from = self.store.agent_position(&agent)?.resume_from;
                         let image = c["Image"].as_str().unwrap_or_default().to_owned();
                         let instance = Instance::Container { id: cid.clone(), image };
-                        self.sessions.adopt(&agent, session, token_sha256, instance, processed);
+                        self.sessions.adopt(&agent, session, token_sha256, instance, resume_from);
                         self.spawn_supervisor(&agent)?;
                         log::info!(
                             "agent {agent}: adopted running container {} (session {session})",

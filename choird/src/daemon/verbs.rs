@@ -47,7 +47,7 @@ impl Daemon {
                 choir_common::PROTOCOL_VERSION
             )));
         }
-        let (head, processed) = self.store.agent_position(&who.agent)?;
+        let position = self.store.agent_position(&who.agent)?;
         self.store.session_hello(who.session)?;
         // Whatever a served host tool needs (e.g. the memory schema) is made
         // before the agent runs.
@@ -56,14 +56,14 @@ impl Daemon {
         let config = self.config();
         // An agent removed from config while running still gets a valid answer.
         let agent_cfg = config.agents.get(&who.agent).cloned().unwrap_or_default();
-        self.sessions.hello(&who.agent, head.seq, processed);
+        self.sessions.hello(&who.agent, position.head.seq, position.resume_from);
         self.audit(
             "agent-rpc",
             Some(&who.agent),
             "INIT_HELLO",
             "ok",
             json!({"session": who.session, "agent_version": clip(&req.agent_version), "local_head": req.local_head.seq,
-                   "replicated_head": head.seq}),
+                   "replicated_head": position.head.seq, "resume_from": position.resume_from}),
         );
         Ok(InitHelloResponse {
             session_id: who.session,
@@ -81,9 +81,9 @@ impl Daemon {
                     .collect(),
             },
             recovery: RecoverySnapshot {
-                replicated_head: head,
-                processed_upto: processed,
-                conversations: self.recovered_conversations(&who.agent, processed)?,
+                conversations: self.recovered_conversations(&who.agent, position.processed)?,
+                replicated_head: position.head,
+                processed_upto: position.resume_from,
             },
             config: self.dynamic_config(&who.agent),
             lease_ttl_ms: LEASE_TTL.as_millis() as u64,

@@ -151,6 +151,37 @@ pub const COMPACTION_OF: &str = "SELECT event->'result'->>'summary',
    AND event->>'kind' = 'compaction' AND event->>'outcome' = 'ok'
  ORDER BY seq DESC LIMIT 1";
 
+/// Where an agent stands: what choird holds of its chain, and of its messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The replicated chain head.
+    pub head: ChainHead,
+    /// The highest message id the agent answered (its word, cut to the
+    /// highest message): the answered history a restarted agent recovers
+    /// ends here.
+    pub processed: u64,
+    /// Where a (re)started agent is handed messages from, and resumes the
+    /// turns of its commit log after: just below the agent's first
+    /// unanswered message, never above `processed`.
+    ///
+    /// **Invariant:** every message of the agent above this position that
+    /// is not answered is handed out again, in id order. One high-water
+    /// mark is not enough: the edge answers a conversation's messages
+    /// (several, when they were injected into its running turn) while an
+    /// earlier message of another conversation waits or runs, and the
+    /// answer's position passes over that message; an agent that stopped
+    /// then was never handed it again.
+    pub resume_from: u64,
+}
+
+/// An agent's head, processed position, and the position below its first
+/// unanswered message (one probe of `messages_pending`); `$1` agent.
+/// Public for the test that pins its plan.
+pub const AGENT_POSITION: &str = "SELECT s.head_seq, s.head_hash, p.processed_upto,
+        coalesce((SELECT min(m.id) - 1 FROM messages m WHERE m.agent_id = $1 AND m.replied_at IS NULL),
+                 p.processed_upto)
+   FROM agent_state s JOIN agent_processed p USING (agent_id) WHERE agent_id = $1";
+
 impl Store {
     /// Wraps a migrated database.
     pub fn new(db: Db) -> Store {
@@ -253,23 +284,20 @@ impl Store {
         })
     }
 
-    /// The agent's replicated head and processed-message position, creating
-    /// their rows on first use (the position has a row of its own: see
+    /// The agent's replicated head and message positions, creating their
+    /// rows on first use (the processed position has a row of its own: see
     /// `turns::PROCESSED`).
-    pub fn agent_position(&self, agent: &AgentId) -> Result<(ChainHead, u64), DbError> {
+    pub fn agent_position(&self, agent: &AgentId) -> Result<Position, DbError> {
         self.db.with(|c| {
             c.execute(
                 "INSERT INTO agent_state (agent_id, head_hash) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 &[&agent.as_str(), &GENESIS_HASH],
             )?;
             c.execute("INSERT INTO agent_processed (agent_id) VALUES ($1) ON CONFLICT DO NOTHING", &[&agent.as_str()])?;
-            let row = c.query_one(
-                "SELECT s.head_seq, s.head_hash, p.processed_upto
-                   FROM agent_state s JOIN agent_processed p USING (agent_id) WHERE agent_id = $1",
-                &[&agent.as_str()],
-            )?;
+            let row = c.query_one(AGENT_POSITION, &[&agent.as_str()])?;
             let head = ChainHead { seq: row.get::<_, i64>(0) as u64, hash: row.get(1) };
-            Ok((head, row.get::<_, i64>(2) as u64))
+            let processed = row.get::<_, i64>(2) as u64;
+            Ok(Position { head, processed, resume_from: (row.get::<_, i64>(3) as u64).min(processed) })
         })
     }
 

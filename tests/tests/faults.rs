@@ -1,0 +1,195 @@
+//! The fault matrix: what a user sees when a part fails at a bad moment.
+//! Process runtime, real PostgreSQL, the scripted model. Each test kills or
+//! starves a part where it hurts and asserts the user-visible outcome:
+//! every stored message answered once, no side effect run twice, nothing
+//! left running. (docs/faults.md lists the matrix and its results.)
+
+use std::time::{Duration, Instant};
+
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{test_config, Choird};
+use choir_tests::observe::wait_for;
+use choir_tests::pg::TestPg;
+use serde_json::{json, Value};
+
+/// The pid of the running process-runtime agent `agent`.
+fn agent_pid(choird: &Choird, agent: &str) -> Option<u32> {
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", agent])).ok()?;
+    status["pid"].as_u64().map(|p| p as u32)
+}
+
+/// SIGKILLs the process-runtime agent and waits until choird has started
+/// another one (a new pid, running).
+fn kill_agent_and_wait_restart(choird: &Choird, agent: &str) {
+    let pid = agent_pid(choird, agent).expect("the agent runs");
+    choir_common::proc_tree::signal(pid as i32, rustix::process::Signal::KILL);
+    wait_for("the agent restarted", Duration::from_secs(60), || {
+        agent_pid(choird, agent).is_some_and(|p| p != pid) && {
+            let out = choird.ctl(&["--json", "agent", "status", agent]);
+            serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| s["state"] == "running")
+        }
+    });
+}
+
+/// Posts `text` in `conversation` on a thread of its own (a chat waits for
+/// its answer); the thread's result is the HTTP body, or the error.
+fn post(choird: &Choird, conversation: &str, text: &str) -> std::thread::JoinHandle<Result<Value, String>> {
+    let socket = choird.home.path().join("socks/choird.sock");
+    let body = json!({"text": text, "conversation": conversation, "timeout_s": 120});
+    std::thread::spawn(move || {
+        let admin = choir_common::unix_http::agent_for_socket(&socket, None);
+        match admin.post("http://localhost/admin/v1/agents/demo/chat").send_json(body) {
+            Ok(mut r) => r.body_mut().read_json::<Value>().map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+}
+
+/// The stored (text, reply) of every message, in id order.
+fn messages(pg: &TestPg) -> Vec<(String, Option<String>)> {
+    let rows = pg.client().query("SELECT text, reply FROM messages ORDER BY id", &[]).unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// Waits until the message with `text` is stored.
+fn wait_stored(pg: &TestPg, text: &str) {
+    wait_for(&format!("message {text:?} stored"), Duration::from_secs(20), || {
+        messages(pg).iter().any(|(t, _)| t == text)
+    });
+}
+
+/// Regression: B1 (a slow tool) from one conversation, then A1 from another,
+/// then B2, which joins B's running turn. The answer to B1 + B2 moved the
+/// agent's one processed position past A1, and an agent killed while A1's
+/// tool ran was never handed A1 again: stored, never answered, nobody told.
+/// Now a restarted agent is handed every unanswered message, and A1 is
+/// answered once; B1 and B2 are not answered again.
+#[test]
+fn regression_a_message_waiting_behind_another_conversations_answer_is_answered_after_the_agent_is_killed() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        // B1's turn: a slow tool, while A1 and B2 arrive.
+        Step::call("choir.exec", json!({"command": "sleep 3"})),
+        // B's turn goes on with B2 injected, and answers both.
+        Step::Text("answer to B".into()),
+        // A1's turn: a slow tool, during which the agent is killed.
+        Step::call("choir.exec", json!({"command": "sleep 30"})),
+        // The restarted agent's turn for A1.
+        Step::Text("answer to A".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+
+    let b1 = post(&choird, "b", "B1");
+    fake.wait_requests(1, Duration::from_secs(30));
+    let a1 = post(&choird, "a", "A1");
+    wait_stored(&pg, "A1");
+    let b2 = post(&choird, "b", "B2");
+    wait_stored(&pg, "B2");
+    assert_eq!(b1.join().unwrap().unwrap()["reply"], "answer to B");
+    assert_eq!(b2.join().unwrap().unwrap()["reply"], "answer to B", "B2 joined B1's turn");
+    // A1's turn runs its slow tool: kill the agent there.
+    fake.wait_requests(3, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    kill_agent_and_wait_restart(&choird, "demo");
+    let _ = a1.join();
+
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        if messages(&pg).iter().all(|(_, reply)| reply.is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        messages(&pg),
+        [
+            ("B1".to_owned(), Some("answer to B".to_owned())),
+            ("A1".to_owned(), Some("answer to A".to_owned())),
+            ("B2".to_owned(), Some("answer to B".to_owned())),
+        ],
+        "every message answered, A1 after the restart"
+    );
+    // Four model calls: B was not asked again.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(fake.request_count(), 4);
+    let last = &fake.requests()[3].body["messages"];
+    let users: Vec<&str> =
+        last.as_array().unwrap().iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"].as_str()).collect();
+    assert!(users.last().is_some_and(|u| u.contains("A1")), "the resumed turn is A1's: {users:?}");
+}
+
+/// Regression: under the process runtime, a tool whose agent was SIGKILLed
+/// went on running on its own (reparented), and finished its side effect
+/// beside the restarted agent's turn. Now choird ends what the dead agent
+/// left running before it starts the next one.
+#[test]
+fn regression_a_killed_process_runtime_agents_tool_does_not_finish_on_its_own() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.exec", json!({"command": "sleep 2; echo ran >> side.txt"})),
+        Step::Text("done after the restart".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let chat = post(&choird, "cli", "append a line, slowly");
+    fake.wait_requests(1, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    kill_agent_and_wait_restart(&choird, "demo");
+    let _ = chat.join();
+    wait_for("the answer after the restart", Duration::from_secs(30), || {
+        messages(&pg).first().is_some_and(|(_, r)| r.as_deref() == Some("done after the restart"))
+    });
+    // Past the moment the orphaned tool would have written.
+    std::thread::sleep(Duration::from_secs(3));
+    let side = choird.workspace("demo").join("side.txt");
+    assert!(!side.exists(), "the killed agent's tool ran on: {:?}", std::fs::read_to_string(&side));
+}
+
+/// Starts choird and the agent on `script`; one chat; its answer (or error).
+fn one_chat(pg: &TestPg, script: Vec<Step>) -> (FakeLlm, String) {
+    let fake = FakeLlm::start(script);
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let out = choird.ctl(&["chat", "demo", "tell me"]);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (fake, said)
+}
+
+/// Regression: a stream cut inside a chunk (half a line, then the end) was
+/// taken as a malformed answer and never retried; a cut between chunks was.
+/// Both are retried now, and the user gets the whole answer once.
+#[test]
+fn regression_a_stream_cut_inside_a_chunk_is_retried_like_a_cut_between_chunks() {
+    for cut in [Step::CutInsideChunk, Step::CutStream] {
+        let Some(pg) = TestPg::start() else { return };
+        let (fake, said) = one_chat(&pg, vec![cut, Step::Text("the whole answer".into())]);
+        assert_eq!(said, "the whole answer\n");
+        assert_eq!(fake.request_count(), 2, "one retry");
+    }
+}
+
+/// Regression: when every attempt's stream was cut, the user was told
+/// "cannot reach choird". It is the model's failure, and says so.
+#[test]
+fn regression_a_model_whose_every_answer_is_cut_is_reported_as_the_models_failure() {
+    let Some(pg) = TestPg::start() else { return };
+    let (fake, said) =
+        one_chat(&pg, vec![Step::CutInsideChunk, Step::CutStream, Step::CutInsideChunk, Step::CutStream]);
+    assert!(said.starts_with("Sorry, my model's answer was cut off"), "{said}");
+    assert!(!said.contains("choird"), "{said}");
+    assert_eq!(fake.request_count(), 4);
+}
+
+/// Regression: an answer the model ended at its length limit
+/// (`finish_reason: length`) was delivered as if whole. It is marked.
+#[test]
+fn regression_an_answer_cut_at_the_length_limit_is_marked_for_the_user() {
+    let Some(pg) = TestPg::start() else { return };
+    let (_fake, said) = one_chat(&pg, vec![Step::Ended("The first half of".into(), "length".into())]);
+    assert_eq!(said, format!("The first half of\n\n{}\n", choir_agent::reasoning::CUT_OFF_MARK));
+    // Negative control: a `stop` ending is not marked.
+    let pg = TestPg::start().unwrap();
+    let (_fake, said) = one_chat(&pg, vec![Step::Ended("A whole answer.".into(), "stop".into())]);
+    assert_eq!(said, "A whole answer.\n");
+}
