@@ -22,7 +22,7 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             pid: std::process::id(),
             uptime_s: d.uptime_s(),
             home: d.home.root().display().to_string(),
-            database: d.database.clone(),
+            database: d.database_status(),
             kill_switch: d.kill_switch(),
             agents: d.summaries(),
             usage: d.usage(),

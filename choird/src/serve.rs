@@ -206,7 +206,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         Some(url) => (None, url.clone(), "external".to_owned()),
         None => {
             let bin = ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref())?;
-            let cluster = ManagedCluster::start(&home.pg(), &bin)?;
+            let cluster = Arc::new(ManagedCluster::start(&home.pg(), &bin)?);
             let url = cluster.url();
             (Some(cluster), url, format!("managed ({})", home.pg().display()))
         }
@@ -218,7 +218,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         }
         None => Arc::new(crate::schedule::clock::SystemClock),
     };
-    let result = serve(home, config, secrets, &url, database, Runs { agent_binary, clock }, signals);
+    let result =
+        serve(home, config, secrets, &url, database, Runs { agent_binary, clock, cluster: cluster.clone() }, signals);
     if let Some(cluster) = cluster {
         log::info!("stopping the managed PostgreSQL");
         if let Err(e) = cluster.stop() {
@@ -233,6 +234,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 struct Runs {
     agent_binary: PathBuf,
     clock: Arc<dyn crate::schedule::clock::Clock>,
+    /// The managed cluster, which `pg-keeper` keeps running.
+    cluster: Option<Arc<ManagedCluster>>,
 }
 
 fn serve(
@@ -244,7 +247,7 @@ fn serve(
     runs: Runs,
     signals: signal_hook::iterator::Signals,
 ) -> anyhow::Result<()> {
-    let Runs { agent_binary, clock } = runs;
+    let Runs { agent_binary, clock, cluster } = runs;
     let db = Db::connect(url)?;
     for name in db.migrate()? {
         log::info!("applied migration {name}");
@@ -269,12 +272,14 @@ fn serve(
     crate::mail::register(&shared, &mut host_tools)?;
     #[cfg(feature = "test-tools")]
     host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
+    let db_health: Option<Arc<crate::db::keeper::Health>> = cluster.as_ref().map(|_| Arc::default());
     let daemon = Arc::new(Daemon::new(Parts {
         shared: shared.clone(),
         host_tools,
         memory,
         delivery: Arc::new(crate::telegram::TelegramDelivery),
         database,
+        db_health: db_health.clone(),
         agent_binary,
         kill_switch,
         clock,
@@ -290,6 +295,20 @@ fn serve(
         std::thread::Builder::new()
             .name("tg-events".into())
             .spawn(move || crate::telegram::run_events(&tg, &events_rx, &stop))?
+    };
+    // The managed cluster is kept running like an agent; its admins hear
+    // of an outage through the Bot API itself (the outbox is in the database).
+    let keeper_stop = Arc::new(AtomicBool::new(false));
+    let keeper = match (&cluster, &db_health) {
+        (Some(cluster), Some(health)) => {
+            let (cluster, health, stop, tg) = (cluster.clone(), health.clone(), keeper_stop.clone(), tg.clone());
+            Some(std::thread::Builder::new().name("pg-keeper".into()).spawn(move || {
+                crate::db::keeper::run(cluster.as_ref(), &health, &stop, &|text| {
+                    crate::telegram::alert_admins_directly(&tg, text)
+                })
+            })?)
+        }
+        _ => None,
     };
     daemon.reload_policies("choird");
     daemon.adopt_containers()?;
@@ -366,6 +385,10 @@ fn serve(
     listeners.stop_all();
     events_stop.store(true, Ordering::SeqCst);
     let _ = events_thread.join();
+    keeper_stop.store(true, Ordering::SeqCst);
+    if let Some(k) = keeper {
+        let _ = k.join();
+    }
     let left = shared.tasks.join_all(Duration::from_secs(30));
     if !left.is_empty() {
         log::warn!("threads still running at exit (left to end with choird): {}", left.join(", "));

@@ -193,3 +193,76 @@ fn regression_an_answer_cut_at_the_length_limit_is_marked_for_the_user() {
     let (_fake, said) = one_chat(&pg, vec![Step::Ended("A whole answer.".into(), "stop".into())]);
     assert_eq!(said, "A whole answer.\n");
 }
+
+/// `choirctl status`'s database line.
+fn database_line(choird: &Choird) -> String {
+    choird.ctl_ok(&["status"]).lines().find(|l| l.contains("database:")).unwrap_or_default().to_owned()
+}
+
+/// choird's managed PostgreSQL, stopped crash-like (`pg_ctl stop -m
+/// immediate`) while a turn's slow tool runs, then its postmaster
+/// SIGKILLed: each time choird notices and starts it again, without a
+/// human, within 10 s; the message in flight is answered once, and the
+/// next message too. It used to stay down until a human started it.
+#[test]
+fn regression_the_managed_postgresql_is_started_again_by_choird_after_it_is_stopped_or_killed() {
+    let Ok(bin) = choird::db::cluster::ManagedCluster::find_bin_dir(None) else {
+        assert!(!choir_tests::services_required(), "PostgreSQL is required");
+        eprintln!("SKIPPED: no PostgreSQL server binaries");
+        return;
+    };
+    let fake = FakeLlm::start(vec![
+        Step::call("choir.exec", json!({"command": "sleep 2; echo once >> slow.txt"})),
+        Step::Text("answered after the outage".into()),
+        Step::Text("and the next one".into()),
+    ]);
+    let choird = Choird::start(&test_config(&fake.base_url(), None, &["demo"]), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert!(database_line(&choird).ends_with(": up"), "{}", database_line(&choird));
+    let pg = choird.home.path().join("pg");
+    // A handle on the running cluster (adopted, not started).
+    let cluster = choird::db::cluster::ManagedCluster::start(&pg, &bin).unwrap();
+    let back_within = |what: &str| {
+        let down = Instant::now();
+        wait_for(&format!("PostgreSQL back after {what}"), Duration::from_secs(10), || {
+            pg.join("data/postmaster.pid").exists() && database_line(&choird).contains(": up (restarted")
+        });
+        eprintln!("{what}: back after {:?}", down.elapsed());
+    };
+
+    let chat = post(&choird, "cli", "do the slow thing");
+    fake.wait_requests(1, Duration::from_secs(30));
+    cluster.stop_immediate().unwrap();
+    back_within("pg_ctl stop -m immediate");
+    let answer = chat.join().unwrap();
+    // The chat's own wait may have broken with the database; the answer is stored once either way.
+    wait_for("the answer after the outage", Duration::from_secs(30), || {
+        let url = format!("host={} port=5432 user=postgres dbname=choir", pg.join("run").display());
+        postgres::Client::connect(&url, postgres::NoTls)
+            .and_then(|mut c| c.query("SELECT reply FROM messages WHERE reply IS NOT NULL", &[]))
+            .is_ok_and(|rows| rows.len() == 1)
+    });
+    eprintln!("the chat in flight saw: {answer:?}");
+    assert_eq!(std::fs::read_to_string(choird.workspace("demo").join("slow.txt")).unwrap(), "once\n");
+
+    // SIGKILL of the postmaster: its pid file stays behind.
+    let pid: i32 =
+        std::fs::read_to_string(pg.join("data/postmaster.pid")).unwrap().lines().next().unwrap().parse().unwrap();
+    choir_common::proc_tree::signal(pid, rustix::process::Signal::KILL);
+    wait_for("the postmaster gone", Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z"))
+    });
+    let down = Instant::now();
+    wait_for("PostgreSQL back after SIGKILL", Duration::from_secs(10), || {
+        database_line(&choird).contains("restarted 2 time(s)")
+    });
+    eprintln!("SIGKILL: back after {:?}", down.elapsed());
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "still there?"]), "and the next one\n");
+    let replies: i64 = {
+        let url = format!("host={} port=5432 user=postgres dbname=choir", pg.join("run").display());
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        c.query_one("SELECT count(*) FROM messages WHERE reply IS NOT NULL", &[]).unwrap().get(0)
+    };
+    assert_eq!(replies, 2, "each message answered once");
+    assert_eq!(fake.request_count(), 3, "nothing asked twice");
+}

@@ -111,6 +111,9 @@ pub struct Parts {
     pub delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
     pub database: String,
+    /// The managed cluster's health, as its keeper finds it (None: an
+    /// external database).
+    pub db_health: Option<Arc<crate::db::keeper::Health>>,
     /// The agent binary of the process runtime and of image builds.
     pub agent_binary: PathBuf,
     /// The kill switch as persisted.
@@ -130,7 +133,8 @@ pub struct Daemon {
     pub memory: Option<Arc<Memory>>,
     delivery: Arc<dyn Delivery>,
     /// How the database is provided, for `status`.
-    pub database: String,
+    database: String,
+    db_health: Option<Arc<crate::db::keeper::Health>>,
     /// Read-held while an approval is applied (repos and database change
     /// together), write-held while a backup is taken.
     state_gate: parking_lot::RwLock<()>,
@@ -162,6 +166,15 @@ impl std::ops::Deref for Daemon {
 }
 
 impl Daemon {
+    /// How the database is provided and, for the managed cluster, whether
+    /// it is up (or since when it is down, and why), for `status`.
+    pub fn database_status(&self) -> String {
+        match &self.db_health {
+            Some(h) => format!("{}: {}", self.database, h.describe()),
+            None => self.database.clone(),
+        }
+    }
+
     /// The control plane over `parts`.
     pub fn new(parts: Parts) -> Daemon {
         let sessions = Sessions::new(parts.shared.config().agents.keys());
@@ -172,6 +185,7 @@ impl Daemon {
             memory: parts.memory,
             delivery: parts.delivery,
             database: parts.database,
+            db_health: parts.db_health,
             state_gate: parking_lot::RwLock::new(()),
             rollouts: crate::rollouts::Rollouts::default(),
             started: Instant::now(),

@@ -53,6 +53,9 @@ pub enum ClusterError {
     /// A PostgreSQL tool failed.
     #[error("{0}")]
     Tool(#[from] SpawnError),
+    /// The server did not start again (with the server's own complaints).
+    #[error("{0}")]
+    Start(String),
     /// The path contains a character we will not put in postgresql.conf.
     #[error("{0}: the managed cluster's path must not contain quotes or newlines")]
     BadPath(PathBuf),
@@ -227,6 +230,41 @@ impl ManagedCluster {
         Ok(())
     }
 
+    /// Whether the postmaster named in the data directory's pid file runs
+    /// (no connection made: a connection forks a backend).
+    pub fn postmaster_alive(&self) -> bool {
+        let Ok(text) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else { return false };
+        let Some(pid) = text.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) else { return false };
+        // Alive, not a zombie, and a PostgreSQL process (not a reused pid).
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let (head, rest) = stat.rsplit_once(')').unwrap_or_default();
+        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or_default();
+        !rest.trim_start().starts_with('Z') && (comm.starts_with("postgres") || comm.starts_with("postmaster"))
+    }
+
+    /// Starts the server again after it stopped under choird (killed, or
+    /// died): `pg_ctl start`, waiting at most 20 s. When it does not start,
+    /// the error carries the last complaints of the server's own log (a full
+    /// disk, a stale lock) after pg_ctl's words.
+    pub fn start_again(&self) -> Result<(), ClusterError> {
+        let logfile = self.dir.join("postgres.log");
+        let started = Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
+            .args(["-D".into(), self.data_dir().into_os_string(), "-l".into(), logfile.clone().into_os_string()])
+            .args(["-w", "-t", "20", "start"])
+            .run();
+        match started {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let said = last_complaints(&logfile, 3);
+                Err(ClusterError::Start(if said.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{e}; the server said: {said}")
+                }))
+            }
+        }
+    }
+
     fn pg_ctl_stop(&self, mode: &str) -> Result<(), ClusterError> {
         Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
             .args(["-D".into(), self.data_dir().into_os_string()])
@@ -234,6 +272,27 @@ impl ManagedCluster {
             .run()?;
         Ok(())
     }
+}
+
+/// The last `n` FATAL, PANIC or ERROR lines of the server's log (its end
+/// only: at most 64 KiB read), joined, each cut to 300 characters.
+fn last_complaints(log: &Path, n: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = fs::File::open(log) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut tail = Vec::new();
+    let _ = f.take(64 * 1024).read_to_end(&mut tail);
+    let text = String::from_utf8_lossy(&tail);
+    let mut found: Vec<String> = text
+        .lines()
+        .rev()
+        .filter(|l| l.contains("FATAL:") || l.contains("PANIC:") || l.contains("ERROR:"))
+        .take(n)
+        .map(|l| l.chars().take(300).collect())
+        .collect();
+    found.reverse();
+    found.join(" / ")
 }
 
 /// Writes a file inside the data directory, as the server's user when root.

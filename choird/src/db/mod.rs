@@ -6,6 +6,7 @@
 //! transaction holding an advisory lock, so two choirds cannot interleave them.
 
 pub mod cluster;
+pub mod keeper;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};

@@ -42,6 +42,32 @@ pub fn tell_admins(d: &Handle, agent: &choir_common::ids::AgentId, text: &str) {
     d.link.wake_senders();
 }
 
+/// Sends `text` at once to every admin on every bot, through the Bot API
+/// itself, not the outbox: for what must reach them while the database
+/// (where the outbox lives) is down. Each admin once, however many agents
+/// they administer; a failure is logged (its text without the token).
+pub fn alert_admins_directly(d: &Handle, text: &str) {
+    use frankenstein::TelegramApi;
+    for spec in bots(d) {
+        let admins: std::collections::BTreeSet<i64> =
+            spec.config.users.iter().filter(|(_, u)| u.admin).filter_map(|(user, _)| user.parse().ok()).collect();
+        if admins.is_empty() {
+            continue;
+        }
+        let bot = super::bots::client(&spec.api_base, &spec.token, std::time::Duration::from_secs(10));
+        for chat in admins {
+            let p = frankenstein::methods::SendMessageParams::builder().chat_id(chat).text(text).build();
+            if let Err(e) = bot.send_message(&p) {
+                log::error!(
+                    "telegram: cannot alert an admin of bot {}: {:?}",
+                    spec.name,
+                    super::bots::classify(&e, &spec.token)
+                );
+            }
+        }
+    }
+}
+
 /// Whether a bot serves `agent` (a user or group of it is bound to it).
 pub fn serves(bot: &BotConfig, agent: &str) -> bool {
     bot.users.values().any(|u| u.agent.as_str() == agent) || bot.groups.values().any(|g| g.agent.as_str() == agent)

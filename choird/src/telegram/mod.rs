@@ -51,7 +51,9 @@ use crate::events::Event;
 pub use crate::pace::{backoff, nap};
 use crate::store::{Delivery, OutboxRow};
 
-pub use self::approvals::{announce_decision, announce_proposal, proposal_message, serves, tell_admins};
+pub use self::approvals::{
+    alert_admins_directly, announce_decision, announce_proposal, proposal_message, serves, tell_admins,
+};
 pub use self::bots::{bots, client, wait, BotSpec, ConfigEdit, Control, Counters, Failure, Handle, Link};
 pub use crate::conversations::{telegram as conversation, telegram_chat as chat_of};
 
