@@ -36,7 +36,10 @@
 //! call: its intent is stored by choird before it runs, choird runs a call
 //! id once and keeps its outcome, and a restart completes an interrupted
 //! call from that outcome ([`Arbiter::complete_intents`]), never by running
-//! it again.
+//! it again. An external tool run here that is not idempotent has its
+//! intent committed before it runs too, and a restart that finds it
+//! without an outcome commits "may have run" (`may_have_run`) instead of
+//! running it again: a crash loop cannot repeat an outside effect.
 //! **Invariant:** a tool whose `side_effect` is `external` always holds an
 //! exclusive lock (its own, `external:<tool>`, when its manifest names
 //! none), and its executed calls are flagged for choird's audit.
@@ -669,10 +672,11 @@ impl Arbiter {
             let inv = Invocation::new(&tool, Status::Error, "tool vanished");
             return Ok(Settled { tool, input, inv, duration_us: 0, external: false });
         };
-        let once = reg.runs_on_host() && !reg.manifest.runtime.idempotent;
-        let key = if once {
+        let key = if reg.at_most_once() {
             match self.announce(lane, call, &tool, &input) {
-                Ok(intent) => Some(once_key(&intent)),
+                // choird keys a host tool's run with it; a tool run here
+                // needs only the committed intent.
+                Ok(intent) => reg.runs_on_host().then(|| once_key(&intent)),
                 Err(LogError::NotReplicated { why, .. }) => {
                     let why = format!("its intent was not stored by choird ({why}); nothing ran");
                     return Ok(self.refuse(lane, named, Some(tool), input, Refusal::ReplicationDown, why));
@@ -721,7 +725,8 @@ impl Arbiter {
     /// choird is asked for each again under the same key, and answers with
     /// the outcome it stored when the call ran (or runs it now if it never
     /// reached choird, or refuses if it started and never finished: it runs
-    /// at most once). A tool no longer served is not asked at all. Each
+    /// at most once). A tool run here is not run again: its call is told
+    /// as one that may have run. A tool no longer served is not asked at all. Each
     /// outcome is committed as the call's `tool_call` event, returned so an
     /// interrupted turn can be replayed with it.
     pub fn complete_intents(&self, intents: &[CommitEvent]) -> Result<Vec<CommitEvent>, LogError> {
@@ -736,11 +741,26 @@ impl Arbiter {
                 .zip(intent.state.clone())
                 .map(|(name, state)| crate::lane_ctx::SkillAt { name, state });
             let named = intent.tool.clone();
-            let (inv, duration_us, external) = match self.registry.get(&intent.tool).filter(|t| t.runs_on_host()) {
-                Some(reg) => {
+            let (inv, duration_us, external) = match self.registry.get(&intent.tool) {
+                Some(reg) if reg.runs_on_host() => {
                     let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
                     let (inv, us) = self.execute(&lane, &once_key(intent), &intent.tool, &intent.input, timeout, &[]);
                     (inv, us, reg.manifest.runtime.side_effect == SideEffect::External)
+                }
+                // Run here, and the process that ran it is gone: whether it
+                // reached the outside world is unknown. Never run blindly
+                // again; the model is told, and tells the user.
+                Some(_) => {
+                    let message = format!(
+                        "{} was started before a restart and its outcome is unknown: it may have run. It was not \
+                         run again. Tell the user it may have run; do not call it again unless they ask",
+                        intent.tool
+                    );
+                    let inv = Invocation {
+                        error: Some(Failure { code: "may_have_run".into(), message: message.clone() }),
+                        ..Invocation::new(&named, Status::Error, message)
+                    };
+                    (inv, 0, true)
                 }
                 None => {
                     let message = format!(

@@ -509,6 +509,9 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
     say!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
     say!("home:     {}", s.home);
     say!("database: {}", s.database);
+    for line in &s.disk {
+        say!("disk:     {line}");
+    }
     if s.kill_switch {
         say!("kill switch: ON (no agent runs any tool; `choirctl policy kill-switch off` to allow again)");
     }

@@ -24,6 +24,12 @@ pub fn handle(d: &std::sync::Arc<Daemon>, tg: &crate::telegram::Handle, req: &Re
             home: d.home.root().display().to_string(),
             database: d.database_status(),
             kill_switch: d.kill_switch(),
+            disk: d
+                .config()
+                .agents
+                .keys()
+                .filter_map(|id| d.disk_refusal(id).map(|why| format!("{id}: {why}")))
+                .collect(),
             agents: d.summaries(),
             usage: d.usage(),
         })),

@@ -58,6 +58,14 @@ pub enum Event {
         /// What to tell them.
         text: String,
     },
+    /// The agent was stopped for good by choird (its crash loop ended): its
+    /// admins are told why.
+    AgentDown {
+        /// The agent.
+        agent: AgentId,
+        /// What to tell them.
+        text: String,
+    },
     /// A scheduled job of the agent needs its admins (its circuit breaker
     /// tripped and paused it).
     ScheduleNotice {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod conversations;
 pub mod daemon;
 pub mod db;
+pub mod disk;
 pub mod docker;
 pub mod doctor;
 pub mod egress;

@@ -75,6 +75,23 @@ impl Phase {
     }
 }
 
+/// Quick crashes in a row (each within a minute of its start, see
+/// `HEALTHY_AFTER`) after which an agent is no longer restarted: a crash
+/// loop (a full disk, a broken image, a bad permission) ends, explained,
+/// instead of repeating whatever the agent did before it crashed.
+pub const MAX_QUICK_CRASHES: u32 = 5;
+
+/// What [`Sessions::begin_restart`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// Restart, after the backoff for this many crashes in a row.
+    After(u32),
+    /// Not restarted: the crash loop is over (why, for the operator).
+    GaveUp(String),
+    /// The agent is not known.
+    NotWanted,
+}
+
 /// A token bucket.
 struct Bucket {
     tokens: f64,
@@ -153,6 +170,8 @@ struct Session {
     handed_again: u64,
     stop: bool,
     terminated: bool,
+    /// Why the agent said it ended itself (TERMINATE_SELF), told with its exit.
+    said: Option<String>,
     /// Its lapsed lease has been acted on.
     reaped: bool,
     buckets: [Bucket; 4],
@@ -171,6 +190,7 @@ impl Session {
             handed_again: 0,
             stop: false,
             terminated: false,
+            said: None,
             reaped: false,
             buckets: [
                 Bucket::new(RATE_PER_S),
@@ -496,13 +516,31 @@ impl Sessions {
         self.table.lock().get(id).is_some_and(|s| s.desired && s.generation == generation)
     }
 
-    /// Counts a crash and marks the agent starting; the crash count.
-    pub fn begin_restart(&self, id: &AgentId) -> Option<u32> {
+    /// Counts a crash and marks the agent starting; the crash count. Past
+    /// [`MAX_QUICK_CRASHES`] quick crashes in a row the agent is not
+    /// restarted: it is stopped, no longer wanted, and its last exit says
+    /// why ([`Restart::GaveUp`] carries the text).
+    pub fn begin_restart(&self, id: &AgentId) -> Restart {
         let mut t = self.table.lock();
-        let slot = t.get_mut(id)?;
+        let Some(slot) = t.get_mut(id) else { return Restart::NotWanted };
         slot.crashes += 1;
+        if slot.crashes > MAX_QUICK_CRASHES {
+            let last = slot.last_exit.clone().unwrap_or_else(|| "no reason recorded".into());
+            let why = format!(
+                "not restarted: it failed {} times in a row within a minute of starting; the last time: {last}",
+                slot.crashes
+            );
+            slot.last_exit = Some(why.clone());
+            slot.desired = false;
+            if slot.session.is_none() {
+                slot.phase = Phase::Stopped;
+            }
+            drop(t);
+            self.notify();
+            return Restart::GaveUp(why);
+        }
         slot.phase = Phase::Starting;
-        Some(slot.crashes)
+        Restart::After(slot.crashes)
     }
 
     /// Waits until `deadline` unless the agent stops being wanted (or choird
@@ -532,6 +570,12 @@ impl Sessions {
             let mut t = self.table.lock();
             match t.get_mut(id) {
                 Some(slot) if slot.session.as_ref().is_some_and(|s| s.id == session) => {
+                    // What the agent said of its end, with how it ended.
+                    let reason = match slot.session.as_ref().and_then(|s| s.said.as_deref()) {
+                        Some(said) if said != "stopped" => format!("{reason}; the agent said: {said}"),
+                        _ => reason.to_owned(),
+                    };
+                    let reason = reason.as_str();
                     // An exit before the operator's start finished is that
                     // start failing (`agent start` reports it), not a crash
                     // to restart from: restarting raced the failing start,
@@ -613,11 +657,13 @@ impl Sessions {
         live
     }
 
-    /// TERMINATE_SELF: the token stops working at once.
-    pub fn terminate(&self, id: &AgentId) {
+    /// TERMINATE_SELF: the token stops working at once; the agent's reason
+    /// is told with its exit (cut to 300 characters: the agent's words).
+    pub fn terminate(&self, id: &AgentId, reason: &str) {
         if let Some(s) = self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()) {
             s.terminated = true;
             s.stop = true;
+            s.said = Some(choir_common::text::one_line(&reason.chars().take(300).collect::<String>()));
         }
         self.notify();
     }

@@ -69,6 +69,13 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Why new work for agent `id` is refused because a disk it needs is
+    /// nearly full (see [`crate::disk`]), if it is.
+    pub fn disk_refusal(&self, id: &choir_common::ids::AgentId) -> Option<String> {
+        let workspace = self.config().workspace(&self.home, id);
+        crate::disk::refuse_new_work(self.home.root(), &workspace)
+    }
+
     /// The shared services for a loaded config.
     pub fn new(home: Home, config: Config, secrets: Secrets, store: Store, events: Events) -> Shared {
         Shared {

@@ -156,6 +156,10 @@ pub struct StatusResponse {
     pub database: String,
     /// Whether the global kill switch is on.
     pub kill_switch: bool,
+    /// Disks nearly full where new work is refused: one line per agent
+    /// whose home or workspace file system is (empty when none is).
+    #[serde(default)]
+    pub disk: Vec<String>,
     /// Every configured agent.
     pub agents: Vec<AgentSummary>,
     /// What each configured agent uses of its quotas and budget.

@@ -266,3 +266,108 @@ fn regression_the_managed_postgresql_is_started_again_by_choird_after_it_is_stop
     assert_eq!(replies, 2, "each message answered once");
     assert_eq!(fake.request_count(), 3, "nothing asked twice");
 }
+
+/// A size-limited tmpfs mounted over a directory for one test (root only),
+/// lazily unmounted when dropped: a full disk that never touches the
+/// machine's own.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(at: &std::path::Path, size: &str) -> SmallFs {
+        std::fs::create_dir_all(at).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+        SmallFs(at.to_owned())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Regression: with the agent's workspace full, its commit log could not
+/// take a call's result; the agent exited, was restarted, the resumed turn
+/// ran the external call again, and failed again — one message's outside
+/// effect ran 10 times, the reason only in the agent's log. Now the call's
+/// intent is committed before it runs, a restart says "may have run"
+/// instead of running it again, the crash loop ends after a few quick
+/// crashes with the reason (ENOSPC) in `agent status` and the audit, a new
+/// start is refused while the disk is nearly full, and once space is back
+/// the message is answered, the call having run once.
+#[test]
+fn regression_a_full_disk_ends_the_crash_loop_explained_and_the_outside_call_runs_once() {
+    let Some(pg) = TestPg::start() else { return };
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: mounting a small file system for the full disk needs root");
+        return;
+    }
+    let outside = tempfile::tempdir().unwrap();
+    let posts = outside.path().join("posts.log");
+    // A long body: every record of this call (its intent, its result, a
+    // restart's completion of it) needs new pages of the commit log, so a
+    // full disk fails each of them, whatever slack the log's last page has.
+    let body = "hello ".repeat(2_000);
+    let fake = FakeLlm::start(vec![
+        Step::call("x.post", json!({ "body": body })),
+        Step::Text("It may have been posted; I did not post it again.".into()),
+    ]);
+    let home = choir_tests::harness::TempHome::new(
+        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
+    let _small = SmallFs::mount(&home.path().join("workspaces"), "4m");
+    let choird = Choird::start_in(home);
+    // An outside effect (a line in a file outside the workspace), then the
+    // workspace filled, before the result is committed.
+    let manifest = json!({
+        "llm": {"name": "x.post", "description": "Posts a message (test).",
+                "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}},
+        "runtime": {"exec_path": "post", "timeout_ms": 10000, "side_effect": "external", "idempotent": false,
+                    "version": "1", "output_trust": "trusted"}
+    });
+    let script = format!(
+        "read -r line; echo posted >> {}; head -c 8388608 /dev/zero > big.bin 2>/dev/null; printf '{{\"summary\": \"posted\"}}\\n'",
+        posts.display()
+    );
+    choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let chat = post(&choird, "cli", "post hello");
+
+    wait_for("choird to stop restarting the agent", Duration::from_secs(90), || {
+        let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+        s["state"] == "stopped" && s["last_exit"].as_str().is_some_and(|e| e.starts_with("not restarted"))
+    });
+    let _ = chat.join();
+    let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    let why = s["last_exit"].as_str().unwrap();
+    assert!(why.contains("No space left on device"), "the reason is told: {why}");
+    assert_eq!(std::fs::read_to_string(&posts).unwrap(), "posted\n", "the outside call ran once");
+    let gave_up: i64 = pg
+        .client()
+        .query_one("SELECT count(*) FROM audit WHERE action = 'agent.gave_up' AND agent_id = 'demo'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(gave_up, 1);
+    // While the disk is nearly full, nothing new starts, and status says why.
+    let refused = choird.ctl_err(&["agent", "start", "demo"]);
+    assert!(refused.contains("nearly full"), "{refused}");
+    assert!(choird.ctl_ok(&["status"]).contains("disk:     demo: the disk of the agent's workspace"));
+    assert_eq!(fake.request_count(), 1, "the model was not asked again during the crash loop");
+
+    // Space is back: the message is answered, told as "may have run".
+    std::fs::remove_file(choird.workspace("demo").join("big.bin")).unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    wait_for("the answer once space is back", Duration::from_secs(30), || {
+        messages(&pg).first().is_some_and(|(_, r)| r.is_some())
+    });
+    assert_eq!(messages(&pg)[0].1.as_deref(), Some("It may have been posted; I did not post it again."));
+    let resumed = &fake.requests()[1].body;
+    assert_eq!(choir_tests::observe::last_tool_result(resumed)["error"]["code"], "may_have_run");
+    assert_eq!(std::fs::read_to_string(&posts).unwrap(), "posted\n", "and not again after");
+}

@@ -74,7 +74,22 @@ impl Registered {
     pub fn runs_on_host(&self) -> bool {
         self.source == HOST_SOURCE
     }
+
+    /// Whether a call must never run twice: a host tool choird keeps to at
+    /// most once, or an external tool run here that reaches the outside
+    /// world and is not idempotent (its intent is committed before it runs,
+    /// so a restart finds a call whose outcome is unknown and says it may
+    /// have run instead of running it again).
+    pub fn at_most_once(&self) -> bool {
+        let r = &self.manifest.runtime;
+        !r.idempotent
+            && (self.runs_on_host()
+                || (self.source != BUILT_IN_SOURCE && r.side_effect == choir_common::manifest::SideEffect::External))
+    }
 }
+
+/// The `source` of the tools built into the agent.
+const BUILT_IN_SOURCE: &str = "built-in";
 
 /// The `source` of host tools.
 const HOST_SOURCE: &str = "host";
@@ -117,7 +132,7 @@ impl Registry {
         ];
         let builtin = builtin.into_iter().chain(lane::tools()).chain(propose::tools());
         for (manifest, tool) in builtin {
-            r.insert("built-in", manifest, tool, ToolStatus::System)?;
+            r.insert(BUILT_IN_SOURCE, manifest, tool, ToolStatus::System)?;
         }
         Ok(r)
     }
@@ -182,7 +197,7 @@ impl Registry {
         if served.iter().any(|s| s == "choir.memory.compact") {
             let compact = r.get("choir.memory.compact").map(|t| t.manifest.clone());
             if let Some(m) = compact {
-                r.insert("built-in", m, lane::compact_with_host(host.clone()), ToolStatus::System)?;
+                r.insert(BUILT_IN_SOURCE, m, lane::compact_with_host(host.clone()), ToolStatus::System)?;
             }
         }
         // Tool discovery over the agent's own offered tools (Choir's are always listed).
@@ -198,7 +213,7 @@ impl Registry {
             .collect();
         let ranker = served.iter().any(|s| s == find::NAME).then(|| host.clone());
         let find = find::FindTool::new(views, ranker, r.policy.clone());
-        r.insert("built-in", find::manifest(), Arc::new(find), ToolStatus::System)?;
+        r.insert(BUILT_IN_SOURCE, find::manifest(), Arc::new(find), ToolStatus::System)?;
         Ok(r)
     }
 

@@ -62,6 +62,10 @@ impl Daemon {
     pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
         let id = self.known(id)?;
         let config = self.config();
+        if let Some(why) = self.disk_refusal(&id) {
+            self.audit(actor, Some(&id), "agent.start", "refused", json!({"reason": why}));
+            return Err(ApiError::Unavailable(format!("agent {id} is not started: {why}")));
+        }
         if let Err((what, phase)) = self.sessions.begin_start(&id) {
             self.audit(
                 actor,
@@ -400,7 +404,22 @@ impl Daemon {
     /// Waits out the backoff (interrupted by stop or shutdown) and launches a
     /// new instance; false when the agent should no longer run.
     fn restart_after_backoff(self: &Arc<Self>, id: &AgentId, generation: u64) -> bool {
-        let Some(crashes) = self.sessions.begin_restart(id) else { return false };
+        let crashes = match self.sessions.begin_restart(id) {
+            crate::sessions::Restart::After(n) => n,
+            crate::sessions::Restart::NotWanted => return false,
+            crate::sessions::Restart::GaveUp(why) => {
+                log::error!("agent {id}: {why}");
+                self.audit("choird", Some(id), "agent.gave_up", "error", json!({"reason": why}));
+                self.events.send(crate::events::Event::AgentDown {
+                    agent: id.clone(),
+                    text: format!(
+                        "Agent {id} was stopped: {why}. Fix the cause, then `choirctl agent start {id}`; \
+                         unanswered messages are answered then."
+                    ),
+                });
+                return false;
+            }
+        };
         let backoff = crate::pace::restart_delay(crashes, MAX_BACKOFF);
         if !self.sessions.wait_backoff(id, generation, Instant::now() + backoff, &self.shutting_down) {
             return false;

@@ -463,6 +463,9 @@ impl Daemon {
                 "agent {id} is not running; start it with `choirctl agent start {id}`"
             )));
         }
+        if let Some(why) = self.disk_refusal(&id) {
+            return Err(ApiError::Unavailable(why));
+        }
         choir_common::hop::mark("message.in");
         let replies_begun = self.sessions.replies_begun(&id);
         let message_id = self.store.insert_message(&id, conversation, sender, text)?;

@@ -448,7 +448,7 @@ impl Daemon {
 
     /// TERMINATE_SELF: the session ends; the token stops working at once.
     pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), ApiError> {
-        self.sessions.terminate(&who.agent);
+        self.sessions.terminate(&who.agent, reason);
         self.store.end_session(who.session, &format!("terminated by agent: {}", clip(reason)))?;
         self.audit(
             "agent-rpc",

@@ -155,6 +155,12 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
         }
     }
 
+    // Before its files are written: a nearly full disk takes nothing new.
+    if let Some(why) = d.disk_refusal(&agent) {
+        log::warn!("telegram: a message for {agent} refused: {why}");
+        reply(d, bot, chat, "Sorry, I cannot take new messages right now: the disk I work on is nearly full. The operator can see why in `choirctl status`; please try again later.")?;
+        return d.store.mark_update(bot, update_id, "refused_disk_full");
+    }
     let mut text = said;
     let mut unheard = false;
     for note in receive_files(d, spec, &agent, update_id, m) {

@@ -230,7 +230,8 @@ pub fn run_events(d: &Handle, events: &crate::events::Inbox, stop: &AtomicBool) 
             Event::ProposalDecided { id } => announce_decision(d, id),
             Event::BudgetWarning { agent, text }
             | Event::RolloutDone { agent, text }
-            | Event::ScheduleNotice { agent, text } => tell_admins(d, &agent, &text),
+            | Event::ScheduleNotice { agent, text }
+            | Event::AgentDown { agent, text } => tell_admins(d, &agent, &text),
         }
     }
 }
