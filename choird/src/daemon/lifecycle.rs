@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use choir_common::admin::AgentSummary;
 use choir_common::ids::AgentId;
+use choir_common::rpc::OutboundReply;
 use serde_json::json;
 
 use super::{random_token, sha256, tail, Daemon, START_TIMEOUT};
@@ -410,6 +411,7 @@ impl Daemon {
             crate::sessions::Restart::GaveUp(why) => {
                 log::error!("agent {id}: {why}");
                 self.audit("choird", Some(id), "agent.gave_up", "error", json!({"reason": why}));
+                self.tell_waiting_users(id);
                 self.events.send(crate::events::Event::AgentDown {
                     agent: id.clone(),
                     text: format!(
@@ -440,6 +442,48 @@ impl Daemon {
                     json!({"attempt": crashes, "error": e.to_string()}),
                 );
                 true
+            }
+        }
+    }
+
+    /// After choird stopped restarting the agent: each conversation with a
+    /// message still unanswered is told (once per conversation) that its
+    /// answer waits for the operator. The words carry no reason: the
+    /// reason (paths, errors) is the operator's, in `agent status`.
+    fn tell_waiting_users(&self, id: &AgentId) {
+        let conversations = match self.store.conversations_waiting(id, 1_000) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("agent {id}: the users waiting for an answer are not told it is stopped: {e}");
+                return;
+            }
+        };
+        let at = unix_now() as u64;
+        let notices: Vec<OutboundReply> = conversations
+            .into_iter()
+            .enumerate()
+            .map(|(n, conversation)| OutboundReply {
+                in_reply_to: 0,
+                covers: Vec::new(),
+                key: format!("stopped-{at}-{n}"),
+                conversation,
+                text: "Sorry, I cannot answer your message now: I stopped after failing several times in a row, and \
+                       the operator has been told. I will answer it once I run again."
+                    .into(),
+            })
+            .collect();
+        if notices.is_empty() {
+            return;
+        }
+        log::warn!("agent {id}: telling {} conversation(s) that their messages wait for the operator", notices.len());
+        for chunk in notices.chunks(choir_common::rpc::MAX_COVERS.max(1)) {
+            match self.store.record_replies(id, chunk, 0, self.delivery.as_ref()) {
+                Ok(r) => {
+                    for conversation in r.delivered {
+                        self.events.send(crate::events::Event::Answered { agent: id.clone(), conversation });
+                    }
+                }
+                Err(e) => log::error!("agent {id}: the users waiting for an answer are not told it is stopped: {e}"),
             }
         }
     }

@@ -301,6 +301,19 @@ impl Store {
         })
     }
 
+    /// The conversations of agent `agent` with a message still unanswered
+    /// (at most `limit`, one range of `messages_pending`).
+    pub fn conversations_waiting(&self, agent: &AgentId, limit: i64) -> Result<Vec<String>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                "SELECT DISTINCT conversation FROM (SELECT conversation FROM messages
+                  WHERE agent_id = $1 AND replied_at IS NULL ORDER BY id LIMIT 10000) w LIMIT $2",
+                &[&agent.as_str(), &limit],
+            )?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
     /// Replicated events with `seq > after`, in order.
     pub fn events(&self, agent: &AgentId, after: u64, limit: i64) -> Result<Vec<CommitEvent>, DbError> {
         self.db.with(|c| {
