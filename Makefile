@@ -97,8 +97,9 @@ bench-memory: deps
 	target/release/bench-memory
 
 install: release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir/docs
 	install -m 0644 README.md DESIGN.md $(DESTDIR)$(PREFIX)/share/doc/choir/
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/choir/docs/
 	install -m 0755 target/release/choird target/release/choir-agent target/release/choirctl $(DESTDIR)$(PREFIX)/bin/
 	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
