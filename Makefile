@@ -33,14 +33,14 @@ release: deps
 	$(CARGO) build --release -p choir-agent
 
 # Rewrites code-order/*.order (the function order release builds link with,
-# so the code steady turns run lies together: issue 19, item 2) from a
+# so the code steady turns run lies together: fewer pages resident) from a
 # profile of bench-soak under valgrind's callgrind. Minutes; run it again
 # after dependency or toolchain updates.
 code-order: deps
 	./scripts/code-order.sh
 
-# A developer's trial of pgvector's index kinds at a million items (issue 19,
-# item 5; DESIGN.md, "Memory"): its own scratch cluster, minutes. ARGS are
+# A developer's trial of pgvector's index kinds at a million items
+# (docs/memory.md): its own scratch cluster, minutes. ARGS are
 # the script's (--index hnsw|hnsw-bq|ivfflat --data clustered|uniform --n N).
 PY_TRIAL = target/py-trial
 index-trial: deps

@@ -1,7 +1,7 @@
 //! Build script of `choird` and `choir-agent` (both name this file as `build`
 //! in their Cargo.toml): a release build on x86-64 Linux links the binary
 //! with its functions in the order `code-order/<package>.order` lists them
-//! (issue 19, item 2; DESIGN.md, "Measurements").
+//! (docs/benchmarks.md).
 //!
 //! Why: a process's resident memory counts every page of its binary mapped
 //! in, and the kernel maps the 64 KiB around each page of code a process

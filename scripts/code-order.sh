@@ -2,7 +2,7 @@
 # `make code-order`: writes code-order/choird.order and
 # code-order/choir-agent.order, the functions each binary runs once start-up
 # is over, then those only start-up runs, from a profile of `bench-soak`'s
-# ordinary use (issue 19, item 2; the build script code-order/build.rs links
+# ordinary use (the build script code-order/build.rs links
 # release builds in that order).
 #
 # How: the release build `make release` makes, with its symbols kept

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns callgrind profiles of one binary into a symbol ordering file for lld.
 
-Used by scripts/code-order.sh (`make code-order`; issue 19, item 2). Each
+Used by scripts/code-order.sh (`make code-order`). Each
 profile file is one part of one process's run; the part whose trigger was
 `--dump-after` ends start-up (the profile was split where
 `give_back_logged` returns). Written, one mangled symbol a line:

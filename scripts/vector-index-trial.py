@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trial of pgvector index kinds for agent memory (issue 19, item 5).
+"""Trial of pgvector index kinds for agent memory at scale.
 
 Not part of choird: a developer's measurement of what each index kind gives
 at the size the issue names, on a scratch PostgreSQL cluster of its own

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choir_agent::arbiter::arg_check::ArgumentPolicy;
+use choir_agent::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use choir_agent::arbiter::locks::{LockManager, Resource};
 use choir_agent::arbiter::{Arbiter, Decision, ProposedCall};
-use choir_agent::arg_check::ArgumentPolicy;
 use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
-use choir_agent::lane_ctx::{LaneCtx, LaneKind};
-use choir_agent::locks::{LockManager, Resource};
 use choir_agent::origin::{Entry, Origin};
 use choir_agent::secrets::SecretStore;
 use choir_agent::tools::Registry;

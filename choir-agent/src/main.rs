@@ -89,7 +89,8 @@ fn real_main() -> anyhow::Result<()> {
         log::debug!("no session of its own ({e}): already a group leader");
     }
     // Whatever a tool starts and leaves behind is reparented to us and killed.
-    choir_agent::reaper::init().map_err(|e| anyhow::anyhow!("cannot become the subreaper of tool processes: {e}"))?;
+    choir_agent::process::reaper::init()
+        .map_err(|e| anyhow::anyhow!("cannot become the subreaper of tool processes: {e}"))?;
     let mut token = String::new();
     std::io::stdin().lock().read_line(&mut token)?;
     let token = token.trim().to_owned();

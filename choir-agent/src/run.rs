@@ -16,20 +16,20 @@ use choir_common::rpc::{
 use crossbeam_channel::{bounded, unbounded};
 use parking_lot::RwLock;
 
-use crate::approvals::Approvals;
+use crate::arbiter::approvals::Approvals;
 use crate::arbiter::Arbiter;
+use crate::board::{SessionState, StatusBoard};
 use crate::commitlog::{CommitLog, Durability, DurableLog};
-use crate::core::{CoreLimits, CorePool, CoreSetup};
-use crate::edge::EdgeLane;
-use crate::inbox::EdgeEvent;
-use crate::lanes::{SessionState, StatusBoard};
+use crate::lanes::core::{CoreLimits, CorePool, CoreSetup};
+use crate::lanes::edge::EdgeLane;
+use crate::lanes::inbox::EdgeEvent;
+use crate::lanes::llm::Llm;
+use crate::lanes::prompt::Identity;
+use crate::lanes::reasoning::Mind;
+use crate::lanes::skills::SkillBook;
 use crate::link::Link;
-use crate::llm::Llm;
-use crate::prompt::Identity;
-use crate::reasoning::Mind;
 use crate::rpc::{Endpoint, Rpc, RpcError};
 use crate::secrets::SecretStore;
-use crate::skills::SkillBook;
 use crate::tools::Registry;
 use crate::workspace::Workspace;
 
@@ -130,14 +130,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let log = Arc::new(DurableLog::with_durability(log, Durability::Replicated)?);
     // Bounded(1): a pending poke already means "ship what is committed (or changed)".
     let (committed_tx, committed_rx) = bounded(1);
-    let floor = Arc::new(crate::floor::Floor::default());
+    let floor = Arc::new(crate::lanes::floor::Floor::default());
     let board = StatusBoard::with_poke(committed_tx.clone());
     let recovering = !resume.is_empty() || !interrupted.is_empty();
     board.set_session(if recovering { SessionState::Recovering } else { SessionState::Starting });
     board.add_lane("edge", Some(u64::from(hello.config.max_steps_per_turn)), None, None);
     let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
     arbiter.set_board(board.clone());
-    let arguments = Arc::new(crate::arg_check::ArgumentPolicy::default());
+    let arguments = Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default());
     arbiter.set_policies(policies(&state_dir, arguments.clone()));
     let config = Arc::new(RwLock::new(hello.config.clone()));
 
@@ -287,7 +287,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     signal_handle.close();
     let _ = sig.join();
     // Nothing a tool started outlives the agent.
-    crate::reaper::kill_all();
+    crate::process::reaper::kill_all();
     log::info!("agent exiting: {reason}");
     match lane_result {
         Ok(Ok(())) => Ok(()),
@@ -300,12 +300,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// adds the one `<state dir>/confirm.json` asks for.
 fn policies(
     state_dir: &std::path::Path,
-    arguments: Arc<crate::arg_check::ArgumentPolicy>,
-) -> Vec<Arc<dyn crate::policy::CallPolicy>> {
+    arguments: Arc<crate::arbiter::arg_check::ArgumentPolicy>,
+) -> Vec<Arc<dyn crate::arbiter::policy::CallPolicy>> {
     #[allow(unused_mut)]
-    let mut policies: Vec<Arc<dyn crate::policy::CallPolicy>> = vec![arguments];
+    let mut policies: Vec<Arc<dyn crate::arbiter::policy::CallPolicy>> = vec![arguments];
     #[cfg(feature = "failpoints")]
-    if let Some(p) = crate::policy::ConfirmListed::from_dir(state_dir) {
+    if let Some(p) = crate::arbiter::policy::ConfirmListed::from_dir(state_dir) {
         policies.push(Arc::new(p));
     }
     let _ = state_dir;

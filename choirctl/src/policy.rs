@@ -1,5 +1,5 @@
-//! `choirctl policy reload|show|test`: the argument policies (issue 16);
-//! `choirctl policy tools`: an agent's tool policy (issue 17).
+//! `choirctl policy reload|show|test`: the argument policies;
+//! `choirctl policy tools`: an agent's tool policy.
 
 use std::collections::BTreeMap;
 

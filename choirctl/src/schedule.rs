@@ -1,4 +1,4 @@
-//! `choirctl schedule …`: scheduled jobs (R-SCHED-1, issue 18). A job is
+//! `choirctl schedule …`: scheduled jobs (R-SCHED-1). A job is
 //! named `AGENT/NAME`; `add` builds its spec from flags (or `--file` with a
 //! whole JSON spec) and choird checks it completely before storing it.
 

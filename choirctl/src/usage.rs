@@ -1,5 +1,5 @@
 //! `choirctl usage [ID] [--since T] [--by day|model|lane|agent|job]`: the cost
-//! ledger of relayed model calls (issue 17, item 7).
+//! ledger of relayed model calls.
 
 use choir_common::admin::UsageReport;
 

@@ -1,4 +1,4 @@
-//! Loading argument policies (issue 16): for each agent, the built-in
+//! Loading argument policies: for each agent, the built-in
 //! default, `repos/global/policy.json` and `repos/agents/<id>/policy.json`
 //! merged ([`PolicySet::merge`]), each file checked against the tools that
 //! agent can have (built-ins, choird's host tools, the approved external

@@ -419,7 +419,7 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
 }
 
 fn embeddings(config: &Config, secrets: &Secrets) -> Check {
-    use crate::memory::embeddings::{EmbedError, Embedder};
+    use crate::host_tools::memory::embeddings::{EmbedError, Embedder};
     let name = "embeddings";
     let Some(memory) = &config.memory else {
         return Check::skip(name, "no memory section: the memory tools are off");

@@ -18,7 +18,7 @@ const CAPACITY: usize = 4096;
 /// The gateway's end of the channel. Events travel boxed: a bounded
 /// crossbeam channel allocates and writes every slot when it is made, so
 /// unboxed (an `Event` is 56 bytes) its 4,096 slots kept 256 KiB of choird
-/// resident from the start; boxed, 64 KiB (issue 19, item 2).
+/// resident from the start; boxed, 64 KiB.
 pub type Inbox = Receiver<Box<Event>>;
 
 /// Something the gateway should act on.

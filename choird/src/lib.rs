@@ -3,10 +3,9 @@
 //! calls, and keeps the system of record in Postgres. See DESIGN.md for the
 //! bird's-eye view; [`run`] is the entry point.
 
-pub mod admin_api;
+pub mod api;
 pub mod arg_policies;
 pub mod backup;
-pub mod browser;
 pub mod budget;
 pub mod config;
 pub mod conversations;
@@ -21,16 +20,10 @@ pub mod home;
 pub mod host_tools;
 pub mod http;
 pub mod logs;
-pub mod mail;
-pub mod memory;
-pub mod metrics;
-pub mod notion;
 pub mod pace;
 pub mod proposals;
-pub mod relay;
 pub mod resolver;
 pub mod rollouts;
-pub mod rpc_api;
 pub mod runtime;
 pub mod schedule;
 pub mod secret_admin;
@@ -40,13 +33,11 @@ pub mod shared;
 pub mod skill_list;
 pub mod sockets;
 pub mod spawn;
-pub mod speech;
 pub mod store;
 pub mod tasks;
 pub mod telegram;
 pub mod tool_list;
 pub mod upstream;
-pub mod web;
 pub mod workspace_files;
 
 mod serve;

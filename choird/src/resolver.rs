@@ -89,7 +89,7 @@ pub const OUTPUT_BUFFER: usize = 16 * 1024;
 /// `builder` with the buffer sizes of every outward client of choird. ureq
 /// allocates a connection's two buffers zero-filled at its first request
 /// and keeps them while it is pooled: at its defaults, 256 KiB resident for
-/// every kept connection (issue 19, item 2). Bodies stream through the
+/// every kept connection. Bodies stream through the
 /// input buffer whatever their size; only a response head must fit in it.
 pub fn sized(builder: ConfigBuilder<AgentScope>) -> ConfigBuilder<AgentScope> {
     builder.input_buffer_size(INPUT_BUFFER).max_response_header_size(MAX_HEAD).output_buffer_size(OUTPUT_BUFFER)

@@ -95,13 +95,13 @@ impl Handler for Router {
         if let Some(verb) = Verb::from_path(&head.path) {
             let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
             let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
-            return Ok(Admitted { max_body: crate::rpc_api::max_body(verb), caller: Some(who) });
+            return Ok(Admitted { max_body: crate::api::rpc::max_body(verb), caller: Some(who) });
         }
         if let Some(rest) = head.path.strip_prefix("/llm/") {
             let lane = rest.split_once('/').map_or(rest, |(l, _)| l);
             let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
             let who = d.authenticate(kind, head.bearer.as_deref(), "LLM", class)?;
-            return Ok(Admitted { max_body: crate::relay::MAX_REQUEST, caller: Some(who) });
+            return Ok(Admitted { max_body: crate::api::relay::MAX_REQUEST, caller: Some(who) });
         }
         if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
             return Ok(Admitted { max_body: MAX_ADMIN_BODY, caller: None });
@@ -115,23 +115,23 @@ impl Handler for Router {
         if *kind == ListenerKind::Metrics {
             return Response {
                 status: 200,
-                body: crate::metrics::render(d, &self.tg).into_bytes(),
+                body: crate::api::metrics::render(d, &self.tg).into_bytes(),
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
                 headers: Vec::new(),
                 stream: None,
             };
         }
         let result = if let Some(verb) = Verb::from_path(&req.path) {
-            crate::rpc_api::handle(d, verb, &req)
+            crate::api::rpc::handle(d, verb, &req)
         } else if let Some(rest) = req.path.strip_prefix("/llm/") {
             match rest.split_once('/') {
                 Some((lane, "v1/chat/completions")) if req.method == "POST" => {
-                    crate::relay::handle(d.shared(), lane, &req)
+                    crate::api::relay::handle(d.shared(), lane, &req)
                 }
                 _ => Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&req.path)))),
             }
         } else if req.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
-            crate::admin_api::handle(d, &self.tg, &req)
+            crate::api::admin::handle(d, &self.tg, &req)
         } else {
             Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&req.method), printable(&req.path))))
         };
@@ -261,15 +261,15 @@ fn serve(
     // one registrant), the control plane, and the gateway's handle on it.
     let (events, events_rx) = crate::events::channel();
     let shared = Arc::new(Shared::new(home.clone(), config.clone(), secrets, store, events));
-    let memory = crate::memory::Memory::start(&shared)?;
+    let memory = crate::host_tools::memory::Memory::start(&shared)?;
     let mut host_tools = crate::host_tools::Registry::new(shared.clone());
     if let Some(m) = &memory {
-        crate::memory::register(m, &mut host_tools)?;
+        crate::host_tools::memory::register(m, &mut host_tools)?;
     }
-    crate::web::register(&shared, &mut host_tools)?;
-    host_tools.register(Arc::new(crate::speech::tts::Speak::new(shared.clone())))?;
-    host_tools.register(Arc::new(crate::notion::Notion::new(shared.clone())))?;
-    crate::mail::register(&shared, &mut host_tools)?;
+    crate::host_tools::web::register(&shared, &mut host_tools)?;
+    host_tools.register(Arc::new(crate::host_tools::speech::tts::Speak::new(shared.clone())))?;
+    host_tools.register(Arc::new(crate::host_tools::notion::Notion::new(shared.clone())))?;
+    crate::host_tools::mail::register(&shared, &mut host_tools)?;
     #[cfg(feature = "test-tools")]
     host_tools.register(Arc::new(crate::host_tools::test_echo::EchoOnce { shared: shared.clone() }))?;
     let db_health: Option<Arc<crate::db::keeper::Health>> = cluster.as_ref().map(|_| Arc::default());

@@ -1,4 +1,4 @@
-//! Argument policies (R-ARB-5; issue 16): rules over the *values* a call
+//! Argument policies (R-ARB-5): rules over the *values* a call
 //! carries and where they came from, checked by the arbiter after its own
 //! checks. A rule names a tool and an argument (a JSON pointer, `*` for
 //! every element or key), an optional `when` (other input values that must

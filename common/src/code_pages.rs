@@ -1,4 +1,4 @@
-//! Giving back the pages of code that only start-up ran (issue 19, item 2).
+//! Giving back the pages of code that only start-up ran.
 //!
 //! A process's resident memory counts every page of its binary mapped into
 //! it, and the kernel maps the neighbours of each page a process faults in

@@ -1,4 +1,4 @@
-//! Turn tracing for the per-hop breakdown of `bench-turns` (issue 19): each
+//! Turn tracing for the per-hop breakdown of `bench-turns`: each
 //! process marks where a turn passes (`admin.chat`, `relay.in`, …) as one
 //! `log` record at trace level under the target `choir::hop`, holding the
 //! wall-clock time in microseconds (one clock for choird and its agents on

@@ -1,5 +1,5 @@
-//! The allocator tunable both binaries set first thing in `main` (issue 19,
-//! item 2): glibc gives every thread that allocates while another holds an
+//! The allocator tunable both binaries set first thing in `main`, to keep each
+//! process's resident memory small: glibc gives every thread that allocates while another holds an
 //! arena's lock an arena of its own (up to eight per core), and each arena
 //! keeps the memory freed into it. Choir's threads mostly wait on sockets
 //! and channels; two arenas cost no measurable time and keep the heap from

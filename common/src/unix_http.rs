@@ -33,7 +33,7 @@ const DEFAULT_IDLE: usize = 3;
 /// Bytes of each of a socket connection's two buffers. ureq's defaults are
 /// 128 KiB each, allocated zero-filled at a connection's first request and
 /// kept while it is pooled: 256 KiB resident for every open connection —
-/// most of an agent's own memory (issue 19, item 2). Bodies stream through
+/// most of an agent's own memory. Bodies stream through
 /// the buffer whatever their size.
 pub const SOCKET_BUFFER: usize = 16 * 1024;
 /// The largest answer head read from a socket (choird's and the Docker

@@ -1,4 +1,4 @@
-//! AgentDojo v1.2.2 replayed through Choir (issue 16): every (user task,
+//! AgentDojo v1.2.2 replayed through Choir: every (user task,
 //! injection task) pair of its four suites, with the model replaced by a
 //! script that makes the user task's ground-truth calls — the injection
 //! arrives inside tool results, placed by AgentDojo — then the injection

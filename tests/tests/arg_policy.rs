@@ -1,4 +1,4 @@
-//! Argument policies end to end (issue 16): a destination seen only in
+//! Argument policies end to end: a destination seen only in
 //! untrusted content waits for a human who is shown where it came from; a
 //! destination the user gave goes through, also from a core job the edge
 //! started; a policy that fails its own examples is refused at reload and

@@ -1,4 +1,4 @@
-//! `choirctl backup` and `choirctl restore` (issue 17, item 9): a home's
+//! `choirctl backup` and `choirctl restore`: a home's
 //! config, secrets, repos, database and workspaces go into one archive and
 //! come back in a new, empty home, where the agent answers with its memory
 //! and its conversation intact.

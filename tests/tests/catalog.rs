@@ -1,5 +1,5 @@
 //! The operator's view of an agent's skills and the way in for reviewed
-//! files (issue 17, item 4): `skills list` with status and source, `skills
+//! files: `skills list` with status and source, `skills
 //! validate` on a directory, and `tools add` / `skills add` taking the path
 //! of an approved proposal — validated as one, committed by git, rolled out
 //! to the running agent — while a refused file changes nothing.

@@ -1,4 +1,4 @@
-//! The buffers of Choir's HTTP clients (issue 19, item 2): each kept
+//! The buffers of Choir's HTTP clients: each kept
 //! connection holds an input and an output buffer, smaller than ureq's
 //! 128 KiB defaults — choird's and the agents' clients of a socket 16 KiB
 //! each, choird's outward clients 48 KiB in and 16 KiB out. Bodies larger

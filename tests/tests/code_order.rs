@@ -1,4 +1,4 @@
-//! `scripts/code_order.py` (`make code-order`; issue 19, item 2): callgrind
+//! `scripts/code_order.py` (`make code-order`): callgrind
 //! profiles of one binary become lld's symbol ordering file — what ran after
 //! start-up first (costliest first), then what only start-up ran; other
 //! objects' functions, unnamed code and processes that never finished

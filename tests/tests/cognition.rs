@@ -546,7 +546,7 @@ fn a_conversation_of_many_short_turns_is_compacted_by_its_entry_count_not_only_i
     choird.ctl_ok(&["agent", "start", "demo"]);
     // Two entries an exchange, a few tokens each: far under the default
     // token budget (24,000) when the entry bound (256) is passed.
-    let turns = choir_agent::memory::MAX_ENTRIES / 2 + 2;
+    let turns = choir_agent::lanes::conversation::MAX_ENTRIES / 2 + 2;
     for i in 0..turns {
         assert_eq!(chat_in(&choird, "many", &format!("hello {i}")), "ok");
     }
@@ -557,7 +557,7 @@ fn a_conversation_of_many_short_turns_is_compacted_by_its_entry_count_not_only_i
     let before = reqs[summaries[0] - 1].body["messages"].as_array().unwrap().len();
     let after = reqs[summaries[0] + 1].body["messages"].as_array().unwrap();
     // The request before it: the system prompt and all but the newest message.
-    assert_eq!(before, choir_agent::memory::MAX_ENTRIES, "{before} messages before");
+    assert_eq!(before, choir_agent::lanes::conversation::MAX_ENTRIES, "{before} messages before");
     assert!(after.len() < 8, "{} messages after", after.len());
     assert_eq!(after[1]["content"], "Summary of the earlier conversation: SUMMARY: many hellos.");
     let events = replicated_events(&pg, "demo", 1);

@@ -1,4 +1,4 @@
-//! `choirctl doctor` (issue 17, item 8): each thing a failing deployment trips
+//! `choirctl doctor`: each thing a failing deployment trips
 //! on is found and named with its fix, the exit code says whether anything
 //! failed, and no secret reaches the report.
 

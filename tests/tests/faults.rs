@@ -187,7 +187,7 @@ fn regression_a_model_whose_every_answer_is_cut_is_reported_as_the_models_failur
 fn regression_an_answer_cut_at_the_length_limit_is_marked_for_the_user() {
     let Some(pg) = TestPg::start() else { return };
     let (_fake, said) = one_chat(&pg, vec![Step::Ended("The first half of".into(), "length".into())]);
-    assert_eq!(said, format!("The first half of\n\n{}\n", choir_agent::reasoning::CUT_OFF_MARK));
+    assert_eq!(said, format!("The first half of\n\n{}\n", choir_agent::lanes::reasoning::CUT_OFF_MARK));
     // Negative control: a `stop` ending is not marked.
     let pg = TestPg::start().unwrap();
     let (_fake, said) = one_chat(&pg, vec![Step::Ended("A whole answer.".into(), "stop".into())]);

@@ -1,4 +1,4 @@
-//! The log manager (issue 17, item 1) and process-runtime restarts (item 10)
+//! The log manager and process-runtime restarts
 //! against a real choird: an agent flooding its output is rotated, archived
 //! (gzip) and kept under the total without a gap in what is kept;
 //! `choirctl logs` filters and reads archives; `--follow` sees a docker

@@ -566,7 +566,7 @@ fn memory_store(pg: &TestPg, agents: &[(&choir_common::ids::AgentId, u32)]) -> c
 #[test]
 fn fresh_vectors_are_found_at_once_with_filters_and_the_same_scores_after_indexing() {
     use choir_common::ids::AgentId;
-    use choird::memory::indexer;
+    use choird::host_tools::memory::indexer;
     use choird::store::memory::NewItem;
     let Some(pg) = TestPg::start() else { return };
     let a = AgentId::parse("alpha").unwrap();
@@ -724,7 +724,7 @@ fn store_items(store: &choird::store::Store, agent: &choir_common::ids::AgentId,
 #[test]
 fn queries_during_indexing_find_each_item_exactly_once() {
     use choir_common::ids::AgentId;
-    use choird::memory::indexer::{self, Waits};
+    use choird::host_tools::memory::indexer::{self, Waits};
     let Some(pg) = TestPg::start() else { return };
     let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
     let store = std::sync::Arc::new(memory_store(&pg, &[(&a, 3), (&b, 3)]));
@@ -777,8 +777,8 @@ fn queries_during_indexing_find_each_item_exactly_once() {
 #[test]
 fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
     use choir_common::ids::AgentId;
-    use choird::memory::batcher;
-    use choird::memory::indexer::{self, Waits};
+    use choird::host_tools::memory::batcher;
+    use choird::host_tools::memory::indexer::{self, Waits};
     let Some(pg) = TestPg::start() else { return };
     let [a, b, g] = ["alpha", "beta", "gamma"].map(|n| AgentId::parse(n).unwrap());
     let store = memory_store(&pg, &[(&a, 3), (&b, 3), (&g, 4)]);
@@ -843,8 +843,8 @@ fn old_or_broken_memory_schemas_hold_up_only_their_own_agent() {
 #[test]
 fn the_vector_index_becomes_ivfflat_at_scale_and_is_rebuilt_only_when_the_rows_double() {
     use choir_common::ids::AgentId;
-    use choird::memory::indexer::{self, Builds};
-    use choird::memory::lifecycle::{Kind, Policy};
+    use choird::host_tools::memory::indexer::{self, Builds};
+    use choird::host_tools::memory::lifecycle::{Kind, Policy};
     use choird::store::memory_index::{BuildCancel, Settled};
     use std::sync::atomic::AtomicBool;
     let Some(pg) = TestPg::start() else { return };

@@ -1,4 +1,4 @@
-//! `metrics_listen` (issue 17, item 11): a Prometheus scrape parses with an
+//! `metrics_listen`: a Prometheus scrape parses with an
 //! independent text-format parser and counts what happened; nothing else is
 //! served on that port, and a non-loopback address is refused.
 

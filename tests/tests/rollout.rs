@@ -1,4 +1,4 @@
-//! Approvals roll out (issue 17, item 6): an approved tool reaches the
+//! Approvals roll out: an approved tool reaches the
 //! running docker agent with no other command — its image rebuilt, the agent
 //! restarted on it between messages — and a failed build leaves the agent
 //! running as it was, saying why, to choirctl and to the agent's admins.

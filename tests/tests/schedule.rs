@@ -1,4 +1,4 @@
-//! Scheduled jobs (issue 18, R-SCHED-1) against a real choird, agent and
+//! Scheduled jobs (R-SCHED-1) against a real choird, agent and
 //! PostgreSQL, with the scheduler's clock moved by the test (a file choird
 //! reads, `CHOIR_TEST_CLOCK_FILE`) instead of sleeping minutes.
 

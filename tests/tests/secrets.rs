@@ -1,4 +1,4 @@
-//! `choirctl secrets` (issue 17, item 2): a value goes in through stdin,
+//! `choirctl secrets`: a value goes in through stdin,
 //! never the command line; the list shows names, state, length and every use
 //! but no value; choird uses a new value at once; a secret in use is not
 //! removed; bad names and values change nothing.

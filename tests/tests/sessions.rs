@@ -1,5 +1,4 @@
-//! `choirctl sessions` and `choirctl agent events --follow` (issue 17,
-//! item 3): every session with how it ended, what it ran in, its commits and
+//! `choirctl sessions` and `choirctl agent events --follow`: every session with how it ended, what it ran in, its commits and
 //! tokens; new commits printed as they are replicated.
 
 use std::io::{BufRead, BufReader};

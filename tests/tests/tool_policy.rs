@@ -1,4 +1,4 @@
-//! The operator's per-agent tool policy (issue 17, item 5):
+//! The operator's per-agent tool policy:
 //! `choirctl policy tools AGENT --deny choir.exec` rewrites config.json and
 //! reaches the running agent without a restart: the tool is no longer
 //! offered to the model, a call to it anyway is refused, and `tools list`

@@ -1,4 +1,4 @@
-//! The cost ledger (issue 17, item 7): every relayed model call is recorded
+//! The cost ledger: every relayed model call is recorded
 //! with its estimated cost from the operator's price table, and
 //! `choirctl usage` sums it by day, model, lane or agent.
 

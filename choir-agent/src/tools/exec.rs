@@ -18,7 +18,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::tool::{ExecContext, Tool, ToolError};
-use crate::spawn::{wait_until, Cmd, Ended};
+use crate::process::spawn::{wait_until, Cmd, Ended};
 
 /// Characters of output shown to the model.
 pub const PREVIEW: usize = 500;

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use serde_json::{json, Value};
 
 use super::tool::{ExecContext, Tool, ToolError};
-use crate::spawn::{capture, wait_until, Cmd, Ended};
+use crate::process::spawn::{capture, wait_until, Cmd, Ended};
 
 /// Most stdout kept from a tool.
 const STDOUT_CAP: usize = 4 * 1024 * 1024;

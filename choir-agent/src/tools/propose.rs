@@ -179,7 +179,7 @@ impl Tool for ProposalTool {
 }
 
 /// A request for choird, from a meta-tool call.
-pub fn request(tool: &str, input: &Value, lane: &crate::lane_ctx::LaneCtx) -> Option<ApprovalRequest> {
+pub fn request(tool: &str, input: &Value, lane: &crate::arbiter::lane_ctx::LaneCtx) -> Option<ApprovalRequest> {
     let (kind, scope, content, reason) = proposal_of(tool, input)?;
     Some(ApprovalRequest {
         kind,

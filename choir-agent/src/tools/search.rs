@@ -11,7 +11,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use super::tool::{ExecContext, Tool, ToolError};
-use crate::spawn::{kill_group, Cmd};
+use crate::process::spawn::{kill_group, Cmd};
 use crate::workspace::PathError;
 
 /// Default and largest number of matches returned.
@@ -92,7 +92,7 @@ impl Tool for SearchTool {
         let mut child = cmd.spawn(Stdio::null(), Stdio::piped(), Stdio::piped()).map_err(|e| {
             ToolError::new("search_failed", format!("cannot run ripgrep (rg): {e}; is ripgrep installed?"))
         })?;
-        let stderr = crate::spawn::capture(
+        let stderr = crate::process::spawn::capture(
             child.stderr.take().ok_or_else(|| ToolError::new("search_failed", "no stderr"))?,
             4096,
             "rg-stderr",
@@ -131,7 +131,8 @@ impl Tool for SearchTool {
                 break;
             }
         }
-        let status = crate::spawn::reap(&mut child).map_err(|e| ToolError::new("search_failed", e.to_string()))?;
+        let status =
+            crate::process::spawn::reap(&mut child).map_err(|e| ToolError::new("search_failed", e.to_string()))?;
         let (err, _) = stderr.join().unwrap_or_default();
         // rg: 0 = matches, 1 = none, 2 = error (e.g. a bad pattern).
         if !truncated && status.code() == Some(2) && matches.is_empty() {

@@ -32,10 +32,10 @@ mod verbs;
 
 use crate::arg_policies::{ArgPolicies, Reloaded};
 use crate::config::Config;
+use crate::host_tools::memory::Memory;
 use crate::host_tools::Registry;
 pub use crate::http::Caller as Authed;
 use crate::http::{ApiError, ListenerKind};
-use crate::memory::Memory;
 use crate::secrets::Secrets;
 use crate::sessions::{AuthFailure, Sessions};
 pub use crate::sessions::{ChatUpdate, RateClass, LEASE_TTL};

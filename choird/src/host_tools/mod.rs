@@ -1,5 +1,7 @@
 //! Host tools (R-TOOL-5b): the tools choird runs for agents through
-//! EXECUTE_HOST_TOOL. One registry; each tool is a type implementing
+//! EXECUTE_HOST_TOOL, each in a folder or file of its own here — agent
+//! memory ([`memory`]), the web ([`web`], with its browser, [`browser`]),
+//! mail ([`mail`]), Notion ([`notion`]) and voice ([`speech`]). One registry; each tool is a type implementing
 //! [`HostTool`] (its manifest, its status for an agent, and `execute`), and
 //! everything else lives here, once: which tools an agent is served
 //! (INIT_HELLO's `bindings.host_tools` and their manifests), validation of
@@ -8,7 +10,7 @@
 //! idempotent.
 //!
 //! Adding a host tool is one file (a type implementing [`HostTool`]) and one
-//! registration line in `serve.rs` (see DESIGN.md, "Host tools").
+//! registration line in `serve.rs` (see docs/host-tools.md).
 //!
 //! **Invariant:** a call of a non-idempotent host tool runs at most once per
 //! `(agent, call_id)`: the call is claimed in `host_calls` before it runs; a
@@ -32,8 +34,14 @@ use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::store::host_calls::Claim;
 
+pub mod browser;
+pub mod mail;
+pub mod memory;
+pub mod notion;
+pub mod speech;
 #[cfg(feature = "test-tools")]
 pub mod test_echo;
+pub mod web;
 
 /// A host tool's status for one agent (R-TOOL-6).
 #[derive(Debug, Clone, PartialEq, Eq)]

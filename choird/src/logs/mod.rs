@@ -41,7 +41,7 @@ pub const CHOIRD: &str = "choird";
 /// dropped and counted. A bounded channel allocates and writes every slot
 /// up front (16 bytes each, boxed entries), so this is paid from the start:
 /// 64 KiB (at 16 Ki slots, the two channels were half a megabyte of
-/// choird's heap; issue 19, item 2). The writer takes up to 1,024 of each
+/// choird's heap). The writer takes up to 1,024 of each
 /// channel per write.
 const OWN_QUEUE: usize = 4 * 1024;
 /// Agents' records that may wait for the writer; past it an agent's reader

@@ -1,4 +1,4 @@
-//! Scheduled work (R-SCHED-1, issue 18): the parts that know nothing of the
+//! Scheduled work (R-SCHED-1): the parts that know nothing of the
 //! daemon. `clock` (the scheduler's notion of now, injectable), `spec`
 //! (a job's spec checked; its firing times with croner in a jiff time zone),
 //! `precondition` (the cheap look that lets an idle job cost nothing). The

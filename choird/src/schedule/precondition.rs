@@ -61,7 +61,7 @@ pub fn look(
         }
         Precondition::UrlChanged { url } => Ok(changed(url_digest(shared, agent, url)?, "the URL's content")),
         Precondition::NewMail => {
-            let (validity, uids) = crate::mail::read::unseen(shared, agent).map_err(|e| e.to_string())?;
+            let (validity, uids) = crate::host_tools::mail::read::unseen(shared, agent).map_err(|e| e.to_string())?;
             let newest = uids.iter().copied().max().unwrap_or(0);
             let state = format!("{validity}:{newest}");
             // New unseen mail: a higher unseen UID than last time (or a
@@ -108,7 +108,7 @@ pub fn look(
 /// sha256 of a URL's status and body (at most [`MAX_URL_BYTES`]).
 fn url_digest(shared: &Shared, agent: &AgentId, raw: &str) -> Result<String, String> {
     let config = shared.config();
-    let web = crate::web::common::agent_web(&config, agent).map_err(|_| {
+    let web = crate::host_tools::web::common::agent_web(&config, agent).map_err(|_| {
         format!("agents.{agent}.web is not configured; a url_changed precondition fetches under its egress policy")
     })?;
     let policy = crate::egress::Policy::new(web);
@@ -116,7 +116,7 @@ fn url_digest(shared: &Shared, agent: &AgentId, raw: &str) -> Result<String, Str
     let origin = crate::egress::origin_of(&url);
     let port = url.port_or_known_default().unwrap_or(443);
     let addr = policy.resolve(url.host_str().unwrap_or_default(), port).map_err(|e| e.0)?;
-    let client = crate::web::common::pinned_agent(addr, URL_TIMEOUT);
+    let client = crate::host_tools::web::common::pinned_agent(addr, URL_TIMEOUT);
     let resp = client.get(url.as_str()).call().map_err(|_| format!("{origin} could not be reached"))?;
     let status = resp.status().as_u16();
     let mut body = Vec::new();

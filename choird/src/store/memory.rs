@@ -115,7 +115,7 @@ pub struct Range {
 }
 
 /// How wide a semantic query searches, in whichever index the agent's
-/// table has now (see [`crate::memory::lifecycle`]).
+/// table has now (see [`crate::host_tools::memory::lifecycle`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Breadth {
     /// HNSW's `hnsw.ef_search` (while a table is small).

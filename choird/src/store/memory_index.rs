@@ -1,6 +1,6 @@
 //! The vector index of an agent's memory, as it is and as it is rebuilt
 //! (the lifecycle's reads and writes; the decisions are in
-//! [`crate::memory::lifecycle`]).
+//! [`crate::host_tools::memory::lifecycle`]).
 //!
 //! **Invariant:** a build never leaves a table without a usable index it
 //! had: the new index is made beside the old one (`items_embedding_next`,
@@ -188,7 +188,7 @@ impl Store {
     /// outside any transaction (as `CONCURRENTLY` must), with no statement
     /// or lock timeout (a role's own would fail every large build) and at
     /// least `memory_mib` of `maintenance_work_mem` (what pgvector's k-means
-    /// needs: [`crate::memory::lifecycle::build_memory_mib`]).
+    /// needs: [`crate::host_tools::memory::lifecycle::build_memory_mib`]).
     pub fn memory_index_build(
         &self,
         agent: &AgentId,

@@ -481,7 +481,7 @@ impl Store {
     /// usage of the day (UTC), in one statement (one transaction).
     ///
     /// Committed without waiting for its WAL flush (`synchronous_commit =
-    /// off` for this transaction only; issue 19, item 1): every model call
+    /// off` for this transaction only): every model call
     /// writes one, and its fsync queued with the turn's own commits (the
     /// message, the reply and its events), which must wait for theirs. A
     /// crash of PostgreSQL or the host may lose the last fraction of a second

@@ -291,7 +291,7 @@ fn heard(d: &Handle, spec: &BotSpec, kind: &str, rel: &str, data: &[u8], name: &
             data.len()
         ));
     };
-    match crate::speech::transcribe::transcribe(tr, &d.secrets(), data, name) {
+    match crate::telegram::transcribe::transcribe(tr, &d.secrets(), data, name) {
         Ok(t) => Note::Text(format!(
             "[The user sent a {kind} ({rel}); what follows is its automatic transcription, which may contain errors]\n{t}"
         )),

@@ -36,6 +36,7 @@ pub mod pairing;
 pub mod poller;
 pub mod sender;
 pub mod text;
+pub mod transcribe;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

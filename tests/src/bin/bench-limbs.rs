@@ -1,4 +1,4 @@
-//! `bench-limbs` (`make bench`): the limbs of issue 15 — text to speech
+//! `bench-limbs` (`make bench`): the limbs (the host tools that act) — text to speech
 //! (seconds of audio made per second of wall time, real espeak-ng and
 //! opusenc), mail send and receive latency against real local servers
 //! (dovecot, an SMTP submission server), and the overhead choird adds per
@@ -66,11 +66,11 @@ fn main() {
     );
 
     // Mail: send through choird vs the same lettre transport directly.
-    let account = choird::mail::account::Account {
+    let account = choird::host_tools::mail::account::Account {
         cfg: serde_json::from_value(config["agents"]["evil1"]["email"].clone()).unwrap(),
         password: PASSWORD.to_owned(),
     };
-    let transport = choird::mail::send::transport(&account).unwrap();
+    let transport = choird::host_tools::mail::send::transport(&account).unwrap();
     let direct = timed(50, |i| {
         use lettre::Transport;
         let m = lettre::Message::builder()
@@ -93,16 +93,16 @@ fn main() {
 
     // Receive: one message fetched, through choird vs the same IMAP session code directly.
     let uid = {
-        let mut s = choird::mail::imap_session::open(&account).unwrap();
+        let mut s = choird::host_tools::mail::imap_session::open(&account).unwrap();
         s.examine("INBOX").unwrap();
         s.uid_search("ALL").unwrap().into_iter().max().unwrap()
     };
     let direct = timed(50, |_| {
-        let mut s = choird::mail::imap_session::open(&account).unwrap();
+        let mut s = choird::host_tools::mail::imap_session::open(&account).unwrap();
         s.examine("INBOX").unwrap();
         let f = s.uid_fetch(uid.to_string(), "(UID BODY.PEEK[])").unwrap();
         let raw = f.iter().next().and_then(|f| f.body()).unwrap().to_vec();
-        choird::mail::parse::message(&raw).unwrap();
+        choird::host_tools::mail::parse::message(&raw).unwrap();
         let _ = s.logout();
     });
     let via = timed(50, |_| {

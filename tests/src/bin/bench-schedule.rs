@@ -1,5 +1,5 @@
 //! `bench-schedule` (`make bench`): the scheduler's overhead with 10,000 jobs
-//! across 10 agents (issue 18) — choird's CPU while none is due, and the
+//! across 10 agents — choird's CPU while none is due, and the
 //! firing latency (the due time → choird accepting the agent's start of the
 //! core job, `started_at` in the firing's row) p50/p99 over 200 firings at
 //! distinct seconds. The real system clock, a release build, the process

@@ -1,4 +1,4 @@
-//! `bench-soak` (`make bench`; issue 19, item 2): resident memory and threads
+//! `bench-soak` (`make bench`): resident memory and threads
 //! of choird and of each agent over time, under ordinary use — two agents,
 //! turns through the admin API and through Telegram (fake Bot API), every
 //! tenth turn storing a memory item (fake embeddings), fifty conversations

@@ -33,7 +33,7 @@ use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 /// The nice value the fake core model answers at (the agent's core job
-/// threads run at `choir_agent::core::CORE_NICE`, 10; the stand-in for a
+/// threads run at `choir_agent::lanes::core::CORE_NICE`, 10; the stand-in for a
 /// remote service gets the lowest priority there is).
 const CORE_MODEL_NICE: i32 = 19;
 

@@ -30,14 +30,14 @@ use choir_common::rpc::SkillProgress;
 use choir_common::skill::{StateSpec, FINISH_TOOL, TRANSITION_TOOL};
 use serde_json::{json, Value};
 
+use crate::arbiter::invocation::{Invocation, Refusal, Refused, SkillPlace, Status};
+use crate::arbiter::lane_ctx::{LaneCtx, SkillAt};
+use crate::arbiter::results;
+use crate::board::{LaneMachine, LaneState};
 use crate::commitlog::LogError;
-use crate::invocation::{Invocation, Refusal, Refused, SkillPlace, Status};
-use crate::lane_ctx::{LaneCtx, SkillAt};
-use crate::lanes::{LaneMachine, LaneState};
+use crate::lanes::reasoning::Mind;
+use crate::lanes::skills::{problems, Skill};
 use crate::origin::Entry;
-use crate::reasoning::Mind;
-use crate::results;
-use crate::skills::{problems, Skill};
 
 /// What one step of a run led to.
 #[derive(Debug)]

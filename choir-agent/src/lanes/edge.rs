@@ -1,6 +1,6 @@
 //! The edge lane (R-LANE-1): one thread, the user's conversations (one per
 //! conversation key, at most [`HELD_CONVERSATIONS`] held in memory: see
-//! [`crate::held`]), fast model, streamed answers. It answers directly or
+//! [`crate::lanes::held`]), fast model, streamed answers. It answers directly or
 //! starts core jobs, and relays their results to the user in one voice.
 //!
 //! The lane reads one closed enum of events ([`EdgeEvent`]) from its inbox.
@@ -24,22 +24,22 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
+use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use crate::board::{LaneMachine, LaneState, StatusBoard};
 use crate::commitlog::LogError;
-use crate::core::{CoreLimits, CorePool};
-use crate::held::{Held, Recall, HELD_CONVERSATIONS};
-use crate::inbox::EdgeEvent;
-use crate::lane_ctx::{LaneCtx, LaneKind};
-use crate::lanes::{LaneMachine, LaneState, StatusBoard};
-use crate::memory::Conversation;
+use crate::lanes::conversation::Conversation;
+use crate::lanes::core::{CoreLimits, CorePool};
+use crate::lanes::held::{Held, Recall, HELD_CONVERSATIONS};
+use crate::lanes::inbox::EdgeEvent;
+use crate::lanes::prompt::Identity;
+use crate::lanes::reasoning::{Mind, Step};
+use crate::lanes::skill_run::{SkillOutcome, SkillRun, SkillStep};
+use crate::lanes::skills::{Skill, SkillBook};
 use crate::origin::{Entry, Origin};
-use crate::prompt::Identity;
-use crate::reasoning::{Mind, Step};
-use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
-use crate::skills::{Skill, SkillBook};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 use crate::tools::Registry;
 
-use crate::outbound::Outbound;
+use crate::lanes::outbound::Outbound;
 
 /// Least time between two partial answers sent for one message.
 const PARTIAL_EVERY: std::time::Duration = std::time::Duration::from_millis(150);
@@ -139,7 +139,7 @@ impl EdgeLane {
     /// Runs until [`EdgeEvent::Stop`] or the inbox closes. Fails only if the
     /// commit log cannot be written. The core pool is shut down on the way out.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
-        let mut machine = LaneMachine::new("edge", crate::lanes::LaneRole::Edge, self.board.clone());
+        let mut machine = LaneMachine::new("edge", crate::board::LaneRole::Edge, self.board.clone());
         let mut st =
             State { held: Held::new(HELD_CONVERSATIONS), deferred: VecDeque::new(), stopping: false, tokens: 0 };
         // Completed before any turn, so an interrupted turn is replayed with
@@ -151,7 +151,7 @@ impl EdgeLane {
         }
         // Least recently answered first, so the most recent are held last.
         for tail in std::mem::take(&mut self.recovered) {
-            st.held.insert(&tail.conversation, crate::held::from_tail(&tail));
+            st.held.insert(&tail.conversation, crate::lanes::held::from_tail(&tail));
         }
         let result = loop {
             let event = match st.deferred.pop_front() {
@@ -277,7 +277,7 @@ impl EdgeLane {
             .chain(choir_common::host_tools::HOST_TOOLS)
             .map(|s| (*s).to_owned())
             .collect();
-        let system = crate::prompt::edge(
+        let system = crate::lanes::prompt::edge(
             &self.identity,
             self.mind.arbiter.registry(),
             &self.skills,
@@ -360,7 +360,7 @@ impl EdgeLane {
                 Step::ModelDown(e) => {
                     log::error!("edge: {e}");
                     let _ = machine.go(LaneState::Failed);
-                    text = Some(match e.strip_prefix(crate::llm::CUT_PREFIX) {
+                    text = Some(match e.strip_prefix(crate::lanes::llm::CUT_PREFIX) {
                         // The model answered, and every answer was cut: its
                         // failure, not a path to it that is down.
                         Some(rest) => format!("Sorry, my model's answer was cut off{rest}"),
@@ -493,7 +493,7 @@ fn replay_committed(conv: &mut Conversation, events: &[CommitEvent], registry: &
             tool_call_id: None,
         }));
         let declared = registry.get(&ev.tool).map(|t| t.manifest.runtime.output_trust);
-        let (content, trust) = crate::results::replayed(&ev.result, declared, ev.outcome != Outcome::Rejected);
+        let (content, trust) = crate::arbiter::results::replayed(&ev.result, declared, ev.outcome != Outcome::Rejected);
         let tool = ev.tool.strip_prefix('?').unwrap_or(&ev.tool).to_owned();
         conv.push(Entry::tool_result(&id, content, Origin::Tool { tool, trust }));
     }

@@ -22,7 +22,7 @@ pub const KEEP_TURNS: usize = 2;
 /// Entries a conversation holds before it is compacted whatever its token
 /// estimate: the estimate bounds what the model reads, not what the agent
 /// holds (an entry costs a few hundred bytes of memory beyond its text, so
-/// thousands of short exchanges fit a token budget; issue 19).
+/// thousands of short exchanges fit a token budget).
 pub const MAX_ENTRIES: usize = 256;
 
 /// How a summary that folded untrusted output opens; the tools follow,

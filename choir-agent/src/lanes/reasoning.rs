@@ -20,16 +20,16 @@ use choir_common::compaction::{CompactionInput, CompactionResult};
 use choir_common::openai::{ChatMessage, ChatRequest, ChatResponse, Role, ToolCall, ToolSpec};
 use serde_json::{json, Value};
 
+use crate::arbiter::invocation::{Invocation, Status};
+use crate::arbiter::lane_ctx::LaneCtx;
+use crate::arbiter::results;
 use crate::arbiter::{Arbiter, ProposedCall};
+use crate::board::{LaneMachine, LaneState};
 use crate::commitlog::LogError;
-use crate::floor::Floor;
-use crate::invocation::{Invocation, Status};
-use crate::lane_ctx::LaneCtx;
-use crate::lanes::{LaneMachine, LaneState};
-use crate::llm::Llm;
-use crate::memory::{self, Conversation};
+use crate::lanes::conversation::{self, Conversation};
+use crate::lanes::floor::Floor;
+use crate::lanes::llm::Llm;
 use crate::origin::Entry;
-use crate::results;
 
 /// What a lane needs to take steps.
 pub struct Mind {
@@ -110,9 +110,9 @@ impl Mind {
         history: &[Entry],
         tools: Vec<ToolSpec>,
         on_text: Option<&mut dyn FnMut(&str)>,
-    ) -> Result<ChatResponse, crate::llm::LlmError> {
+    ) -> Result<ChatResponse, crate::lanes::llm::LlmError> {
         let mut messages = vec![ChatMessage::text(Role::System, system)];
-        messages.extend(memory::messages(history));
+        messages.extend(conversation::messages(history));
         // Made streamed here when it will be, so the client sends it as is.
         let streamed = self.stream && on_text.is_some();
         let req = ChatRequest {
@@ -121,7 +121,7 @@ impl Mind {
             tool_choice: if tools.is_empty() { None } else { Some("auto".into()) },
             tools,
             stream: streamed.then_some(true),
-            stream_options: streamed.then(crate::llm::stream_options),
+            stream_options: streamed.then(crate::lanes::llm::stream_options),
         };
         // The edge gives the floor up while its model thinks; a core job's
         // call is one step (one at a time while the edge works).
@@ -279,7 +279,7 @@ impl Mind {
     }
 
     /// Compacts `conv` (conversation `name`) if it is over 80 % of `budget`
-    /// estimated tokens, holds more than [`memory::MAX_ENTRIES`] entries (and
+    /// estimated tokens, holds more than [`conversation::MAX_ENTRIES`] entries (and
     /// folding would free at least `MAX_ENTRIES / 2` of them), or `force` is set: older turns are folded into a summary made by
     /// the model, committed as a compaction event. Returns whether it folded.
     /// A failed summary call leaves the history as it was.
@@ -294,19 +294,19 @@ impl Mind {
         budget: u64,
         force: bool,
     ) -> Result<bool, LogError> {
-        let size = memory::estimate(system, &conv.entries);
+        let size = conversation::estimate(system, &conv.entries);
         let over_tokens = size * 5 >= budget * 4;
-        let over_entries = conv.entries.len() > memory::MAX_ENTRIES;
+        let over_entries = conv.entries.len() > conversation::MAX_ENTRIES;
         if !force && !over_tokens && !over_entries {
             return Ok(false);
         }
-        let Some(cut) = memory::fold_point(conv, turn_starts_at) else { return Ok(false) };
+        let Some(cut) = conversation::fold_point(conv, turn_starts_at) else { return Ok(false) };
         // Many entries but few to fold (one long turn): a summary call would
         // free almost nothing, and be asked for again at every step.
-        if !force && !over_tokens && cut < memory::MAX_ENTRIES / 2 {
+        if !force && !over_tokens && cut < conversation::MAX_ENTRIES / 2 {
             return Ok(false);
         }
-        let req = memory::summary_request(&self.model, &conv.entries[..cut]);
+        let req = conversation::summary_request(&self.model, &conv.entries[..cut]);
         let summary = match self.llm.complete(self.llm_lane, self.job.as_deref(), &req) {
             Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),
             Err(e) => {
@@ -317,7 +317,7 @@ impl Mind {
         if summary.trim().is_empty() {
             return Ok(false);
         }
-        let folded = memory::fold(conv, cut, summary.trim());
+        let folded = conversation::fold(conv, cut, summary.trim());
         let input = CompactionInput {
             conversation: name.to_owned(),
             folded_messages: cut as u64,
@@ -326,7 +326,7 @@ impl Mind {
         };
         let result = CompactionResult {
             summary: folded.summary,
-            estimated_tokens_after: memory::estimate(system, &conv.entries),
+            estimated_tokens_after: conversation::estimate(system, &conv.entries),
             untrusted_tools: folded.untrusted_tools.into_iter().collect(),
         };
         self.arbiter.record(

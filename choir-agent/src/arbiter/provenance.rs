@@ -1,4 +1,4 @@
-//! Provenance of argument values (R-ARB-5; issue 16): for each string in
+//! Provenance of argument values (R-ARB-5): for each string in
 //! a call's input, where the same value could have come from — the user,
 //! the operator, a trusted tool's output, an untrusted tool's output — or
 //! nowhere (`Model`: the model made it). The normal forms and the matching

@@ -430,7 +430,7 @@ impl Memory {
               summary that keeps every fact, decision, preference and open question in the notes; no preamble."},
             {"role": "user", "content": format!("Session notes, oldest first:\n{notes}")}
         ]);
-        let text = crate::relay::complete_for(&self.shared, who, crate::config::Lane::Core, messages)?;
+        let text = crate::api::relay::complete_for(&self.shared, who, crate::config::Lane::Core, messages)?;
         let ids: Vec<i64> = items.iter().map(|i| i.id).collect();
         let summary = NewItem {
             tier: "knowledge".into(),

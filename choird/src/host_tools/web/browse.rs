@@ -4,7 +4,7 @@
 //! text inside the untrusted wrapper, its final URL and title; a screenshot
 //! is written to the agent's `.choirtmp/send/` through descriptors (it goes
 //! to the user with the agent's next answer). The browser and its rules are
-//! in [`crate::browser`].
+//! in [`crate::host_tools::browser`].
 
 use std::sync::Arc;
 
@@ -13,8 +13,8 @@ use choir_common::manifest::ToolManifest;
 use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
-use crate::browser::{BrowseError, Browser, Page};
 use crate::config::Config;
+use crate::host_tools::browser::{BrowseError, Browser, Page};
 use crate::host_tools::{HostCall, HostTool, Status};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
@@ -104,7 +104,7 @@ impl HostTool for Browse {
         if let Err(why) = super::common::agent_web(config, agent) {
             return why;
         }
-        match crate::browser::launch::chromium_binary(&config.web.browser) {
+        match crate::host_tools::browser::launch::chromium_binary(&config.web.browser) {
             None => Status::Available("Chromium is not installed (Debian's chromium package)".into()),
             Some(_) => Status::Connected,
         }

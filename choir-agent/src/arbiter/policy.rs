@@ -5,7 +5,7 @@
 //! ([`Verdict::stricter`]). No policy can loosen what another, or the
 //! arbiter, decided.
 //!
-//! Production builds have the argument policy ([`crate::arg_check`]); the
+//! Production builds have the argument policy ([`crate::arbiter::arg_check`]); the
 //! test build (feature `failpoints`) also has [`ConfirmListed`], which asks
 //! a human to confirm the calls of the tools named in
 //! `<state dir>/confirm.json`.
@@ -15,8 +15,8 @@ use std::time::Duration;
 use choir_common::manifest::ToolManifest;
 use serde_json::Value;
 
-use crate::lane_ctx::LaneCtx;
-use crate::provenance::Evidence;
+use crate::arbiter::lane_ctx::LaneCtx;
+use crate::arbiter::provenance::Evidence;
 
 /// The longest a lane waits for a human to confirm one call (choird refuses
 /// confirmations asked for longer).
@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn combined_policies_name_the_one_that_forbids() {
         let manifest = crate::tools::Registry::builtins().unwrap().get("choir.fs.read").unwrap().manifest.clone();
-        let lane = LaneCtx::new("edge", crate::lane_ctx::LaneKind::Edge);
+        let lane = LaneCtx::new("edge", crate::arbiter::lane_ctx::LaneKind::Edge);
         let none: Vec<Arc<dyn CallPolicy>> = vec![];
         assert_eq!(
             combine(&none, &lane, "choir.fs.read", &manifest, &Value::Null, &Evidence::default()),

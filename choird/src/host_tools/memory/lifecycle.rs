@@ -1,4 +1,4 @@
-//! The vector index's lifecycle (issue 19, item 5): which index an agent's
+//! The vector index's lifecycle: which index an agent's
 //! `items.embedding` should have for the rows it holds. Pure: the
 //! `memory-index` thread reads the index's shape
 //! ([`crate::store::Store::memory_index_shape`]), asks [`step`], and builds

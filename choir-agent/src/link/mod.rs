@@ -13,7 +13,7 @@
 //!
 //! Three threads, because a long-poll in flight must not delay
 //! replication, and an answer must not wait behind the replication of core
-//! jobs' events (issue 19, item 1).
+//! jobs' events.
 //! **Invariants:** an event leaves the replication queue only once choird
 //! has acknowledged a sequence number at or above it; answers, partials
 //! and recalls reach choird in the order the edge queued them, one
@@ -31,13 +31,13 @@ use choir_common::rpc::{
 use choir_common::rpc::{FiringOffer, FiringReport};
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use crate::approvals::Approvals;
+use crate::arbiter::approvals::Approvals;
 use crate::arbiter::Arbiter;
+use crate::board::StatusBoard;
 use crate::commitlog::DurableLog;
-use crate::core::CorePool;
-use crate::inbox::EdgeEvent;
-use crate::lanes::StatusBoard;
-use crate::outbound::Outbound;
+use crate::lanes::core::CorePool;
+use crate::lanes::inbox::EdgeEvent;
+use crate::lanes::outbound::Outbound;
 use crate::rpc::{Rpc, RpcError};
 
 /// How long a poll may be held by choird.
@@ -77,9 +77,9 @@ pub struct Link {
     /// The edge's core pool (owned by the edge lane; not kept alive by us).
     pub pool: Weak<CorePool>,
     /// The argument policy the arbiter asks (replaced with each config).
-    pub arguments: Arc<crate::arg_check::ArgumentPolicy>,
+    pub arguments: Arc<crate::arbiter::arg_check::ArgumentPolicy>,
     /// Who has the floor: held while replies are pushed, so core jobs wait.
-    pub floor: Arc<crate::floor::Floor>,
+    pub floor: Arc<crate::lanes::floor::Floor>,
     /// How long an answer waits for choird to store the events behind a
     /// withheld result before it goes without them ([`WITHHELD_WAIT`]).
     pub withheld_wait: Duration,
@@ -110,11 +110,11 @@ impl RecallThroughReply {
     }
 }
 
-impl crate::held::Recall for RecallThroughReply {
+impl crate::lanes::held::Recall for RecallThroughReply {
     fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let deadline = Instant::now() + RECALL_WAIT;
-        let ask = crate::outbound::RecallAsk { conversation: conversation.to_owned(), deadline, answer: tx };
+        let ask = crate::lanes::outbound::RecallAsk { conversation: conversation.to_owned(), deadline, answer: tx };
         self.out.send(Outbound::Recall(ask)).map_err(|_| "the link to choird is closed".to_owned())?;
         match rx.recv_timeout(RECALL_WAIT) {
             Ok(answer) => answer,
@@ -518,7 +518,7 @@ impl Link {
     ///
     /// A thread of its own (and its own connection from the client's pool
     /// for each HEARTBEAT), so an answer never waits behind link-push's
-    /// replication of core events (issue 19, item 1: the reply used to
+    /// replication of core events (the reply used to
     /// wait out a core HEARTBEAT's round trip and commit). It sends no events: in production
     /// ([`Durability::Replicated`]) every event an answer rests on was
     /// acknowledged before the edge saw the result it answers from, so
@@ -680,7 +680,7 @@ impl Link {
 struct Said {
     replies: Vec<OutboundReply>,
     partials: Vec<PartialReply>,
-    recalls: Vec<crate::outbound::RecallAsk>,
+    recalls: Vec<crate::lanes::outbound::RecallAsk>,
 }
 
 impl Said {
@@ -736,8 +736,8 @@ mod tests {
 
     use super::{Link, RecallThroughReply};
     use crate::commitlog::{Durability, LogError};
-    use crate::held::Recall;
-    use crate::outbound::Outbound;
+    use crate::lanes::held::Recall;
+    use crate::lanes::outbound::Outbound;
 
     /// How the choird stand-in behaves.
     #[derive(Default, Clone)]
@@ -885,11 +885,11 @@ mod tests {
             closing: AtomicBool::new(false),
             arbiter,
             config: Arc::new(parking_lot::RwLock::new(config)),
-            board: crate::lanes::StatusBoard::new(),
-            approvals: Arc::new(crate::approvals::Approvals::new(None)),
+            board: crate::board::StatusBoard::new(),
+            approvals: Arc::new(crate::arbiter::approvals::Approvals::new(None)),
             edge_cancel: Arc::new(AtomicBool::new(false)),
             pool: Weak::new(),
-            arguments: Arc::new(crate::arg_check::ArgumentPolicy::default()),
+            arguments: Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default()),
             floor: Arc::default(),
             withheld_wait: super::WITHHELD_WAIT,
         })
@@ -916,8 +916,11 @@ mod tests {
         assert_eq!(*seen.lock(), ["stored \"a\"", "recall a"]);
         // An ask whose asker stopped waiting is dropped, not made.
         let (answer, gave_up) = crossbeam_channel::bounded(1);
-        let ask =
-            crate::outbound::RecallAsk { conversation: "gone".into(), deadline: std::time::Instant::now(), answer };
+        let ask = crate::lanes::outbound::RecallAsk {
+            conversation: "gone".into(),
+            deadline: std::time::Instant::now(),
+            answer,
+        };
         out.send(Outbound::Recall(ask)).unwrap();
         RecallThroughReply::new(out.clone()).recall("b").unwrap();
         assert!(gave_up.try_recv().is_err());
@@ -956,8 +959,7 @@ mod tests {
     fn an_answer_is_not_held_behind_a_heartbeat_of_core_events() {
         // A core job's event is on its way to choird (which is slow to
         // store it) when the edge answers: the answer goes at once, on its
-        // own HEARTBEAT, not after the events' round trip (issue 19, item
-        // 1). The stand-in stores events only once an answer is stored, so
+        // own HEARTBEAT, not after the events' round trip. The stand-in stores events only once an answer is stored, so
         // an answer queued behind them would be stored 10 s later, after.
         let dir = tempfile::tempdir().unwrap();
         let how = Standin { events_after_answer: true, ..Standin::default() };
@@ -1164,7 +1166,7 @@ mod tests {
         let got: Vec<String> = inbox
             .try_iter()
             .map(|e| match e {
-                crate::inbox::EdgeEvent::Message(m) => format!("message {}", m.id),
+                crate::lanes::inbox::EdgeEvent::Message(m) => format!("message {}", m.id),
                 other => format!("{other:?}"),
             })
             .collect();

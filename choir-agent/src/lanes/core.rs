@@ -26,19 +26,19 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::approvals::Approvals;
+use crate::arbiter::approvals::Approvals;
+use crate::arbiter::invocation::{Invocation, Status};
+use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
 use crate::arbiter::Arbiter;
-use crate::inbox::EdgeEvent;
-use crate::invocation::{Invocation, Status};
-use crate::lane_ctx::{LaneCtx, LaneKind};
-use crate::lanes::{LaneMachine, LaneRole, LaneState, StatusBoard};
-use crate::llm::Llm;
-use crate::memory::Conversation;
+use crate::board::{LaneMachine, LaneRole, LaneState, StatusBoard};
+use crate::lanes::conversation::Conversation;
+use crate::lanes::inbox::EdgeEvent;
+use crate::lanes::llm::Llm;
+use crate::lanes::prompt::Identity;
+use crate::lanes::reasoning::{Mind, Step};
+use crate::lanes::skill_run::{SkillOutcome, SkillRun, SkillStep};
+use crate::lanes::skills::{Skill, SkillBook};
 use crate::origin::{Entry, Origin};
-use crate::prompt::Identity;
-use crate::reasoning::{Mind, Step};
-use crate::skill_run::{SkillOutcome, SkillRun, SkillStep};
-use crate::skills::{Skill, SkillBook};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 
 /// Characters of a firing's report sent to choird.
@@ -65,7 +65,7 @@ pub struct CoreSetup {
     /// The agent's skills.
     pub skills: Arc<SkillBook>,
     /// Who has the floor (the edge, while it works on a turn).
-    pub floor: Arc<crate::floor::Floor>,
+    pub floor: Arc<crate::lanes::floor::Floor>,
     /// Where decisions on proposals arrive.
     pub approvals: Arc<Approvals>,
     /// Where a scheduled firing's outcome goes (link-push, to choird; not the edge).
@@ -376,7 +376,7 @@ impl JobRun {
             .filter(|n| !EDGE_ONLY_TOOLS.contains(&n.as_str()))
             .filter(|n| self.task.as_ref().is_none_or(|t| t.contains(n)))
             .collect();
-        let system = crate::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
+        let system = crate::lanes::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
         let hooks = Arc::new(CoreHooks { compact: AtomicBool::new(false) });
         let mut lane = LaneCtx::new(&lane_name, LaneKind::Core);
         lane.allowlist = Some(allowlist);

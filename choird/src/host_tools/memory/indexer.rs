@@ -1,5 +1,4 @@
-//! `memory-index`: moves fresh vectors into the vector index (issue 19, item
-//! 5). The batcher stores an item's vector in `fresh`, outside the index,
+//! `memory-index`: moves fresh vectors into the vector index. The batcher stores an item's vector in `fresh`, outside the index,
 //! where a query finds it by an exact scan; this thread then indexes a few
 //! items per agent per round, one short transaction each, so an upsert never
 //! waits for a graph search and no lock is held for long. It works only on

@@ -1,4 +1,4 @@
-//! The conversations the edge lane holds in memory (issue 19): at most
+//! The conversations the edge lane holds in memory: at most
 //! [`HELD_CONVERSATIONS`]; when another comes in, the least recently used is
 //! dropped. A dropped conversation that speaks again is recalled from choird
 //! — its latest compaction summary and last answered exchanges, what a
@@ -21,7 +21,7 @@ use choir_common::rpc::ConversationTail;
 
 pub use choir_common::rpc::HELD_CONVERSATIONS;
 
-use crate::memory::{self, Conversation};
+use crate::lanes::conversation::{self, Conversation};
 use crate::origin::Entry;
 
 /// Asks choird for the tail of a conversation the agent no longer holds
@@ -140,7 +140,7 @@ impl Held {
 pub fn from_tail(tail: &ConversationTail) -> Conversation {
     let mut conv = Conversation::default();
     if let Some(summary) = &tail.summary {
-        conv.push(memory::summary_entry(summary));
+        conv.push(conversation::summary_entry(summary));
     }
     for ex in &tail.turns {
         conv.push_user(ex.id, &ex.user);

@@ -1,7 +1,7 @@
 //! The one place choir-agent starts programs (external tools, `choir.exec`,
 //! ripgrep). Children get a cleared environment plus what the caller sets, their
 //! own process group (so a timeout kills the whole tree), are registered with
-//! the [`crate::reaper`], and are reaped with a deadline; when one ends,
+//! the [`crate::process::reaper`], and are reaped with a deadline; when one ends,
 //! whatever it left behind outside its group is swept before its call
 //! returns.
 
@@ -54,7 +54,7 @@ impl Cmd {
     /// for a stray).
     pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
         let inner = self.inner.stdin(stdin).stdout(stdout).stderr(stderr);
-        crate::reaper::spawn(|| inner.spawn())
+        crate::process::reaper::spawn(|| inner.spawn())
     }
 }
 
@@ -82,8 +82,8 @@ impl Ended {
 pub fn reap(child: &mut Child) -> std::io::Result<ExitStatus> {
     let status = child.wait();
     kill_group(child);
-    crate::reaper::forget(child);
-    crate::reaper::sweep();
+    crate::process::reaper::forget(child);
+    crate::process::reaper::sweep();
     status
 }
 
@@ -103,15 +103,15 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Ended
         if let Some(status) = child.try_wait()? {
             // Children it left behind in its group go too, and any that left it.
             kill_group(child);
-            crate::reaper::forget(child);
-            crate::reaper::sweep();
+            crate::process::reaper::forget(child);
+            crate::process::reaper::sweep();
             return Ok(Ended::Exited(status));
         }
         if Instant::now() >= deadline {
             kill_group(child);
             let _ = child.wait();
-            crate::reaper::forget(child);
-            crate::reaper::sweep();
+            crate::process::reaper::forget(child);
+            crate::process::reaper::sweep();
             return Ok(Ended::TimedOut);
         }
         std::thread::sleep(nap);

@@ -8,7 +8,7 @@
 //! 3. check the lane's allowlist (skill state or task; `None` = every tool);
 //! 4. apply the path rules to every input field that names a lock resource;
 //! 5. check the lease, the commit log's replication and the operator's kill
-//!    switch, then ask the call policies ([`crate::policy`]);
+//!    switch, then ask the call policies ([`crate::arbiter::policy`]);
 //! 6. for a call a human must confirm, ask one and wait (WAITING_APPROVAL);
 //! 7. acquire the tool's whole lockset atomically (bounded wait);
 //! 8. for a call that must not run twice (a host tool that is not
@@ -46,6 +46,15 @@
 //!
 //! [`Durability::Replicated`]: crate::commitlog::Durability::Replicated
 
+pub mod approvals;
+pub mod arg_check;
+pub mod invocation;
+pub mod lane_ctx;
+pub mod locks;
+pub mod policy;
+pub mod provenance;
+pub mod results;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -59,15 +68,15 @@ use crossbeam_channel::Sender;
 use serde_json::{json, Value};
 use sha2::Digest;
 
+use crate::arbiter::invocation::{Failure, Invocation, Pending, Refusal, Refused, Status};
+use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use crate::arbiter::locks::{LockManager, Resource};
+use crate::arbiter::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
+use crate::arbiter::provenance::Evidence;
+use crate::arbiter::results::{render, shape, Artifacts};
+use crate::board::StatusBoard;
 use crate::commitlog::{DurableLog, LogError, NewEvent};
-use crate::invocation::{Failure, Invocation, Pending, Refusal, Refused, Status};
-use crate::lane_ctx::{LaneCtx, LaneKind};
-use crate::lanes::StatusBoard;
-use crate::locks::{LockManager, Resource};
 use crate::origin::Entry;
-use crate::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
-use crate::provenance::Evidence;
-use crate::results::{render, shape, Artifacts};
 use crate::secrets::SecretStore;
 use crate::tools::propose::{self, Awaited, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry};
@@ -389,7 +398,7 @@ impl Arbiter {
                     inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
                     history,
                 };
-                crate::policy::combine(policies, lane, &tool, &reg.manifest, &input, &ev)
+                crate::arbiter::policy::combine(policies, lane, &tool, &reg.manifest, &input, &ev)
             }
             _ => Verdict::Allow,
         };
@@ -647,7 +656,7 @@ impl Arbiter {
         resources: Vec<(Resource, LockMode)>,
         timeout: Duration,
         history: &[Entry],
-        guard: &mut Option<crate::locks::LockGuard<'a, crate::locks::ParkingMonitor>>,
+        guard: &mut Option<crate::arbiter::locks::LockGuard<'a, crate::arbiter::locks::ParkingMonitor>>,
     ) -> Result<Settled, LogError> {
         let owner = format!("{}/{}", lane.lane, call.id);
         match self.locks.acquire(&owner, resources, LOCK_WAIT.min(timeout)) {
@@ -739,7 +748,7 @@ impl Arbiter {
                 .skill
                 .clone()
                 .zip(intent.state.clone())
-                .map(|(name, state)| crate::lane_ctx::SkillAt { name, state });
+                .map(|(name, state)| crate::arbiter::lane_ctx::SkillAt { name, state });
             let named = intent.tool.clone();
             let (inv, duration_us, external) = match self.registry.get(&intent.tool) {
                 Some(reg) if reg.runs_on_host() => {
@@ -882,7 +891,7 @@ pub(crate) fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lane_ctx::LaneKind;
+    use crate::arbiter::lane_ctx::LaneKind;
     use crate::tools::host::NoHost;
     use serde_json::json;
 

@@ -1,4 +1,4 @@
-//! The edge has the floor (issue 19, item 1): while the edge lane works on a
+//! The edge has the floor: while the edge lane works on a
 //! turn — between a user's message arriving and its reply leaving, except
 //! while it waits for the model — core jobs take their steps one at a time
 //! instead of all at once, so the shared points of a turn (the CPU, the
@@ -10,7 +10,7 @@
 //! [`STAGGER`] after the last one started, whether or not the edge was
 //! involved: so the steps that waited for the edge do not all start at once
 //! when it lets go. A burst of core steps released together is what made the
-//! slowest turns (the next message arriving into it; issue 19, item 1).
+//! slowest turns (the next message arriving into it).
 //!
 //! **Invariant:** a core step waits only while another core step is under
 //! way — for the edge to let go of the floor, or for the next start, which

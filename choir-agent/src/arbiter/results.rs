@@ -23,8 +23,8 @@ use choir_common::trust::{OutputTrust, TRUST_KEY};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::invocation::{Artifact, Failure, Invocation, Status};
-use crate::lane_ctx::LaneKind;
+use crate::arbiter::invocation::{Artifact, Failure, Invocation, Status};
+use crate::arbiter::lane_ctx::LaneKind;
 use crate::secrets::SecretStore;
 use crate::tools::tool::ToolError;
 

@@ -1,4 +1,4 @@
-//! Metrics for Prometheus (issue 17, item 11): `GET /metrics` on the optional
+//! Metrics for Prometheus: `GET /metrics` on the optional
 //! `metrics_listen` address (loopback unless `metrics_allow_non_loopback`),
 //! in the text exposition format 0.0.4. Only this one path is served there;
 //! nothing is changed by a scrape, and no label carries more than an agent

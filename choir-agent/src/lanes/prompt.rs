@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::skills::SkillBook;
+use crate::lanes::skills::SkillBook;
 use crate::tools::Registry;
 
 /// The agent's identity.

@@ -1,4 +1,4 @@
-//! The argument policy as a call policy (issue 16): choird's merged
+//! The argument policy as a call policy: choird's merged
 //! [`PolicySet`] (from FETCH_DYNAMIC_CONFIG, replaced whenever choird
 //! reloads it) evaluated over a call's values and their provenance in the
 //! lane's [`Evidence`]. A `confirm` tells the human, for each value that
@@ -12,9 +12,9 @@ use choir_common::manifest::ToolManifest;
 use parking_lot::RwLock;
 use serde_json::Value;
 
-use crate::lane_ctx::LaneCtx;
-use crate::policy::{CallPolicy, Verdict};
-use crate::provenance::{trace, Evidence, Trace};
+use crate::arbiter::lane_ctx::LaneCtx;
+use crate::arbiter::policy::{CallPolicy, Verdict};
+use crate::arbiter::provenance::{trace, Evidence, Trace};
 
 /// Most values a human is shown the provenance of, in one confirmation.
 const MAX_LINES: usize = 8;
