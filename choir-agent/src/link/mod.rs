@@ -1,4 +1,5 @@
-//! The link to choird: three named threads speaking HEARTBEAT.
+//! The link to choird: three named threads speaking HEARTBEAT, a file each
+//! ([`poll`], [`push`], [`reply`]); the state they share is [`Link`].
 //!
 //! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
 //!   feeds the edge lane's inbox.
@@ -40,15 +41,17 @@ use crate::lanes::inbox::EdgeEvent;
 use crate::lanes::outbound::Outbound;
 use crate::rpc::{Rpc, RpcError};
 
-/// How long a poll may be held by choird.
-const POLL_WAIT_MS: u64 = 25_000;
+mod poll;
+mod push;
+mod reply;
+
+pub use reply::{RecallThroughReply, WITHHELD_WAIT};
+
 /// Liveness heartbeat period.
 const PERIOD: Duration = Duration::from_secs(5);
 /// How long a stopping agent keeps trying to reach choird before it leaves
 /// (its committed events are safe in the local log either way).
 const GIVE_UP_WHEN_STOPPING: Duration = Duration::from_secs(10);
-/// Status reports are coalesced to at most one per this interval.
-const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 /// State shared by the two link threads.
 pub struct Link {
@@ -85,233 +88,11 @@ pub struct Link {
     pub withheld_wait: Duration,
 }
 
-/// How long an answer given after a withheld result waits for link-push to
-/// store the events behind it. Long enough to outlast link-push's backoff
-/// (at most 5 s) after choird or its database comes back; bounded because
-/// choird may refuse the events for good (a forked log) while it still
-/// stores answers, and the model's "I cannot act right now" must reach the
-/// user then.
-pub const WITHHELD_WAIT: Duration = Duration::from_secs(30);
-
-/// How long the edge waits for a recall (link-reply may first have answers
-/// to ship, and retries while choird cannot be reached).
-const RECALL_WAIT: Duration = Duration::from_secs(10);
-
-/// The edge's way to recall a conversation: through link-reply's queue,
-/// behind the answers queued before it ([`Outbound::Recall`]).
-pub struct RecallThroughReply {
-    out: Sender<Outbound>,
-}
-
-impl RecallThroughReply {
-    /// Recalls sent on `out`, link-reply's queue.
-    pub fn new(out: Sender<Outbound>) -> RecallThroughReply {
-        RecallThroughReply { out }
-    }
-}
-
-impl crate::lanes::held::Recall for RecallThroughReply {
-    fn recall(&self, conversation: &str) -> Result<ConversationTail, String> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let deadline = Instant::now() + RECALL_WAIT;
-        let ask = crate::lanes::outbound::RecallAsk { conversation: conversation.to_owned(), deadline, answer: tx };
-        self.out.send(Outbound::Recall(ask)).map_err(|_| "the link to choird is closed".to_owned())?;
-        match rx.recv_timeout(RECALL_WAIT) {
-            Ok(answer) => answer,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                Err(format!("choird did not answer within {} s", RECALL_WAIT.as_secs()))
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err("the link to choird closed".to_owned()),
-        }
-    }
-}
-
-/// link-reply's wait for withheld events: what the edge says after a
-/// withheld result waits for link-push to store the events behind it
-/// ([`DurableLog::wait_withheld_stored`]), until `limit` has passed both
-/// since the wait began and since link-push last found choird unavailable;
-/// then it goes without them (choird refuses them: a forked log), until a
-/// later result is withheld.
-///
-/// **Invariant:** time in which choird is unavailable does not count
-/// (while link-push finds it unreachable, or asking for a retry, the wait
-/// does not run out; a failed shipment starts it again, even for a mark
-/// given up on), so after an outage of any length link-push, whose retries
-/// come at most 5 s apart, stores the events before the wait can end and
-/// the answer go; and a wait given up on keeps no later withheld result
-/// from its own wait.
-///
-/// [`DurableLog::wait_withheld_stored`]: crate::commitlog::DurableLog::wait_withheld_stored
-#[derive(Debug)]
-struct WithheldWait {
-    limit: Duration,
-    /// Since when the current wait runs.
-    since: Option<Instant>,
-    /// The withheld mark given up on: not waited for again.
-    gave_up_on: u64,
-}
-
-impl WithheldWait {
-    fn new(limit: Duration) -> WithheldWait {
-        WithheldWait { limit, since: None, gave_up_on: 0 }
-    }
-
-    /// How long to wait now for the events up to `mark` (at most
-    /// [`PERIOD`], so the caller notices a close; zero only once the wait
-    /// is over); `None`: not at all. `unavailable`: when link-push last
-    /// found choird unavailable.
-    fn patience(&mut self, mark: u64, now: Instant, unavailable: Option<Instant>) -> Option<Duration> {
-        if mark <= self.gave_up_on {
-            return None;
-        }
-        let since = *self.since.get_or_insert(now);
-        Some(self.limit.saturating_sub(now.saturating_duration_since(counted_from(since, unavailable))).min(PERIOD))
-    }
-
-    /// The events are stored: a later withheld result gets a wait of its own.
-    fn stored(&mut self) {
-        self.since = None;
-    }
-
-    /// The events up to `mark` are still not stored at `now`: whether the
-    /// wait is over (then `mark` is not waited for again): `limit` has
-    /// passed since it began and since `unavailable`.
-    fn over(&mut self, mark: u64, now: Instant, unavailable: Option<Instant>) -> bool {
-        let over = self
-            .since
-            .is_some_and(|since| now.saturating_duration_since(counted_from(since, unavailable)) >= self.limit);
-        if over {
-            (self.gave_up_on, self.since) = (mark, None);
-        }
-        over
-    }
-
-    /// A shipment failed: choird took no answer, so the wait starts again.
-    fn choird_took_nothing(&mut self) {
-        (self.gave_up_on, self.since) = (0, None);
-    }
-}
-
-/// Where a withheld wait's time counts from: its start, or link-push's last
-/// finding choird unavailable if that came later.
-fn counted_from(since: Instant, unavailable: Option<Instant>) -> Instant {
-    unavailable.map_or(since, |u| u.max(since))
-}
-
 fn backoff(failures: u32) -> Duration {
     Duration::from_millis((200u64 << failures.min(5)).min(5_000))
 }
 
 impl Link {
-    /// `link-poll`: delivers messages to the edge; ends on stop, lease loss or
-    /// when the agent closes.
-    pub fn poll(&self, edge: Sender<EdgeEvent>) {
-        let mut highest = self.processed.load(Ordering::SeqCst);
-        let mut failures = 0;
-        while !self.closing.load(Ordering::SeqCst) {
-            let mut req = self.bare_heartbeat(POLL_WAIT_MS, true, Vec::new());
-            // Had an answer to an earlier poll been lost, choird hands its
-            // messages out again.
-            req.received_upto = Some(highest);
-            let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
-            match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
-                Ok(resp) => {
-                    failures = 0;
-                    // Config first: a message that arrives with a kill switch
-                    // must already meet it.
-                    if resp.config_version != self.config_version.load(Ordering::SeqCst) {
-                        self.refresh_config();
-                    }
-                    for d in resp.decisions {
-                        log::info!("decision on proposal {}: {} by {}", d.approval_id, d.status, d.decided_by);
-                        if let Some(d) = self.approvals.deliver(d) {
-                            if edge.send(EdgeEvent::Decision(d)).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    for lane in &resp.cancel {
-                        self.cancel(lane);
-                    }
-                    // An offer repeated (a lost reply) is harmless: choird
-                    // accepts a firing's start once.
-                    if !resp.firings.is_empty() {
-                        self.start_firings(resp.firings);
-                    }
-                    if !resp.messages.is_empty() {
-                        choir_common::hop::mark("agent.message");
-                    }
-                    for m in resp.messages {
-                        // choird may hand a message out twice (a lost reply): ids only grow.
-                        if m.id > highest {
-                            highest = m.id;
-                            if edge.send(EdgeEvent::Message(m)).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    if resp.stop {
-                        log::info!("choird asked us to stop");
-                        let _ = edge.send(EdgeEvent::Stop);
-                        return;
-                    }
-                }
-                Err(RpcError::Unauthorized(msg)) => {
-                    self.lose_lease(&msg);
-                    let _ = edge.send(EdgeEvent::Stop);
-                    return;
-                }
-                Err(e) => {
-                    failures += 1;
-                    log::warn!("poll failed ({e}); retrying");
-                    std::thread::sleep(backoff(failures));
-                }
-            }
-        }
-    }
-
-    /// Starts scheduled firings: first asks choird to accept each start (a
-    /// firing whose start choird recorded is never offered again, so it runs
-    /// at most once even if this agent dies now), then starts those accepted
-    /// in the core pool; one that cannot start is reported refused.
-    fn start_firings(&self, offers: Vec<FiringOffer>) {
-        let Some(pool) = self.pool.upgrade() else { return };
-        let starting: Vec<FiringReport> =
-            offers.iter().map(|f| FiringReport { id: f.id, state: "starting".into(), detail: String::new() }).collect();
-        // Asked again after an error: choird answers a start it already
-        // granted this session the same, so none is lost, none doubled.
-        let mut asked = self.report_firings(starting.clone());
-        for _ in 0..2 {
-            if asked.is_ok() || self.closing.load(Ordering::SeqCst) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            asked = self.report_firings(starting.clone());
-        }
-        let accepted = match asked {
-            Ok(resp) => resp.accepted,
-            Err(e) => {
-                // Not started: choird offers it again to this or the next session.
-                log::warn!("cannot ask choird to start {} firing(s): {e}", offers.len());
-                return;
-            }
-        };
-        let mut refused = Vec::new();
-        for f in offers.iter().filter(|f| accepted.contains(&f.id)) {
-            log::info!("scheduled firing {} starts core job {}", f.id, f.job);
-            if let Err(e) = pool.start_firing(f) {
-                log::warn!("scheduled firing {} could not start: {e}", f.id);
-                refused.push(FiringReport { id: f.id, state: "refused".into(), detail: e.to_string() });
-            }
-        }
-        if !refused.is_empty() {
-            // Unsent, choird records the firing as interrupted instead.
-            if let Err(e) = self.report_firings(refused) {
-                log::warn!("cannot report refused firings: {e}");
-            }
-        }
-    }
-
     /// A HEARTBEAT carrying no events or answers (the poller's long-poll
     /// with `receive`, a report on firings; the base the other HEARTBEATs
     /// fill in). It reports no position (`processed_upto` 0): the position
@@ -329,50 +110,6 @@ impl Link {
             received_upto: None,
             firings,
             recall: None,
-        }
-    }
-
-    /// A HEARTBEAT that only asks for a conversation's tail (like every
-    /// bare HEARTBEAT it reports no position, so choird stores nothing for it).
-    fn recall_heartbeat(&self, conversation: &str) -> HeartbeatRequest {
-        let mut req = self.bare_heartbeat(0, false, Vec::new());
-        req.recall = Some(conversation.to_owned());
-        req
-    }
-
-    /// Asks choird for a conversation's tail (link-reply, once the answers
-    /// queued before the ask are stored), within what is left of `wait`.
-    fn recall_now(&self, conversation: &str, wait: Duration) -> Result<ConversationTail, String> {
-        let req = self.recall_heartbeat(conversation);
-        let resp = self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, wait);
-        match resp {
-            Ok(r) => r.recalled.ok_or_else(|| "choird sent no tail".to_owned()),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// A HEARTBEAT that only reports on firings.
-    fn report_firings(&self, firings: Vec<FiringReport>) -> Result<HeartbeatResponse, RpcError> {
-        let req = self.bare_heartbeat(0, false, firings);
-        self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(10))
-    }
-
-    /// A cancel request from choird: `edge` (its current turn or skill),
-    /// `core:<job>`, or `all`.
-    fn cancel(&self, lane: &str) {
-        log::info!("cancel requested for {lane}");
-        let pool = self.pool.upgrade();
-        if lane == "edge" || lane == "all" {
-            self.edge_cancel.store(true, Ordering::SeqCst);
-        }
-        if let Some(pool) = &pool {
-            if lane == "all" {
-                pool.cancel_all();
-            } else if let Some(job) = lane.strip_prefix("core:") {
-                if let Err(e) = pool.cancel_reported(job) {
-                    log::warn!("cancel {lane}: {e}");
-                }
-            }
         }
     }
 
@@ -402,269 +139,6 @@ impl Link {
         }
     }
 
-    /// `link-push`: replicates committed events (at once, and again until
-    /// acknowledged), reports firings and lane states, and heartbeats to
-    /// keep the lease; runs until `firings` closes and everything is
-    /// shipped (or the lease is lost). What the edge says goes through
-    /// [`Link::speak`] instead.
-    pub fn push(&self, firings: Receiver<FiringReport>, committed: Receiver<()>) {
-        let mut reports: Vec<FiringReport> = Vec::new();
-        let mut reported = 0u64;
-        let mut last_beat = Instant::now();
-        let mut last_report: Option<Instant> = None;
-        let mut open = true;
-        let mut closed_at: Option<Instant> = None;
-        let mut failures = 0;
-        loop {
-            if !open && closed_at.is_none() {
-                closed_at = Some(Instant::now());
-            }
-            let status_due = self.board.version() != reported;
-            if open {
-                // A pending status report waits at most STATUS_EVERY; otherwise
-                // the period keeps the lease alive.
-                let wait = if !self.log.all_acked() && failures == 0 {
-                    // More to replicate (a batch was split): at once.
-                    Duration::ZERO
-                } else if status_due {
-                    STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
-                } else {
-                    PERIOD.saturating_sub(last_beat.elapsed())
-                };
-                select! {
-                    recv(firings) -> m => match m {
-                        Ok(f) => reports.push(f),
-                        Err(_) => open = false,
-                    },
-                    recv(committed) -> _ => {},
-                    default(wait) => {},
-                }
-                reports.extend(firings.try_iter());
-            }
-            if self.lease_lost.load(Ordering::SeqCst) {
-                return;
-            }
-            let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
-            if !events.is_empty() || !reports.is_empty() || last_beat.elapsed() >= PERIOD {
-                let mut req = self.bare_heartbeat(0, false, reports.iter().take(MAX_FIRING_REPORTS).cloned().collect());
-                req.events = events;
-                log::debug!("push: HEARTBEAT with {} event(s)", req.events.len());
-                match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
-                    Ok(resp) => {
-                        failures = 0;
-                        last_beat = Instant::now();
-                        self.log.ack(resp.acked_seq);
-                        reports.drain(..reports.len().min(MAX_FIRING_REPORTS));
-                    }
-                    Err(RpcError::Unauthorized(msg)) => {
-                        self.lose_lease(&msg);
-                        return;
-                    }
-                    Err(RpcError::EventRefused { seq, message }) => {
-                        // Not retried as is: a placeholder keeps the chain,
-                        // and the batch goes again at once.
-                        if !self.log.quarantine(seq, &message) {
-                            let first = req.events.first().map(|e| e.seq);
-                            log::error!(
-                                "choird refused event {seq}, which is not waiting ({message}); quarantining {first:?}"
-                            );
-                            if let Some(first) = first {
-                                self.log.quarantine(first, &message);
-                            }
-                        }
-                        continue;
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        self.log.replication_failed(&e.to_string(), e.retryable());
-                        // Stopping and choird unreachable: what is committed stays
-                        // in the local log and is replicated at the next start.
-                        if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
-                            log::warn!(
-                                "choird unreachable while stopping ({e}); {} event(s) stay in the local log for the next start",
-                                self.log.unacked().len()
-                            );
-                            self.log.close_replication("the agent is stopping and choird is unreachable");
-                            return;
-                        }
-                        log::warn!("replication failed ({e}); retrying");
-                        std::thread::sleep(backoff(failures));
-                        continue;
-                    }
-                }
-            }
-            let version = self.board.version();
-            let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
-            if version != reported && report_due {
-                let (session_state, lanes) = self.board.snapshot();
-                let report = ReportStatusRequest { session_state, lanes };
-                last_report = Some(Instant::now());
-                match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
-                    Ok(_) => reported = version,
-                    Err(e) => log::warn!("status report failed: {e}"),
-                }
-            }
-            if !open && reports.is_empty() && self.log.all_acked() {
-                return;
-            }
-        }
-    }
-
-    /// `link-reply`: ships what the edge says (its answers and partial
-    /// answers) and makes its recalls, in the order the edge queued them,
-    /// on HEARTBEATs of their own; runs until `said` closes and everything
-    /// is shipped (or the lease is lost, or choird stays unreachable while
-    /// the agent stops).
-    ///
-    /// A thread of its own (and its own connection from the client's pool
-    /// for each HEARTBEAT), so an answer never waits behind link-push's
-    /// replication of core events (the reply used to
-    /// wait out a core HEARTBEAT's round trip and commit). It sends no events: in production
-    /// ([`Durability::Replicated`]) every event an answer rests on was
-    /// acknowledged before the edge saw the result it answers from, so
-    /// choird holds them before the answer arrives; after a result withheld
-    /// because replication failed, the answer waits until link-push has
-    /// stored the events behind it ([`DurableLog::wait_withheld_stored`]),
-    /// which also reopens the tools, or [`WITHHELD_WAIT`] has passed (choird
-    /// may refuse them for good). It alone reports the
-    /// processed position, with the answers that move it (choird keeps the
-    /// position in a row of its own, which no core HEARTBEAT locks).
-    ///
-    /// [`Durability::Replicated`]: crate::commitlog::Durability::Replicated
-    pub fn speak(&self, said: Receiver<Outbound>) {
-        let mut out = Said::default();
-        let mut open = true;
-        let mut closed_at: Option<Instant> = None;
-        let mut failures = 0;
-        let mut held = WithheldWait::new(self.withheld_wait);
-        loop {
-            if open && out.is_empty() {
-                // Awake now and then to notice a lost lease (the receiver
-                // is dropped on return, so the edge's next answer fails).
-                match said.recv_timeout(PERIOD) {
-                    Ok(m) => out.take(m),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => open = false,
-                }
-            }
-            // Drained to the end, noticing the close: an answer that keeps
-            // failing must not keep a stopping agent from giving up.
-            while open {
-                match said.try_recv() {
-                    Ok(m) => out.take(m),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => open = false,
-                }
-            }
-            if !open && closed_at.is_none() {
-                closed_at = Some(Instant::now());
-            }
-            if self.lease_lost.load(Ordering::SeqCst) {
-                return;
-            }
-            if !out.replies.is_empty() || !out.partials.is_empty() {
-                // After a withheld result, what the edge said waits for
-                // link-push to store the events behind it (`WithheldWait`).
-                let mark = self.log.withheld();
-                if let Some(patience) = held.patience(mark, Instant::now(), self.log.last_unavailable()) {
-                    match self.log.wait_withheld_stored(patience) {
-                        Ok(true) => held.stored(),
-                        Ok(false) if held.over(mark, Instant::now(), self.log.last_unavailable()) => log::warn!(
-                            "choird has not stored the events behind a withheld result for {} s; answers go without them",
-                            self.withheld_wait.as_secs()
-                        ),
-                        Ok(false) => {
-                            if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
-                                log::warn!(
-                                    "choird has not stored the agent's withheld events while it stops; {} answer(s) not shipped",
-                                    out.replies.len()
-                                );
-                                return;
-                            }
-                            continue;
-                        }
-                        Err(why) => {
-                            log::warn!("{} answer(s) not shipped: {why}", out.replies.len());
-                            return;
-                        }
-                    }
-                }
-                let req = self.said_heartbeat(&mut out);
-                let _hold = (!req.replies.is_empty()).then(|| {
-                    choir_common::hop::mark("agent.push");
-                    self.floor.hold()
-                });
-                match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
-                    Ok(_) => {
-                        failures = 0;
-                        self.processed.fetch_max(req.processed_upto, Ordering::SeqCst);
-                        out.replies.clear();
-                    }
-                    Err(RpcError::Unauthorized(msg)) => {
-                        self.lose_lease(&msg);
-                        return;
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        held.choird_took_nothing();
-                        // Stopping and choird unreachable: the answers go
-                        // with the agent; their messages stay unanswered in
-                        // choird, and the next start answers them.
-                        if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
-                            log::warn!(
-                                "choird unreachable while stopping ({e}); {} answer(s) not shipped",
-                                out.replies.len()
-                            );
-                            return;
-                        }
-                        log::warn!("shipping answers failed ({e}); retrying");
-                        std::thread::sleep(backoff(failures));
-                        continue;
-                    }
-                }
-            }
-            // Every answer queued before these asks is stored now (a failed
-            // shipment went round the loop again above, asks still waiting).
-            // An ask whose asker stopped waiting is dropped unasked.
-            for ask in std::mem::take(&mut out.recalls) {
-                let left = ask.deadline.saturating_duration_since(Instant::now());
-                if !left.is_zero() {
-                    let _ = ask.answer.send(self.recall_now(&ask.conversation, left));
-                }
-            }
-            if !open && out.is_empty() {
-                return;
-            }
-        }
-    }
-
-    /// The HEARTBEAT of what the edge said: its answers, the latest partial
-    /// of each message not answered (taken: a partial superseded while it
-    /// is on its way is not sent again), and the processed position the
-    /// answers move (0 without answers).
-    fn said_heartbeat(&self, out: &mut Said) -> HeartbeatRequest {
-        let Said { replies, partials, .. } = out;
-        let processed = replies
-            .iter()
-            .map(|r| r.in_reply_to)
-            .max()
-            .map_or(0, |answered| answered.max(self.processed.load(Ordering::SeqCst)));
-        let mut req = self.bare_heartbeat(0, false, Vec::new());
-        req.replies = replies.iter().cloned().map(storable_reply).collect();
-        // Only the latest text of each message matters; none once it is answered.
-        req.partials = std::mem::take(partials)
-            .into_iter()
-            .filter(|p| !replies.iter().any(|r| r.in_reply_to == p.in_reply_to || r.covers.contains(&p.in_reply_to)))
-            .map(|mut p| {
-                p.text = storable_text(&p.text);
-                p
-            })
-            .collect();
-        req.processed_upto = processed;
-        log::debug!("reply: HEARTBEAT with {} repl(ies), {} partial(s)", req.replies.len(), req.partials.len());
-        req
-    }
-
     /// choird no longer accepts this session: tools stop, replication
     /// closes, and the lanes end.
     fn lose_lease(&self, msg: &str) {
@@ -673,55 +147,6 @@ impl Link {
         self.arbiter.set_lease_lost();
         self.log.close_replication("choird no longer accepts this agent's lease");
     }
-}
-
-/// What link-reply has yet to ship (and the recalls to make after it).
-#[derive(Default)]
-struct Said {
-    replies: Vec<OutboundReply>,
-    partials: Vec<PartialReply>,
-    recalls: Vec<crate::lanes::outbound::RecallAsk>,
-}
-
-impl Said {
-    fn is_empty(&self) -> bool {
-        self.replies.is_empty() && self.partials.is_empty() && self.recalls.is_empty()
-    }
-
-    /// Sorts what the edge handed over: replies queue; a partial replaces
-    /// an older partial of the same message.
-    fn take(&mut self, m: Outbound) {
-        match m {
-            Outbound::Recall(ask) => self.recalls.push(ask),
-            Outbound::Reply(r) => self.replies.push(r),
-            Outbound::Partial(p) => {
-                self.partials.retain(|q| q.in_reply_to != p.in_reply_to);
-                self.partials.push(p);
-            }
-        }
-    }
-}
-
-/// Firing reports per HEARTBEAT (choird refuses more).
-const MAX_FIRING_REPORTS: usize = 64;
-
-/// Events per replication HEARTBEAT.
-const MAX_BATCH_EVENTS: usize = 512;
-/// Bytes of events per replication HEARTBEAT (choird takes bodies up to 8 MiB).
-const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
-
-/// Text choird can store: NUL written as `\u0000`.
-fn storable_text(text: &str) -> String {
-    if text.contains('\0') {
-        text.replace('\0', "\\u0000")
-    } else {
-        text.to_owned()
-    }
-}
-
-fn storable_reply(mut r: OutboundReply) -> OutboundReply {
-    r.text = storable_text(&r.text);
-    r
 }
 
 #[cfg(test)]
@@ -734,6 +159,7 @@ mod tests {
     use parking_lot::Mutex;
     use serde_json::{json, Value};
 
+    use super::reply::WithheldWait;
     use super::{Link, RecallThroughReply};
     use crate::commitlog::{Durability, LogError};
     use crate::lanes::held::Recall;
@@ -1084,7 +510,7 @@ mod tests {
     fn the_wait_for_withheld_events_is_bounded_then_given_up_until_a_later_result_is_withheld() {
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
-        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        let mut held = WithheldWait::new(std::time::Duration::from_secs(30));
         // Nothing withheld (mark 0): no wait.
         assert_eq!(held.patience(0, at(0), None), None);
         // Mark 3: waits in periods of at most 5 s, 30 s in all.
@@ -1113,7 +539,7 @@ mod tests {
         // failed shipment starts the wait again, even for a mark given up on.
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
-        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        let mut held = WithheldWait::new(std::time::Duration::from_secs(30));
         assert!(held.patience(4, at(0), None).is_some());
         assert!(held.over(4, at(30_000), None));
         assert_eq!(held.patience(4, at(30_000), None), None);
@@ -1133,7 +559,7 @@ mod tests {
         // unavailable; a refusal of the events (a fork) lets it run out.
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
-        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        let mut held = WithheldWait::new(std::time::Duration::from_secs(30));
         assert!(held.patience(4, at(0), Some(at(0))).is_some());
         assert!(!held.over(4, at(30_000), Some(at(29_000))));
         // link-push's last failure at 59 s: no end before 89 s, and the
@@ -1144,7 +570,7 @@ mod tests {
         }
         assert!(held.over(4, at(89_000), Some(at(59_000))));
         // A failure before the wait began does not lengthen it.
-        let mut held = super::WithheldWait::new(std::time::Duration::from_secs(30));
+        let mut held = WithheldWait::new(std::time::Duration::from_secs(30));
         assert!(held.patience(5, at(100_000), Some(at(50_000))).is_some());
         assert!(held.over(5, at(130_000), Some(at(50_000))));
     }

@@ -1,0 +1,130 @@
+//! `link-push`: replicates committed events (at once, and again until
+//! acknowledged), reports firings and lane states, and heartbeats to keep
+//! the lease.
+//!
+//! **Invariant:** an event leaves the replication queue only once choird
+//! has acknowledged a sequence number at or above it.
+
+use super::*;
+
+/// Status reports are coalesced to at most one per this interval.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
+
+/// Firing reports per HEARTBEAT (choird refuses more).
+const MAX_FIRING_REPORTS: usize = 64;
+
+/// Events per replication HEARTBEAT.
+const MAX_BATCH_EVENTS: usize = 512;
+
+/// Bytes of events per replication HEARTBEAT (choird takes bodies up to 8 MiB).
+const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
+
+impl Link {
+    /// `link-push`: replicates committed events (at once, and again until
+    /// acknowledged), reports firings and lane states, and heartbeats to
+    /// keep the lease; runs until `firings` closes and everything is
+    /// shipped (or the lease is lost). What the edge says goes through
+    /// [`Link::speak`] instead.
+    pub fn push(&self, firings: Receiver<FiringReport>, committed: Receiver<()>) {
+        let mut reports: Vec<FiringReport> = Vec::new();
+        let mut reported = 0u64;
+        let mut last_beat = Instant::now();
+        let mut last_report: Option<Instant> = None;
+        let mut open = true;
+        let mut closed_at: Option<Instant> = None;
+        let mut failures = 0;
+        loop {
+            if !open && closed_at.is_none() {
+                closed_at = Some(Instant::now());
+            }
+            let status_due = self.board.version() != reported;
+            if open {
+                // A pending status report waits at most STATUS_EVERY; otherwise
+                // the period keeps the lease alive.
+                let wait = if !self.log.all_acked() && failures == 0 {
+                    // More to replicate (a batch was split): at once.
+                    Duration::ZERO
+                } else if status_due {
+                    STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
+                } else {
+                    PERIOD.saturating_sub(last_beat.elapsed())
+                };
+                select! {
+                    recv(firings) -> m => match m {
+                        Ok(f) => reports.push(f),
+                        Err(_) => open = false,
+                    },
+                    recv(committed) -> _ => {},
+                    default(wait) => {},
+                }
+                reports.extend(firings.try_iter());
+            }
+            if self.lease_lost.load(Ordering::SeqCst) {
+                return;
+            }
+            let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);
+            if !events.is_empty() || !reports.is_empty() || last_beat.elapsed() >= PERIOD {
+                let mut req = self.bare_heartbeat(0, false, reports.iter().take(MAX_FIRING_REPORTS).cloned().collect());
+                req.events = events;
+                log::debug!("push: HEARTBEAT with {} event(s)", req.events.len());
+                match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, Duration::from_secs(30)) {
+                    Ok(resp) => {
+                        failures = 0;
+                        last_beat = Instant::now();
+                        self.log.ack(resp.acked_seq);
+                        reports.drain(..reports.len().min(MAX_FIRING_REPORTS));
+                    }
+                    Err(RpcError::Unauthorized(msg)) => {
+                        self.lose_lease(&msg);
+                        return;
+                    }
+                    Err(RpcError::EventRefused { seq, message }) => {
+                        // Not retried as is: a placeholder keeps the chain,
+                        // and the batch goes again at once.
+                        if !self.log.quarantine(seq, &message) {
+                            let first = req.events.first().map(|e| e.seq);
+                            log::error!(
+                                "choird refused event {seq}, which is not waiting ({message}); quarantining {first:?}"
+                            );
+                            if let Some(first) = first {
+                                self.log.quarantine(first, &message);
+                            }
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        self.log.replication_failed(&e.to_string(), e.retryable());
+                        // Stopping and choird unreachable: what is committed stays
+                        // in the local log and is replicated at the next start.
+                        if closed_at.is_some_and(|t| t.elapsed() >= GIVE_UP_WHEN_STOPPING) {
+                            log::warn!(
+                                "choird unreachable while stopping ({e}); {} event(s) stay in the local log for the next start",
+                                self.log.unacked().len()
+                            );
+                            self.log.close_replication("the agent is stopping and choird is unreachable");
+                            return;
+                        }
+                        log::warn!("replication failed ({e}); retrying");
+                        std::thread::sleep(backoff(failures));
+                        continue;
+                    }
+                }
+            }
+            let version = self.board.version();
+            let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
+            if version != reported && report_due {
+                let (session_state, lanes) = self.board.snapshot();
+                let report = ReportStatusRequest { session_state, lanes };
+                last_report = Some(Instant::now());
+                match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
+                    Ok(_) => reported = version,
+                    Err(e) => log::warn!("status report failed: {e}"),
+                }
+            }
+            if !open && reports.is_empty() && self.log.all_acked() {
+                return;
+            }
+        }
+    }
+}
