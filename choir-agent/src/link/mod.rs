@@ -1,5 +1,5 @@
 //! The link to choird: three named threads speaking HEARTBEAT, a file each
-//! ([`poll`], [`push`], [`reply`]); the state they share is [`Link`].
+//! (`poll.rs`, `push.rs`, `reply.rs`); the state they share is [`Link`].
 //!
 //! * `link-poll` long-polls HEARTBEAT for user messages and stop requests and
 //!   feeds the edge lane's inbox.
