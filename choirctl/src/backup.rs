@@ -1,7 +1,7 @@
 //! `choirctl backup FILE [--workspaces]` (choird makes the archive, see
 //! `choird::backup`; it is written here to `FILE` mode 0600, complete or not
 //! at all) and `choirctl restore FILE` (offline, into an empty home, through
-//! `choird::backup::restore`).
+//! `choird restore`).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -63,14 +63,38 @@ pub(crate) fn backup(ctx: &Ctx, file: &str, workspaces: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// `restore FILE [--database-url URL | --managed]` into `home`.
-pub(crate) fn restore(json: bool, home: &Path, file: &str, into: &choird::backup::RestoreInto) -> anyhow::Result<()> {
+/// Where `restore` puts the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RestoreInto {
+    /// As the backup's config.json says.
+    AsBackedUp,
+    /// This external database (its connection string may hold a password).
+    Url(String),
+    /// A new managed cluster in the home.
+    Managed,
+}
+
+/// `restore FILE [--database-url URL | --managed]` into `home`, by
+/// `choird restore` (the connection string goes on its stdin).
+pub(crate) fn restore(json: bool, home: &Path, file: &str, into: &RestoreInto) -> anyhow::Result<()> {
     let mut steps = Vec::new();
-    let summary = choird::backup::restore(Path::new(file), home, into, &mut |step: &str| {
-        if !json {
-            say!("{step}");
+    let mut summary = serde_json::Value::Null;
+    let (how, secret): (Option<&str>, Option<&str>) = match into {
+        RestoreInto::AsBackedUp => (None, None),
+        RestoreInto::Managed => (Some("--managed"), None),
+        RestoreInto::Url(url) => (Some("--database-url-stdin"), Some(url.as_str())),
+    };
+    let mut words = vec!["restore", file];
+    words.extend(how);
+    crate::offline::run_lines(&words, home, secret, &mut |line| {
+        if let Some(step) = line["step"].as_str() {
+            if !json {
+                say!("{step}");
+            }
+            steps.push(step.to_owned());
+        } else if let Some(s) = line.get("summary") {
+            summary = s.clone();
         }
-        steps.push(step.to_owned());
     })?;
     if json {
         return print_json(&serde_json::json!({"home": home, "summary": summary, "steps": steps}));

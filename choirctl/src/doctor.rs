@@ -1,5 +1,5 @@
-//! `choirctl doctor`: choird's offline checks (`choird::doctor`, run here
-//! from the home's files, so they work when choird does not start), then what
+//! `choirctl doctor`: choird's offline checks (`choird doctor`, run from the
+//! home's files, so they work when choird does not start), then what
 //! only a running choird can answer: whether it answers at all, and each
 //! connected host tool's login (`POST agents/<id>/tools/<tool>/check`).
 //! Each finding is printed as it is made; the exit code is non-zero when any
@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
+use choir_common::admin::{Check, CheckOutcome as Outcome};
 use choir_common::admin::{StatusResponse, ToolList};
-use choird::doctor::{Check, Outcome};
 
 use crate::ctx::Ctx;
 
@@ -22,7 +22,18 @@ pub(crate) fn run(ctx: &Ctx, home: &Path) -> anyhow::Result<bool> {
         }
         all.push(c);
     };
-    choird::doctor::run(home, &mut report);
+    let offline =
+        crate::offline::run_lines(&["doctor"], home, None, &mut |line| match serde_json::from_value::<Check>(line) {
+            Ok(check) => report(check),
+            Err(e) => report(Check::fail(
+                "offline checks",
+                format!("choird doctor said something else: {e}"),
+                "use a choird of the same version as choirctl",
+            )),
+        });
+    if let Err(e) = offline {
+        report(Check::fail("offline checks", format!("{e:#}"), "install choird beside choirctl (make install)"));
+    }
     match ctx.client.get::<StatusResponse>("status") {
         Ok(s) => {
             report(Check::ok(
@@ -42,7 +53,7 @@ pub(crate) fn run(ctx: &Ctx, home: &Path) -> anyhow::Result<bool> {
             report(Check::skip("host tools", "their logins are checked by a running choird"));
         }
     }
-    let ok = !choird::doctor::failed(&all);
+    let ok = !all.iter().any(|c| c.outcome == Outcome::Fail);
     if json {
         crate::ctx::print_json(&serde_json::json!({"ok": ok, "checks": all}))?;
     } else {

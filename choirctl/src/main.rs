@@ -9,6 +9,7 @@ mod client;
 mod ctx;
 mod doctor;
 mod logs;
+mod offline;
 mod policy;
 mod proposals;
 mod schedule;
@@ -167,7 +168,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut grep: Option<String> = None;
     let mut by: Option<String> = None;
     let mut workspaces = false;
-    let mut restore_into = choird::backup::RestoreInto::AsBackedUp;
+    let mut restore_into = backup::RestoreInto::AsBackedUp;
     let mut global = false;
     let mut job = schedule::AddArgs::default();
     let mut parser = lexopt::Parser::from_env();
@@ -194,16 +195,16 @@ fn real_main() -> anyhow::Result<()> {
             Long("all") => all = true,
             Long("workspaces") => workspaces = true,
             Long(name @ ("database-url" | "managed")) => {
-                if restore_into != choird::backup::RestoreInto::AsBackedUp {
+                if restore_into != backup::RestoreInto::AsBackedUp {
                     anyhow::bail!("give one of --database-url and --managed, once");
                 }
                 restore_into = if name == "managed" {
-                    choird::backup::RestoreInto::Managed
+                    backup::RestoreInto::Managed
                 } else {
                     // Never echoed: the string may hold a password.
                     let url =
                         parser.value()?.into_string().map_err(|_| anyhow::anyhow!("--database-url is not UTF-8"))?;
-                    choird::backup::RestoreInto::Url(if url == "-" {
+                    backup::RestoreInto::Url(if url == "-" {
                         secrets::read_hidden("the database's connection string")?
                     } else {
                         url

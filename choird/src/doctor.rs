@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::{Config, Lane, RuntimeKind};
@@ -26,64 +25,7 @@ pub const DISK_FAIL_BYTES: u64 = 512 * 1024 * 1024;
 /// Below this much free space in the home, the check warns.
 pub const DISK_WARN_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    /// Fine.
-    Ok,
-    /// Works, but will bite (e.g. little disk left).
-    Warn,
-    /// Broken: the deployment fails on this.
-    Fail,
-    /// Not checked (nothing configured, or an earlier check failed).
-    Skip,
-}
-
-impl Outcome {
-    /// The word shown in the first column.
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Warn => "WARN",
-            Outcome::Fail => "FAIL",
-            Outcome::Skip => "skip",
-        }
-    }
-}
-
-/// One check's finding.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Check {
-    /// What was checked (`postgres`, `telegram bot main`, …).
-    pub name: String,
-    /// How it came out.
-    pub outcome: Outcome,
-    /// What was found.
-    pub detail: String,
-    /// What to do about it (for a warning or failure).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
-
-impl Check {
-    /// A passed check.
-    pub fn ok(name: &str, detail: impl Into<String>) -> Check {
-        Check { name: name.to_owned(), outcome: Outcome::Ok, detail: detail.into(), fix: None }
-    }
-    /// A warning with its fix.
-    pub fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
-        Check { name: name.to_owned(), outcome: Outcome::Warn, detail: detail.into(), fix: Some(fix.into()) }
-    }
-    /// A failure with its fix.
-    pub fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
-        Check { name: name.to_owned(), outcome: Outcome::Fail, detail: detail.into(), fix: Some(fix.into()) }
-    }
-    /// A check not made, and why.
-    pub fn skip(name: &str, detail: impl Into<String>) -> Check {
-        Check { name: name.to_owned(), outcome: Outcome::Skip, detail: detail.into(), fix: None }
-    }
-}
+pub use choir_common::admin::{Check, CheckOutcome as Outcome};
 
 /// Runs every offline check for the home at `root`, in the order an operator
 /// fixes things (files, disk, engine, database, endpoints, bots), handing

@@ -5,10 +5,36 @@ use std::path::PathBuf;
 
 const USAGE: &str = "\
 usage: choird [--home DIR]
+       choird doctor [--home DIR]
+       choird restore FILE [--home DIR] [--managed | --database-url-stdin]
 
 Runs the Choir control plane. The state directory is DIR, else $CHOIR_HOME,
 else ~/.choir.d. Logs go to stderr and DIR/logs/choird.log (level: RUST_LOG,
-default info).";
+default info).
+
+`doctor` and `restore` are the offline work `choirctl doctor` and
+`choirctl restore` have done here (they need no running choird): each
+prints one JSON object a line (a check; a step, then the summary), and
+`restore` reads the database's connection string from stdin with
+--database-url-stdin (never from the command line: it may hold a password).";
+
+/// What the command line asks for.
+enum Mode {
+    /// Run the daemon.
+    Serve,
+    /// The offline checks, one JSON line each.
+    Doctor,
+    /// Unpack a backup into an empty home.
+    Restore { file: PathBuf, into: Into },
+}
+
+/// Where `restore` puts the database.
+#[derive(PartialEq, Eq)]
+enum Into {
+    AsBackedUp,
+    Managed,
+    UrlOnStdin,
+}
 
 fn main() {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
@@ -25,10 +51,22 @@ fn main() {
 fn real_main() -> anyhow::Result<()> {
     use lexopt::prelude::*;
     let mut home: Option<PathBuf> = None;
+    let mut mode = Mode::Serve;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("home") => home = Some(parser.value()?.into()),
+            Value(word) if matches!(mode, Mode::Serve) && word == "doctor" => mode = Mode::Doctor,
+            Value(word) if matches!(mode, Mode::Serve) && word == "restore" => {
+                let file = parser.value().map_err(|_| anyhow::anyhow!("restore needs the backup FILE\n{USAGE}"))?;
+                mode = Mode::Restore { file: file.into(), into: Into::AsBackedUp };
+            }
+            Long(name @ ("managed" | "database-url-stdin")) => match &mut mode {
+                Mode::Restore { into, .. } if *into == Into::AsBackedUp => {
+                    *into = if name == "managed" { Into::Managed } else { Into::UrlOnStdin };
+                }
+                _ => anyhow::bail!("--{name} is for `choird restore`, once\n{USAGE}"),
+            },
             Long("help") | Short('h') => {
                 println!("{USAGE}");
                 return Ok(());
@@ -46,6 +84,11 @@ fn real_main() -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
         .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
     let home = if home.is_absolute() { home } else { std::env::current_dir()?.join(home) };
+    match mode {
+        Mode::Serve => {}
+        Mode::Doctor => return doctor(&home),
+        Mode::Restore { file, into } => return restore(&home, &file, into),
+    }
     init_logging(&home);
     let default_agent_binary = std::env::current_exe()
         .ok()
@@ -67,4 +110,43 @@ fn init_logging(home: &std::path::Path) {
     if let Err(e) = choird::logs::facade::Facade::install(manager, &filters) {
         eprintln!("choird: cannot set up logging: {e}");
     }
+}
+
+/// `choird doctor`: each offline check as one JSON line, as it is made.
+fn doctor(home: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let mut broken: Option<std::io::Error> = None;
+    choird::doctor::run(home, &mut |check| {
+        if broken.is_none() {
+            let line = serde_json::to_string(&check).unwrap_or_default();
+            if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                broken = Some(e);
+            }
+        }
+    });
+    match broken {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// `choird restore`: each step as `{"step": …}`, then `{"summary": …}`.
+fn restore(home: &std::path::Path, file: &std::path::Path, into: Into) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let into = match into {
+        Into::AsBackedUp => choird::backup::RestoreInto::AsBackedUp,
+        Into::Managed => choird::backup::RestoreInto::Managed,
+        Into::UrlOnStdin => {
+            let mut url = String::new();
+            std::io::stdin().lock().read_line(&mut url)?;
+            choird::backup::RestoreInto::Url(url.trim_end_matches(['\n', '\r']).to_owned())
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let summary = choird::backup::restore(file, home, &into, &mut |step: &str| {
+        let _ = writeln!(out, "{}", serde_json::json!({"step": step})).and_then(|()| out.flush());
+    })?;
+    writeln!(out, "{}", serde_json::json!({"summary": summary}))?;
+    Ok(())
 }

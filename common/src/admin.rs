@@ -547,3 +547,63 @@ pub struct ToolList {
     #[serde(default)]
     pub policy: crate::tool_policy::ToolPolicy,
 }
+
+/// How a `doctor` check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckOutcome {
+    /// Fine.
+    Ok,
+    /// Works, but will bite (e.g. little disk left).
+    Warn,
+    /// Broken: the deployment fails on this.
+    Fail,
+    /// Not checked (nothing configured, or an earlier check failed).
+    Skip,
+}
+
+impl CheckOutcome {
+    /// The word shown in the first column.
+    pub fn label(self) -> &'static str {
+        match self {
+            CheckOutcome::Ok => "ok",
+            CheckOutcome::Warn => "WARN",
+            CheckOutcome::Fail => "FAIL",
+            CheckOutcome::Skip => "skip",
+        }
+    }
+}
+
+/// One `doctor` check's finding: made by `choird doctor` (offline, one JSON
+/// line each) and by choirctl (what only a running choird can answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// What was checked (`postgres`, `telegram bot main`, …).
+    pub name: String,
+    /// How it came out.
+    pub outcome: CheckOutcome,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (for a warning or failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A passed check.
+    pub fn ok(name: &str, detail: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: CheckOutcome::Ok, detail: detail.into(), fix: None }
+    }
+    /// A warning with its fix.
+    pub fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: CheckOutcome::Warn, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    /// A failure with its fix.
+    pub fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: CheckOutcome::Fail, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    /// A check not made, and why.
+    pub fn skip(name: &str, detail: impl Into<String>) -> Check {
+        Check { name: name.to_owned(), outcome: CheckOutcome::Skip, detail: detail.into(), fix: None }
+    }
+}

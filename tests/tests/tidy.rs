@@ -40,3 +40,25 @@ fn the_systemd_unit_bounds_choird() {
         assert!(unit.lines().any(|l| l.starts_with(key)), "packaging/choird.service has no {key}");
     }
 }
+
+/// choirctl is a client: it links none of the daemon (its offline work is
+/// `choird doctor|restore`, run as a process), so building it builds none
+/// of choird's dependencies. `cargo tree -p choirctl -e normal` shows the
+/// same; this reads the manifest, which is where a dependency would come
+/// back.
+#[test]
+fn choirctl_depends_on_no_daemon_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(root.join("choirctl/Cargo.toml")).unwrap();
+    let deps: Vec<&str> = manifest
+        .split("\n[")
+        .filter(|section| section.starts_with("dependencies]") || section.starts_with("build-dependencies]"))
+        .flat_map(|section| section.lines().skip(1))
+        .filter_map(|l| l.split(['=', '.']).next().map(str::trim))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(!deps.is_empty(), "no dependencies read from choirctl/Cargo.toml: the check would pass blindly");
+    for daemon in ["choird", "choir-agent", "postgres", "lettre", "imap", "frankenstein"] {
+        assert!(!deps.contains(&daemon), "choirctl depends on {daemon}: {deps:?}");
+    }
+}
