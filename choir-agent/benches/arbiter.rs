@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_agent::arbiter::arg_check::ArgumentPolicy;
-use choir_agent::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use choir_agent::arbiter::lane_ctx::LaneCtx;
 use choir_agent::arbiter::locks::{LockManager, Resource};
 use choir_agent::arbiter::{Arbiter, Decision, ProposedCall};
 use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
@@ -21,6 +21,7 @@ use choir_agent::tools::Registry;
 use choir_agent::workspace::Workspace;
 use choir_common::arg_policy::{KnownTools, PolicyFile, PolicySet};
 use choir_common::commit::{EventKind, Outcome};
+use choir_common::lane::Lane;
 use choir_common::manifest::LockMode;
 use choir_common::trust::OutputTrust;
 use serde_json::json;
@@ -79,7 +80,7 @@ fn main() {
         tx,
         SecretStore::default(),
     );
-    let mut lane = LaneCtx::new("edge", LaneKind::Edge);
+    let mut lane = LaneCtx::new("edge", Lane::Edge);
     lane.allowlist = Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]);
     let call = ProposedCall {
         id: "c".into(),

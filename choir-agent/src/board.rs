@@ -6,6 +6,8 @@
 //! DONE, FAILED or CANCELLED for good; the edge lane returns to IDLE after each
 //! turn, whatever its outcome.
 
+use choir_common::lane::Lane;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,17 +49,8 @@ impl LaneState {
     }
 }
 
-/// Which kind of lane a machine belongs to (their tables differ at the ends).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneRole {
-    /// The user-facing lane: lives as long as the agent.
-    Edge,
-    /// A core job: one piece of work, then a terminal state.
-    Core,
-}
-
 /// The transition table.
-pub fn allowed(role: LaneRole, from: LaneState, to: LaneState) -> bool {
+pub fn allowed(role: Lane, from: LaneState, to: LaneState) -> bool {
     use LaneState::*;
     match (from, to) {
         (Idle, Reasoning) | (Idle, Cancelled) => true,
@@ -68,11 +61,11 @@ pub fn allowed(role: LaneRole, from: LaneState, to: LaneState) -> bool {
         (WaitingTool, WaitingApproval) => true,
         (WaitingApproval, Reasoning) | (WaitingApproval, Failed) | (WaitingApproval, Cancelled) => true,
         // The edge answers and goes back to waiting; a core job finishes.
-        (Reasoning, Idle) => role == LaneRole::Edge,
-        (Reasoning, Done) => role == LaneRole::Core,
+        (Reasoning, Idle) => role == Lane::Edge,
+        (Reasoning, Done) => role == Lane::Core,
         // An edge turn that failed or was cut short leaves the lane usable.
-        (Failed, Idle) | (Cancelled, Idle) => role == LaneRole::Edge,
-        (Idle, Done) => role == LaneRole::Edge,
+        (Failed, Idle) | (Cancelled, Idle) => role == Lane::Edge,
+        (Idle, Done) => role == Lane::Edge,
         _ => false,
     }
 }
@@ -270,14 +263,14 @@ impl StatusBoard {
 /// One lane's state machine, mirrored on the board.
 pub struct LaneMachine {
     lane: String,
-    role: LaneRole,
+    role: Lane,
     state: LaneState,
     board: Arc<StatusBoard>,
 }
 
 impl LaneMachine {
     /// A lane in IDLE.
-    pub fn new(lane: &str, role: LaneRole, board: Arc<StatusBoard>) -> LaneMachine {
+    pub fn new(lane: &str, role: Lane, board: Arc<StatusBoard>) -> LaneMachine {
         LaneMachine { lane: lane.to_owned(), role, state: LaneState::Idle, board }
     }
 
@@ -310,7 +303,7 @@ mod tests {
     fn terminal_states_of_core_lanes_are_final() {
         for to in ALL {
             for from in [Done, Failed, Cancelled] {
-                assert!(!allowed(LaneRole::Core, from, to), "core {from:?} -> {to:?}");
+                assert!(!allowed(Lane::Core, from, to), "core {from:?} -> {to:?}");
             }
         }
     }
@@ -320,7 +313,7 @@ mod tests {
         let edge: Vec<(LaneState, LaneState)> = ALL
             .iter()
             .flat_map(|f| ALL.iter().map(move |t| (*f, *t)))
-            .filter(|(f, t)| allowed(LaneRole::Edge, *f, *t))
+            .filter(|(f, t)| allowed(Lane::Edge, *f, *t))
             .collect();
         assert_eq!(
             edge,
@@ -345,14 +338,14 @@ mod tests {
                 (Cancelled, Idle),
             ]
         );
-        assert!(allowed(LaneRole::Core, Reasoning, Done) && !allowed(LaneRole::Core, Reasoning, Idle));
+        assert!(allowed(Lane::Core, Reasoning, Done) && !allowed(Lane::Core, Reasoning, Idle));
     }
 
     #[test]
     fn illegal_transitions_are_refused_and_change_nothing() {
         let board = StatusBoard::new();
         board.add_lane("core-x", Some(10), None, None);
-        let mut m = LaneMachine::new("core-x", LaneRole::Core, board.clone());
+        let mut m = LaneMachine::new("core-x", Lane::Core, board.clone());
         assert!(m.go(WaitingTool).is_err());
         assert_eq!(m.state(), Idle);
         m.go(Reasoning).unwrap();

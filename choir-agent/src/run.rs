@@ -159,15 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let identity = Identity::load(&args.choir_dir, &args.agent);
     arbiter.set_operator_words(identity.operator_words());
     let llm = Arc::new(Llm::new(rpc.clone()));
-    let limits = {
-        let c = config.read();
-        CoreLimits {
-            max_jobs: c.max_core_jobs as usize,
-            budget: c.core_budget,
-            retry_budget: c.retry_budget,
-            context_tokens: c.context_tokens,
-        }
-    };
+    let limits = CoreLimits::of(&config.read());
     // Core jobs' model calls go over connections of their own: choird runs
     // a connection that relayed a core call below the edge from then on
     // (see choird's relay), so the edge's calls must never be pooled with

@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod hop;
 pub mod host_tools;
 pub mod ids;
+pub mod lane;
 pub mod malloc;
 pub mod manifest;
 pub mod nice;

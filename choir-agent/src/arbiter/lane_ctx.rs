@@ -4,20 +4,13 @@
 //! decides with it, proposals carry it to choird, and lanes and skills build
 //! it; it knows none of them.
 
+use choir_common::lane::Lane;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::origin::Entry;
 use crate::tools::tool::LaneHooks;
-
-/// The kind of lane: what it may be offered and shown (`exposure`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneKind {
-    /// The edge lane.
-    Edge,
-    /// A core job.
-    Core,
-}
 
 /// Who is calling, and what they may call.
 #[derive(Clone)]
@@ -25,7 +18,7 @@ pub struct LaneCtx {
     /// Lane name (`edge`, or a core job).
     pub lane: String,
     /// Edge or core (for output exposure).
-    pub kind: LaneKind,
+    pub kind: Lane,
     /// Tools allowed right now; `None` means every offered tool.
     pub allowlist: Option<Vec<String>>,
     /// The inbound message whose turn this is.
@@ -64,7 +57,7 @@ pub struct SkillAt {
 
 impl LaneCtx {
     /// A lane with no allowlist, turn, hooks, cancellation or skill.
-    pub fn new(lane: &str, kind: LaneKind) -> LaneCtx {
+    pub fn new(lane: &str, kind: Lane) -> LaneCtx {
         LaneCtx {
             lane: lane.to_owned(),
             kind,

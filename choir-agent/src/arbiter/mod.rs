@@ -69,7 +69,7 @@ use serde_json::{json, Value};
 use sha2::Digest;
 
 use crate::arbiter::invocation::{Failure, Invocation, Pending, Refusal, Refused, Status};
-use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::locks::{LockManager, Resource};
 use crate::arbiter::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
 use crate::arbiter::provenance::Evidence;
@@ -81,6 +81,7 @@ use crate::secrets::SecretStore;
 use crate::tools::propose::{self, Awaited, ProposalError, ProposalSink};
 use crate::tools::{ExecContext, Registry};
 use crate::workspace::Workspace;
+use choir_common::lane::Lane;
 
 /// The lock `choir.exec` holds exclusively and every tool with secrets
 /// shares, so no shell command runs while a secret is in a tool's process.
@@ -741,8 +742,7 @@ impl Arbiter {
     pub fn complete_intents(&self, intents: &[CommitEvent]) -> Result<Vec<CommitEvent>, LogError> {
         let mut done = Vec::new();
         for intent in intents {
-            let mut lane =
-                LaneCtx::new(&intent.lane, if intent.lane == "edge" { LaneKind::Edge } else { LaneKind::Core });
+            let mut lane = LaneCtx::new(&intent.lane, if intent.lane == "edge" { Lane::Edge } else { Lane::Core });
             lane.turn = intent.turn;
             lane.skill = intent
                 .skill
@@ -891,7 +891,6 @@ pub(crate) fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arbiter::lane_ctx::LaneKind;
     use crate::tools::host::NoHost;
     use serde_json::json;
 
@@ -937,7 +936,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let deploy = external("x.deploy.run", json!({"secret_resources": ["deploy_key"]}));
         let arbiter = arbiter_with(dir.path(), &[("deploy", deploy)]);
-        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let lane = LaneCtx::new("edge", Lane::Edge);
         let resources = |name: &str, args: &str| match arbiter.decide(&lane, &call(name, args), &[]) {
             Decision::Allowed { resources, .. } => resources,
             other => panic!("{other:?}"),
@@ -958,7 +957,7 @@ mod tests {
         let named = external("x.mail.send", json!({"locks": [{"resource": "mailbox", "mode": "X"}]}));
         let shared = external("x.ping.send", json!({"locks": [{"resource": "net", "mode": "S"}]}));
         let arbiter = arbiter_with(dir.path(), &[("mail", named), ("ping", shared)]);
-        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let lane = LaneCtx::new("edge", Lane::Edge);
         let resources = |name: &str| match arbiter.decide(&lane, &call(name, "{}"), &[]) {
             Decision::Allowed { resources, .. } => resources,
             other => panic!("{other:?}"),
@@ -1017,7 +1016,7 @@ mod tests {
     #[test]
     fn the_strictest_check_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let lane = LaneCtx::new("edge", Lane::Edge);
         let read = call("choir__fs__read", r#"{"path": "a"}"#);
         let propose = call("choir__propose__config_change", r#"{"changes": {"max_steps_per_turn": 3}, "reason": "r"}"#);
         let unknown = call("nope", "{}");
@@ -1080,7 +1079,7 @@ mod tests {
             reason: "sure?".into(),
             wait: Duration::from_secs(1),
         }))]);
-        let lane = LaneCtx::new("edge", LaneKind::Edge);
+        let lane = LaneCtx::new("edge", Lane::Edge);
         let inv = arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "w", "content": "x"}"#), &[]).unwrap();
         assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::ProposalUnavailable));
         assert!(!dir.path().join("ws/w").exists());

@@ -43,12 +43,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// How strict it is: the order in which verdicts win.
-    fn rank(&self) -> u8 {
+    /// Its kind, in the one order of strictness every policy shares
+    /// (`Decision`'s: allow < confirm < forbid).
+    pub fn decision(&self) -> choir_common::arg_policy::Decision {
+        use choir_common::arg_policy::Decision;
         match self {
-            Verdict::Allow => 0,
-            Verdict::Confirm { .. } => 1,
-            Verdict::Forbid { .. } => 2,
+            Verdict::Allow => Decision::Allow,
+            Verdict::Confirm { .. } => Decision::Confirm,
+            Verdict::Forbid { .. } => Decision::Forbid,
         }
     }
 
@@ -59,7 +61,7 @@ impl Verdict {
             (Verdict::Confirm { reason, wait: a }, Verdict::Confirm { wait: b, .. }) => {
                 Verdict::Confirm { reason, wait: a.min(b) }
             }
-            (a, b) if b.rank() > a.rank() => b,
+            (a, b) if b.decision() > a.decision() => b,
             (a, _) => a,
         }
     }
@@ -158,8 +160,8 @@ mod tests {
         let all = [Verdict::Allow, confirm(5), forbid.clone()];
         for a in &all {
             for b in &all {
-                let want = if a.rank() >= b.rank() { a.rank() } else { b.rank() };
-                assert_eq!(a.clone().stricter(b.clone()).rank(), want, "{a:?} {b:?}");
+                let want = a.decision().max(b.decision());
+                assert_eq!(a.clone().stricter(b.clone()).decision(), want, "{a:?} {b:?}");
             }
         }
         assert_eq!(
@@ -171,7 +173,7 @@ mod tests {
     #[test]
     fn combined_policies_name_the_one_that_forbids() {
         let manifest = crate::tools::Registry::builtins().unwrap().get("choir.fs.read").unwrap().manifest.clone();
-        let lane = LaneCtx::new("edge", crate::arbiter::lane_ctx::LaneKind::Edge);
+        let lane = LaneCtx::new("edge", choir_common::lane::Lane::Edge);
         let none: Vec<Arc<dyn CallPolicy>> = vec![];
         assert_eq!(
             combine(&none, &lane, "choir.fs.read", &manifest, &Value::Null, &Evidence::default()),

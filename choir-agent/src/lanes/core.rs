@@ -28,9 +28,9 @@ use serde_json::{json, Value};
 
 use crate::arbiter::approvals::Approvals;
 use crate::arbiter::invocation::{Invocation, Status};
-use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::Arbiter;
-use crate::board::{LaneMachine, LaneRole, LaneState, StatusBoard};
+use crate::board::{LaneMachine, LaneState, StatusBoard};
 use crate::lanes::conversation::Conversation;
 use crate::lanes::inbox::EdgeEvent;
 use crate::lanes::llm::Llm;
@@ -40,6 +40,7 @@ use crate::lanes::skill_run::{SkillOutcome, SkillRun, SkillStep};
 use crate::lanes::skills::{Skill, SkillBook};
 use crate::origin::{Entry, Origin};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
+use choir_common::lane::Lane;
 
 /// Characters of a firing's report sent to choird.
 const MAX_FIRING_REPORT: usize = 4000;
@@ -83,6 +84,18 @@ pub struct CoreLimits {
     pub retry_budget: u32,
     /// Context size before compaction.
     pub context_tokens: u64,
+}
+
+impl CoreLimits {
+    /// The limits a dynamic config sets (the one place they are read from it).
+    pub fn of(c: &choir_common::rpc::DynamicConfig) -> CoreLimits {
+        CoreLimits {
+            max_jobs: c.max_core_jobs as usize,
+            budget: c.core_budget,
+            retry_budget: c.retry_budget,
+            context_tokens: c.context_tokens,
+        }
+    }
 }
 
 struct Job {
@@ -368,7 +381,7 @@ impl JobRun {
         let lane_name = format!("core:{}", self.name);
         let budget = self.limits.budget;
         s.board.add_lane(&lane_name, Some(budget.steps), Some(budget.tokens), Some(self.objective.clone()));
-        let mut machine = LaneMachine::new(&lane_name, LaneRole::Core, s.board.clone());
+        let mut machine = LaneMachine::new(&lane_name, Lane::Core, s.board.clone());
         let registry = s.arbiter.registry();
         let allowlist: Vec<String> = registry
             .names()
@@ -378,7 +391,7 @@ impl JobRun {
             .collect();
         let system = crate::lanes::prompt::core(&s.identity, registry, &allowlist, &self.name, &self.objective);
         let hooks = Arc::new(CoreHooks { compact: AtomicBool::new(false) });
-        let mut lane = LaneCtx::new(&lane_name, LaneKind::Core);
+        let mut lane = LaneCtx::new(&lane_name, Lane::Core);
         lane.allowlist = Some(allowlist);
         lane.task_allowlist = self.task.clone();
         lane.inherited = Some(self.inherited.clone());

@@ -24,7 +24,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
-use crate::arbiter::lane_ctx::{LaneCtx, LaneKind};
+use crate::arbiter::lane_ctx::LaneCtx;
 use crate::board::{LaneMachine, LaneState, StatusBoard};
 use crate::commitlog::LogError;
 use crate::lanes::conversation::Conversation;
@@ -38,6 +38,7 @@ use crate::lanes::skills::{Skill, SkillBook};
 use crate::origin::{Entry, Origin};
 use crate::tools::tool::{JobRequest, LaneHooks, ToolError};
 use crate::tools::Registry;
+use choir_common::lane::Lane;
 
 use crate::lanes::outbound::Outbound;
 
@@ -139,7 +140,7 @@ impl EdgeLane {
     /// Runs until [`EdgeEvent::Stop`] or the inbox closes. Fails only if the
     /// commit log cannot be written. The core pool is shut down on the way out.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
-        let mut machine = LaneMachine::new("edge", crate::board::LaneRole::Edge, self.board.clone());
+        let mut machine = LaneMachine::new("edge", choir_common::lane::Lane::Edge, self.board.clone());
         let mut st =
             State { held: Held::new(HELD_CONVERSATIONS), deferred: VecDeque::new(), stopping: false, tokens: 0 };
         // Completed before any turn, so an interrupted turn is replayed with
@@ -200,13 +201,7 @@ impl EdgeLane {
     }
 
     fn limits(&self) -> CoreLimits {
-        let c = self.config.read();
-        CoreLimits {
-            max_jobs: c.max_core_jobs as usize,
-            budget: c.core_budget,
-            retry_budget: c.retry_budget,
-            context_tokens: c.context_tokens,
-        }
+        CoreLimits::of(&self.config.read())
     }
 
     /// One turn: model steps until an answer, with injection between steps.
@@ -266,7 +261,7 @@ impl EdgeLane {
         });
         // A cancel asked for while the lane was idle has nothing to stop.
         self.cancel.store(false, Ordering::SeqCst);
-        let mut lane = LaneCtx::new("edge", LaneKind::Edge);
+        let mut lane = LaneCtx::new("edge", Lane::Edge);
         lane.turn = turn_id;
         lane.hooks = Some(hooks.clone());
         lane.cancel = Some(self.cancel.clone());

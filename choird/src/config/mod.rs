@@ -1059,33 +1059,7 @@ impl Config {
     }
 }
 
-/// The two kinds of lane, as far as model routing goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    /// User-facing.
-    Edge,
-    /// Long work.
-    Core,
-}
-
-impl Lane {
-    /// Parses `edge` / `core`.
-    pub fn parse(s: &str) -> Option<Lane> {
-        match s {
-            "edge" => Some(Lane::Edge),
-            "core" => Some(Lane::Core),
-            _ => None,
-        }
-    }
-
-    /// The name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Lane::Edge => "edge",
-            Lane::Core => "core",
-        }
-    }
-}
+pub use choir_common::lane::Lane;
 
 #[cfg(test)]
 mod tests {
