@@ -123,6 +123,15 @@ pub struct RuntimeView {
     pub output_trust: OutputTrust,
 }
 
+impl RuntimeView {
+    /// Whether a call reaches the outside world (`side_effect: external`):
+    /// such a call holds an exclusive lock, is flagged for audit, and, when
+    /// not idempotent, runs at most once. The one place this is derived.
+    pub fn reaches_outside(&self) -> bool {
+        self.side_effect == SideEffect::External
+    }
+}
+
 fn exposure_both() -> Exposure {
     Exposure::Both
 }

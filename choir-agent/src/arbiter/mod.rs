@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use choir_common::commit::{canonical_json, CommitEvent, EventKind, Outcome};
 use choir_common::ids::canonical_tool_name;
-use choir_common::manifest::{placeholders, LockMode, SideEffect, PROPOSAL_TOOLS};
+use choir_common::manifest::{placeholders, LockMode, PROPOSAL_TOOLS};
 use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
 use crossbeam_channel::Sender;
 use serde_json::{json, Value};
@@ -386,7 +386,7 @@ impl Arbiter {
         }
         // An action on the outside world is never concurrent with another
         // of the same resource: its own, unless the manifest names one.
-        if runtime.side_effect == SideEffect::External && !resources.iter().any(|(_, m)| *m == LockMode::X) {
+        if runtime.reaches_outside() && !resources.iter().any(|(_, m)| *m == LockMode::X) {
             resources.push((Resource::new(&format!("external:{tool}")), LockMode::X));
         }
         if let Some((refusal, reason)) = self.gate(lane) {
@@ -699,7 +699,7 @@ impl Arbiter {
         let (inv, duration_us) =
             self.execute(lane, key.as_deref().unwrap_or(&call.id), &tool, &input, timeout, history);
         crate::failpoints::hit("after_execute");
-        let external = reg.manifest.runtime.side_effect == SideEffect::External;
+        let external = reg.manifest.runtime.reaches_outside();
         Ok(Settled { tool, input, inv, duration_us, external })
     }
 
@@ -754,7 +754,7 @@ impl Arbiter {
                 Some(reg) if reg.runs_on_host() => {
                     let timeout = Duration::from_millis(reg.manifest.runtime.timeout_ms);
                     let (inv, us) = self.execute(&lane, &once_key(intent), &intent.tool, &intent.input, timeout, &[]);
-                    (inv, us, reg.manifest.runtime.side_effect == SideEffect::External)
+                    (inv, us, reg.manifest.runtime.reaches_outside())
                 }
                 // Run here, and the process that ran it is gone: whether it
                 // reached the outside world is unknown. Never run blindly

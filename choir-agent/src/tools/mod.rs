@@ -82,9 +82,7 @@ impl Registered {
     /// have run instead of running it again).
     pub fn at_most_once(&self) -> bool {
         let r = &self.manifest.runtime;
-        !r.idempotent
-            && (self.runs_on_host()
-                || (self.source != BUILT_IN_SOURCE && r.side_effect == choir_common::manifest::SideEffect::External))
+        !r.idempotent && (self.runs_on_host() || (self.source != BUILT_IN_SOURCE && r.reaches_outside()))
     }
 }
 

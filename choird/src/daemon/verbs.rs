@@ -355,7 +355,9 @@ impl Daemon {
         match self.store.store_turn(&who.agent, who.session, &req.events, half) {
             Ok(stored) => {
                 if !req.events.is_empty() {
-                    self.note_memory_sources(&who.agent, &req.events);
+                    if let Some(memory) = &self.memory {
+                        memory.note_sources(&who.agent, &req.events);
+                    }
                 }
                 Ok(stored)
             }
@@ -458,23 +460,6 @@ impl Daemon {
             json!({"session": who.session, "reason": reason}),
         );
         Ok(())
-    }
-
-    /// Records, on the items a memory upsert stored, the commit sequence of
-    /// the call that stored them (known only once the event replicates).
-    fn note_memory_sources(&self, agent: &AgentId, events: &[choir_common::commit::CommitEvent]) {
-        if self.memory.is_none() {
-            return;
-        }
-        for e in
-            events.iter().filter(|e| e.tool == "choir.memory.upsert" && e.outcome == choir_common::commit::Outcome::Ok)
-        {
-            if let Some(call) = &e.call_id {
-                if let Err(err) = self.store.memory_set_commit_seq(agent, call, e.seq as i64) {
-                    log::warn!("memory: commit sequence of {call} not recorded: {err}");
-                }
-            }
-        }
     }
 
     /// EXECUTE_HOST_TOOL: a host tool for the authenticated agent, through

@@ -140,7 +140,7 @@ impl Registry {
                     return Err(err(format!("its manifest names {}", m.llm.name)));
                 }
                 let v = jsonschema::validator_for(&m.llm.parameters).map_err(|e| err(e.to_string()))?;
-                let external = m.runtime.side_effect == choir_common::manifest::SideEffect::External;
+                let external = m.runtime.reaches_outside();
                 (Some(v), m.runtime.idempotent, external)
             }
             None => (None, true, false),

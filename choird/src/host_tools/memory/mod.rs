@@ -152,6 +152,23 @@ fn sha256(text: &str) -> String {
 }
 
 impl Memory {
+    /// After a HEARTBEAT's events are stored: records, on the items each
+    /// `choir.memory.upsert` that succeeded stored, the commit sequence of
+    /// that call (known only once its event replicates), so an item names
+    /// the call that made it. Memory's own hook on replication: the
+    /// generic path knows nothing of it.
+    pub fn note_sources(&self, agent: &AgentId, events: &[choir_common::commit::CommitEvent]) {
+        let stored =
+            events.iter().filter(|e| e.tool == "choir.memory.upsert" && e.outcome == choir_common::commit::Outcome::Ok);
+        for e in stored {
+            if let Some(call) = &e.call_id {
+                if let Err(err) = self.shared.store.memory_set_commit_seq(agent, call, e.seq as i64) {
+                    log::warn!("memory: commit sequence of {call} not recorded: {err}");
+                }
+            }
+        }
+    }
+
     /// Starts memory when configured: checks the embedding dimension against
     /// the endpoint (a mismatch is an error; an endpoint that does not answer
     /// is only a warning, since items are queued until it does) and starts the
