@@ -269,10 +269,13 @@ fn regression_the_managed_postgresql_is_started_again_by_choird_after_it_is_stop
 
 /// A size-limited tmpfs mounted over a directory for one test (root only),
 /// lazily unmounted when dropped: a full disk that never touches the
-/// machine's own.
+/// machine's own. Dropped after the choird whose home holds it, it also
+/// removes what that home's removal had to leave (the mount point was busy
+/// then).
 struct SmallFs(std::path::PathBuf);
 
 impl SmallFs {
+    /// Mounts `size` at `at`, a directory directly inside a test's home.
     fn mount(at: &std::path::Path, size: &str) -> SmallFs {
         std::fs::create_dir_all(at).unwrap();
         let out = std::process::Command::new("mount")
@@ -288,6 +291,11 @@ impl SmallFs {
 impl Drop for SmallFs {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        // The home's removal (choird's drop, before this) could not remove
+        // the mount point; the home goes now, unless a kept test asked for it.
+        if let Some(home) = self.0.parent().filter(|_| !choir_tests::keep()) {
+            let _ = std::fs::remove_dir_all(home);
+        }
     }
 }
 
