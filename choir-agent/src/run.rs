@@ -288,8 +288,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// The call policies of this build: none yet in production; the test build
-/// adds the one `<state dir>/confirm.json` asks for.
+/// The call policies of this build: the argument policy (choird's merged
+/// rules: the built-in default and the operator's); the test build adds the
+/// one `<state dir>/confirm.json` asks for.
 fn policies(
     state_dir: &std::path::Path,
     arguments: Arc<crate::arbiter::arg_check::ArgumentPolicy>,

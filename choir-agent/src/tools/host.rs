@@ -1,5 +1,5 @@
 //! Host tools (R-TOOL-5b): tools that choird runs on the agent's behalf
-//! (memory, and later web, mail, speech), reached with EXECUTE_HOST_TOOL. The
+//! (memory, web, browser, mail, Notion, speech), reached with EXECUTE_HOST_TOOL. The
 //! arbiter treats them like any other tool — schema, allowlist, locks, commit
 //! — and only the execution step crosses to the host.
 
