@@ -105,14 +105,13 @@ fn secrets(home: &Home, config: Option<&Config>) -> (Option<Secrets>, Check) {
 }
 
 fn disk(home: &Home) -> Check {
-    let vfs = match rustix::fs::statvfs(home.root()) {
-        Ok(v) => v,
+    let space = match crate::disk::Space::of(home.root()) {
+        Ok(s) => s,
         Err(e) => {
             return Check::fail("disk", format!("{}: {e}", home.root().display()), "create the home, or fix its path")
         }
     };
-    let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
-    let total = vfs.f_blocks.saturating_mul(vfs.f_frsize).max(1);
+    let (free, total) = (space.free, space.total.max(1));
     let detail = format!(
         "{} free of {} on the home's file system ({:.0} %)",
         choir_common::text::human_bytes(free),

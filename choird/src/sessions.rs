@@ -1044,6 +1044,57 @@ mod tests {
         assert!(sessions.wait_for_answer(&b, 4, tx, None));
     }
 
+    /// Hostile: the reason an agent gives in TERMINATE_SELF is its own
+    /// words, shown to the operator with its exit: cut to 300 characters,
+    /// newlines and bidi controls escaped (one line in any terminal); the
+    /// agent's plain "stopped" adds nothing.
+    #[test]
+    fn the_reason_an_agent_gives_for_its_end_is_cut_and_kept_on_one_line() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        let exit_of = |said: &str, session: i64| {
+            sessions.open(&a, session, [0; 32], 0);
+            sessions.terminate(&a, said);
+            sessions.ended(&a, session, "process exited (exit status: 1)", false);
+            sessions.summary(&a, "process").and_then(|s| s.last_exit).unwrap()
+        };
+        let hostile = format!("disk full\nFAKE: all good\u{202e}{}", "x".repeat(10_000));
+        let exit = exit_of(&hostile, 1);
+        assert!(exit.starts_with("process exited (exit status: 1); the agent said: disk full"), "{exit}");
+        assert!(!exit.contains('\n') && !exit.contains('\u{202e}'), "{exit}");
+        assert!(exit.chars().count() < 400, "cut: {} characters", exit.chars().count());
+        // Negative control: the same words without hostile characters come through as they are.
+        assert_eq!(
+            exit_of("commit log failure: ENOSPC", 2),
+            "process exited (exit status: 1); the agent said: commit log failure: ENOSPC"
+        );
+        assert_eq!(exit_of("stopped", 3), "process exited (exit status: 1)");
+    }
+
+    /// A crash loop ends: MAX_QUICK_CRASHES restarts are allowed, the next
+    /// is refused with the last exit in its reason, and the agent is no
+    /// longer wanted; a healthy run starts the count over.
+    #[test]
+    fn restarts_stop_after_max_quick_crashes_and_a_healthy_run_starts_the_count_over() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.begin_start(&a).unwrap();
+        let generation = sessions.generation(&a);
+        for n in 1..=MAX_QUICK_CRASHES {
+            assert_eq!(sessions.begin_restart(&a), Restart::After(n));
+        }
+        sessions.healthy(&a);
+        for n in 1..=MAX_QUICK_CRASHES {
+            assert_eq!(sessions.begin_restart(&a), Restart::After(n));
+        }
+        match sessions.begin_restart(&a) {
+            Restart::GaveUp(why) => assert!(why.starts_with("not restarted: it failed 6 times"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!sessions.wanted(&a, generation));
+        assert_eq!(sessions.begin_restart(&AgentId::parse("nobody").unwrap()), Restart::NotWanted);
+    }
+
     fn message(id: u64) -> InboundMessage {
         InboundMessage { id, conversation: "c".into(), sender: "admin".into(), text: "hi".into(), earlier: false }
     }

@@ -267,6 +267,20 @@ fn regression_the_managed_postgresql_is_started_again_by_choird_after_it_is_stop
     assert_eq!(fake.request_count(), 3, "nothing asked twice");
 }
 
+/// Installs `x.post`, an external, non-idempotent operator tool (the kind
+/// whose outcome a crash can make unknown): it reads its input line into
+/// `$line`, runs `effect`, and answers "posted".
+fn install_post(choird: &Choird, effect: &str) {
+    let manifest = json!({
+        "llm": {"name": "x.post", "description": "Posts a message (test).",
+                "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}},
+        "runtime": {"exec_path": "post", "timeout_ms": 10000, "side_effect": "external", "idempotent": false,
+                    "version": "1", "output_trust": "trusted"}
+    });
+    let script = format!("read -r line; {effect}; printf '{{\"summary\": \"posted\"}}\\n'");
+    choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);
+}
+
 /// A size-limited tmpfs mounted over a directory for one test (root only),
 /// lazily unmounted when dropped: a full disk that never touches the
 /// machine's own. Dropped after the choird whose home holds it, it also
@@ -333,17 +347,10 @@ fn regression_a_full_disk_ends_the_crash_loop_explained_and_the_outside_call_run
     let choird = Choird::start_in(home);
     // An outside effect (a line in a file outside the workspace), then the
     // workspace filled, before the result is committed.
-    let manifest = json!({
-        "llm": {"name": "x.post", "description": "Posts a message (test).",
-                "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}},
-        "runtime": {"exec_path": "post", "timeout_ms": 10000, "side_effect": "external", "idempotent": false,
-                    "version": "1", "output_trust": "trusted"}
-    });
-    let script = format!(
-        "read -r line; echo posted >> {}; head -c 8388608 /dev/zero > big.bin 2>/dev/null; printf '{{\"summary\": \"posted\"}}\\n'",
-        posts.display()
+    install_post(
+        &choird,
+        &format!("echo posted >> {}; head -c 8388608 /dev/zero > big.bin 2>/dev/null", posts.display()),
     );
-    choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);
     choird.ctl_ok(&["agent", "start", "demo"]);
     let chat = post(&choird, "cli", "post hello");
 
@@ -445,17 +452,7 @@ fn choird_killed_at_random_points_under_telegram_traffic_loses_and_repeats_nothi
     let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg_c": BOT_TOKEN}));
     let outside = tempfile::tempdir().unwrap();
     let posts = outside.path().join("posts.log");
-    let manifest = json!({
-        "llm": {"name": "x.post", "description": "Posts a message (test).",
-                "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}},
-        "runtime": {"exec_path": "post", "timeout_ms": 10000, "side_effect": "external", "idempotent": false,
-                    "version": "1", "output_trust": "trusted"}
-    });
-    let script = format!(
-        "read -r line; sleep 0.3; echo \"$line\" >> {}; printf '{{\"summary\": \"posted\"}}\\n'",
-        posts.display()
-    );
-    choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);
+    install_post(&choird, &format!("sleep 0.3; echo \"$line\" >> {}", posts.display()));
     choird.ctl_ok(&["agent", "start", "alpha"]);
 
     let mut rng = Rng(seed | 1);

@@ -162,27 +162,23 @@ fn retrying<T>(mut f: impl FnMut() -> Result<T, Attempt>) -> Result<T, LlmError>
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let err = match f() {
+        // What failed, and how long the provider asked us to wait.
+        let (failed, retry_after_s) = match f() {
             Ok(v) => return Ok(v),
             Err(Attempt::Fatal(e)) => return Err(e),
-            Err(Attempt::Failed(e)) => e,
+            Err(Attempt::Failed(e)) if !e.retryable() || attempt >= ATTEMPTS => return Err(e.into()),
             Err(Attempt::Cut(why)) if attempt >= ATTEMPTS => return Err(LlmError::Cut { attempts: attempt, why }),
-            Err(Attempt::Cut(why)) => {
-                let wait = backoff(attempt).min(MAX_BACKOFF);
-                log::warn!("model call attempt {attempt}: its answer was cut off ({why}); retrying in {wait:?}");
-                std::thread::sleep(wait);
-                continue;
+            Err(Attempt::Failed(e)) => {
+                let asked = match &e {
+                    RpcError::Refused { retry_after_s, .. } => *retry_after_s,
+                    _ => None,
+                };
+                (e.to_string(), asked)
             }
+            Err(Attempt::Cut(why)) => (format!("its answer was cut off: {why}"), None),
         };
-        if !err.retryable() || attempt >= ATTEMPTS {
-            return Err(err.into());
-        }
-        let wait = match &err {
-            RpcError::Refused { retry_after_s: Some(s), .. } => Duration::from_secs(*s),
-            _ => backoff(attempt),
-        }
-        .min(MAX_BACKOFF);
-        log::warn!("model call attempt {attempt} failed ({err}); retrying in {wait:?}");
+        let wait = retry_after_s.map_or_else(|| backoff(attempt), Duration::from_secs).min(MAX_BACKOFF);
+        log::warn!("model call attempt {attempt} failed ({failed}); retrying in {wait:?}");
         std::thread::sleep(wait);
     }
 }

@@ -476,7 +476,8 @@ impl Daemon {
             return;
         }
         log::warn!("agent {id}: telling {} conversation(s) that their messages wait for the operator", notices.len());
-        for chunk in notices.chunks(choir_common::rpc::MAX_COVERS.max(1)) {
+        // A few notices per transaction: never one statement of a thousand rows.
+        for chunk in notices.chunks(32) {
             match self.store.record_replies(id, chunk, 0, self.delivery.as_ref()) {
                 Ok(r) => {
                     for conversation in r.delivered {
