@@ -14,16 +14,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use choir_common::ids::AgentId;
-use choir_common::rpc::Verb;
 
+use crate::api::Router;
 use crate::config::Config;
-use crate::daemon::{Daemon, Parts, RateClass};
+use crate::daemon::{Daemon, Parts};
 use crate::db::cluster::ManagedCluster;
 use crate::db::Db;
 use crate::home::Home;
 use crate::http::server::{Limits, Server, Socket};
-use crate::http::{printable, ApiError, Handler, ListenerKind, Request, Response};
-use crate::http::{Admitted, Head};
+use crate::http::{ApiError, ListenerKind};
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::store::Store;
@@ -39,13 +38,6 @@ pub struct Options {
     /// A file the scheduler reads the time from instead of the system
     /// clock (tests only: `CHOIR_TEST_CLOCK_FILE`).
     pub clock_file: Option<PathBuf>,
-}
-
-/// Routes a request to the admin API, the agent RPC or the LLM relay,
-/// according to what the listener exposes.
-struct Router {
-    daemon: Arc<Daemon>,
-    tg: crate::telegram::Handle,
 }
 
 /// The control plane as the Telegram gateway sees it.
@@ -79,66 +71,6 @@ impl crate::telegram::Control for DaemonControl {
     }
 }
 
-/// Largest body of an admin request (chat messages, proposals shown back, …).
-const MAX_ADMIN_BODY: usize = 1024 * 1024;
-
-impl Handler for Router {
-    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError> {
-        let d = &self.daemon;
-        if *kind == ListenerKind::Metrics {
-            // The metrics listener serves one read-only page and nothing else.
-            return match (head.method.as_str(), head.path.as_str()) {
-                ("GET", "/metrics") => Ok(Admitted { max_body: 0, caller: None }),
-                _ => Err(ApiError::NotFound("only GET /metrics is served here".into())),
-            };
-        }
-        if let Some(verb) = Verb::from_path(&head.path) {
-            let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
-            let who = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
-            return Ok(Admitted { max_body: crate::api::rpc::max_body(verb), caller: Some(who) });
-        }
-        if let Some(rest) = head.path.strip_prefix("/llm/") {
-            let lane = rest.split_once('/').map_or(rest, |(l, _)| l);
-            let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
-            let who = d.authenticate(kind, head.bearer.as_deref(), "LLM", class)?;
-            return Ok(Admitted { max_body: crate::api::relay::MAX_REQUEST, caller: Some(who) });
-        }
-        if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
-            return Ok(Admitted { max_body: MAX_ADMIN_BODY, caller: None });
-        }
-        // The admin API exists only on choird.sock; agents cannot reach it.
-        Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&head.method), printable(&head.path))))
-    }
-
-    fn handle(&self, kind: &ListenerKind, req: Request) -> Response {
-        let d = &self.daemon;
-        if *kind == ListenerKind::Metrics {
-            return Response {
-                status: 200,
-                body: crate::api::metrics::render(d, &self.tg).into_bytes(),
-                content_type: "text/plain; version=0.0.4; charset=utf-8",
-                headers: Vec::new(),
-                stream: None,
-            };
-        }
-        let result = if let Some(verb) = Verb::from_path(&req.path) {
-            crate::api::rpc::handle(d, verb, &req)
-        } else if let Some(rest) = req.path.strip_prefix("/llm/") {
-            match rest.split_once('/') {
-                Some((lane, "v1/chat/completions")) if req.method == "POST" => {
-                    crate::api::relay::handle(d.shared(), lane, &req)
-                }
-                _ => Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&req.path)))),
-            }
-        } else if req.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
-            crate::api::admin::handle(d, &self.tg, &req)
-        } else {
-            Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&req.method), printable(&req.path))))
-        };
-        result.unwrap_or_else(ApiError::into_response)
-    }
-}
-
 /// Connections an agent's socket serves at once: its long-poll, replication,
 /// streamed model calls of the edge and of its core jobs, host tools and
 /// status reports, with room to spare.
@@ -151,7 +83,7 @@ struct Listeners {
     agents: BTreeMap<AgentId, Server>,
     tcp: Option<Server>,
     metrics: Option<Server>,
-    router: Arc<dyn Handler>,
+    router: Arc<Router>,
 }
 
 impl Listeners {
@@ -312,7 +244,7 @@ fn serve(
     };
     daemon.reload_policies("choird");
     daemon.adopt_containers()?;
-    let router: Arc<dyn Handler> = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
+    let router = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
     let nofile = crate::http::server::raise_nofile_limit();
     log::debug!("open-file limit {nofile}");
 

@@ -1,10 +1,114 @@
 //! choird's HTTP endpoints, each a thin edge over the daemon: the admin API
 //! ([`admin`], choirctl's, on `socks/choird.sock` only), the agents' RPC
 //! ([`rpc`], the eight verbs), the LLM relay ([`relay`], where the model API
-//! key is added) and the Prometheus scrape ([`metrics`]). `serve.rs` routes
-//! a request to one of them by the listener it came in on.
+//! key is added) and the Prometheus scrape ([`metrics`]).
+//!
+//! **Invariant:** a request's [`Route`] is decided once, by [`Router`]'s
+//! `admit`, from its head and the listener it came in on, before any body
+//! byte is read: an agent route carries the agent its lease token
+//! authenticated, an admin route exists only on the admin socket. Handlers
+//! take the route as decided and never parse the path again.
 
 pub mod admin;
 pub mod metrics;
 pub mod relay;
 pub mod rpc;
+
+use std::sync::Arc;
+
+use choir_common::rpc::Verb;
+
+use crate::config::Lane;
+use crate::daemon::{Daemon, RateClass};
+use crate::http::{printable, Admitted, ApiError, Caller, Handler, Head, ListenerKind, Request, Response};
+use admin::AdminRequest;
+
+/// Where an admitted request goes.
+#[derive(Debug)]
+pub enum Route {
+    /// `GET /metrics` on the metrics listener.
+    Metrics,
+    /// `POST /rpc/v1/<VERB>` from an authenticated agent.
+    Rpc { verb: Verb, caller: Caller },
+    /// `POST /llm/<lane>/v1/chat/completions` from an authenticated agent.
+    Llm { lane: Lane, caller: Caller },
+    /// `/admin/v1/...` on the admin socket.
+    Admin(AdminRequest),
+}
+
+/// Largest body of an admin request (chat messages, proposals shown back, …).
+const MAX_ADMIN_BODY: usize = 1024 * 1024;
+
+/// Routes a request to the admin API, the agent RPC or the LLM relay,
+/// according to what the listener exposes.
+pub struct Router {
+    /// The control plane.
+    pub daemon: Arc<Daemon>,
+    /// The Telegram gateway's handle (status, pairings, metrics).
+    pub tg: crate::telegram::Handle,
+}
+
+impl Router {
+    fn route(&self, kind: &ListenerKind, head: &Head) -> Result<(Route, usize), ApiError> {
+        let d = &self.daemon;
+        if *kind == ListenerKind::Metrics {
+            // The metrics listener serves one read-only page and nothing else.
+            return match (head.method.as_str(), head.path.as_str()) {
+                ("GET", "/metrics") => Ok((Route::Metrics, 0)),
+                _ => Err(ApiError::NotFound("only GET /metrics is served here".into())),
+            };
+        }
+        if let Some(verb) = Verb::from_path(&head.path) {
+            let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
+            let caller = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
+            if head.method != "POST" {
+                return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
+            }
+            return Ok((Route::Rpc { verb, caller }, rpc::max_body(verb)));
+        }
+        if let Some(rest) = head.path.strip_prefix("/llm/") {
+            let (lane, tail) = rest.split_once('/').unwrap_or((rest, ""));
+            let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
+            let caller = d.authenticate(kind, head.bearer.as_deref(), "LLM", class)?;
+            if tail != "v1/chat/completions" || head.method != "POST" {
+                return Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&head.path))));
+            }
+            let lane =
+                Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
+            return Ok((Route::Llm { lane, caller }, relay::MAX_REQUEST));
+        }
+        if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
+            return Ok((Route::Admin(AdminRequest::parse(head)?), MAX_ADMIN_BODY));
+        }
+        // The admin API exists only on choird.sock; agents cannot reach it.
+        Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&head.method), printable(&head.path))))
+    }
+}
+
+impl Handler for Router {
+    type Route = Route;
+
+    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Route>, ApiError> {
+        let (route, max_body) = self.route(kind, head)?;
+        Ok(Admitted { max_body, route })
+    }
+
+    fn handle(&self, _kind: &ListenerKind, route: Route, req: Request) -> Response {
+        let d = &self.daemon;
+        let result = match route {
+            Route::Metrics => {
+                return Response {
+                    status: 200,
+                    body: metrics::render(d, &self.tg).into_bytes(),
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    headers: Vec::new(),
+                    stream: None,
+                }
+            }
+            Route::Rpc { verb, caller } => rpc::handle(d, verb, &caller, &req),
+            Route::Llm { lane, caller } => relay::handle(d.shared(), lane, &caller, &req),
+            Route::Admin(request) => admin::handle(d, &self.tg, request, &req),
+        };
+        result.unwrap_or_else(ApiError::into_response)
+    }
+}

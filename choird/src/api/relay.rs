@@ -58,17 +58,13 @@ fn job_of(req: &Request) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Answers `POST /llm/<lane>/v1/chat/completions`.
-pub fn handle(d: &Arc<Shared>, lane: &str, req: &Request) -> Result<Response, ApiError> {
-    let edge = lane == "edge";
+/// Answers `POST /llm/<lane>/v1/chat/completions` for `who`, authenticated
+/// at admission.
+pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Result<Response, ApiError> {
+    let edge = lane == Lane::Edge;
     if edge {
         choir_common::hop::mark("relay.in");
     }
-    let who = req
-        .caller
-        .clone()
-        .ok_or_else(|| ApiError::Internal("a model call reached the relay unauthenticated".into()))?;
-    let lane = Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
     if lane == Lane::Core {
         // A core job's call is background work: this connection's thread
         // (which relays it, streams the answer and records it) runs below

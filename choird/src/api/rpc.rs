@@ -1,7 +1,7 @@
 //! The agent RPC endpoint: decodes the eight verbs and hands them to
 //! [`Daemon`]. Authentication happened before any body byte was read (the
-//! router's `admit`, from the request head), and the body was read within
-//! the verb's cap ([`max_body`]).
+//! router's `admit`, from the request head, which also refused any method
+//! but POST), and the body was read within the verb's cap ([`max_body`]).
 
 use choir_common::rpc::{
     Ack, ApprovalRequest, FetchDynamicConfigRequest, GetSecretsRequest, GetSecretsResponse, HeartbeatRequest,
@@ -9,7 +9,7 @@ use choir_common::rpc::{
 };
 
 use crate::daemon::Daemon;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Caller, Request, Response};
 
 /// Largest HEARTBEAT body: agents split their replication batches well below
 /// it (see `choir_common::rpc::MAX_BATCH_BYTES`).
@@ -25,36 +25,31 @@ pub fn max_body(verb: Verb) -> usize {
     }
 }
 
-/// Answers `POST /rpc/v1/<VERB>`.
-pub fn handle(d: &Daemon, verb: Verb, req: &Request) -> Result<Response, ApiError> {
-    let who =
-        req.caller.clone().ok_or_else(|| ApiError::Internal("an RPC reached its handler unauthenticated".into()))?;
-    if req.method != "POST" {
-        return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
-    }
+/// Answers `POST /rpc/v1/<VERB>` for `who`, authenticated at admission.
+pub fn handle(d: &Daemon, verb: Verb, who: &Caller, req: &Request) -> Result<Response, ApiError> {
     match verb {
-        Verb::InitHello => Ok(Response::ok(&d.init_hello(&who, &req.json::<InitHelloRequest>()?)?)),
+        Verb::InitHello => Ok(Response::ok(&d.init_hello(who, &req.json::<InitHelloRequest>()?)?)),
         Verb::GetSecrets => {
             let r: GetSecretsRequest = req.json()?;
-            Ok(Response::ok(&GetSecretsResponse { secrets: d.get_secrets(&who, &r.names)? }))
+            Ok(Response::ok(&GetSecretsResponse { secrets: d.get_secrets(who, &r.names)? }))
         }
-        Verb::Heartbeat => Ok(Response::ok(&d.heartbeat(&who, &req.json::<HeartbeatRequest>()?)?)),
+        Verb::Heartbeat => Ok(Response::ok(&d.heartbeat(who, &req.json::<HeartbeatRequest>()?)?)),
         Verb::ReportStatus => {
-            d.report_status(&who, req.json::<ReportStatusRequest>()?);
+            d.report_status(who, req.json::<ReportStatusRequest>()?);
             Ok(Response::ok(&Ack { ok: true }))
         }
         Verb::TerminateSelf => {
             let r: TerminateSelfRequest = req.json()?;
-            d.terminate_self(&who, &r.reason)?;
+            d.terminate_self(who, &r.reason)?;
             Ok(Response::ok(&Ack { ok: true }))
         }
         Verb::FetchDynamicConfig => {
             let _: FetchDynamicConfigRequest = req.json()?;
             Ok(Response::ok(&d.dynamic_config(&who.agent)))
         }
-        Verb::RequestApproval => Ok(Response::ok(&d.request_approval(&who, &req.json::<ApprovalRequest>()?)?)),
+        Verb::RequestApproval => Ok(Response::ok(&d.request_approval(who, &req.json::<ApprovalRequest>()?)?)),
         Verb::ExecuteHostTool => {
-            Ok(Response::ok(&d.execute_host_tool(&who, &req.json::<choir_common::rpc::ExecuteHostToolRequest>()?)?))
+            Ok(Response::ok(&d.execute_host_tool(who, &req.json::<choir_common::rpc::ExecuteHostToolRequest>()?)?))
         }
     }
 }

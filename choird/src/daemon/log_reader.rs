@@ -18,6 +18,7 @@ pub const MAX_LIMIT: usize = 100_000;
 const KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// A reader's query, checked.
+#[derive(Debug)]
 pub struct LogQuery {
     /// What to read.
     pub filter: Filter,
@@ -25,10 +26,9 @@ pub struct LogQuery {
     pub limit: usize,
 }
 
-impl Daemon {
+impl LogQuery {
     /// Checks a query's parameters (each error names the fix).
-    pub fn log_query(
-        &self,
+    pub fn parse(
         agent: Option<&str>,
         since: Option<&str>,
         level: Option<&str>,
@@ -51,7 +51,9 @@ impl Daemon {
         let grep = grep.filter(|g| !g.is_empty()).map(str::to_owned);
         Ok(LogQuery { filter: Filter { agent, since, max_rank, grep }, limit })
     }
+}
 
+impl Daemon {
     /// The newest matching records.
     pub fn log_page(&self, q: &LogQuery) -> LogPage {
         let logs = self.logs();

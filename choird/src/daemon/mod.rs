@@ -25,6 +25,7 @@ mod approvals;
 mod backup;
 mod lifecycle;
 mod log_reader;
+pub use log_reader::LogQuery;
 mod rollout;
 pub mod schedule;
 mod secrets;

@@ -162,8 +162,6 @@ pub struct Request {
     pub bearer: Option<String>,
     /// The body.
     pub body: Vec<u8>,
-    /// The agent it authenticated as, when its route needs one.
-    pub caller: Option<Caller>,
 }
 
 impl Request {
@@ -238,11 +236,12 @@ pub struct Head {
 /// The handler's verdict on a head: read a body of at most `max_body` bytes,
 /// then serve the request (with `caller` set when it authenticated one).
 #[derive(Debug, Clone)]
-pub struct Admitted {
+pub struct Admitted<R> {
     /// The largest body this route takes.
     pub max_body: usize,
-    /// The agent whose lease token the request carried, when it had to.
-    pub caller: Option<Caller>,
+    /// Where the request goes, decided from its head once, with what
+    /// admission established (the authenticated agent, parsed ids).
+    pub route: R,
 }
 
 /// The agent a request authenticated as (its lease token checked from the
@@ -257,12 +256,14 @@ pub struct Caller {
 
 /// What serves requests on a listener.
 pub trait Handler: Send + Sync + 'static {
-    /// Judges a request from its head alone: authentication, rate limits and
-    /// the body cap of its route. A refusal is answered without reading the
-    /// body.
-    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError>;
-    /// Answers one admitted request.
-    fn handle(&self, kind: &ListenerKind, req: Request) -> Response;
+    /// What admission decides about a request and hands to [`Handler::handle`].
+    type Route: Send;
+    /// Judges a request from its head alone: its route, authentication, rate
+    /// limits and the body cap of its route. A refusal is answered without
+    /// reading the body.
+    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Self::Route>, ApiError>;
+    /// Answers one admitted request on the route admission decided.
+    fn handle(&self, kind: &ListenerKind, route: Self::Route, req: Request) -> Response;
 }
 
 /// Largest body accepted on any listener; per-route caps are smaller.

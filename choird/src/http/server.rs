@@ -164,10 +164,10 @@ enum Wake {
 
 impl Server {
     /// Serves `socket` on its own accept thread (named `name`).
-    pub fn start(
+    pub fn start<H: Handler>(
         socket: Socket,
         kind: ListenerKind,
-        handler: Arc<dyn Handler>,
+        handler: Arc<H>,
         limits: Limits,
         name: &str,
     ) -> io::Result<Server> {
@@ -219,9 +219,9 @@ impl Server {
     }
 }
 
-struct Ctx {
+struct Ctx<H> {
     kind: ListenerKind,
-    handler: Arc<dyn Handler>,
+    handler: Arc<H>,
     limits: Limits,
     name: String,
 }
@@ -244,7 +244,13 @@ impl Throttled {
     }
 }
 
-fn accept_loop(socket: Socket, ctx: Arc<Ctx>, stop: Arc<AtomicBool>, open: Arc<Mutex<Open>>, active: Arc<AtomicUsize>) {
+fn accept_loop<H: Handler>(
+    socket: Socket,
+    ctx: Arc<Ctx<H>>,
+    stop: Arc<AtomicBool>,
+    open: Arc<Mutex<Open>>,
+    active: Arc<AtomicUsize>,
+) {
     let mut errors = Throttled { last: None, suppressed: 0 };
     let mut refused = Throttled { last: None, suppressed: 0 };
     let mut backoff = Duration::from_millis(5);
@@ -337,7 +343,7 @@ struct Buffered {
     buf: Vec<u8>,
 }
 
-fn serve_connection(mut stream: Stream, ctx: &Ctx) {
+fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
     let limits = &ctx.limits;
     let _ = stream.set_write_timeout(Some(limits.write_timeout));
     let mut pending = Buffered { buf: Vec::new() };
@@ -382,15 +388,9 @@ fn serve_connection(mut stream: Stream, ctx: &Ctx) {
             Err(_) => return,
         };
         let path = head.path.clone();
-        let req = Request {
-            method: head.method,
-            path: head.path,
-            query: head.query,
-            bearer: head.bearer,
-            body,
-            caller: admitted.caller,
-        };
-        let response = match catch_unwind(AssertUnwindSafe(|| ctx.handler.handle(&ctx.kind, req))) {
+        let req = Request { method: head.method, path: head.path, query: head.query, bearer: head.bearer, body };
+        let route = admitted.route;
+        let response = match catch_unwind(AssertUnwindSafe(|| ctx.handler.handle(&ctx.kind, route, req))) {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -732,13 +732,14 @@ mod tests {
     struct Echo;
 
     impl Handler for Echo {
-        fn admit(&self, _kind: &ListenerKind, head: &Head) -> Result<Admitted, ApiError> {
+        type Route = ();
+        fn admit(&self, _kind: &ListenerKind, head: &Head) -> Result<Admitted<()>, ApiError> {
             if head.path == "/secret" && head.bearer.as_deref() != Some("t") {
                 return Err(ApiError::Unauthorized("no".into()));
             }
-            Ok(Admitted { max_body: 1024, caller: None })
+            Ok(Admitted { max_body: 1024, route: () })
         }
-        fn handle(&self, _kind: &ListenerKind, req: Request) -> Response {
+        fn handle(&self, _kind: &ListenerKind, (): (), req: Request) -> Response {
             if req.path == "/panic" {
                 panic!("boom");
             }
@@ -765,7 +766,7 @@ mod tests {
         serve(Arc::new(Echo), limits)
     }
 
-    fn serve(handler: Arc<dyn Handler>, limits: Limits) -> (tempfile::TempDir, PathBuf, Server) {
+    fn serve<H: Handler>(handler: Arc<H>, limits: Limits) -> (tempfile::TempDir, PathBuf, Server) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let l = UnixListener::bind(&path).unwrap();
@@ -896,10 +897,11 @@ mod tests {
     struct GatedStream(crossbeam_channel::Receiver<()>, Arc<AtomicBool>);
 
     impl Handler for GatedStream {
-        fn admit(&self, _kind: &ListenerKind, _head: &Head) -> Result<Admitted, ApiError> {
-            Ok(Admitted { max_body: 0, caller: None })
+        type Route = ();
+        fn admit(&self, _kind: &ListenerKind, _head: &Head) -> Result<Admitted<()>, ApiError> {
+            Ok(Admitted { max_body: 0, route: () })
         }
-        fn handle(&self, _kind: &ListenerKind, _req: Request) -> Response {
+        fn handle(&self, _kind: &ListenerKind, (): (), _req: Request) -> Response {
             Response::streaming(Gated {
                 inner: io::Cursor::new(b"abc".to_vec()),
                 release: self.0.clone(),
