@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use choir_agent::arbiter::arg_check::ArgumentPolicy;
 use choir_agent::arbiter::lane_ctx::LaneCtx;
 use choir_agent::arbiter::locks::{LockManager, Resource};
-use choir_agent::arbiter::{Arbiter, Decision, ProposedCall};
+use choir_agent::arbiter::{Arbiter, Decision, Parts, ProposedCall};
 use choir_agent::commitlog::{CommitLog, DurableLog, NewEvent};
 use choir_agent::origin::{Entry, Origin};
 use choir_agent::secrets::SecretStore;
@@ -72,14 +72,18 @@ fn main() {
     let (log, _) = CommitLog::open(&dir.path().join("state")).unwrap();
     let durable = Arc::new(DurableLog::new(log).unwrap());
     let (tx, _rx) = crossbeam_channel::bounded(1);
-    let arbiter = Arbiter::new(
-        Registry::builtins().unwrap(),
-        Workspace::open(&ws_dir).unwrap(),
-        dir.path().join("state"),
-        durable.clone(),
-        tx,
-        SecretStore::default(),
-    );
+    let arbiter = Arbiter::new(Parts {
+        registry: Registry::builtins().unwrap(),
+        workspace: Workspace::open(&ws_dir).unwrap(),
+        state_dir: dir.path().join("state"),
+        log: durable.clone(),
+        committed: tx,
+        secrets: SecretStore::default(),
+        proposals: None,
+        policies: Vec::new(),
+        board: None,
+        operator_words: String::new(),
+    });
     let mut lane = LaneCtx::new("edge", Lane::Edge);
     lane.allowlist = Some(vec!["choir.fs.read".into(), "choir.fs.write".into()]);
     let call = ProposedCall {
@@ -106,21 +110,24 @@ fn main() {
     // message, then mail-like untrusted tool results).
     let (log2, _) = CommitLog::open(&dir.path().join("state2")).unwrap();
     let (tx2, _rx2) = crossbeam_channel::bounded(1);
-    let guarded = Arbiter::new(
-        Registry::builtins().unwrap(),
-        Workspace::open(&ws_dir).unwrap(),
-        dir.path().join("state2"),
-        Arc::new(DurableLog::new(log2).unwrap()),
-        tx2,
-        SecretStore::default(),
-    );
     let known: KnownTools = [("choir.fs.write".to_owned(), None)].into();
     let rule = r#"{"rules": [{"id": "path", "tool": "choir.fs.write", "argument": "/path",
         "if": {"not_from": ["user", "operator", "trusted"]}, "then": "confirm",
         "examples": {"match": [{"value": "x"}], "not_match": [{"value": "x", "from": ["user"]}]}}]}"#;
     let policy = Arc::new(ArgumentPolicy::default());
     policy.set(&PolicySet::merge([PolicyFile::parse("bench", rule, &known).unwrap()]));
-    guarded.set_policies(vec![policy]);
+    let guarded = Arbiter::new(Parts {
+        registry: Registry::builtins().unwrap(),
+        workspace: Workspace::open(&ws_dir).unwrap(),
+        state_dir: dir.path().join("state2"),
+        log: Arc::new(DurableLog::new(log2).unwrap()),
+        committed: tx2,
+        secrets: SecretStore::default(),
+        proposals: None,
+        policies: vec![policy],
+        board: None,
+        operator_words: String::new(),
+    });
     let filler = "Dear team, the quarterly numbers are attached; reply to finance@corp.test by Friday. ".repeat(24);
     let mut history = vec![Entry::user("please write the summary to notes/today.md")];
     for i in 0..49 {

@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &host_manifests,
     )?;
     for (name, status) in registry.statuses() {
-        if let crate::tools::ToolStatus::Available { why } = status {
+        if let crate::tools::ToolStatus::Available(why) = status {
             log::warn!("tool {name} is not offered: {why}");
         }
     }
@@ -135,18 +135,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let recovering = !resume.is_empty() || !interrupted.is_empty();
     board.set_session(if recovering { SessionState::Recovering } else { SessionState::Starting });
     board.add_lane("edge", Some(u64::from(hello.config.max_steps_per_turn)), None, None);
-    let arbiter = Arc::new(Arbiter::new(registry, workspace, state_dir.clone(), log.clone(), committed_tx, secrets));
-    arbiter.set_board(board.clone());
     let arguments = Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default());
-    arbiter.set_policies(policies(&state_dir, arguments.clone()));
     let config = Arc::new(RwLock::new(hello.config.clone()));
 
     // Skills are checked against the registry before anything runs: a bad
     // skill file fails start-up with the file, the state and the reason.
-    let skills = Arc::new(SkillBook::load(&args.choir_dir, arbiter.registry())?);
+    let skills = Arc::new(SkillBook::load(&args.choir_dir, &registry)?);
     log::info!("skills: {}", skills.names().join(", "));
     let approvals = Arc::new(Approvals::new(Some(rpc.clone())));
-    arbiter.set_proposals(approvals.clone());
+    let identity = Identity::load(&args.choir_dir, &args.agent);
+    let arbiter = Arc::new(Arbiter::new(crate::arbiter::Parts {
+        registry,
+        workspace,
+        state_dir: state_dir.clone(),
+        log: log.clone(),
+        committed: committed_tx,
+        secrets,
+        proposals: Some(approvals.clone()),
+        policies: policies(&state_dir, arguments.clone()),
+        board: Some(board.clone()),
+        operator_words: identity.operator_words(),
+    }));
     // Unbounded: choird hands out at most a small batch per poll, plus one
     // event per finished core job or decision.
     let (edge_tx, edge_rx) = unbounded::<EdgeEvent>();
@@ -156,8 +165,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (out_tx, out_rx) = unbounded();
     let (firings_tx, firings_rx) = unbounded();
 
-    let identity = Identity::load(&args.choir_dir, &args.agent);
-    arbiter.set_operator_words(identity.operator_words());
     let llm = Arc::new(Llm::new(rpc.clone()));
     let limits = CoreLimits::of(&config.read());
     // Core jobs' model calls go over connections of their own: choird runs

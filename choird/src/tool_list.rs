@@ -8,7 +8,7 @@ use choir_common::admin::{ToolList, ToolRow};
 use choir_common::ids::AgentId;
 use choir_common::manifest::{load_tool_layer, BUILTIN_TOOLS};
 
-use crate::host_tools::{Registry, Status};
+use crate::host_tools::{Registry, ToolStatus};
 use crate::http::ApiError;
 use crate::shared::Shared;
 
@@ -34,16 +34,11 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
         if rows.iter().any(|r| r.name == name) {
             continue;
         }
-        let (status, why) = match status {
-            Status::System => ("system", None),
-            Status::Connected => ("connected", None),
-            Status::Available(why) => ("available", Some(why)),
-        };
         rows.push(ToolRow {
             name,
             kind: "host".into(),
-            status: status.into(),
-            why,
+            status: status.label().into(),
+            why: status.why().map(str::to_owned),
             runs: "choird".into(),
             source: "choird".into(),
         });
@@ -54,22 +49,16 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
             ApiError::Unprocessable(format!("{}: {} (the agent would refuse to start)", e.file, e.reason))
         })?;
         for t in loaded {
-            let missing: Vec<&String> =
-                t.manifest.runtime.secret_resources.iter().filter(|s| !agent_cfg.secrets.contains(s)).collect();
-            let (status, why) = if missing.is_empty() {
-                ("connected", None)
-            } else {
-                let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
-                ("available", Some(format!("missing secret {}", names.join(", "))))
-            };
+            // The agent decides what it offers by the same rule.
+            let status = ToolStatus::of_external(&t.manifest, &agent_cfg.secrets);
             let source = t.file.strip_prefix(shared.home.root()).unwrap_or(&t.file).display().to_string();
             // The agent layer replaces the global one by name.
             rows.retain(|r| r.name != t.manifest.llm.name);
             rows.push(ToolRow {
                 name: t.manifest.llm.name.clone(),
                 kind: "external".into(),
-                status: status.into(),
-                why,
+                status: status.label().into(),
+                why: status.why().map(str::to_owned),
                 runs: "agent".into(),
                 source,
             });

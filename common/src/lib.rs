@@ -27,6 +27,7 @@ pub mod skill;
 pub mod text;
 pub mod tool_names;
 pub mod tool_policy;
+pub mod tool_status;
 pub mod trust;
 pub mod unix_http;
 

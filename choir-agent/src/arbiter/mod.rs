@@ -57,7 +57,7 @@ pub mod results;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::commit::{canonical_json, CommitEvent, EventKind, Outcome};
@@ -186,24 +186,56 @@ pub struct Arbiter {
     artifacts: Artifacts,
     kill_switch: AtomicBool,
     lease_lost: AtomicBool,
-    proposals: OnceLock<Arc<dyn ProposalSink>>,
-    policies: OnceLock<Vec<Arc<dyn CallPolicy>>>,
-    board: OnceLock<Arc<StatusBoard>>,
+    proposals: Option<Arc<dyn ProposalSink>>,
+    policies: Vec<Arc<dyn CallPolicy>>,
+    board: Option<Arc<StatusBoard>>,
     /// The operator's words (identity, rules): evidence of provenance.
-    operator_words: OnceLock<String>,
+    operator_words: String,
+}
+
+/// What an arbiter is built from, all at once: nothing about how it decides
+/// changes after it is built (the kill switch and the lease are states, not
+/// parts).
+pub struct Parts {
+    /// The tools there are.
+    pub registry: Registry,
+    /// The workspace path rules confine calls to.
+    pub workspace: Workspace,
+    /// The agent's state directory.
+    pub state_dir: PathBuf,
+    /// The commit log every decision is appended to.
+    pub log: Arc<DurableLog>,
+    /// Poked after every append so the replicator ships the event without
+    /// waiting for its timer.
+    pub committed: Sender<()>,
+    /// The secrets tools may be given.
+    pub secrets: SecretStore,
+    /// Where proposals and confirmations go; without one they are refused.
+    pub proposals: Option<Arc<dyn ProposalSink>>,
+    /// The call policies, strictest verdict wins; none means none.
+    pub policies: Vec<Arc<dyn CallPolicy>>,
+    /// Where a lane waiting for a confirmation is shown.
+    pub board: Option<Arc<StatusBoard>>,
+    /// The operator's words values may be traced to (the identity's
+    /// persona and rules).
+    pub operator_words: String,
 }
 
 impl Arbiter {
-    /// Assembles the arbiter. `committed` is poked after every append so the
-    /// replicator ships the event without waiting for its timer.
-    pub fn new(
-        registry: Registry,
-        workspace: Workspace,
-        state_dir: PathBuf,
-        log: Arc<DurableLog>,
-        committed: Sender<()>,
-        secrets: SecretStore,
-    ) -> Arbiter {
+    /// Assembles the arbiter from its parts.
+    pub fn new(parts: Parts) -> Arbiter {
+        let Parts {
+            registry,
+            workspace,
+            state_dir,
+            log,
+            committed,
+            secrets,
+            proposals,
+            policies,
+            board,
+            operator_words,
+        } = parts;
         let artifacts = Artifacts::new(workspace.root());
         log.set_poke(committed.clone());
         Arbiter {
@@ -217,34 +249,11 @@ impl Arbiter {
             artifacts,
             kill_switch: AtomicBool::new(false),
             lease_lost: AtomicBool::new(false),
-            proposals: OnceLock::new(),
-            policies: OnceLock::new(),
-            board: OnceLock::new(),
-            operator_words: OnceLock::new(),
+            proposals,
+            policies,
+            board,
+            operator_words,
         }
-    }
-
-    /// Where proposals and confirmations go (set once, at start; without
-    /// one they are refused).
-    pub fn set_proposals(&self, sink: Arc<dyn ProposalSink>) {
-        let _ = self.proposals.set(sink);
-    }
-
-    /// The operator's words values may be traced to (set once, at start:
-    /// the identity's persona and rules).
-    pub fn set_operator_words(&self, words: String) {
-        let _ = self.operator_words.set(words);
-    }
-
-    /// The call policies (set once, at start; none by default).
-    pub fn set_policies(&self, policies: Vec<Arc<dyn CallPolicy>>) {
-        let _ = self.policies.set(policies);
-    }
-
-    /// The board on which a lane waiting for a confirmation is shown (set
-    /// once, at start).
-    pub fn set_board(&self, board: Arc<StatusBoard>) {
-        let _ = self.board.set(board);
     }
 
     /// The registry.
@@ -304,14 +313,25 @@ impl Arbiter {
     /// Steps 1–5: decides without side effects. `history` is the lane's
     /// (what values are traced through, with what it inherited).
     pub fn decide(&self, lane: &LaneCtx, call: &ProposedCall, history: &[Entry]) -> Decision {
+        self.decide_named(lane, call, canonical_tool_name(&call.name), history)
+    }
+
+    /// [`Arbiter::decide`] for a call whose canonical name (`None` when the
+    /// wire name has no canonical form) was worked out once by the caller.
+    fn decide_named(
+        &self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        canonical: Option<String>,
+        history: &[Entry],
+    ) -> Decision {
         let forbid = |tool: Option<String>, input: Value, refusal: Refusal, reason: String| Decision::Forbidden {
             tool,
             input,
             refusal,
             reason,
         };
-        let offered = canonical_tool_name(&call.name)
-            .and_then(|n| self.registry.get(&n).filter(|t| t.status.offered()).map(|t| (n, t)));
+        let offered = canonical.and_then(|n| self.registry.get(&n).filter(|t| t.status.offered()).map(|t| (n, t)));
         let Some((tool, reg)) = offered else {
             return forbid(
                 None,
@@ -392,16 +412,15 @@ impl Arbiter {
         if let Some((refusal, reason)) = self.gate(lane) {
             return forbid(Some(tool), input, refusal, reason);
         }
-        let verdict = match self.policies.get() {
-            Some(policies) if !policies.is_empty() => {
-                let ev = Evidence {
-                    operator: self.operator_words.get().map(String::as_str).unwrap_or_default(),
-                    inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
-                    history,
-                };
-                crate::arbiter::policy::combine(policies, lane, &tool, &reg.manifest, &input, &ev)
-            }
-            _ => Verdict::Allow,
+        let verdict = if self.policies.is_empty() {
+            Verdict::Allow
+        } else {
+            let ev = Evidence {
+                operator: &self.operator_words,
+                inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
+                history,
+            };
+            crate::arbiter::policy::combine(&self.policies, lane, &tool, &reg.manifest, &input, &ev)
         };
         let timeout = Duration::from_millis(runtime.timeout_ms);
         let proposal = PROPOSAL_TOOLS.contains(&tool.as_str());
@@ -429,10 +448,11 @@ impl Arbiter {
     /// unrecorded).
     pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall, history: &[Entry]) -> Result<Invocation, LogError> {
         // The tool as the model named it, canonical where the name has a canonical form.
-        let named = canonical_tool_name(&call.name).unwrap_or_else(|| call.name.clone());
+        let canonical = canonical_tool_name(&call.name);
+        let named = canonical.clone().unwrap_or_else(|| call.name.clone());
         // The guard lives until after the commit: locks are released last.
         let mut guard = None;
-        let settled = match self.decide(lane, call, history) {
+        let settled = match self.decide_named(lane, call, canonical, history) {
             Decision::Allowed { tool, input, resources, timeout } => {
                 self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?
             }
@@ -512,7 +532,7 @@ impl Arbiter {
     /// A proposal meta-tool: its input goes to choird for a human.
     fn propose(&self, lane: &LaneCtx, named: &str, tool: String, input: Value, reason: &str) -> Settled {
         let started = Instant::now();
-        let sink = self.proposals.get();
+        let sink = self.proposals.as_ref();
         let submitted = match (sink, propose::request(&tool, &input, lane)) {
             (Some(sink), Some(req)) => sink.submit(&req, lane.waits_for_approval),
             _ => Err(ProposalError::Unavailable("proposals cannot be submitted from here".into())),
@@ -559,7 +579,7 @@ impl Arbiter {
         reason: &str,
         wait: Duration,
     ) -> Result<(), (Refusal, String)> {
-        let Some(sink) = self.proposals.get() else {
+        let Some(sink) = self.proposals.as_ref() else {
             return Err((Refusal::ProposalUnavailable, "no human can be asked to confirm it from here".into()));
         };
         let wait = wait.clamp(Duration::from_secs(1), MAX_CONFIRM_WAIT);
@@ -598,7 +618,7 @@ impl Arbiter {
             }
         };
         log::info!("{}: {tool} {} waits for a human to confirm it (approval {id})", lane.lane, call.id);
-        let board = self.board.get();
+        let board = self.board.as_ref();
         if let Some(b) = board {
             b.confirming(&lane.lane, true);
         }
@@ -897,6 +917,10 @@ mod tests {
     /// An arbiter over the built-ins and the external tools `manifests`
     /// (name stem → manifest), each a script that prints `{}`.
     pub(super) fn arbiter_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Arbiter {
+        Arbiter::new(parts_with(dir, manifests))
+    }
+
+    fn parts_with(dir: &std::path::Path, manifests: &[(&str, Value)]) -> Parts {
         let tools = dir.join("choir/tools/agent");
         std::fs::create_dir_all(&tools).unwrap();
         for (stem, manifest) in manifests {
@@ -910,14 +934,18 @@ mod tests {
         std::fs::create_dir_all(&ws).unwrap();
         let (log, _) = crate::commitlog::CommitLog::open(&dir.join("state")).unwrap();
         let (tx, _rx) = crossbeam_channel::bounded(1);
-        Arbiter::new(
+        Parts {
             registry,
-            Workspace::open(&ws).unwrap(),
-            dir.join("state"),
-            Arc::new(DurableLog::new(log).unwrap()),
-            tx,
-            SecretStore::default(),
-        )
+            workspace: Workspace::open(&ws).unwrap(),
+            state_dir: dir.join("state"),
+            log: Arc::new(DurableLog::new(log).unwrap()),
+            committed: tx,
+            secrets: SecretStore::default(),
+            proposals: None,
+            policies: Vec::new(),
+            board: None,
+            operator_words: String::new(),
+        }
     }
 
     fn external(name: &str, extra: Value) -> Value {
@@ -1023,9 +1051,11 @@ mod tests {
 
         // A confirmation turns an allowed call into one a human must confirm,
         // with the same locks, but leaves a proposal a proposal (nothing runs).
-        let confirming = arbiter_with(dir.path(), &[]);
         let wait = Duration::from_secs(7);
-        confirming.set_policies(vec![Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait }))]);
+        let confirming = Arbiter::new(Parts {
+            policies: vec![Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait }))],
+            ..parts_with(dir.path(), &[])
+        });
         match confirming.decide(&lane, &read, &[]) {
             Decision::NeedsApproval { approval: Approval::Confirm { reason, resources, wait: w, .. }, .. } => {
                 assert_eq!((reason.as_str(), w), ("sure?", wait));
@@ -1052,11 +1082,13 @@ mod tests {
         // A policy's refusal beats everything, proposals included; and a
         // refused call runs nothing.
         let dir = tempfile::tempdir().unwrap();
-        let forbidding = arbiter_with(dir.path(), &[]);
-        forbidding.set_policies(vec![
-            Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait })),
-            Arc::new(Says(Verdict::Forbid { reason: "never".into() })),
-        ]);
+        let forbidding = Arbiter::new(Parts {
+            policies: vec![
+                Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait })),
+                Arc::new(Says(Verdict::Forbid { reason: "never".into() })),
+            ],
+            ..parts_with(dir.path(), &[])
+        });
         for c in [&read, &propose] {
             match forbidding.decide(&lane, c, &[]) {
                 Decision::Forbidden { refusal: Refusal::Policy, reason, .. } => {
@@ -1074,11 +1106,10 @@ mod tests {
     #[test]
     fn a_call_to_confirm_is_refused_when_no_human_can_be_asked() {
         let dir = tempfile::tempdir().unwrap();
-        let arbiter = arbiter_with(dir.path(), &[]);
-        arbiter.set_policies(vec![Arc::new(Says(Verdict::Confirm {
-            reason: "sure?".into(),
-            wait: Duration::from_secs(1),
-        }))]);
+        let arbiter = Arbiter::new(Parts {
+            policies: vec![Arc::new(Says(Verdict::Confirm { reason: "sure?".into(), wait: Duration::from_secs(1) }))],
+            ..parts_with(dir.path(), &[])
+        });
         let lane = LaneCtx::new("edge", Lane::Edge);
         let inv = arbiter.invoke(&lane, &call("choir__fs__write", r#"{"path": "w", "content": "x"}"#), &[]).unwrap();
         assert_eq!(inv.refusal.map(|r| r.refusal), Some(Refusal::ProposalUnavailable));

@@ -29,27 +29,7 @@ use choir_common::tool_policy::ToolPolicy;
 
 pub use tool::{ExecContext, LaneHooks, Tool, ToolError};
 
-/// Whether a tool can be offered (R-TOOL-6).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolStatus {
-    /// Built in; needs nothing.
-    System,
-    /// Known, but not usable now: some declared secrets are not bound to
-    /// this agent, or choird does not serve this host tool for it.
-    Available {
-        /// What is missing.
-        why: String,
-    },
-    /// Ready.
-    Connected,
-}
-
-impl ToolStatus {
-    /// Whether models may be offered the tool.
-    pub fn offered(&self) -> bool {
-        matches!(self, ToolStatus::System | ToolStatus::Connected)
-    }
-}
+pub use choir_common::tool_status::ToolStatus;
 
 /// A registered tool.
 pub struct Registered {
@@ -152,11 +132,7 @@ impl Registry {
         let mut r = Registry::builtins()?;
         for manifest in choir_common::host_tools::manifests() {
             let name = manifest.llm.name.clone();
-            let status = if served.contains(&name) {
-                ToolStatus::Connected
-            } else {
-                ToolStatus::Available { why: "choird does not serve this host tool for this agent".into() }
-            };
+            let status = ToolStatus::of_host(&name, served);
             r.insert(HOST_SOURCE, manifest, Arc::new(host::HostTool::new(&name, host.clone())), status)?;
         }
         for manifest in host_manifests {
@@ -174,19 +150,7 @@ impl Registry {
             let loaded =
                 load_tool_layer(&dir).map_err(|e| RegistryError { file: e.file.clone(), reason: e.reason.clone() })?;
             for t in loaded {
-                let missing: Vec<String> = t
-                    .manifest
-                    .runtime
-                    .secret_resources
-                    .iter()
-                    .filter(|s| !bound_secrets.contains(s))
-                    .cloned()
-                    .collect();
-                let status = if missing.is_empty() {
-                    ToolStatus::Connected
-                } else {
-                    ToolStatus::Available { why: format!("secrets {missing:?} are not bound to this agent") }
-                };
+                let status = ToolStatus::of_external(&t.manifest, bound_secrets);
                 let tool = Arc::new(external::ExternalTool::new(t.exec.clone(), t.manifest.llm.name.clone()));
                 // A later layer (agent) replaces an earlier one (global) by name.
                 r.insert(&t.file.display().to_string(), t.manifest, tool, status)?;

@@ -43,16 +43,9 @@ pub mod speech;
 pub mod test_echo;
 pub mod web;
 
-/// A host tool's status for one agent (R-TOOL-6).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
-    /// Served to every agent, nothing to configure.
-    System,
-    /// Known, but not served: why (missing config or secret).
-    Available(String),
-    /// Configured and served.
-    Connected,
-}
+/// A host tool's status for one agent (R-TOOL-6): the one definition both
+/// binaries use.
+pub use choir_common::tool_status::ToolStatus;
 
 /// One call, as a tool sees it: the agent it runs for (from its session,
 /// never from the request) and the validated input.
@@ -77,7 +70,7 @@ pub trait HostTool: Send + Sync {
     /// (e.g. `choir.memory.compact`), whose input the tool checks itself.
     fn manifest(&self) -> Option<ToolManifest>;
     /// Its status for `agent` under this config.
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status;
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus;
     /// Readies whatever the agent needs before its first call (at INIT_HELLO).
     fn prepare(&self, _agent: &AgentId) -> Result<(), ApiError> {
         Ok(())
@@ -155,7 +148,9 @@ impl Registry {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         self.tools
             .iter()
-            .filter(|(_, r)| matches!(r.tool.status(&config, &secrets, agent), Status::System | Status::Connected))
+            .filter(|(_, r)| {
+                matches!(r.tool.status(&config, &secrets, agent), ToolStatus::System | ToolStatus::Connected)
+            })
             .map(|(name, r)| (name.clone(), r.tool.manifest()))
             .collect()
     }
@@ -166,7 +161,7 @@ impl Registry {
     }
 
     /// Every registered tool's status for `agent`.
-    pub fn statuses(&self, agent: &AgentId) -> Vec<(String, Status)> {
+    pub fn statuses(&self, agent: &AgentId) -> Vec<(String, ToolStatus)> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         self.tools.iter().map(|(n, r)| (n.clone(), r.tool.status(&config, &secrets, agent))).collect()
     }
@@ -180,7 +175,7 @@ impl Registry {
             )));
         };
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
-        if let Status::Available(why) = r.tool.status(&config, &secrets, agent) {
+        if let ToolStatus::Available(why) = r.tool.status(&config, &secrets, agent) {
             return Err(ApiError::Conflict(format!("{tool} is not served to {agent}: {why}")));
         }
         let result = r.tool.check(agent);
@@ -200,7 +195,7 @@ impl Registry {
     pub fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         for r in self.tools.values() {
-            if matches!(r.tool.status(&config, &secrets, agent), Status::System | Status::Connected) {
+            if matches!(r.tool.status(&config, &secrets, agent), ToolStatus::System | ToolStatus::Connected) {
                 r.tool.prepare(agent)?;
             }
         }
@@ -241,8 +236,8 @@ impl Registry {
         };
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         match r.tool.status(&config, &secrets, &caller.agent) {
-            Status::System | Status::Connected => {}
-            Status::Available(why) => {
+            ToolStatus::System | ToolStatus::Connected => {}
+            ToolStatus::Available(why) => {
                 return Err(ApiError::NotImplemented(format!("{} is not served: {why}", req.tool)));
             }
         }

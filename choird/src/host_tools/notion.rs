@@ -21,7 +21,7 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::{Config, NotionConfig};
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -280,13 +280,13 @@ impl HostTool for Notion {
         .ok()
     }
 
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         match config.agents.get(agent).and_then(|a| a.notion.as_ref()) {
-            None => Status::Available(format!("agents.{agent}.notion is not configured")),
+            None => ToolStatus::Available(format!("agents.{agent}.notion is not configured")),
             Some(n) if !secrets.contains(&n.token_secret) => {
-                Status::Available(format!("missing secret {}", n.token_secret))
+                ToolStatus::Available(format!("missing secret {}", n.token_secret))
             }
-            Some(_) => Status::Connected,
+            Some(_) => ToolStatus::Connected,
         }
     }
 

@@ -11,7 +11,7 @@ use choir_common::ids::AgentId;
 use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
-use super::{HostCall, HostTool, Status};
+use super::{HostCall, HostTool, ToolStatus};
 use crate::config::Config;
 use crate::http::ApiError;
 use crate::secrets::Secrets;
@@ -48,11 +48,11 @@ impl HostTool for EchoOnce {
         .ok()
     }
 
-    fn status(&self, _config: &Config, _secrets: &Secrets, _agent: &AgentId) -> Status {
+    fn status(&self, _config: &Config, _secrets: &Secrets, _agent: &AgentId) -> ToolStatus {
         if self.counter().exists() {
-            Status::Connected
+            ToolStatus::Connected
         } else {
-            Status::Available("the test has not created its counter".into())
+            ToolStatus::Available("the test has not created its counter".into())
         }
     }
 

@@ -4,7 +4,7 @@
 use choir_common::ids::AgentId;
 
 use crate::config::{Config, EmailConfig};
-use crate::host_tools::Status;
+use crate::host_tools::ToolStatus;
 use crate::http::ApiError;
 use crate::shared::Shared;
 
@@ -17,13 +17,13 @@ pub struct Account {
 }
 
 /// The status of a mail tool for `agent`.
-pub fn status(config: &Config, secrets: &crate::secrets::Secrets, agent: &AgentId) -> Status {
+pub fn status(config: &Config, secrets: &crate::secrets::Secrets, agent: &AgentId) -> ToolStatus {
     match config.agents.get(agent).and_then(|a| a.email.as_ref()) {
-        None => Status::Available(format!("agents.{agent}.email is not configured")),
+        None => ToolStatus::Available(format!("agents.{agent}.email is not configured")),
         Some(m) if !secrets.contains(&m.password_secret) => {
-            Status::Available(format!("missing secret {}", m.password_secret))
+            ToolStatus::Available(format!("missing secret {}", m.password_secret))
         }
-        Some(_) => Status::Connected,
+        Some(_) => ToolStatus::Connected,
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::imap_session::{self, Session};
 use crate::config::Config;
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -183,7 +183,7 @@ impl HostTool for Check {
         .ok()
     }
 
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         super::account::status(config, secrets, agent)
     }
 
@@ -349,7 +349,7 @@ impl HostTool for Receive {
         .ok()
     }
 
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         super::account::status(config, secrets, agent)
     }
 

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Security};
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -119,7 +119,7 @@ impl HostTool for Send {
         .ok()
     }
 
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         super::account::status(config, secrets, agent)
     }
 

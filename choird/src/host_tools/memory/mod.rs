@@ -39,7 +39,7 @@ use self::batcher::Progress;
 use self::embeddings::{EmbedError, Embedder};
 use self::lifecycle::Kind;
 use crate::config::MemoryConfig;
-use crate::host_tools::{HostCall, HostTool, Registry, RegistryError, Status};
+use crate::host_tools::{HostCall, HostTool, Registry, RegistryError, ToolStatus};
 use crate::http::ApiError;
 use crate::http::Caller as Authed;
 use crate::shared::Shared;
@@ -68,9 +68,14 @@ impl HostTool for MemoryTool {
         choir_common::host_tools::manifests().into_iter().find(|m| m.llm.name == self.name)
     }
 
-    fn status(&self, _config: &crate::config::Config, _secrets: &crate::secrets::Secrets, _agent: &AgentId) -> Status {
+    fn status(
+        &self,
+        _config: &crate::config::Config,
+        _secrets: &crate::secrets::Secrets,
+        _agent: &AgentId,
+    ) -> ToolStatus {
         // Registered only when memory is configured.
-        Status::Connected
+        ToolStatus::Connected
     }
 
     fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {

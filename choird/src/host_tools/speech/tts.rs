@@ -21,7 +21,7 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -129,16 +129,16 @@ impl HostTool for Speak {
         .ok()
     }
 
-    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         if config.agents.get(agent).and_then(|a| a.voice.as_ref()).is_none() {
-            return Status::Available(format!("agents.{agent}.voice is not configured"));
+            return ToolStatus::Available(format!("agents.{agent}.voice is not configured"));
         }
         for (bin, package) in [(ESPEAK, "espeak-ng"), (OPUSENC, "opus-tools")] {
             if !Path::new(bin).is_file() {
-                return Status::Available(format!("{bin} is not installed (Debian's {package} package)"));
+                return ToolStatus::Available(format!("{bin} is not installed (Debian's {package} package)"));
             }
         }
-        Status::Connected
+        ToolStatus::Connected
     }
 
     fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {

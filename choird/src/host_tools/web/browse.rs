@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::host_tools::browser::{BrowseError, Browser, Page};
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -100,13 +100,13 @@ impl HostTool for Browse {
         .ok()
     }
 
-    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         if let Err(why) = super::common::agent_web(config, agent) {
             return why;
         }
         match crate::host_tools::browser::launch::chromium_binary(&config.web.browser) {
-            None => Status::Available("Chromium is not installed (Debian's chromium package)".into()),
-            Some(_) => Status::Connected,
+            None => ToolStatus::Available("Chromium is not installed (Debian's chromium package)".into()),
+            Some(_) => ToolStatus::Connected,
         }
     }
 

@@ -6,15 +6,15 @@ use std::net::SocketAddr;
 use choir_common::ids::AgentId;
 
 use crate::config::{AgentWeb, Config};
-use crate::host_tools::Status;
+use crate::host_tools::ToolStatus;
 
 /// The agent's `web` section, or why the web tools are not served to it.
-pub fn agent_web<'a>(config: &'a Config, agent: &AgentId) -> Result<&'a AgentWeb, Status> {
+pub fn agent_web<'a>(config: &'a Config, agent: &AgentId) -> Result<&'a AgentWeb, ToolStatus> {
     config
         .agents
         .get(agent)
         .and_then(|a| a.web.as_ref())
-        .ok_or_else(|| Status::Available(format!("agents.{agent}.web is not configured")))
+        .ok_or_else(|| ToolStatus::Available(format!("agents.{agent}.web is not configured")))
 }
 
 /// A resolver that answers every lookup with one address: the one the

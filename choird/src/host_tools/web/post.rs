@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::egress::{origin_of, parse_web_url, Policy, MAX_URL_BYTES};
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -94,13 +94,13 @@ impl HostTool for Post {
         .ok()
     }
 
-    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, _secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         match super::common::agent_web(config, agent) {
             Err(why) => why,
             Ok(w) if w.post_origins.is_empty() => {
-                Status::Available(format!("agents.{agent}.web.post_origins is empty"))
+                ToolStatus::Available(format!("agents.{agent}.web.post_origins is empty"))
             }
-            Ok(_) => Status::Connected,
+            Ok(_) => ToolStatus::Connected,
         }
     }
 

@@ -13,7 +13,7 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::host_tools::{HostCall, HostTool, Status};
+use crate::host_tools::{HostCall, HostTool, ToolStatus};
 use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
@@ -87,16 +87,16 @@ impl HostTool for Search {
         .ok()
     }
 
-    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> Status {
+    fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus {
         if let Err(why) = super::common::agent_web(config, agent) {
             return why;
         }
         match &config.web.brave {
-            None => Status::Available("web.brave is not configured".into()),
+            None => ToolStatus::Available("web.brave is not configured".into()),
             Some(b) if !secrets.contains(&b.api_key_secret) => {
-                Status::Available(format!("missing secret {}", b.api_key_secret))
+                ToolStatus::Available(format!("missing secret {}", b.api_key_secret))
             }
-            Some(_) => Status::Connected,
+            Some(_) => ToolStatus::Connected,
         }
     }
 
