@@ -165,13 +165,10 @@ pub fn report(results: &[(AgentId, Reloaded)]) -> serde_json::Value {
 pub fn test(
     set: &PolicySet,
     t: &choir_common::admin::PolicyTest,
-) -> Result<choir_common::arg_policy::Evaluation, crate::http::ApiError> {
+) -> Result<choir_common::arg_policy::Evaluation, crate::error::Error> {
     use choir_common::provenance::Source;
     if choir_common::ids::validate_tool_name(&t.tool).is_err() {
-        return Err(crate::http::ApiError::BadRequest(format!(
-            "{} is not a tool name",
-            crate::http::printable(&t.tool)
-        )));
+        return Err(crate::error::Error::Malformed(format!("{} is not a tool name", crate::http::printable(&t.tool))));
     }
     // A pointer names a value; the value's sources are looked up by it.
     let by_value: BTreeMap<String, Vec<Source>> = t
@@ -182,9 +179,9 @@ pub fn test(
         })
         .collect();
     if let Some(p) = t.from.keys().find(|p| t.input.pointer(p).is_none()) {
-        return Err(crate::http::ApiError::BadRequest(format!("--from {p}: the input has no value there")));
+        return Err(crate::error::Error::Malformed(format!("--from {p}: the input has no value there")));
     }
-    let compiled = set.compile().map_err(crate::http::ApiError::Internal)?;
+    let compiled = set.compile().map_err(crate::error::Error::Internal)?;
     Ok(compiled.evaluate(&t.tool, &t.input, &mut |v| {
         by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into())
     }))

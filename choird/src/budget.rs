@@ -25,7 +25,7 @@ use choir_common::ids::AgentId;
 use parking_lot::Mutex;
 
 pub use crate::config::TokenBudget;
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::store::Store;
 
 /// Roughly four bytes of text per token (for estimates).
@@ -88,7 +88,7 @@ fn crossed(before: u64, after: u64, limit: Option<u64>) -> Option<u64> {
 }
 
 impl Budgets {
-    fn load(&self, store: &Store, key: &Key) -> Result<Usage, ApiError> {
+    fn load(&self, store: &Store, key: &Key) -> Result<Usage, Error> {
         let day = today();
         if let Some(u) = self.usage.lock().get(key).filter(|u| u.day == day) {
             return Ok(*u);
@@ -116,14 +116,14 @@ impl Budgets {
         budget: TokenBudget,
         host: TokenBudget,
         estimate: u64,
-    ) -> Result<Reservation, ApiError> {
+    ) -> Result<Reservation, Error> {
         let key = Some(agent.clone());
         self.load(store, &key)?;
         if host != TokenBudget::default() {
             self.load(store, &None)?;
         }
         let mut usage = self.usage.lock();
-        let refuse = |message: String| ApiError::RateLimited { message, retry_after_s: None };
+        let refuse = |message: String| Error::RateLimited { message, retry_after_s: None };
         let u = usage.get(&key).copied().unwrap_or_default();
         if let Some(b) = budget.per_day.filter(|b| u.today + u.reserved >= *b) {
             return Err(refuse(format!(

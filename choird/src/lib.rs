@@ -15,6 +15,7 @@ pub mod disk;
 pub mod docker;
 pub mod doctor;
 pub mod egress;
+pub mod error;
 pub mod events;
 pub mod home;
 pub mod host_tools;

@@ -18,7 +18,7 @@ use choir_common::admin::{SecretList, SecretRow};
 use choir_common::manifest::load_tool_layer;
 use serde_json::Value;
 
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::secrets::{valid_name, Secrets};
 
 /// Longest value accepted.
@@ -112,32 +112,32 @@ pub fn list(home: &Path, config: &Value, secrets: &Secrets) -> SecretList {
 }
 
 /// Checks a name and a value for `secrets set`.
-pub fn check_set(name: &str, value: &str) -> Result<(), ApiError> {
+pub fn check_set(name: &str, value: &str) -> Result<(), Error> {
     if !valid_name(name) {
-        return Err(ApiError::BadRequest(format!(
+        return Err(Error::Malformed(format!(
             "secret name {} must be 1–64 letters, digits, '_' or '-'",
             crate::http::printable(name)
         )));
     }
     if value.is_empty() {
-        return Err(ApiError::BadRequest("the value is empty; nothing was changed".into()));
+        return Err(Error::Malformed("the value is empty; nothing was changed".into()));
     }
     if value.len() > MAX_VALUE {
-        return Err(ApiError::BadRequest(format!("the value is {} bytes; at most {MAX_VALUE}", value.len())));
+        return Err(Error::Malformed(format!("the value is {} bytes; at most {MAX_VALUE}", value.len())));
     }
     if value.contains('\0') {
-        return Err(ApiError::BadRequest("the value contains a NUL byte; nothing was changed".into()));
+        return Err(Error::Malformed("the value contains a NUL byte; nothing was changed".into()));
     }
     Ok(())
 }
 
 /// Writes `secrets` to `path` atomically, mode 0600.
-pub fn write(path: &Path, secrets: &Secrets) -> Result<(), ApiError> {
-    let io = |e: std::io::Error| ApiError::Internal(format!("{}: {e}", path.display()));
+pub fn write(path: &Path, secrets: &Secrets) -> Result<(), Error> {
+    let io = |e: std::io::Error| Error::Internal(format!("{}: {e}", path.display()));
     let tmp = path.with_extension("json.choir-tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io)?;
-    let text = serde_json::to_string_pretty(&secrets.to_map()).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&secrets.to_map()).map_err(|e| Error::Internal(e.to_string()))?;
     f.write_all(text.as_bytes()).and_then(|()| f.write_all(b"\n")).and_then(|()| f.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
     if let Some(dir) = path.parent() {

@@ -20,9 +20,10 @@ use crate::config::Config;
 use crate::daemon::{Daemon, Parts};
 use crate::db::cluster::ManagedCluster;
 use crate::db::Db;
+use crate::error::Error;
 use crate::home::Home;
 use crate::http::server::{Limits, Server, Socket};
-use crate::http::{ApiError, ListenerKind};
+use crate::http::ListenerKind;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::store::Store;
@@ -47,23 +48,23 @@ impl crate::telegram::Control for DaemonControl {
     fn wake_agent(&self, agent: &AgentId) {
         self.0.wake_agent(agent);
     }
-    fn summary(&self, agent: &str) -> Result<choir_common::admin::AgentSummary, ApiError> {
+    fn summary(&self, agent: &str) -> Result<choir_common::admin::AgentSummary, Error> {
         self.0.summary(agent)
     }
-    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), ApiError> {
+    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), Error> {
         self.0.cancel_lane(agent, lane, actor)
     }
     fn approve(
         &self,
         id: i64,
         req: &choir_common::admin::ApproveRequest,
-    ) -> Result<choir_common::admin::ApprovalInfo, ApiError> {
+    ) -> Result<choir_common::admin::ApprovalInfo, Error> {
         self.0.approve(id, req)
     }
-    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<choir_common::admin::ApprovalInfo, ApiError> {
+    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<choir_common::admin::ApprovalInfo, Error> {
         self.0.reject(id, reason, by)
     }
-    fn approval(&self, id: i64) -> Result<choir_common::admin::ApprovalDetail, ApiError> {
+    fn approval(&self, id: i64) -> Result<choir_common::admin::ApprovalDetail, Error> {
         self.0.approval(id)
     }
     fn rewrite_config(&self, edit: crate::telegram::ConfigEdit<'_>) -> Result<(), String> {

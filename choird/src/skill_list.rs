@@ -11,14 +11,14 @@ use choir_common::admin::{SkillList, SkillRow};
 use choir_common::ids::AgentId;
 use choir_common::skill::{builtin_skills, load_skill_file};
 
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::shared::Shared;
 
 /// The skills of `agent`; `tools` are the names of the tools it has.
-pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Result<SkillList, ApiError> {
+pub fn list(shared: &Shared, agent: &AgentId, tools: &BTreeSet<String>) -> Result<SkillList, Error> {
     let registered = |t: &str| tools.contains(t);
     let mut rows: Vec<SkillRow> = builtin_skills(&registered)
-        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| Error::Internal(e.to_string()))?
         .into_iter()
         .map(|s| row(&s.spec, None, "built-in", s.source.clone()))
         .collect();
@@ -77,7 +77,7 @@ pub fn of_agent(
     shared: &Shared,
     host_tools: &crate::host_tools::Registry,
     agent: &AgentId,
-) -> Result<(choir_common::admin::ToolList, SkillList), ApiError> {
+) -> Result<(choir_common::admin::ToolList, SkillList), Error> {
     use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
     let tools = crate::tool_list::list(shared, host_tools, agent)?;
     let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();

@@ -8,15 +8,15 @@ use choir_common::admin::{ToolList, ToolRow};
 use choir_common::ids::AgentId;
 use choir_common::manifest::{load_tool_layer, BUILTIN_TOOLS};
 
+use crate::error::Error;
 use crate::host_tools::{Registry, ToolStatus};
-use crate::http::ApiError;
 use crate::shared::Shared;
 
 /// The tools of `agent`.
-pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<ToolList, ApiError> {
+pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<ToolList, Error> {
     let config = shared.config();
     let Some(agent_cfg) = config.agents.get(agent) else {
-        return Err(ApiError::NotFound(format!("no agent {agent} in config.json")));
+        return Err(Error::NotFound(format!("no agent {agent} in config.json")));
     };
     let mut rows: Vec<ToolRow> = BUILTIN_TOOLS
         .iter()
@@ -45,9 +45,8 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
     }
     let repos = shared.home.repos();
     for dir in [repos.join("global").join("tools"), repos.join("agents").join(agent.as_str()).join("tools")] {
-        let loaded = load_tool_layer(&dir).map_err(|e| {
-            ApiError::Unprocessable(format!("{}: {} (the agent would refuse to start)", e.file, e.reason))
-        })?;
+        let loaded = load_tool_layer(&dir)
+            .map_err(|e| Error::Invalid(format!("{}: {} (the agent would refuse to start)", e.file, e.reason)))?;
         for t in loaded {
             // The agent decides what it offers by the same rule.
             let status = ToolStatus::of_external(&t.manifest, &agent_cfg.secrets);

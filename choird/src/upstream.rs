@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::config::{Config, Lane};
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::secrets::Secrets;
 
 /// The upstream HTTP client (non-2xx statuses are answers, not errors).
@@ -38,7 +38,7 @@ impl Upstream {
         lane: Lane,
         body: &[u8],
         who: &str,
-    ) -> Result<ureq::http::Response<ureq::Body>, ApiError> {
+    ) -> Result<ureq::http::Response<ureq::Body>, Error> {
         let endpoint = config.endpoint(lane);
         let mut request = self
             .agent
@@ -49,7 +49,7 @@ impl Upstream {
             .header("Content-Type", "application/json");
         if let Some(name) = &endpoint.api_key_secret {
             let key = secrets.get(name).ok_or_else(|| {
-                ApiError::Unavailable(format!(
+                Error::Unavailable(format!(
                     "the {} lane's API key secret {name:?} is not set in secrets.json",
                     lane.as_str()
                 ))
@@ -59,12 +59,12 @@ impl Upstream {
         request.send(body).map_err(|e| {
             log::warn!("{who}: LLM endpoint {} ({} lane): {e}", endpoint.base_url, lane.as_str());
             match e {
-                ureq::Error::Timeout(_) => ApiError::Timeout(format!(
+                ureq::Error::Timeout(_) => Error::Timeout(format!(
                     "the {} model did not answer within {} s",
                     lane.as_str(),
                     endpoint.timeout_s
                 )),
-                _ => ApiError::BadGateway(format!("the {} model's endpoint cannot be reached", lane.as_str())),
+                _ => Error::Upstream(format!("the {} model's endpoint cannot be reached", lane.as_str())),
             }
         })
     }

@@ -20,7 +20,8 @@ use choir_common::rpc::Verb;
 
 use crate::config::Lane;
 use crate::daemon::{Daemon, RateClass};
-use crate::http::{printable, Admitted, ApiError, Caller, Handler, Head, ListenerKind, Request, Response};
+use crate::error::Error;
+use crate::http::{printable, Admitted, Caller, Handler, Head, ListenerKind, Request, Response};
 use admin::AdminRequest;
 
 /// Where an admitted request goes.
@@ -49,20 +50,20 @@ pub struct Router {
 }
 
 impl Router {
-    fn route(&self, kind: &ListenerKind, head: &Head) -> Result<(Route, usize), ApiError> {
+    fn route(&self, kind: &ListenerKind, head: &Head) -> Result<(Route, usize), Error> {
         let d = &self.daemon;
         if *kind == ListenerKind::Metrics {
             // The metrics listener serves one read-only page and nothing else.
             return match (head.method.as_str(), head.path.as_str()) {
                 ("GET", "/metrics") => Ok((Route::Metrics, 0)),
-                _ => Err(ApiError::NotFound("only GET /metrics is served here".into())),
+                _ => Err(Error::NotFound("only GET /metrics is served here".into())),
             };
         }
         if let Some(verb) = Verb::from_path(&head.path) {
             let class = if verb == Verb::Heartbeat { RateClass::Heartbeat } else { RateClass::Verb };
             let caller = d.authenticate(kind, head.bearer.as_deref(), verb.name(), class)?;
             if head.method != "POST" {
-                return Err(ApiError::BadRequest(format!("{} must be POSTed", verb.name())));
+                return Err(Error::Malformed(format!("{} must be POSTed", verb.name())));
             }
             return Ok((Route::Rpc { verb, caller }, rpc::max_body(verb)));
         }
@@ -71,24 +72,24 @@ impl Router {
             let class = if lane == "core" { RateClass::CoreModel } else { RateClass::EdgeModel };
             let caller = d.authenticate(kind, head.bearer.as_deref(), "LLM", class)?;
             if tail != "v1/chat/completions" || head.method != "POST" {
-                return Err(ApiError::NotFound(format!("no LLM endpoint {}", printable(&head.path))));
+                return Err(Error::NotFound(format!("no LLM endpoint {}", printable(&head.path))));
             }
             let lane =
-                Lane::parse(lane).ok_or_else(|| ApiError::NotFound(format!("no lane {lane:?}; use edge or core")))?;
+                Lane::parse(lane).ok_or_else(|| Error::NotFound(format!("no lane {lane:?}; use edge or core")))?;
             return Ok((Route::Llm { lane, caller }, relay::MAX_REQUEST));
         }
         if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
             return Ok((Route::Admin(AdminRequest::parse(head)?), MAX_ADMIN_BODY));
         }
         // The admin API exists only on choird.sock; agents cannot reach it.
-        Err(ApiError::NotFound(format!("no endpoint {} {}", printable(&head.method), printable(&head.path))))
+        Err(Error::NotFound(format!("no endpoint {} {}", printable(&head.method), printable(&head.path))))
     }
 }
 
 impl Handler for Router {
     type Route = Route;
 
-    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Route>, ApiError> {
+    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Route>, Error> {
         let (route, max_body) = self.route(kind, head)?;
         Ok(Admitted { max_body, route })
     }
@@ -109,6 +110,6 @@ impl Handler for Router {
             Route::Llm { lane, caller } => relay::handle(d.shared(), lane, &caller, &req),
             Route::Admin(request) => admin::handle(d, &self.tg, request, &req),
         };
-        result.unwrap_or_else(ApiError::into_response)
+        result.unwrap_or_else(Response::from)
     }
 }

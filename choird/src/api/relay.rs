@@ -19,7 +19,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::Lane;
-use crate::http::{ApiError, Caller, Request, Response};
+use crate::error::Error;
+use crate::http::{Caller, Request, Response};
 use crate::shared::Shared;
 
 /// Largest request body relayed.
@@ -60,7 +61,7 @@ fn job_of(req: &Request) -> Option<String> {
 
 /// Answers `POST /llm/<lane>/v1/chat/completions` for `who`, authenticated
 /// at admission.
-pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Result<Response, ApiError> {
+pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Result<Response, Error> {
     let edge = lane == Lane::Edge;
     if edge {
         choir_common::hop::mark("relay.in");
@@ -74,11 +75,11 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     }
     let job = job_of(req);
     if req.body.len() > MAX_REQUEST {
-        return Err(ApiError::PayloadTooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
+        return Err(Error::TooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
     let mut obj = forwarded(&req.body)?;
     let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
-    let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| ApiError::Internal(e.to_string()));
+    let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| Error::Internal(e.to_string()));
     if streaming {
         // Streamed calls are counted too: the endpoint must report usage.
         obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
@@ -86,7 +87,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     let config = d.config();
     let model = config.model(&who.agent, lane);
     obj.insert("model".into(), raw(&Value::String(model.clone()))?);
-    let payload = serde_json::to_vec(&obj).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let payload = serde_json::to_vec(&obj).map_err(|e| Error::Internal(e.to_string()))?;
     let asked =
         crate::budget::COMPLETION_FIELDS.iter().find_map(|k| obj.get(*k).and_then(|v| v.get().parse::<u64>().ok()));
     let reservation = reserve(d, &config, &who.agent, crate::budget::estimate_with(payload.len(), asked))?;
@@ -167,7 +168,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().map_err(|e| {
         log::warn!("agent {}: the {} model's answer could not be read: {e}", who.agent, lane.as_str());
-        ApiError::BadGateway(format!("the {} model's answer could not be read", lane.as_str()))
+        Error::Upstream(format!("the {} model's answer could not be read", lane.as_str()))
     })?;
     let usage =
         serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned()).filter(|u| u.is_object());
@@ -210,7 +211,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
 /// A completion choird asks for on an agent's behalf (e.g. folding its
 /// memory), with the agent's model for `lane`, counted against its budget
 /// and recorded like its own calls. Returns the answer's text.
-pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Result<String, ApiError> {
+pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Result<String, Error> {
     let config = d.config();
     let model = config.model(&who.agent, lane);
     let body = serde_json::json!({"model": model, "messages": messages});
@@ -249,13 +250,13 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
-        return Err(ApiError::BadGateway(format!("the model answered {status}")));
+        return Err(Error::Upstream(format!("the model answered {status}")));
     }
     v["choices"][0]["message"]["content"]
         .as_str()
         .map(str::to_owned)
         .filter(|t| !t.trim().is_empty())
-        .ok_or_else(|| ApiError::BadGateway("the model's answer had no text".into()))
+        .ok_or_else(|| Error::Upstream("the model's answer had no text".into()))
 }
 
 /// Records a streamed call once it ended: the usage it reported (`None` when
@@ -339,7 +340,7 @@ fn reserve(
     config: &crate::config::Config,
     agent: &choir_common::ids::AgentId,
     tokens: u64,
-) -> Result<crate::budget::Reservation, ApiError> {
+) -> Result<crate::budget::Reservation, Error> {
     let budget = config.agents.get(agent).map(|a| a.token_budget).unwrap_or_default();
     d.budgets.reserve(&d.store, agent, budget, config.token_budget, tokens)
 }
@@ -349,19 +350,19 @@ fn reserve(
 /// messages and tools of a turn are copied, not parsed into a tree and
 /// written out again). Refused: a body that is not JSON, not an object,
 /// nested deeper than [`MAX_DEPTH`], or without a `messages` array.
-fn forwarded(body: &[u8]) -> Result<BTreeMap<String, Box<RawValue>>, ApiError> {
+fn forwarded(body: &[u8]) -> Result<BTreeMap<String, Box<RawValue>>, Error> {
     let sent: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {
-            ApiError::BadRequest("LLM request must be a JSON object".into())
+            Error::Malformed("LLM request must be a JSON object".into())
         } else {
-            ApiError::BadRequest(format!("LLM request is not JSON: {e}"))
+            Error::Malformed(format!("LLM request is not JSON: {e}"))
         }
     })?;
     if !sent.get("messages").is_some_and(|m| m.get().starts_with('[')) {
-        return Err(ApiError::BadRequest("LLM request needs a \"messages\" array".into()));
+        return Err(Error::Malformed("LLM request needs a \"messages\" array".into()));
     }
     if depth(body) > MAX_DEPTH {
-        return Err(ApiError::BadRequest(format!("LLM request is nested deeper than {MAX_DEPTH} levels")));
+        return Err(Error::Malformed(format!("LLM request is nested deeper than {MAX_DEPTH} levels")));
     }
     Ok(sent.into_iter().filter(|(k, _)| FORWARDED_FIELDS.contains(&k.as_str())).collect())
 }
@@ -421,7 +422,7 @@ mod tests {
         assert_eq!(f["tools"].get(), r#"[ {"type": "function"} ]"#);
 
         let refused = |body: &[u8]| match forwarded(body) {
-            Err(ApiError::BadRequest(m)) => m,
+            Err(Error::Malformed(m)) => m,
             other => panic!("not refused: {other:?}"),
         };
         assert!(refused(b"{\"messages\": [").starts_with("LLM request is not JSON"));

@@ -9,7 +9,8 @@ use choir_common::rpc::{
 };
 
 use crate::daemon::Daemon;
-use crate::http::{ApiError, Caller, Request, Response};
+use crate::error::Error;
+use crate::http::{Caller, Request, Response};
 
 /// Largest HEARTBEAT body: agents split their replication batches well below
 /// it (see `choir_common::rpc::MAX_BATCH_BYTES`).
@@ -26,7 +27,7 @@ pub fn max_body(verb: Verb) -> usize {
 }
 
 /// Answers `POST /rpc/v1/<VERB>` for `who`, authenticated at admission.
-pub fn handle(d: &Daemon, verb: Verb, who: &Caller, req: &Request) -> Result<Response, ApiError> {
+pub fn handle(d: &Daemon, verb: Verb, who: &Caller, req: &Request) -> Result<Response, Error> {
     match verb {
         Verb::InitHello => Ok(Response::ok(&d.init_hello(who, &req.json::<InitHelloRequest>()?)?)),
         Verb::GetSecrets => {

@@ -16,17 +16,17 @@ use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, Proposa
 use serde_json::{json, Value};
 
 use super::{Authed, Daemon};
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::proposals::{self, Approval};
 
-fn kind_of(s: &str) -> Result<ProposalKind, ApiError> {
+fn kind_of(s: &str) -> Result<ProposalKind, Error> {
     match s {
         "tool" => Ok(ProposalKind::Tool),
         "skill" => Ok(ProposalKind::Skill),
         "config_change" => Ok(ProposalKind::ConfigChange),
         "call" => Ok(ProposalKind::Call),
         "schedule" => Ok(ProposalKind::Schedule),
-        other => Err(ApiError::Internal(format!("stored proposal of unknown kind {other:?}"))),
+        other => Err(Error::Internal(format!("stored proposal of unknown kind {other:?}"))),
     }
 }
 
@@ -47,7 +47,7 @@ impl Daemon {
 
     /// REQUEST_APPROVAL: validates the proposal completely, stores it as
     /// pending with its digest, and tells the operator's channels.
-    pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, ApiError> {
+    pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, Error> {
         let settings = self.agent_settings(&who.agent);
         let validated = proposals::validate(&self.home, &who.agent, &settings, req).and_then(|p| {
             // A job is checked against the agent too: its chat, tools, skill.
@@ -67,7 +67,7 @@ impl Daemon {
                     "invalid",
                     json!({"kind": req.kind.as_str(), "error": e.0}),
                 );
-                return Err(ApiError::Unprocessable(e.0));
+                return Err(Error::Invalid(e.0));
             }
         };
         let quota = self.config().agents.get(&who.agent).map(|a| a.quotas.pending_proposals).unwrap_or_default();
@@ -80,7 +80,7 @@ impl Daemon {
                 "over_quota",
                 json!({"kind": req.kind.as_str(), "pending": waiting}),
             );
-            return Err(ApiError::Unprocessable(format!(
+            return Err(Error::Invalid(format!(
                 "{waiting} proposal(s) of this agent already wait for a human (quotas.pending_proposals is {quota}); \
                  wait for their decisions before proposing more"
             )));
@@ -115,12 +115,12 @@ impl Daemon {
     /// recorded, and approved by the operator at once (committed to
     /// `repos/` by git, then rolled out). Nobody is asked: the operator is
     /// the human. A refused file changes nothing.
-    pub fn add_reviewed(self: &Arc<Self>, agent: &str, add: &AddRequest) -> Result<ApprovalInfo, ApiError> {
+    pub fn add_reviewed(self: &Arc<Self>, agent: &str, add: &AddRequest) -> Result<ApprovalInfo, Error> {
         let agent = self.known_agent(agent)?;
         let kind = match add.kind.as_str() {
             "tool" => ProposalKind::Tool,
             "skill" => ProposalKind::Skill,
-            other => return Err(ApiError::BadRequest(format!("kind {other:?}: add a tool or a skill"))),
+            other => return Err(Error::Malformed(format!("kind {other:?}: add a tool or a skill"))),
         };
         let request = ApprovalRequest {
             kind,
@@ -135,7 +135,7 @@ impl Daemon {
         let settings = self.agent_settings(&agent);
         let proposal = proposals::validate(&self.home, &agent, &settings, &request).map_err(|e| {
             self.audit("admin", Some(&agent), "repos.add", "invalid", json!({"kind": add.kind, "error": e.0}));
-            ApiError::Unprocessable(e.0)
+            Error::Invalid(e.0)
         })?;
         let (id, _) = self.store.insert_approval(&agent, &proposal, &request)?;
         self.audit(
@@ -149,28 +149,28 @@ impl Daemon {
     }
 
     /// Proposals, newest first.
-    pub fn approvals(&self, status: Option<&str>, agent: Option<&str>) -> Result<ApprovalList, ApiError> {
+    pub fn approvals(&self, status: Option<&str>, agent: Option<&str>) -> Result<ApprovalList, Error> {
         self.store.expire_confirmations()?;
         if let Some(s) = status.filter(|s| !matches!(*s, "pending" | "approved" | "rejected")) {
-            return Err(ApiError::BadRequest(format!("no status {s:?}; use pending, approved or rejected")));
+            return Err(Error::Malformed(format!("no status {s:?}; use pending, approved or rejected")));
         }
-        let agent = agent.map(AgentId::parse).transpose().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let agent = agent.map(AgentId::parse).transpose().map_err(|e| Error::Malformed(e.to_string()))?;
         let rows = self.store.approvals(status, agent.as_ref(), 500)?;
         Ok(ApprovalList { approvals: rows.into_iter().map(|(info, _)| info).collect() })
     }
 
-    fn load_approval(&self, id: i64) -> Result<(ApprovalInfo, String), ApiError> {
+    fn load_approval(&self, id: i64) -> Result<(ApprovalInfo, String), Error> {
         let (mut info, text) =
-            self.store.approval(id)?.ok_or_else(|| ApiError::NotFound(format!("there is no proposal {id}")))?;
+            self.store.approval(id)?.ok_or_else(|| Error::NotFound(format!("there is no proposal {id}")))?;
         info.rollout = self.rollouts.get(id);
         Ok((info, text))
     }
 
     /// One proposal: its content and a diff against what it would replace.
-    pub fn approval(&self, id: i64) -> Result<ApprovalDetail, ApiError> {
+    pub fn approval(&self, id: i64) -> Result<ApprovalDetail, Error> {
         let (info, text) = self.load_approval(id)?;
         let content: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let agent = AgentId::parse(&info.agent).map_err(|e| Error::Internal(e.to_string()))?;
         let diff = if info.status == "pending" {
             proposals::render(
                 &self.home,
@@ -191,16 +191,16 @@ impl Daemon {
     /// `approvals.auto_update` is on (see `rollout.rs`; else the next
     /// `agent update` or start picks it up); a config change is written to
     /// `config.json` and reloaded.
-    pub fn approve(self: &Arc<Self>, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError> {
+    pub fn approve(self: &Arc<Self>, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, Error> {
         // A backup sees an approval wholly or not at all.
         let _applying = self.state_gate.read();
         self.store.expire_confirmations()?;
         let by = req.by.clone().unwrap_or_else(|| "admin".to_owned());
         let (info, text) = self.load_approval(id)?;
-        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let agent = AgentId::parse(&info.agent).map_err(|e| Error::Internal(e.to_string()))?;
         if !info.intact {
             self.audit(&by, Some(&agent), "approval.approve", "refused_altered", json!({"approval": id}));
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "proposal {id} was altered after it was proposed: its content no longer has sha256 {}; it cannot be \
                  approved and needs a new proposal",
                 info.sha256
@@ -210,20 +210,18 @@ impl Daemon {
         // prefix of at least 32 hex digits of it.
         let matches = |seen: &str| seen == info.sha256 || (seen.len() >= 32 && info.sha256.starts_with(seen));
         if let Some(seen) = req.sha256.as_deref().filter(|s| !matches(s)) {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "proposal {id} has sha256 {}, not the {seen} you approved; look at it again (choirctl approvals show {id})",
                 info.sha256
             )));
         }
         if info.status != "pending" {
-            return Err(ApiError::Conflict(format!("proposal {id} is already {}", info.status)));
+            return Err(Error::Conflict(format!("proposal {id} is already {}", info.status)));
         }
-        let content: Value = serde_json::from_str(&text).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let content: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
         // Claim it first: only a row still pending with this very content moves on.
         if !self.store.decide_approval(id, "approved", &by, None, &text, &info.sha256)? {
-            return Err(ApiError::Conflict(format!(
-                "proposal {id} changed or was decided meanwhile; look at it again"
-            )));
+            return Err(Error::Conflict(format!("proposal {id} changed or was decided meanwhile; look at it again")));
         }
         let kind = kind_of(&info.kind)?;
         let applied = match kind {
@@ -282,28 +280,26 @@ impl Daemon {
             Err(e) => {
                 self.store.reopen_approval(id)?;
                 self.audit(&by, Some(&agent), "approval.approve", "apply_failed", json!({"approval": id, "error": e}));
-                Err(ApiError::Internal(format!("proposal {id} could not be applied, and stays pending: {e}")))
+                Err(Error::Internal(format!("proposal {id} could not be applied, and stays pending: {e}")))
             }
         }
     }
 
     /// Rejects proposal `id`, with a reason the agent is told.
-    pub fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError> {
+    pub fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, Error> {
         self.store.expire_confirmations()?;
         let by = by.unwrap_or("admin");
         if reason.trim().is_empty() {
-            return Err(ApiError::BadRequest("a rejection needs a reason (--reason TEXT)".into()));
+            return Err(Error::Malformed("a rejection needs a reason (--reason TEXT)".into()));
         }
         let (info, text) = self.load_approval(id)?;
         if info.status != "pending" {
-            return Err(ApiError::Conflict(format!("proposal {id} is already {}", info.status)));
+            return Err(Error::Conflict(format!("proposal {id} is already {}", info.status)));
         }
-        let agent = AgentId::parse(&info.agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let agent = AgentId::parse(&info.agent).map_err(|e| Error::Internal(e.to_string()))?;
         // A rejection stands whatever the content became; it binds the digest proposed.
         if !self.store.decide_approval(id, "rejected", by, Some(reason), &text, &info.sha256)? {
-            return Err(ApiError::Conflict(format!(
-                "proposal {id} changed or was decided meanwhile; look at it again"
-            )));
+            return Err(Error::Conflict(format!("proposal {id} changed or was decided meanwhile; look at it again")));
         }
         self.audit(by, Some(&agent), "approval.reject", "rejected", json!({"approval": id, "reason": reason}));
         self.decision_due(&agent);
@@ -329,9 +325,9 @@ impl Daemon {
         &self,
         id: &str,
         policy: &choir_common::tool_policy::ToolPolicy,
-    ) -> Result<choir_common::tool_policy::ToolPolicy, ApiError> {
+    ) -> Result<choir_common::tool_policy::ToolPolicy, Error> {
         let agent = self.known(id)?;
-        policy.check().map_err(|e| ApiError::BadRequest(format!("agents.{agent}.tools.{e}")))?;
+        policy.check().map_err(|e| Error::Malformed(format!("agents.{agent}.tools.{e}")))?;
         self.rewrite_config(|text| {
             let mut doc: Value = serde_json::from_str(text).map_err(|e| format!("config.json does not parse: {e}"))?;
             let section = doc["agents"]
@@ -345,7 +341,7 @@ impl Daemon {
             }
             serde_json::to_string_pretty(&doc).map(|t| t + "\n").map_err(|e| e.to_string())
         })
-        .map_err(ApiError::Conflict)?;
+        .map_err(Error::Conflict)?;
         self.audit("admin", Some(&agent), "policy.tools", "ok", json!({"allow": policy.allow, "deny": policy.deny}));
         log::info!("agent {agent}: tool policy now allow {:?}, deny {:?}", policy.allow, policy.deny);
         Ok(self.config().agents.get(&agent).map(|a| a.tools.clone()).unwrap_or_default())
@@ -357,15 +353,15 @@ impl Daemon {
     }
 
     /// Asks a running agent to cancel `lane` (`edge`, `core:<job>` or `all`).
-    pub fn cancel_lane(&self, id: &str, lane: &str, actor: &str) -> Result<(), ApiError> {
+    pub fn cancel_lane(&self, id: &str, lane: &str, actor: &str) -> Result<(), Error> {
         let id = self.known(id)?;
         let valid = lane == "edge" || lane == "all" || lane.strip_prefix("core:").is_some_and(|j| !j.is_empty());
         if !valid {
-            return Err(ApiError::BadRequest(format!("no lane {lane:?}; use edge, core:<job> or all")));
+            return Err(Error::Malformed(format!("no lane {lane:?}; use edge, core:<job> or all")));
         }
         match self.sessions.cancel(&id, lane) {
-            None => return Err(ApiError::NotFound(format!("no agent {id}"))),
-            Some(false) => return Err(ApiError::Conflict(format!("agent {id} is not running"))),
+            None => return Err(Error::NotFound(format!("no agent {id}"))),
+            Some(false) => return Err(Error::Conflict(format!("agent {id} is not running"))),
             Some(true) => {}
         }
         self.audit(actor, Some(&id), "agent.cancel", "requested", json!({"lane": lane}));

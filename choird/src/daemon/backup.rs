@@ -9,14 +9,14 @@ use serde_json::json;
 
 use super::Daemon;
 use crate::backup::{Database, Summary};
-use crate::http::ApiError;
+use crate::error::Error;
 
 impl Daemon {
     /// Writes a backup of the home into an unnamed temporary file (mode
     /// 0600, gone when closed) and returns it from its start.
-    pub fn backup(&self, workspaces: bool) -> Result<(std::fs::File, Summary), ApiError> {
+    pub fn backup(&self, workspaces: bool) -> Result<(std::fs::File, Summary), Error> {
         let mut file = tempfile::tempfile_in(self.home.root())
-            .map_err(|e| ApiError::Internal(format!("a temporary file in the home: {e}")))?;
+            .map_err(|e| Error::Internal(format!("a temporary file in the home: {e}")))?;
         let config = self.config();
         let ids: Vec<_> = if workspaces { config.agents.keys().cloned().collect() } else { Vec::new() };
         let db = Database::of(&self.home, &config);
@@ -27,9 +27,9 @@ impl Daemon {
         };
         let summary = summary.map_err(|e| {
             self.audit("admin", None, "backup", "failed", json!({"error": e.to_string()}));
-            ApiError::Unavailable(e.to_string())
+            Error::Unavailable(e.to_string())
         })?;
-        file.rewind().map_err(|e| ApiError::Internal(e.to_string()))?;
+        file.rewind().map_err(|e| Error::Internal(e.to_string()))?;
         self.audit("admin", None, "backup", "ok", json!({"summary": summary, "workspaces": workspaces}));
         log::info!(
             "backup: {} files, {} bytes, database dump {} bytes, {} skipped",

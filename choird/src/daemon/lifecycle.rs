@@ -21,7 +21,7 @@ use serde_json::json;
 use super::{random_token, sha256, tail, Daemon, START_TIMEOUT};
 use crate::config::{Config, RuntimeKind};
 use crate::docker::{build, Engine, EngineError};
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::runtime::docker::{self as rt, ContainerSpec};
 use crate::sessions::{Instance, Ready, Watch};
 
@@ -30,23 +30,23 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A container that ran this long is considered healthy (resets the backoff).
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
-impl From<EngineError> for ApiError {
+impl From<EngineError> for Error {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::NoSocket(_) | EngineError::Transport { .. } => ApiError::Unavailable(e.to_string()),
+            EngineError::NoSocket(_) | EngineError::Transport { .. } => Error::Unavailable(e.to_string()),
             EngineError::Permission(_) | EngineError::NoImage(..) | EngineError::Conflict(_) => {
-                ApiError::Conflict(e.to_string())
+                Error::Conflict(e.to_string())
             }
-            EngineError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            EngineError::Api { .. } | EngineError::Build(_) => ApiError::BadGateway(e.to_string()),
+            EngineError::NotFound(_) => Error::NotFound(e.to_string()),
+            EngineError::Api { .. } | EngineError::Build(_) => Error::Upstream(e.to_string()),
         }
     }
 }
 
-impl From<build::BuildError> for ApiError {
+impl From<build::BuildError> for Error {
     fn from(e: build::BuildError) -> Self {
         match e {
-            build::BuildError::Invalid { .. } | build::BuildError::NoBase(_) => ApiError::BadRequest(e.to_string()),
+            build::BuildError::Invalid { .. } | build::BuildError::NoBase(_) => Error::Malformed(e.to_string()),
             build::BuildError::Engine(e) => e.into(),
         }
     }
@@ -60,12 +60,12 @@ impl Daemon {
 
     /// Starts an agent (at most one live session per agent) and waits until it
     /// reports RUNNING.
-    pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+    pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
         let config = self.config();
         if let Some(why) = self.disk_refusal(&id) {
             self.audit(actor, Some(&id), "agent.start", "refused", json!({"reason": why}));
-            return Err(ApiError::Unavailable(format!("agent {id} is not started: {why}")));
+            return Err(Error::Unavailable(format!("agent {id} is not started: {why}")));
         }
         if let Err((what, phase)) = self.sessions.begin_start(&id) {
             self.audit(
@@ -75,7 +75,7 @@ impl Daemon {
                 "refused",
                 json!({"reason": "already running", "detail": what}),
             );
-            return Err(ApiError::Conflict(format!("agent {id} is already {phase} ({what}); stop it first")));
+            return Err(Error::Conflict(format!("agent {id} is already {phase} ({what}); stop it first")));
         }
         let launched = self.launch(&id, &config).and_then(|()| {
             if config.runtime == RuntimeKind::Docker {
@@ -107,20 +107,20 @@ impl Daemon {
 
     /// Waits until a just-started agent reports RUNNING; if it exits instead,
     /// the error carries the end of its log (why it could not start).
-    fn wait_ready(&self, id: &AgentId) -> Result<(), ApiError> {
+    fn wait_ready(&self, id: &AgentId) -> Result<(), Error> {
         match self.sessions.wait_ready(id, START_TIMEOUT) {
             Ready::Running => Ok(()),
             Ready::Exited(exit) => {
                 let log = self.home.logs().join(format!("{id}.log"));
-                Err(ApiError::Conflict(format!(
+                Err(Error::Conflict(format!(
                     "agent {id} failed to start ({}); the end of {}:\n{}",
                     exit.unwrap_or_else(|| "stopped".into()),
                     log.display(),
                     tail(&log, 6)
                 )))
             }
-            Ready::Unknown => Err(ApiError::NotFound(format!("no agent {id}"))),
-            Ready::TimedOut => Err(ApiError::Timeout(format!(
+            Ready::Unknown => Err(Error::NotFound(format!("no agent {id}"))),
+            Ready::TimedOut => Err(Error::Timeout(format!(
                 "agent {id} did not finish starting within {} s; see {}",
                 START_TIMEOUT.as_secs(),
                 self.home.logs().join(format!("{id}.log")).display()
@@ -129,12 +129,12 @@ impl Daemon {
     }
 
     /// Creates a session and starts its instance (process or container).
-    fn launch(self: &Arc<Self>, id: &AgentId, config: &Config) -> Result<(), ApiError> {
+    fn launch(self: &Arc<Self>, id: &AgentId, config: &Config) -> Result<(), Error> {
         let token = random_token()?;
         let digest = sha256(token.as_bytes());
         let workspace = config.workspace(&self.home, id);
         std::fs::create_dir_all(&workspace)
-            .map_err(|e| ApiError::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
+            .map_err(|e| Error::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
         let resume_from = self.store.agent_position(id)?.resume_from;
         let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
         self.sessions.open(id, session_id, digest, resume_from);
@@ -164,19 +164,19 @@ impl Daemon {
         session_id: i64,
         token: &str,
         workspace: &std::path::Path,
-    ) -> Result<Instance, ApiError> {
+    ) -> Result<Instance, Error> {
         log::warn!(
             "agent {id}: starting with the process runtime: UNSANDBOXED (it runs with choird's user and network)"
         );
         let choir_dir = crate::runtime::process::prepare_choir_dir(&self.home, id)
-            .map_err(|e| ApiError::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot prepare the agent's tool directory: {e}")))?;
         let config = self.config();
         let connect = match (config.agents.get(id).map(|a| a.transport), &config.http_listen) {
             (Some(crate::config::Transport::Http), Some(addr)) => format!("http://{addr}"),
             _ => format!("unix:{}", self.home.agent_socket(id).display()),
         };
         let mut child = crate::runtime::process::spawn(&self.agent_binary, id, &connect, workspace, &choir_dir, token)
-            .map_err(|e| ApiError::Internal(format!("cannot start the agent: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the agent: {e}")))?;
         let pid = child.id();
         // Its output, line by line, into logs/<id>.log; `pumped` closes when
         // both pipes are at end of file.
@@ -216,7 +216,7 @@ impl Daemon {
                 me.on_exit(&agent, session_id, &reason);
                 me.after_process_exit(&agent, generation, started, &reason);
             })
-            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start a supervisor thread: {e}")))?;
         Ok(Instance::Process { pid })
     }
 
@@ -227,10 +227,10 @@ impl Daemon {
         token: &str,
         workspace: &std::path::Path,
         config: &Config,
-    ) -> Result<Instance, ApiError> {
+    ) -> Result<Instance, Error> {
         let engine = self.engine();
         engine.ping()?;
-        rt::check_seccomp(&engine.info()?).map_err(ApiError::Conflict)?;
+        rt::check_seccomp(&engine.info()?).map_err(Error::Conflict)?;
         let docker = &config.docker;
         let image =
             build::build(&engine, &self.home, id, &self.agent_binary, &docker.base_image, &docker.image_prefix, |l| {
@@ -246,14 +246,14 @@ impl Daemon {
             match crate::sockets::hand_over_dir(workspace, uid, gid) {
                 Ok(true) => log::info!("agent {id}: workspace {} handed to uid {uid}", workspace.display()),
                 Ok(false) => {}
-                Err(e) => return Err(ApiError::Internal(format!("cannot prepare the workspace: {e}"))),
+                Err(e) => return Err(Error::Internal(format!("cannot prepare the workspace: {e}"))),
             }
         }
         let label = rt::home_label(&self.home);
         let name = rt::container_name(&label, id);
         if let Some(old) = engine.inspect(&name)? {
             if old["State"]["Running"].as_bool() == Some(true) {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "agent {id} already runs in container {} (not started by this choird); stop it first",
                     old["Id"].as_str().unwrap_or_default()
                 )));
@@ -284,14 +284,14 @@ impl Daemon {
     }
 
     /// Starts the supervisor thread of a docker agent (one per agent).
-    fn spawn_supervisor(self: &Arc<Self>, id: &AgentId) -> Result<(), ApiError> {
+    fn spawn_supervisor(self: &Arc<Self>, id: &AgentId) -> Result<(), Error> {
         let me = self.clone();
         let agent = id.clone();
         let generation = self.sessions.generation(id);
         let handle = std::thread::Builder::new()
             .name(format!("supervise-{id}"))
             .spawn(move || me.supervise(&agent, generation))
-            .map_err(|e| ApiError::Internal(format!("cannot start a supervisor thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start a supervisor thread: {e}")))?;
         self.supervisors.lock().push(handle);
         Ok(())
     }
@@ -540,10 +540,10 @@ impl Daemon {
 
     /// Stops an agent: asks it (through its HEARTBEAT), then has the process or
     /// container stopped.
-    pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, ApiError> {
+    pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
         if !self.sessions.request_stop(&id) {
-            return Err(ApiError::Conflict(format!("agent {id} is not running")));
+            return Err(Error::Conflict(format!("agent {id} is not running")));
         }
         let polite = self.wait_stopped(&id, Duration::from_secs(10));
         if !polite {
@@ -572,7 +572,7 @@ impl Daemon {
     }
 
     /// Terminates the instance without asking the agent.
-    fn stop_instance(&self, id: &AgentId) -> Result<(), ApiError> {
+    fn stop_instance(&self, id: &AgentId) -> Result<(), Error> {
         let instance = self.sessions.instance(id);
         match instance {
             Some(Instance::Process { pid }) => {
@@ -616,7 +616,7 @@ impl Daemon {
     /// whose session is still open (they keep their lease), removes the others,
     /// and closes every other session left open. Runs before the listeners,
     /// so no adopted agent is refused in between.
-    pub fn adopt_containers(self: &Arc<Self>) -> Result<(), ApiError> {
+    pub fn adopt_containers(self: &Arc<Self>) -> Result<(), Error> {
         let config = self.config();
         let mut adopted = Vec::new();
         if config.runtime == RuntimeKind::Docker {
@@ -690,7 +690,7 @@ impl Daemon {
 
     /// Checks an agent's image inputs (manifests, skills, the agent binary)
     /// without touching the engine.
-    pub fn validate_image_inputs(&self, id: &str) -> Result<(), ApiError> {
+    pub fn validate_image_inputs(&self, id: &str) -> Result<(), Error> {
         let id = self.known(id)?;
         build::validate(&self.home, &id, &self.agent_binary)?;
         Ok(())
@@ -698,7 +698,7 @@ impl Daemon {
 
     /// Builds an agent's image for its current inputs (validating first),
     /// sending progress lines to `progress`; returns the tag.
-    pub fn build_image(&self, id: &str, progress: impl FnMut(&str)) -> Result<String, ApiError> {
+    pub fn build_image(&self, id: &str, progress: impl FnMut(&str)) -> Result<String, Error> {
         let id = self.known(id)?;
         let config = self.config();
         let docker = &config.docker;
@@ -721,7 +721,7 @@ impl Daemon {
 
     /// Rolls a running agent onto the image of its current inputs: build, then
     /// stop and start (the new session gets the recovery snapshot).
-    pub fn update_agent(self: &Arc<Self>, id: &str, mut progress: impl FnMut(&str)) -> Result<AgentSummary, ApiError> {
+    pub fn update_agent(self: &Arc<Self>, id: &str, mut progress: impl FnMut(&str)) -> Result<AgentSummary, Error> {
         let tag = self.build_image(id, &mut progress)?;
         self.restart_on(id, Some(&tag), &mut progress)
     }
@@ -733,7 +733,7 @@ impl Daemon {
         id: &str,
         tag: Option<&str>,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<AgentSummary, ApiError> {
+    ) -> Result<AgentSummary, Error> {
         let summary = self.summary(id)?;
         let on = tag.map(|t| format!(" on {t}")).unwrap_or_default();
         if summary.state == "stopped" {

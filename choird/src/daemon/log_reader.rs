@@ -8,7 +8,7 @@ use choir_common::admin::LogPage;
 use choir_common::ids::AgentId;
 
 use super::Daemon;
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::logs::query::{self, Filter};
 
 /// Most records one page returns.
@@ -34,20 +34,21 @@ impl LogQuery {
         level: Option<&str>,
         grep: Option<&str>,
         limit: Option<&str>,
-    ) -> Result<LogQuery, ApiError> {
+    ) -> Result<LogQuery, Error> {
         let agent = match agent {
-            Some(a) => Some(AgentId::parse(a).map_err(|e| ApiError::BadRequest(e.to_string()))?.as_str().to_owned()),
+            Some(a) => Some(AgentId::parse(a).map_err(|e| Error::Malformed(e.to_string()))?.as_str().to_owned()),
             None => None,
         };
-        let since = since.map(query::parse_since).transpose().map_err(ApiError::BadRequest)?;
-        let max_rank = level.map_or(Ok(5), query::parse_level).map_err(ApiError::BadRequest)?;
-        let limit =
-            match limit {
-                None => 1000,
-                Some(l) => l.parse::<usize>().ok().filter(|n| (1..=MAX_LIMIT).contains(n)).ok_or_else(|| {
-                    ApiError::BadRequest(format!("limit {l:?} must be a number from 1 to {MAX_LIMIT}"))
-                })?,
-            };
+        let since = since.map(query::parse_since).transpose().map_err(Error::Malformed)?;
+        let max_rank = level.map_or(Ok(5), query::parse_level).map_err(Error::Malformed)?;
+        let limit = match limit {
+            None => 1000,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))
+                .ok_or_else(|| Error::Malformed(format!("limit {l:?} must be a number from 1 to {MAX_LIMIT}")))?,
+        };
         let grep = grep.filter(|g| !g.is_empty()).map(str::to_owned);
         Ok(LogQuery { filter: Filter { agent, since, max_rank, grep }, limit })
     }
@@ -63,10 +64,10 @@ impl Daemon {
 
     /// The newest matching records, then every new one as it is written, as
     /// JSON lines on `out` until the client goes away.
-    pub fn follow_logs(&self, q: &LogQuery, out: &mut impl Write) -> Result<(), ApiError> {
+    pub fn follow_logs(&self, q: &LogQuery, out: &mut impl Write) -> Result<(), Error> {
         let logs = self.logs();
         let follower = logs.follow().ok_or_else(|| {
-            ApiError::Unavailable(format!(
+            Error::Unavailable(format!(
                 "{} clients follow the logs already; stop one first",
                 crate::logs::MAX_FOLLOWERS
             ))

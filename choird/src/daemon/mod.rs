@@ -33,10 +33,11 @@ mod verbs;
 
 use crate::arg_policies::{ArgPolicies, Reloaded};
 use crate::config::Config;
+use crate::error::Error;
 use crate::host_tools::memory::Memory;
 use crate::host_tools::Registry;
 pub use crate::http::Caller as Authed;
-use crate::http::{ApiError, ListenerKind};
+use crate::http::ListenerKind;
 use crate::secrets::Secrets;
 use crate::sessions::{AuthFailure, Sessions};
 pub use crate::sessions::{ChatUpdate, RateClass, LEASE_TTL};
@@ -94,9 +95,9 @@ fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
 
-fn random_token() -> Result<String, ApiError> {
+fn random_token() -> Result<String, Error> {
     let mut buf = [0u8; 32];
-    getrandom::fill(&mut buf).map_err(|e| ApiError::Internal(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut buf).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
     Ok(hex::encode(buf))
 }
 
@@ -276,16 +277,16 @@ impl Daemon {
     }
 
     /// A configured agent's id, or a clear error.
-    pub fn known_agent(&self, id: &str) -> Result<AgentId, ApiError> {
+    pub fn known_agent(&self, id: &str) -> Result<AgentId, Error> {
         self.known(id)
     }
 
-    fn known(&self, id: &str) -> Result<AgentId, ApiError> {
+    fn known(&self, id: &str) -> Result<AgentId, Error> {
         let config = self.config();
         let names = || config.agents.keys().map(AgentId::as_str).collect::<Vec<_>>().join(", ");
-        let id = AgentId::parse(id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let id = AgentId::parse(id).map_err(|e| Error::Malformed(e.to_string()))?;
         if !config.agents.contains_key(&id) {
-            return Err(ApiError::NotFound(format!(
+            return Err(Error::NotFound(format!(
                 "no agent {:?} in config.json (configured: {})",
                 id.as_str(),
                 if config.agents.is_empty() { "none".to_owned() } else { names() }
@@ -302,7 +303,7 @@ impl Daemon {
         bearer: Option<&str>,
         what: &str,
         class: RateClass,
-    ) -> Result<Authed, ApiError> {
+    ) -> Result<Authed, Error> {
         let deny = |reason: &str| {
             let listener = match kind {
                 ListenerKind::Admin => "choird.sock".to_owned(),
@@ -320,7 +321,7 @@ impl Daemon {
                     json!({"listener": listener, "reason": reason, "unrecorded_before": suppressed}),
                 );
             }
-            ApiError::Unauthorized(format!("{reason}: every agent RPC needs the lease token of a live session"))
+            Error::Unauthorized(format!("{reason}: every agent RPC needs the lease token of a live session"))
         };
         let Some(token) = bearer else {
             return Err(deny("missing bearer token"));
@@ -329,7 +330,7 @@ impl Daemon {
             Ok(caller) => Ok(caller),
             Err(AuthFailure::UnknownToken) => Err(deny("unknown or expired lease token")),
             Err(AuthFailure::WrongSocket) => Err(deny("token belongs to another agent's socket")),
-            Err(AuthFailure::RateLimited { agent, rate, retry_after }) => Err(ApiError::RateLimited {
+            Err(AuthFailure::RateLimited { agent, rate, retry_after }) => Err(Error::RateLimited {
                 message: format!("agent {agent} is over its RPC rate limit ({rate}/s)"),
                 retry_after_s: Some(retry_after.as_secs().max(1)),
             }),
@@ -343,7 +344,7 @@ impl Daemon {
 
     /// Turns the global kill switch on or off: persisted, audited, and pushed to
     /// every agent at once (their long-polls are woken with a new config version).
-    pub fn set_kill_switch(&self, on: bool, actor: &str) -> Result<(), ApiError> {
+    pub fn set_kill_switch(&self, on: bool, actor: &str) -> Result<(), Error> {
         self.store.set_policy("kill_switch", &json!(on), actor)?;
         self.kill_switch.store(on, Ordering::SeqCst);
         self.bump_config_version();
@@ -362,11 +363,11 @@ impl Daemon {
     }
 
     /// Summary of one agent.
-    pub fn summary(&self, id: &str) -> Result<AgentSummary, ApiError> {
+    pub fn summary(&self, id: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
         self.sessions
             .summary(&id, self.config().runtime.as_str())
-            .ok_or_else(|| ApiError::NotFound(format!("no agent {id}")))
+            .ok_or_else(|| Error::NotFound(format!("no agent {id}")))
     }
 
     /// Every configured agent's use of its quotas and budget (for `status`).
@@ -419,7 +420,7 @@ impl Daemon {
         conversation: &str,
         sender: &str,
         timeout: Duration,
-    ) -> Result<ChatResponse, ApiError> {
+    ) -> Result<ChatResponse, Error> {
         let (message_id, updates) = self.chat_send(id, text, conversation, sender)?;
         let deadline = Instant::now() + timeout;
         loop {
@@ -429,7 +430,7 @@ impl Daemon {
                     choir_common::hop::mark("admin.answer");
                     return Ok(ChatResponse { message_id, reply });
                 }
-                ChatUpdate::Done(Err(why)) => return Err(ApiError::Unavailable(why)),
+                ChatUpdate::Done(Err(why)) => return Err(Error::Unavailable(why)),
             }
         }
     }
@@ -442,30 +443,30 @@ impl Daemon {
         text: &str,
         conversation: &str,
         sender: &str,
-    ) -> Result<(u64, Receiver<ChatUpdate>), ApiError> {
+    ) -> Result<(u64, Receiver<ChatUpdate>), Error> {
         let id = self.known(id)?;
         if text.trim().is_empty() {
-            return Err(ApiError::BadRequest("the message is empty".into()));
+            return Err(Error::Malformed("the message is empty".into()));
         }
         if text.len() > 64 * 1024 {
-            return Err(ApiError::PayloadTooLarge("a message may be at most 64 KiB".into()));
+            return Err(Error::TooLarge("a message may be at most 64 KiB".into()));
         }
         if text.contains('\0') || conversation.contains('\0') {
-            return Err(ApiError::BadRequest("a message cannot hold a NUL character".into()));
+            return Err(Error::Malformed("a message cannot hold a NUL character".into()));
         }
         if conversation.len() > choir_common::rpc::MAX_CONVERSATION_KEY {
-            return Err(ApiError::BadRequest(format!(
+            return Err(Error::Malformed(format!(
                 "a conversation key is at most {} bytes",
                 choir_common::rpc::MAX_CONVERSATION_KEY
             )));
         }
         if !self.sessions.accepting(&id) {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "agent {id} is not running; start it with `choirctl agent start {id}`"
             )));
         }
         if let Some(why) = self.disk_refusal(&id) {
-            return Err(ApiError::Unavailable(why));
+            return Err(Error::Unavailable(why));
         }
         choir_common::hop::mark("message.in");
         let replies_begun = self.sessions.replies_begun(&id);
@@ -492,14 +493,14 @@ impl Daemon {
         message_id: u64,
         updates: &Receiver<ChatUpdate>,
         deadline: Instant,
-    ) -> Result<ChatUpdate, ApiError> {
+    ) -> Result<ChatUpdate, Error> {
         match updates.recv_deadline(deadline) {
             Ok(u) => Ok(u),
             Err(_) => {
                 if let Ok(agent) = AgentId::parse(id) {
                     self.sessions.forget_waiter(&agent, message_id);
                 }
-                Err(ApiError::Timeout(format!(
+                Err(Error::Timeout(format!(
                     "no answer from agent {id} in time; message {message_id} stays queued and will be answered"
                 )))
             }

@@ -20,7 +20,7 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::{Authed, Daemon};
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::schedule::precondition;
 use crate::schedule::spec::{self, When};
 use crate::store::schedule::{DueJob, Ended, Plan, MAX_MISSED_ROWS};
@@ -105,13 +105,13 @@ impl Daemon {
     }
 
     /// `schedule add`: a job made by `by` (`admin`, or `approval #N`).
-    pub fn schedule_add(&self, agent: &str, spec: &JobSpec, by: &str) -> Result<JobRow, ApiError> {
+    pub fn schedule_add(&self, agent: &str, spec: &JobSpec, by: &str) -> Result<JobRow, Error> {
         let agent = self.known_agent(agent)?;
-        let when = self.check_job(&agent, spec).map_err(ApiError::Unprocessable)?;
+        let when = self.check_job(&agent, spec).map_err(Error::Invalid)?;
         let now = self.schedule.clock.now();
-        let next = when.next_after(now, None).ok_or_else(|| ApiError::Unprocessable("the job never fires".into()))?;
+        let next = when.next_after(now, None).ok_or_else(|| Error::Invalid("the job never fires".into()))?;
         let row = self.store.add_job(&agent, spec, next, by)?.ok_or_else(|| {
-            ApiError::Conflict(format!(
+            Error::Conflict(format!(
                 "agent {agent} already has a job named {}; remove it first (choirctl schedule rm {agent}/{})",
                 spec.name, spec.name
             ))
@@ -129,22 +129,22 @@ impl Daemon {
     }
 
     /// `schedule list`.
-    pub fn schedule_list(&self, agent: Option<&str>) -> Result<JobList, ApiError> {
+    pub fn schedule_list(&self, agent: Option<&str>) -> Result<JobList, Error> {
         let agent = agent.map(|a| self.known_agent(a)).transpose()?;
         Ok(JobList { jobs: self.store.jobs(agent.as_ref())? })
     }
 
-    fn job_of(&self, agent: &str, name: &str) -> Result<(AgentId, JobRow), ApiError> {
+    fn job_of(&self, agent: &str, name: &str) -> Result<(AgentId, JobRow), Error> {
         let agent = self.known_agent(agent)?;
         let row = self
             .store
             .job(&agent, name)?
-            .ok_or_else(|| ApiError::NotFound(format!("agent {agent} has no scheduled job {name:?}")))?;
+            .ok_or_else(|| Error::NotFound(format!("agent {agent} has no scheduled job {name:?}")))?;
         Ok((agent, row))
     }
 
     /// `schedule show`: the job, its next firings and its last ten.
-    pub fn schedule_show(&self, agent: &str, name: &str) -> Result<JobDetail, ApiError> {
+    pub fn schedule_show(&self, agent: &str, name: &str) -> Result<JobDetail, Error> {
         let (_, job) = self.job_of(agent, name)?;
         let mut next = Vec::new();
         if let (Some(due), Ok(when)) = (job.next_due.as_deref(), When::of(&job.spec)) {
@@ -162,7 +162,7 @@ impl Daemon {
     }
 
     /// `schedule rm`.
-    pub fn schedule_remove(&self, agent: &str, name: &str) -> Result<(), ApiError> {
+    pub fn schedule_remove(&self, agent: &str, name: &str) -> Result<(), Error> {
         let (agent, _) = self.job_of(agent, name)?;
         self.store.remove_job(&agent, name)?;
         self.audit("admin", Some(&agent), "schedule.rm", "removed", json!({"job": name}));
@@ -171,15 +171,15 @@ impl Daemon {
 
     /// `schedule pause` / `resume` (resuming clears the failure count; the
     /// next firing is the first after now).
-    pub fn schedule_pause(&self, agent: &str, name: &str, pause: bool) -> Result<JobRow, ApiError> {
+    pub fn schedule_pause(&self, agent: &str, name: &str, pause: bool) -> Result<JobRow, Error> {
         let (agent, job) = self.job_of(agent, name)?;
         let next = if pause {
             None
         } else {
-            let when = self.check_job(&agent, &job.spec).map_err(ApiError::Unprocessable)?;
+            let when = self.check_job(&agent, &job.spec).map_err(Error::Invalid)?;
             Some(
                 when.next_after(self.schedule.clock.now(), None)
-                    .ok_or_else(|| ApiError::Unprocessable("the job never fires again".into()))?,
+                    .ok_or_else(|| Error::Invalid("the job never fires again".into()))?,
             )
         };
         let reason = pause.then_some("paused by the operator");
@@ -192,10 +192,10 @@ impl Daemon {
 
     /// `schedule run-now`: one firing due now (its precondition is not
     /// asked: the operator asked).
-    pub fn schedule_run_now(&self, agent: &str, name: &str) -> Result<(), ApiError> {
+    pub fn schedule_run_now(&self, agent: &str, name: &str) -> Result<(), Error> {
         let (agent, job) = self.job_of(agent, name)?;
         if !self.store.fire_now(job.id, self.schedule.clock.now())? {
-            return Err(ApiError::Conflict("a firing for this very time exists already".into()));
+            return Err(Error::Conflict("a firing for this very time exists already".into()));
         }
         self.audit("admin", Some(&agent), "schedule.run_now", "due", json!({"job": name}));
         self.sessions.firing_due(&agent);
@@ -263,7 +263,7 @@ impl Daemon {
         }
     }
 
-    fn claim_due(&self, now: Timestamp) -> Result<(), ApiError> {
+    fn claim_due(&self, now: Timestamp) -> Result<(), Error> {
         loop {
             let claimed = self.store.claim_due(now, CLAIM_BATCH, &mut |job| self.plan(job, now))?;
             let n = claimed.len();
@@ -365,7 +365,7 @@ impl Daemon {
 
     /// The HEARTBEAT's firing reports: `starting` asks to start (the ids
     /// accepted are returned), the rest record outcomes.
-    pub fn firing_reports(&self, who: &Authed, reports: &[FiringReport]) -> Result<Vec<i64>, ApiError> {
+    pub fn firing_reports(&self, who: &Authed, reports: &[FiringReport]) -> Result<Vec<i64>, Error> {
         let starting: Vec<i64> = reports.iter().filter(|r| r.state == "starting").map(|r| r.id).collect();
         let accepted = if starting.is_empty() {
             Vec::new()
@@ -374,7 +374,7 @@ impl Daemon {
         };
         for r in reports.iter().filter(|r| r.state != "starting") {
             if !matches!(r.state.as_str(), "done" | "failed" | "refused") {
-                return Err(ApiError::BadRequest(format!(
+                return Err(Error::Malformed(format!(
                     "firing state {:?} is not one of starting, done, failed, refused",
                     choir_common::text::clipped(&r.state, 40)
                 )));
@@ -391,7 +391,7 @@ impl Daemon {
     }
 
     /// The firings to hand to `who` now.
-    pub fn offer_firings(&self, who: &Authed) -> Result<Vec<FiringOffer>, ApiError> {
+    pub fn offer_firings(&self, who: &Authed) -> Result<Vec<FiringOffer>, Error> {
         let config = self.config();
         let core = config.agents.get(&who.agent).map(|a| a.core_budget).unwrap_or_default();
         let offered = self.store.offer_firings(&who.agent, who.session, core.wall_s)?;
@@ -523,15 +523,15 @@ pub const MAX_FIRING_REPORTS: usize = 64;
 
 /// Refuses a HEARTBEAT's firing reports before anything of it is stored:
 /// more than [`MAX_FIRING_REPORTS`], or a state that does not exist.
-pub fn check_firing_reports(reports: &[FiringReport]) -> Result<(), ApiError> {
+pub fn check_firing_reports(reports: &[FiringReport]) -> Result<(), Error> {
     if reports.len() > MAX_FIRING_REPORTS {
-        return Err(ApiError::BadRequest(format!(
+        return Err(Error::Malformed(format!(
             "{} firing reports in one HEARTBEAT; at most {MAX_FIRING_REPORTS}",
             reports.len()
         )));
     }
     if let Some(r) = reports.iter().find(|r| !matches!(r.state.as_str(), "starting" | "done" | "failed" | "refused")) {
-        return Err(ApiError::BadRequest(format!(
+        return Err(Error::Malformed(format!(
             "firing state {:?} is not one of starting, done, failed, refused",
             choir_common::text::clipped(&r.state, 40)
         )));

@@ -3,18 +3,18 @@
 use serde_json::{json, Value};
 
 use super::Daemon;
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::secret_admin;
 
 impl Daemon {
     /// `GET /secrets`.
-    pub fn secret_list(&self) -> Result<choir_common::admin::SecretList, ApiError> {
-        let config = serde_json::to_value(&*self.config()).map_err(|e| ApiError::Internal(e.to_string()))?;
+    pub fn secret_list(&self) -> Result<choir_common::admin::SecretList, Error> {
+        let config = serde_json::to_value(&*self.config()).map_err(|e| Error::Internal(e.to_string()))?;
         Ok(secret_admin::list(self.home.root(), &config, &self.secrets()))
     }
 
     /// `PUT /secrets/<name>`: written, reloaded, audited (the name only).
-    pub fn set_secret(&self, name: &str, value: &str) -> Result<Value, ApiError> {
+    pub fn set_secret(&self, name: &str, value: &str) -> Result<Value, Error> {
         secret_admin::check_set(name, value)?;
         let _one = self.config_write.lock();
         let secrets = self.secrets().with(name, value);
@@ -32,15 +32,15 @@ impl Daemon {
     }
 
     /// `DELETE /secrets/<name>`: refused while anything uses it.
-    pub fn remove_secret(&self, name: &str) -> Result<Value, ApiError> {
+    pub fn remove_secret(&self, name: &str) -> Result<Value, Error> {
         let _one = self.config_write.lock();
         let current = self.secrets();
         if !current.contains(name) {
-            return Err(ApiError::NotFound(format!("no secret {:?} in secrets.json", crate::http::printable(name))));
+            return Err(Error::NotFound(format!("no secret {:?} in secrets.json", crate::http::printable(name))));
         }
-        let config = serde_json::to_value(&*self.config()).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let config = serde_json::to_value(&*self.config()).map_err(|e| Error::Internal(e.to_string()))?;
         if let Some(places) = secret_admin::uses(self.home.root(), &config).get(name).filter(|p| !p.is_empty()) {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "secret {name} is used by {}; remove those uses first",
                 places.join(", ")
             )));

@@ -18,8 +18,8 @@ use serde_json::json;
 
 use super::{Authed, Daemon, LEASE_TTL, MAX_WAIT};
 use crate::config::Lane;
+use crate::error::Error;
 use crate::events::Event;
-use crate::http::ApiError;
 use crate::shared::{clip, Hourly};
 use crate::store::turns::{Replies, TurnError};
 use crate::store::{Recorded, ReplicationError};
@@ -31,17 +31,17 @@ const RECOVERED_EXCHANGES: i64 = 10;
 
 impl Daemon {
     /// INIT_HELLO: binds the session and hands out the recovery snapshot.
-    pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, ApiError> {
+    pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, Error> {
         if req.agent_id != who.agent.as_str() {
             self.audit("agent-rpc", Some(&who.agent), "INIT_HELLO", "refused", json!({"claimed": clip(&req.agent_id)}));
-            return Err(ApiError::Forbidden(format!(
+            return Err(Error::Forbidden(format!(
                 "this lease belongs to agent {}, not {:?}",
                 who.agent,
                 clip(&req.agent_id)
             )));
         }
         if req.protocol_version != choir_common::PROTOCOL_VERSION {
-            return Err(ApiError::BadRequest(format!(
+            return Err(Error::Malformed(format!(
                 "protocol version {} not supported (choird speaks {}); rebuild the agent",
                 req.protocol_version,
                 choir_common::PROTOCOL_VERSION
@@ -93,7 +93,7 @@ impl Daemon {
     /// What a (re)started agent needs to keep its conversations: for the
     /// conversations it may hold (the most recently answered), the latest
     /// compaction summary of each, then the answered exchanges after it.
-    fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, ApiError> {
+    fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, Error> {
         let keys = self.store.recent_conversations(agent, processed, HELD_CONVERSATIONS as i64)?;
         keys.iter().map(|key| self.tail_of(agent, key, processed)).collect()
     }
@@ -101,14 +101,14 @@ impl Daemon {
     /// The tail of one of the agent's conversations, for a HEARTBEAT's
     /// `recall`: the agent dropped it from memory and it speaks again. The
     /// key is only looked up among the agent's own messages.
-    fn recalled(&self, agent: &AgentId, conversation: &str) -> Result<ConversationTail, ApiError> {
+    fn recalled(&self, agent: &AgentId, conversation: &str) -> Result<ConversationTail, Error> {
         if conversation.len() > MAX_CONVERSATION_KEY {
-            return Err(ApiError::BadRequest(format!(
+            return Err(Error::Malformed(format!(
                 "recall: a conversation key is at most {MAX_CONVERSATION_KEY} bytes"
             )));
         }
         if conversation.contains('\0') {
-            return Err(ApiError::BadRequest("recall: a conversation key cannot hold a NUL character".into()));
+            return Err(Error::Malformed("recall: a conversation key cannot hold a NUL character".into()));
         }
         self.tail_of(agent, conversation, i64::MAX as u64)
     }
@@ -116,7 +116,7 @@ impl Daemon {
     /// A conversation's tail as a (re)started or recalling agent gets it: its
     /// latest compaction summary, then the last answered exchanges with
     /// `id <= upto` the summary did not fold. Two index probes.
-    fn tail_of(&self, agent: &AgentId, conversation: &str, upto: u64) -> Result<ConversationTail, ApiError> {
+    fn tail_of(&self, agent: &AgentId, conversation: &str, upto: u64) -> Result<ConversationTail, Error> {
         let (summary, folded) = match self.store.compaction_of(agent, conversation)? {
             Some((summary, folded)) => (Some(summary), folded),
             None => (None, 0),
@@ -145,7 +145,7 @@ impl Daemon {
     }
 
     /// GET_SECRETS: values of secrets bound to the agent, and nothing else.
-    pub fn get_secrets(&self, who: &Authed, names: &[String]) -> Result<BTreeMap<String, String>, ApiError> {
+    pub fn get_secrets(&self, who: &Authed, names: &[String]) -> Result<BTreeMap<String, String>, Error> {
         let config = self.config();
         let bound = config.agents.get(&who.agent).map(|a| a.secrets.clone()).unwrap_or_default();
         let secrets = self.secrets();
@@ -153,18 +153,14 @@ impl Daemon {
         for name in names {
             if !bound.contains(name) {
                 self.audit("agent-rpc", Some(&who.agent), "GET_SECRETS", "refused", json!({"name": name}));
-                return Err(ApiError::Forbidden(format!(
-                    "secret {:?} is not bound to agent {}",
-                    clip(name),
-                    who.agent
-                )));
+                return Err(Error::Forbidden(format!("secret {:?} is not bound to agent {}", clip(name), who.agent)));
             }
             match secrets.get(name) {
                 Some(v) => {
                     out.insert(name.clone(), v.to_owned());
                 }
                 None => {
-                    return Err(ApiError::NotFound(format!(
+                    return Err(Error::NotFound(format!(
                         "secret {name:?} is bound to agent {} but not set in secrets.json",
                         who.agent
                     )))
@@ -179,7 +175,7 @@ impl Daemon {
     /// events and replies, then hands out new messages, waiting up to
     /// `wait_ms` for some to arrive. The recall is read first: a refused key
     /// fails the request before anything is stored.
-    pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+    pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Error> {
         super::schedule::check_firing_reports(&req.firings)?;
         check_covers(&req.replies)?;
         let recalled = req.recall.as_deref().map(|c| self.recalled(&who.agent, c)).transpose()?;
@@ -189,7 +185,7 @@ impl Daemon {
     }
 
     /// HEARTBEAT's exchange: what it stores and what it hands out.
-    fn exchange(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+    fn exchange(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Error> {
         if !req.replies.is_empty() {
             choir_common::hop::mark("reply.in");
             // Before the transaction: a chat registering its waiter meanwhile
@@ -226,7 +222,7 @@ impl Daemon {
         loop {
             let poll = self.sessions.poll(&who.agent, who.session, req.receive, req.received_upto);
             if poll.ended {
-                return Err(ApiError::Unauthorized("the session ended".into()));
+                return Err(Error::Unauthorized("the session ended".into()));
             }
             if poll.stop || !req.receive {
                 let mut reply = self.heartbeat_reply(acked_seq, Vec::new(), poll.stop);
@@ -329,7 +325,7 @@ impl Daemon {
     /// extend choird's copy is refused as a fork, and then nothing of the
     /// HEARTBEAT is stored. Returns the stored head when there were events,
     /// and what of the replies was recorded.
-    fn store_turn(&self, who: &Authed, req: &HeartbeatRequest) -> Result<(Option<u64>, Recorded), ApiError> {
+    fn store_turn(&self, who: &Authed, req: &HeartbeatRequest) -> Result<(Option<u64>, Recorded), Error> {
         for ev in &req.events {
             if let Err(reason) = ev.storable() {
                 self.audit(
@@ -339,7 +335,7 @@ impl Daemon {
                     "event_refused",
                     json!({"seq": ev.seq, "reason": reason}),
                 );
-                return Err(ApiError::EventRefused { seq: ev.seq, reason });
+                return Err(Error::EventRefused { seq: ev.seq, reason });
             }
         }
         let speaks = !(req.replies.is_empty() && req.processed_upto == 0 && req.partials.is_empty());
@@ -371,12 +367,12 @@ impl Daemon {
                     "chain_refused",
                     json!({"error": e.to_string()}),
                 );
-                Err(ApiError::Conflict(format!("commit log refused: {e}")))
+                Err(Error::Conflict(format!("commit log refused: {e}")))
             }
             Err(TurnError::Events(ReplicationError::Db(e))) if e.is_data_error() => {
                 let seq = req.events.first().map_or(0, |e| e.seq);
                 log::error!("agent {}: the database refused event {seq}: {e}", who.agent);
-                Err(ApiError::EventRefused { seq, reason: "the database refused its content".into() })
+                Err(Error::EventRefused { seq, reason: "the database refused its content".into() })
             }
             Err(TurnError::Events(ReplicationError::Db(e))) => Err(e.into()),
         }
@@ -449,7 +445,7 @@ impl Daemon {
     }
 
     /// TERMINATE_SELF: the session ends; the token stops working at once.
-    pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), ApiError> {
+    pub fn terminate_self(&self, who: &Authed, reason: &str) -> Result<(), Error> {
         self.sessions.terminate(&who.agent, reason);
         self.store.end_session(who.session, &format!("terminated by agent: {}", clip(reason)))?;
         self.audit(
@@ -468,7 +464,7 @@ impl Daemon {
         &self,
         who: &Authed,
         req: &ExecuteHostToolRequest,
-    ) -> Result<ExecuteHostToolResponse, ApiError> {
+    ) -> Result<ExecuteHostToolResponse, Error> {
         Ok(ExecuteHostToolResponse { result: self.host_tools.execute(who, req)? })
     }
 }
@@ -476,9 +472,9 @@ impl Daemon {
 /// Refuses a HEARTBEAT with a reply covering more than
 /// [`choir_common::rpc::MAX_COVERS`] messages (the agent's edge never
 /// makes one): before anything of it is stored.
-fn check_covers(replies: &[OutboundReply]) -> Result<(), ApiError> {
+fn check_covers(replies: &[OutboundReply]) -> Result<(), Error> {
     match replies.iter().find(|r| r.covers.len() > choir_common::rpc::MAX_COVERS) {
-        Some(r) => Err(ApiError::BadRequest(format!(
+        Some(r) => Err(Error::Malformed(format!(
             "a reply covers {} messages; one reply answers at most {} (nothing of this HEARTBEAT was stored)",
             r.covers.len(),
             choir_common::rpc::MAX_COVERS

@@ -29,7 +29,8 @@ use choir_common::rpc::ExecuteHostToolRequest;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::http::{ApiError, Caller};
+use crate::error::Error;
+use crate::http::Caller;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::store::host_calls::Claim;
@@ -72,21 +73,21 @@ pub trait HostTool: Send + Sync {
     /// Its status for `agent` under this config.
     fn status(&self, config: &Config, secrets: &Secrets, agent: &AgentId) -> ToolStatus;
     /// Readies whatever the agent needs before its first call (at INIT_HELLO).
-    fn prepare(&self, _agent: &AgentId) -> Result<(), ApiError> {
+    fn prepare(&self, _agent: &AgentId) -> Result<(), Error> {
         Ok(())
     }
     /// Runs one call.
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError>;
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error>;
     /// Tries the tool's connection for `agent` on demand (a login, a
     /// `users/me`), for `choirctl tools check`: what worked, or why not.
-    fn check(&self, _agent: &AgentId) -> Result<String, ApiError> {
-        Err(ApiError::NotImplemented(format!("{} has nothing to check", self.name())))
+    fn check(&self, _agent: &AgentId) -> Result<String, Error> {
+        Err(Error::NotImplemented(format!("{} has nothing to check", self.name())))
     }
     /// Stops whatever the tool started (choird is shutting down).
     fn stop(&self) {}
     /// What the audit record of a call adds beyond tool, lane, call id and
     /// time (e.g. a post's destination and status). Never a secret.
-    fn audit_detail(&self, _input: &Value, _result: &Result<Value, ApiError>) -> Value {
+    fn audit_detail(&self, _input: &Value, _result: &Result<Value, Error>) -> Value {
         Value::Null
     }
 }
@@ -167,16 +168,13 @@ impl Registry {
     }
 
     /// `choirctl tools check AGENT TOOL`: tries the tool's connection.
-    pub fn check(&self, agent: &AgentId, tool: &str) -> Result<String, ApiError> {
+    pub fn check(&self, agent: &AgentId, tool: &str) -> Result<String, Error> {
         let Some(r) = self.tools.get(tool) else {
-            return Err(ApiError::NotFound(format!(
-                "{} is not a host tool choird serves",
-                crate::http::printable(tool)
-            )));
+            return Err(Error::NotFound(format!("{} is not a host tool choird serves", crate::http::printable(tool))));
         };
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         if let ToolStatus::Available(why) = r.tool.status(&config, &secrets, agent) {
-            return Err(ApiError::Conflict(format!("{tool} is not served to {agent}: {why}")));
+            return Err(Error::Conflict(format!("{tool} is not served to {agent}: {why}")));
         }
         let result = r.tool.check(agent);
         let outcome = if result.is_ok() { "ok" } else { "failed" };
@@ -192,7 +190,7 @@ impl Registry {
     }
 
     /// Readies every tool served to `agent` (INIT_HELLO).
-    pub fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
+    pub fn prepare(&self, agent: &AgentId) -> Result<(), Error> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         for r in self.tools.values() {
             if matches!(r.tool.status(&config, &secrets, agent), ToolStatus::System | ToolStatus::Connected) {
@@ -204,12 +202,12 @@ impl Registry {
 
     /// EXECUTE_HOST_TOOL for the authenticated `caller`: validated, run (at
     /// most once when not idempotent), audited.
-    pub fn execute(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+    pub fn execute(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, Error> {
         let started = Instant::now();
         let result = self.run(caller, req);
         let outcome = match &result {
             Ok(_) => "ok".to_owned(),
-            Err(e) => e.status_and_code().1.to_owned(),
+            Err(e) => e.code().to_owned(),
         };
         let mut detail = json!({"tool": req.tool, "lane": req.lane, "call_id": req.call_id, "ms": started.elapsed().as_millis() as u64});
         if let Some(Value::Object(extra)) = self.tools.get(&req.tool).map(|r| r.tool.audit_detail(&req.input, &result))
@@ -227,9 +225,9 @@ impl Registry {
         result
     }
 
-    fn run(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, ApiError> {
+    fn run(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, Error> {
         let Some(r) = self.tools.get(&req.tool) else {
-            return Err(ApiError::NotFound(format!(
+            return Err(Error::NotFound(format!(
                 "{} is not a host tool choird serves",
                 crate::http::printable(&req.tool)
             )));
@@ -238,13 +236,13 @@ impl Registry {
         match r.tool.status(&config, &secrets, &caller.agent) {
             ToolStatus::System | ToolStatus::Connected => {}
             ToolStatus::Available(why) => {
-                return Err(ApiError::NotImplemented(format!("{} is not served: {why}", req.tool)));
+                return Err(Error::NotImplemented(format!("{} is not served: {why}", req.tool)));
             }
         }
         if let Some(v) = &r.validator {
             let problems: Vec<String> = v.iter_errors(&req.input).map(|e| e.to_string()).collect();
             if !problems.is_empty() {
-                return Err(ApiError::BadRequest(format!("invalid arguments: {}", problems.join("; "))));
+                return Err(Error::Malformed(format!("invalid arguments: {}", problems.join("; "))));
             }
         }
         let call =
@@ -253,7 +251,7 @@ impl Registry {
             return r.tool.execute(&call);
         }
         let Some(call_id) = req.call_id.as_deref().filter(|c| !c.is_empty() && c.len() <= 200) else {
-            return Err(ApiError::BadRequest(format!("{} runs at most once per call: send its call_id", req.tool)));
+            return Err(Error::Malformed(format!("{} runs at most once per call: send its call_id", req.tool)));
         };
         let store = &self.shared.store;
         match store.claim_host_call(&caller.agent, call_id, &req.tool, &req.input)? {
@@ -262,18 +260,18 @@ impl Registry {
                 log::info!("agent {}: {} {call_id} ran before; its stored outcome is returned", caller.agent, req.tool);
                 return match stored {
                     Ok(v) => Ok(v),
-                    Err(message) => Err(ApiError::Unprocessable(message)),
+                    Err(message) => Err(Error::Invalid(message)),
                 };
             }
             Claim::Unfinished => {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "{} {call_id} was started before and its outcome was never recorded; it runs at most once, so it \
                      will not run again",
                     req.tool
                 )))
             }
             Claim::Different => {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "call id {call_id} was used before for another call; a call id names one call"
                 )))
             }

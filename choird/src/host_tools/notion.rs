@@ -21,8 +21,8 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::{Config, NotionConfig};
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -152,7 +152,7 @@ impl Notion {
         path: &str,
         body: Option<&Value>,
         deadline: Instant,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         let url = format!("{}{path}", cfg.base_url.trim_end_matches('/'));
         let mut waits = 0;
         loop {
@@ -180,8 +180,8 @@ impl Notion {
             let mut resp = result.map_err(|e| {
                 log::warn!("Notion at {}: {e}", cfg.base_url);
                 match e {
-                    ureq::Error::Timeout(_) => ApiError::Timeout("Notion did not answer in time".into()),
-                    _ => ApiError::BadGateway("Notion cannot be reached".into()),
+                    ureq::Error::Timeout(_) => Error::Timeout("Notion did not answer in time".into()),
+                    _ => Error::Upstream("Notion cannot be reached".into()),
                 }
             })?;
             let status = resp.status().as_u16();
@@ -197,7 +197,7 @@ impl Notion {
                     std::thread::sleep(Duration::from_secs(wait.max(1)));
                     continue;
                 }
-                return Err(ApiError::RateLimited {
+                return Err(Error::RateLimited {
                     message: format!("Notion's rate limit is reached; try again in {wait} s"),
                     retry_after_s: Some(wait),
                 });
@@ -207,20 +207,20 @@ impl Notion {
                 .with_config()
                 .limit(MAX_ANSWER)
                 .read_json()
-                .map_err(|_| ApiError::BadGateway(format!("Notion answered {status} without JSON")))?;
+                .map_err(|_| Error::Upstream(format!("Notion answered {status} without JSON")))?;
             let msg = || choir_common::text::clipped(v["message"].as_str().unwrap_or("no message"), 300);
             return match status {
                 200 => Ok(v),
-                401 => Err(ApiError::Unavailable(format!(
+                401 => Err(Error::Unavailable(format!(
                     "Notion refused the integration token; the operator must check secret {}",
                     cfg.token_secret
                 ))),
-                403 | 404 => Err(ApiError::NotFound(format!(
+                403 | 404 => Err(Error::NotFound(format!(
                     "Notion: {} (pages and databases must be shared with the integration)",
                     msg()
                 ))),
-                400 => Err(ApiError::Unprocessable(format!("Notion refused the request: {}", msg()))),
-                s => Err(ApiError::BadGateway(format!("Notion answered {s}: {}", msg()))),
+                400 => Err(Error::Invalid(format!("Notion refused the request: {}", msg()))),
+                s => Err(Error::Upstream(format!("Notion answered {s}: {}", msg()))),
             };
         }
     }
@@ -234,7 +234,7 @@ impl Notion {
         mut body: Value,
         max: usize,
         deadline: Instant,
-    ) -> Result<(Vec<Value>, bool), ApiError> {
+    ) -> Result<(Vec<Value>, bool), Error> {
         let mut out = Vec::new();
         loop {
             body["page_size"] = json!((max - out.len()).min(100));
@@ -290,13 +290,13 @@ impl HostTool for Notion {
         }
     }
 
-    fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
+    fn check(&self, agent: &AgentId) -> Result<String, Error> {
         let (cfg, token) = self.credentials(agent)?;
         let me = self.request(&cfg, &token, "GET", "/v1/users/me", None, Instant::now() + Duration::from_secs(15))?;
         Ok(format!("Notion accepts the token (integration {:?})", me["name"].as_str().unwrap_or("?")))
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let (cfg, token) = self.credentials(&call.caller.agent)?;
         let deadline = Instant::now() + DEADLINE;
         let input = call.input;
@@ -324,7 +324,7 @@ impl HostTool for Notion {
             }
             "page" => {
                 let id = notion_id(input["page_id"].as_str().unwrap_or_default())
-                    .ok_or_else(|| ApiError::BadRequest("page_id must be a Notion id (32 hex digits)".into()))?;
+                    .ok_or_else(|| Error::Malformed("page_id must be a Notion id (32 hex digits)".into()))?;
                 let page = self.request(&cfg, &token, "GET", &format!("/v1/pages/{id}"), None, deadline)?;
                 let mut text = format!("Title: {}\n", title_of(&page));
                 if let Some(props) = page["properties"].as_object() {
@@ -370,7 +370,7 @@ impl HostTool for Notion {
             }
             "database" => {
                 let id = notion_id(input["database_id"].as_str().unwrap_or_default())
-                    .ok_or_else(|| ApiError::BadRequest("database_id must be a Notion id (32 hex digits)".into()))?;
+                    .ok_or_else(|| Error::Malformed("database_id must be a Notion id (32 hex digits)".into()))?;
                 let mut body = json!({});
                 if let Some(f) = input.get("filter") {
                     body["filter"] = f.clone();
@@ -394,7 +394,7 @@ impl HostTool for Notion {
                 }
                 (format!("{} row(s) of the database", rows.len()), format!("{base}/v1/databases/{id}"), text, more)
             }
-            other => return Err(ApiError::BadRequest(format!("unknown mode {other:?}"))),
+            other => return Err(Error::Malformed(format!("unknown mode {other:?}"))),
         };
         let (text, cut) = choir_common::text::cap_with_note(text.trim_end(), MAX_TEXT);
         let mut out = json!({"summary": summary, "source": source, "content": wrap_untrusted(&source, &text)});
@@ -406,17 +406,17 @@ impl HostTool for Notion {
 }
 
 impl Notion {
-    fn credentials(&self, agent: &AgentId) -> Result<(NotionConfig, String), ApiError> {
+    fn credentials(&self, agent: &AgentId) -> Result<(NotionConfig, String), Error> {
         let config = self.shared.config();
         let Some(cfg) = config.agents.get(agent).and_then(|a| a.notion.clone()) else {
-            return Err(ApiError::Unavailable(format!("agents.{agent}.notion is not configured")));
+            return Err(Error::Unavailable(format!("agents.{agent}.notion is not configured")));
         };
         let token = self
             .shared
             .secrets()
             .get(&cfg.token_secret)
             .map(str::to_owned)
-            .ok_or_else(|| ApiError::Unavailable(format!("missing secret {}", cfg.token_secret)))?;
+            .ok_or_else(|| Error::Unavailable(format!("missing secret {}", cfg.token_secret)))?;
         Ok((cfg, token))
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::{HostCall, HostTool, ToolStatus};
 use crate::config::Config;
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -56,10 +56,10 @@ impl HostTool for EchoOnce {
         }
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let path = self.counter();
         let runs: u64 = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0) + 1;
-        std::fs::write(&path, runs.to_string()).map_err(|e| ApiError::Internal(e.to_string()))?;
+        std::fs::write(&path, runs.to_string()).map_err(|e| Error::Internal(e.to_string()))?;
         let text = call.input["text"].as_str().unwrap_or_default();
         Ok(json!({"summary": format!("echoed {text:?}"), "echo": text, "runs": runs}))
     }

@@ -1,6 +1,6 @@
 //! What handlers see of HTTP: requests and replies, the [`Handler`] trait
 //! (judge a head, then answer a request), and the one mapping from
-//! [`ApiError`] to a status code.
+//! choird's domain [`Error`] to a status code ([`status_of`]).
 
 use std::io::Read;
 
@@ -8,7 +8,7 @@ use choir_common::ids::AgentId;
 use choir_common::rpc::{ErrorBody, ErrorInfo};
 use serde::Serialize;
 
-use crate::db::DbError;
+use crate::error::Error;
 
 /// Which API a listener exposes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,129 +24,45 @@ pub enum ListenerKind {
     Metrics,
 }
 
-/// An error answered to a client. The variant decides the status code; the
-/// message is shown to the caller as is.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// Missing, wrong or expired lease token (401). Not retryable.
-    #[error("{0}")]
-    Unauthorized(String),
-    /// Authenticated but not allowed (403). Not retryable.
-    #[error("{0}")]
-    Forbidden(String),
-    /// No such path or object (404). Not retryable.
-    #[error("{0}")]
-    NotFound(String),
-    /// Malformed request (400). Not retryable.
-    #[error("{0}")]
-    BadRequest(String),
-    /// Conflicts with current state, e.g. agent already running (409). Not retryable.
-    #[error("{0}")]
-    Conflict(String),
-    /// Body over the cap (413). Not retryable.
-    #[error("{0}")]
-    PayloadTooLarge(String),
-    /// Well-formed, but its content is invalid (a proposal that fails
-    /// validation). Not retried: the content must change.
-    #[error("{0}")]
-    Unprocessable(String),
-    /// A replicated event choird cannot store (422 `event_refused`, naming
-    /// its sequence number). Not retried: the agent replaces it with a
-    /// placeholder.
-    #[error("event {seq} cannot be stored: {reason}")]
-    EventRefused {
-        /// The event's sequence number.
-        seq: u64,
-        /// Why.
-        reason: String,
-    },
-    /// Over a rate limit or budget (429). Retryable after `retry_after_s` when set.
-    #[error("{message}")]
-    RateLimited {
-        /// Explanation.
-        message: String,
-        /// Seconds to wait; `None` means the budget is spent for this session.
-        retry_after_s: Option<u64>,
-    },
-    /// A verb this choird does not implement yet (501). Not retryable.
-    #[error("{0}")]
-    NotImplemented(String),
-    /// A dependency (database, upstream) is down (503). Retryable.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The upstream answered badly (502). Retryable.
-    #[error("{0}")]
-    BadGateway(String),
-    /// Waited too long (504). Retryable.
-    #[error("{0}")]
-    Timeout(String),
-    /// A bug (500). Not retryable.
-    #[error("{0}")]
-    Internal(String),
+/// The HTTP status an [`Error`] is answered with: the one place a domain
+/// error becomes a status code.
+pub fn status_of(e: &Error) -> u16 {
+    match e {
+        Error::Unauthorized(_) => 401,
+        Error::Forbidden(_) => 403,
+        Error::NotFound(_) => 404,
+        Error::Malformed(_) => 400,
+        Error::Conflict(_) => 409,
+        Error::TooLarge(_) => 413,
+        Error::Invalid(_) | Error::EventRefused { .. } => 422,
+        Error::RateLimited { .. } => 429,
+        Error::NotImplemented(_) => 501,
+        Error::Unavailable(_) => 503,
+        Error::Upstream(_) => 502,
+        Error::Timeout(_) => 504,
+        Error::Internal(_) => 500,
+    }
 }
 
-impl ApiError {
-    /// HTTP status and stable code.
-    pub fn status_and_code(&self) -> (u16, &'static str) {
-        match self {
-            ApiError::Unauthorized(_) => (401, "unauthorized"),
-            ApiError::Forbidden(_) => (403, "forbidden"),
-            ApiError::NotFound(_) => (404, "not_found"),
-            ApiError::BadRequest(_) => (400, "bad_request"),
-            ApiError::Conflict(_) => (409, "conflict"),
-            ApiError::PayloadTooLarge(_) => (413, "payload_too_large"),
-            ApiError::Unprocessable(_) => (422, "invalid"),
-            ApiError::EventRefused { .. } => (422, "event_refused"),
-            ApiError::RateLimited { retry_after_s: Some(_), .. } => (429, "rate_limited"),
-            ApiError::RateLimited { retry_after_s: None, .. } => (429, "budget_exhausted"),
-            ApiError::NotImplemented(_) => (501, "not_implemented"),
-            ApiError::Unavailable(_) => (503, "unavailable"),
-            ApiError::BadGateway(_) => (502, "bad_gateway"),
-            ApiError::Timeout(_) => (504, "timeout"),
-            ApiError::Internal(_) => (500, "internal"),
-        }
-    }
-
-    /// Whether retrying the same request later may succeed.
-    pub fn retryable(&self) -> bool {
-        matches!(
-            self,
-            ApiError::RateLimited { retry_after_s: Some(_), .. }
-                | ApiError::Unavailable(_)
-                | ApiError::BadGateway(_)
-                | ApiError::Timeout(_)
-        )
-    }
-
-    /// The reply for this error.
-    pub fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        let retryable = self.retryable();
+impl From<Error> for Response {
+    /// The reply for an error: its status, and a body with its stable code,
+    /// its message and whether to retry.
+    fn from(e: Error) -> Response {
+        let status = status_of(&e);
+        let retryable = e.retryable();
         let mut headers = Vec::new();
-        if let ApiError::RateLimited { retry_after_s: Some(s), .. } = &self {
+        if let Error::RateLimited { retry_after_s: Some(s), .. } = &e {
             headers.push(("Retry-After".to_owned(), s.to_string()));
         }
-        let event_seq = match &self {
-            ApiError::EventRefused { seq, .. } => Some(*seq),
+        let event_seq = match &e {
+            Error::EventRefused { seq, .. } => Some(*seq),
             _ => None,
         };
         let body =
-            ErrorBody { error: ErrorInfo { code: code.to_owned(), message: self.to_string(), retryable, event_seq } };
+            ErrorBody { error: ErrorInfo { code: e.code().to_owned(), message: e.to_string(), retryable, event_seq } };
         let mut resp = Response::json(status, &body);
         resp.headers = headers;
         resp
-    }
-}
-
-impl From<DbError> for ApiError {
-    fn from(e: DbError) -> Self {
-        if let DbError::Dimensions { .. } = e {
-            return ApiError::Conflict(e.to_string());
-        }
-        // The detail (hosts, sockets, SQL) stays in choird's log: an agent or a
-        // client learns only that it may try again.
-        log::error!("{e}");
-        ApiError::Unavailable("choird's database is unavailable, try again".into())
     }
 }
 
@@ -171,11 +87,11 @@ impl Request {
     }
 
     /// Parses the body as JSON into `T`, with a message naming the problem.
-    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         let de = &mut serde_json::Deserializer::from_slice(&self.body);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            ApiError::BadRequest(format!("invalid request body at {path}: {}", e.into_inner()))
+            Error::Malformed(format!("invalid request body at {path}: {}", e.into_inner()))
         })
     }
 }
@@ -261,7 +177,7 @@ pub trait Handler: Send + Sync + 'static {
     /// Judges a request from its head alone: its route, authentication, rate
     /// limits and the body cap of its route. A refusal is answered without
     /// reading the body.
-    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Self::Route>, ApiError>;
+    fn admit(&self, kind: &ListenerKind, head: &Head) -> Result<Admitted<Self::Route>, Error>;
     /// Answers one admitted request on the route admission decided.
     fn handle(&self, kind: &ListenerKind, route: Self::Route, req: Request) -> Response;
 }
@@ -302,5 +218,29 @@ mod tests {
         for text in ["a b&c=d#e+f", "100%", "été \u{202e}", "x=y&z", ""] {
             assert_eq!(one(&format!("q={}", choir_common::unix_http::query_value(text))), text);
         }
+    }
+
+    #[test]
+    fn a_domain_error_becomes_its_status_and_stable_code_only_at_the_edge() {
+        let reply = |e: Error| {
+            let r = Response::from(e);
+            let body: ErrorBody = serde_json::from_slice(&r.body).unwrap();
+            (r.status, body.error.code, body.error.retryable, r.headers)
+        };
+        assert_eq!(reply(Error::Malformed("x".into())).0, 400);
+        assert_eq!(reply(Error::Invalid("x".into())).1, "invalid");
+        let (status, code, retryable, headers) =
+            reply(Error::RateLimited { message: "slow down".into(), retry_after_s: Some(3) });
+        assert_eq!((status, code.as_str(), retryable), (429, "rate_limited", true));
+        assert_eq!(headers, vec![("Retry-After".to_owned(), "3".to_owned())]);
+        let (status, code, retryable, headers) =
+            reply(Error::RateLimited { message: "spent".into(), retry_after_s: None });
+        assert_eq!((status, code.as_str(), retryable), (429, "budget_exhausted", false));
+        assert!(headers.is_empty(), "a spent budget names no time to retry");
+        let (status, code, retryable, _) = reply(Error::Upstream("bad".into()));
+        assert_eq!((status, code.as_str(), retryable), (502, "bad_gateway", true));
+        let r = Response::from(Error::EventRefused { seq: 9, reason: "too big".into() });
+        let body: ErrorBody = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!((r.status, body.error.event_seq), (422, Some(9)));
     }
 }

@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::api::{ApiError, Handler, Head, ListenerKind, Request, Response};
+use super::api::{Handler, Head, ListenerKind, Request, Response};
+use crate::error::Error;
 
 /// What a client may cost a listener.
 #[derive(Debug, Clone, Copy)]
@@ -335,7 +336,7 @@ enum HeadError {
     /// Timed out or failed; nothing worth answering.
     Gone,
     /// Answer with this error, then close.
-    Answer(ApiError, u16),
+    Answer(Error, u16),
 }
 
 /// Bytes read from a connection and not consumed yet.
@@ -355,7 +356,7 @@ fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
             Ok(h) => h,
             Err(HeadError::Closed | HeadError::Gone) => return,
             Err(HeadError::Answer(e, status)) => {
-                let mut r = e.into_response();
+                let mut r = Response::from(e);
                 r.status = status;
                 let _ = write_response(&mut stream, r, false);
                 return;
@@ -366,17 +367,17 @@ fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
             Ok(a) => a,
             Err(e) => {
                 // The body is never read into anything: answer, then close.
-                let _ = write_response(&mut stream, e.into_response(), false);
+                let _ = write_response(&mut stream, Response::from(e), false);
                 linger(&mut stream, &mut pending, head.content_length);
                 return;
             }
         };
         if head.content_length > admitted.max_body {
-            let e = ApiError::PayloadTooLarge(format!(
+            let e = Error::TooLarge(format!(
                 "request body of {} bytes is over this endpoint's {} bytes",
                 head.content_length, admitted.max_body
             ));
-            let _ = write_response(&mut stream, e.into_response(), false);
+            let _ = write_response(&mut stream, Response::from(e), false);
             linger(&mut stream, &mut pending, head.content_length);
             return;
         }
@@ -403,7 +404,7 @@ fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
                     crate::http::printable(&path),
                     crate::http::printable(&what)
                 );
-                let r = ApiError::Internal("internal error (a bug in choird; see choird.log)".into()).into_response();
+                let r = Response::from(Error::Internal("internal error (a bug in choird; see choird.log)".into()));
                 let _ = write_response(&mut stream, r, false);
                 return;
             }
@@ -481,14 +482,14 @@ fn read_head(
         }
         if pending.buf.len() > limits.max_head_bytes {
             return Err(HeadError::Answer(
-                ApiError::BadRequest(format!("request head over {} bytes", limits.max_head_bytes)),
+                Error::Malformed(format!("request head over {} bytes", limits.max_head_bytes)),
                 431,
             ));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(if started {
-                HeadError::Answer(ApiError::Timeout("request head not received in time".into()), 408)
+                HeadError::Answer(Error::Timeout("request head not received in time".into()), 408)
             } else {
                 HeadError::Gone
             });
@@ -509,7 +510,7 @@ fn read_head(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 return Err(if started {
-                    HeadError::Answer(ApiError::Timeout("request head not received in time".into()), 408)
+                    HeadError::Answer(Error::Timeout("request head not received in time".into()), 408)
                 } else {
                     HeadError::Gone
                 });
@@ -524,7 +525,7 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
 }
 
 fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
-    let bad = |m: String| HeadError::Answer(ApiError::BadRequest(m), 400);
+    let bad = |m: String| HeadError::Answer(Error::Malformed(m), 400);
     let mut headers = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(bytes) {
@@ -532,7 +533,7 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
         Ok(httparse::Status::Partial) => return Err(bad("incomplete request head".into())),
         Err(httparse::Error::TooManyHeaders) => {
             return Err(HeadError::Answer(
-                ApiError::BadRequest(format!("more than {} header lines", limits.max_headers)),
+                Error::Malformed(format!("more than {} header lines", limits.max_headers)),
                 431,
             ))
         }
@@ -556,7 +557,7 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(HeadError::Answer(
-                ApiError::BadRequest("chunked request bodies are not accepted; send Content-Length".into()),
+                Error::Malformed("chunked request bodies are not accepted; send Content-Length".into()),
                 411,
             ));
         } else if name.eq_ignore_ascii_case("authorization") {
@@ -733,9 +734,9 @@ mod tests {
 
     impl Handler for Echo {
         type Route = ();
-        fn admit(&self, _kind: &ListenerKind, head: &Head) -> Result<Admitted<()>, ApiError> {
+        fn admit(&self, _kind: &ListenerKind, head: &Head) -> Result<Admitted<()>, Error> {
             if head.path == "/secret" && head.bearer.as_deref() != Some("t") {
-                return Err(ApiError::Unauthorized("no".into()));
+                return Err(Error::Unauthorized("no".into()));
             }
             Ok(Admitted { max_body: 1024, route: () })
         }
@@ -898,7 +899,7 @@ mod tests {
 
     impl Handler for GatedStream {
         type Route = ();
-        fn admit(&self, _kind: &ListenerKind, _head: &Head) -> Result<Admitted<()>, ApiError> {
+        fn admit(&self, _kind: &ListenerKind, _head: &Head) -> Result<Admitted<()>, Error> {
             Ok(Admitted { max_body: 0, route: () })
         }
         fn handle(&self, _kind: &ListenerKind, (): (), _req: Request) -> Response {

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::text;
 use crate::config::BotConfig;
-use crate::http::ApiError;
+use crate::error::Error;
 use crate::shared::Shared;
 
 /// What the gateway knows of one bot, for `choirctl telegram status`.
@@ -42,15 +42,15 @@ pub trait Control: Send + Sync {
     /// Wakes the agent's long-poll: a message for it was queued.
     fn wake_agent(&self, agent: &AgentId);
     /// The agent's state (for `/status`).
-    fn summary(&self, agent: &str) -> Result<AgentSummary, ApiError>;
+    fn summary(&self, agent: &str) -> Result<AgentSummary, Error>;
     /// Cancels the agent's current work (for `/stop`).
-    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), ApiError>;
+    fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), Error>;
     /// Approves a proposal (an admin's button).
-    fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, ApiError>;
+    fn approve(&self, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, Error>;
     /// Rejects a proposal (an admin's button).
-    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, ApiError>;
+    fn reject(&self, id: i64, reason: &str, by: Option<&str>) -> Result<ApprovalInfo, Error>;
     /// A proposal with its diff.
-    fn approval(&self, id: i64) -> Result<ApprovalDetail, ApiError>;
+    fn approval(&self, id: i64) -> Result<ApprovalDetail, Error>;
     /// Rewrites config.json (a user let in by pairing) and reloads it.
     fn rewrite_config(&self, edit: ConfigEdit<'_>) -> Result<(), String>;
 }

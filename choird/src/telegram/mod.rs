@@ -148,7 +148,7 @@ impl Gateway {
 }
 
 /// `choirctl telegram status`: every configured bot.
-pub fn status(d: &Handle) -> Result<TelegramStatus, crate::http::ApiError> {
+pub fn status(d: &Handle) -> Result<TelegramStatus, crate::error::Error> {
     let config = d.config();
     let counters = d.link.counters();
     let secrets = d.secrets();

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::bots::BotSpec;
 use super::bots::Handle;
 use crate::db::DbError;
-use crate::http::ApiError;
+use crate::error::Error;
 
 /// An unknown user wrote to a bot with pairing: asks its admins, once.
 pub fn request(d: &Handle, spec: &BotSpec, user: i64, username: Option<&str>, chat: i64) -> Result<(), DbError> {
@@ -41,16 +41,16 @@ pub fn request(d: &Handle, spec: &BotSpec, user: i64, username: Option<&str>, ch
 }
 
 /// Lets `user` in to `bot` (or refuses them), for `by`.
-pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Result<String, ApiError> {
+pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Result<String, Error> {
     let config = d.config();
     let Some(bot_cfg) = config.telegram.bots.get(bot) else {
-        return Err(ApiError::NotFound(format!("no bot {bot:?} in config.json")));
+        return Err(Error::NotFound(format!("no bot {bot:?} in config.json")));
     };
     let Some(agent) = bot_cfg.pairing.clone() else {
-        return Err(ApiError::Conflict(format!("bot {bot} does not pair users (set telegram.bots.{bot}.pairing)")));
+        return Err(Error::Conflict(format!("bot {bot} does not pair users (set telegram.bots.{bot}.pairing)")));
     };
     if !d.store.decide_pairing(bot, user, approve, by)? {
-        return Err(ApiError::Conflict(format!("user {user} has no pending request on bot {bot}")));
+        return Err(Error::Conflict(format!("user {user} has no pending request on bot {bot}")));
     }
     if approve {
         let added = d.control.rewrite_config(Box::new(|text| {
@@ -61,7 +61,7 @@ pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Resu
         if let Err(e) = added {
             // Not let in after all: the request stays open.
             d.store.decide_pairing_undo(bot, user)?;
-            return Err(ApiError::Internal(format!("user {user} could not be added to config.json: {e}")));
+            return Err(Error::Internal(format!("user {user} could not be added to config.json: {e}")));
         }
     }
     let outcome = if approve { "approved" } else { "refused" };
@@ -81,7 +81,7 @@ pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Resu
 }
 
 /// Requests for `choirctl telegram pairings`.
-pub fn list(d: &Handle, all: bool) -> Result<PairingList, ApiError> {
+pub fn list(d: &Handle, all: bool) -> Result<PairingList, Error> {
     Ok(PairingList {
         pairings: d
             .store

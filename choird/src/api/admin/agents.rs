@@ -13,11 +13,12 @@ use choir_common::ids::AgentId;
 use super::request::ImageAction;
 use super::stream;
 use crate::daemon::{ChatUpdate, Daemon};
-use crate::http::{ApiError, Request, Response};
+use crate::error::Error;
+use crate::http::{Request, Response};
 
 /// `POST agents/<id>/build|update`: progress lines, then `OK <tag>` or
 /// `ERROR <why>`. Bad inputs are refused with a status before anything streams.
-pub(super) fn image(d: &Arc<Daemon>, id: &str, action: ImageAction) -> Result<Response, ApiError> {
+pub(super) fn image(d: &Arc<Daemon>, id: &str, action: ImageAction) -> Result<Response, Error> {
     d.validate_image_inputs(id)?;
     let (daemon, id) = (d.clone(), id.to_owned());
     let name = match action {
@@ -43,7 +44,7 @@ pub(super) fn image(d: &Arc<Daemon>, id: &str, action: ImageAction) -> Result<Re
 
 /// `POST agents/<id>/chat`: one message in; the reply as one JSON body, or
 /// streamed as JSON lines when the request asks for it.
-pub(super) fn chat(d: &Arc<Daemon>, id: &str, req: &Request) -> Result<Response, ApiError> {
+pub(super) fn chat(d: &Arc<Daemon>, id: &str, req: &Request) -> Result<Response, Error> {
     let chat: ChatRequest = req.json()?;
     let conversation = chat.conversation.unwrap_or_else(|| "cli".to_owned());
     let timeout = Duration::from_secs(chat.timeout_s.unwrap_or(300).clamp(1, 3600));
@@ -71,7 +72,7 @@ pub(super) fn chat(d: &Arc<Daemon>, id: &str, req: &Request) -> Result<Response,
 
 /// `GET agents/<id>/events`: a page of the stored commit log and whether it
 /// links to its stored predecessor's hash.
-pub(super) fn events(d: &Daemon, agent: &AgentId, after: u64, limit: i64) -> Result<Response, ApiError> {
+pub(super) fn events(d: &Daemon, agent: &AgentId, after: u64, limit: i64) -> Result<Response, Error> {
     let events = d.store.events(agent, after, limit)?;
     let start = match events.first() {
         Some(first) => ChainHead { seq: first.seq - 1, hash: first.prev_hash.clone() },

@@ -7,18 +7,19 @@ use std::io::Write;
 use super::request::MemoryRead;
 use super::stream;
 use crate::daemon::Daemon;
-use crate::http::{ApiError, Response};
+use crate::error::Error;
+use crate::http::Response;
 
 /// Rows per page of an export.
 const EXPORT_PAGE: i64 = 500;
 
 /// Answers one memory read of agent `id`.
-pub(super) fn read(d: &Daemon, id: &str, read: MemoryRead) -> Result<Response, ApiError> {
+pub(super) fn read(d: &Daemon, id: &str, read: MemoryRead) -> Result<Response, Error> {
     let agent = d.known_agent(id)?;
     let memory = d
         .memory
         .as_ref()
-        .ok_or_else(|| ApiError::NotFound("memory is not configured (add \"memory\" to config.json)".into()))?;
+        .ok_or_else(|| Error::NotFound("memory is not configured (add \"memory\" to config.json)".into()))?;
     match read {
         MemoryRead::Stats => Ok(Response::ok(&memory.stats(&agent)?)),
         MemoryRead::Search { q, k } => Ok(Response::ok(&memory.search(&agent, &q, k)?)),

@@ -15,7 +15,8 @@ pub mod request;
 use choir_common::admin::{ApproveRequest, CancelRequest, RejectRequest};
 
 use crate::daemon::Daemon;
-use crate::http::{ApiError, Request, Response};
+use crate::error::Error;
+use crate::http::{Request, Response};
 pub use request::AdminRequest;
 
 /// Answers one admitted `/admin/v1/...` request.
@@ -24,7 +25,7 @@ pub fn handle(
     tg: &crate::telegram::Handle,
     route: AdminRequest,
     req: &Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     use AdminRequest as R;
     match route {
         R::Status => Ok(Response::ok(&operations::status(d))),
@@ -128,9 +129,9 @@ fn stream(
     name: String,
     content_type: &'static str,
     fill: impl FnOnce(&mut std::io::PipeWriter) + Send + 'static,
-) -> Result<Response, ApiError> {
-    let (reader, mut writer) = std::io::pipe().map_err(|e| ApiError::Internal(e.to_string()))?;
-    d.tasks.spawn(name, move || fill(&mut writer)).map_err(|e| ApiError::Internal(e.to_string()))?;
+) -> Result<Response, Error> {
+    let (reader, mut writer) = std::io::pipe().map_err(|e| Error::Internal(e.to_string()))?;
+    d.tasks.spawn(name, move || fill(&mut writer)).map_err(|e| Error::Internal(e.to_string()))?;
     let mut response = Response::streaming(reader);
     response.content_type = content_type;
     Ok(response)

@@ -8,7 +8,8 @@ use choir_common::admin::StatusResponse;
 
 use super::stream;
 use crate::daemon::{Daemon, LogQuery};
-use crate::http::{ApiError, Request, Response};
+use crate::error::Error;
+use crate::http::{Request, Response};
 
 /// `GET status`.
 pub(super) fn status(d: &Daemon) -> StatusResponse {
@@ -26,12 +27,12 @@ pub(super) fn status(d: &Daemon) -> StatusResponse {
 }
 
 /// `POST policy/kill-switch`, body `{"on": bool}`.
-pub(super) fn kill_switch(d: &Daemon, req: &Request) -> Result<Response, ApiError> {
+pub(super) fn kill_switch(d: &Daemon, req: &Request) -> Result<Response, Error> {
     let body: serde_json::Value = req.json()?;
     let on = body
         .get("on")
         .and_then(serde_json::Value::as_bool)
-        .ok_or_else(|| ApiError::BadRequest("send {\"on\": true|false}".into()))?;
+        .ok_or_else(|| Error::Malformed("send {\"on\": true|false}".into()))?;
     d.set_kill_switch(on, "admin")?;
     Ok(Response::ok(&serde_json::json!({"kill_switch": on})))
 }
@@ -45,19 +46,19 @@ pub(super) fn reload_policies(d: &Daemon) -> serde_json::Value {
 }
 
 /// `POST backup`: the archive streamed, its summary in `X-Choir-Backup`.
-pub(super) fn backup(d: &Daemon, req: &Request) -> Result<Response, ApiError> {
+pub(super) fn backup(d: &Daemon, req: &Request) -> Result<Response, Error> {
     let body: serde_json::Value = req.json()?;
     let workspaces = body.get("workspaces").and_then(serde_json::Value::as_bool).unwrap_or(false);
     let (file, summary) = d.backup(workspaces)?;
     let mut response = Response::streaming(file);
     response.content_type = "application/gzip";
-    let summary = serde_json::to_string(&summary).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let summary = serde_json::to_string(&summary).map_err(|e| Error::Internal(e.to_string()))?;
     response.headers.push(("X-Choir-Backup".to_owned(), summary));
     Ok(response)
 }
 
 /// `GET logs`: one page, or followed live as JSON lines.
-pub(super) fn logs(d: &Arc<Daemon>, query: LogQuery, follow: bool) -> Result<Response, ApiError> {
+pub(super) fn logs(d: &Arc<Daemon>, query: LogQuery, follow: bool) -> Result<Response, Error> {
     if !follow {
         return Ok(Response::ok(&d.log_page(&query)));
     }

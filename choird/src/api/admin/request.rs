@@ -8,7 +8,8 @@
 use choir_common::ids::AgentId;
 
 use crate::daemon::LogQuery;
-use crate::http::{ApiError, Head};
+use crate::error::Error;
+use crate::http::Head;
 use crate::store::usage::UsageBy;
 
 /// The image actions of an agent.
@@ -121,7 +122,7 @@ pub enum AdminRequest {
 impl AdminRequest {
     /// The request `head` asks for, or why there is none. `head.path` starts
     /// with `/admin/`.
-    pub fn parse(head: &Head) -> Result<AdminRequest, ApiError> {
+    pub fn parse(head: &Head) -> Result<AdminRequest, Error> {
         use AdminRequest as R;
         let q = |key: &str| head.query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
         let owned = |key: &str| q(key).map(str::to_owned);
@@ -176,7 +177,7 @@ impl AdminRequest {
             },
             ("GET", ["usage"]) => R::Usage {
                 agent: owned("agent"),
-                since: q("since").map(crate::logs::query::parse_since).transpose().map_err(ApiError::BadRequest)?,
+                since: q("since").map(crate::logs::query::parse_since).transpose().map_err(Error::Malformed)?,
                 by: usage_by(q("by").unwrap_or("day"))?,
             },
             ("GET", ["audit"]) => R::Audit {
@@ -194,10 +195,10 @@ impl AdminRequest {
             ("GET", ["telegram", "pairings"]) => R::Pairings { all: q("all") == Some("1") },
             ("POST", ["telegram", "pairings", bot, user]) => R::Pair {
                 bot: s(bot),
-                user: user.parse().map_err(|_| ApiError::BadRequest(format!("{user:?} is not a Telegram user id")))?,
+                user: user.parse().map_err(|_| Error::Malformed(format!("{user:?} is not a Telegram user id")))?,
             },
             _ => {
-                return Err(ApiError::NotFound(format!(
+                return Err(Error::NotFound(format!(
                     "no admin endpoint {} {}",
                     crate::http::printable(&head.method),
                     crate::http::printable(&head.path)
@@ -207,36 +208,35 @@ impl AdminRequest {
     }
 }
 
-fn agent_id(s: &str) -> Result<AgentId, ApiError> {
-    AgentId::parse(s).map_err(|e| ApiError::BadRequest(e.to_string()))
+fn agent_id(s: &str) -> Result<AgentId, Error> {
+    AgentId::parse(s).map_err(|e| Error::Malformed(e.to_string()))
 }
 
-fn proposal_id(s: &str) -> Result<i64, ApiError> {
-    s.parse().map_err(|_| ApiError::BadRequest(format!("{s:?} is not a proposal id (a number)")))
+fn proposal_id(s: &str) -> Result<i64, Error> {
+    s.parse().map_err(|_| Error::Malformed(format!("{s:?} is not a proposal id (a number)")))
 }
 
-fn number<T: std::str::FromStr>(v: Option<&str>, default: T) -> Result<T, ApiError> {
+fn number<T: std::str::FromStr>(v: Option<&str>, default: T) -> Result<T, Error> {
     match v {
         None => Ok(default),
-        Some(s) => s.parse().map_err(|_| ApiError::BadRequest(format!("{s:?} is not a number"))),
+        Some(s) => s.parse().map_err(|_| Error::Malformed(format!("{s:?} is not a number"))),
     }
 }
 
-fn usage_by(by: &str) -> Result<UsageBy, ApiError> {
-    UsageBy::parse(by).ok_or_else(|| {
-        ApiError::BadRequest(format!("cannot group usage by {by:?}; use day, model, lane, agent or job"))
-    })
+fn usage_by(by: &str) -> Result<UsageBy, Error> {
+    UsageBy::parse(by)
+        .ok_or_else(|| Error::Malformed(format!("cannot group usage by {by:?}; use day, model, lane, agent or job")))
 }
 
-fn memory_read<'a>(what: &str, q: &impl Fn(&str) -> Option<&'a str>) -> Result<MemoryRead, ApiError> {
+fn memory_read<'a>(what: &str, q: &impl Fn(&str) -> Option<&'a str>) -> Result<MemoryRead, Error> {
     Ok(match what {
         "stats" => MemoryRead::Stats,
         "search" => MemoryRead::Search {
-            q: q("q").ok_or_else(|| ApiError::BadRequest("give the text to search: ?q=".into()))?.to_owned(),
+            q: q("q").ok_or_else(|| Error::Malformed("give the text to search: ?q=".into()))?.to_owned(),
             k: number(q("k"), 5)?,
         },
         "export" => MemoryRead::Export,
-        other => return Err(ApiError::NotFound(format!("no memory endpoint {other:?}; use stats, search or export"))),
+        other => return Err(Error::NotFound(format!("no memory endpoint {other:?}; use stats, search or export"))),
     })
 }
 
@@ -258,7 +258,7 @@ mod tests {
         match AdminRequest::parse(&head(method, target)) {
             Ok(r) => panic!("{method} {target} was admitted as {r:?}"),
             Err(e) => {
-                let r = e.into_response();
+                let r = crate::http::Response::from(e);
                 (r.status, String::from_utf8_lossy(&r.body).into_owned())
             }
         }

@@ -4,8 +4,8 @@
 use choir_common::ids::AgentId;
 
 use crate::config::{Config, EmailConfig};
+use crate::error::Error;
 use crate::host_tools::ToolStatus;
-use crate::http::ApiError;
 use crate::shared::Shared;
 
 /// The agent's account and its password, or why the tools are not served.
@@ -28,15 +28,15 @@ pub fn status(config: &Config, secrets: &crate::secrets::Secrets, agent: &AgentI
 }
 
 /// The agent's account, with its password from the secrets.
-pub fn account(shared: &Shared, agent: &AgentId) -> Result<Account, ApiError> {
+pub fn account(shared: &Shared, agent: &AgentId) -> Result<Account, Error> {
     let config = shared.config();
     let Some(cfg) = config.agents.get(agent).and_then(|a| a.email.clone()) else {
-        return Err(ApiError::Unavailable(format!("agents.{agent}.email is not configured")));
+        return Err(Error::Unavailable(format!("agents.{agent}.email is not configured")));
     };
     let password = shared
         .secrets()
         .get(&cfg.password_secret)
         .map(str::to_owned)
-        .ok_or_else(|| ApiError::Unavailable(format!("missing secret {}", cfg.password_secret)))?;
+        .ok_or_else(|| Error::Unavailable(format!("missing secret {}", cfg.password_secret)))?;
     Ok(Account { cfg, password })
 }

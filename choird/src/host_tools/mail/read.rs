@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 
 use super::imap_session::{self, Session};
 use crate::config::Config;
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -32,13 +32,13 @@ pub const MAX_MESSAGE: u32 = 25 * 1024 * 1024;
 /// Characters of a body shown.
 const MAX_TEXT: usize = 30_000;
 
-fn bad(m: impl Into<String>) -> ApiError {
-    ApiError::BadRequest(m.into())
+fn bad(m: impl Into<String>) -> Error {
+    Error::Malformed(m.into())
 }
 
 /// A string for an IMAP command: quoted, `\` and `"` escaped; control
 /// characters refused.
-pub fn quoted(s: &str, what: &str) -> Result<String, ApiError> {
+pub fn quoted(s: &str, what: &str) -> Result<String, Error> {
     if s.chars().any(char::is_control) || s.len() > 200 {
         return Err(bad(format!("{what} must be one line of at most 200 bytes")));
     }
@@ -46,7 +46,7 @@ pub fn quoted(s: &str, what: &str) -> Result<String, ApiError> {
 }
 
 /// `YYYY-MM-DD` as IMAP's `D-Mon-YYYY`.
-pub fn imap_date(s: &str) -> Result<String, ApiError> {
+pub fn imap_date(s: &str) -> Result<String, Error> {
     let parts: Vec<&str> = s.split('-').collect();
     let err = || bad(format!("since must be a date like 2026-11-23, not {s:?}"));
     let [y, m, d] = parts.as_slice() else { return Err(err()) };
@@ -60,18 +60,18 @@ pub fn imap_date(s: &str) -> Result<String, ApiError> {
 }
 
 /// The mailbox named (INBOX by default), checked; the imap crate quotes it.
-fn mailbox_of(input: &Value) -> Result<String, ApiError> {
+fn mailbox_of(input: &Value) -> Result<String, Error> {
     let m = input["mailbox"].as_str().unwrap_or("INBOX");
     quoted(m, "mailbox")?;
     Ok(m.to_owned())
 }
 
-fn open(shared: &Shared, agent: &AgentId) -> Result<(Session, String), ApiError> {
+fn open(shared: &Shared, agent: &AgentId) -> Result<(Session, String), Error> {
     let account = super::account::account(shared, agent)?;
     let source = format!("imap://{}@{}/", account.cfg.username, account.cfg.imap.host);
     let session = imap_session::open(&account).map_err(|e| {
         log::warn!("agent {agent}: IMAP {}:{}: {e}", account.cfg.imap.host, account.cfg.imap.port);
-        ApiError::BadGateway(e)
+        Error::Upstream(e)
     })?;
     Ok((session, source))
 }
@@ -79,7 +79,7 @@ fn open(shared: &Shared, agent: &AgentId) -> Result<(Session, String), ApiError>
 /// The agent's INBOX's UIDVALIDITY and its unseen messages' UIDs, read
 /// with EXAMINE (nothing is marked seen): the `new_mail` precondition of
 /// scheduled jobs.
-pub fn unseen(shared: &Shared, agent: &AgentId) -> Result<(u32, Vec<u32>), ApiError> {
+pub fn unseen(shared: &Shared, agent: &AgentId) -> Result<(u32, Vec<u32>), Error> {
     let (mut session, _) = open(shared, agent)?;
     let mb = session.examine("INBOX").map_err(imap_err)?;
     let uids: Vec<u32> = session.uid_search("UNSEEN").map_err(imap_err)?.into_iter().collect();
@@ -87,17 +87,15 @@ pub fn unseen(shared: &Shared, agent: &AgentId) -> Result<(u32, Vec<u32>), ApiEr
     Ok((mb.uid_validity.unwrap_or(0), uids))
 }
 
-fn imap_err(e: imap::Error) -> ApiError {
+fn imap_err(e: imap::Error) -> Error {
     match e {
-        imap::Error::No(r) => ApiError::Unprocessable(format!(
-            "the IMAP server refused: {}",
-            choir_common::text::clipped(&r.information, 200)
-        )),
-        imap::Error::Bad(r) => ApiError::Unprocessable(format!(
-            "the IMAP server refused: {}",
-            choir_common::text::clipped(&r.information, 200)
-        )),
-        other => ApiError::BadGateway(format!("IMAP failed: {}", choir_common::text::clipped(&other.to_string(), 200))),
+        imap::Error::No(r) => {
+            Error::Invalid(format!("the IMAP server refused: {}", choir_common::text::clipped(&r.information, 200)))
+        }
+        imap::Error::Bad(r) => {
+            Error::Invalid(format!("the IMAP server refused: {}", choir_common::text::clipped(&r.information, 200)))
+        }
+        other => Error::Upstream(format!("IMAP failed: {}", choir_common::text::clipped(&other.to_string(), 200))),
     }
 }
 
@@ -123,7 +121,7 @@ fn address(list: Option<&Vec<imap_proto::types::Address<'_>>>) -> (String, Strin
 }
 
 /// Header lines of the messages `uids` (newest first), and their senders.
-fn headers(session: &mut Session, mut uids: Vec<u32>) -> Result<(String, Vec<Value>), ApiError> {
+fn headers(session: &mut Session, mut uids: Vec<u32>) -> Result<(String, Vec<Value>), Error> {
     uids.sort_unstable_by(|a, b| b.cmp(a));
     if uids.is_empty() {
         return Ok((String::new(), Vec::new()));
@@ -187,13 +185,13 @@ impl HostTool for Check {
         super::account::status(config, secrets, agent)
     }
 
-    fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
+    fn check(&self, agent: &AgentId) -> Result<String, Error> {
         let (mut session, _) = open(&self.shared, agent)?;
         let _ = session.logout();
         Ok("the IMAP server accepts the login".into())
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let mailbox = mailbox_of(call.input)?;
         let (mut session, source) = open(&self.shared, &call.caller.agent)?;
         let mb = session.examine(&mailbox).map_err(imap_err)?;
@@ -228,7 +226,7 @@ impl Receive {
         Receive { shared }
     }
 
-    fn list(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn list(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let input = call.input;
         let mailbox = mailbox_of(input)?;
         let mut criteria = vec!["ALL".to_owned()];
@@ -262,7 +260,7 @@ impl Receive {
         }))
     }
 
-    fn one(&self, call: &HostCall<'_>, uid: u64) -> Result<Value, ApiError> {
+    fn one(&self, call: &HostCall<'_>, uid: u64) -> Result<Value, Error> {
         let input = call.input;
         let agent = &call.caller.agent;
         let mailbox = mailbox_of(input)?;
@@ -275,12 +273,10 @@ impl Receive {
         }
         let sized = session.uid_fetch(uid.to_string(), "(UID RFC822.SIZE)").map_err(imap_err)?;
         let Some(size) = sized.iter().find(|f| f.uid == Some(uid)).and_then(|f| f.size) else {
-            return Err(ApiError::NotFound(format!("there is no message {uid} in that mailbox")));
+            return Err(Error::NotFound(format!("there is no message {uid} in that mailbox")));
         };
         if size > MAX_MESSAGE {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "message {uid} is {size} bytes; at most {MAX_MESSAGE} are fetched"
-            )));
+            return Err(Error::TooLarge(format!("message {uid} is {size} bytes; at most {MAX_MESSAGE} are fetched")));
         }
         let fetched = session.uid_fetch(uid.to_string(), "(UID BODY.PEEK[])").map_err(imap_err)?;
         let raw =
@@ -289,13 +285,13 @@ impl Receive {
             session.uid_store(uid.to_string(), "+FLAGS (\\Seen)").map_err(imap_err)?;
         }
         let _ = session.logout();
-        let m = super::parse::message(&raw).map_err(ApiError::Unprocessable)?;
+        let m = super::parse::message(&raw).map_err(Error::Invalid)?;
         let config = self.shared.config();
         let workspace = config.workspace(&self.shared.home, agent);
         let mut saved = Vec::new();
         for (name, data) in &m.attachments {
             let path = crate::workspace_files::store_incoming(&workspace, &format!("mail-{uid}-{name}"), data)
-                .map_err(|e| ApiError::Conflict(format!("attachment {name:?} could not be saved: {e}")))?;
+                .map_err(|e| Error::Conflict(format!("attachment {name:?} could not be saved: {e}")))?;
             saved.push(json!({"path": path, "bytes": data.len()}));
         }
         let sender = m.from.parse::<lettre::message::Mailbox>().map(|mb| mb.email.to_string()).unwrap_or_default();
@@ -353,7 +349,7 @@ impl HostTool for Receive {
         super::account::status(config, secrets, agent)
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         match call.input["id"].as_u64() {
             Some(uid) => self.one(call, uid),
             None => self.list(call),

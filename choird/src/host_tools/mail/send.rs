@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Security};
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -46,14 +46,14 @@ impl Send {
     }
 }
 
-fn addresses(v: &Value, field: &str) -> Result<Vec<Mailbox>, ApiError> {
+fn addresses(v: &Value, field: &str) -> Result<Vec<Mailbox>, Error> {
     v[field]
         .as_array()
         .into_iter()
         .flatten()
         .map(|a| {
             let s = a.as_str().unwrap_or_default();
-            s.parse::<Mailbox>().map_err(|_| ApiError::BadRequest(format!("{field}: {s:?} is not a mail address")))
+            s.parse::<Mailbox>().map_err(|_| Error::Malformed(format!("{field}: {s:?} is not a mail address")))
         })
         .collect()
 }
@@ -123,38 +123,38 @@ impl HostTool for Send {
         super::account::status(config, secrets, agent)
     }
 
-    fn check(&self, agent: &AgentId) -> Result<String, ApiError> {
+    fn check(&self, agent: &AgentId) -> Result<String, Error> {
         let account = super::account::account(&self.shared, agent)?;
-        let t = transport(&account).map_err(ApiError::Unavailable)?;
+        let t = transport(&account).map_err(Error::Unavailable)?;
         match t.test_connection() {
             Ok(true) => Ok(format!("the SMTP server {}:{} answers", account.cfg.smtp.host, account.cfg.smtp.port)),
-            Ok(false) => Err(ApiError::BadGateway("the SMTP server did not answer NOOP".into())),
-            Err(e) => Err(ApiError::BadGateway(smtp_error(&e))),
+            Ok(false) => Err(Error::Upstream("the SMTP server did not answer NOOP".into())),
+            Err(e) => Err(Error::Upstream(smtp_error(&e))),
         }
     }
 
-    fn audit_detail(&self, input: &Value, result: &Result<Value, ApiError>) -> Value {
+    fn audit_detail(&self, input: &Value, result: &Result<Value, Error>) -> Value {
         json!({"to": input["to"], "cc": input["cc"],
                "message_id": result.as_ref().ok().map(|v| v["message_id"].clone())})
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let agent = &call.caller.agent;
         let account = super::account::account(&self.shared, agent)?;
         let input = call.input;
         let to = addresses(input, "to")?;
         let cc = addresses(input, "cc")?;
         if to.is_empty() || to.len() + cc.len() > MAX_RECIPIENTS {
-            return Err(ApiError::BadRequest(format!("between 1 and {MAX_RECIPIENTS} recipients")));
+            return Err(Error::Malformed(format!("between 1 and {MAX_RECIPIENTS} recipients")));
         }
         let from: Mailbox = account
             .cfg
             .from
             .parse()
-            .map_err(|_| ApiError::Unavailable(format!("agents.{agent}.email.from is not a mail address")))?;
+            .map_err(|_| Error::Unavailable(format!("agents.{agent}.email.from is not a mail address")))?;
         let subject = input["subject"].as_str().unwrap_or_default();
         if subject.contains(['\r', '\n']) {
-            return Err(ApiError::BadRequest("the subject must be one line".into()));
+            return Err(Error::Malformed("the subject must be one line".into()));
         }
         let body = input["body"].as_str().unwrap_or_default().to_owned();
         // Files from the workspace, through descriptors.
@@ -165,10 +165,10 @@ impl HostTool for Send {
         for p in input["attachments"].as_array().into_iter().flatten() {
             let rel = p.as_str().unwrap_or_default();
             let data = crate::workspace_files::read_beneath(&workspace, rel, MAX_ATTACHMENT)
-                .map_err(|e| ApiError::BadRequest(format!("attachment {e}")))?;
+                .map_err(|e| Error::Malformed(format!("attachment {e}")))?;
             total += data.len() as u64;
             if total > MAX_TOTAL {
-                return Err(ApiError::PayloadTooLarge(format!("attachments over {MAX_TOTAL} bytes in all")));
+                return Err(Error::TooLarge(format!("attachments over {MAX_TOTAL} bytes in all")));
             }
             let name =
                 std::path::Path::new(rel).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -191,24 +191,23 @@ impl HostTool for Send {
         } else {
             let mut mp = MultiPart::mixed().singlepart(text);
             for (name, data) in files {
-                let ct =
-                    ContentType::parse("application/octet-stream").map_err(|e| ApiError::Internal(e.to_string()))?;
+                let ct = ContentType::parse("application/octet-stream").map_err(|e| Error::Internal(e.to_string()))?;
                 // Base64, so the file arrives byte for byte (7bit would
                 // normalise its line endings).
                 let body = lettre::message::Body::new_with_encoding(
                     data,
                     lettre::message::header::ContentTransferEncoding::Base64,
                 )
-                .map_err(|_| ApiError::Internal("an attachment could not be encoded".into()))?;
+                .map_err(|_| Error::Internal("an attachment could not be encoded".into()))?;
                 mp = mp.singlepart(Attachment::new(name).body(body, ct));
             }
             builder.multipart(mp)
         }
-        .map_err(|e| ApiError::BadRequest(format!("the message cannot be built: {e}")))?;
-        let transport = transport(&account).map_err(ApiError::Unavailable)?;
+        .map_err(|e| Error::Malformed(format!("the message cannot be built: {e}")))?;
+        let transport = transport(&account).map_err(Error::Unavailable)?;
         let response = transport.send(&message).map_err(|e| {
             log::warn!("agent {agent}: SMTP {}:{}: {e}", account.cfg.smtp.host, account.cfg.smtp.port);
-            ApiError::BadGateway(smtp_error(&e))
+            Error::Upstream(smtp_error(&e))
         })?;
         let recipients: Vec<String> = to.iter().chain(&cc).map(|m| m.email.to_string()).collect();
         Ok(json!({

@@ -39,8 +39,8 @@ use self::batcher::Progress;
 use self::embeddings::{EmbedError, Embedder};
 use self::lifecycle::Kind;
 use crate::config::MemoryConfig;
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, Registry, RegistryError, ToolStatus};
-use crate::http::ApiError;
 use crate::http::Caller as Authed;
 use crate::shared::Shared;
 use crate::store::memory::{Breadth, NewItem, Range};
@@ -78,11 +78,11 @@ impl HostTool for MemoryTool {
         ToolStatus::Connected
     }
 
-    fn prepare(&self, agent: &AgentId) -> Result<(), ApiError> {
+    fn prepare(&self, agent: &AgentId) -> Result<(), Error> {
         self.memory.ensure(agent)
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         self.memory.execute(call)
     }
 }
@@ -245,7 +245,7 @@ impl Memory {
     }
 
     /// The agent's items (all tiers), counted once and kept up to date.
-    pub fn count(&self, agent: &AgentId) -> Result<u64, ApiError> {
+    pub fn count(&self, agent: &AgentId) -> Result<u64, Error> {
         if let Some(n) = self.counts.lock().get(agent) {
             return Ok(*n);
         }
@@ -272,7 +272,7 @@ impl Memory {
     }
 
     /// Makes (or checks) `agent`'s schema.
-    pub fn ensure(&self, agent: &AgentId) -> Result<(), ApiError> {
+    pub fn ensure(&self, agent: &AgentId) -> Result<(), Error> {
         if self.ready.lock().contains(agent) {
             return Ok(());
         }
@@ -284,7 +284,7 @@ impl Memory {
     }
 
     /// Runs one memory host tool call for the authenticated agent.
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let agent = &call.caller.agent;
         match call.tool {
             "choir.memory.compact" => {
@@ -300,18 +300,18 @@ impl Memory {
                 self.ensure(agent)?;
                 self.query(agent, call.input)
             }
-            other => Err(ApiError::NotFound(format!("{other} is not a memory tool"))),
+            other => Err(Error::NotFound(format!("{other} is not a memory tool"))),
         }
     }
 
-    fn upsert(&self, agent: &AgentId, input: &Value, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
+    fn upsert(&self, agent: &AgentId, input: &Value, lane: &str, call_id: Option<&str>) -> Result<Value, Error> {
         let one = input.get("content").is_some();
         let many = input.get("items").is_some();
         let raw: Vec<Value> = match (one, many) {
             (true, false) => vec![input.clone()],
             (false, true) => input["items"].as_array().cloned().unwrap_or_default(),
             _ => {
-                return Err(ApiError::BadRequest(
+                return Err(Error::Malformed(
                     "give either content (with tier) or items (a list of {tier, content, metadata})".into(),
                 ))
             }
@@ -320,13 +320,11 @@ impl Memory {
         let mut items = Vec::new();
         for (i, r) in raw.iter().enumerate() {
             let Some(tier) = r["tier"].as_str() else {
-                return Err(ApiError::BadRequest(format!(
-                    "item {i}: tier is required (working, session or knowledge)"
-                )));
+                return Err(Error::Malformed(format!("item {i}: tier is required (working, session or knowledge)")));
             };
             let content = r["content"].as_str().unwrap_or_default().to_owned();
             if content.len() as u64 > quotas.memory_item_bytes {
-                return Err(ApiError::PayloadTooLarge(format!(
+                return Err(Error::TooLarge(format!(
                     "item {i} is {} bytes; a memory item may be at most {} bytes (quotas.memory_item_bytes): store \
                      a summary, or split it",
                     content.len(),
@@ -338,7 +336,7 @@ impl Memory {
         }
         let held = self.count(agent)?;
         if held + items.len() as u64 > quotas.memory_items {
-            return Err(ApiError::Unprocessable(format!(
+            return Err(Error::Invalid(format!(
                 "memory holds {held} item(s); {} more would pass the quota of {} (quotas.memory_items): fold or \
                  drop items first",
                 items.len(),
@@ -377,7 +375,7 @@ impl Memory {
         }))
     }
 
-    fn query(&self, agent: &AgentId, input: &Value) -> Result<Value, ApiError> {
+    fn query(&self, agent: &AgentId, input: &Value) -> Result<Value, Error> {
         let s = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
         let tier = s("tier");
         let metadata = input.get("metadata").cloned().unwrap_or_else(|| json!({}));
@@ -385,7 +383,7 @@ impl Memory {
         let (items, scores): (Vec<_>, Vec<Option<f64>>) = match mode.as_str() {
             "semantic" => {
                 let Some(q) = s("query") else {
-                    return Err(ApiError::BadRequest("mode semantic needs a query".into()));
+                    return Err(Error::Malformed("mode semantic needs a query".into()));
                 };
                 let k = input["k"].as_i64().unwrap_or(5).clamp(1, MAX_K);
                 let v = self.embed_one(&q)?;
@@ -397,7 +395,7 @@ impl Memory {
                     .unzip()
             }
             "hash" => {
-                let Some(h) = s("hash") else { return Err(ApiError::BadRequest("mode hash needs a hash".into())) };
+                let Some(h) = s("hash") else { return Err(Error::Malformed("mode hash needs a hash".into())) };
                 self.shared.store.memory_by_hash(agent, &h, tier.as_deref())?.into_iter().map(|i| (i, None)).unzip()
             }
             "range" => {
@@ -411,13 +409,13 @@ impl Memory {
                 };
                 for (name, t) in [("since", &range.since), ("until", &range.until)] {
                     if t.as_ref().is_some_and(|t| !looks_like_time(t)) {
-                        return Err(ApiError::BadRequest(format!("{name} must be an RFC 3339 time")));
+                        return Err(Error::Malformed(format!("{name} must be an RFC 3339 time")));
                     }
                 }
                 let k = input["k"].as_i64().unwrap_or(20).clamp(1, MAX_K);
                 self.shared.store.memory_range(agent, &range, k)?.into_iter().map(|i| (i, None)).unzip()
             }
-            other => return Err(ApiError::BadRequest(format!("no mode {other:?}; use semantic, hash or range"))),
+            other => return Err(Error::Malformed(format!("no mode {other:?}; use semantic, hash or range"))),
         };
         let shown: Vec<Value> = items
             .iter()
@@ -439,7 +437,7 @@ impl Memory {
 
     /// Folds the agent's session items (oldest first, at most [`FOLD_MAX`])
     /// into one knowledge item: a summary written by the agent's core model.
-    fn fold(&self, who: &Authed, lane: &str, call_id: Option<&str>) -> Result<Value, ApiError> {
+    fn fold(&self, who: &Authed, lane: &str, call_id: Option<&str>) -> Result<Value, Error> {
         let agent = &who.agent;
         let range = Range { tier: Some("session".into()), metadata: json!({}), ..Range::default() };
         let items = self.shared.store.memory_range(agent, &range, FOLD_MAX)?;
@@ -472,9 +470,9 @@ impl Memory {
     /// Ranks tools (`{query, k, tools: [{name, description}]}`) by the
     /// similarity of their descriptions to the query. Each description is
     /// embedded once per model (cached by its hash).
-    fn rank_tools(&self, input: &Value) -> Result<Value, ApiError> {
+    fn rank_tools(&self, input: &Value) -> Result<Value, Error> {
         let query = input["query"].as_str().filter(|q| !q.trim().is_empty());
-        let Some(query) = query else { return Err(ApiError::BadRequest("query is required".into())) };
+        let Some(query) = query else { return Err(Error::Malformed("query is required".into())) };
         let k = input["k"].as_u64().unwrap_or(5).clamp(1, 50) as usize;
         let tools: Vec<(String, String)> = input["tools"]
             .as_array()
@@ -499,7 +497,7 @@ impl Memory {
             let vectors = self
                 .embedder
                 .embed(&texts)
-                .map_err(|e| ApiError::Unavailable(format!("tool ranking is unavailable right now ({e})")))?;
+                .map_err(|e| Error::Unavailable(format!("tool ranking is unavailable right now ({e})")))?;
             let rows: Vec<(String, Vec<f32>)> = chunk.iter().map(|(s, _)| s.clone()).zip(vectors).collect();
             self.shared.store.put_tool_embeddings(&rows, &model)?;
             known.extend(rows);
@@ -516,16 +514,16 @@ impl Memory {
     }
 
     /// Embeds one text now (for a query), retrying a transient failure once.
-    pub fn embed_one(&self, text: &str) -> Result<Vec<f32>, ApiError> {
+    pub fn embed_one(&self, text: &str) -> Result<Vec<f32>, Error> {
         let texts = [text.to_owned()];
         let mut attempt = 0;
         loop {
             attempt += 1;
             match self.embedder.embed(&texts) {
-                Ok(mut v) => return v.pop().ok_or_else(|| ApiError::Internal("no embedding returned".into())),
+                Ok(mut v) => return v.pop().ok_or_else(|| Error::Internal("no embedding returned".into())),
                 Err(e) if e.retryable() && attempt < 2 => std::thread::sleep(Duration::from_millis(300)),
                 Err(e) => {
-                    return Err(ApiError::Unavailable(format!(
+                    return Err(Error::Unavailable(format!(
                         "semantic search is unavailable right now ({e}); hash and range queries still work"
                     )))
                 }
@@ -534,7 +532,7 @@ impl Memory {
     }
 
     /// `choirctl memory stats ID`.
-    pub fn stats(&self, agent: &AgentId) -> Result<Value, ApiError> {
+    pub fn stats(&self, agent: &AgentId) -> Result<Value, Error> {
         self.ensure(agent)?;
         let st = self.shared.store.memory_stats(agent)?;
         let (kind, lists) = match self.shared.store.memory_index_shape(agent)?.kind {
@@ -552,14 +550,14 @@ impl Memory {
     }
 
     /// `choirctl memory search ID TEXT`: a semantic query, for debugging.
-    pub fn search(&self, agent: &AgentId, text: &str, k: i64) -> Result<Value, ApiError> {
+    pub fn search(&self, agent: &AgentId, text: &str, k: i64) -> Result<Value, Error> {
         self.ensure(agent)?;
         let input = json!({"mode": "semantic", "query": text, "k": k.clamp(1, MAX_K)});
         self.query(agent, &input)
     }
 
     /// A page of `choirctl memory export ID` (items with `id > after`).
-    pub fn export(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, ApiError> {
+    pub fn export(&self, agent: &AgentId, after: i64, limit: i64) -> Result<Vec<Value>, Error> {
         self.ensure(agent)?;
         Ok(self.shared.store.memory_export(agent, after, limit)?)
     }

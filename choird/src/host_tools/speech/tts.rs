@@ -21,8 +21,8 @@ use choir_common::manifest::ToolManifest;
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::spawn::Cmd;
@@ -141,43 +141,43 @@ impl HostTool for Speak {
         ToolStatus::Connected
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let config = self.shared.config();
         let agent = &call.caller.agent;
         let profile = config.agents.get(agent).and_then(|a| a.voice.clone()).unwrap_or_default();
         let text = call.input["text"].as_str().unwrap_or_default();
         if text.trim().is_empty() {
-            return Err(ApiError::BadRequest("text must not be blank".into()));
+            return Err(Error::Malformed("text must not be blank".into()));
         }
         if text.chars().count() > MAX_CHARS {
-            return Err(ApiError::PayloadTooLarge(format!("at most {MAX_CHARS} characters are spoken")));
+            return Err(Error::TooLarge(format!("at most {MAX_CHARS} characters are spoken")));
         }
         let voice = call.input["voice"].as_str().unwrap_or(&profile.voice).to_owned();
         if !valid_voice(&voice) {
-            return Err(ApiError::BadRequest(format!("{voice:?} is not a voice name")));
+            return Err(Error::Malformed(format!("{voice:?} is not a voice name")));
         }
         let speed = call.input["speed"].as_u64().unwrap_or(profile.speed).clamp(80, 400);
         let pitch = call.input["pitch"].as_u64().unwrap_or(profile.pitch).min(99);
         let dir = tempfile::Builder::new()
             .prefix("choird-tts-")
             .tempdir()
-            .map_err(|e| ApiError::Internal(format!("no room to render speech: {e}")))?;
+            .map_err(|e| Error::Internal(format!("no room to render speech: {e}")))?;
         let ogg = render(dir.path(), text, &voice, speed, pitch).map_err(|e| {
             log::warn!("agent {agent}: speech: {e}");
-            ApiError::Unprocessable(format!("the text could not be spoken with voice {voice}"))
+            Error::Invalid(format!("the text could not be spoken with voice {voice}"))
         })?;
         let size = std::fs::metadata(&ogg).map(|m| m.len()).unwrap_or(0);
         if size == 0 || size > MAX_OGG {
-            return Err(ApiError::Unprocessable(format!("the voice note came out at {size} bytes")));
+            return Err(Error::Invalid(format!("the voice note came out at {size} bytes")));
         }
-        let data = std::fs::read(&ogg).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let data = std::fs::read(&ogg).map_err(|e| Error::Internal(e.to_string()))?;
         let stamp =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
         let workspace = config.workspace(&self.shared.home, agent);
         let path =
             crate::workspace_files::store_outgoing(&workspace, &format!("voice-{stamp}.ogg"), &data).map_err(|e| {
                 log::warn!("agent {agent}: the voice note could not be written: {e}");
-                ApiError::Conflict("the voice note could not be written into .choirtmp/send".into())
+                Error::Conflict("the voice note could not be written into .choirtmp/send".into())
             })?;
         Ok(json!({
             "summary": format!("voice note {path} ({} bytes, voice {voice}); it goes to the user with your answer", data.len()),

@@ -14,9 +14,9 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::error::Error;
 use crate::host_tools::browser::{BrowseError, Browser, Page};
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -36,13 +36,13 @@ impl Browse {
     }
 }
 
-fn api(e: BrowseError) -> ApiError {
+fn api(e: BrowseError) -> Error {
     match e {
-        BrowseError::Refused(m) => ApiError::Forbidden(m),
-        BrowseError::Invalid(m) => ApiError::BadRequest(m),
-        BrowseError::Failed(m) => ApiError::BadGateway(m),
-        BrowseError::Timeout(m) => ApiError::Timeout(m),
-        BrowseError::Unavailable(m) => ApiError::Unavailable(m),
+        BrowseError::Refused(m) => Error::Forbidden(m),
+        BrowseError::Invalid(m) => Error::Malformed(m),
+        BrowseError::Failed(m) => Error::Upstream(m),
+        BrowseError::Timeout(m) => Error::Timeout(m),
+        BrowseError::Unavailable(m) => Error::Unavailable(m),
     }
 }
 
@@ -110,7 +110,7 @@ impl HostTool for Browse {
         }
     }
 
-    fn audit_detail(&self, input: &Value, result: &Result<Value, ApiError>) -> Value {
+    fn audit_detail(&self, input: &Value, result: &Result<Value, Error>) -> Value {
         let url = result.as_ref().ok().and_then(|v| v["source"].as_str().map(str::to_owned));
         json!({"action": input["action"], "requested": input["url"], "url": url})
     }
@@ -119,16 +119,16 @@ impl HostTool for Browse {
         self.browser.stop();
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let config = self.shared.config();
         let agent = &call.caller.agent;
         let web = super::common::agent_web(&config, agent)
-            .map_err(|_| ApiError::Forbidden(format!("agents.{agent}.web is not configured")))?
+            .map_err(|_| Error::Forbidden(format!("agents.{agent}.web is not configured")))?
             .clone();
         let b = &config.web.browser;
         let input = call.input;
         let s = |k: &str| input[k].as_str();
-        let need = |k: &str, action: &str| s(k).ok_or_else(|| ApiError::BadRequest(format!("{action} needs {k}")));
+        let need = |k: &str, action: &str| s(k).ok_or_else(|| Error::Malformed(format!("{action} needs {k}")));
         let page = match s("action").unwrap_or_default() {
             "open" => self.browser.open(agent, &web, b, need("url", "open")?).map(|p| page_result("opened", &p)),
             "click" => self
@@ -150,7 +150,7 @@ impl HostTool for Browse {
                 let path = crate::workspace_files::store_outgoing(&workspace, &format!("screenshot-{stamp}.png"), &png)
                     .map_err(|e| {
                         log::warn!("agent {agent}: the screenshot could not be written: {e}");
-                        ApiError::Conflict("the screenshot could not be written into .choirtmp/send".into())
+                        Error::Conflict("the screenshot could not be written into .choirtmp/send".into())
                     })?;
                 return Ok(json!({
                     "summary": format!("screenshot saved as {path} ({} bytes); it goes to the user with your answer", png.len()),
@@ -159,7 +159,7 @@ impl HostTool for Browse {
                     "source": url,
                 }));
             }
-            other => return Err(ApiError::BadRequest(format!("unknown action {other:?}"))),
+            other => return Err(Error::Malformed(format!("unknown action {other:?}"))),
         };
         page.map_err(api)
     }

@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::egress::{origin_of, parse_web_url, Policy, MAX_URL_BYTES};
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -62,8 +62,8 @@ impl Post {
     }
 }
 
-fn refused(why: String) -> ApiError {
-    ApiError::Forbidden(why)
+fn refused(why: String) -> Error {
+    Error::Forbidden(why)
 }
 
 impl HostTool for Post {
@@ -104,7 +104,7 @@ impl HostTool for Post {
         }
     }
 
-    fn audit_detail(&self, input: &Value, result: &Result<Value, ApiError>) -> Value {
+    fn audit_detail(&self, input: &Value, result: &Result<Value, Error>) -> Value {
         let destination = parse_web_url(input["url"].as_str().unwrap_or_default())
             .map(|u| format!("{}{}", origin_of(&u), u.path()))
             .unwrap_or_else(|_| "(invalid URL)".into());
@@ -112,12 +112,12 @@ impl HostTool for Post {
         json!({"destination": destination, "status_code": status, "auth_secret": input["auth_secret"]})
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let config = self.shared.config();
         let web = super::common::agent_web(&config, &call.caller.agent)
             .map_err(|_| refused(format!("agents.{}.web is not configured", call.caller.agent)))?;
         let input = call.input;
-        let url = parse_web_url(input["url"].as_str().unwrap_or_default()).map_err(|e| ApiError::BadRequest(e.0))?;
+        let url = parse_web_url(input["url"].as_str().unwrap_or_default()).map_err(|e| Error::Malformed(e.0))?;
         let origin = origin_of(&url);
         if !web.post_origins.contains(&origin) {
             return Err(refused(format!(
@@ -128,9 +128,7 @@ impl HostTool for Post {
         }
         // The body: exactly one of json and form.
         let (content_type, body) = match (input.get("json"), input.get("form")) {
-            (Some(j), None) => {
-                ("application/json", serde_json::to_vec(j).map_err(|e| ApiError::Internal(e.to_string()))?)
-            }
+            (Some(j), None) => ("application/json", serde_json::to_vec(j).map_err(|e| Error::Internal(e.to_string()))?),
             (None, Some(Value::Object(f))) => {
                 let mut s = url::form_urlencoded::Serializer::new(String::new());
                 for (k, v) in f {
@@ -138,13 +136,10 @@ impl HostTool for Post {
                 }
                 ("application/x-www-form-urlencoded", s.finish().into_bytes())
             }
-            _ => return Err(ApiError::BadRequest("give exactly one of json and form".into())),
+            _ => return Err(Error::Malformed("give exactly one of json and form".into())),
         };
         if body.len() > MAX_REQUEST {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "the body is {} bytes; at most {MAX_REQUEST} are sent",
-                body.len()
-            )));
+            return Err(Error::TooLarge(format!("the body is {} bytes; at most {MAX_REQUEST} are sent", body.len())));
         }
         let mut headers: Vec<(String, String)> = Vec::new();
         if let Some(Value::Object(h)) = input.get("headers") {
@@ -153,10 +148,10 @@ impl HostTool for Post {
                 let value = v.as_str().unwrap_or_default();
                 let valid_name = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
                 if !valid_name || value.chars().any(|c| c.is_control()) || value.len() > 4096 {
-                    return Err(ApiError::BadRequest(format!("header {k:?} is not a valid header")));
+                    return Err(Error::Malformed(format!("header {k:?} is not a valid header")));
                 }
                 if OWN_HEADERS.contains(&name.as_str()) || name.starts_with("proxy-") {
-                    return Err(ApiError::BadRequest(format!(
+                    return Err(Error::Malformed(format!(
                         "header {k} is set by choird, not by a call (credentials go through auth_secret)"
                     )));
                 }
@@ -172,7 +167,7 @@ impl HostTool for Post {
             }
             let secrets = self.shared.secrets();
             let Some(value) = secrets.get(name) else {
-                return Err(ApiError::Unavailable(format!("secret {name} is not set in secrets.json")));
+                return Err(Error::Unavailable(format!("secret {name} is not set in secrets.json")));
             };
             headers.push((spec.header.clone(), format!("{}{value}", spec.prefix)));
         }
@@ -189,9 +184,9 @@ impl HostTool for Post {
             log::info!("agent {}: post to {origin}: {e}", call.caller.agent);
             match e {
                 ureq::Error::Timeout(_) => {
-                    ApiError::Timeout(format!("{origin} did not answer within {} s", TIMEOUT.as_secs()))
+                    Error::Timeout(format!("{origin} did not answer within {} s", TIMEOUT.as_secs()))
                 }
-                _ => ApiError::BadGateway(format!("{origin} could not be reached")),
+                _ => Error::Upstream(format!("{origin} could not be reached")),
             }
         })?;
         let status = resp.status().as_u16();
@@ -206,7 +201,7 @@ impl HostTool for Post {
             .as_reader()
             .take(MAX_RESPONSE + 1)
             .read_to_end(&mut raw)
-            .map_err(|_| ApiError::BadGateway(format!("{origin}'s reply broke off")))?;
+            .map_err(|_| Error::Upstream(format!("{origin}'s reply broke off")))?;
         let over = raw.len() as u64 > MAX_RESPONSE;
         raw.truncate(MAX_RESPONSE as usize);
         let mut text = String::from_utf8_lossy(&raw).into_owned();

@@ -13,8 +13,8 @@ use choir_common::trust::wrap_untrusted;
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::error::Error;
 use crate::host_tools::{HostCall, HostTool, ToolStatus};
-use crate::http::ApiError;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
 
@@ -100,18 +100,18 @@ impl HostTool for Search {
         }
     }
 
-    fn execute(&self, call: &HostCall<'_>) -> Result<Value, ApiError> {
+    fn execute(&self, call: &HostCall<'_>) -> Result<Value, Error> {
         let config = self.shared.config();
         let Some(brave) = config.web.brave.clone() else {
-            return Err(ApiError::Unavailable("web.brave is not configured".into()));
+            return Err(Error::Unavailable("web.brave is not configured".into()));
         };
         let secrets = self.shared.secrets();
         let Some(key) = secrets.get(&brave.api_key_secret) else {
-            return Err(ApiError::Unavailable(format!("missing secret {}", brave.api_key_secret)));
+            return Err(Error::Unavailable(format!("missing secret {}", brave.api_key_secret)));
         };
         let query = call.input["query"].as_str().unwrap_or_default();
         if query.trim().is_empty() {
-            return Err(ApiError::BadRequest("query must not be blank".into()));
+            return Err(Error::Malformed("query must not be blank".into()));
         }
         let count = call.input["count"].as_u64().unwrap_or(DEFAULT_COUNT).min(20);
         let mut params = vec![("q", query.to_owned()), ("count", count.to_string())];
@@ -124,61 +124,61 @@ impl HostTool for Search {
         let endpoint = format!("{}/res/v1/web/search", brave.base_url.trim_end_matches('/'));
         let deadline = Instant::now() + Duration::from_secs(brave.timeout_s);
         let mut retries = 0;
-        let (status, body) = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut req = self
-                .http
-                .get(&endpoint)
-                .config()
-                .timeout_global(Some(left.max(Duration::from_millis(100))))
-                .build()
-                .header("Accept", "application/json")
-                .header("X-Subscription-Token", key);
-            for (k, v) in &params {
-                req = req.query(*k, v);
-            }
-            let mut resp = req.call().map_err(|e| {
-                log::warn!("agent {}: Brave Search at {}: {e}", call.caller.agent, brave.base_url);
-                match e {
-                    ureq::Error::Timeout(_) => {
-                        ApiError::Timeout(format!("the search service did not answer within {} s", brave.timeout_s))
+        let (status, body) =
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let mut req = self
+                    .http
+                    .get(&endpoint)
+                    .config()
+                    .timeout_global(Some(left.max(Duration::from_millis(100))))
+                    .build()
+                    .header("Accept", "application/json")
+                    .header("X-Subscription-Token", key);
+                for (k, v) in &params {
+                    req = req.query(*k, v);
+                }
+                let mut resp = req.call().map_err(|e| {
+                    log::warn!("agent {}: Brave Search at {}: {e}", call.caller.agent, brave.base_url);
+                    match e {
+                        ureq::Error::Timeout(_) => {
+                            Error::Timeout(format!("the search service did not answer within {} s", brave.timeout_s))
+                        }
+                        _ => Error::Upstream("the search service cannot be reached".into()),
                     }
-                    _ => ApiError::BadGateway("the search service cannot be reached".into()),
+                })?;
+                let status = resp.status().as_u16();
+                if status == 429 {
+                    let wait = Duration::from_secs(reset_after(&resp).unwrap_or(1).max(1));
+                    if retries < RETRIES_429 && wait <= MAX_WAIT && Instant::now() + wait < deadline {
+                        retries += 1;
+                        std::thread::sleep(wait);
+                        continue;
+                    }
+                    return Err(Error::RateLimited {
+                        message: format!(
+                            "the search service's rate limit is reached (retried {retries} times); try again in {} s",
+                            wait.as_secs()
+                        ),
+                        retry_after_s: Some(wait.as_secs()),
+                    });
                 }
-            })?;
-            let status = resp.status().as_u16();
-            if status == 429 {
-                let wait = Duration::from_secs(reset_after(&resp).unwrap_or(1).max(1));
-                if retries < RETRIES_429 && wait <= MAX_WAIT && Instant::now() + wait < deadline {
-                    retries += 1;
-                    std::thread::sleep(wait);
-                    continue;
-                }
-                return Err(ApiError::RateLimited {
-                    message: format!(
-                        "the search service's rate limit is reached (retried {retries} times); try again in {} s",
-                        wait.as_secs()
-                    ),
-                    retry_after_s: Some(wait.as_secs()),
-                });
-            }
-            let body: Value = resp.body_mut().with_config().limit(MAX_ANSWER).read_json().map_err(|_| {
-                ApiError::BadGateway(format!("the search service answered {status} with no valid JSON"))
-            })?;
-            break (status, body);
-        };
+                let body: Value =
+                    resp.body_mut().with_config().limit(MAX_ANSWER).read_json().map_err(|_| {
+                        Error::Upstream(format!("the search service answered {status} with no valid JSON"))
+                    })?;
+                break (status, body);
+            };
         match status {
             200 => {}
             401 | 403 => {
-                return Err(ApiError::Unavailable(format!(
+                return Err(Error::Unavailable(format!(
                     "the search service refused choird's key ({status}); the operator must check secret {}",
                     brave.api_key_secret
                 )))
             }
-            422 => {
-                return Err(ApiError::Unprocessable(format!("the search service refused the query: {}", detail(&body))))
-            }
-            s => return Err(ApiError::BadGateway(format!("the search service answered {s}: {}", detail(&body)))),
+            422 => return Err(Error::Invalid(format!("the search service refused the query: {}", detail(&body)))),
+            s => return Err(Error::Upstream(format!("the search service answered {s}: {}", detail(&body)))),
         }
         let results: Vec<&Value> =
             body["web"]["results"].as_array().map(|r| r.iter().take(20).collect()).unwrap_or_default();
@@ -195,7 +195,7 @@ impl HostTool for Search {
             }
         }
         // The source names the query, never the key.
-        let mut source = url::Url::parse(&endpoint).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let mut source = url::Url::parse(&endpoint).map_err(|e| Error::Internal(e.to_string()))?;
         source.query_pairs_mut().append_pair("q", query);
         Ok(json!({
             "summary": format!("{} results for {:?}", results.len(), clip(query, 100)),
