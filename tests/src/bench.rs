@@ -88,7 +88,7 @@ pub fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
     (0..n)
         .map(|i| {
             // Paced (the wait is not measured): calls through choird are an
-            // agent's, and an agent may make 200 a second (`sessions.rs`);
+            // agent's, and an agent may make 200 a second (`sessions/auth.rs`);
             // faster, the bench would measure its own 429s.
             if let Some(wait) = last.map(|l| PACE.saturating_sub(l.elapsed())) {
                 std::thread::sleep(wait);

@@ -1,0 +1,520 @@
+//! Agent slots, leases and rate buckets: which agents run, their sessions,
+//! what has been handed to them, and who waits for their answers.
+//!
+//! Everything here sits behind one mutex with one condition variable
+//! (`changed`, which long-polling HEARTBEATs and stopping admins wait on).
+//! The table and its types are here; its operations are in one file per
+//! facet: [`auth`] (tokens and rate buckets), [`lifecycle`] (start, stop,
+//! supervise), [`verbs`] (what the agent's verbs change), [`chats`] (who
+//! waits for an answer) and [`status`] (summaries).
+//!
+//! **Invariant:** no I/O happens while the mutex is held — by construction:
+//! the guard never leaves this module and its facet files, every operation is a method that
+//! locks, changes or copies plain data and returns it, and no method takes
+//! a callback. A slow database or engine can never stall authentication or
+//! another agent.
+//! **Invariant (11):** at most one session per agent is live; a start while
+//! one is live is refused ([`Sessions::begin_start`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use choir_common::admin::AgentSummary;
+use choir_common::ids::AgentId;
+use choir_common::rpc::{InboundMessage, ReportStatusRequest};
+use crossbeam_channel::Sender;
+use parking_lot::{Condvar, Mutex};
+
+use crate::http::{Caller, ListenerKind};
+
+mod auth;
+mod chats;
+mod lifecycle;
+mod status;
+mod verbs;
+
+/// The lease lapses when no HEARTBEAT arrives for this long.
+pub const LEASE_TTL: Duration = Duration::from_secs(60);
+/// Agent RPC rate limit: sustained requests per second, per agent and per
+/// class (verbs, edge model calls, core model calls), so core jobs working
+/// hard never slow the user-facing lane down; bursts of twice that.
+const RATE_PER_S: f64 = 200.0;
+/// HEARTBEATs have their own, larger bucket: every tool result waits for
+/// one (replicate before acknowledging), so they come as fast as tools end;
+/// concurrent lanes share one, and a slow choird makes batches larger, not
+/// more frequent.
+const HEARTBEAT_PER_S: f64 = 1000.0;
+
+/// What a rate-limited request is, for its bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateClass {
+    /// One of the eight verbs, but HEARTBEAT.
+    Verb = 0,
+    /// A model call of the edge lane.
+    EdgeModel = 1,
+    /// A model call of a core job.
+    CoreModel = 2,
+    /// HEARTBEAT (replication, answers, the long-poll).
+    Heartbeat = 3,
+}
+
+/// Lifecycle phase of an agent, as choird sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// No live session.
+    #[default]
+    Stopped,
+    /// Started, waiting for INIT_HELLO.
+    Starting,
+    /// INIT_HELLO done.
+    Running,
+    /// Asked to stop, not gone yet.
+    Stopping,
+}
+
+impl Phase {
+    /// The word shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Stopped => "stopped",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+/// Quick crashes in a row (each within a minute of its start, see
+/// `HEALTHY_AFTER`) after which an agent is no longer restarted: a crash
+/// loop (a full disk, a broken image, a bad permission) ends, explained,
+/// instead of repeating whatever the agent did before it crashed.
+pub const MAX_QUICK_CRASHES: u32 = 5;
+
+/// What [`Sessions::begin_restart`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// Restart, after the backoff for this many crashes in a row.
+    After(u32),
+    /// Not restarted: the crash loop is over (why, for the operator).
+    GaveUp(String),
+    /// The agent is not known.
+    NotWanted,
+}
+
+/// A token bucket.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Bucket {
+        Bucket { tokens: 2.0 * rate, at: Instant::now(), rate, burst: 2.0 * rate }
+    }
+
+    /// Takes one token, or says how long until one is available.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        }
+    }
+}
+
+/// What runs an agent's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Instance {
+    /// A child process (process runtime).
+    Process {
+        /// Its pid.
+        pid: u32,
+    },
+    /// A container (docker runtime).
+    Container {
+        /// Its id.
+        id: String,
+        /// Its image.
+        image: String,
+    },
+}
+
+impl Instance {
+    /// What it is, for the sessions table: `pid 123`, `container 0123456789ab`.
+    pub fn label(&self) -> String {
+        match self {
+            Instance::Process { pid } => format!("pid {pid}"),
+            Instance::Container { id, .. } => format!("container {}", &id[..12.min(id.len())]),
+        }
+    }
+}
+
+/// A live lease.
+struct Session {
+    id: i64,
+    token_sha256: [u8; 32],
+    instance: Option<Instance>,
+    started: Instant,
+    last_seen: Instant,
+    /// Highest message id handed to this session.
+    delivered_upto: u64,
+    /// The agent's wake count and `delivered_upto` when a pending-messages
+    /// query last found every pending message and they were handed out:
+    /// while both are unchanged no message can be pending (every message
+    /// is stored before the wake it causes), so a long-poll waits without
+    /// asking PostgreSQL again. Cleared when a long-poll ends without
+    /// news ([`Sessions::look_again`]): a message whose wake never came
+    /// (its commit's acknowledgement lost, so its sender never woke the
+    /// agent) is still found within one long-poll period.
+    looked: Option<(u64, u64)>,
+    /// How many long-polls said the agent had not received messages handed
+    /// out (logged at the 1st, 2nd, 4th, 8th …: a hostile agent that says
+    /// so on every poll does not flood the log).
+    handed_again: u64,
+    stop: bool,
+    terminated: bool,
+    /// Why the agent said it ended itself (TERMINATE_SELF), told with its exit.
+    said: Option<String>,
+    /// Its lapsed lease has been acted on.
+    reaped: bool,
+    buckets: [Bucket; 4],
+}
+
+impl Session {
+    fn new(id: i64, token_sha256: [u8; 32], instance: Option<Instance>, delivered_upto: u64) -> Session {
+        Session {
+            id,
+            token_sha256,
+            instance,
+            started: Instant::now(),
+            last_seen: Instant::now(),
+            delivered_upto,
+            looked: None,
+            handed_again: 0,
+            stop: false,
+            terminated: false,
+            said: None,
+            reaped: false,
+            buckets: [
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(RATE_PER_S),
+                Bucket::new(HEARTBEAT_PER_S),
+            ],
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.instance {
+            Some(Instance::Container { id: c, .. }) => {
+                format!("session {}, container {}", self.id, &c[..12.min(c.len())])
+            }
+            Some(Instance::Process { pid }) => format!("session {}, pid {pid}", self.id),
+            None => format!("session {}", self.id),
+        }
+    }
+}
+
+/// What a waiting chat request hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatUpdate {
+    /// The answer so far (of the current model step).
+    Partial(String),
+    /// The answer, or why there will be none now.
+    Done(Result<String, String>),
+}
+
+#[derive(Default)]
+struct AgentSlot {
+    phase: Phase,
+    /// Whether the operator wants it running (a crashed container is restarted).
+    desired: bool,
+    /// Consecutive failed starts or early crashes, for the restart backoff.
+    crashes: u32,
+    /// Bumped by every `agent start`: a supervisor serves one generation and
+    /// quits when a newer one exists, so two never restart the same agent.
+    generation: u64,
+    session: Option<Session>,
+    last_session: Option<i64>,
+    last_exit: Option<String>,
+    status: Option<ReportStatusRequest>,
+    replicated_seq: u64,
+    /// Chat requests waiting for the answer to a message id.
+    waiters: HashMap<u64, Sender<ChatUpdate>>,
+    /// Bumped before each HEARTBEAT carrying replies stores them (before its
+    /// commit): a chat that reads the same count before its message is
+    /// stored and when its waiter is registered knows no answer to it can
+    /// have been stored unseen (`Sessions::wait_for_answer`).
+    replies_begun: u64,
+    /// Bumped whenever a long-poll of this agent should look again.
+    wake: u64,
+    /// Decisions on its proposals wait to be handed over.
+    decisions_due: bool,
+    /// Scheduled firings may wait to be offered.
+    firings_due: bool,
+    /// Lanes the operator asked to cancel, not yet handed over.
+    cancels: Vec<String>,
+    /// The config version its last HEARTBEAT said it runs with.
+    config_version: Option<u64>,
+}
+
+/// Why an RPC was not authenticated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuthFailure {
+    /// No session has this token.
+    UnknownToken,
+    /// The token is another agent's (on an agent's own socket).
+    WrongSocket,
+    /// Over the rate limit of its class: retry after this long.
+    RateLimited {
+        /// The agent.
+        agent: AgentId,
+        /// The bucket's rate.
+        rate: f64,
+        /// When a token is available again.
+        retry_after: Duration,
+    },
+}
+
+/// How a start ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ready {
+    /// It reported RUNNING.
+    Running,
+    /// It stopped first (with its last exit, when known).
+    Exited(Option<String>),
+    /// There is no such agent.
+    Unknown,
+    /// It did not finish starting in time.
+    TimedOut,
+}
+
+/// What the supervisor of a docker agent sees.
+#[derive(Debug, Clone)]
+pub enum Watch {
+    /// A newer `agent start` has its own supervisor.
+    Superseded,
+    /// The current container: (container id, session, started at).
+    Container(String, i64, Instant),
+    /// No container right now (between restarts).
+    None,
+}
+
+/// Where a long-polling HEARTBEAT stands.
+#[derive(Debug, Default)]
+pub struct PollState {
+    /// The session is gone (the caller's lease ended).
+    pub ended: bool,
+    /// choird asks the agent to stop.
+    pub stop: bool,
+    /// Highest message id already handed out.
+    pub after: u64,
+    /// Decisions are due (taken: the caller must hand them over or give the flag back).
+    pub decisions_due: bool,
+    /// Firings may be due (taken: the caller offers them or gives the flag back).
+    pub firings_due: bool,
+    /// Cancel requests (taken).
+    pub cancels: Vec<String>,
+    /// The wake counter seen (to wait for a change).
+    pub wake: u64,
+    /// Nothing woke this agent since every pending message was handed out:
+    /// no message can be pending, the query may be skipped.
+    pub nothing_new: bool,
+}
+
+/// The table of agent slots.
+#[derive(Default)]
+pub struct Sessions {
+    table: Mutex<BTreeMap<AgentId, AgentSlot>>,
+    changed: Condvar,
+}
+
+impl Sessions {
+    /// A table with a slot for each of `ids`.
+    pub fn new<'a>(ids: impl IntoIterator<Item = &'a AgentId>) -> Sessions {
+        let s = Sessions::default();
+        s.ensure(ids);
+        s
+    }
+
+    /// Makes a slot for each of `ids` (agents added to config).
+    pub fn ensure<'a>(&self, ids: impl IntoIterator<Item = &'a AgentId>) {
+        let mut t = self.table.lock();
+        for id in ids {
+            t.entry(id.clone()).or_default();
+        }
+    }
+
+    fn notify(&self) {
+        self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_reads_its_answer_from_the_store_only_if_replies_began_storing_since_its_message() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        // Nothing stored since the message: the answer will pass through
+        // `replicated`, which finds the waiter.
+        let seen = sessions.replies_begun(&a);
+        assert!(!sessions.wait_for_answer(&a, 1, tx.clone(), seen));
+        sessions.replicated(&a, None, &[(1, "one".to_owned())], &[]);
+        assert_eq!(rx.try_recv().unwrap(), ChatUpdate::Done(Ok("one".to_owned())));
+        // A HEARTBEAT with replies began storing between the message and the
+        // waiter: its answer may be in the store already.
+        let seen = sessions.replies_begun(&a);
+        sessions.storing_replies(&a);
+        assert!(sessions.wait_for_answer(&a, 2, tx.clone(), seen));
+        // An agent without a slot, or a count read before its slot existed:
+        // always read.
+        let b = AgentId::parse("beta").unwrap();
+        assert!(sessions.wait_for_answer(&b, 3, tx.clone(), sessions.replies_begun(&b)));
+        sessions.ensure([&b]);
+        assert!(sessions.wait_for_answer(&b, 4, tx, None));
+    }
+
+    /// Hostile: the reason an agent gives in TERMINATE_SELF is its own
+    /// words, shown to the operator with its exit: cut to 300 characters,
+    /// newlines and bidi controls escaped (one line in any terminal); the
+    /// agent's plain "stopped" adds nothing.
+    #[test]
+    fn the_reason_an_agent_gives_for_its_end_is_cut_and_kept_on_one_line() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        let exit_of = |said: &str, session: i64| {
+            sessions.open(&a, session, [0; 32], 0);
+            sessions.terminate(&a, said);
+            sessions.ended(&a, session, "process exited (exit status: 1)", false);
+            sessions.summary(&a, "process").and_then(|s| s.last_exit).unwrap()
+        };
+        let hostile = format!("disk full\nFAKE: all good\u{202e}{}", "x".repeat(10_000));
+        let exit = exit_of(&hostile, 1);
+        assert!(exit.starts_with("process exited (exit status: 1); the agent said: disk full"), "{exit}");
+        assert!(!exit.contains('\n') && !exit.contains('\u{202e}'), "{exit}");
+        assert!(exit.chars().count() < 400, "cut: {} characters", exit.chars().count());
+        // Negative control: the same words without hostile characters come through as they are.
+        assert_eq!(
+            exit_of("commit log failure: ENOSPC", 2),
+            "process exited (exit status: 1); the agent said: commit log failure: ENOSPC"
+        );
+        assert_eq!(exit_of("stopped", 3), "process exited (exit status: 1)");
+    }
+
+    /// A crash loop ends: MAX_QUICK_CRASHES restarts are allowed, the next
+    /// is refused with the last exit in its reason, and the agent is no
+    /// longer wanted; a healthy run starts the count over.
+    #[test]
+    fn restarts_stop_after_max_quick_crashes_and_a_healthy_run_starts_the_count_over() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.begin_start(&a).unwrap();
+        let generation = sessions.generation(&a);
+        for n in 1..=MAX_QUICK_CRASHES {
+            assert_eq!(sessions.begin_restart(&a), Restart::After(n));
+        }
+        sessions.healthy(&a);
+        for n in 1..=MAX_QUICK_CRASHES {
+            assert_eq!(sessions.begin_restart(&a), Restart::After(n));
+        }
+        match sessions.begin_restart(&a) {
+            Restart::GaveUp(why) => assert!(why.starts_with("not restarted: it failed 6 times"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!sessions.wanted(&a, generation));
+        assert_eq!(sessions.begin_restart(&AgentId::parse("nobody").unwrap()), Restart::NotWanted);
+    }
+
+    fn message(id: u64) -> InboundMessage {
+        InboundMessage { id, conversation: "c".into(), sender: "admin".into(), text: "hi".into(), earlier: false }
+    }
+
+    #[test]
+    fn a_long_poll_skips_the_pending_query_only_while_nothing_woke_the_agent_since_all_were_handed_out() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 0);
+        // A new session has never looked: it queries.
+        let poll = sessions.poll(&a, 7, true, None);
+        assert!(!poll.nothing_new);
+        // The query found every pending message (fewer than its limit):
+        // until something wakes the agent, its next poll need not ask.
+        let out = sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
+        assert_eq!(out.len(), 1);
+        let again = sessions.poll(&a, 7, true, None);
+        assert!(again.nothing_new);
+        assert_eq!(again.after, 3);
+        // A message stored since wakes the agent: the next poll queries.
+        sessions.wake(&a);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        // A query that hit its limit (more may wait) sets no mark.
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(4)], None).unwrap();
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        // The mark holds the hand-out position too: a concurrent poll
+        // handing out more after the mark was set means look again.
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        assert!(sessions.poll(&a, 7, true, None).nothing_new);
+        sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        // A long-poll that ended without news clears the mark: a message
+        // whose wake was lost is found by the next poll.
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        assert!(sessions.poll(&a, 7, true, None).nothing_new);
+        sessions.look_again(&a, 7);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        // A new session (a restart) starts without a mark.
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        sessions.open(&a, 8, [0; 32], 5);
+        assert!(!sessions.poll(&a, 8, true, None).nothing_new);
+    }
+
+    #[test]
+    fn a_long_poll_whose_answer_was_lost_is_handed_its_messages_again() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 2);
+        let poll = sessions.poll(&a, 7, true, Some(2));
+        let out = sessions.hand_out(&a, 7, vec![message(3), message(4)], Some(poll.wake)).unwrap();
+        assert_eq!(out.len(), 2);
+        // The agent took delivery: the next poll goes on after them, and
+        // need not ask PostgreSQL.
+        let poll = sessions.poll(&a, 7, true, Some(4));
+        assert_eq!((poll.after, poll.nothing_new), (4, true));
+        // The answer to the poll that handed out 5 was lost: the agent
+        // still says 4, so 5 is looked for and handed out again.
+        sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
+        let poll = sessions.poll(&a, 7, true, Some(4));
+        assert_eq!((poll.after, poll.nothing_new), (4, false));
+        let again = sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
+        assert_eq!(again.iter().map(|m| m.id).collect::<Vec<_>>(), [5]);
+        // Not said, or said by a HEARTBEAT that takes no delivery: the
+        // position stays.
+        assert_eq!(sessions.poll(&a, 7, true, None).after, 5);
+        assert_eq!(sessions.poll(&a, 7, false, Some(1)).after, 5);
+        // A position above the hand-out (the agent's word alone) moves nothing.
+        assert_eq!(sessions.poll(&a, 7, true, Some(90)).after, 5);
+        // Hostile: said on every poll, each one is handed its messages
+        // again (its own, no other agent's), and the log hears of it at
+        // the 1st, 2nd, 4th … time only.
+        for _ in 0..1000 {
+            let poll = sessions.poll(&a, 7, true, Some(2));
+            assert_eq!((poll.after, poll.nothing_new), (2, false));
+            sessions.hand_out(&a, 7, vec![message(3), message(4), message(5)], Some(poll.wake)).unwrap();
+        }
+        let again = sessions.table.lock().get(&a).and_then(|slot| slot.session.as_ref()).map(|s| s.handed_again);
+        assert_eq!(again, Some(1001));
+    }
+}

@@ -1,0 +1,47 @@
+//! The agent summaries `choirctl status` and `agent list` show.
+
+use super::*;
+
+impl Sessions {
+    /// The summary of one agent (`None`: no slot).
+    pub fn summary(&self, id: &AgentId, runtime: &str) -> Option<AgentSummary> {
+        self.table.lock().get(id).map(|slot| summary(id, slot, runtime))
+    }
+
+    /// Summaries of the agents `keep` selects, or that have a live session.
+    pub fn summaries(&self, runtime: &str, keep: impl Fn(&AgentId) -> bool) -> Vec<AgentSummary> {
+        let t = self.table.lock();
+        t.iter()
+            .filter(|(id, slot)| keep(id) || slot.session.is_some())
+            .map(|(id, s)| summary(id, s, runtime))
+            .collect()
+    }
+}
+
+fn summary(id: &AgentId, slot: &AgentSlot, runtime: &str) -> AgentSummary {
+    let s = slot.session.as_ref();
+    AgentSummary {
+        id: id.to_string(),
+        runtime: runtime.to_owned(),
+        state: slot.phase.as_str().to_owned(),
+        session_id: s.map(|s| s.id).or(slot.last_session),
+        pid: s.and_then(|s| match &s.instance {
+            Some(Instance::Process { pid }) => Some(*pid),
+            _ => None,
+        }),
+        container: s.and_then(|s| match &s.instance {
+            Some(Instance::Container { id, .. }) => Some(id.clone()),
+            _ => None,
+        }),
+        image: s.and_then(|s| match &s.instance {
+            Some(Instance::Container { image, .. }) => Some(image.clone()),
+            _ => None,
+        }),
+        last_heartbeat_ms: s.map(|s| s.last_seen.elapsed().as_millis() as u64),
+        replicated_seq: slot.replicated_seq,
+        session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
+        lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
+        last_exit: slot.last_exit.clone(),
+        config_version: s.and(slot.config_version),
+    }
+}

@@ -1,0 +1,218 @@
+//! What the agent verbs change in a slot: hello, replication, the long
+//! poll and what is handed out, status reports, wakes and cancels.
+
+use super::*;
+
+impl Sessions {
+    /// INIT_HELLO: what choird holds of the agent; decisions its predecessor
+    /// missed become due.
+    pub fn hello(&self, id: &AgentId, replicated_seq: u64, processed: u64) {
+        let mut t = self.table.lock();
+        if let Some(slot) = t.get_mut(id) {
+            slot.replicated_seq = replicated_seq;
+            slot.decisions_due = true;
+            slot.firings_due = true;
+            if let Some(s) = slot.session.as_mut() {
+                s.delivered_upto = processed;
+            }
+        }
+    }
+
+    /// The config version the agent's HEARTBEAT said it runs with.
+    pub fn config_seen(&self, id: &AgentId, version: u64) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.config_version = Some(version);
+        }
+    }
+
+    /// Records a replication ack and hands answers and partial answers to
+    /// the chats waiting for them; returns the acknowledged head.
+    pub fn replicated(
+        &self,
+        id: &AgentId,
+        acked: Option<u64>,
+        answers: &[(u64, String)],
+        partials: &[(u64, String)],
+    ) -> u64 {
+        let mut t = self.table.lock();
+        let Some(slot) = t.get_mut(id) else { return 0 };
+        if let Some(seq) = acked {
+            slot.replicated_seq = seq;
+        }
+        for (message, text) in answers {
+            if let Some(w) = slot.waiters.remove(message) {
+                let _ = w.send(ChatUpdate::Done(Ok(text.clone())));
+            }
+        }
+        for (message, text) in partials {
+            if let Some(w) = slot.waiters.get(message) {
+                let _ = w.send(ChatUpdate::Partial(text.clone()));
+            }
+        }
+        slot.replicated_seq
+    }
+
+    /// Where a long-poll of `session` stands; takes the due decisions and
+    /// cancel requests (when `receive`). `received`: the highest message id
+    /// the agent says it has taken delivery of; below the hand-out position
+    /// (an answer to an earlier poll was lost on the way), the position goes
+    /// back to it, so the messages after it are handed out again.
+    pub fn poll(&self, id: &AgentId, session: i64, receive: bool, received: Option<u64>) -> PollState {
+        let mut t = self.table.lock();
+        let Some(slot) = t.get_mut(id) else { return PollState { ended: true, ..PollState::default() } };
+        let wake = slot.wake;
+        let Some(s) = slot.session.as_mut().filter(|s| s.id == session) else {
+            return PollState { ended: true, ..PollState::default() };
+        };
+        if let Some(received) = received.filter(|r| receive && *r < s.delivered_upto) {
+            s.handed_again += 1;
+            if s.handed_again.is_power_of_two() {
+                log::warn!(
+                    "agent {id}: messages {}..={} were handed out but not received; handing them out again ({} time(s) this session)",
+                    received + 1,
+                    s.delivered_upto,
+                    s.handed_again
+                );
+            }
+            s.delivered_upto = received;
+            s.looked = None;
+        }
+        let (after, stop) = (s.delivered_upto, s.stop);
+        if stop || !receive {
+            return PollState { stop, after, wake, ..PollState::default() };
+        }
+        PollState {
+            ended: false,
+            stop,
+            after,
+            nothing_new: s.looked == Some((wake, after)),
+            decisions_due: std::mem::take(&mut slot.decisions_due),
+            firings_due: std::mem::take(&mut slot.firings_due),
+            cancels: std::mem::take(&mut slot.cancels),
+            wake,
+        }
+    }
+
+    /// Marks that the agent may have scheduled firings to take, and wakes its poll.
+    pub fn firing_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.firings_due = true;
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Gives back a firings flag that could not be served.
+    pub fn firings_still_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.firings_due = true;
+        }
+    }
+
+    /// Gives back a decisions flag that could not be served.
+    pub fn decisions_still_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.decisions_due = true;
+        }
+    }
+
+    /// Hands out `messages` to `session`: keeps those not handed out yet (a
+    /// concurrent poll may have taken some) and moves the mark past them.
+    /// `every_one_at`: the wake count read before the query that found
+    /// them, when it found every pending message (fewer than its limit);
+    /// until the count moves, [`PollState::nothing_new`] tells polls no
+    /// message can be pending.
+    pub fn hand_out(
+        &self,
+        id: &AgentId,
+        session: i64,
+        mut messages: Vec<InboundMessage>,
+        every_one_at: Option<u64>,
+    ) -> Option<Vec<InboundMessage>> {
+        let mut t = self.table.lock();
+        let s = t.get_mut(id)?.session.as_mut().filter(|s| s.id == session)?;
+        messages.retain(|m| m.id > s.delivered_upto);
+        if let Some(last) = messages.last() {
+            s.delivered_upto = last.id;
+        }
+        if let Some(wake) = every_one_at {
+            s.looked = Some((wake, s.delivered_upto));
+        }
+        Some(messages)
+    }
+
+    /// A long-poll of `session` ended without news: the next one queries
+    /// again whatever the wake count (see `Session::looked`).
+    pub fn look_again(&self, id: &AgentId, session: i64) {
+        if let Some(s) =
+            self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()).filter(|s| s.id == session)
+        {
+            s.looked = None;
+        }
+    }
+
+    /// Waits until the agent's wake counter moves past `seen`, or `deadline`.
+    pub fn wait_wake(&self, id: &AgentId, seen: u64, deadline: Instant) {
+        let mut t = self.table.lock();
+        while t.get(id).is_some_and(|s| s.wake == seen) && Instant::now() < deadline {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
+    /// REPORT_STATUS: keeps the latest report; the first RUNNING report of
+    /// the current session marks it running.
+    pub fn report(&self, id: &AgentId, session: i64, req: ReportStatusRequest) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            let current = slot.session.as_ref().is_some_and(|s| s.id == session);
+            if current && slot.phase == Phase::Starting && req.session_state == "RUNNING" {
+                slot.phase = Phase::Running;
+            }
+            slot.status = Some(req);
+        }
+        self.notify();
+    }
+
+    /// Wakes the agent's long-poll (a message, a decision or a cancel waits).
+    pub fn wake(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Wakes every long-poll (shutdown, a new config version).
+    pub fn wake_all(&self) {
+        for slot in self.table.lock().values_mut() {
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Marks that the agent has a decision to receive and wakes its poll.
+    pub fn decision_due(&self, id: &AgentId) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.decisions_due = true;
+            slot.wake += 1;
+        }
+        self.notify();
+    }
+
+    /// Queues a cancel request for a running agent; `false` when it is not running.
+    pub fn cancel(&self, id: &AgentId, lane: &str) -> Option<bool> {
+        let r = {
+            let mut t = self.table.lock();
+            let slot = t.get_mut(id)?;
+            if slot.session.is_none() {
+                Some(false)
+            } else {
+                slot.cancels.push(lane.to_owned());
+                slot.wake += 1;
+                Some(true)
+            }
+        };
+        self.notify();
+        r
+    }
+}
