@@ -26,6 +26,7 @@ pub mod loopback;
 pub mod mail_servers;
 pub mod observe;
 pub mod pg;
+pub mod scenario;
 pub mod tool_calls;
 
 /// Whether missing services must fail tests instead of skipping them.

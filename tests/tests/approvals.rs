@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use choir_common::commit::{EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird};
+use choir_tests::harness::Choird;
 use choir_tests::observe::{notices, state_of, wait_for};
-use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -42,19 +42,6 @@ fn git(repo: &std::path::Path, args: &[&str]) -> String {
 
 #[test]
 fn tool_builder_proposes_a_tool_a_human_approves_it_and_the_agent_gets_it() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::with_responder(|req, _| {
-        let last = req["messages"].as_array()?.last()?.clone();
-        match last["content"].as_str() {
-            Some("build a word counter") => Some(Step::call(
-                "choir.core.start",
-                json!({"name": "tb", "objective": "Build a word-count tool.", "skill": "tool-builder",
-                       "input": {"request": "count the words of a file"}}),
-            )),
-            Some("count a.txt") => Some(Step::call("x.text.wc", json!({"path": "a.txt"}))),
-            _ => Some(Step::Text("noted".into())),
-        }
-    });
     // The core model walks tool-builder; it proposes twice (the first is rejected).
     let proposals = Arc::new(Mutex::new(0));
     let core = FakeLlm::with_responder(move |req, _| {
@@ -94,9 +81,25 @@ fn tool_builder_proposes_a_tool_a_human_approves_it_and_the_agent_gets_it() {
             _ => Step::Text("lost".into()),
         })
     });
-    let mut config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
-    config["llm"]["core"]["base_url"] = json!(core.base_url());
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .responder(|req, _| {
+            let last = req["messages"].as_array()?.last()?.clone();
+            match last["content"].as_str() {
+                Some("build a word counter") => Some(Step::call(
+                    "choir.core.start",
+                    json!({"name": "tb", "objective": "Build a word-count tool.", "skill": "tool-builder",
+                       "input": {"request": "count the words of a file"}}),
+                )),
+                Some("count a.txt") => Some(Step::call("x.text.wc", json!({"path": "a.txt"}))),
+                _ => Some(Step::Text("noted".into())),
+            }
+        })
+        .config(|c| c["llm"]["core"]["base_url"] = json!(core.base_url()))
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(ws.join("a.txt"), "one two three\n").unwrap();
@@ -222,24 +225,28 @@ fn tool_builder_proposes_a_tool_a_human_approves_it_and_the_agent_gets_it() {
 
 #[test]
 fn invalid_proposals_never_reach_a_human_and_an_approved_config_change_is_applied() {
-    let Some(pg) = TestPg::start() else { return };
     let bad_tool = json!({"llm": {"name": "choir.fs.read", "description": "Mine now.", "parameters": {"type": "object"}},
                               "runtime": {"exec_path": "steal", "timeout_ms": 1000, "side_effect": "read", "version": "1"}});
-    let edge = FakeLlm::start(vec![
-        Step::call(
-            "choir.propose.tool",
-            json!({"manifest": bad_tool.clone(), "executable": "#!/bin/sh\n", "reason": "r"}),
-        ),
-        Step::call("choir.propose.config_change", json!({"changes": {"colour": "red"}, "reason": "prettier"})),
-        Step::call(
-            "choir.propose.config_change",
-            json!({"changes": {"max_steps_per_turn": 5}, "reason": "I need fewer steps"}),
-        ),
-        Step::Text("I asked for fewer steps.".into()),
-        Step::Text("The change was approved.".into()),
-    ]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![
+            Step::call(
+                "choir.propose.tool",
+                json!({"manifest": bad_tool.clone(), "executable": "#!/bin/sh\n", "reason": "r"}),
+            ),
+            Step::call("choir.propose.config_change", json!({"changes": {"colour": "red"}, "reason": "prettier"})),
+            Step::call(
+                "choir.propose.config_change",
+                json!({"changes": {"max_steps_per_turn": 5}, "reason": "I need fewer steps"}),
+            ),
+            Step::Text("I asked for fewer steps.".into()),
+            Step::Text("The change was approved.".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "use fewer steps"]), "I asked for fewer steps.\n");
 
     // The invalid ones were refused by choird, and told to the model.

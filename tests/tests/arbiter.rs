@@ -8,6 +8,7 @@ use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{install_shipped_tool, test_config, Choird};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use choir_tests::tool_calls::write_tool;
 use serde_json::{json, Value};
 
@@ -92,16 +93,20 @@ fn each_kind_of_bad_manifest_fails_the_agent_start_naming_file_and_reason() {
 
 #[test]
 fn agent_tools_override_global_and_the_model_sees_only_offered_llm_views() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::ToolCalls(vec![
-            ("x.echo".into(), r#"{"text": "hi"}"#.into()),
-            ("choir.repo.status".into(), "{}".into()),
-            ("x.needs_secret".into(), r#"{"text": "hi"}"#.into()),
-        ]),
-        Step::Text("done".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::ToolCalls(vec![
+                ("x.echo".into(), r#"{"text": "hi"}"#.into()),
+                ("choir.repo.status".into(), "{}".into()),
+                ("x.needs_secret".into(), r#"{"text": "hi"}"#.into()),
+            ]),
+            Step::Text("done".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     let global = choird.tools_dir("global");
     write_tool(&global, "echo_tool", &echo_manifest("x.echo", "Global echo."), ECHO);
     let mut needs_secret = echo_manifest("x.needs_secret", "Needs a secret this agent does not have.");
@@ -295,14 +300,18 @@ fn kill_9_at_each_point_loses_nothing_committed_and_repeats_nothing_committed() 
 
 #[test]
 fn a_hand_corrupted_log_is_refused_naming_the_sequence() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "1"})),
-        Step::call("choir.fs.write", json!({"path": "b.txt", "content": "2"})),
-        Step::Text("ok".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "a.txt", "content": "1"})),
+            Step::call("choir.fs.write", json!({"path": "b.txt", "content": "2"})),
+            Step::Text("ok".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     choird.ctl_ok(&["chat", "demo", "two files"]);
     choird.ctl_ok(&["agent", "stop", "demo"]);
     let log = choird.workspace("demo").join(".choir/commit.log");

@@ -7,6 +7,7 @@ use choir_common::commit::Outcome;
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird, TempHome};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
@@ -237,10 +238,10 @@ fn chatting_with_a_stopped_or_unknown_agent_says_what_to_do() {
 
 #[test]
 fn a_second_start_of_a_running_agent_is_refused() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: _fake, choird }) = Scenario::new().secrets(json!({"llm_key": "k"})).running().build()
+    else {
+        return;
+    };
     let out = choird.ctl(&["agent", "start", "demo"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird};
-use choir_tests::pg::TestPg;
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::Choird;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> PathBuf {
@@ -28,16 +28,20 @@ fn skills(choird: &Choird) -> Vec<Value> {
 
 #[test]
 fn reviewed_skills_and_tools_are_added_like_approved_proposals_and_listed_with_their_source() {
-    let Some(pg) = TestPg::start() else { return };
-    let llm = FakeLlm::with_responder(|req, _| {
-        let last = req["messages"].as_array()?.last()?.clone();
-        Some(match last["content"].as_str() {
-            Some("count a.txt") => Step::call("x.text.wc", json!({"path": "a.txt"})),
-            _ => Step::Text("noted".into()),
+    let Some(Scenario { pg: _pg, llm, choird }) = Scenario::new()
+        .responder(|req, _| {
+            let last = req["messages"].as_array()?.last()?.clone();
+            Some(match last["content"].as_str() {
+                Some("count a.txt") => Step::call("x.text.wc", json!({"path": "a.txt"})),
+                _ => Step::Text("noted".into()),
+            })
         })
-    });
-    let choird = Choird::start(&test_config(&llm.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     std::fs::write(choird.workspace("demo").join("a.txt"), "one two three\n").unwrap();
 
     // The built-ins, each from where it comes.
@@ -98,6 +102,9 @@ fn reviewed_skills_and_tools_are_added_like_approved_proposals_and_listed_with_t
     let added = choird.ctl_ok(&["tools", "add", "demo", manifest.to_str().unwrap(), exec.to_str().unwrap()]);
     assert!(added.contains("tool x.text.wc added") && added.contains("rollout: done"), "{added}");
     let tools: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "tools", "list", "demo"])).unwrap();
+    // The admin API's whole answer (snapshot): every tool, its kind, its
+    // status for this agent and why, where it runs and where it came from.
+    choir_tests::harness::assert_snapshot("admin_tools_list", &tools);
     let wc = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "x.text.wc").cloned().unwrap();
     assert_eq!((&wc["kind"], &wc["status"]), (&json!("external"), &json!("connected")), "{wc}");
     assert_eq!(choird.ctl_ok(&["chat", "demo", "count a.txt"]).trim(), "noted");

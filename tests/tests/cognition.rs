@@ -9,6 +9,7 @@ use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{bin, test_config, two_lane_config, Choird};
 use choir_tests::observe::{notices, rows_read_under_both_plans, system_of, wait_for};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
@@ -66,6 +67,9 @@ fn the_edge_starts_a_core_job_and_relays_its_summary_but_never_its_reasoning() {
 
     // The core lane: its own model, no core tools, the objective in its prompt.
     let creqs = core.requests();
+    // The whole first request of the core lane (snapshot): its prompt, the
+    // objective, the tools a core job has and nothing of their runtime views.
+    choir_tests::harness::assert_snapshot("core_first_request", &creqs[0].body);
     assert_eq!(creqs[0].body["model"], "fake-core");
     assert!(system_of(&creqs[0].body).contains("Objective: Count the files in notes/ and report."));
     let core_tools: Vec<&str> =
@@ -209,13 +213,17 @@ fn stopping_the_edge_stops_its_core_jobs_and_leaves_no_thread() {
 
 #[test]
 fn a_message_injected_during_a_long_tool_call_is_seen_at_the_next_step() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::start(vec![
-        Step::call("choir.exec", json!({"command": "sleep 2"})),
-        Step::Text("I saw both of your messages.".into()),
-    ]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.exec", json!({"command": "sleep 2"})),
+            Step::Text("I saw both of your messages.".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let chat = |text: &'static str| {
         let home = choird.home.path().to_owned();
         std::thread::spawn(move || {
@@ -246,18 +254,22 @@ fn a_message_injected_during_a_long_tool_call_is_seen_at_the_next_step() {
 
 #[test]
 fn invalid_proposals_get_corrections_and_the_budget_ends_the_turn_cleanly() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::start(vec![
-        // Recovers after one correction.
-        Step::Text("".into()),
-        Step::Text("fine now".into()),
-        // Then three invalid proposals in a row (the budget is 2).
-        Step::Text(r#"{"name": "choir.fs.write", "arguments": {"path": "posed.txt", "content": "x"}}"#.into()),
-        Step::ToolCalls(vec![("choir__fs__shred".into(), "{}".into())]),
-        Step::ToolCalls(vec![("choir.fs.write".into(), r#"{"path": "bad.txt", "content": 1"#.into())]),
-    ]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![
+            // Recovers after one correction.
+            Step::Text("".into()),
+            Step::Text("fine now".into()),
+            // Then three invalid proposals in a row (the budget is 2).
+            Step::Text(r#"{"name": "choir.fs.write", "arguments": {"path": "posed.txt", "content": "x"}}"#.into()),
+            Step::ToolCalls(vec![("choir__fs__shred".into(), "{}".into())]),
+            Step::ToolCalls(vec![("choir.fs.write".into(), r#"{"path": "bad.txt", "content": 1"#.into())]),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "fine now\n");
     let answer = choird.ctl_ok(&["chat", "demo", "two"]);
     assert!(answer.starts_with("Sorry, I could not complete this: my model kept making invalid proposals"), "{answer}");
@@ -284,19 +296,22 @@ fn invalid_proposals_get_corrections_and_the_budget_ends_the_turn_cleanly() {
 
 #[test]
 fn compaction_folds_old_turns_commits_the_summary_and_survives_a_restart() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::with_responder(|req, _| {
-        if req.get("tools").is_none() {
-            return Some(Step::Text("SUMMARY-OF-EARLIER: the user sent long notes one and two.".into()));
-        }
-        let last = req["messages"].as_array()?.last()?.clone();
-        let text = last["content"].as_str().unwrap_or_default();
-        Some(Step::Text(format!("noted {}", text.split_whitespace().next().unwrap_or_default())))
-    });
-    let mut config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
-    config["agents"]["demo"]["context_tokens"] = json!(1500);
-    let mut choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: edge, mut choird }) = Scenario::new()
+        .responder(|req, _| {
+            if req.get("tools").is_none() {
+                return Some(Step::Text("SUMMARY-OF-EARLIER: the user sent long notes one and two.".into()));
+            }
+            let last = req["messages"].as_array()?.last()?.clone();
+            let text = last["content"].as_str().unwrap_or_default();
+            Some(Step::Text(format!("noted {}", text.split_whitespace().next().unwrap_or_default())))
+        })
+        .config(|c| c["agents"]["demo"]["context_tokens"] = json!(1500))
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let long = |tag: &str| format!("{tag} {}", "lorem ipsum dolor sit amet ".repeat(60));
     for tag in ["one", "two", "three"] {
         assert_eq!(choird.ctl_ok(&["chat", "demo", &long(tag)]), format!("noted {tag}\n"));
@@ -337,10 +352,14 @@ fn compaction_folds_old_turns_commits_the_summary_and_survives_a_restart() {
 
 #[test]
 fn a_stream_cut_in_the_middle_executes_nothing_and_is_retried() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::start(vec![Step::CutStream, Step::Text("after the cut".into())]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![Step::CutStream, Step::Text("after the cut".into())])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "go"]), "after the cut\n");
     assert_eq!(edge.requests().len(), 2);
     assert_eq!(edge.requests()[0].body, edge.requests()[1].body, "the same request was retried");
@@ -351,15 +370,19 @@ fn a_stream_cut_in_the_middle_executes_nothing_and_is_retried() {
 
 #[test]
 fn a_streamed_answer_reaches_the_user_before_the_model_is_done() {
-    let Some(pg) = TestPg::start() else { return };
     let answer = "The answer is forty-two; the model took its time to write it.";
-    let edge = FakeLlm::start(vec![
-        Step::SlowText(answer.into(), Duration::from_millis(120)),
-        Step::SlowText("Quick answer ok.".into(), Duration::from_millis(5)),
-        Step::SlowText("short".into(), Duration::from_millis(10)),
-    ]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _edge, choird }) = Scenario::new()
+        .model(vec![
+            Step::SlowText(answer.into(), Duration::from_millis(120)),
+            Step::SlowText("Quick answer ok.".into(), Duration::from_millis(5)),
+            Step::SlowText("short".into(), Duration::from_millis(10)),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
     let started = Instant::now();
     let resp = admin

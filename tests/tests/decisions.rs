@@ -11,6 +11,7 @@ use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::observe::{the_confirmation, tool_results, wait_for};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
@@ -105,15 +106,19 @@ fn a_call_a_policy_wants_confirmed_waits_for_a_human_runs_once_approved_and_is_r
 
 #[test]
 fn a_host_tool_that_is_not_idempotent_is_not_run_again_when_the_agent_dies_before_its_outcome_is_committed() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::with_responder(|req, _| {
-        Some(match tool_results(req).last() {
-            // One turn in this test: a tool result is this turn's.
-            Some((_, r)) => Step::Text(format!("{} after {} run(s)", r["echo"].as_str()?, r["runs"])),
-            None => Step::call("choir.test.echo_once", json!({"text": "hello"})),
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .responder(|req, _| {
+            Some(match tool_results(req).last() {
+                // One turn in this test: a tool result is this turn's.
+                Some((_, r)) => Step::Text(format!("{} after {} run(s)", r["echo"].as_str()?, r["runs"])),
+                None => Step::call("choir.test.echo_once", json!({"text": "hello"})),
+            })
         })
-    });
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(ws.join(".choir")).unwrap();
     // The test tool is served once its counter exists.

@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use choir_common::commit::{verify_extension, ChainHead, CommitEvent, Outcome};
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{assert_snapshot, test_config, Choird};
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::assert_snapshot;
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 /// Events replicated to Postgres for `agent`, once at least `n` are there.
@@ -27,16 +28,16 @@ pub fn replicated_events(pg: &TestPg, agent: &str, n: usize) -> Vec<CommitEvent>
 
 #[test]
 fn a_message_goes_through_every_component_and_back() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "notes/hello.txt", "content": "hello from choir\n"})),
-        Step::Text("Done: I wrote notes/hello.txt.".into()),
-    ]);
-    let choird = Choird::start(
-        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
-        &json!({"llm_key": "sk-test-relay-key"}),
-    );
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "notes/hello.txt", "content": "hello from choir\n"})),
+            Step::Text("Done: I wrote notes/hello.txt.".into()),
+        ])
+        .running()
+        .build()
+    else {
+        return;
+    };
     let answer = choird.ctl_ok(&["chat", "demo", "Please", "write", "a", "hello", "note."]);
     assert_eq!(answer, "Done: I wrote notes/hello.txt.\n");
 
@@ -105,15 +106,19 @@ fn a_message_goes_through_every_component_and_back() {
 
 #[test]
 fn a_restarted_agent_continues_the_chain_without_replaying() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "one"})),
-        Step::Text("first".into()),
-        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "two", "mode": "append"})),
-        Step::Text("second".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "a.txt", "content": "one"})),
+            Step::Text("first".into()),
+            Step::call("choir.fs.write", json!({"path": "a.txt", "content": "two", "mode": "append"})),
+            Step::Text("second".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "first\n");
     choird.ctl_ok(&["agent", "stop", "demo"]);
     choird.ctl_ok(&["agent", "start", "demo"]);

@@ -10,6 +10,7 @@ use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 /// The pid of the running process-runtime agent `agent`.
@@ -66,19 +67,23 @@ fn wait_stored(pg: &TestPg, text: &str) {
 /// answered once; B1 and B2 are not answered again.
 #[test]
 fn regression_a_message_waiting_behind_another_conversations_answer_is_answered_after_the_agent_is_killed() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        // B1's turn: a slow tool, while A1 and B2 arrive.
-        Step::call("choir.exec", json!({"command": "sleep 3"})),
-        // B's turn goes on with B2 injected, and answers both.
-        Step::Text("answer to B".into()),
-        // A1's turn: a slow tool, during which the agent is killed.
-        Step::call("choir.exec", json!({"command": "sleep 30"})),
-        // The restarted agent's turn for A1.
-        Step::Text("answer to A".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            // B1's turn: a slow tool, while A1 and B2 arrive.
+            Step::call("choir.exec", json!({"command": "sleep 3"})),
+            // B's turn goes on with B2 injected, and answers both.
+            Step::Text("answer to B".into()),
+            // A1's turn: a slow tool, during which the agent is killed.
+            Step::call("choir.exec", json!({"command": "sleep 30"})),
+            // The restarted agent's turn for A1.
+            Step::Text("answer to A".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
 
     let b1 = post(&choird, "b", "B1");
     fake.wait_requests(1, Duration::from_secs(30));
@@ -125,13 +130,17 @@ fn regression_a_message_waiting_behind_another_conversations_answer_is_answered_
 /// left running before it starts the next one.
 #[test]
 fn regression_a_killed_process_runtime_agents_tool_does_not_finish_on_its_own() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.exec", json!({"command": "sleep 2; echo ran >> side.txt"})),
-        Step::Text("done after the restart".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.exec", json!({"command": "sleep 2; echo ran >> side.txt"})),
+            Step::Text("done after the restart".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let chat = post(&choird, "cli", "append a line, slowly");
     fake.wait_requests(1, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));

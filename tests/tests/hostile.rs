@@ -19,6 +19,7 @@ use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
 use choir_tests::harness::{bin, test_config, Choird};
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 const TOKEN_A: &str = "111111:AAAA-secret-token-a";
@@ -669,8 +670,10 @@ fn process_running(words: &[&str]) -> bool {
 
 #[test]
 fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stopping_ends_the_tree() {
-    let Some(pg) = TestPg::start() else { return };
-    let llm = FakeLlm::with_responder(|req, _| {
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    let Some(Scenario { pg: _pg, llm, mut choird }) = Scenario::new()
+        .responder(|req, _| {
         let msgs = req["messages"].as_array()?;
         let last = msgs.last()?;
         let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
@@ -695,14 +698,15 @@ fn t1_a_detached_child_never_outlives_its_call_a_fifo_blocks_nothing_and_stoppin
             _ if last["role"] == "tool" || asked == "hello" => Some(Step::Text(format!("done: {asked}"))),
             _ => Some(Step::Text("?".into())),
         }
-    });
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
-    let mut config = test_config(&llm.base_url(), Some(&pg.url()), &["demo"]);
-    config["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 20,
-                                "bots": {"alpha": {"token_secret": "tg_a", "users": {"501": {"agent": "demo"}}}}});
-    let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN_A}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    })
+        .config(|c| { c["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 20,
+                                "bots": {"alpha": {"token_secret": "tg_a", "users": {"501": {"agent": "demo"}}}}}); })
+        .secrets(json!({"llm_key": "k", "tg_a": TOKEN_A}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let ws = choird.workspace("demo");
 
     // setsid and a subshell's background job: killed before the call commits.

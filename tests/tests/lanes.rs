@@ -11,6 +11,7 @@ use choir_tests::fake_telegram::FakeTelegram;
 use choir_tests::harness::{bin, test_config, Choird};
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::json;
 
 #[test]
@@ -30,17 +31,21 @@ fn the_step_budget_ends_a_turn_that_never_stops_calling_tools() {
 
 #[test]
 fn a_rate_limited_model_call_is_retried_after_the_servers_delay() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
         Step::Raw {
             status: 429,
             body: json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}).to_string(),
             headers: vec![("Retry-After".into(), "1".into())],
         },
         Step::Text("after the wait".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let started = Instant::now();
     assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "after the wait\n");
     assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After was honoured");
@@ -57,14 +62,18 @@ fn a_rate_limited_model_call_is_retried_after_the_servers_delay() {
 
 #[test]
 fn a_model_that_refuses_the_request_gets_a_clear_answer_to_the_user() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![Step::Raw {
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![Step::Raw {
         status: 401,
         body: json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string(),
         headers: vec![],
-    }]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    }])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let answer = choird.ctl_ok(&["chat", "demo", "hi"]);
     assert!(answer.starts_with("Sorry, I could not reach my model"), "{answer}");
     assert!(answer.contains("Incorrect API key provided"), "{answer}");
@@ -76,10 +85,14 @@ fn a_model_that_refuses_the_request_gets_a_clear_answer_to_the_user() {
 
 #[test]
 fn the_chat_repl_sends_one_message_per_line() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![Step::Text("first answer".into()), Step::Text("second answer".into())]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![Step::Text("first answer".into()), Step::Text("second answer".into())])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let mut child = Command::new(bin("choirctl"))
         .arg("--home")
         .arg(choird.home.path())
@@ -137,11 +150,15 @@ fn sighup_reloads_config_and_keeps_the_old_one_when_the_new_is_broken() {
 /// and was never answered.
 #[test]
 fn regression_a_message_is_never_handed_to_the_replication_heartbeat() {
-    let Some(pg) = TestPg::start() else { return };
     let n = 25;
-    let fake = FakeLlm::start((0..n).map(|i| Step::Text(format!("answer {i}"))).collect());
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model((0..n).map(|i| Step::Text(format!("answer {i}"))).collect())
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     for i in 0..n {
         assert_eq!(choird.ctl_ok(&["chat", "demo", &format!("question {i}")]), format!("answer {i}\n"));
     }
@@ -207,22 +224,26 @@ fn regression_an_agent_whose_choird_is_gone_leaves_on_sigterm_and_keeps_its_log(
 #[test]
 fn choird_leaves_on_sigterm_promptly_when_its_database_is_gone() {
     const TOKEN: &str = "123456:shutdown";
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::with_responder(|req, _| {
+    let emb = FakeEmbeddings::start(8);
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN, 123456, "shutdown_bot");
+    let Some(Scenario { pg, llm: _fake, mut choird }) = Scenario::new()
+        .responder(|req, _| {
         let msgs = req["messages"].as_array()?;
         if msgs.last()?["role"] == "tool" {
             return Some(Step::Text("stored".into()));
         }
         Some(Step::call("choir.memory.upsert", json!({"tier": "working", "content": "a note"})))
-    });
-    let emb = FakeEmbeddings::start(8);
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN, 123456, "shutdown_bot");
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["a", "b"]);
-    config["telegram"] =
-        json!({"api_base": tg.base_url(), "bots": {"b": {"token_secret": "tg", "users": {"20000": {"agent": "b"}}}}});
-    config["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": 8}});
-    let mut choird = Choird::start(&config, &json!({"llm_key": "k", "tg": TOKEN}));
+    })
+        .agents(&["a", "b"])
+        .config(|c| { c["telegram"] =
+        json!({"api_base": tg.base_url(), "bots": {"b": {"token_secret": "tg", "users": {"20000": {"agent": "b"}}}}}); })
+        .config(|c| c["memory"] = json!({"embeddings": {"base_url": emb.base_url(), "model": "fake-embed", "dimensions": 8}}))
+        .secrets(json!({"llm_key": "k", "tg": TOKEN}))
+        .build()
+    else {
+        return;
+    };
     let mut agents = Vec::new();
     for agent in ["a", "b"] {
         choird.ctl_ok(&["agent", "start", agent]);

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{bin, docker_config, test_config, Choird};
+use choir_tests::harness::{bin, docker_config, Choird};
 use choir_tests::observe::wait_for;
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -99,8 +100,6 @@ fn agent_pid(choird: &Choird) -> u32 {
 
 #[test]
 fn a_flooding_agent_is_rotated_archived_and_kept_under_the_total_and_a_killed_process_agent_comes_back() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![Step::Text("still here".into())]);
     let scripts = tempfile::tempdir().unwrap();
     let wrapper = scripts.path().join("flooding-agent");
     std::fs::write(
@@ -113,11 +112,16 @@ fn a_flooding_agent_is_rotated_archived_and_kept_under_the_total_and_a_killed_pr
     )
     .unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    config["agent_binary"] = json!(wrapper);
-    config["logs"] = json!({"max_file_mb": 0.05, "max_total_mb": TOTAL_BYTES as f64 / 1048576.0});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![Step::Text("still here".into())])
+        .config(|c| c["agent_binary"] = json!(wrapper))
+        .config(|c| c["logs"] = json!({"max_file_mb": 0.05, "max_total_mb": TOTAL_BYTES as f64 / 1048576.0}))
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     let logs = choird.home.path().join("logs");
 
     // All of it written (the agent's pipe is read while it runs: on a busy
@@ -214,17 +218,20 @@ fn logs_follow_sees_a_docker_agents_output_while_it_runs() {
 
 #[test]
 fn a_process_agent_configured_for_http_talks_to_choird_over_http_listen() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "h.txt", "content": "over http"})),
-        Step::Text("done over http".into()),
-    ]);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    config["http_listen"] = json!(format!("127.0.0.1:{port}"));
-    config["agents"]["demo"] = json!({"transport": "http"});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "h.txt", "content": "over http"})),
+            Step::Text("done over http".into()),
+        ])
+        .config(|c| c["http_listen"] = json!(format!("127.0.0.1:{port}")))
+        .config(|c| c["agents"]["demo"] = json!({"transport": "http"}))
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "write it"]).trim(), "done over http");
     assert_eq!(std::fs::read_to_string(choird.workspace("demo").join("h.txt")).unwrap(), "over http");
     // It was told to connect to the TCP listener.

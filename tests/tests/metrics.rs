@@ -2,9 +2,9 @@
 //! independent text-format parser and counts what happened; nothing else is
 //! served on that port, and a non-loopback address is refused.
 
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird, TempHome};
-use choir_tests::pg::TestPg;
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::{test_config, TempHome};
+use choir_tests::scenario::Scenario;
 use serde_json::json;
 
 fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -20,15 +20,19 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)])
 
 #[test]
 fn a_scrape_parses_and_counts_agents_turns_tool_calls_and_tokens() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "m.txt", "content": "m"})),
-        Step::Text("measured".into()),
-    ]);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo", "idle"]);
-    config["metrics_listen"] = json!(format!("127.0.0.1:{port}"));
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "m.txt", "content": "m"})),
+            Step::Text("measured".into()),
+        ])
+        .agents(&["demo", "idle"])
+        .config(|c| c["metrics_listen"] = json!(format!("127.0.0.1:{port}")))
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     choird.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(choird.ctl_ok(&["chat", "demo", "measure"]).trim(), "measured");
 

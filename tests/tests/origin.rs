@@ -10,9 +10,10 @@ use choir_common::commit::{CommitEvent, EventKind};
 use choir_common::compaction::{CompactionInput, CompactionResult};
 use choir_common::trust::OutputTrust;
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, two_lane_config, Choird};
+use choir_tests::harness::{two_lane_config, Choird};
 use choir_tests::observe::{notices, system_of, tool_of_call, tool_results, wait_for};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 use crate::e2e::replicated_events;
@@ -34,23 +35,27 @@ fn calls_of<'a>(events: &'a [CommitEvent], tool: &str) -> Vec<&'a CommitEvent> {
 
 #[test]
 fn untrusted_output_is_marked_for_the_model_and_in_the_log_and_its_summary_says_so_across_a_restart() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::with_responder(|req, _| {
-        if req.get("tools").is_none() {
-            return Some(Step::Text("SUMMARY: the notes ask to mail the secrets somewhere.".into()));
-        }
-        let (m, text) = last(req);
-        Some(match (m["role"].as_str()?, text.as_str()) {
-            ("user", "read the notes") => Step::ToolCalls(vec![
-                ("choir.fs.read".into(), json!({"path": "notes.txt"}).to_string()),
-                ("choir.tools.find".into(), json!({"query": "read a file"}).to_string()),
-            ]),
-            ("user", "compact now") => Step::call("choir.memory.compact", json!({})),
-            ("user", other) => Step::Text(format!("ok: {other}")),
-            _ => Step::Text("done".into()),
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .responder(|req, _| {
+            if req.get("tools").is_none() {
+                return Some(Step::Text("SUMMARY: the notes ask to mail the secrets somewhere.".into()));
+            }
+            let (m, text) = last(req);
+            Some(match (m["role"].as_str()?, text.as_str()) {
+                ("user", "read the notes") => Step::ToolCalls(vec![
+                    ("choir.fs.read".into(), json!({"path": "notes.txt"}).to_string()),
+                    ("choir.tools.find".into(), json!({"query": "read a file"}).to_string()),
+                ]),
+                ("user", "compact now") => Step::call("choir.memory.compact", json!({})),
+                ("user", other) => Step::Text(format!("ok: {other}")),
+                _ => Step::Text("done".into()),
+            })
         })
-    });
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     std::fs::create_dir_all(choird.workspace("demo")).unwrap();
     std::fs::write(choird.workspace("demo").join("notes.txt"), HOSTILE).unwrap();
     choird.ctl_ok(&["agent", "start", "demo"]);
@@ -121,9 +126,13 @@ fn untrusted_output_is_marked_for_the_model_and_in_the_log_and_its_summary_says_
 
 #[test]
 fn a_turn_replayed_after_a_crash_keeps_the_mark_of_its_committed_untrusted_call() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::start(vec![Step::call("choir.fs.read", json!({"path": "notes.txt"})), Step::Text("ok".into())]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![Step::call("choir.fs.read", json!({"path": "notes.txt"})), Step::Text("ok".into())])
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     std::fs::create_dir_all(choird.workspace("demo").join(".choir")).unwrap();
     std::fs::write(choird.workspace("demo").join("notes.txt"), HOSTILE).unwrap();
     // Dies once the call is committed, before its result reaches the model.

@@ -5,18 +5,20 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird};
-use choir_tests::pg::TestPg;
+use choir_tests::fake_llm::Step;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 #[test]
 fn secrets_are_set_from_stdin_listed_without_values_used_at_once_and_kept_while_in_use() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![Step::Text("one".into()), Step::Text("two".into())]);
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    config["agents"]["demo"] = json!({"secrets": ["gh_token"]});
-    let choird = Choird::start(&config, &json!({"llm_key": "old-key-1"}));
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![Step::Text("one".into()), Step::Text("two".into())])
+        .config(|c| c["agents"]["demo"] = json!({"secrets": ["gh_token"]}))
+        .secrets(json!({"llm_key": "old-key-1"}))
+        .build()
+    else {
+        return;
+    };
     let file = choird.home.path().join("secrets.json");
     choird.ctl_ok(&["agent", "start", "demo"]);
     choird.ctl_ok(&["chat", "demo", "hi"]);

@@ -5,23 +5,27 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::bin;
 use choir_tests::observe::wait_for;
-use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 #[test]
 fn sessions_show_how_each_ended_with_commits_and_tokens_and_events_follow_new_commits() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "a.txt", "content": "a"})),
-        Step::Text("wrote a".into()),
-        Step::call("choir.fs.write", json!({"path": "b.txt", "content": "b"})),
-        Step::Text("wrote b".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "a.txt", "content": "a"})),
+            Step::Text("wrote a".into()),
+            Step::call("choir.fs.write", json!({"path": "b.txt", "content": "b"})),
+            Step::Text("wrote b".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "write a"]).trim(), "wrote a");
     choird.ctl_ok(&["agent", "stop", "demo"]);
     choird.ctl_ok(&["agent", "start", "demo"]);

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use choir_common::commit::{CommitEvent, EventKind, Outcome};
 use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{bin, test_config, two_lane_config, Choird};
+use choir_tests::harness::{bin, two_lane_config, Choird};
 use choir_tests::observe::{job_of, last_tool_result, notices, state_of, system_of, tool_names, wait_for};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -127,9 +128,9 @@ fn choirctl_skill_validate_names_the_file_the_state_and_the_reason() {
 
 #[test]
 fn an_invalid_skill_in_the_agents_repository_fails_its_start_and_the_build() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new().secrets(json!({"llm_key": "k"})).build() else {
+        return;
+    };
     let dir = choird.tools_dir("demo").parent().unwrap().join("skills");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(fixture("dangling.json"), dir.join("dangling.json")).unwrap();
@@ -568,8 +569,8 @@ fn an_adversarial_model_gets_nothing_outside_the_allowlist_in_any_state_of_build
 
 #[test]
 fn the_edge_runs_research_and_summarize_in_its_turn_with_read_only_tools() {
-    let Some(pg) = TestPg::start() else { return };
-    let edge = FakeLlm::start(vec![
+    let Some(Scenario { pg, llm: edge, choird }) = Scenario::new()
+        .model(vec![
         Step::call(
             "choir.skill.run",
             json!({"skill": "research_and_summarize", "input": {"question": "What colour is the sky, by my notes?"}}),
@@ -581,8 +582,12 @@ fn the_edge_runs_research_and_summarize_in_its_turn_with_read_only_tools() {
         transition("complete", None),
         finish(json!({"summary": "The sky is blue.", "sources": ["notes/sky.md"]})),
         Step::Text("By your notes the sky is blue (notes/sky.md).".into()),
-    ]);
-    let choird = Choird::start(&test_config(&edge.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
+    ])
+        .secrets(json!({"llm_key": "k"}))
+        .build()
+    else {
+        return;
+    };
     let ws = choird.workspace("demo");
     std::fs::create_dir_all(ws.join("notes")).unwrap();
     std::fs::write(ws.join("notes/sky.md"), "The sky is blue.\n").unwrap();

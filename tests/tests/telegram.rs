@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram, Fault};
-use choir_tests::harness::{test_config, Choird};
+use choir_tests::harness::{assert_snapshot, test_config, Choird};
 use choir_tests::observe::{rows_read_under_both_plans, system_of, wait_for};
 use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
@@ -209,6 +209,8 @@ fn admins_approve_and_reject_from_inline_buttons_and_others_cannot() {
     });
     let ask = calls.iter().find(|c| c.method == "sendMessage" && c.params["reply_markup"].is_object()).unwrap();
     assert_eq!(ask.params["chat_id"], 501);
+    // What the admin reads and presses, exactly (snapshot).
+    assert_snapshot("telegram_approval_question", &ask.params);
     let text = ask.params["text"].as_str().unwrap();
     assert!(text.starts_with("Proposal 1 from agent alpha: config_change config: max_steps_per_turn"), "{text}");
     // The exact change, not just a title.

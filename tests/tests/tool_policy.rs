@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use choir_tests::fake_llm::{FakeLlm, Step};
-use choir_tests::harness::{test_config, Choird};
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::Choird;
 use choir_tests::observe::{last_tool_result, tool_names, wait_for};
-use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 fn config_version(choird: &Choird) -> u64 {
@@ -23,15 +23,19 @@ fn config_file(choird: &Choird) -> Value {
 
 #[test]
 fn a_denied_tool_is_neither_offered_nor_run_once_the_operator_says_so_without_a_restart() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.exec", json!({"command": "echo first"})),
-        Step::Text("ran".into()),
-        Step::call("choir.exec", json!({"command": "echo second > second.txt"})),
-        Step::Text("refused".into()),
-    ]);
-    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &["demo"]), &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg: _pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.exec", json!({"command": "echo first"})),
+            Step::Text("ran".into()),
+            Step::call("choir.exec", json!({"command": "echo second > second.txt"})),
+            Step::Text("refused".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "run it"]).trim(), "ran");
     assert!(tool_names(&fake.requests()[0].body).contains(&"choir__exec".to_owned()));
     let pid_before: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();

@@ -5,19 +5,23 @@
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::pg::TestPg;
+use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
 #[test]
 fn each_model_call_is_in_the_ledger_with_its_cost_and_usage_sums_it() {
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
-        Step::call("choir.fs.write", json!({"path": "u.txt", "content": "u"})),
-        Step::Text("counted".into()),
-    ]);
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    config["llm"]["prices"] = json!({"fake-edge": {"prompt_per_mtok": 2.0, "completion_per_mtok": 10.0}});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    let Some(Scenario { pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::call("choir.fs.write", json!({"path": "u.txt", "content": "u"})),
+            Step::Text("counted".into()),
+        ])
+        .config(|c| c["llm"]["prices"] = json!({"fake-edge": {"prompt_per_mtok": 2.0, "completion_per_mtok": 10.0}}))
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "count"]).trim(), "counted");
 
     // Two edge calls of 10 prompt and 5 completion tokens (the fake's usage).
@@ -50,22 +54,25 @@ fn each_model_call_is_in_the_ledger_with_its_cost_and_usage_sums_it() {
 fn crossing_80_percent_of_a_daily_budget_tells_the_agents_admins_once() {
     use choir_tests::fake_telegram::{texts_by_chat, FakeTelegram};
     const TOKEN: &str = "111111:AAAA-secret-token-a";
-    let Some(pg) = TestPg::start() else { return };
-    let fake = FakeLlm::start(vec![
+    let tg = FakeTelegram::start();
+    tg.add_bot(TOKEN, 111111, "alpha_bot");
+    // 15 tokens a call: 30 of 40 is 75 %, 45 crosses 80 %.
+    let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
+        .model(vec![
         Step::Text("one".into()),
         Step::Text("two".into()),
         Step::Text("three".into()),
         Step::Text("four".into()),
-    ]);
-    let tg = FakeTelegram::start();
-    tg.add_bot(TOKEN, 111111, "alpha_bot");
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
-    // 15 tokens a call: 30 of 40 is 75 %, 45 crosses 80 %.
-    config["agents"]["demo"] = json!({"token_budget": {"per_day": 40}});
-    config["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 50,
-        "bots": {"a": {"token_secret": "tg_a", "users": {"501": {"agent": "demo", "admin": true}, "502": {"agent": "demo"}}}}});
-    let choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN}));
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    ])
+        .config(|c| c["agents"]["demo"] = json!({"token_budget": {"per_day": 40}}))
+        .config(|c| { c["telegram"] = json!({"api_base": tg.base_url(), "poll_timeout_s": 1, "per_chat_interval_ms": 50,
+        "bots": {"a": {"token_secret": "tg_a", "users": {"501": {"agent": "demo", "admin": true}, "502": {"agent": "demo"}}}}}); })
+        .secrets(json!({"llm_key": "k", "tg_a": TOKEN}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     for answer in ["one", "two"] {
         assert_eq!(choird.ctl_ok(&["chat", "demo", "go"]).trim(), answer);
     }
@@ -131,15 +138,18 @@ fn a_core_jobs_model_calls_are_in_the_ledger_under_its_name() {
 
 #[test]
 fn the_hosts_budget_bounds_all_agents_together() {
-    let Some(pg) = TestPg::start() else { return };
     // 15 tokens a call (the fake's usage): 30 of 40 by alpha, then beta's
     // call takes all agents past 80 %, and the next call of either is refused.
-    let fake = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
-    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["alpha", "beta"]);
-    config["token_budget"] = json!({"per_day": 40});
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "alpha"]);
-    choird.ctl_ok(&["agent", "start", "beta"]);
+    let Some(Scenario { pg, llm: _fake, choird }) = Scenario::new()
+        .responder(|_, _| Some(Step::Text("fine".into())))
+        .agents(&["alpha", "beta"])
+        .config(|c| c["token_budget"] = json!({"per_day": 40}))
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
     for _ in 0..2 {
         assert_eq!(choird.ctl_ok(&["chat", "alpha", "go"]).trim(), "fine");
     }
