@@ -419,6 +419,19 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     assert_eq!(stored(&pg), (2, Some("the answer".into()), message as i64));
 }
 
+/// demo's processed position and its row version (`xmin/xmax`): a write
+/// shows as a new version.
+fn processed_row(pg: &TestPg) -> (String, i64) {
+    let r = pg
+        .client()
+        .query_one(
+            "SELECT xmin::text || '/' || xmax::text, processed_upto FROM agent_processed WHERE agent_id = 'demo'",
+            &[],
+        )
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
 /// Every long-poll used to write the agent's position (and so commit with
 /// an fsync) while the edge worked on the message it had just handed out:
 /// a HEARTBEAT whose position does not move (the one stored, or lower) now
@@ -428,16 +441,7 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
     let Some(pg) = TestPg::start() else { return };
     let (store, agent, _session) = store_with_session(&pg);
     store.agent_position(&agent).unwrap();
-    let row = |pg: &TestPg| -> (String, i64) {
-        let r = pg
-            .client()
-            .query_one(
-                "SELECT xmin::text || '/' || xmax::text, processed_upto FROM agent_processed WHERE agent_id = 'demo'",
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let row = processed_row;
     store.insert_message(&agent, "c1", "admin", "hello").unwrap();
     let m = store.insert_message(&agent, "c1", "admin", "again").unwrap();
     store.record_replies(&agent, &[], m, &choird::store::Nowhere).unwrap();
@@ -616,16 +620,7 @@ fn a_lone_answer_is_stored_at_once_whole_or_not_at_all_and_a_resend_changes_noth
         conversation: "c1".into(),
         text: text.into(),
     };
-    let position = |pg: &TestPg| -> (String, i64) {
-        let r = pg
-            .client()
-            .query_one(
-                "SELECT xmin::text || '/' || xmax::text, processed_upto FROM agent_processed WHERE agent_id = 'demo'",
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let position = processed_row;
     let replies = |pg: &TestPg| -> Vec<Option<String>> {
         let rows = pg.client().query("SELECT reply FROM messages ORDER BY id", &[]).unwrap();
         rows.iter().map(|r| r.get(0)).collect()

@@ -176,16 +176,7 @@ fn a_skill_offers_only_its_states_tools_and_refuses_everything_else_with_a_struc
         finish(json!({})),                                                                   // 8: invalid output
         finish(json!({"written": "notes/a.md"})),                                            // 9: finished
     ]);
-    let choird = Choird::start(
-        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
-        &json!({"llm_key": "k"}),
-    );
-    install_skill(&choird, &edit_notes());
-    let ws = choird.workspace("demo");
-    std::fs::create_dir_all(ws.join("notes")).unwrap();
-    std::fs::write(ws.join("notes/a.md"), "hello\n").unwrap();
-    choird.ctl_ok(&["agent", "start", "demo"]);
-    assert_eq!(choird.ctl_ok(&["chat", "demo", "rewrite notes/a.md"]), "Started.\n");
+    let (_choird, ws) = start_rewriting_a_note(&pg, &edge, &core);
     wait_for("the job's report", Duration::from_secs(30), || notices(&pg).len() == 1);
 
     // The bad input was refused by the skill's input schema, and nothing ran for it.
@@ -616,6 +607,24 @@ fn the_edge_runs_research_and_summarize_in_its_turn_with_read_only_tools() {
     assert!(end.turn.is_some(), "the skill's events belong to the user's message");
 }
 
+/// choird with both lanes on `edge` and `core`, the `edit_notes` skill
+/// installed and `notes/a.md` saying hello; the user has asked demo to
+/// rewrite it (the edge answers "Started."). Returns choird and demo's
+/// workspace.
+fn start_rewriting_a_note(pg: &TestPg, edge: &FakeLlm, core: &FakeLlm) -> (Choird, std::path::PathBuf) {
+    let choird = Choird::start(
+        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
+        &json!({"llm_key": "k"}),
+    );
+    install_skill(&choird, &edit_notes());
+    let ws = choird.workspace("demo");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("notes/a.md"), "hello\n").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "rewrite notes/a.md"]), "Started.\n");
+    (choird, ws)
+}
+
 #[test]
 fn a_skill_in_a_job_with_allowed_tools_gets_its_states_tools_only_within_them() {
     let Some(pg) = TestPg::start() else { return };
@@ -634,16 +643,7 @@ fn a_skill_in_a_job_with_allowed_tools_gets_its_states_tools_only_within_them() 
         // The write state allows fs.write; the task does not.
         Step::call("choir.fs.write", json!({"path": "notes/a.md", "content": "rewritten\n"})),
     ]);
-    let choird = Choird::start(
-        &two_lane_config(&edge.base_url(), &core.base_url(), &pg.url(), &["demo"]),
-        &json!({"llm_key": "k"}),
-    );
-    install_skill(&choird, &edit_notes());
-    let ws = choird.workspace("demo");
-    std::fs::create_dir_all(ws.join("notes")).unwrap();
-    std::fs::write(ws.join("notes/a.md"), "hello\n").unwrap();
-    choird.ctl_ok(&["agent", "start", "demo"]);
-    assert_eq!(choird.ctl_ok(&["chat", "demo", "rewrite notes/a.md"]), "Started.\n");
+    let (_choird, ws) = start_rewriting_a_note(&pg, &edge, &core);
     wait_for("the write to be refused", Duration::from_secs(30), || core.requests().len() >= 4);
     let r = core.requests();
     // In the write state the model is offered no file tool at all.
