@@ -31,13 +31,16 @@ pub struct Scenario {
     pub pg: TestPg,
 }
 
+/// A change to the config before choird reads it.
+type Edit<'a> = Box<dyn FnOnce(&mut Value) + 'a>;
+
 /// How to build a [`Scenario`]; [`Scenario::new`] starts one. Config edits
 /// may borrow the test's locals (`'a`).
 pub struct Builder<'a> {
     script: Vec<Step>,
     responder: Option<Responder>,
     agents: Vec<String>,
-    edits: Vec<Box<dyn FnOnce(&mut Value) + 'a>>,
+    edits: Vec<Edit<'a>>,
     secrets: Value,
     running: bool,
 }
