@@ -15,7 +15,7 @@
 //!   request onto a refused address.
 //! - Only `http` and `https` URLs leave the host.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 
 use ipnet::IpNet;
 
@@ -40,8 +40,28 @@ fn within(host: &str, domain: &str) -> bool {
     host == domain || host.strip_suffix(domain).is_some_and(|rest| rest.ends_with('.'))
 }
 
+/// The IPv4 address an IPv6 address stands for, where it embeds one that
+/// a packet to it would reach: IPv4-mapped (`::ffff:a.b.c.d`), SIIT
+/// (`::ffff:0:a.b.c.d`), IPv4-compatible (`::a.b.c.d`, deprecated; `::`
+/// and `::1` come out as `0.0.0.0` and `0.0.0.1`, which are not public
+/// either), 6to4 (`2002:AABB:CCDD::/48`) and the well-known NAT64 prefix
+/// (`64:ff9b::/96`). Such an address is judged as that IPv4 address.
+pub fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, _, _] | [0, 0, 0, 0, 0xffff, 0, _, _] | [0, 0, 0, 0, 0, 0, _, _] => Some(low),
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(low),
+        [0x2002, hi, lo, ..] => Some(Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)),
+        _ => None,
+    }
+}
+
 /// Whether an address is public (reachable on the internet, not a host's,
-/// a private network's or a cloud metadata service's).
+/// a private network's or a cloud metadata service's). An IPv6 address that
+/// embeds an IPv4 one is judged by it ([`embedded_ipv4`]); tunnels whose
+/// far end cannot be judged here (Teredo `2001::/32`, local-use NAT64
+/// `64:ff9b:1::/48`) are not public.
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -61,7 +81,7 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || o[0] >= 240)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = embedded_ipv4(v6) {
                 return is_public(IpAddr::V4(v4));
             }
             let s = v6.segments();
@@ -71,9 +91,10 @@ pub fn is_public(ip: IpAddr) -> bool {
                 // fc00::/7 unique local, fe80::/10 link-local.
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
-                // 64:ff9b::/96 NAT64 and 2001:db8::/32 documentation.
+                // 64:ff9b:1::/48 local-use NAT64, 2001::/32 Teredo and
+                // 2001:db8::/32 documentation.
                 || (s[0] == 0x64 && s[1] == 0xff9b)
-                || (s[0] == 0x2001 && s[1] == 0xdb8))
+                || (s[0] == 0x2001 && (s[1] == 0 || s[1] == 0xdb8)))
         }
     }
 }
@@ -107,8 +128,10 @@ impl Policy {
 
     /// Whether a connection to `ip` is allowed.
     pub fn check_address(&self, ip: IpAddr) -> Result<(), Refused> {
+        // An address that stands for an IPv4 one is that address, for the
+        // operator's allowed ranges too.
         let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            IpAddr::V6(v6) => embedded_ipv4(v6).map_or(ip, IpAddr::V4),
             v4 => v4,
         };
         if is_public(ip) || self.allow_addresses.iter().any(|net| net.contains(&ip)) {
@@ -232,6 +255,35 @@ mod tests {
         assert!(p.check_address("127.0.0.1".parse().unwrap()).is_ok());
         assert!(p.check_address("127.0.0.2".parse().unwrap()).is_err(), "only what was allowed");
         assert!(p.check_address("::ffff:127.0.0.1".parse().unwrap()).is_ok(), "mapped addresses are the same host");
+    }
+
+    #[test]
+    fn regression_ipv6_forms_that_embed_an_internal_ipv4_address_were_treated_as_public() {
+        let p = policy(&[], &[], &[]);
+        for ip in [
+            "::7f00:1",                             // IPv4-compatible 127.0.0.1
+            "::a9fe:a9fe",                          // IPv4-compatible 169.254.169.254
+            "::ffff:0:7f00:1",                      // SIIT 127.0.0.1
+            "::ffff:0:a00:1",                       // SIIT 10.0.0.1
+            "2002:7f00:1::1",                       // 6to4 of 127.0.0.1
+            "2002:c0a8:101::",                      // 6to4 of 192.168.1.1
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2", // Teredo
+            "64:ff9b::7f00:1",                      // NAT64 of 127.0.0.1
+            "64:ff9b::a9fe:a9fe",                   // NAT64 of the metadata service
+            "64:ff9b:1::a00:1",                     // local-use NAT64
+            "::",
+            "::1",
+        ] {
+            assert!(p.check_address(ip.parse().unwrap()).is_err(), "{ip} must be refused");
+        }
+        // The same forms around a public address are that public address.
+        for ip in ["::ffff:0:808:808", "2002:808:808::1", "64:ff9b::808:808", "::ffff:8.8.8.8"] {
+            assert!(p.check_address(ip.parse().unwrap()).is_ok(), "{ip} embeds 8.8.8.8");
+        }
+        // An allowed IPv4 range covers its embedded forms.
+        let p = policy(&[], &[], &["127.0.0.1/32"]);
+        assert!(p.check_address("64:ff9b::7f00:1".parse().unwrap()).is_ok());
+        assert!(p.check_address("2002:7f00:2::".parse().unwrap()).is_err());
     }
 
     #[test]

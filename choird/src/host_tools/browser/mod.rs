@@ -128,8 +128,7 @@ fn showable(url: &str) -> bool {
 /// `host:port` of a URL, as the proxy records its targets.
 fn target_of(url: &str) -> Option<String> {
     let u = url::Url::parse(url).ok()?;
-    let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']').to_owned();
-    Some(format!("{host}:{}", u.port_or_known_default()?))
+    Some(proxy::target_key(u.host_str()?, u.port_or_known_default()?))
 }
 
 impl Browser {

@@ -37,6 +37,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle time after which a connection is dropped.
 const IDLE: Duration = Duration::from_secs(60);
 
+/// The one spelling of a destination, by which the proxy records a refusal
+/// and the tab looks its page up: host lowercased without a trailing dot,
+/// an IPv6 literal bracketed in its canonical form (`[::1]:80` however the
+/// page wrote it).
+pub fn target_key(host: &str, port: u16) -> String {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::Ipv6Addr>() {
+        Ok(v6) => format!("[{v6}]:{port}"),
+        Err(_) => format!("{}:{port}", bare.trim_end_matches('.').to_ascii_lowercase()),
+    }
+}
+
 /// A request the proxy refused or cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
@@ -204,7 +216,7 @@ fn serve(state: &State, mut conn: TcpStream) {
         if !rest.is_empty() && site.write_all(&rest).is_err() {
             return;
         }
-        return pump(state, conn, site, &format!("{host}:{port}"));
+        return pump(state, conn, site, &target_key(&host, port));
     }
     // Plain HTTP: the target is an absolute URL.
     let Ok(url) = url::Url::parse(target) else {
@@ -236,13 +248,13 @@ fn serve(state: &State, mut conn: TcpStream) {
     if site.write_all(out.as_bytes()).is_err() || (!rest.is_empty() && site.write_all(&rest).is_err()) {
         return;
     }
-    pump(state, conn, site, &format!("{host}:{port}"));
+    pump(state, conn, site, &target_key(&host, port));
 }
 
 /// Checks and connects to `host:port` for the browser; on refusal answers
 /// the browser and records why.
 fn open(state: &State, conn: &mut TcpStream, host: &str, port: u16) -> Option<TcpStream> {
-    let target = format!("{host}:{port}");
+    let target = target_key(host, port);
     let policy = state.policy.lock().clone();
     let addr = match policy.resolve(host, port) {
         Ok(a) => a,
@@ -365,5 +377,27 @@ mod tests {
         let answer = get(&p, &format!("http://{addr}/"));
         assert!(answer.len() <= 100_000, "{}", answer.len());
         assert!(p.blocked_since(since).iter().any(|b| b.over_size));
+    }
+
+    #[test]
+    fn regression_an_ipv6_refusal_was_reported_as_an_opened_page() {
+        // The tab looks a page's refusal up by the URL's host; the proxy
+        // records it by the host the browser sent. Both spell it one way.
+        let p = proxy(false, 1 << 20);
+        for (sent, url) in [
+            ("[::1]", "http://[::1]:8080/"),
+            ("[::ffff:7f00:1]", "http://[::ffff:127.0.0.1]:8080/"),
+            ("[0:0:0:0:0:0:0:0]", "http://[::]:8080/"),
+        ] {
+            let since = Instant::now();
+            let answer = get(&p, &format!("http://{sent}:8080/"));
+            assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+            let blocked = p.blocked_since(since);
+            let key = crate::host_tools::browser::target_of(url).unwrap();
+            assert!(blocked.iter().any(|b| b.target == key), "{key} not among {blocked:?}");
+        }
+        assert_eq!(target_key("Example.COM.", 443), "example.com:443");
+        // Negative control: the old spelling (brackets stripped) matched nothing.
+        assert_ne!(target_key("[::1]", 80), "::1:80");
     }
 }
