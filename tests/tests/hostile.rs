@@ -445,6 +445,48 @@ fn t2_a_hostile_rpc_client_with_a_valid_token_changes_nothing_it_may_not() {
     assert_eq!(stored, 2, "the placeholder and the event after it");
 }
 
+/// T2: the operator's tool policy is choird's to apply, not the agent's. A
+/// hostile agent binary, with its valid token, calls a host tool the
+/// operator denied it: choird refuses, nothing is stored, the refusal is
+/// audited, and INIT_HELLO never offered the tool. A tool it may use still
+/// runs (the control).
+#[test]
+fn t2_regression_choird_ran_host_tools_the_operators_tool_policy_denied() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let tg = FakeTelegram::start();
+    let emb = FakeEmbeddings::start(32);
+    let mut config = t2_config(&llm, &pg, &tg, &emb);
+    config["agents"]["evil"]["tools"] = json!({"deny": ["choir.memory.upsert"]});
+    let choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN_A}));
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let bindings: Value =
+        serde_json::from_str(&std::fs::read_to_string(choird.workspace("evil").join("hostile.bindings")).unwrap())
+            .unwrap();
+    let served: Vec<&str> = bindings["host_tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(!served.contains(&"choir.memory.upsert"), "a denied tool is not offered: {served:?}");
+    assert!(served.contains(&"choir.memory.query"), "the others are: {served:?}");
+
+    let (status, body) = evil.rpc(
+        "EXECUTE_HOST_TOOL",
+        &json!({"tool": "choir.memory.upsert", "lane": "edge", "call_id": "c1",
+                "input": {"tier": "knowledge", "content": "planted by the agent"}}),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("turned choir.memory.upsert off"), "{body}");
+    let stats: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "memory", "stats", "evil"])).unwrap();
+    assert_eq!(stats["items"], 0, "nothing was stored: {stats}");
+    assert_eq!(audit_count(&pg, "action = 'EXECUTE_HOST_TOOL' AND outcome = 'forbidden'"), 1);
+    // The control: a tool the policy leaves on runs for the same caller.
+    let (status, body) = evil.rpc(
+        "EXECUTE_HOST_TOOL",
+        &json!({"tool": "choir.memory.query", "lane": "edge", "input": {"mode": "semantic", "query": "anything"}}),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
 /// The core job a relayed call names (`?job=`) is the agent's claim, kept in
 /// the ledger for the operator: only a plain name gets there; a made-up log
 /// line, a NUL, a path or an oversized name is left out, and the call goes.

@@ -396,12 +396,14 @@ impl Arbiter {
             }
             resources.push((Resource::new(&resource), lock.mode));
         }
-        // A tool holding secrets never runs beside a shell command (whose
-        // processes could read its environment or memory): `choir.exec`
-        // holds `processes` exclusively, tools with secrets share it.
-        if tool == "choir.exec" {
+        // A tool holding secrets never runs beside anything that runs the
+        // model's code (a shell command, or any external tool: git runs
+        // hooks, npm runs scripts, make runs the Makefile): those could read
+        // its environment or memory. `choir.exec` and tools with secrets hold
+        // `processes` exclusively, every other external tool shares it.
+        if tool == "choir.exec" || !runtime.secret_resources.is_empty() {
             resources.push((Resource::new(PROCESSES), LockMode::X));
-        } else if !runtime.secret_resources.is_empty() {
+        } else if runtime.exec_path.is_some() {
             resources.push((Resource::new(PROCESSES), LockMode::S));
         }
         // An action on the outside world is never concurrent with another
@@ -960,10 +962,11 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_with_secrets_never_runs_beside_a_shell_command() {
+    fn regression_a_tool_with_secrets_ran_beside_an_external_tool_that_runs_the_models_code() {
         let dir = tempfile::tempdir().unwrap();
         let deploy = external("x.deploy.run", json!({"secret_resources": ["deploy_key"]}));
-        let arbiter = arbiter_with(dir.path(), &[("deploy", deploy)]);
+        let status = external("x.repo.status", json!({"side_effect": "read"}));
+        let arbiter = arbiter_with(dir.path(), &[("deploy", deploy), ("repo", status)]);
         let lane = LaneCtx::new("edge", Lane::Edge);
         let resources = |name: &str, args: &str| match arbiter.decide(&lane, &call(name, args), &[]) {
             Decision::Allowed { resources, .. } => resources,
@@ -971,11 +974,19 @@ mod tests {
         };
         let exec = resources("choir__exec", r#"{"command": "true"}"#);
         let deploy = resources("x__deploy__run", "{}");
+        let status = resources("x__repo__status", "{}");
         assert!(exec.contains(&(Resource::new(PROCESSES), LockMode::X)), "{exec:?}");
-        assert!(deploy.contains(&(Resource::new(PROCESSES), LockMode::S)), "{deploy:?}");
-        // So they can never hold their locks at once.
-        let held = arbiter.locks().acquire("edge/1", exec, Duration::from_secs(1)).unwrap();
-        assert!(arbiter.locks().acquire("core/1", deploy, Duration::from_millis(100)).is_err());
+        assert!(deploy.contains(&(Resource::new(PROCESSES), LockMode::X)), "{deploy:?}");
+        assert!(status.contains(&(Resource::new(PROCESSES), LockMode::S)), "{status:?}");
+        // So the secret tool never holds its locks beside either.
+        for other in [exec, status.clone()] {
+            let held = arbiter.locks().acquire("edge/1", other, Duration::from_secs(1)).unwrap();
+            assert!(arbiter.locks().acquire("core/1", deploy.clone(), Duration::from_millis(100)).is_err());
+            drop(held);
+        }
+        // Tools without secrets still run side by side (the control).
+        let held = arbiter.locks().acquire("edge/1", status.clone(), Duration::from_secs(1)).unwrap();
+        assert!(arbiter.locks().acquire("core/1", status, Duration::from_millis(100)).is_ok());
         drop(held);
     }
 
@@ -991,10 +1002,11 @@ mod tests {
             other => panic!("{other:?}"),
         };
         // The one it names, or its own beside a shared one.
-        assert_eq!(resources("x__mail__send"), [(Resource::new("mailbox"), LockMode::X)]);
+        let runs = (Resource::new(PROCESSES), LockMode::S);
+        assert_eq!(resources("x__mail__send"), [(Resource::new("mailbox"), LockMode::X), runs.clone()]);
         assert_eq!(
             resources("x__ping__send"),
-            [(Resource::new("net"), LockMode::S), (Resource::new("external:x.ping.send"), LockMode::X)]
+            [(Resource::new("net"), LockMode::S), runs, (Resource::new("external:x.ping.send"), LockMode::X)]
         );
         // Two calls of it never overlap.
         let held = arbiter.locks().acquire("edge/1", resources("x__ping__send"), Duration::from_secs(1)).unwrap();

@@ -33,6 +33,35 @@ impl ExternalTool {
     }
 }
 
+/// A tool's `HOME`: a directory that does not exist and that the agent's
+/// uid cannot create (`/` is root's), so no dotfile the model wrote
+/// (`~/.gitconfig`, `~/.npmrc`, …) configures a tool. Tools keep their state
+/// in the workspace, explicitly.
+pub const TOOL_HOME: &str = "/nonexistent";
+
+/// What git reads besides the repository's own config, for every external
+/// tool: no system or global config, and every key that names a program to
+/// run reset to a harmless one (`GIT_CONFIG_COUNT` entries outrank the
+/// repository's `.git/config`, which the model writes). Hooks, fsmonitor,
+/// pagers, editors, credential helpers, ssh and signing programs are off.
+/// Not covered, because their names are the model's to choose: filter,
+/// diff and merge drivers a `.gitattributes` names — see tools/README.md:
+/// a tool holding a secret must not run git on a repository the model
+/// can write.
+pub const GIT_OVERRIDES: [(&str, &str); 11] = [
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("core.editor", "false"),
+    ("core.askPass", ""),
+    ("core.sshCommand", "ssh"),
+    ("credential.helper", ""),
+    ("diff.external", ""),
+    ("gpg.program", "false"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+];
+
 fn env_name(secret: &str) -> String {
     let upper: String =
         secret.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
@@ -44,11 +73,17 @@ impl Tool for ExternalTool {
         let io = |e: std::io::Error| ToolError::new("tool_failed", format!("cannot run {}: {e}", self.name));
         let mut cmd = Cmd::new(&self.exec);
         cmd.cwd(ctx.workspace.root())
-            .env("HOME", ctx.workspace.root())
+            .env("HOME", TOOL_HOME)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_COUNT", GIT_OVERRIDES.len().to_string())
             .env("LANG", "C.UTF-8")
             .env("CHOIR_WORKSPACE", ctx.workspace.root())
             .env("CHOIR_TOOL", &self.name)
             .env("CHOIR_LANE", ctx.lane);
+        for (i, (key, value)) in GIT_OVERRIDES.iter().enumerate() {
+            cmd.env(&format!("GIT_CONFIG_KEY_{i}"), key).env(&format!("GIT_CONFIG_VALUE_{i}"), value);
+        }
         for (name, value) in ctx.secrets.iter() {
             cmd.env(&env_name(name), value);
         }
@@ -163,7 +198,9 @@ mod tests {
         );
         let env = r.unwrap()["env"].as_str().unwrap().to_owned();
         assert_eq!(
-            env.split_whitespace().filter(|v| !matches!(*v, "PWD" | "SHLVL" | "_")).collect::<Vec<_>>(),
+            env.split_whitespace()
+                .filter(|v| !matches!(*v, "PWD" | "SHLVL" | "_") && !v.starts_with("GIT_CONFIG_"))
+                .collect::<Vec<_>>(),
             vec!["CHOIR_LANE", "CHOIR_SECRET_GIT_IDENTITY", "CHOIR_TOOL", "CHOIR_WORKSPACE", "HOME", "LANG", "PATH"]
         );
     }
@@ -188,5 +225,82 @@ mod tests {
         let e = r.unwrap_err();
         assert_eq!(e.code, "tool_failed");
         assert!(e.message.contains("code 3") && e.message.contains("oops"), "{e}");
+    }
+
+    /// A repository the model prepared: an fsmonitor program and a
+    /// pre-commit hook in `.git/config`, and a `~/.gitconfig` in the
+    /// workspace (the old HOME) naming a pager. Returns the workspace and
+    /// the marker file any of them would write.
+    fn planted_repo() -> (tempfile::TempDir, std::path::PathBuf) {
+        let ws = tempfile::tempdir().unwrap();
+        let root = ws.path();
+        // Test set-up: git run plainly, outside Choir's spawner.
+        #[allow(clippy::disallowed_methods)]
+        let git = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .args(args)
+                .current_dir(root)
+                .env("HOME", root)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        let marker = root.join("stolen");
+        let evil = root.join("evil.sh");
+        std::fs::write(&evil, format!("#!/bin/sh\nenv > {}\n", marker.display())).unwrap();
+        std::fs::set_permissions(&evil, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(root.join("a.txt"), "a").unwrap();
+        git(&["config", "core.fsmonitor", evil.to_str().unwrap()]);
+        std::fs::create_dir_all(root.join("hooks")).unwrap();
+        std::fs::copy(&evil, root.join("hooks/pre-commit")).unwrap();
+        git(&["config", "core.hooksPath", root.join("hooks").to_str().unwrap()]);
+        std::fs::write(root.join(".gitconfig"), format!("[core]\n\tpager = {}\n", evil.display())).unwrap();
+        (ws, marker)
+    }
+
+    fn run_in(ws: &std::path::Path, body: &str, secrets: SecretStore) -> Result<Value, ToolError> {
+        let bin = tempfile::tempdir().unwrap();
+        let workspace = Workspace::open(ws).unwrap();
+        let tool = ExternalTool::new(script(bin.path(), body), "test.git".into());
+        let ctx = ExecContext {
+            workspace: &workspace,
+            lane: "edge",
+            call_id: "test",
+            state_dir: ws,
+            deadline: Instant::now() + Duration::from_secs(20),
+            secrets,
+            hooks: None,
+            history: &[],
+        };
+        tool.execute(&ctx, &json!({}))
+    }
+
+    #[test]
+    fn regression_a_secret_tool_running_git_ran_the_models_hooks_with_its_secret() {
+        let secrets = || SecretStore::new([("github_token".to_owned(), "ghp-SECRET".to_owned())].into());
+        let body = "git status --porcelain >/dev/null 2>&1; git -c user.name=t -c user.email=t@t commit -qam x \
+                    >/dev/null 2>&1; git log -p >/dev/null 2>&1; echo '{\"summary\": \"done\"}'";
+        let (ws, marker) = planted_repo();
+        run_in(ws.path(), &format!("git add a.txt; {body}"), secrets()).unwrap();
+        assert!(
+            !marker.exists(),
+            "the model's program ran inside the secret tool: {:?}",
+            std::fs::read_to_string(&marker)
+        );
+        // The negative control: the same git run with the old environment
+        // (HOME in the workspace, the repository's config unopposed) runs
+        // the model's program, secret in hand.
+        let (ws, marker) = planted_repo();
+        let old = format!(
+            "git add a.txt; env -u GIT_CONFIG_COUNT -u GIT_CONFIG_NOSYSTEM -u GIT_CONFIG_GLOBAL HOME={} sh -c '{}'",
+            ws.path().display(),
+            body.replace('\'', "'\\''")
+        );
+        run_in(ws.path(), &old, secrets()).unwrap();
+        let stolen = std::fs::read_to_string(&marker).unwrap_or_default();
+        assert!(stolen.contains("ghp-SECRET"), "the control must show the attack works: {stolen:?}");
     }
 }

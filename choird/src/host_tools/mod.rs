@@ -48,6 +48,19 @@ pub mod web;
 /// binaries use.
 pub use choir_common::tool_status::ToolStatus;
 
+/// Why choird does not run `name` for `agent`, whatever the agent says:
+/// the tool is not served to it (missing configuration or secret), or the
+/// operator's tool policy (`agents.<id>.tools`) turns it off. The agent
+/// applies the same policy first; this is the check an agent binary cannot
+/// skip.
+fn refusal(config: &Config, secrets: &Secrets, agent: &AgentId, name: &str, r: &Registered) -> Option<Error> {
+    if let ToolStatus::Available(why) = r.tool.status(config, secrets, agent) {
+        return Some(Error::NotImplemented(format!("{name} is not served: {why}")));
+    }
+    let why = config.agents.get(agent).and_then(|a| a.tools.refusal(name))?;
+    Some(Error::Forbidden(why))
+}
+
 /// One call, as a tool sees it: the agent it runs for (from its session,
 /// never from the request) and the validated input.
 pub struct HostCall<'a> {
@@ -149,9 +162,7 @@ impl Registry {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         self.tools
             .iter()
-            .filter(|(_, r)| {
-                matches!(r.tool.status(&config, &secrets, agent), ToolStatus::System | ToolStatus::Connected)
-            })
+            .filter(|(name, r)| refusal(&config, &secrets, agent, name, r).is_none())
             .map(|(name, r)| (name.clone(), r.tool.manifest()))
             .collect()
     }
@@ -233,11 +244,8 @@ impl Registry {
             )));
         };
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
-        match r.tool.status(&config, &secrets, &caller.agent) {
-            ToolStatus::System | ToolStatus::Connected => {}
-            ToolStatus::Available(why) => {
-                return Err(Error::NotImplemented(format!("{} is not served: {why}", req.tool)));
-            }
+        if let Some(refused) = refusal(&config, &secrets, &caller.agent, &req.tool, r) {
+            return Err(refused);
         }
         if let Some(v) = &r.validator {
             let problems: Vec<String> = v.iter_errors(&req.input).map(|e| e.to_string()).collect();

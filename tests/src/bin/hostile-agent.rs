@@ -57,6 +57,7 @@ fn main() {
     let head = hello["recovery"]["replicated_head"].clone();
     call("REPORT_STATUS", &json!({"session_state": "RUNNING", "lanes": []})).expect("REPORT_STATUS");
     std::fs::write(workspace.join("hostile.head"), head.to_string()).expect("head file");
+    std::fs::write(workspace.join("hostile.bindings"), hello["bindings"].to_string()).expect("bindings file");
     std::fs::write(workspace.join("hostile.token"), &token).expect("token file");
     eprintln!("hostile-agent {agent}: running, token handed to the test");
     let mut messages = std::fs::OpenOptions::new()
