@@ -79,6 +79,9 @@ fn real_main() -> anyhow::Result<()> {
     // memory, environment or descriptors (/proc/<pid>/mem, ptrace, core dumps).
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| anyhow::anyhow!("cannot make the agent non-dumpable: {e}"))?;
+    // No process below this one may trace or read another (the container's
+    // PID 1, a tool holding a secret): a seccomp filter every child inherits.
+    choir_agent::process::confine::install().map_err(|e| anyhow::anyhow!("{e}"))?;
     // A session of its own: every tool stays in it (tools get a process
     // group of their own, not a session), so a supervisor that outlives this
     // process can end what it started if it dies without cleaning up

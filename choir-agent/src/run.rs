@@ -251,12 +251,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let link = link.clone();
         std::thread::Builder::new().name("link-reply".into()).spawn(move || link.speak(out_rx))?
     };
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    let mut signals = signal_hook::iterator::SignalsInfo::<signal_hook::iterator::exfiltrator::WithOrigin>::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
     let signal_handle = signals.handle();
     let sig = std::thread::Builder::new().name("signals".into()).spawn(move || {
-        if signals.forever().next().is_some() {
-            log::info!("signal received: finishing the current message, then stopping");
-            let _ = edge_tx.send(EdgeEvent::Stop);
+        for origin in signals.forever() {
+            let sender = origin.process.map(|p| p.pid);
+            if stop_signal_from_supervisor(sender, rustix::process::getppid().map(|p| p.as_raw_nonzero().get())) {
+                log::info!("signal received: finishing the current message, then stopping");
+                let _ = edge_tx.send(EdgeEvent::Stop);
+                return;
+            }
+            log::warn!(
+                "ignored signal {} from process {} (only the supervisor stops the agent; a tool may not)",
+                origin.signal,
+                sender.unwrap_or(0)
+            );
         }
     })?;
     // Start-up is done (SIGTERM handled from here on): the code only it ran
@@ -295,6 +307,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// Whether a stop signal came from whoever supervises the agent: its
+/// parent (choird, for the process runtime), or from outside its PID
+/// namespace (the engine's `docker stop`, which the kernel shows as pid 0;
+/// the agent is the container's PID 1 and has no parent there). A tool's
+/// process is neither, and a tool must not be able to stop the agent.
+fn stop_signal_from_supervisor(sender: Option<i32>, parent: Option<i32>) -> bool {
+    match sender {
+        None | Some(0) => true,
+        Some(pid) => Some(pid) == parent,
+    }
+}
+
 /// The call policies of this build: the argument policy (choird's merged
 /// rules: the built-in default and the operator's); the test build adds the
 /// one `<state dir>/confirm.json` asks for.
@@ -326,5 +350,23 @@ fn call_with_retry<T>(mut f: impl FnMut() -> Result<T, RpcError>) -> Result<T, R
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stop_signal_from_supervisor;
+
+    #[test]
+    fn only_the_supervisor_stops_the_agent_by_a_signal_never_a_tool() {
+        // choird, the process runtime's parent.
+        assert!(stop_signal_from_supervisor(Some(4242), Some(4242)));
+        // docker stop: from outside the container's PID namespace (pid 0),
+        // where the agent is PID 1 and has no parent.
+        assert!(stop_signal_from_supervisor(Some(0), None));
+        assert!(stop_signal_from_supervisor(None, Some(4242)), "the kernel's own (no sender)");
+        // A tool's process, in either runtime.
+        assert!(!stop_signal_from_supervisor(Some(4300), Some(4242)));
+        assert!(!stop_signal_from_supervisor(Some(17), None));
     }
 }

@@ -329,7 +329,8 @@ fn serve(
     outcome
 }
 
-/// Waits for signals; also reaps lapsed leases every few seconds.
+/// Waits for signals; also reaps lapsed leases, and ends agents a signal
+/// froze, every second.
 fn signal_loop(
     daemon: &Arc<Daemon>,
     tg: &crate::telegram::Handle,
@@ -338,7 +339,9 @@ fn signal_loop(
     listeners: &mut Listeners,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut rounds: u64 = 0;
     loop {
+        rounds += 1;
         for sig in signals.pending() {
             match sig {
                 SIGHUP => {
@@ -358,6 +361,10 @@ fn signal_loop(
                 SIGTERM | SIGINT => return Ok(()),
                 other => bail!("unexpected signal {other}"),
             }
+        }
+        // A frozen process-runtime agent is ended within a second.
+        if rounds % 5 == 0 {
+            daemon.end_frozen_agents();
         }
         for (id, session) in daemon.stale_sessions() {
             log::warn!(

@@ -60,6 +60,15 @@ pub fn descendants_of(pid: i32, cap: usize) -> Vec<i32> {
     out
 }
 
+/// Whether `pid` is stopped by a signal or a tracer (state `T` or `t` in
+/// `/proc/<pid>/stat`). A process that is gone is not stopped.
+pub fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()?.to_owned()))
+        .is_some_and(|state| state == "T" || state == "t")
+}
+
 /// Sends `sig` to `pid`, ignoring a process that is already gone.
 pub fn signal(pid: i32, sig: Signal) {
     if let Some(p) = Pid::from_raw(pid) {
@@ -156,5 +165,22 @@ mod tests {
         assert_eq!(kill_trees(&[child.id() as i32]), 1);
         let status = child.wait().unwrap();
         assert!(!status.success());
+    }
+
+    #[test]
+    fn a_stopped_process_is_told_from_a_running_one() {
+        #[allow(clippy::disallowed_methods)]
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(!is_stopped(pid), "running (sleeping) is not stopped");
+        signal(pid, Signal::STOP);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !is_stopped(pid) {
+            assert!(std::time::Instant::now() < deadline, "never seen stopped");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        kill_trees(&[pid]);
+        child.wait().unwrap();
+        assert!(!is_stopped(pid), "a reaped process is not stopped");
     }
 }

@@ -37,7 +37,15 @@ fn an_agent_in_a_hardened_container_answers_and_never_sees_its_secrets_leak() {
     let Some(pg) = TestPg::start() else { return };
     let fake = FakeLlm::start(vec![
         Step::call("choir.fs.write", json!({"path": "notes/hello.txt", "content": "hello from a container\n"})),
-        Step::call("choir.exec", json!({"command": "id -u; touch /etc/x 2>&1; ls /run/choir"})),
+        // The shell also reaches for the container's PID 1 (the agent itself:
+        // no init of the agent's uid sits outside its tree): stopping and
+        // terminating it does nothing, and tracing it is refused.
+        Step::call(
+            "choir.exec",
+            json!({"command": "id -u; touch /etc/x 2>&1; ls /run/choir; kill -STOP 1; kill -TERM 1; \
+                perl -e 'my $r = syscall(101, 0x4206, 1, 0, 0); print $r == -1 ? \"ptrace refused: errno \".($!+0) : \"ptrace attached\", \"\\n\"'; \
+                cat /proc/1/comm"}),
+        ),
         Step::Text("Done in the container.".into()),
     ]);
     let mut config = docker_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
@@ -54,7 +62,10 @@ fn an_agent_in_a_hardened_container_answers_and_never_sees_its_secrets_leak() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "hello from a container\n");
     let msgs = fake.requests()[2].body["messages"].as_array().unwrap().clone();
     let exec: Value = serde_json::from_str(msgs.last().unwrap()["content"].as_str().unwrap()).unwrap();
-    assert_eq!(exec["output_preview"], "10001\ntouch: cannot touch '/etc/x': Read-only file system\nchoird.sock\n");
+    assert_eq!(
+        exec["output_preview"],
+        "10001\ntouch: cannot touch '/etc/x': Read-only file system\nchoird.sock\nptrace refused: errno 1\nchoir-agent\n"
+    );
     let events = replicated_events(&pg, "demo", 2);
     assert_eq!(events.len(), 2);
     verify_extension(&ChainHead::genesis(), &events).unwrap();

@@ -10,6 +10,8 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::commit::{CommitEvent, EventKind, Outcome, GENESIS_HASH};
@@ -485,6 +487,92 @@ fn t2_regression_choird_ran_host_tools_the_operators_tool_policy_denied() {
         &json!({"tool": "choir.memory.query", "lane": "edge", "input": {"mode": "semantic", "query": "anything"}}),
     );
     assert_eq!(status, 200, "{body}");
+}
+
+/// What a tool's shell reaches for around it: it may not trace another
+/// process (`ptrace` is refused by the agent's seccomp filter, which every
+/// tool process inherits), a stop signal from it does not stop the agent
+/// (only the supervisor's does), and a `kill -STOP` that freezes the agent
+/// (process runtime; in a container the agent is PID 1, which the kernel
+/// keeps from being stopped from inside) is noticed by choird within a
+/// second: the tree is killed, the agent restarted, the turn answered.
+#[test]
+fn t1_regression_a_tool_traced_signalled_and_froze_its_agent() {
+    // PTRACE_SEIZE (no stop) of the shell that started perl: same uid,
+    // dumpable, so only the filter refuses it.
+    const SEIZE: &str = r#"perl -e 'my $r = syscall(101, 0x4206, getppid(), 0, 0); print $r == -1 ? "ptrace refused: errno ".($!+0) : "ptrace attached", "\n"'"#;
+    let froze = Arc::new(AtomicBool::new(false));
+    let once = froze.clone();
+    let Some(Scenario { pg, llm, choird }) = Scenario::new()
+        .responder(move |req, _| {
+            let msgs = req["messages"].as_array()?;
+            let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+            if msgs.last()?["role"] == "tool" {
+                return Some(Step::Text(format!("done: {asked}")));
+            }
+            match asked.as_str() {
+                "reach" => Some(Step::call(
+                    "choir.exec",
+                    json!({"command": format!("{SEIZE}; kill -TERM $PPID; kill -INT $PPID; sleep 1; echo still here")}),
+                )),
+                "freeze" if !once.swap(true, Ordering::SeqCst) => {
+                    Some(Step::call("choir.exec", json!({"command": "kill -STOP $PPID; sleep 27.5", "timeout_s": 120})))
+                }
+                _ => Some(Step::Text(format!("answered: {asked}"))),
+            }
+        })
+        .running()
+        .build()
+    else {
+        return;
+    };
+    let pid_of = |choird: &Choird| -> Option<u64> {
+        let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+        s["pid"].as_u64()
+    };
+    let before = pid_of(&choird);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "reach"]), "done: reach\n");
+    let result = llm.requests().last().unwrap().body["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("ptrace refused: errno 1"), "{result}");
+    assert!(result.contains("still here"), "the shell went on: {result}");
+    assert_eq!(pid_of(&choird), before, "a tool's SIGTERM and SIGINT did not stop the agent");
+    let log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
+    assert!(log.contains("ignored signal 15"), "{log}");
+    // The control: the same seizure from a shell without the filter works
+    // here (no Yama on this kernel), so the refusal above is the filter's.
+    if !Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
+        #[allow(clippy::disallowed_methods)]
+        let out = std::process::Command::new("sh").arg("-c").arg(SEIZE).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ptrace attached\n");
+    }
+
+    let started = Instant::now();
+    let err = choird.ctl_err(&["chat", "demo", "freeze"]);
+    assert!(err.contains("it is being restarted and will answer"), "{err}");
+    assert!(froze.load(Ordering::SeqCst));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the frozen agent was found by choird, not by its lease lapsing (60 s): {:?}",
+        started.elapsed()
+    );
+    // The restarted agent answers the message it was frozen in.
+    wait_for("the answer after the restart", Duration::from_secs(60), || {
+        let answered: i64 =
+            pg.client().query_one("SELECT count(*) FROM messages WHERE replied_at IS NOT NULL", &[]).unwrap().get(0);
+        answered == 2
+    });
+    assert_eq!(audit_count(&pg, "action = 'agent.frozen'"), 1);
+    assert_ne!(pid_of(&choird), before, "restarted");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+        .filter(|c| c.contains("27.5"))
+        .collect();
+    assert!(left.is_empty(), "the frozen call's processes were killed with it: {left:?}");
 }
 
 /// The core job a relayed call names (`?job=`) is the agent's claim, kept in

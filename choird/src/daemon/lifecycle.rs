@@ -571,6 +571,28 @@ impl Daemon {
         self.audit(actor, Some(id), "agent.revoke", "ok", json!({"was_running": live}));
     }
 
+    /// Ends every process-runtime agent found stopped (`T` in
+    /// `/proc/<pid>/stat`): nothing but a tool's `kill -STOP` freezes one,
+    /// and a frozen agent neither supervises its tools nor answers. Its whole
+    /// tree is killed (the supervisor thread then restarts it as after any
+    /// exit). A container's agent is its PID 1, which the kernel keeps from
+    /// being stopped from inside. Returns who was ended.
+    pub fn end_frozen_agents(&self) -> Vec<AgentId> {
+        let mut ended = Vec::new();
+        for (id, pid) in self.sessions.processes() {
+            if choir_common::proc_tree::is_stopped(pid as i32) {
+                let n = choir_common::proc_tree::kill_trees(&[pid as i32]);
+                log::warn!(
+                    "agent {id}: found stopped (a signal froze it, e.g. a tool's kill -STOP); killed its process \
+                     tree ({n} process(es))"
+                );
+                self.audit("choird", Some(&id), "agent.frozen", "killed", json!({"pid": pid}));
+                ended.push(id);
+            }
+        }
+        ended
+    }
+
     /// Terminates the instance without asking the agent.
     fn stop_instance(&self, id: &AgentId) -> Result<(), Error> {
         let instance = self.sessions.instance(id);

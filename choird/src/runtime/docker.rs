@@ -164,7 +164,12 @@ pub fn hardened(spec: &ContainerSpec<'_>) -> Value {
             "Memory": memory,
             "MemorySwap": memory,
             "NanoCpus": (spec.resources.cpus * 1e9) as i64,
-            "Init": true,
+            // No init of the engine's: the agent is the container's PID 1
+            // (it reaps everything below it anyway), so no process of the
+            // agent's uid sits outside its tree for a tool to seize, and the
+            // kernel drops SIGSTOP and SIGKILL sent to it from inside the
+            // container: a tool cannot freeze or kill its agent.
+            "Init": false,
             "RestartPolicy": {"Name": "no"},
             "AutoRemove": false,
             "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
@@ -196,6 +201,7 @@ mod tests {
         assert_eq!(h["Privileged"], false);
         assert_eq!(h["CapDrop"], json!(["ALL"]));
         assert_eq!(h["ReadonlyRootfs"], true);
+        assert_eq!(h["Init"], false, "the agent is PID 1: no init of the agent's uid outside its tree");
         assert_eq!(h["Binds"], json!(["/srv/ws:/workspace:rw", "/srv/socks/demo:/run/choir:ro"]));
         assert_eq!(
             (h["Memory"].as_i64(), h["NanoCpus"].as_i64(), h["PidsLimit"].as_u64()),

@@ -305,6 +305,19 @@ impl Sessions {
             .collect()
     }
 
+    /// The agents running as processes of choird's (process runtime), with
+    /// their pids.
+    pub fn processes(&self) -> Vec<(AgentId, u32)> {
+        self.table
+            .lock()
+            .iter()
+            .filter_map(|(id, s)| match s.session.as_ref()?.instance {
+                Some(Instance::Process { pid }) => Some((id.clone(), pid)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Whether the agent is starting or running (takes messages).
     pub fn accepting(&self, id: &AgentId) -> bool {
         self.table.lock().get(id).is_some_and(|s| matches!(s.phase, Phase::Starting | Phase::Running))
