@@ -363,7 +363,7 @@ fn signal_loop(
             }
         }
         // A frozen process-runtime agent is ended within a second.
-        if rounds % 5 == 0 {
+        if rounds.is_multiple_of(5) {
             daemon.end_frozen_agents();
         }
         for (id, session) in daemon.stale_sessions() {
