@@ -253,6 +253,10 @@ impl TestSite {
                 "/upload" => html(
                     "<html><head><title>Upload</title></head><body><p>Upload a file</p><input type=\"file\" id=\"f\"></body></html>",
                 ),
+                "/spin" => html("<html><head><title>Spin</title></head><body><p>spinning</p><script>while (true) {}</script></body></html>"),
+                "/alerts" => html(
+                    "<html><head><title>Alerts</title></head><body><script>for (let i = 0; i < 1000; i++) alert(i);</script><p>after the alerts</p></body></html>",
+                ),
                 "/img" => html("<html><body><p>an image from a refused host:</p><img src=\"http://169.254.169.254/i.png\" alt=\"meta\"></body></html>"),
                 _ => html("<html><body>not found</body></html>").with_status_code(404),
             };

@@ -272,6 +272,70 @@ fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_sur
     });
 }
 
+/// CPU time (user + system, in clock ticks) of choird's Chromium processes.
+fn chromium_cpu(choird: &Choird) -> u64 {
+    browsers(choird)
+        .into_iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|s| {
+            let rest: Vec<u64> =
+                s.rsplit_once(')')?.1.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
+            Some(rest.iter().sum::<u64>())
+        })
+        .sum()
+}
+
+/// A hostile page cannot end an agent's browsing nor keep a core busy: a
+/// page that spins and one that floods dialogs fail their own call, their
+/// tab is discarded (the renderer crashed), and the next load works. An
+/// IPv6 destination the proxy refused is reported as refused, not opened.
+#[test]
+fn regression_a_spinning_page_or_a_dialog_flood_ended_the_agents_browsing_for_good() {
+    let Some(pg) = TestPg::start() else { return };
+    if !std::path::Path::new("/usr/bin/chromium").exists() {
+        assert!(!choir_tests::services_required(), "Chromium is required (make test installs it)");
+        eprintln!("skipped: no Chromium (apt install chromium)");
+        return;
+    }
+    let llm = caller();
+    let site = TestSite::start();
+    let choird = Choird::start(&web_config(&llm.base_url(), &pg.url(), None, None, None), &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let base = site.base_url();
+    let browse = |args: Value| call(&choird, "demo", "choir.web.browse", args);
+    let second = || {
+        let r = browse(json!({"action": "open", "url": format!("{base}/second")}));
+        assert!(ok(&r)["content"].as_str().unwrap().contains("This is the second page."), "{r}");
+    };
+    second();
+
+    // A script that never yields: the call times out within its deadline.
+    let e = failed(&browse(json!({"action": "open", "url": format!("{base}/spin")})));
+    assert!(e.contains("took too long") || e.contains("did not finish loading"), "{e}");
+    // Its renderer is gone: the browser burns (almost) no CPU afterwards.
+    std::thread::sleep(Duration::from_millis(500));
+    let ticks = chromium_cpu(&choird);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = chromium_cpu(&choird) - ticks;
+    assert!(spent < 60, "Chromium spent {spent} ticks of CPU in 2 s after the spinning page's call returned");
+    second();
+
+    // A thousand alerts: dismissed up to the cap, then the page is given up on.
+    let e = failed(&browse(json!({"action": "open", "url": format!("{base}/alerts")})));
+    assert!(e.contains("dialogs"), "{e}");
+    second();
+
+    // IPv6 loopback forms are refused, and said to be.
+    let port = base.rsplit(':').next().unwrap().trim_end_matches('/');
+    // (127.0.0.1 itself is allowed here, so its mapped form is too.)
+    for host in ["[::1]", "[::ffff:127.0.0.2]", "[::]", "[64:ff9b::7f00:2]"] {
+        let r = browse(json!({"action": "open", "url": format!("http://{host}:{port}/second")}));
+        let e = failed(&r);
+        assert!(e.contains("internal") || e.contains("refused"), "{host}: {r}");
+    }
+    second();
+}
+
 #[test]
 fn http_post_reaches_only_allowed_origins_with_a_secret_the_agent_never_sees_and_never_twice() {
     let Some(pg) = TestPg::start() else { return };

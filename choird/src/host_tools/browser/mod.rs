@@ -15,6 +15,13 @@
 //!   loads, `action_timeout_ms` for the rest); the text returned is capped.
 //! - A browser that dies fails the calls in flight with a clear error; the
 //!   next call starts a new browser (and new, empty contexts).
+//! - A tab whose call timed out (a page that spins, hangs its renderer or
+//!   never loads) or that opened more than [`MAX_DIALOGS`] dialogs in one
+//!   call is discarded when the call returns: its renderer is crashed (on
+//!   the renderer's IO thread, which a spinning script does not block), its
+//!   target closed and its context disposed; the agent's next call gets a
+//!   fresh tab. So no page burns CPU after its call, and none ends an
+//!   agent's browsing.
 
 pub mod cdp;
 pub mod launch;
@@ -46,6 +53,10 @@ const NAV_GRACE: Duration = Duration::from_millis(400);
 const QUIET: Duration = Duration::from_millis(60);
 /// Longest wait for that quiet after the load.
 const QUIET_MAX: Duration = Duration::from_secs(2);
+
+/// Dialogs (`alert`, `confirm`, `prompt`, `beforeunload`) one call
+/// dismisses before it gives up on the page.
+pub const MAX_DIALOGS: u32 = 20;
 
 /// Why an action failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +106,8 @@ struct Tab {
     proxy: Proxy,
     policy_of: AgentWeb,
     links: Vec<String>,
+    /// Dialogs dismissed during the current call.
+    dialogs: std::cell::Cell<u32>,
 }
 
 struct Running {
@@ -191,8 +204,13 @@ impl Browser {
             tab.proxy.set_policy(Policy::new(web));
             tab.policy_of = web.clone();
         }
+        tab.dialogs.set(0);
         let result = f(tab);
         if matches!(&result, Err(BrowseError::Failed(_))) && tab.conn.is_closed() {
+            *guard = None;
+        } else if matches!(&result, Err(BrowseError::Timeout(_))) || tab.dialogs.get() > MAX_DIALOGS {
+            log::warn!("agent {agent}: its browser tab is discarded after a hung or hostile page; the next call gets a new one");
+            tab.crash();
             *guard = None;
         }
         result
@@ -378,7 +396,18 @@ impl Tab {
         ] {
             conn.call(method, params, Some(&session), t).map_err(c)?;
         }
-        Ok(Tab { generation, conn, context, target, session, events, proxy, policy_of: web.clone(), links: Vec::new() })
+        Ok(Tab {
+            generation,
+            conn,
+            context,
+            target,
+            session,
+            events,
+            proxy,
+            policy_of: web.clone(),
+            links: Vec::new(),
+            dialogs: std::cell::Cell::new(0),
+        })
     }
 
     fn call(&self, method: &str, params: Value, timeout: Duration, what: &str) -> Result<Value, BrowseError> {
@@ -393,11 +422,35 @@ impl Tab {
         Ok(())
     }
 
+    /// Dismisses a dialog the page opened; past [`MAX_DIALOGS`] in one call
+    /// the page is given up on (and the tab discarded after the call).
     fn react(&self, ev: &Event) -> Result<(), BrowseError> {
         if ev.method == "Page.javascriptDialogOpening" {
-            self.call("Page.handleJavaScriptDialog", json!({"accept": false}), Duration::from_secs(5), "a dialog")?;
+            let n = self.dialogs.get() + 1;
+            self.dialogs.set(n);
+            if n > MAX_DIALOGS {
+                return Err(BrowseError::Failed(format!(
+                    "the page opened more than {MAX_DIALOGS} dialogs; it was closed"
+                )));
+            }
+            // A dialog that is gone already (the page closed it, or the
+            // renderer moved on) is not the call's failure.
+            if let Err(e) =
+                self.call("Page.handleJavaScriptDialog", json!({"accept": false}), Duration::from_secs(5), "a dialog")
+            {
+                log::debug!("browser: dismissing a dialog: {e}");
+            }
         }
         Ok(())
+    }
+
+    /// Ends the tab's page at once: crashes its renderer (handled on the
+    /// renderer's IO thread, so a script spinning on its main thread does not
+    /// delay it) and closes its target. The context goes with the tab.
+    fn crash(&self) {
+        let t = Duration::from_secs(2);
+        let _ = self.conn.call("Page.crash", json!({}), Some(&self.session), t);
+        let _ = self.conn.call("Target.closeTarget", json!({"targetId": self.target}), None, t);
     }
 
     /// Navigates to `url` (already checked) and reads the page.
