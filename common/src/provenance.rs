@@ -215,6 +215,72 @@ fn holds_words(hay: &str, needle: &str) -> bool {
     })
 }
 
+/// One place a traced value was seen: the index of the text among those
+/// given to [`trace`], its source, how the value is shown there, and whether
+/// it was an address, web address or number written inside the value
+/// rather than the value itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Which text (its index).
+    pub index: usize,
+    /// The source that text speaks for.
+    pub source: Source,
+    /// The value as looked for there.
+    pub shown: String,
+    /// Whether it is an entity written inside the value.
+    pub entity: bool,
+}
+
+/// Where `value` could have come from among `texts` (each with the source it
+/// speaks for), and where it was seen, in the order of `texts`. **The rule**
+/// (the agent's arbiter and choird judge by it alike): a value is found in a
+/// text as [`text_holds`] says; a text value shorter than
+/// [`MIN_TRACEABLE_TEXT`] is found nowhere; a text also carries the sources
+/// of the addresses, web addresses and numbers written in it that nothing
+/// vouches for (seen only in untrusted content, or nowhere), so a message the
+/// model wrote around a link from a web page is not the model's alone; found
+/// nowhere, a value is the model's (`{Model}`).
+pub fn trace(value: &str, texts: &[(Source, &str)]) -> (BTreeSet<Source>, Vec<Seen>) {
+    let sightings = |kind: Kind, norm: &str, shown: &str, entity: bool| {
+        let mut sources = BTreeSet::new();
+        let mut seen = Vec::new();
+        let too_short = kind == Kind::Text && norm.chars().count() < MIN_TRACEABLE_TEXT;
+        if norm.is_empty() || too_short {
+            return (sources, seen);
+        }
+        for (index, (source, text)) in texts.iter().enumerate() {
+            if !text.is_empty() && text_holds(kind, norm, text) {
+                sources.insert(*source);
+                seen.push(Seen { index, source: *source, shown: shown.to_owned(), entity });
+            }
+        }
+        (sources, seen)
+    };
+    let (kind, norm) = normalise(value);
+    let (mut sources, mut seen) = sightings(kind, &norm, value, false);
+    if kind == Kind::Text {
+        for (k, entity) in entities_in(value) {
+            let shown = match k {
+                Kind::Url => entity.trim_start_matches("http://").trim_end_matches('/').to_owned(),
+                _ => entity.clone(),
+            };
+            let (s, places) = sightings(k, &entity, &shown, true);
+            let vouched = s.iter().any(|s| matches!(s, Source::User | Source::Operator | Source::Trusted));
+            if !vouched {
+                sources.extend(&s);
+                seen.extend(places);
+                if s.is_empty() {
+                    sources.insert(Source::Model);
+                }
+            }
+        }
+    }
+    if sources.is_empty() {
+        sources.insert(Source::Model);
+    }
+    (sources, seen)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

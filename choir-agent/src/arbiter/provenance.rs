@@ -18,7 +18,6 @@
 
 use std::collections::BTreeSet;
 
-use choir_common::provenance::{entities_in, text_holds, MIN_TRACEABLE_TEXT};
 pub use choir_common::provenance::{normalise, Kind, Source};
 use choir_common::trust::OutputTrust;
 
@@ -108,64 +107,33 @@ fn excerpt(text: &str, value: &str) -> String {
     out
 }
 
-/// The sources of one normalised value in `ev` and where it was seen
-/// (`shown` is how the value is looked for in excerpts).
-fn sightings(kind: Kind, norm: &str, shown: &str, ev: &Evidence<'_>) -> (BTreeSet<Source>, Vec<Sighting>) {
-    let mut sources = BTreeSet::new();
-    let mut seen: Vec<Sighting> = Vec::new();
-    let too_short = kind == Kind::Text && norm.chars().count() < MIN_TRACEABLE_TEXT;
-    if norm.is_empty() || too_short {
-        return (sources, seen);
-    }
-    if !ev.operator.is_empty() && text_holds(kind, norm, ev.operator) {
-        sources.insert(Source::Operator);
-        seen.push(Sighting {
-            source: Source::Operator,
-            place: "the operator's identity and rules".into(),
-            excerpt: excerpt(ev.operator, shown),
-        });
+/// Where `value` could have come from in `ev`, and where it was seen, by
+/// [`choir_common::provenance::trace`]'s rule over the operator's words,
+/// the inherited entries and the lane's history (the model's own turns are
+/// no source).
+pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
+    // The texts traced through, and the entry each came from (none: the
+    // operator's words).
+    let mut texts: Vec<(Source, &str)> = Vec::new();
+    let mut from: Vec<Option<&Entry>> = Vec::new();
+    if !ev.operator.is_empty() {
+        texts.push((Source::Operator, ev.operator));
+        from.push(None);
     }
     for e in ev.inherited.iter().chain(ev.history) {
-        let Some(source) = source_of(&e.origin) else { continue };
-        let Some(text) = e.message.content.as_deref() else { continue };
-        if text_holds(kind, norm, text) {
-            sources.insert(source);
-            seen.push(Sighting { source, place: place_of(e), excerpt: excerpt(text, shown) });
-        }
+        let (Some(source), Some(text)) = (source_of(&e.origin), e.message.content.as_deref()) else { continue };
+        texts.push((source, text));
+        from.push(Some(e));
     }
-    (sources, seen)
-}
-
-/// Where `value` could have come from in `ev`, and where it was seen. A
-/// text also carries the sources of the addresses, web addresses and
-/// numbers written in it that nothing vouches for (seen only in untrusted
-/// content, or nowhere): a message the model wrote around a link it found in
-/// a web page is not the model's alone.
-pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
-    let (kind, norm) = normalise(value);
-    let (mut sources, mut seen) = sightings(kind, &norm, value, ev);
-    if kind == Kind::Text {
-        for (k, entity) in entities_in(value) {
-            let shown = match k {
-                Kind::Url => entity.trim_start_matches("http://").trim_end_matches('/').to_owned(),
-                _ => entity.clone(),
-            };
-            let (s, places) = sightings(k, &entity, &shown, ev);
-            let vouched = s.iter().any(|s| matches!(s, Source::User | Source::Operator | Source::Trusted));
-            if !vouched {
-                sources.extend(&s);
-                seen.extend(
-                    places.into_iter().map(|p| Sighting { place: format!("{} (it holds {shown})", p.place), ..p }),
-                );
-                if s.is_empty() {
-                    sources.insert(Source::Model);
-                }
-            }
-        }
-    }
-    if sources.is_empty() {
-        sources.insert(Source::Model);
-    }
+    let (sources, found) = choir_common::provenance::trace(value, &texts);
+    let mut seen: Vec<Sighting> = found
+        .into_iter()
+        .map(|f| {
+            let place = from[f.index].map_or_else(|| "the operator's identity and rules".to_owned(), place_of);
+            let place = if f.entity { format!("{place} (it holds {})", f.shown) } else { place };
+            Sighting { source: f.source, place, excerpt: excerpt(texts[f.index].1, &f.shown) }
+        })
+        .collect();
     // The least trusted first (what a human must see), then the latest.
     seen.reverse();
     seen.sort_by_key(|s| std::cmp::Reverse(s.source));
