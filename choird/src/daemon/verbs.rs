@@ -458,13 +458,16 @@ impl Daemon {
         Ok(())
     }
 
-    /// EXECUTE_HOST_TOOL: a host tool for the authenticated agent, through
-    /// the registry (validated, audited, at most once when not idempotent).
+    /// EXECUTE_HOST_TOOL: a host tool for the authenticated agent, judged
+    /// by its argument policy over what choird witnessed (see
+    /// `host_calls.rs`), then run through the registry (tool policy,
+    /// validated, audited, at most once when not idempotent).
     pub fn execute_host_tool(
         &self,
         who: &Authed,
         req: &ExecuteHostToolRequest,
     ) -> Result<ExecuteHostToolResponse, Error> {
+        self.judge_host_call(who, req)?;
         Ok(ExecuteHostToolResponse { result: self.host_tools.execute(who, req)? })
     }
 }

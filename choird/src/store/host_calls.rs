@@ -25,7 +25,88 @@ fn input_sha(tool: &str, input: &Value) -> String {
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
 
+/// Most user messages, scheduled jobs and stored events choird reads to
+/// judge one host-tool call (the newest of each).
+pub const EVIDENCE_MESSAGES: i64 = 200;
+/// See [`EVIDENCE_MESSAGES`].
+pub const EVIDENCE_EVENTS: i64 = 200;
+/// Most of one reported result read (in characters).
+pub const EVIDENCE_RESULT_BYTES: i32 = 64 * 1024;
+
+/// What choird witnessed of an agent, for judging a host-tool call's
+/// arguments by its own record rather than the agent's word.
+#[derive(Debug, Clone, Default)]
+pub struct Witnessed {
+    /// The texts of the newest messages people sent the agent.
+    pub user: Vec<String>,
+    /// The specs of its scheduled jobs (set by the operator or approved by
+    /// a person).
+    pub jobs: Vec<Value>,
+    /// The results of the newest tool calls the agent reported, as JSON
+    /// text, each cut at [`EVIDENCE_RESULT_BYTES`] (the agent's word: never
+    /// more than untrusted).
+    pub results: Vec<String>,
+}
+
 impl Store {
+    /// What choird witnessed of `agent` (see [`Witnessed`]).
+    pub fn witnessed(&self, agent: &AgentId) -> Result<Witnessed, DbError> {
+        self.db.with(|c| {
+            let user = c
+                .query(
+                    "SELECT text FROM messages WHERE agent_id = $1 ORDER BY id DESC LIMIT $2",
+                    &[&agent.as_str(), &EVIDENCE_MESSAGES],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let jobs = c
+                .query(
+                    "SELECT spec FROM schedule_jobs WHERE agent_id = $1 ORDER BY id DESC LIMIT $2",
+                    &[&agent.as_str(), &EVIDENCE_MESSAGES],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let results = c
+                .query(
+                    "SELECT left((event->'result')::text, $3) FROM commit_events
+                     WHERE agent_id = $1 AND event ? 'result' ORDER BY seq DESC LIMIT $2",
+                    &[&agent.as_str(), &EVIDENCE_EVENTS, &EVIDENCE_RESULT_BYTES],
+                )?
+                .iter()
+                .filter_map(|r| r.get::<_, Option<String>>(0))
+                .collect();
+            Ok(Witnessed { user, jobs, results })
+        })
+    }
+
+    /// Uses up a person's approval of exactly this call — `tool` with
+    /// `input`, for `agent`, approved within the last day and not used by
+    /// another call — for the host call `marker`; true if there was one. A
+    /// retry of the same call (same marker) finds its approval again.
+    pub fn use_call_approval(&self, agent: &AgentId, tool: &str, input: &Value, marker: &str) -> Result<bool, DbError> {
+        // Its `applied` record says what used it: `…; used by host call <marker>`.
+        let used = format!("; used by host call {marker:?}");
+        self.db.with(|c| {
+            let row = c.query_opt(
+                "UPDATE approvals SET applied = CASE WHEN strpos(coalesce(applied, ''), $4) > 0 THEN applied
+                                                   ELSE coalesce(applied, '') || $4 END
+                 WHERE id = (
+                     SELECT id FROM approvals
+                     WHERE agent_id = $1 AND kind = 'call' AND status = 'approved'
+                       AND decided_at > now() - interval '1 day'
+                       AND content::jsonb ->> 'tool' = $2 AND content::jsonb -> 'input' = $3
+                       AND (strpos(coalesce(applied, ''), '; used by host call ') = 0
+                            OR strpos(coalesce(applied, ''), $4) > 0)
+                     ORDER BY strpos(coalesce(applied, ''), $4) = 0, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                 RETURNING id",
+                &[&agent.as_str(), &tool, input, &used],
+            )?;
+            Ok(row.is_some())
+        })
+    }
+
     /// Claims `(agent, call_id)` for `tool` with `input` (see [`Claim`]).
     pub fn claim_host_call(&self, agent: &AgentId, call_id: &str, tool: &str, input: &Value) -> Result<Claim, DbError> {
         let sha = input_sha(tool, input);
