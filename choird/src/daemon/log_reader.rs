@@ -5,54 +5,14 @@ use std::io::Write;
 use std::time::Duration;
 
 use choir_common::admin::LogPage;
-use choir_common::ids::AgentId;
 
 use super::Daemon;
 use crate::error::Error;
-use crate::logs::query::{self, Filter};
+use crate::logs::query::{self, LogQuery};
 
-/// Most records one page returns.
-pub const MAX_LIMIT: usize = 100_000;
 /// How often a follower hears a keep-alive (a blank line) when nothing is
 /// logged, so a client that went away is noticed.
 const KEEPALIVE: Duration = Duration::from_secs(10);
-
-/// A reader's query, checked.
-#[derive(Debug)]
-pub struct LogQuery {
-    /// What to read.
-    pub filter: Filter,
-    /// The newest this many.
-    pub limit: usize,
-}
-
-impl LogQuery {
-    /// Checks a query's parameters (each error names the fix).
-    pub fn parse(
-        agent: Option<&str>,
-        since: Option<&str>,
-        level: Option<&str>,
-        grep: Option<&str>,
-        limit: Option<&str>,
-    ) -> Result<LogQuery, Error> {
-        let agent = match agent {
-            Some(a) => Some(AgentId::parse(a).map_err(|e| Error::Malformed(e.to_string()))?.as_str().to_owned()),
-            None => None,
-        };
-        let since = since.map(query::parse_since).transpose().map_err(Error::Malformed)?;
-        let max_rank = level.map_or(Ok(5), query::parse_level).map_err(Error::Malformed)?;
-        let limit = match limit {
-            None => 1000,
-            Some(l) => l
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=MAX_LIMIT).contains(n))
-                .ok_or_else(|| Error::Malformed(format!("limit {l:?} must be a number from 1 to {MAX_LIMIT}")))?,
-        };
-        let grep = grep.filter(|g| !g.is_empty()).map(str::to_owned);
-        Ok(LogQuery { filter: Filter { agent, since, max_rank, grep }, limit })
-    }
-}
 
 impl Daemon {
     /// The newest matching records.

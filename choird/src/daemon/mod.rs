@@ -26,7 +26,6 @@ mod backup;
 mod host_calls;
 mod lifecycle;
 mod log_reader;
-pub use log_reader::LogQuery;
 mod rollout;
 pub mod schedule;
 mod secrets;

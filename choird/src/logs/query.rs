@@ -7,8 +7,11 @@ use std::path::Path;
 
 use choir_common::admin::{LogPage, LogRecord};
 
+use choir_common::ids::AgentId;
+
 use super::files::archive_name;
 use super::{Snapshot, CHOIRD};
+use crate::error::Error;
 
 /// Which records a reader wants.
 #[derive(Debug, Clone, Default)]
@@ -154,6 +157,46 @@ fn for_each_line(r: impl Read, keep: &mut impl FnMut(LogRecord)) {
                 }
             }
         }
+    }
+}
+
+/// Most records one page returns.
+pub const MAX_LIMIT: usize = 100_000;
+
+/// A reader's query, checked.
+#[derive(Debug)]
+pub struct LogQuery {
+    /// What to read.
+    pub filter: Filter,
+    /// The newest this many.
+    pub limit: usize,
+}
+
+impl LogQuery {
+    /// Checks a query's parameters (each error names the fix).
+    pub fn parse(
+        agent: Option<&str>,
+        since: Option<&str>,
+        level: Option<&str>,
+        grep: Option<&str>,
+        limit: Option<&str>,
+    ) -> Result<LogQuery, Error> {
+        let agent = match agent {
+            Some(a) => Some(AgentId::parse(a).map_err(|e| Error::Malformed(e.to_string()))?.as_str().to_owned()),
+            None => None,
+        };
+        let since = since.map(parse_since).transpose().map_err(Error::Malformed)?;
+        let max_rank = level.map_or(Ok(5), parse_level).map_err(Error::Malformed)?;
+        let limit = match limit {
+            None => 1000,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))
+                .ok_or_else(|| Error::Malformed(format!("limit {l:?} must be a number from 1 to {MAX_LIMIT}")))?,
+        };
+        let grep = grep.filter(|g| !g.is_empty()).map(str::to_owned);
+        Ok(LogQuery { filter: Filter { agent, since, max_rank, grep }, limit })
     }
 }
 

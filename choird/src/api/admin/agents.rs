@@ -11,7 +11,7 @@ use choir_common::commit::{verify_extension, ChainHead};
 use choir_common::ids::AgentId;
 
 use super::request::ImageAction;
-use super::stream;
+use super::stream::stream;
 use crate::daemon::{ChatUpdate, Daemon};
 use crate::error::Error;
 use crate::http::{Request, Response};

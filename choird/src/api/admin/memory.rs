@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use super::request::MemoryRead;
-use super::stream;
+use super::stream::stream;
 use crate::daemon::Daemon;
 use crate::error::Error;
 use crate::http::Response;

@@ -11,6 +11,7 @@ mod agents;
 mod memory;
 mod operations;
 pub mod request;
+mod stream;
 
 use choir_common::admin::{ApproveRequest, CancelRequest, RejectRequest};
 
@@ -120,19 +121,4 @@ pub fn handle(
             Ok(Response::ok(&serde_json::json!({"done": done})))
         }
     }
-}
-
-/// A streamed answer: `fill` writes it from a task thread named `name`
-/// while the connection reads the other end.
-fn stream(
-    d: &Daemon,
-    name: String,
-    content_type: &'static str,
-    fill: impl FnOnce(&mut std::io::PipeWriter) + Send + 'static,
-) -> Result<Response, Error> {
-    let (reader, mut writer) = std::io::pipe().map_err(|e| Error::Internal(e.to_string()))?;
-    d.tasks.spawn(name, move || fill(&mut writer)).map_err(|e| Error::Internal(e.to_string()))?;
-    let mut response = Response::streaming(reader);
-    response.content_type = content_type;
-    Ok(response)
 }

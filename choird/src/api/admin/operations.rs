@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use choir_common::admin::StatusResponse;
 
-use super::stream;
-use crate::daemon::{Daemon, LogQuery};
+use super::stream::stream;
+use crate::daemon::Daemon;
 use crate::error::Error;
 use crate::http::{Request, Response};
+use crate::logs::query::LogQuery;
 
 /// `GET status`.
 pub(super) fn status(d: &Daemon) -> StatusResponse {

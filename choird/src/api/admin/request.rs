@@ -7,9 +7,9 @@
 
 use choir_common::ids::AgentId;
 
-use crate::daemon::LogQuery;
 use crate::error::Error;
 use crate::http::Head;
+use crate::logs::query::LogQuery;
 use crate::store::usage::UsageBy;
 
 /// The image actions of an agent.
