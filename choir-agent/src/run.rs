@@ -259,7 +259,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sig = std::thread::Builder::new().name("signals".into()).spawn(move || {
         for origin in signals.forever() {
             let sender = origin.process.map(|p| p.pid);
-            if stop_signal_from_supervisor(sender, rustix::process::getppid().map(|p| p.as_raw_nonzero().get())) {
+            let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+            let descendant =
+                sender.and_then(|s| choir_common::proc_tree::is_descendant_of(s, std::process::id() as i32));
+            if stop_signal_from_supervisor(sender, parent, descendant) {
                 log::info!("signal received: finishing the current message, then stopping");
                 let _ = edge_tx.send(EdgeEvent::Stop);
                 return;
@@ -307,15 +310,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// Whether a stop signal came from whoever supervises the agent: its
-/// parent (choird, for the process runtime), or from outside its PID
-/// namespace (the engine's `docker stop`, which the kernel shows as pid 0;
-/// the agent is the container's PID 1 and has no parent there). A tool's
-/// process is neither, and a tool must not be able to stop the agent.
-fn stop_signal_from_supervisor(sender: Option<i32>, parent: Option<i32>) -> bool {
+/// Whether a stop signal may stop the agent: not when a tool sent it. A
+/// tool's processes are all below the agent (it is their subreaper, so even
+/// one that left its session is), so a signal is a tool's when its sender is
+/// the agent's descendant — or is gone by the time it is looked at (a tool
+/// that signalled and exited). It is honoured from the agent's parent
+/// (choird, for the process runtime), from outside its PID namespace (the
+/// engine's `docker stop`, which the kernel shows as pid 0; the agent is the
+/// container's PID 1), from the kernel (no sender), and from any live process
+/// outside the agent's tree (an operator's `kill`, systemd).
+fn stop_signal_from_supervisor(sender: Option<i32>, parent: Option<i32>, descendant: Option<bool>) -> bool {
     match sender {
         None | Some(0) => true,
-        Some(pid) => Some(pid) == parent,
+        Some(pid) if Some(pid) == parent => true,
+        Some(_) => descendant == Some(false),
     }
 }
 
@@ -358,15 +366,19 @@ mod tests {
     use super::stop_signal_from_supervisor;
 
     #[test]
-    fn only_the_supervisor_stops_the_agent_by_a_signal_never_a_tool() {
+    fn a_stop_signal_stops_the_agent_unless_a_tool_sent_it() {
         // choird, the process runtime's parent.
-        assert!(stop_signal_from_supervisor(Some(4242), Some(4242)));
+        assert!(stop_signal_from_supervisor(Some(4242), Some(4242), Some(false)));
         // docker stop: from outside the container's PID namespace (pid 0),
         // where the agent is PID 1 and has no parent.
-        assert!(stop_signal_from_supervisor(Some(0), None));
-        assert!(stop_signal_from_supervisor(None, Some(4242)), "the kernel's own (no sender)");
-        // A tool's process, in either runtime.
-        assert!(!stop_signal_from_supervisor(Some(4300), Some(4242)));
-        assert!(!stop_signal_from_supervisor(Some(17), None));
+        assert!(stop_signal_from_supervisor(Some(0), None, None));
+        assert!(stop_signal_from_supervisor(None, Some(4242), None), "the kernel's own (no sender)");
+        // An operator's kill, or systemd, after choird is gone.
+        assert!(stop_signal_from_supervisor(Some(1), Some(1), Some(false)));
+        assert!(stop_signal_from_supervisor(Some(900), Some(1), Some(false)));
+        // A tool's process, in either runtime, alive or already gone.
+        assert!(!stop_signal_from_supervisor(Some(4300), Some(4242), Some(true)));
+        assert!(!stop_signal_from_supervisor(Some(17), None, Some(true)));
+        assert!(!stop_signal_from_supervisor(Some(4301), Some(4242), None));
     }
 }

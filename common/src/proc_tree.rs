@@ -60,6 +60,32 @@ pub fn descendants_of(pid: i32, cap: usize) -> Vec<i32> {
     out
 }
 
+/// The parent of `pid`, from `/proc/<pid>/stat` (`None` when it is gone).
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid …": comm may hold spaces and parentheses.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is a descendant of `ancestor` (its parent, its parent's
+/// parent, …); `None` when `pid` is gone, so it cannot be told.
+pub fn is_descendant_of(pid: i32, ancestor: i32) -> Option<bool> {
+    let mut at = parent_of(pid)?;
+    for _ in 0..4096 {
+        if at == ancestor {
+            return Some(true);
+        }
+        if at <= 1 {
+            return Some(false);
+        }
+        match parent_of(at) {
+            Some(p) => at = p,
+            None => return Some(false),
+        }
+    }
+    Some(false)
+}
+
 /// Whether `pid` is stopped by a signal or a tracer (state `T` or `t` in
 /// `/proc/<pid>/stat`). A process that is gone is not stopped.
 pub fn is_stopped(pid: i32) -> bool {
@@ -165,6 +191,28 @@ mod tests {
         assert_eq!(kill_trees(&[child.id() as i32]), 1);
         let status = child.wait().unwrap();
         assert!(!status.success());
+    }
+
+    #[test]
+    fn a_descendant_is_told_from_a_stranger() {
+        #[allow(clippy::disallowed_methods)]
+        let mut child = std::process::Command::new("sh").arg("-c").arg("sleep 5 & wait").spawn().unwrap();
+        let me = std::process::id() as i32;
+        let child_pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let grandchild = loop {
+            if let Some(g) = children_of(child_pid).first() {
+                break *g;
+            }
+            assert!(std::time::Instant::now() < deadline, "no grandchild");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(parent_of(child_pid), Some(me));
+        assert_eq!(is_descendant_of(grandchild, me), Some(true));
+        assert_eq!(is_descendant_of(me, child_pid), Some(false), "a parent is no descendant");
+        kill_trees(&[child_pid]);
+        child.wait().unwrap();
+        assert_eq!(is_descendant_of(child_pid, me), None, "gone: cannot be told");
     }
 
     #[test]
