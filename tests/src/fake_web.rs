@@ -253,6 +253,18 @@ impl TestSite {
                 "/upload" => html(
                     "<html><head><title>Upload</title></head><body><p>Upload a file</p><input type=\"file\" id=\"f\"></body></html>",
                 ),
+                // A page that opens a peer connection to a STUN and a TURN
+                // server on the UDP port `?port=` (on this host).
+                "/webrtc" => html(&format!(
+                    "<html><head><title>WebRTC</title></head><body><p>peer</p><script>\
+                     const port = {};\
+                     const pc = new RTCPeerConnection({{iceServers: [{{urls: 'stun:127.0.0.1:' + port}},\
+                       {{urls: 'turn:127.0.0.1:' + port + '?transport=udp', username: 'leak', credential: 'x'}}]}});\
+                     pc.createDataChannel('d');\
+                     pc.createOffer().then(o => pc.setLocalDescription(o));\
+                     </script></body></html>",
+                    param("port").and_then(|p| p.parse::<u16>().ok()).unwrap_or(9)
+                )),
                 "/spin" => html("<html><head><title>Spin</title></head><body><p>spinning</p><script>while (true) {}</script></body></html>"),
                 "/alerts" => html(
                     "<html><head><title>Alerts</title></head><body><script>for (let i = 0; i < 1000; i++) alert(i);</script><p>after the alerts</p></body></html>",

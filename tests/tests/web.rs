@@ -287,8 +287,9 @@ fn chromium_cpu(choird: &Choird) -> u64 {
 
 /// A hostile page cannot end an agent's browsing nor keep a core busy: a
 /// page that spins and one that floods dialogs fail their own call, their
-/// tab is discarded (the renderer crashed), and the next load works. An
-/// IPv6 destination the proxy refused is reported as refused, not opened.
+/// tab is discarded (the renderer crashed), and the next load works. A
+/// page's WebRTC sends no UDP around the proxy. An IPv6 destination the
+/// proxy refused is reported as refused, not opened.
 #[test]
 fn regression_a_spinning_page_or_a_dialog_flood_ended_the_agents_browsing_for_good() {
     let Some(pg) = TestPg::start() else { return };
@@ -324,6 +325,23 @@ fn regression_a_spinning_page_or_a_dialog_flood_ended_the_agents_browsing_for_go
     let e = failed(&browse(json!({"action": "open", "url": format!("{base}/alerts")})));
     assert!(e.contains("dialogs"), "{e}");
     second();
+
+    // A page's WebRTC sends nothing over UDP around the proxy (STUN and
+    // TURN to a listener on this host).
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let udp_port = udp.local_addr().unwrap().port();
+    let r = browse(json!({"action": "open", "url": format!("{base}/webrtc?port={udp_port}")}));
+    ok(&r);
+    let mut got = 0;
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    let mut buf = [0u8; 2048];
+    while std::time::Instant::now() < until {
+        if udp.recv_from(&mut buf).is_ok() {
+            got += 1;
+        }
+    }
+    assert_eq!(got, 0, "a page's WebRTC sent {got} UDP datagrams past the egress proxy");
 
     // IPv6 loopback forms are refused, and said to be.
     let port = base.rsplit(':').next().unwrap().trim_end_matches('/');

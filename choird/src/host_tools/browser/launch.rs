@@ -93,6 +93,12 @@ impl Process {
             "--mute-audio",
             "--hide-scrollbars",
             "--password-store=basic",
+            // WebRTC over UDP would go around the proxy (an HTTP proxy
+            // carries no UDP): only proxied (TCP, through the context's
+            // proxy and its policy) is allowed. Both spellings: Chromium
+            // with --headless reads the first (the command-line pref
+            // store), headless-shell builds the second.
+            "--webrtc-ip-handling-policy=disable_non_proxied_udp",
             "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
             "--window-size=1280,800",
             "--proxy-bypass-list=<-loopback>",
