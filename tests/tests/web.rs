@@ -100,6 +100,17 @@ fn web_search_goes_through_brave_with_a_key_the_agent_never_sees_and_arrives_wra
     assert!(text.contains("choir.web.browse") && text.contains("connected"), "{text}");
 }
 
+/// Whether Chromium is installed; without it a test skips (and `make test`,
+/// which installs it, fails).
+fn chromium_here() -> bool {
+    if std::path::Path::new("/usr/bin/chromium").exists() {
+        return true;
+    }
+    assert!(!choir_tests::services_required(), "Chromium is required (make test installs it)");
+    eprintln!("skipped: no Chromium (apt install chromium)");
+    false
+}
+
 /// Chromium processes choird started.
 fn browsers(choird: &Choird) -> Vec<i32> {
     chromium_processes(choird.pid())
@@ -108,9 +119,7 @@ fn browsers(choird: &Choird) -> Vec<i32> {
 #[test]
 fn the_browser_reads_pages_keeps_agents_apart_refuses_internal_addresses_and_survives_its_death() {
     let Some(pg) = TestPg::start() else { return };
-    if !std::path::Path::new("/usr/bin/chromium").exists() {
-        assert!(!choir_tests::services_required(), "Chromium is required (make test installs it)");
-        eprintln!("skipped: no Chromium (apt install chromium)");
+    if !chromium_here() {
         return;
     }
     let llm = caller();
@@ -293,9 +302,7 @@ fn chromium_cpu(choird: &Choird) -> u64 {
 #[test]
 fn regression_a_spinning_page_or_a_dialog_flood_ended_the_agents_browsing_for_good() {
     let Some(pg) = TestPg::start() else { return };
-    if !std::path::Path::new("/usr/bin/chromium").exists() {
-        assert!(!choir_tests::services_required(), "Chromium is required (make test installs it)");
-        eprintln!("skipped: no Chromium (apt install chromium)");
+    if !chromium_here() {
         return;
     }
     let llm = caller();
