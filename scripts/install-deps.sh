@@ -14,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PG_MAJOR=15
 PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
-          gcc make dpkg-dev ca-certificates curl git util-linux mmdebstrap chromium
+          gcc make dpkg-dev ca-certificates curl git util-linux mount e2fsprogs mmdebstrap chromium
           espeak-ng opus-tools openssl dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv)
 
 missing=()

@@ -533,8 +533,13 @@ fn usage_table(usage: &[choir_common::admin::AgentUsage]) {
         let limit = u.limit.map_or("∞".to_owned(), |n| n.to_string());
         format!("{used}/{limit}")
     };
+    let bytes_cell = |u: &choir_common::admin::Use| {
+        let used = u.used.map_or("-".to_owned(), choir_common::text::human_bytes);
+        let limit = u.limit.map_or("∞".to_owned(), choir_common::text::human_bytes);
+        format!("{used}/{limit}")
+    };
     say!(
-        "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13}",
+        "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13} {:>23} {:>15}",
         "QUOTAS",
         "TOKENS TODAY",
         "TOKENS TOTAL",
@@ -542,11 +547,13 @@ fn usage_table(usage: &[choir_common::admin::AgentUsage]) {
         "PROPOSALS",
         "NOTICES/H",
         "SPOOL BYTES",
-        "AUDIT/H"
+        "AUDIT/H",
+        "WORKSPACE",
+        "FILES"
     );
     for u in usage {
         say!(
-            "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13}",
+            "{:<16} {:>17} {:>17} {:>15} {:>9} {:>11} {:>21} {:>13} {:>23} {:>15}",
             u.id,
             cell(&u.tokens_today),
             cell(&u.tokens_total),
@@ -554,7 +561,9 @@ fn usage_table(usage: &[choir_common::admin::AgentUsage]) {
             cell(&u.pending_proposals),
             cell(&u.notices_this_hour),
             cell(&u.spool_bytes),
-            cell(&u.audit_this_hour)
+            cell(&u.audit_this_hour),
+            bytes_cell(&u.workspace_bytes),
+            cell(&u.workspace_inodes)
         );
     }
 }

@@ -54,6 +54,7 @@ pub fn run(root: &Path, report: &mut dyn FnMut(Check)) {
         return;
     };
     let secrets = secrets.unwrap_or_default();
+    report(workspaces(&home, &config));
     if config.runtime == RuntimeKind::Docker {
         docker(&config).into_iter().for_each(&mut *report);
     }
@@ -126,6 +127,40 @@ fn disk(home: &Home) -> Check {
     } else {
         Check::ok("disk", detail)
     }
+}
+
+/// Every agent's workspace has its quota: off is a warning (an agent can
+/// then fill choird's disk); on, choird must be able to mount the image
+/// itself (root) or find it mounted (`choird workspaces mount`).
+fn workspaces(home: &Home, config: &Config) -> Check {
+    let name = "workspaces";
+    let root = rustix::process::geteuid().is_root();
+    let off: Vec<&str> =
+        config.agents.iter().filter(|(_, a)| a.quotas.workspace_mb == 0).map(|(id, _)| id.as_str()).collect();
+    let unmounted: Vec<&str> = config
+        .agents
+        .iter()
+        .filter(|(_, a)| a.quotas.workspace_mb > 0 && !root)
+        .filter(|(id, _)| {
+            !crate::runtime::workspace::is_mounted(&home.workspace_image(id), &config.workspace(home, id))
+        })
+        .map(|(id, _)| id.as_str())
+        .collect();
+    if !unmounted.is_empty() {
+        return Check::fail(
+            name,
+            format!("not mounted, and choird (not root) cannot mount them: {}", unmounted.join(", ")),
+            "run `choird workspaces mount` as root (the systemd unit does before start and on reload)",
+        );
+    }
+    if !off.is_empty() {
+        return Check::warn(
+            name,
+            format!("no quota (quotas.workspace_mb is 0), so each can fill choird's disk: {}", off.join(", ")),
+            "set agents.<id>.quotas.workspace_mb",
+        );
+    }
+    Check::ok(name, format!("{} agent workspace(s), each a sized file system of its own", config.agents.len()))
 }
 
 /// The admin socket and the socket directories must be choird's alone.

@@ -109,6 +109,11 @@ impl Home {
     pub fn repos(&self) -> PathBuf {
         self.root.join("repos")
     }
+    /// The image an agent's workspace is mounted from
+    /// (`workspace-images/<id>.ext4`; see `runtime::workspace`).
+    pub fn workspace_image(&self, id: &AgentId) -> PathBuf {
+        self.root.join("workspace-images").join(format!("{id}.ext4"))
+    }
     /// Default workspace directory of an agent.
     pub fn default_workspace(&self, id: &AgentId) -> PathBuf {
         self.root.join("workspaces").join(id.as_str())

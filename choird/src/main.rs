@@ -7,6 +7,7 @@ const USAGE: &str = "\
 usage: choird [--home DIR]
        choird doctor [--home DIR]
        choird restore FILE [--home DIR] [--managed | --database-url-stdin]
+       choird workspaces mount|release [--home DIR]
 
 Runs the Choir control plane. The state directory is DIR, else $CHOIR_HOME,
 else ~/.choir.d. Logs go to stderr and DIR/logs/choird.log (level: RUST_LOG,
@@ -16,7 +17,12 @@ default info).
 `choirctl restore` have done here (they need no running choird): each
 prints one JSON object a line (a check; a step, then the summary), and
 `restore` reads the database's connection string from stdin with
---database-url-stdin (never from the command line: it may hold a password).";
+--database-url-stdin (never from the command line: it may hold a password).
+
+`workspaces mount` (as root) mounts every configured agent's workspace
+image, making each that is missing, for a choird that runs unprivileged
+(the systemd unit runs it before choird starts and on reload);
+`workspaces release` unmounts them (after choird stops).";
 
 /// What the command line asks for.
 enum Mode {
@@ -26,6 +32,8 @@ enum Mode {
     Doctor,
     /// Unpack a backup into an empty home.
     Restore { file: PathBuf, into: Into },
+    /// Mount (or release) the agents' workspace images, as root.
+    Workspaces { release: bool },
 }
 
 /// Where `restore` puts the database.
@@ -57,6 +65,15 @@ fn real_main() -> anyhow::Result<()> {
         match arg {
             Long("home") => home = Some(parser.value()?.into()),
             Value(word) if matches!(mode, Mode::Serve) && word == "doctor" => mode = Mode::Doctor,
+            Value(word) if matches!(mode, Mode::Serve) && word == "workspaces" => {
+                let what = parser.value().map_err(|_| anyhow::anyhow!("workspaces needs mount or release\n{USAGE}"))?;
+                let release = match what.to_str() {
+                    Some("mount") => false,
+                    Some("release") => true,
+                    _ => anyhow::bail!("workspaces needs mount or release\n{USAGE}"),
+                };
+                mode = Mode::Workspaces { release };
+            }
             Value(word) if matches!(mode, Mode::Serve) && word == "restore" => {
                 let file = parser.value().map_err(|_| anyhow::anyhow!("restore needs the backup FILE\n{USAGE}"))?;
                 mode = Mode::Restore { file: file.into(), into: Into::AsBackedUp };
@@ -88,6 +105,7 @@ fn real_main() -> anyhow::Result<()> {
         Mode::Serve => {}
         Mode::Doctor => return doctor(&home),
         Mode::Restore { file, into } => return restore(&home, &file, into),
+        Mode::Workspaces { release } => return workspaces(&home, release),
     }
     init_logging(&home);
     let default_agent_binary = std::env::current_exe()
@@ -129,6 +147,23 @@ fn doctor(home: &std::path::Path) -> anyhow::Result<()> {
         Some(e) => Err(e.into()),
         None => Ok(()),
     }
+}
+
+/// `choird workspaces mount|release`: one line per agent; fails when any
+/// agent's could not be done (the others are done all the same).
+fn workspaces(home: &std::path::Path, release: bool) -> anyhow::Result<()> {
+    let mut failed = 0;
+    for (agent, outcome) in choird::runtime::workspace::for_every_agent(home, release).map_err(anyhow::Error::msg)? {
+        match outcome {
+            Ok(done) => println!("{agent}: {done}"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{agent}: {e}");
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} agent(s) failed");
+    Ok(())
 }
 
 /// `choird restore`: each step as `{"step": …}`, then `{"summary": …}`.

@@ -121,6 +121,12 @@ impl Cmd {
         Ok(out)
     }
 
+    /// Runs to completion, capturing output, whatever its exit status (for
+    /// a program whose non-zero statuses mean more than failure).
+    pub fn output(&mut self) -> Result<Output, SpawnError> {
+        self.inner.stdin(Stdio::null()).output().map_err(|e| SpawnError::Start { cmd: self.display.clone(), source: e })
+    }
+
     /// Starts the child with the given stdio.
     pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Result<Child, SpawnError> {
         self.inner

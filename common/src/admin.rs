@@ -198,6 +198,14 @@ pub struct AgentUsage {
     pub spool_bytes: Use,
     /// Audit records of its requests this hour.
     pub audit_this_hour: Use,
+    /// Bytes used in its workspace's file system, against its size (the
+    /// configured quota while the image is not mounted; no limit when the
+    /// quota is off).
+    #[serde(default)]
+    pub workspace_bytes: Use,
+    /// Inodes used there, against the file system's count.
+    #[serde(default)]
+    pub workspace_inodes: Use,
 }
 
 /// One agent, as choird sees it.

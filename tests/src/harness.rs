@@ -91,6 +91,14 @@ impl Drop for TempHome {
             if let Some(d) = self.dir.take() {
                 eprintln!("CHOIR_TEST_KEEP: keeping {}", d.keep().display());
             }
+            return;
+        }
+        // Workspace images a choird that was killed left mounted: detached,
+        // so the directory can go and the loop devices are freed.
+        for mount in choird::runtime::workspace::mounts_under(&self.path) {
+            if let Err(e) = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH) {
+                eprintln!("cannot unmount {}: {e}", mount.display());
+            }
         }
     }
 }

@@ -1245,3 +1245,210 @@ fn regression_sighup_revokes_a_removed_agent_and_opens_a_socket_for_an_added_one
     choird.ctl_ok(&["agent", "start", "late"]);
     assert_eq!(choird.ctl_ok(&["chat", "late", "hi"]), "late answers\n");
 }
+
+/// What a call of `choir.exec` printed: the last tool result the model saw.
+fn last_tool_result(llm: &FakeLlm) -> String {
+    let requests = llm.requests();
+    let messages = requests.last().unwrap().body["messages"].as_array().unwrap().clone();
+    messages.iter().rev().find(|m| m["role"] == "tool").unwrap()["content"].as_str().unwrap().to_owned()
+}
+
+/// Bytes a file really takes on its disk (a sparse image takes what was
+/// written into it).
+fn allocated(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(path).unwrap()) * 512
+}
+
+#[test]
+fn t0_regression_one_agent_could_fill_the_hosts_disk_and_inodes_from_its_workspace() {
+    // 40 MiB written and 3,000 files made, then removed, in one call (so the
+    // agent's own commit log, also in the workspace, is never left without
+    // room). `capped` has a 24 MiB, 1,500-inode workspace; `open` has its
+    // quota off: the negative control, where both succeed.
+    const FLOOD: &str = "head -c 41943040 /dev/zero > big.bin 2>/dev/null; echo write=$?; rm -f big.bin; \
+                         i=0; while [ $i -lt 3000 ] && : > f$i 2>/dev/null; do i=$((i+1)); done; echo files=$i; \
+                         rm -f f*; cat notes.txt 2>/dev/null";
+    let Some(Scenario { llm, choird, pg: _pg }) = Scenario::new()
+        .agents(&["capped", "open"])
+        .responder(|req, _| {
+            let msgs = req["messages"].as_array()?;
+            if msgs.last()?["role"] == "tool" {
+                return Some(Step::Text("flooded".into()));
+            }
+            Some(Step::call("choir.exec", json!({"command": FLOOD, "timeout_s": 60})))
+        })
+        .config(|c| {
+            c["agents"]["capped"]["quotas"] = json!({"workspace_mb": 24, "workspace_inodes": 1500});
+            c["agents"]["open"]["quotas"] = json!({"workspace_mb": 0});
+        })
+        .build()
+    else {
+        return;
+    };
+    if !rustix::process::geteuid().is_root() {
+        assert!(!choir_tests::services_required(), "the workspace quota test needs root (make test runs as root)");
+        eprintln!("skipping: mounting a workspace image needs root");
+        return;
+    }
+    // What the workspace held before it had a quota moves into its image.
+    let ws = choird.workspace("capped");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), "written before the quota\n").unwrap();
+    choird.ctl_ok(&["agent", "start", "capped"]);
+    choird.ctl_ok(&["agent", "start", "open"]);
+    let image = choird.home.path().join("workspace-images/capped.ext4");
+    assert!(choird::runtime::workspace::is_mounted(&image, &ws), "the capped workspace is its image");
+    assert!(!choird::runtime::workspace::is_mounted(&image, &choird.workspace("open")));
+    let aside = choird::runtime::workspace::aside_path(&ws);
+    assert_eq!(std::fs::read_to_string(aside.join("notes.txt")).unwrap(), "written before the quota\n");
+
+    assert_eq!(choird.ctl_ok(&["chat", "capped", "fill the disk"]), "flooded\n");
+    let capped = last_tool_result(&llm);
+    assert!(!capped.contains("write=0"), "a 40 MiB write passed a 24 MiB quota: {capped}");
+    let files: u64 = capped
+        .split("files=")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{capped}"));
+    assert!((100..1500).contains(&files), "the file flood stopped at the inode quota: {capped}");
+    assert!(capped.contains("written before the quota"), "the agent sees the files of before: {capped}");
+    assert!(allocated(&image) < 30 * 1024 * 1024, "the host holds at most the quota: {} bytes", allocated(&image));
+
+    assert_eq!(choird.ctl_ok(&["chat", "open", "fill the disk"]), "flooded\n");
+    let open = last_tool_result(&llm);
+    assert!(open.contains("write=0") && open.contains("files=3000"), "without a quota both pass: {open}");
+
+    // The operator sees use against the quota; the agent still answers.
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "status"])).unwrap();
+    let usage = status["usage"].as_array().unwrap();
+    let row = usage.iter().find(|u| u["id"] == "capped").unwrap();
+    let limit = row["workspace_bytes"]["limit"].as_u64().unwrap();
+    assert!((16 << 20..=24 << 20).contains(&limit), "{row}");
+    assert!(row["workspace_bytes"]["used"].as_u64().unwrap() < limit, "{row}");
+    assert!((1400..=1600).contains(&row["workspace_inodes"]["limit"].as_u64().unwrap()), "{row}");
+    let open_row = usage.iter().find(|u| u["id"] == "open").unwrap();
+    assert_eq!(open_row["workspace_bytes"]["limit"], Value::Null, "{open_row}");
+    assert!(choird.ctl_ok(&["status"]).contains("WORKSPACE"));
+    assert_eq!(choird.ctl_ok(&["chat", "capped", "again"]), "flooded\n");
+}
+
+#[test]
+fn a_workspace_image_never_hides_files_and_is_never_mounted_twice() {
+    if !rustix::process::geteuid().is_root() {
+        assert!(!choir_tests::services_required(), "the workspace image test needs root (make test runs as root)");
+        eprintln!("skipping: mounting a workspace image needs root");
+        return;
+    }
+    use choird::runtime::workspace::{is_mounted, prepare, release, Prepared};
+    // A TempHome: whatever this test leaves mounted (it fails half-way) is
+    // unmounted when it goes.
+    let dir = choir_tests::harness::TempHome::empty();
+    let home = choird::home::Home::new(dir.path().to_owned());
+    let id = choir_common::ids::AgentId::parse("demo").unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let quotas: choird::config::Quotas =
+        serde_json::from_value(json!({"workspace_mb": 16, "workspace_inodes": 2000})).unwrap();
+    let image = home.workspace_image(&id);
+    let owner = (4242, 4242);
+    assert_eq!(prepare(&home, &id, &ws, &quotas, owner), Ok(Prepared::Mounted { created: true }));
+    assert!(is_mounted(&image, &ws));
+    assert!(!ws.join("lost+found").exists(), "the workspace looks like the directory it replaces");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&ws).unwrap()), 4242);
+    std::fs::write(ws.join("kept"), "in the image").unwrap();
+    assert_eq!(prepare(&home, &id, &ws, &quotas, owner), Ok(Prepared::AlreadyMounted));
+    assert_eq!(release(&home, &id, &ws), Ok(true));
+    assert!(!is_mounted(&image, &ws));
+    assert_eq!(release(&home, &id, &ws), Ok(false), "releasing twice is no error");
+
+    // A file put in the bare directory while the image is not mounted is
+    // not covered by a mount: refused, said why, nothing changed.
+    std::fs::write(ws.join("stray"), "beside the image").unwrap();
+    let err = prepare(&home, &id, &ws, &quotas, owner).unwrap_err();
+    assert!(err.contains("holds files beside its image"), "{err}");
+    assert!(!is_mounted(&image, &ws));
+    assert_eq!(std::fs::read_to_string(ws.join("stray")).unwrap(), "beside the image");
+    std::fs::remove_file(ws.join("stray")).unwrap();
+
+    // Held open by a process (a container) while unmounted here, the image is
+    // mounted again through the loop device it is attached to: one writer.
+    assert_eq!(prepare(&home, &id, &ws, &quotas, owner), Ok(Prepared::Mounted { created: false }));
+    assert_eq!(std::fs::read_to_string(ws.join("kept")).unwrap(), "in the image");
+    let held = std::fs::File::open(ws.join("kept")).unwrap();
+    assert_eq!(release(&home, &id, &ws), Ok(true));
+    let loops_before = loops_backing(&image);
+    assert_eq!(loops_before, 1, "the detached mount keeps its loop device while a file is open");
+    assert_eq!(prepare(&home, &id, &ws, &quotas, owner), Ok(Prepared::Mounted { created: false }));
+    assert_eq!(loops_backing(&image), 1, "mounted again through the same device");
+    drop(held);
+    assert_eq!(release(&home, &id, &ws), Ok(true));
+
+    // A quota raised in place grows the mounted file system.
+    let raised: choird::config::Quotas =
+        serde_json::from_value(json!({"workspace_mb": 32, "workspace_inodes": 2000})).unwrap();
+    assert_eq!(prepare(&home, &id, &ws, &raised, owner), Ok(Prepared::Mounted { created: false }));
+    let space = choird::disk::Space::of(&ws).unwrap();
+    assert!(space.total > 24 << 20, "grown: {space:?}");
+    assert_eq!(release(&home, &id, &ws), Ok(true));
+    wait_for("the loop device to be freed", Duration::from_secs(10), || loops_backing(&image) == 0);
+}
+
+/// How many loop devices are attached to `image`.
+fn loops_backing(image: &Path) -> usize {
+    let image = image.canonicalize().unwrap();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|f| Path::new(f.trim_end()) == image)
+        .count()
+}
+
+#[test]
+fn choird_workspaces_mounts_and_releases_every_agents_image_for_an_unprivileged_choird() {
+    if !rustix::process::geteuid().is_root() {
+        assert!(!choir_tests::services_required(), "the workspace image test needs root (make test runs as root)");
+        eprintln!("skipping: mounting a workspace image needs root");
+        return;
+    }
+    let mut config = test_config("http://127.0.0.1:9/v1", None, &["demo", "plain"]);
+    config["agents"]["demo"]["quotas"] = json!({"workspace_mb": 16, "workspace_inodes": 1000});
+    config["agents"]["plain"]["quotas"] = json!({"workspace_mb": 0});
+    let home = choir_tests::harness::TempHome::new(&config, &json!({}));
+    let run = |words: &[&str]| {
+        #[allow(clippy::disallowed_methods)]
+        let out = std::process::Command::new(bin("choird"))
+            .args(words)
+            .arg("--home")
+            .arg(home.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let image = home.path().join("workspace-images/demo.ext4");
+    let ws = home.path().join("workspaces/demo");
+    let (ok, out, err) = run(&["workspaces", "mount"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("demo: created and mounted") && out.contains("plain: no quota"), "{out}");
+    assert!(choird::runtime::workspace::is_mounted(&image, &ws));
+    // Owned by the home's owner: the user the unprivileged choird runs as.
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&ws).unwrap()), 0);
+    let (ok, out, _) = run(&["workspaces", "mount"]);
+    assert!(ok && out.contains("demo: already mounted"), "{out}");
+    let (ok, out, _) = run(&["workspaces", "release"]);
+    assert!(ok && out.contains("demo: released") && out.contains("plain: not mounted"), "{out}");
+    assert!(!choird::runtime::workspace::is_mounted(&image, &ws));
+    // A word it does not know changes nothing and says what it takes.
+    let (ok, _, err) = run(&["workspaces", "unmount-everything"]);
+    assert!(!ok && err.contains("workspaces needs mount or release"), "{err}");
+    assert!(!choird::runtime::workspace::is_mounted(&image, &ws));
+}

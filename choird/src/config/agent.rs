@@ -159,6 +159,16 @@ pub struct Quotas {
     /// record per hour says how many were not written).
     #[serde(default = "default_audit_per_hour")]
     pub audit_per_hour: u64,
+    /// Size of the agent's workspace, a file system of its own, in MiB (0:
+    /// no quota, the workspace is a plain directory on choird's disk). The
+    /// image is sparse: the host's disk holds what the agent wrote.
+    #[serde(default = "default_workspace_mb")]
+    pub workspace_mb: u64,
+    /// Inodes (files, directories, links) of that file system (mkfs rounds it to whole inode tables, a
+    /// little either way); fixed when the image is made (growing the image adds inodes in
+    /// proportion).
+    #[serde(default = "default_workspace_inodes")]
+    pub workspace_inodes: u64,
 }
 
 fn default_memory_item_bytes() -> u64 {
@@ -179,6 +189,34 @@ fn default_spool_mb() -> u64 {
 fn default_audit_per_hour() -> u64 {
     20_000
 }
+fn default_workspace_mb() -> u64 {
+    4096
+}
+fn default_workspace_inodes() -> u64 {
+    262_144
+}
+
+impl Quotas {
+    /// The workspace quota is one mkfs can make: at least 16 MiB (the
+    /// agent's own commit log lives there too), at most 16 TiB, and at most
+    /// one inode per 4 KiB (ext4's inode tables take 256 bytes each).
+    pub fn check_workspace(&self) -> Result<(), (&'static str, String)> {
+        if self.workspace_mb == 0 {
+            return Ok(());
+        }
+        if !(16..=16 * 1024 * 1024).contains(&self.workspace_mb) {
+            return Err(("workspace_mb", "must be 0 (no quota) or 16 to 16777216 (16 TiB)".into()));
+        }
+        let most = self.workspace_mb * 256;
+        if !(64..=most).contains(&self.workspace_inodes) {
+            return Err((
+                "workspace_inodes",
+                format!("must be 64 to {most} (one per 4 KiB of quotas.workspace_mb = {})", self.workspace_mb),
+            ));
+        }
+        Ok(())
+    }
+}
 
 impl Default for Quotas {
     fn default() -> Self {
@@ -189,6 +227,8 @@ impl Default for Quotas {
             notices_per_hour: default_notices_per_hour(),
             spool_mb: default_spool_mb(),
             audit_per_hour: default_audit_per_hour(),
+            workspace_mb: default_workspace_mb(),
+            workspace_inodes: default_workspace_inodes(),
         }
     }
 }

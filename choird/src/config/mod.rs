@@ -214,6 +214,9 @@ impl Config {
             if let Err(why) = agent.tools.check() {
                 return Err((format!("agents.{id}.tools"), why));
             }
+            if let Err((field, why)) = agent.quotas.check_workspace() {
+                return Err((format!("agents.{id}.quotas.{field}"), why));
+            }
             if agent.transport == Transport::Http {
                 if self.http_listen.is_none() {
                     return e(&format!("agents.{id}.transport"), "is http, but http_listen is not set");
@@ -508,6 +511,13 @@ mod tests {
             "logs.max_total_mb"
         );
         assert_eq!(field_of(&format!(r#"{{{llm}, "agents": {{"choird": {{}}}}}}"#)), "agents.choird");
+        let quotas = |q: &str| format!(r#"{{{llm}, "agents": {{"a": {{"quotas": {q}}}}}}}"#);
+        assert_eq!(field_of(&quotas(r#"{"workspace_mb": 8}"#)), "agents.a.quotas.workspace_mb");
+        assert_eq!(field_of(&quotas(r#"{"workspace_mb": 16}"#)), "agents.a.quotas.workspace_inodes", "too many");
+        assert_eq!(field_of(&quotas(r#"{"workspace_inodes": 10}"#)), "agents.a.quotas.workspace_inodes");
+        Config::parse(&quotas(r#"{"workspace_mb": 16, "workspace_inodes": 4096}"#)).unwrap();
+        Config::parse(&quotas(r#"{"workspace_mb": 0, "workspace_inodes": 1}"#)).unwrap();
+        Config::parse(&quotas("{}")).unwrap();
         let priced = r#""llm": {"edge": {"base_url": "http://x/v1", "model": "m"}, "core": {"base_url": "http://x/v1", "model": "m"},
                         "prices": {"m": {"prompt_per_mtok": -1, "completion_per_mtok": 1}}}"#;
         assert_eq!(field_of(&format!("{{{priced}}}")), "llm.prices.m");

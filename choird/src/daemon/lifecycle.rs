@@ -135,6 +135,14 @@ impl Daemon {
         let workspace = config.workspace(&self.home, id);
         std::fs::create_dir_all(&workspace)
             .map_err(|e| Error::Internal(format!("cannot create workspace {}: {e}", workspace.display())))?;
+        // The workspace is a file system of its own, sized by its quota,
+        // before anything of the agent's runs in it.
+        let quotas = config.agents.get(id).map(|a| a.quotas).unwrap_or_default();
+        let owner = match config.runtime {
+            RuntimeKind::Docker => rt::agent_ids(),
+            RuntimeKind::Process => (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw()),
+        };
+        crate::runtime::workspace::prepare(&self.home, id, &workspace, &quotas, owner).map_err(Error::Conflict)?;
         let resume_from = self.store.agent_position(id)?.resume_from;
         let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
         self.sessions.open(id, session_id, digest, resume_from);
@@ -568,7 +576,19 @@ impl Daemon {
                 log::warn!("agent {id}: still not gone 15 s after its lease was revoked");
             }
         }
+        self.release_workspace(id);
         self.audit(actor, Some(id), "agent.revoke", "ok", json!({"was_running": live}));
+    }
+
+    /// Unmounts a stopped (or removed) agent's workspace image (see
+    /// `runtime::workspace`: lazily, so a process left inside keeps it).
+    fn release_workspace(&self, id: &AgentId) {
+        let workspace = self.config().workspace(&self.home, id);
+        match crate::runtime::workspace::release(&self.home, id, &workspace) {
+            Ok(true) => log::info!("agent {id}: workspace {} unmounted", workspace.display()),
+            Ok(false) => {}
+            Err(e) => log::warn!("agent {id}: {e}"),
+        }
     }
 
     /// Ends every process-runtime agent found stopped (`T` in
@@ -621,16 +641,25 @@ impl Daemon {
     /// unless `docker.keep_agents_on_shutdown` (then they wait for the next
     /// choird, which adopts them).
     pub fn stop_all(&self) {
-        let keep = self.config().docker.keep_agents_on_shutdown;
+        let config = self.config();
+        let keep = config.docker.keep_agents_on_shutdown;
         let running = self.sessions.live();
+        let mut kept = Vec::new();
         for (id, container) in running {
             if container && keep {
                 log::info!("agent {id}: left running; the next choird adopts it");
+                kept.push(id);
                 continue;
             }
             if let Err(e) = self.stop_agent(id.as_str(), "choird") {
                 log::warn!("stopping {id}: {e}");
             }
+        }
+        // A stopped agent's workspace stays mounted while choird runs (the
+        // operator can look in it); at shutdown it is unmounted, but for an
+        // agent left running.
+        for id in config.agents.keys().filter(|id| !kept.contains(id)) {
+            self.release_workspace(id);
         }
     }
 

@@ -382,6 +382,7 @@ impl Daemon {
                 let tokens = self.budgets.standing(&self.store, id);
                 let memory = self.memory.as_ref().and_then(|m| m.count(id).ok());
                 let spool = crate::home::dir_bytes(&self.home.spool(id));
+                let (workspace_bytes, workspace_inodes) = self.workspace_use(&config, id, &q);
                 AgentUsage {
                     id: id.to_string(),
                     tokens_today: Use { used: Some(tokens.today + tokens.reserved), limit: a.token_budget.per_day },
@@ -397,9 +398,34 @@ impl Daemon {
                     },
                     spool_bytes: Use { used: Some(spool), limit: Some(q.spool_mb * 1024 * 1024) },
                     audit_this_hour: Use { used: Some(self.hourly_count(id, "audit")), limit: Some(q.audit_per_hour) },
+                    workspace_bytes,
+                    workspace_inodes,
                 }
             })
             .collect()
+    }
+
+    /// An agent's workspace use: its file system's figures while its image
+    /// is mounted, else the configured quota with the use unknown.
+    fn workspace_use(&self, config: &Config, id: &AgentId, q: &crate::config::Quotas) -> (Use, Use) {
+        if q.workspace_mb == 0 {
+            return (Use::default(), Use::default());
+        }
+        let image = self.home.workspace_image(id);
+        let workspace = config.workspace(&self.home, id);
+        match crate::runtime::workspace::is_mounted(&image, &workspace)
+            .then(|| crate::disk::Space::of(&workspace).ok())
+            .flatten()
+        {
+            Some(s) => (
+                Use { used: Some(s.total.saturating_sub(s.free)), limit: Some(s.total) },
+                Use { used: Some(s.total_inodes.saturating_sub(s.free_inodes)), limit: Some(s.total_inodes) },
+            ),
+            None => (
+                Use { used: None, limit: Some(q.workspace_mb * 1024 * 1024) },
+                Use { used: None, limit: Some(q.workspace_inodes) },
+            ),
+        }
     }
 
     /// Wakes the agent's long-poll: a message for it was queued.

@@ -4,3 +4,4 @@
 
 pub mod docker;
 pub mod process;
+pub mod workspace;
