@@ -290,38 +290,6 @@ fn install_post(choird: &Choird, effect: &str) {
     choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);
 }
 
-/// A size-limited tmpfs mounted over a directory for one test (root only),
-/// lazily unmounted when dropped: a full disk that never touches the
-/// machine's own. Dropped after the choird whose home holds it, it also
-/// removes what that home's removal had to leave (the mount point was busy
-/// then).
-struct SmallFs(std::path::PathBuf);
-
-impl SmallFs {
-    /// Mounts `size` at `at`, a directory directly inside a test's home.
-    fn mount(at: &std::path::Path, size: &str) -> SmallFs {
-        std::fs::create_dir_all(at).unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
-            .arg(at)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
-        SmallFs(at.to_owned())
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-        // The home's removal (choird's drop, before this) could not remove
-        // the mount point; the home goes now, unless a kept test asked for it.
-        if let Some(home) = self.0.parent().filter(|_| !choir_tests::keep()) {
-            let _ = std::fs::remove_dir_all(home);
-        }
-    }
-}
-
 /// Regression: with the agent's workspace full, its commit log could not
 /// take a call's result; the agent exited, was restarted, the resumed turn
 /// ran the external call again, and failed again — one message's outside
@@ -335,7 +303,7 @@ impl Drop for SmallFs {
 fn regression_a_full_disk_ends_the_crash_loop_explained_and_the_outside_call_runs_once() {
     let Some(pg) = TestPg::start() else { return };
     if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: mounting a small file system for the full disk needs root");
+        eprintln!("SKIPPED: mounting the workspace image for the full disk needs root");
         return;
     }
     let outside = tempfile::tempdir().unwrap();
@@ -348,17 +316,17 @@ fn regression_a_full_disk_ends_the_crash_loop_explained_and_the_outside_call_run
         Step::call("x.post", json!({ "body": body })),
         Step::Text("It may have been posted; I did not post it again.".into()),
     ]);
-    let home = choir_tests::harness::TempHome::new(
-        &test_config(&fake.base_url(), Some(&pg.url()), &["demo"]),
-        &json!({"llm_key": "k"}),
-    );
-    let _small = SmallFs::mount(&home.path().join("workspaces"), "4m");
+    // The workspace is its smallest quota, 16 MiB: the full disk is the
+    // agent's own file system, as an operator's would be.
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    config["agents"]["demo"]["quotas"] = json!({"workspace_mb": 16, "workspace_inodes": 2048});
+    let home = choir_tests::harness::TempHome::new(&config, &json!({"llm_key": "k"}));
     let choird = Choird::start_in(home);
     // An outside effect (a line in a file outside the workspace), then the
     // workspace filled, before the result is committed.
     install_post(
         &choird,
-        &format!("echo posted >> {}; head -c 8388608 /dev/zero > big.bin 2>/dev/null", posts.display()),
+        &format!("echo posted >> {}; head -c 33554432 /dev/zero > big.bin 2>/dev/null", posts.display()),
     );
     choird.ctl_ok(&["agent", "start", "demo"]);
     let chat = post(&choird, "cli", "post hello");
