@@ -3,8 +3,9 @@
 //!
 //! The agent reads the name of one failpoint from `<state dir>/failpoint` at
 //! start and deletes the file, so the restarted agent runs normally. When
-//! execution reaches that point the process kills itself with SIGKILL — no
-//! destructors, no flushing — like `kill -9` at that exact instant.
+//! execution reaches a [`hit`] point the process kills itself with SIGKILL —
+//! no destructors, no flushing — like `kill -9` at that exact instant; at a
+//! [`hang`] point the thread blocks for good, like a deadlock.
 
 #[cfg(feature = "failpoints")]
 static ACTIVE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -38,3 +39,20 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Blocks the calling thread for good here if this failpoint is armed: a
+/// hung agent, as a deadlock would leave it (the liveness tests).
+#[cfg(feature = "failpoints")]
+pub fn hang(name: &str) {
+    if ACTIVE.get().and_then(|a| a.as_deref()) == Some(name) {
+        log::warn!("failpoint {name}: this thread hangs");
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Without the feature: nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hang(_name: &str) {}

@@ -362,9 +362,11 @@ fn signal_loop(
                 other => bail!("unexpected signal {other}"),
             }
         }
-        // A frozen process-runtime agent is ended within a second.
+        // A frozen process-runtime agent is ended within a second, an agent
+        // that stopped answering within SILENT_AFTER and a second.
         if rounds.is_multiple_of(5) {
             daemon.end_frozen_agents();
+            daemon.end_silent_agents();
         }
         for (id, session) in daemon.stale_sessions() {
             log::warn!(

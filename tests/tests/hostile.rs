@@ -1452,3 +1452,40 @@ fn choird_workspaces_mounts_and_releases_every_agents_image_for_an_unprivileged_
     assert!(!ok && err.contains("workspaces needs mount or release"), "{err}");
     assert!(!choird::runtime::workspace::is_mounted(&image, &ws));
 }
+
+#[test]
+fn t1_regression_an_agent_that_stopped_answering_was_found_only_when_its_lease_lapsed() {
+    // The agent's poll thread hangs after its first poll (a failpoint, as a
+    // deadlock would leave it) while the rest of it answers the message
+    // that poll brought; then it says nothing more. choird must end it and
+    // restart it within seconds, not after the 60 s lease.
+    let Some(Scenario { pg, choird, llm: _llm }) = Scenario::new()
+        .responder(|req, _| {
+            let msgs = req["messages"].as_array()?;
+            let asked = msgs.iter().rev().find(|m| m["role"] == "user")?["content"].as_str()?.to_owned();
+            Some(Step::Text(format!("answered: {asked}")))
+        })
+        .build()
+    else {
+        return;
+    };
+    let state = choird.workspace("demo").join(".choir");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("failpoint"), "poll_hang").unwrap();
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    let silent = || audit_count(&pg, "action = 'agent.silent'");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "answered: one\n");
+    let answered = Instant::now();
+    wait_for("choird to find the hung agent", Duration::from_secs(50), || silent() == 1);
+    let found = answered.elapsed();
+    eprintln!("the hung agent was found {found:?} after its last answer");
+    assert!(found < Duration::from_secs(30), "found by choird, not by the lease lapsing (60 s): {found:?}");
+    let log = std::fs::read_to_string(choird.home.path().join("logs/demo.log")).unwrap();
+    assert!(log.contains("failpoint poll_hang: this thread hangs"), "the hang was the failpoint's: {log}");
+    // Restarted, it answers; and a live agent idling in its long-poll for
+    // longer than the silence limit is left alone (the negative control).
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "two"]), "answered: two\n");
+    std::thread::sleep(Duration::from_secs(9));
+    assert_eq!(silent(), 1, "an idle agent holding its long-poll is not silent");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "three"]), "answered: three\n");
+}

@@ -17,7 +17,11 @@ impl Link {
     pub fn poll(&self, edge: Sender<EdgeEvent>) {
         let mut highest = self.processed.load(Ordering::SeqCst);
         let mut failures = 0;
+        let mut polled = false;
         while !self.closing.load(Ordering::SeqCst) {
+            if std::mem::replace(&mut polled, true) {
+                crate::failpoints::hang("poll_hang");
+            }
             let mut req = self.bare_heartbeat(POLL_WAIT_MS, true, Vec::new());
             // Had an answer to an earlier poll been lost, choird hands its
             // messages out again.

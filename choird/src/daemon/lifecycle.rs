@@ -29,6 +29,10 @@ use crate::sessions::{Instance, Ready, Watch};
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A container that ran this long is considered healthy (resets the backoff).
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// How long a running agent may hold no long-poll and make no request
+/// before choird ends it as hung (its `link-poll` re-polls at once, so a
+/// live agent is never quiet that long).
+pub const SILENT_AFTER: Duration = Duration::from_secs(4);
 
 impl From<EngineError> for Error {
     fn from(e: EngineError) -> Self {
@@ -609,6 +613,38 @@ impl Daemon {
                 self.audit("choird", Some(&id), "agent.frozen", "killed", json!({"pid": pid}));
                 ended.push(id);
             }
+        }
+        ended
+    }
+
+    /// Ends every running agent that stopped answering
+    /// (`Sessions::silent`: no long-poll open and no request for
+    /// [`SILENT_AFTER`]): its process tree is killed, or its container, and
+    /// its supervisor restarts it as after any exit. A frozen, deadlocked
+    /// or wedged agent is so found within seconds, not when its lease
+    /// lapses. Returns who was ended.
+    pub fn end_silent_agents(self: &Arc<Self>) -> Vec<AgentId> {
+        let mut ended = Vec::new();
+        for (id, session, instance) in self.sessions.silent(SILENT_AFTER) {
+            log::warn!(
+                "agent {id}: stopped answering (no long-poll and no request for {} s); ending it so it is restarted",
+                SILENT_AFTER.as_secs()
+            );
+            self.audit("choird", Some(&id), "agent.silent", "killed", json!({"session": session}));
+            match instance {
+                Instance::Process { pid } => {
+                    choir_common::proc_tree::kill_trees(&[pid as i32]);
+                }
+                Instance::Container { id: cid, .. } => {
+                    let me = self.clone();
+                    let _ = self.tasks.spawn(format!("kill-{id}"), move || {
+                        if let Err(e) = me.engine().kill(&cid, "KILL") {
+                            log::warn!("cannot kill container {cid}: {e}");
+                        }
+                    });
+                }
+            }
+            ended.push(id);
         }
         ended
     }

@@ -176,6 +176,17 @@ impl Daemon {
     /// `wait_ms` for some to arrive. The recall is read first: a refused key
     /// fails the request before anything is stored.
     pub fn heartbeat(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Error> {
+        // A long-poll is what shows the agent alive between its requests
+        // (`Sessions::silent`): noted while it is open, and how it ended.
+        let mut polling = (req.receive && req.wait_ms > 0).then(|| self.sessions.polling(&who.agent, who.session));
+        let answer = self.heartbeat_held(who, req);
+        if let (Ok(_), Some(p)) = (&answer, polling.as_mut()) {
+            p.answered();
+        }
+        answer
+    }
+
+    fn heartbeat_held(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Error> {
         super::schedule::check_firing_reports(&req.firings)?;
         check_covers(&req.replies)?;
         let recalled = req.recall.as_deref().map(|c| self.recalled(&who.agent, c)).transpose()?;

@@ -184,6 +184,16 @@ struct Session {
     said: Option<String>,
     /// Its lapsed lease has been acted on.
     reaped: bool,
+    /// Long-polls it holds open now, whether it ever held one, when the
+    /// last one ended and whether that one failed on choird's side (the
+    /// agent then backs off before polling again): what tells a live agent
+    /// from one that stopped answering ([`Sessions::silent`]).
+    polls: u32,
+    polled: bool,
+    poll_ended: Option<Instant>,
+    poll_failed: bool,
+    /// Found silent and acted on.
+    silenced: bool,
     buckets: [Bucket; 4],
 }
 
@@ -202,6 +212,11 @@ impl Session {
             terminated: false,
             said: None,
             reaped: false,
+            polls: 0,
+            polled: false,
+            poll_ended: None,
+            poll_failed: false,
+            silenced: false,
             buckets: [
                 Bucket::new(RATE_PER_S),
                 Bucket::new(RATE_PER_S),
