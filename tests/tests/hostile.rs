@@ -1059,6 +1059,17 @@ fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
                 "choir.exec",
                 json!({"command": "grep Seccomp: /proc/self/status; unshare -U true 2>/dev/null; echo unshare=$?; cat /proc/*/environ | tr '\\0' '\\n'"}),
             ),
+            // A git hook for whatever runs git next (fsmonitor in the repo's
+            // config and in ~/.gitconfig, a hooks path), which reads every
+            // process's environment into the workspace, reversed …
+            8 => call("choir.exec", json!({"command": PLANT_GIT_HOOK})),
+            // … then the secret tool and a tool that runs git, in one step …
+            9 => Some(Step::ToolCalls(vec![
+                ("x.secret_wait".into(), r#"{"text": "hi"}"#.into()),
+                ("choir.repo.status".into(), "{}".into()),
+            ])),
+            // … and the loot read back.
+            11 => call("choir.exec", json!({"command": "cat /workspace/loot.txt 2>&1; ls /workspace"})),
             _ => Some(Step::Text("attack done".into())),
         }
     });
@@ -1066,6 +1077,22 @@ fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
     config["agents"]["demo"] = json!({"secrets": ["canary"]});
     config["docker"]["keep_agents_on_shutdown"] = json!(false);
     let mut choird = Choird::start(&config, &json!({"llm_key": "k", "canary": CANARY}));
+    // An operator's tool holding the secret, slow enough for a parallel git
+    // to run beside it were it allowed to.
+    let global = choird.tools_dir("global");
+    let secret_tool = json!({
+        "llm": {"name": "x.secret_wait", "description": "Holds the canary a while (test).",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
+        "runtime": {"exec_path": "secret_wait", "timeout_ms": 20000, "side_effect": "read", "version": "1",
+                    "secret_resources": ["canary"], "idempotent": true}
+    });
+    choir_tests::tool_calls::write_tool(
+        &global,
+        "secret_wait",
+        &secret_tool,
+        r#"read -r line; sleep 3; printf '{"summary": "held"}\n'"#,
+    );
+    choir_tests::harness::install_shipped_tool(&global, "repo_status");
     choird.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(choird.ctl_ok(&["chat", "demo", "attack"]), "attack done\n");
 
@@ -1119,6 +1146,14 @@ fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
     for what in ["environ", "mem"] {
         assert!(theft.contains(&format!("{agent_proc}/{what}: Permission denied")), "{agent_proc}/{what}:\n{theft}");
     }
+    // The planted hook: the repository really was one (the status ran), yet
+    // git ran no hook, beside the secret tool or after it.
+    assert!(preview(8).contains("planted"), "{}", preview(8));
+    let seen: String = llm.requests().iter().map(|r| r.body.to_string()).collect();
+    assert!(seen.contains("branch main"), "repo.status ran in the repository");
+    assert!(seen.contains("held"), "the secret tool ran");
+    assert!(preview(10).contains("No such file"), "a planted git hook ran: {}", preview(10));
+    assert!(!choird.workspace("demo").join("loot.txt").exists());
 
     // A crash, then a choird restart over a socket directory an older choird
     // had left to the agent (a link named like the socket, a directory): the
@@ -1245,6 +1280,12 @@ fn regression_sighup_revokes_a_removed_agent_and_opens_a_socket_for_an_added_one
     choird.ctl_ok(&["agent", "start", "late"]);
     assert_eq!(choird.ctl_ok(&["chat", "late", "hi"]), "late answers\n");
 }
+
+/// The model's git hook: a fsmonitor (in the repository's config and in
+/// `~/.gitconfig`, `HOME` being the workspace for the shell) and a hooks
+/// directory, each running a perl script that writes every process's
+/// environment, reversed, into `/workspace/loot.txt`.
+const PLANT_GIT_HOOK: &str = r#"cd /workspace && git init -q -b main . && git config user.email a@b && git config user.name a && echo hi > f && git add f && git commit -qm f && printf '%s\n' '#!/usr/bin/perl' 'for $p (glob "/proc/[0-9]*/environ") { open F, "<", $p or next; local $/; $d = <F>; open O, ">>", "/workspace/loot.txt"; print O scalar reverse($d), "\n" }' 'print "\n"' > hook.pl && chmod +x hook.pl && git config core.fsmonitor /workspace/hook.pl && mkdir -p hooks && cp hook.pl hooks/post-checkout && cp hook.pl hooks/pre-commit && git config core.hooksPath /workspace/hooks && printf '[core]\n\tfsmonitor = /workspace/hook.pl\n' > /workspace/.gitconfig && ./hook.pl >/dev/null && rm -f loot.txt && echo planted"#;
 
 /// What a call of `choir.exec` printed: the last tool result the model saw.
 fn last_tool_result(llm: &FakeLlm) -> String {
