@@ -106,11 +106,7 @@ impl Cmd {
     /// Runs to completion, capturing output; a non-zero exit is an error that
     /// carries the command line and its stderr.
     pub fn run(&mut self) -> Result<Output, SpawnError> {
-        let out = self
-            .inner
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| SpawnError::Start { cmd: self.display.clone(), source: e })?;
+        let out = self.output()?;
         if !out.status.success() {
             return Err(SpawnError::Failed {
                 cmd: self.display.clone(),

@@ -1396,8 +1396,25 @@ fn a_workspace_image_never_hides_files_and_is_never_mounted_twice() {
         serde_json::from_value(json!({"workspace_mb": 16, "workspace_inodes": 2000})).unwrap();
     let image = home.workspace_image(&id);
     let owner = (4242, 4242);
+    // What an agent left in its workspace before it had a quota is hostile:
+    // a link to a host file and a FIFO. Too much of it is refused first,
+    // saying why, with nothing made and nothing moved.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "host file").unwrap();
+    std::os::unix::fs::symlink(&victim, ws.join("link")).unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, ws.join("pipe"), rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+    std::fs::write(ws.join("big"), vec![1u8; 20 << 20]).unwrap();
+    let err = prepare(&home, &id, &ws, &quotas, owner).unwrap_err();
+    assert!(err.contains("more than its quota (quotas.workspace_mb = 16"), "{err}");
+    assert!(!image.exists() && ws.join("big").exists() && !is_mounted(&image, &ws));
+    std::fs::remove_file(ws.join("big")).unwrap();
     assert_eq!(prepare(&home, &id, &ws, &quotas, owner), Ok(Prepared::Mounted { created: true }));
     assert!(is_mounted(&image, &ws));
+    assert_eq!(std::fs::read_link(ws.join("link")).unwrap(), victim, "a link copied as a link");
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(ws.join("pipe")).unwrap().file_type()));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host file");
+    std::fs::remove_file(ws.join("link")).unwrap();
+    std::fs::remove_file(ws.join("pipe")).unwrap();
     assert!(!ws.join("lost+found").exists(), "the workspace looks like the directory it replaces");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&ws).unwrap()), 4242);
     std::fs::write(ws.join("kept"), "in the image").unwrap();

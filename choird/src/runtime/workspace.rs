@@ -421,7 +421,7 @@ pub fn for_every_agent(root: &Path, release: bool) -> Result<Vec<(AgentId, Outco
     for (id, agent) in &config.agents {
         let workspace = config.workspace(&home, id);
         let outcome = if release {
-            release_one(&home, id, &workspace)
+            self::release(&home, id, &workspace).map(|was| if was { "released" } else { "not mounted" }.to_owned())
         } else {
             std::fs::create_dir_all(&workspace)
                 .map_err(|e| format!("cannot create {}: {e}", workspace.display()))
@@ -431,16 +431,6 @@ pub fn for_every_agent(root: &Path, release: bool) -> Result<Vec<(AgentId, Outco
         out.push((id.clone(), outcome));
     }
     Ok(out)
-}
-
-fn release_one(home: &Home, id: &AgentId, workspace: &Path) -> Result<String, String> {
-    release(home, id, workspace).map(|was| if was { "released".into() } else { "not mounted".into() })
-}
-
-/// Use of a workspace's file system against its size, when it is an image.
-pub fn usage(workspace: &Path) -> Option<crate::disk::Space> {
-    mounted_image(workspace)?;
-    crate::disk::Space::of(workspace).ok()
 }
 
 #[cfg(test)]
