@@ -233,8 +233,12 @@ pub struct Seen {
 
 /// Where `value` could have come from among `texts` (each with the source it
 /// speaks for), and where it was seen, in the order of `texts`. **The rule**
-/// (the agent's arbiter and choird judge by it alike): a value is found in a
-/// text as [`text_holds`] says; a text value shorter than
+/// (the agent's arbiter and choird judge by it alike): `texts` are in the
+/// lane's order, the model's own words among them as [`Source::Model`]; a
+/// value is found in a text as [`text_holds`] says; a value keeps the weakest
+/// origin it ever had (a trusted text or a note that holds it *after* the
+/// model or untrusted content said it is an echo, no voucher; the model's
+/// words are never a source themselves); a text value shorter than
 /// [`MIN_TRACEABLE_TEXT`] is found nowhere; a text also carries the sources
 /// of the addresses, web addresses and numbers written in it that nothing
 /// vouches for (seen only in untrusted content, or nowhere), so a message the
@@ -248,11 +252,26 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> (BTreeSet<Source>, Vec<Se
         if norm.is_empty() || too_short {
             return (sources, seen);
         }
+        // In the lane's order: once the model or untrusted content has said
+        // the value, a later trusted place or note of Choir's that holds it
+        // is an echo (an error, a refusal, a rejection quoting it) and
+        // vouches for nothing. The user's own word always counts.
+        let mut echoed = false;
         for (index, (source, text)) in texts.iter().enumerate() {
-            if !text.is_empty() && text_holds(kind, norm, text) {
-                sources.insert(*source);
-                seen.push(Seen { index, source: *source, shown: shown.to_owned(), entity });
+            if text.is_empty() || !text_holds(kind, norm, text) {
+                continue;
             }
+            match source {
+                Source::Model => {
+                    echoed = true;
+                    continue;
+                }
+                Source::Untrusted => echoed = true,
+                Source::Trusted | Source::Operator if echoed => continue,
+                _ => {}
+            }
+            sources.insert(*source);
+            seen.push(Seen { index, source: *source, shown: shown.to_owned(), entity });
         }
         (sources, seen)
     };
