@@ -130,10 +130,12 @@ commands:
                                 the agent's tool policy (P: a tool name or prefix.*);
                                 changes rewrite config.json and reach a running agent
                                 at once: it is never offered, and never runs, the rest
-  policy test ID TOOL ARGS [--from POINTER=SOURCE[,SOURCE]]...
+  policy test ID TOOL ARGS [--from POINTER=SOURCE[,SOURCE]]... [--after-untrusted] [--outside-intent]
                                 the decision on TOOL called with the JSON ARGS, the rules
                                 that held and each value's provenance (user, operator,
-                                trusted, untrusted; a value not named: model)
+                                trusted, untrusted; a value not named: model); the two
+                                flags judge rules about the call itself as if untrusted
+                                content had been read / the tool was not part of the plan
 
 DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
 
@@ -160,6 +162,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut refuse = false;
     let mut k: u64 = 5;
     let mut from: Vec<String> = Vec::new();
+    let mut call_facts = policy::CallFlags::default();
     let mut follow = false;
     let mut limit_set = false;
     let mut tool_changes = policy::ToolChanges::default();
@@ -217,6 +220,8 @@ fn real_main() -> anyhow::Result<()> {
             Long("refuse") => refuse = true,
             Long("k") => k = parser.value()?.parse()?,
             Long("from") => from.push(parser.value()?.string()?),
+            Long("after-untrusted") => call_facts.after_untrusted = true,
+            Long("outside-intent") => call_facts.outside_intent = true,
             Long("follow") | Short('f') => follow = true,
             Long(name) if schedule::AddArgs::takes(name) => {
                 let name = name.to_owned();
@@ -347,7 +352,7 @@ fn real_main() -> anyhow::Result<()> {
         ["secrets", "rm", name] => secrets::rm(&ctx, name),
         ["policy", "show", id] => policy::show(&ctx, id),
         ["policy", "tools", id] => policy::tools(&ctx, id, &tool_changes),
-        ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from),
+        ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from, call_facts),
         [] => anyhow::bail!("no command given\n{USAGE}"),
         _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
     }

@@ -45,9 +45,18 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     }
     say!("agent {id}: {} rule(s); a confirmation waits {} s", set.rules.len(), set.confirm_wait_s);
     for r in &set.rules {
-        let cond = serde_json::to_string(&r.condition).unwrap_or_default();
+        let cond = match &r.call {
+            Some(call) => serde_json::to_string(call)?,
+            None => serde_json::to_string(&r.condition)?,
+        };
+        let what = match (&r.argument, r.role) {
+            (Some(a), _) => a.clone(),
+            (None, Some(role)) => format!("role {}", role.as_str()),
+            (None, None) => "the call".to_owned(),
+        };
+        let tool = if r.tool == "*" { "every tool" } else { &r.tool };
         let when = if r.when.is_empty() { String::new() } else { format!(" when {}", serde_json::to_string(&r.when)?) };
-        say!("  {:<8} {} {}{when} if {cond}   [{} in {}]", r.then.as_str(), r.tool, r.argument, r.id, r.file);
+        say!("  {:<8} {tool} {what}{when} if {cond}   [{} in {}]", r.then.as_str(), r.id, r.file);
     }
     Ok(())
 }
@@ -72,9 +81,24 @@ fn parse_from(from: &[String]) -> anyhow::Result<BTreeMap<String, Vec<Source>>> 
 }
 
 /// The decision on one call.
-pub fn test(ctx: &Ctx, id: &str, tool: &str, args: &str, from: &[String]) -> anyhow::Result<()> {
+/// `--after-untrusted` and `--outside-intent` of `policy test`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallFlags {
+    /// Judge as if untrusted content had entered the lane.
+    pub after_untrusted: bool,
+    /// Judge as if the tool was not part of the turn's intent.
+    pub outside_intent: bool,
+}
+
+pub fn test(ctx: &Ctx, id: &str, tool: &str, args: &str, from: &[String], flags: CallFlags) -> anyhow::Result<()> {
     let input: Value = serde_json::from_str(args).with_context(|| format!("ARGS is not JSON: {args}"))?;
-    let t = PolicyTest { tool: tool.to_owned(), input, from: parse_from(from)? };
+    let t = PolicyTest {
+        tool: tool.to_owned(),
+        input,
+        from: parse_from(from)?,
+        after_untrusted: Some(flags.after_untrusted),
+        in_intent: Some(!flags.outside_intent),
+    };
     let e: Evaluation = ctx.client.post(&format!("agents/{id}/policy/test"), &t)?;
     if ctx.json {
         return print_json(&e);
@@ -82,7 +106,8 @@ pub fn test(ctx: &Ctx, id: &str, tool: &str, args: &str, from: &[String]) -> any
     say!("decision: {}", e.decision.as_str());
     for h in &e.hits {
         let why = h.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
-        say!("  rule {} ({}) → {} on {}{why}", h.rule, h.file, h.decision.as_str(), h.pointer);
+        let on = if h.pointer.is_empty() { "the call" } else { &h.pointer };
+        say!("  rule {} ({}) → {} on {on}{why}", h.rule, h.file, h.decision.as_str());
     }
     if e.hits.is_empty() {
         say!("  no rule held");

@@ -13,11 +13,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use choir_common::arg_policy::CallFacts;
 use choir_common::arg_policy::{
     known_from, KnownTools, PolicyError, PolicyFile, PolicySet, BUILT_IN, DEFAULT_POLICY, MAX_POLICY_BYTES,
 };
 use choir_common::ids::AgentId;
-use choir_common::manifest::{load_tool_layer, BUILTIN_TOOLS};
+use choir_common::manifest::{load_tool_layer, RuntimeView, SideEffect, BUILTIN_TOOLS};
+use choir_common::roles::RoleMap;
 use parking_lot::RwLock;
 
 use crate::home::Home;
@@ -57,6 +59,23 @@ fn known_tools(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<Kn
         known.insert(name, manifest.map(|m| m.llm.parameters));
     }
     Ok(known)
+}
+
+/// The runtime view of `tool` as `agent` would have it: a host tool's, or
+/// an approved external tool's (the agent's layer over the global one).
+/// `None` for a built-in of the agent's own (choird holds no manifest of
+/// those) or a tool that is not there.
+pub fn runtime_of(home: &Home, host_tools: &Registry, agent: &AgentId, tool: &str) -> Option<RuntimeView> {
+    if let Some(m) = host_tools.manifest(tool) {
+        return Some(m.runtime);
+    }
+    let repos = home.repos();
+    [repos.join("agents").join(agent.as_str()).join("tools"), repos.join("global").join("tools")]
+        .iter()
+        .filter_map(|dir| load_tool_layer(dir).ok())
+        .flatten()
+        .find(|t| t.manifest.llm.name == tool)
+        .map(|t| t.manifest.runtime)
 }
 
 /// Reads one policy file: `None` if there is none. Refuses a link, a
@@ -164,6 +183,7 @@ pub fn report(results: &[(AgentId, Reloaded)]) -> serde_json::Value {
 /// sources the operator names (the rest: made by the model).
 pub fn test(
     set: &PolicySet,
+    runtime: Option<&RuntimeView>,
     t: &choir_common::admin::PolicyTest,
 ) -> Result<choir_common::arg_policy::Evaluation, crate::error::Error> {
     use choir_common::provenance::Source;
@@ -182,7 +202,14 @@ pub fn test(
         return Err(crate::error::Error::Malformed(format!("--from {p}: the input has no value there")));
     }
     let compiled = set.compile().map_err(crate::error::Error::Internal)?;
-    Ok(compiled.evaluate(&t.tool, &t.input, &mut |v| {
+    let roles = runtime.map(RoleMap::of).unwrap_or_default();
+    let facts = CallFacts {
+        roles: &roles,
+        side_effect: runtime.map_or(SideEffect::Read, |r| r.side_effect),
+        after_untrusted: t.after_untrusted,
+        in_intent: t.in_intent,
+    };
+    Ok(compiled.evaluate(&t.tool, &facts, &t.input, &mut |v| {
         by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into())
     }))
 }
@@ -224,7 +251,7 @@ mod tests {
     fn the_built_in_default_is_what_an_unloaded_agent_runs_under() {
         let p = ArgPolicies::default();
         let set = p.get(&AgentId::parse("demo").unwrap());
-        assert!(set.rules.iter().any(|r| r.tool == "choir.email.send"));
+        assert!(set.rules.iter().any(|r| r.id == "destination-not-given"));
         assert!(set.rules.iter().all(|r| r.file == BUILT_IN));
     }
 }

@@ -136,6 +136,14 @@ pub struct PolicyTest {
     /// Sources of values by JSON pointer.
     #[serde(default)]
     pub from: std::collections::BTreeMap<String, Vec<crate::provenance::Source>>,
+    /// Whether untrusted content entered the lane since the user spoke
+    /// (absent: rules about the call itself are not judged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_untrusted: Option<bool>,
+    /// Whether the tool is part of the turn's trusted intent (absent: as
+    /// above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_intent: Option<bool>,
 }
 
 use crate::commit::CommitEvent;

@@ -1,12 +1,24 @@
 //! Argument policies (R-ARB-5): rules over the *values* a call
-//! carries and where they came from, checked by the arbiter after its own
-//! checks. A rule names a tool and an argument (a JSON pointer, `*` for
-//! every element or key), an optional `when` (other input values that must
-//! be equal for the rule to apply), a condition over the value and its
-//! provenance, and a decision: `allow`, `confirm` (a human confirms the
-//! exact call) or `forbid`. **The strictest matching rule wins**, over every
-//! value and every rule of the tool; no rule can loosen another (an `allow`
-//! rule only says a value is fine, which is the default anyway).
+//! carries and where they came from, and over the call itself, checked by
+//! the arbiter after its own checks. A rule names a tool (`*`: every tool)
+//! and one of
+//!
+//! - an `argument` (a JSON pointer, [`crate::pointer`]: `*` for every
+//!   element or key, `**` for any depth), with a condition (`if`) over the
+//!   value and its provenance;
+//! - a `role` ([`crate::roles`]): every argument the tool's manifest gives
+//!   that role (or, for an external tool that declares none, every string
+//!   argument as a destination), with a condition over each value;
+//! - a `call` condition over the call as a whole: the tool's side effect,
+//!   whether untrusted content entered the lane since the user last spoke,
+//!   and whether the tool is part of the turn's trusted intent (a rule for a
+//!   tool that takes no arguments at all);
+//!
+//! an optional `when` (input values that must be equal for the rule to
+//! apply), and a decision: `allow`, `confirm` (a human confirms the exact
+//! call) or `forbid`. **The strictest matching rule wins**, over every value
+//! and every rule of the tool; no rule can loosen another (an `allow` rule
+//! only says a value is fine, which is the default anyway).
 //!
 //! Files: the built-in default ([`DEFAULT_POLICY`]), `repos/global/policy.json`,
 //! `repos/agents/<id>/policy.json`, in that order; a later layer's rule
@@ -31,7 +43,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::manifest::SideEffect;
+pub use crate::pointer::MAX_VALUES;
+use crate::pointer::{schema_has, split as split_pointer};
 use crate::provenance::{domain_of, normalise, Source};
+use crate::roles::{Role, RoleMap};
 
 /// The built-in default policy (the first layer).
 pub const DEFAULT_POLICY: &str = include_str!("default_policy.json");
@@ -45,9 +61,6 @@ pub const MAX_RULES: usize = 500;
 pub const DEFAULT_CONFIRM_WAIT_S: u64 = 600;
 /// Longest wait for a confirmation a policy may ask for (the arbiter's cap).
 pub const MAX_CONFIRM_WAIT_S: u64 = 3600;
-/// Most values of one call a policy looks at (the rest are not checked, and
-/// a call with more is confirmed).
-pub const MAX_VALUES: usize = 256;
 
 /// What a rule decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -102,16 +115,91 @@ pub struct Condition {
     pub domain_not_in: Option<Vec<String>>,
 }
 
-/// A value with its provenance, as an example of a rule.
+impl Condition {
+    fn is_empty(&self) -> bool {
+        *self == Condition::default()
+    }
+}
+
+/// A condition over a call as a whole; every key given must hold (at least
+/// one key is required).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallCondition {
+    /// The tool's side effect is this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effect: Option<SideEffect>,
+    /// Untrusted content has (true) or has not (false) entered the lane
+    /// since the user's last message (a core job: since it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_untrusted: Option<bool>,
+    /// The tool is (true) or is not (false) part of the turn's trusted
+    /// intent: the lane's allowlist, or the plan made before anything
+    /// untrusted was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_intent: Option<bool>,
+}
+
+/// What the arbiter knows of a call besides its input: the tool's roles and
+/// side effect, and the lane's state. `None` for a fact not known where the
+/// policy is judged (choird sees no lane's order): a rule that needs it does
+/// not apply there.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFacts<'a> {
+    /// The roles of the tool's arguments.
+    pub roles: &'a RoleMap,
+    /// The tool's side effect.
+    pub side_effect: SideEffect,
+    /// Whether untrusted content entered the lane since the user spoke.
+    pub after_untrusted: Option<bool>,
+    /// Whether the tool is part of the turn's trusted intent.
+    pub in_intent: Option<bool>,
+}
+
+impl CallCondition {
+    fn holds(&self, f: &CallFacts<'_>) -> Option<bool> {
+        let side = self.side_effect.is_none_or(|s| s == f.side_effect);
+        let after = match self.after_untrusted {
+            None => true,
+            Some(want) => f.after_untrusted? == want,
+        };
+        let intent = match self.in_intent {
+            None => true,
+            Some(want) => f.in_intent? == want,
+        };
+        Some(side && after && intent)
+    }
+}
+
+/// A value with its provenance, as an example of a rule; for a `call` rule,
+/// a call's facts instead (each defaults to the riskiest: an external tool,
+/// after untrusted content, outside the intent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Example {
     /// The value.
+    #[serde(default)]
     pub value: String,
     /// Its sources (default: made by the model).
     #[serde(default = "model_made")]
     pub from: Vec<Source>,
+    /// A call rule's example: the tool's side effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effect: Option<SideEffect>,
+    /// A call rule's example: after untrusted content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_untrusted: Option<bool>,
+    /// A call rule's example: part of the intent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_intent: Option<bool>,
 }
+
+fn every_tool() -> String {
+    ANY_TOOL.to_owned()
+}
+
+/// The `tool` of a rule about every tool.
+pub const ANY_TOOL: &str = "*";
 
 fn model_made() -> Vec<Source> {
     vec![Source::Model]
@@ -134,17 +222,25 @@ pub struct Examples {
 pub struct Rule {
     /// Unique in its file; a later layer's rule of the same id replaces it.
     pub id: String,
-    /// The tool (canonical name).
+    /// The tool (canonical name); `*` (the default) is every tool.
+    #[serde(default = "every_tool")]
     pub tool: String,
-    /// The argument, as a JSON pointer; `*` stands for every element or key.
-    /// An array at the pointer means each of its elements.
-    pub argument: String,
+    /// The argument, as a JSON pointer ([`crate::pointer`]); a container at
+    /// the pointer means every value inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argument: Option<String>,
+    /// Every argument of this role ([`crate::roles`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// A condition over the call itself (no `if` then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallCondition>,
     /// Other input values (pointer → JSON value) that must be equal for the
     /// rule to apply at all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub when: BTreeMap<String, Value>,
-    /// The condition over the value.
-    #[serde(rename = "if")]
+    /// The condition over each value (an argument or role rule).
+    #[serde(rename = "if", default, skip_serializing_if = "Condition::is_empty")]
     pub condition: Condition,
     /// What it decides when the condition holds.
     pub then: Decision,
@@ -244,11 +340,26 @@ impl Rule {
     /// Checks the rule against the known tools and runs its examples; on
     /// failure, the example at fault (if one) and why.
     fn check(&self, known: &KnownTools) -> Result<(), (Option<String>, String)> {
-        let Some(schema) = known.get(&self.tool) else {
-            let names: Vec<&str> = known.keys().map(String::as_str).collect();
-            return Err((None, format!("unknown tool {:?} (known: {})", self.tool, names.join(", "))));
+        let schema = if self.tool == ANY_TOOL {
+            None
+        } else {
+            let Some(schema) = known.get(&self.tool) else {
+                let names: Vec<&str> = known.keys().map(String::as_str).collect();
+                return Err((None, format!("unknown tool {:?} (known: {})", self.tool, names.join(", "))));
+            };
+            schema.as_ref()
         };
-        for pointer in std::iter::once(&self.argument).chain(self.when.keys()) {
+        let kinds = [self.argument.is_some(), self.role.is_some(), self.call.is_some()];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err((None, "a rule names exactly one of \"argument\", \"role\" or \"call\"".into()));
+        }
+        if self.tool == ANY_TOOL && self.argument.is_some() {
+            return Err((
+                None,
+                "a rule for every tool (\"tool\": \"*\") names a role or a call, not an argument".into(),
+            ));
+        }
+        for pointer in self.argument.iter().chain(self.when.keys()) {
             let segments = split_pointer(pointer).map_err(|e| (None, e))?;
             if let Some(schema) = schema {
                 if !schema_has(schema, &segments) {
@@ -256,14 +367,14 @@ impl Rule {
                 }
             }
         }
-        let compiled = Compiled::new(&self.condition).map_err(|e| (None, e))?;
+        let matcher = Matcher::new(self).map_err(|e| (None, e))?;
         for (i, ex) in self.examples.matches.iter().enumerate() {
-            if !compiled.holds(&ex.value, &ex.from.iter().copied().collect()) {
+            if !matcher.example_holds(ex) {
                 return Err((Some(format!("match[{i}] {}", show(ex))), "the condition does not hold for it".into()));
             }
         }
         for (i, ex) in self.examples.not_match.iter().enumerate() {
-            if compiled.holds(&ex.value, &ex.from.iter().copied().collect()) {
+            if matcher.example_holds(ex) {
                 return Err((Some(format!("not_match[{i}] {}", show(ex))), "the condition holds for it".into()));
             }
         }
@@ -275,39 +386,16 @@ impl Rule {
 }
 
 fn show(ex: &Example) -> String {
+    if ex.side_effect.is_some() || ex.after_untrusted.is_some() || ex.in_intent.is_some() {
+        return format!(
+            "(a call: side effect {}, after untrusted {}, in intent {})",
+            ex.side_effect.map_or("external", |s| s.as_str()),
+            ex.after_untrusted.unwrap_or(true),
+            ex.in_intent.unwrap_or(false)
+        );
+    }
     let from: Vec<&str> = ex.from.iter().map(|s| s.as_str()).collect();
     format!("({:?} from {})", ex.value, from.join(", "))
-}
-
-/// The segments of a JSON pointer (`""` is the whole input).
-fn split_pointer(p: &str) -> Result<Vec<String>, String> {
-    if p.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Some(rest) = p.strip_prefix('/') else {
-        return Err(format!("{p:?} is not a JSON pointer (it starts with '/')"));
-    };
-    Ok(rest.split('/').map(|s| s.replace("~1", "/").replace("~0", "~")).collect())
-}
-
-/// Whether an object schema can hold a value at `segments`.
-fn schema_has(schema: &Value, segments: &[String]) -> bool {
-    let Some((first, rest)) = segments.split_first() else { return true };
-    if let Some(items) = schema.get("items") {
-        if first == "*" || first.parse::<usize>().is_ok() {
-            return schema_has(items, rest);
-        }
-    }
-    match schema.get("properties").and_then(Value::as_object) {
-        Some(props) if first == "*" => props.values().any(|p| schema_has(p, rest)),
-        Some(props) => match props.get(first) {
-            Some(p) => schema_has(p, rest),
-            // Keys beyond the named ones, if the schema takes them.
-            None => schema.get("additionalProperties").is_some_and(|a| a.is_object() || a == &Value::Bool(true)),
-        },
-        // A schema without named properties takes what it takes.
-        None => schema.get("type").and_then(Value::as_str) != Some("string"),
-    }
 }
 
 /// A condition ready to evaluate (its pattern compiled, its lists normalised).
@@ -402,12 +490,58 @@ impl PolicySet {
         let rules = self
             .rules
             .iter()
-            .map(|r| {
-                let at = |e: String| format!("rule {:?} ({}): {e}", r.id, r.file);
-                Ok((r.clone(), Compiled::new(&r.condition).map_err(at)?, split_pointer(&r.argument).map_err(at)?))
-            })
+            .map(|r| Ok((r.clone(), Matcher::new(r).map_err(|e| format!("rule {:?} ({}): {e}", r.id, r.file))?)))
             .collect::<Result<_, String>>()?;
         Ok(CompiledPolicy { confirm_wait_s: self.confirm_wait_s, rules })
+    }
+}
+
+/// What a rule looks at, ready to evaluate.
+#[derive(Debug, Clone)]
+enum Matcher {
+    /// The values at a pointer.
+    Argument(Vec<String>, Compiled),
+    /// The values of every argument of a role.
+    Role(Role, Compiled),
+    /// The call itself.
+    Call(CallCondition),
+}
+
+impl Matcher {
+    fn new(r: &Rule) -> Result<Matcher, String> {
+        match (&r.argument, r.role, &r.call) {
+            (_, _, Some(call)) => {
+                if !r.condition.is_empty() {
+                    return Err("a call rule has no \"if\": its condition is \"call\"".into());
+                }
+                if *call == CallCondition::default() {
+                    return Err(
+                        "the call condition is empty; give at least one of side_effect, after_untrusted, in_intent"
+                            .into(),
+                    );
+                }
+                Ok(Matcher::Call(call.clone()))
+            }
+            (Some(p), _, None) => Ok(Matcher::Argument(split_pointer(p)?, Compiled::new(&r.condition)?)),
+            (None, Some(role), None) => Ok(Matcher::Role(role, Compiled::new(&r.condition)?)),
+            (None, None, None) => Err("a rule names one of \"argument\", \"role\" or \"call\"".into()),
+        }
+    }
+
+    fn example_holds(&self, ex: &Example) -> bool {
+        match self {
+            Matcher::Argument(_, c) | Matcher::Role(_, c) => c.holds(&ex.value, &ex.from.iter().copied().collect()),
+            Matcher::Call(call) => {
+                let roles = RoleMap::default();
+                let facts = CallFacts {
+                    roles: &roles,
+                    side_effect: ex.side_effect.unwrap_or(SideEffect::External),
+                    after_untrusted: Some(ex.after_untrusted.unwrap_or(true)),
+                    in_intent: Some(ex.in_intent.unwrap_or(false)),
+                };
+                call.holds(&facts) == Some(true)
+            }
+        }
     }
 }
 
@@ -416,38 +550,67 @@ impl PolicySet {
 pub struct CompiledPolicy {
     /// Seconds a lane waits for a confirmation.
     pub confirm_wait_s: u64,
-    rules: Vec<(Rule, Compiled, Vec<String>)>,
+    rules: Vec<(Rule, Matcher)>,
 }
 
 impl CompiledPolicy {
-    /// Whether any rule is about `tool`.
+    /// Whether any rule can be about `tool` (one of its own, or one for every tool).
     pub fn covers(&self, tool: &str) -> bool {
-        self.rules.iter().any(|(r, _, _)| r.tool == tool)
+        self.rules.iter().any(|(r, _)| r.tool == tool || r.tool == ANY_TOOL)
     }
 
-    /// The decision on `tool` called with `input`, given where each value
-    /// could have come from (`provenance`, asked once per value a rule
-    /// looks at).
+    /// The decision on `tool` called with `input`, given what else is known
+    /// of the call (`facts`) and where each value could have come from
+    /// (`provenance`, asked once per value a rule looks at).
     pub fn evaluate(
         &self,
         tool: &str,
+        facts: &CallFacts<'_>,
         input: &Value,
         provenance: &mut dyn FnMut(&str) -> BTreeSet<Source>,
     ) -> Evaluation {
         let mut eval = Evaluation { decision: Decision::Allow, hits: Vec::new(), values: Vec::new() };
         let mut traced: BTreeMap<String, usize> = BTreeMap::new();
-        for (rule, compiled, segments) in self.rules.iter().filter(|(r, _, _)| r.tool == tool) {
+        for (rule, matcher) in self.rules.iter().filter(|(r, _)| r.tool == tool || r.tool == ANY_TOOL) {
             let applies = rule.when.iter().all(|(p, want)| input.pointer(p) == Some(want));
             if !applies {
                 continue;
             }
-            let mut found = Vec::new();
-            values_at(input, String::new(), segments, &mut found);
+            let hit = |pointer: String| Hit {
+                rule: rule.id.clone(),
+                file: rule.file.clone(),
+                decision: rule.then,
+                why: rule.why.clone(),
+                pointer,
+            };
+            let (found, compiled) = match matcher {
+                Matcher::Call(call) => {
+                    if call.holds(facts) == Some(true) {
+                        eval.decision = eval.decision.max(rule.then);
+                        eval.hits.push(hit(String::new()));
+                    }
+                    continue;
+                }
+                Matcher::Argument(segments, c) => (crate::pointer::collect(input, segments), c),
+                Matcher::Role(role, c) => {
+                    let mut found = Vec::new();
+                    for segments in facts.roles.pointers(*role) {
+                        crate::pointer::values_at(input, "", segments, &mut found);
+                    }
+                    if facts.roles.strings_only {
+                        found.retain(|(p, _)| input.pointer(p).is_some_and(Value::is_string));
+                    }
+                    (found, c)
+                }
+            };
+            if found.len() >= MAX_VALUES {
+                // More values than are traced: a human decides.
+                eval.decision = eval.decision.max(Decision::Confirm);
+            }
             for (pointer, value) in found {
                 let idx = match traced.get(&pointer) {
                     Some(&i) => i,
                     None if eval.values.len() >= MAX_VALUES => {
-                        // Too many values to trace: a human decides.
                         eval.decision = eval.decision.max(Decision::Confirm);
                         continue;
                     }
@@ -461,64 +624,11 @@ impl CompiledPolicy {
                 let v = &eval.values[idx];
                 if compiled.holds(&v.value, &v.sources) {
                     eval.decision = eval.decision.max(rule.then);
-                    eval.hits.push(Hit {
-                        rule: rule.id.clone(),
-                        file: rule.file.clone(),
-                        decision: rule.then,
-                        why: rule.why.clone(),
-                        pointer: v.pointer.clone(),
-                    });
+                    eval.hits.push(hit(v.pointer.clone()));
                 }
             }
         }
         eval
-    }
-}
-
-/// The values at a pointer with wildcards, as strings (numbers and
-/// booleans in their JSON form), with their concrete pointers. An array at
-/// the end of the pointer stands for its elements.
-fn values_at(v: &Value, at: String, segments: &[String], out: &mut Vec<(String, String)>) {
-    if out.len() > MAX_VALUES {
-        return;
-    }
-    let esc = |k: &str| k.replace('~', "~0").replace('/', "~1");
-    match segments.split_first() {
-        None => match v {
-            Value::String(s) => out.push((at, s.clone())),
-            Value::Number(_) | Value::Bool(_) => out.push((at, v.to_string())),
-            Value::Array(items) => {
-                for (i, x) in items.iter().enumerate() {
-                    if !x.is_array() {
-                        values_at(x, format!("{at}/{i}"), &[], out);
-                    }
-                }
-            }
-            _ => {}
-        },
-        Some((first, rest)) => match v {
-            Value::Array(items) if first == "*" => {
-                for (i, x) in items.iter().enumerate() {
-                    values_at(x, format!("{at}/{i}"), rest, out);
-                }
-            }
-            Value::Object(map) if first == "*" => {
-                for (k, x) in map {
-                    values_at(x, format!("{at}/{}", esc(k)), rest, out);
-                }
-            }
-            Value::Array(items) => {
-                if let Some(x) = first.parse::<usize>().ok().and_then(|i| items.get(i)) {
-                    values_at(x, format!("{at}/{first}"), rest, out);
-                }
-            }
-            Value::Object(map) => {
-                if let Some(x) = map.get(first.as_str()) {
-                    values_at(x, format!("{at}/{}", esc(first)), rest, out);
-                }
-            }
-            _ => {}
-        },
     }
 }
 
@@ -596,6 +706,13 @@ mod tests {
         ])
     }
 
+    static NO_ROLES: RoleMap = RoleMap { entries: Vec::new(), strings_only: false, implicit: false };
+
+    /// A read tool's call, nothing known of the lane.
+    fn facts() -> CallFacts<'static> {
+        CallFacts { roles: &NO_ROLES, side_effect: SideEffect::Read, after_untrusted: None, in_intent: None }
+    }
+
     fn sources(s: &[Source]) -> BTreeSet<Source> {
         s.iter().copied().collect()
     }
@@ -629,10 +746,12 @@ mod tests {
             "eve@else.test" => sources(&[Source::Untrusted]),
             _ => sources(&[Source::Model]),
         };
-        let e = set.compile().unwrap().evaluate("choir.email.send", &json!({"to": ["bob@corp.test"]}), &mut prov);
+        let e =
+            set.compile().unwrap().evaluate("choir.email.send", &facts(), &json!({"to": ["bob@corp.test"]}), &mut prov);
         assert_eq!(e.decision, Decision::Allow);
         let e = set.compile().unwrap().evaluate(
             "choir.email.send",
+            &facts(),
             &json!({"to": ["bob@corp.test", "eve@else.test"]}),
             &mut prov,
         );
@@ -640,6 +759,7 @@ mod tests {
         assert_eq!(e.deciding()[0].pointer, "/to/1");
         let e = set.compile().unwrap().evaluate(
             "choir.email.send",
+            &facts(),
             &json!({"to": ["eve@else.test", "z@evil.test"]}),
             &mut prov,
         );
@@ -647,7 +767,7 @@ mod tests {
         assert_eq!(e.deciding()[0].rule, "never-evil");
         assert_eq!(e.values.len(), 2, "each value traced once: {:?}", e.values);
         assert_eq!(
-            set.compile().unwrap().evaluate("choir.exec", &json!({"cmd": "x"}), &mut prov).decision,
+            set.compile().unwrap().evaluate("choir.exec", &facts(), &json!({"cmd": "x"}), &mut prov).decision,
             Decision::Allow
         );
     }
@@ -662,11 +782,11 @@ mod tests {
         let mut prov = |_: &str| sources(&[Source::Model]);
         let call = |submit: bool| json!({"action": "type", "text": "x", "submit": submit});
         assert_eq!(
-            set.compile().unwrap().evaluate("choir.web.browse", &call(true), &mut prov).decision,
+            set.compile().unwrap().evaluate("choir.web.browse", &facts(), &call(true), &mut prov).decision,
             Decision::Confirm
         );
         assert_eq!(
-            set.compile().unwrap().evaluate("choir.web.browse", &call(false), &mut prov).decision,
+            set.compile().unwrap().evaluate("choir.web.browse", &facts(), &call(false), &mut prov).decision,
             Decision::Allow
         );
     }
@@ -682,9 +802,8 @@ mod tests {
         .unwrap();
         let id = base.rules[0].id.clone();
         let off = format!(
-            r#"{{"confirm_wait_s": 30, "rules": [{{"id": "{id}", "tool": "{}", "argument": "{}", "if": {{"from": ["model"]}},
-                "then": "allow", "examples": {{"match": [{{"value": "a"}}], "not_match": [{{"value": "a", "from": ["user"]}}]}}}}]}}"#,
-            base.rules[0].tool, base.rules[0].argument
+            r#"{{"confirm_wait_s": 30, "rules": [{{"id": "{id}", "role": "destination", "if": {{"from": ["model"]}},
+                "then": "allow", "examples": {{"match": [{{"value": "a"}}], "not_match": [{{"value": "a", "from": ["user"]}}]}}}}]}}"#
         );
         let mut k = known();
         k.insert("choir.http.post".into(), None);
@@ -761,6 +880,130 @@ mod tests {
         );
     }
 
+    fn default_policy() -> CompiledPolicy {
+        let mut k = known();
+        k.insert("choir.http.post".into(), None);
+        PolicySet::merge([PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &k).unwrap()]).compile().unwrap()
+    }
+
+    fn runtime(roles: Value, side_effect: &str) -> crate::manifest::RuntimeView {
+        serde_json::from_value(json!({"timeout_ms": 1000, "side_effect": side_effect, "version": "1", "roles": roles}))
+            .unwrap()
+    }
+
+    #[test]
+    fn regression_an_operator_tool_with_no_roles_declared_was_judged_by_no_rule() {
+        // An external tool nobody wrote a rule for: every string argument,
+        // at any depth, is a destination under the shipped default.
+        let policy = default_policy();
+        let rt = runtime(json!({}), "external");
+        let roles = RoleMap::of(&rt);
+        assert!(roles.implicit);
+        let facts =
+            CallFacts { roles: &roles, side_effect: SideEffect::External, after_untrusted: None, in_intent: None };
+        let input = json!({"account": "DE89370400440532013000", "amount": 100, "confirm": true});
+        let mut prov = |v: &str| match v {
+            "DE89370400440532013000" => sources(&[Source::Untrusted]),
+            _ => sources(&[Source::Model]),
+        };
+        let e = policy.evaluate("x.bank.transfer", &facts, &input, &mut prov);
+        assert_eq!(e.decision, Decision::Confirm, "{e:?}");
+        assert_eq!(e.deciding()[0].rule, "destination-not-given");
+        assert_eq!(e.values.len(), 1, "numbers and flags are no destination: {:?}", e.values);
+        // The negative control: the user gave the account.
+        let mut user = |_: &str| sources(&[Source::User]);
+        assert_eq!(policy.evaluate("x.bank.transfer", &facts, &input, &mut user).decision, Decision::Allow);
+        // A read tool without roles has none.
+        let read = RoleMap::of(&runtime(json!({}), "read"));
+        let facts = CallFacts { roles: &read, side_effect: SideEffect::Read, after_untrusted: None, in_intent: None };
+        assert_eq!(policy.evaluate("x.bank.balance", &facts, &input, &mut prov).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn regression_a_value_nested_three_levels_deep_escaped_every_rule() {
+        let policy = default_policy();
+        let rt = runtime(json!({"/order/**/email": "destination", "/order/note": "inert"}), "external");
+        let roles = RoleMap::of(&rt);
+        let facts =
+            CallFacts { roles: &roles, side_effect: SideEffect::External, after_untrusted: None, in_intent: None };
+        let input = json!({"order": {"note": "x", "ship": {"to": {"email": "attacker@evil.test"}}}});
+        let mut prov = |v: &str| {
+            if v == "attacker@evil.test" {
+                sources(&[Source::Untrusted])
+            } else {
+                sources(&[Source::Model])
+            }
+        };
+        let e = policy.evaluate("x.shop.order", &facts, &input, &mut prov);
+        assert_eq!(e.decision, Decision::Confirm);
+        assert_eq!(e.deciding()[0].pointer, "/order/ship/to/email");
+        // The negative control: one level of `*` (all a rule could say before) misses it.
+        let shallow = runtime(json!({"/order/*/email": "destination"}), "external");
+        let roles = RoleMap::of(&shallow);
+        let facts =
+            CallFacts { roles: &roles, side_effect: SideEffect::External, after_untrusted: None, in_intent: None };
+        assert_eq!(policy.evaluate("x.shop.order", &facts, &input, &mut prov).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn regression_a_tool_without_arguments_called_after_untrusted_content_ran_unasked() {
+        let policy = default_policy();
+        let roles = RoleMap::of(&runtime(json!({}), "external"));
+        let mut prov = |_: &str| sources(&[Source::Model]);
+        let call = |after: Option<bool>, intent: Option<bool>, side: SideEffect| CallFacts {
+            roles: &roles,
+            side_effect: side,
+            after_untrusted: after,
+            in_intent: intent,
+        };
+        let mut unlock = |f: CallFacts<'_>| policy.evaluate("x.home.unlock_door", &f, &json!({}), &mut prov);
+        let e = unlock(call(Some(true), Some(false), SideEffect::External));
+        assert_eq!(e.decision, Decision::Confirm);
+        assert_eq!(e.deciding()[0].rule, "external-call-not-asked");
+        assert_eq!(e.deciding()[0].pointer, "", "the call itself");
+        // Negative controls: asked for, nothing untrusted read yet, a read
+        // tool, and choird (which cannot know the lane's order).
+        assert_eq!(unlock(call(Some(true), Some(true), SideEffect::External)).decision, Decision::Allow);
+        assert_eq!(unlock(call(Some(false), Some(false), SideEffect::External)).decision, Decision::Allow);
+        assert_eq!(unlock(call(Some(true), Some(false), SideEffect::Read)).decision, Decision::Allow);
+        assert_eq!(unlock(call(None, None, SideEffect::External)).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn role_and_call_rules_are_checked_at_load() {
+        let cases = [
+            (
+                r#"{"id": "r", "argument": "/to", "if": {"from": ["model"]}, "then": "confirm", "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y", "from": ["user"]}]}}"#,
+                "names a role or a call, not an argument",
+            ),
+            (
+                r#"{"id": "r", "role": "destination", "argument": "/to", "tool": "choir.email.send", "if": {"from": ["model"]}, "then": "confirm", "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y", "from": ["user"]}]}}"#,
+                "exactly one of",
+            ),
+            (
+                r#"{"id": "r", "call": {"in_intent": false}, "if": {"from": ["model"]}, "then": "confirm", "examples": {"match": [{}], "not_match": [{"in_intent": true}]}}"#,
+                "a call rule has no \"if\"",
+            ),
+            (
+                r#"{"id": "r", "call": {}, "then": "confirm", "examples": {"match": [{}], "not_match": [{"in_intent": true}]}}"#,
+                "the call condition is empty",
+            ),
+            (
+                r#"{"id": "r", "call": {"in_intent": false}, "then": "confirm", "examples": {"match": [{"in_intent": true}], "not_match": [{"in_intent": true}]}}"#,
+                "match[0] (a call: side effect external, after untrusted true, in intent true): the condition does not hold",
+            ),
+            (
+                r#"{"id": "r", "role": "courier", "if": {"from": ["model"]}, "then": "confirm", "examples": {"match": [{"value": "x"}], "not_match": [{"value": "y", "from": ["user"]}]}}"#,
+                "unknown variant `courier`",
+            ),
+        ];
+        for (rule, want) in cases {
+            let text = format!(r#"{{"rules": [{rule}]}}"#);
+            let e = PolicyFile::parse("p.json", &text, &known()).unwrap_err().to_string();
+            assert!(e.contains(want), "{rule}\n→ {e}\nwanted {want:?}");
+        }
+    }
+
     #[test]
     fn a_call_with_more_values_than_can_be_traced_is_confirmed() {
         let text = r#"{"rules": [{"id": "r", "tool": "choir.email.send", "argument": "/to", "if": {"from": ["model"]}, "then": "confirm",
@@ -772,7 +1015,7 @@ mod tests {
             asked += 1;
             sources(&[Source::User])
         };
-        let e = set.compile().unwrap().evaluate("choir.email.send", &json!({"to": many}), &mut prov);
+        let e = set.compile().unwrap().evaluate("choir.email.send", &facts(), &json!({"to": many}), &mut prov);
         assert_eq!(e.decision, Decision::Confirm);
         assert!(asked <= MAX_VALUES);
     }

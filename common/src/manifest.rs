@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::validate_tool_name;
+use crate::roles::Role;
 use crate::trust::OutputTrust;
 
 // The reserved names, where manifests have always offered them.
@@ -70,6 +71,17 @@ pub enum SideEffect {
     External,
 }
 
+impl SideEffect {
+    /// `read`, `write` or `external`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideEffect::Read => "read",
+            SideEffect::Write => "write",
+            SideEffect::External => "external",
+        }
+    }
+}
+
 /// Which lanes see a tool's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -121,6 +133,16 @@ pub struct RuntimeView {
     /// marked as such wherever they enter a model's context (R-ARB-5).
     #[serde(default, skip_serializing_if = "OutputTrust::is_default")]
     pub output_trust: OutputTrust,
+    /// What each argument's value does (pointer → role,
+    /// [`crate::roles`]); none declared means the strictest default for an
+    /// external tool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub roles: BTreeMap<String, Role>,
+    /// Pointers into the result whose values the tool itself produces and
+    /// no outsider chooses: they vouch for a value though the rest of an
+    /// untrusted result does not ([`crate::roles`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_fields: Vec<String>,
 }
 
 impl RuntimeView {
@@ -163,6 +185,19 @@ impl ToolManifest {
             .map_err(|e| err("llm.parameters", format!("not a valid JSON Schema: {e}")))?;
         if self.runtime.timeout_ms == 0 || self.runtime.timeout_ms > 3_600_000 {
             return Err(err("runtime.timeout_ms", "must be between 1 and 3600000".into()));
+        }
+        for pointer in self.runtime.roles.keys() {
+            let at = format!("runtime.roles[{pointer:?}]");
+            let segments = crate::pointer::split(pointer).map_err(|r| err(&at, r))?;
+            if !crate::pointer::schema_has(&self.llm.parameters, &segments) {
+                return Err(err(&at, format!("llm.parameters has no argument {pointer:?}")));
+            }
+        }
+        if self.runtime.roles.len() > 64 || self.runtime.trusted_fields.len() > 64 {
+            return Err(err("runtime.roles", "at most 64 roles and 64 trusted fields".into()));
+        }
+        for (i, pointer) in self.runtime.trusted_fields.iter().enumerate() {
+            crate::pointer::split(pointer).map_err(|r| err(&format!("runtime.trusted_fields[{i}]"), r))?;
         }
         for (i, lock) in self.runtime.locks.iter().enumerate() {
             for field in placeholders(&lock.resource).map_err(|r| err(&format!("runtime.locks[{i}].resource"), r))? {

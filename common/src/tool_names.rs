@@ -13,6 +13,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "choir.fs.search",
     "choir.fs.write",
     "choir.memory.compact",
+    "choir.plan",
     "choir.propose.config_change",
     "choir.propose.schedule",
     "choir.propose.skill",
@@ -20,6 +21,10 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "choir.skill.run",
     "choir.tools.find",
 ];
+
+/// The tool a model names its plan with before it reads anything from
+/// outside (the turn's trusted intent).
+pub const PLAN_TOOL: &str = "choir.plan";
 
 /// Names of the host tools (run by choird, see `host_tools`).
 pub const HOST_TOOLS: &[&str] = &["choir.memory.query", "choir.memory.upsert"];

@@ -7,11 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use choir_common::arg_policy::{CompiledPolicy, Decision, Evaluation, PolicySet};
+use choir_common::arg_policy::{CallFacts, CompiledPolicy, Decision, Evaluation, PolicySet};
 use choir_common::manifest::ToolManifest;
+use choir_common::roles::RoleMap;
 use parking_lot::RwLock;
 use serde_json::Value;
 
+use crate::arbiter::intent::{lane_facts, LaneFacts};
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::policy::{CallPolicy, Verdict};
 use crate::arbiter::provenance::{trace, Evidence, Trace};
@@ -54,11 +56,17 @@ fn clip(s: &str, n: usize) -> String {
     }
 }
 
-/// For a human: each value that decided, and where it was seen.
-fn explain(eval: &Evaluation, traces: &[(String, Trace)]) -> String {
+/// For a human: each value that decided, and where it was seen; for a rule
+/// about the call itself, what the intent was and what the lane had read.
+fn explain(tool: &str, eval: &Evaluation, traces: &[(String, Trace)], lane: &LaneFacts) -> String {
     let mut lines = Vec::new();
     let deciding = eval.deciding();
     for hit in deciding.iter().take(MAX_LINES) {
+        let why = hit.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        if hit.pointer.is_empty() {
+            lines.push(format!("the call: {} — rule {} ({}){why}", lane.explain(tool), hit.rule, hit.file));
+            continue;
+        }
         let value = eval.values.iter().find(|v| v.pointer == hit.pointer);
         let trace = traces.iter().find(|(v, _)| Some(v) == value.map(|v| &v.value)).map(|(_, t)| t);
         let shown = value.map(|v| clip(&v.value, 200)).unwrap_or_default();
@@ -72,7 +80,6 @@ fn explain(eval: &Evaluation, traces: &[(String, Trace)]) -> String {
             }
             None => "not traced".to_owned(),
         };
-        let why = hit.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
         lines.push(format!("{} = {shown:?}: {whence} — rule {} ({}){why}", hit.pointer, hit.rule, hit.file));
     }
     if deciding.len() > MAX_LINES {
@@ -86,13 +93,21 @@ impl CallPolicy for ArgumentPolicy {
         "argument"
     }
 
-    fn check(&self, _lane: &LaneCtx, tool: &str, _m: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict {
+    fn check(&self, lane: &LaneCtx, tool: &str, m: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict {
         let set = self.set.read().1.clone();
         if !set.covers(tool) {
             return Verdict::Allow;
         }
+        let roles = RoleMap::of(&m.runtime);
+        let lane_facts = lane_facts(lane, ev);
+        let facts = CallFacts {
+            roles: &roles,
+            side_effect: m.runtime.side_effect,
+            after_untrusted: Some(lane_facts.after_untrusted()),
+            in_intent: Some(lane_facts.intent.contains(tool)),
+        };
         let mut traces: Vec<(String, Trace)> = Vec::new();
-        let eval = set.evaluate(tool, input, &mut |value| {
+        let eval = set.evaluate(tool, &facts, input, &mut |value| {
             let t = trace(value, ev);
             let s = t.sources.clone();
             traces.push((value.to_owned(), t));
@@ -103,11 +118,11 @@ impl CallPolicy for ArgumentPolicy {
             Decision::Confirm => Verdict::Confirm {
                 reason: format!(
                     "{tool}: the argument policy asks a human to confirm this call.\n{}",
-                    explain(&eval, &traces)
+                    explain(tool, &eval, &traces, &lane_facts)
                 ),
                 wait: Duration::from_secs(set.confirm_wait_s),
             },
-            Decision::Forbid => Verdict::Forbid { reason: explain(&eval, &traces) },
+            Decision::Forbid => Verdict::Forbid { reason: explain(tool, &eval, &traces, &lane_facts) },
         }
     }
 }

@@ -48,6 +48,7 @@
 
 pub mod approvals;
 pub mod arg_check;
+pub mod intent;
 pub mod invocation;
 pub mod lane_ctx;
 pub mod locks;
@@ -414,14 +415,21 @@ impl Arbiter {
         if let Some((refusal, reason)) = self.gate(lane) {
             return forbid(Some(tool), input, refusal, reason);
         }
+        let ev = Evidence {
+            operator: &self.operator_words,
+            inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
+            history,
+        };
+        // A plan fixes the turn's intent only from trusted input.
+        if tool == intent::PLAN_TOOL {
+            let offered = |t: &str| self.registry.get(t).is_some_and(|r| r.status.offered());
+            if let Some(reason) = intent::plan_refusal(&intent::lane_facts(lane, &ev), &input, &offered) {
+                return forbid(Some(tool), input, Refusal::Policy, reason);
+            }
+        }
         let verdict = if self.policies.is_empty() {
             Verdict::Allow
         } else {
-            let ev = Evidence {
-                operator: &self.operator_words,
-                inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
-                history,
-            };
             crate::arbiter::policy::combine(&self.policies, lane, &tool, &reg.manifest, &input, &ev)
         };
         let timeout = Duration::from_millis(runtime.timeout_ms);

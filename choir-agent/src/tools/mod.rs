@@ -14,6 +14,7 @@ pub mod find;
 pub mod fs;
 pub mod host;
 pub mod lane;
+pub mod plan;
 pub mod propose;
 pub mod search;
 pub mod tool;
@@ -105,6 +106,7 @@ impl Registry {
             (fs::write_manifest(), Arc::new(fs::WriteTool)),
             (search::manifest(), Arc::new(search::SearchTool)),
             (exec::manifest(), Arc::new(exec::ExecTool)),
+            (plan::manifest(), Arc::new(plan::PlanTool)),
             // Ranks the registry's tools; rebuilt over the final registry by `load`.
             (find::manifest(), Arc::new(find::FindTool::new(Vec::new(), None, SharedPolicy::default()))),
         ];

@@ -19,9 +19,11 @@
 //! agent reports from a forged one), so such a call needs the confirmation
 //! the agent did not ask for; it fails with a message saying so.
 
-use choir_common::arg_policy::Decision;
+use choir_common::arg_policy::{CallFacts, Decision};
 use choir_common::ids::AgentId;
+use choir_common::manifest::SideEffect;
 use choir_common::provenance::Source;
+use choir_common::roles::RoleMap;
 use choir_common::rpc::ExecuteHostToolRequest;
 use serde_json::{json, Value};
 
@@ -68,12 +70,19 @@ impl Daemon {
     /// `Ok` when it may run.
     pub(super) fn judge_host_call(&self, who: &Authed, req: &ExecuteHostToolRequest) -> Result<(), Error> {
         let set = self.argument_policy(&who.agent);
-        // Most host-tool calls (memory, search) are named by no rule:
-        // nothing to compile or read for them.
-        if !set.rules.iter().any(|r| r.tool == req.tool) {
+        let runtime = self.host_tools.manifest(&req.tool).map(|m| m.runtime);
+        let roles = runtime.as_ref().map(RoleMap::of).unwrap_or_default();
+        let side_effect = runtime.map_or(SideEffect::Read, |r| r.side_effect);
+        // Most host-tool calls (memory, search) are named by no rule and
+        // have no roles: nothing to compile or read for them.
+        let named = set.rules.iter().any(|r| r.tool == req.tool);
+        if !named && roles.entries.is_empty() {
             return Ok(());
         }
         let policy = set.compile().map_err(Error::Internal)?;
+        // choird sees no lane's order: rules about the call itself (after
+        // untrusted content, outside the intent) are the agent's arbiter's.
+        let facts = CallFacts { roles: &roles, side_effect, after_untrusted: None, in_intent: None };
         let seen = self.store.witnessed(&who.agent)?;
         let operator = operator_words(&self.home, &who.agent);
         let mut texts: Vec<(Source, String)> = seen.user.into_iter().map(|t| (Source::User, t)).collect();
@@ -89,8 +98,8 @@ impl Daemon {
         // makes a value the model's rather than untrusted (neither vouches).
         texts.extend(seen.results.into_iter().map(|r| (Source::Untrusted, r)));
         let texts: Vec<(Source, &str)> = texts.iter().map(|(s, t)| (*s, t.as_str())).collect();
-        let eval =
-            policy.evaluate(&req.tool, &req.input, &mut |value| choir_common::provenance::trace(value, &texts).0);
+        let eval = policy
+            .evaluate(&req.tool, &facts, &req.input, &mut |value| choir_common::provenance::trace(value, &texts).0);
         let values = eval
             .deciding()
             .iter()

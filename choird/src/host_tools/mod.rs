@@ -167,6 +167,11 @@ impl Registry {
             .collect()
     }
 
+    /// One registered tool's manifest, if it has one.
+    pub fn manifest(&self, name: &str) -> Option<ToolManifest> {
+        self.tools.get(name).and_then(|r| r.tool.manifest())
+    }
+
     /// Every registered tool, with its manifest where it has one.
     pub fn all(&self) -> Vec<(String, Option<ToolManifest>)> {
         self.tools.iter().map(|(name, r)| (name.clone(), r.tool.manifest())).collect()

@@ -67,7 +67,8 @@ pub fn handle(
         R::TestPolicy { id } => {
             let agent = d.known_agent(&id)?;
             let t: choir_common::admin::PolicyTest = req.json()?;
-            Ok(Response::ok(&crate::arg_policies::test(&d.argument_policy(&agent), &t)?))
+            let runtime = crate::arg_policies::runtime_of(&d.home, &d.host_tools, &agent, &t.tool);
+            Ok(Response::ok(&crate::arg_policies::test(&d.argument_policy(&agent), runtime.as_ref(), &t)?))
         }
         R::Memory { id, read } => memory::read(d, &id, read),
         R::ScheduleAdd { id } => {

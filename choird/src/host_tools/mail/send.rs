@@ -114,6 +114,8 @@ impl HostTool for Send {
                 }
             },
             "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "external", "idempotent": false, "version": "1",
+                        "roles": {"/to": "destination", "/cc": "destination", "/subject": "payload", "/body": "payload",
+                                  "/attachments": "payload"},
                         "output_trust": "trusted"}
         }))
         .ok()

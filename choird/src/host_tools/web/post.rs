@@ -89,7 +89,9 @@ impl HostTool for Post {
                     "additionalProperties": false
                 }
             },
-            "runtime": {"timeout_ms": 40000, "network": true, "side_effect": "external", "idempotent": false, "version": "1"}
+            "runtime": {"timeout_ms": 40000, "network": true, "side_effect": "external", "idempotent": false, "version": "1",
+                        "roles": {"/url": "destination", "/json": "payload", "/form": "payload", "/headers": "payload",
+                                  "/auth_secret": "target"}}
         }))
         .ok()
     }

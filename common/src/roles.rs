@@ -1,0 +1,93 @@
+//! Argument roles and trusted output fields: what a tool's manifest says its
+//! values *do*, so the shipped policy can judge every tool by what it does
+//! instead of by its name (docs/policies.md, "Roles").
+//!
+//! A manifest's runtime view may map argument pointers
+//! ([`crate::pointer`], wildcards `*` and `**`) to a role:
+//!
+//! | role | what the value is | shipped default rule |
+//! | --- | --- | --- |
+//! | `destination` | where data or an effect goes: a recipient, a URL, an account, a phone number, a channel, a path outside the workspace | confirm unless the user, the operator or a trusted tool gave it |
+//! | `target` | what an effect acts on: an id to delete, an event to cancel, a file to share, an account to change | the same |
+//! | `payload` | content sent out: a body, a message, a form's text, a query | confirm when it carries text seen only in untrusted content |
+//! | `inert` | none of these (a count, a format, a flag) | none |
+//!
+//! **The strictest default.** A tool whose `side_effect` is `external` and
+//! that declares no roles has every string argument, at any depth, taken as
+//! a `destination` ([`RoleMap::of`]): nobody wrote a rule for it, so any
+//! value in it that the user or operator did not give needs a human. A tool
+//! that declares roles has exactly those; its other arguments are `inert`.
+//!
+//! A manifest may also name `trusted_fields`: pointers into its *result*
+//! whose values the tool itself produces and an outsider cannot choose (an
+//! id the drive assigned, the user's own account number). Only those values
+//! of an otherwise untrusted result vouch for a value. A received mail's
+//! sender is **not** such a field: anyone can send mail.
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{RuntimeView, SideEffect};
+
+/// What an argument's value does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Where data or an effect goes.
+    Destination,
+    /// What an effect acts on.
+    Target,
+    /// Content sent out.
+    Payload,
+    /// None of these.
+    Inert,
+}
+
+impl Role {
+    /// `destination`, `target`, `payload` or `inert`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Destination => "destination",
+            Role::Target => "target",
+            Role::Payload => "payload",
+            Role::Inert => "inert",
+        }
+    }
+}
+
+/// The roles of one tool's arguments, pointers split.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleMap {
+    /// (pointer segments, role), in the manifest's order.
+    pub entries: Vec<(Vec<String>, Role)>,
+    /// Only string values count (the strictest default: numbers and flags
+    /// are not where anything goes).
+    pub strings_only: bool,
+    /// Whether these are the strictest default rather than declared.
+    pub implicit: bool,
+}
+
+impl RoleMap {
+    /// The roles `runtime` gives its tool's arguments (see the module's
+    /// rule). Pointers were checked by [`crate::manifest::ToolManifest::validate`];
+    /// one that does not split is skipped.
+    pub fn of(runtime: &RuntimeView) -> RoleMap {
+        if runtime.roles.is_empty() {
+            if runtime.side_effect == SideEffect::External {
+                return RoleMap {
+                    entries: vec![(vec!["**".to_owned()], Role::Destination)],
+                    strings_only: true,
+                    implicit: true,
+                };
+            }
+            return RoleMap::default();
+        }
+        let entries =
+            runtime.roles.iter().filter_map(|(p, r)| crate::pointer::split(p).ok().map(|s| (s, *r))).collect();
+        RoleMap { entries, strings_only: false, implicit: false }
+    }
+
+    /// The pointers that have `role`.
+    pub fn pointers(&self, role: Role) -> impl Iterator<Item = &[String]> {
+        self.entries.iter().filter(move |(_, r)| *r == role).map(|(p, _)| p.as_slice())
+    }
+}
