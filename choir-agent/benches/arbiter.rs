@@ -159,6 +159,89 @@ fn main() {
         fmt_ns(p99)
     );
 
+    // --- The shipped default over roles and intent, over the same history ---
+    // An operator tool with roles (a destination and a payload), planned
+    // before anything untrusted was read: every value traced, the intent
+    // worked out, every default rule (roles and the call rule) evaluated.
+    let choir_dir = dir.path().join("choir3");
+    let tools = choir_dir.join("tools/agent");
+    std::fs::create_dir_all(&tools).unwrap();
+    let manifest = json!({
+        "llm": {"name": "x.mail.send", "description": "Send a mail.",
+                "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}}},
+        "runtime": {"exec_path": "send", "timeout_ms": 1000, "side_effect": "external", "version": "1",
+                    "roles": {"/to": "destination", "/body": "payload"}}
+    });
+    std::fs::write(tools.join("send.json"), manifest.to_string()).unwrap();
+    std::fs::write(tools.join("send"), "#!/bin/sh\necho '{}'\n").unwrap();
+    std::fs::set_permissions(tools.join("send"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let registry =
+        Registry::load(&choir_dir, &[], Arc::new(choir_agent::tools::host::NoHost), &[], &[]).unwrap();
+    let defaults = Arc::new(ArgumentPolicy::default());
+    let mut known: KnownTools = choir_common::manifest::BUILTIN_TOOLS.iter().map(|t| (t.to_string(), None)).collect();
+    known.insert("x.mail.send".into(), None);
+    for t in ["choir.email.send", "choir.http.post", "choir.web.browse"] {
+        known.insert(t.into(), None);
+    }
+    defaults.set(&PolicySet::merge([PolicyFile::parse(
+        choir_common::arg_policy::BUILT_IN,
+        choir_common::arg_policy::DEFAULT_POLICY,
+        &known,
+    )
+    .unwrap()]));
+    let (log3, _) = CommitLog::open(&dir.path().join("state3")).unwrap();
+    let (tx3, _rx3) = crossbeam_channel::bounded(1);
+    let shipped = Arbiter::new(Parts {
+        registry,
+        workspace: Workspace::open(&ws_dir).unwrap(),
+        state_dir: dir.path().join("state3"),
+        log: Arc::new(DurableLog::new(log3).unwrap()),
+        committed: tx3,
+        secrets: SecretStore::default(),
+        proposals: None,
+        policies: vec![defaults],
+        board: None,
+        operator_words: String::new(),
+    });
+    let mut planned = vec![Entry::user("mail the summary to boss@corp.test")];
+    let mut plan = choir_common::openai::ChatMessage::text(choir_common::openai::Role::Assistant, "");
+    plan.tool_calls = vec![choir_common::openai::ToolCall {
+        id: "p".into(),
+        kind: "function".into(),
+        function: choir_common::openai::FunctionCall {
+            name: "choir__plan".into(),
+            arguments: r#"{"tools": ["x.mail.send", "choir.email.receive"]}"#.into(),
+        },
+    }];
+    planned.push(Entry::model(plan));
+    planned.push(Entry::tool_result(
+        "p",
+        r#"{"status": "success", "summary": "planned: x.mail.send, choir.email.receive"}"#,
+        Origin::Tool { tool: "choir.plan".into(), trust: OutputTrust::Trusted },
+    ));
+    planned.extend(history[1..48].iter().cloned());
+    let send = ProposedCall {
+        id: "c".into(),
+        name: "x__mail__send".into(),
+        arguments: r#"{"to": "boss@corp.test", "body": "The summary: numbers are attached, reply by Friday."}"#.into(),
+    };
+    let mut samples = Vec::with_capacity(2_000);
+    for _ in 0..2_000 {
+        let t = Instant::now();
+        let d = shipped.decide(&lane, &send, &planned);
+        samples.push(t.elapsed().as_nanos() as u64);
+        assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
+    }
+    let (p50, p99) = percentiles(samples);
+    let bytes: usize = planned.iter().filter_map(|e| e.message.content.as_ref()).map(String::len).sum();
+    println!(
+        "arbiter decision under the shipped default (roles, intent), {} entries ({} KB): p50 {}  p99 {}",
+        planned.len(),
+        bytes / 1024,
+        fmt_ns(p50),
+        fmt_ns(p99)
+    );
+
     // --- Locks -------------------------------------------------------------
     let locks: LockManager = LockManager::default();
     let set = || vec![(Resource::new("file:notes/today.md"), LockMode::X), (Resource::new("choirtmp"), LockMode::S)];

@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::validate_tool_name;
-use crate::roles::Role;
 use crate::trust::OutputTrust;
 
 // The reserved names, where manifests have always offered them.
@@ -78,6 +77,32 @@ impl SideEffect {
             SideEffect::Read => "read",
             SideEffect::Write => "write",
             SideEffect::External => "external",
+        }
+    }
+}
+
+/// What an argument's value does (the set and its meaning: [`crate::roles`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Where data or an effect goes.
+    Destination,
+    /// What an effect acts on.
+    Target,
+    /// Content sent out.
+    Payload,
+    /// None of these.
+    Inert,
+}
+
+impl Role {
+    /// `destination`, `target`, `payload` or `inert`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Destination => "destination",
+            Role::Target => "target",
+            Role::Payload => "payload",
+            Role::Inert => "inert",
         }
     }
 }

@@ -63,20 +63,89 @@ pub enum Kind {
     Text,
 }
 
+/// Characters of an address's (unquoted) local part, as found in text.
+fn local_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._%+-!#$&'*/=?^`{|}~".contains(c)
+}
+
+/// Characters of a domain.
+fn domain_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '.' || c == '-'
+}
+
+fn valid_domain(domain: &str) -> bool {
+    domain.contains('.')
+        && !domain.starts_with(['.', '-'])
+        && !domain.ends_with(['.', '-'])
+        && !domain.contains("..")
+        && domain.chars().all(domain_char)
+}
+
+/// A recipient as a mailer reads it (RFC 5322's `addr-spec` or
+/// `display-name <addr-spec>`), lowercased. **The mailer's reading, not the
+/// eye's:** the angle form counts only when the value *ends* with `>`, so
+/// `"\"<me@corp.test>\""@evil.test` is the quoted local part
+/// `"<me@corp.test>"` at `evil.test` — a whole address of its own, found in
+/// no text that does not hold exactly it — never `me@corp.test`.
 fn address(s: &str) -> Option<String> {
     let s = s.trim();
-    let inner = match (s.rfind('<'), s.rfind('>')) {
-        (Some(a), Some(b)) if a < b => &s[a + 1..b],
-        _ => s,
+    let inner = match s.strip_suffix('>').and_then(|rest| rest.rfind('<').map(|a| &rest[a + 1..])) {
+        Some(inner) => inner.trim(),
+        None => s,
     };
-    let inner = inner.trim().trim_matches(|c: char| matches!(c, '.' | ',' | ';' | ':' | '"' | '\'' | '(' | ')'));
-    let (local, domain) = inner.split_once('@')?;
-    let ok_local = !local.is_empty() && local.chars().all(|c| c.is_ascii_alphanumeric() || "._%+-".contains(c));
-    let ok_domain = domain.contains('.')
-        && !domain.starts_with('.')
-        && !domain.ends_with('.')
-        && domain.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
-    (ok_local && ok_domain).then(|| inner.to_ascii_lowercase())
+    let (local, domain) = inner.rsplit_once('@')?;
+    if !valid_domain(domain) || local.is_empty() {
+        return None;
+    }
+    let quoted = local.len() >= 2 && local.starts_with('"') && local.ends_with('"');
+    let ok_local = if quoted {
+        !local[1..local.len() - 1].contains(['\r', '\n'])
+    } else {
+        local.chars().all(local_char) && !local.starts_with('.') && !local.ends_with('.') && !local.contains("..")
+    };
+    ok_local.then(|| inner.to_ascii_lowercase())
+}
+
+/// The plain addresses written anywhere in `text`, whatever surrounds them
+/// (quotes, brackets, `mailto:`, JSON or YAML punctuation, a trailing `?`),
+/// lowercased; percent-encoded ones (`%40`) too.
+fn addresses_in(text: &str, out: &mut BTreeSet<String>) {
+    let bytes = text.as_bytes();
+    for (at, _) in text.match_indices('@') {
+        let mut start = at;
+        while start > 0 && local_char(bytes[start - 1] as char) && bytes[start - 1].is_ascii() {
+            start -= 1;
+        }
+        let mut end = at + 1;
+        while end < bytes.len() && domain_char(bytes[end] as char) && bytes[end].is_ascii() {
+            end += 1;
+        }
+        // Punctuation around the address is not part of it; a local part
+        // after a symbol RFC 5322 allows there (`to='x@y.z`) is read both
+        // ways, as a mailer would and as the eye does.
+        let whole = text[start..at].trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
+        let plain = whole.rsplit(|c: char| !(c.is_ascii_alphanumeric() || "._%+-".contains(c))).next().unwrap_or("");
+        let domain = text[at + 1..end].trim_end_matches(['.', '-']);
+        for local in [whole, plain.trim_start_matches('.')] {
+            if let Some(a) = address(&format!("{local}@{domain}")) {
+                out.insert(a);
+            }
+        }
+    }
+    if text.contains("%40") || text.contains("%40".to_ascii_uppercase().as_str()) {
+        let decoded = percent_decode(text);
+        if decoded != text {
+            addresses_in(&decoded, out);
+        }
+    }
+}
+
+/// `text` with its `%XX` escapes decoded (invalid ones and non-UTF-8 left as they are).
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| text.to_owned())
 }
 
 /// Top-level domains a web address written without a scheme is recognised
@@ -121,6 +190,33 @@ fn digits(s: &str) -> Option<String> {
     (allowed && d.len() >= 6 && letters <= 4).then_some(d)
 }
 
+/// `text` as a reader of it sees it: when it is JSON whose strings hold
+/// escapes (a multi-line text, quotes, `\u0040`), the text followed by each
+/// string decoded on a line of its own; otherwise the text as it is (no
+/// copy). The agent and choird trace through it alike.
+pub fn with_json_strings(text: &str) -> std::borrow::Cow<'_, str> {
+    if !(text.contains('\\') && text.trim_start().starts_with(['{', '['])) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else { return std::borrow::Cow::Borrowed(text) };
+    let mut all = text.to_owned();
+    push_strings(&v, &mut all);
+    std::borrow::Cow::Owned(all)
+}
+
+/// Appends every string in `v`, at any depth, each on a line of its own.
+pub fn push_strings(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::String(s) => {
+            out.push('\n');
+            out.push_str(s);
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| push_strings(i, out)),
+        serde_json::Value::Object(map) => map.values().for_each(|i| push_strings(i, out)),
+        _ => {}
+    }
+}
+
 /// The kind of `value` and its normal form.
 pub fn normalise(value: &str) -> (Kind, String) {
     if let Some(a) = address(value) {
@@ -138,11 +234,44 @@ pub fn normalise(value: &str) -> (Kind, String) {
 /// The values of `kind` a text holds, normalised.
 pub fn values_in(kind: Kind, text: &str) -> BTreeSet<String> {
     match kind {
-        Kind::Address => text.split(|c: char| c.is_whitespace() || c == ',').filter_map(address).collect(),
-        Kind::Url => text
-            .split(|c: char| c.is_whitespace() || matches!(c, '<' | '>' | '"' | '[' | ']'))
-            .filter_map(web_url)
-            .collect(),
+        Kind::Address => {
+            let mut out = BTreeSet::new();
+            addresses_in(text, &mut out);
+            // A whole quoted-local-part address, as written.
+            if text.contains("\"@") {
+                out.extend(text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '<' | '>')).filter_map(address));
+            }
+            out
+        }
+        Kind::Url => {
+            let mut out = BTreeSet::new();
+            // Links with a scheme, wherever they start (inside an attribute,
+            // after a label, in JSON), to the first character a URL cannot
+            // hold unescaped (RFC 3986) or a closing bracket; `[…]` stays,
+            // for an IPv6 host.
+            let lower = text.to_ascii_lowercase();
+            for (at, _) in lower.match_indices("http") {
+                let rest = &lower[at..];
+                if !(rest.starts_with("http://") || rest.starts_with("https://")) {
+                    continue;
+                }
+                let len = text[at..]
+                    .find(|c: char| c.is_whitespace() || "<>\"'`{}|\\^(),".contains(c))
+                    .unwrap_or(text.len() - at);
+                if let Some(u) = web_url(&text[at..at + len]) {
+                    out.insert(u);
+                }
+            }
+            // Web addresses written without a scheme (`www.x.com/a`).
+            out.extend(
+                text.split(|c: char| {
+                    c.is_whitespace() || matches!(c, '<' | '>' | '"' | '\'' | '`' | '[' | ']' | '(' | ')' | '{' | '}' | ',')
+                })
+                .filter(|token| !token.contains("://"))
+                .filter_map(web_url),
+            );
+            out
+        }
         Kind::Number => {
             // Runs of digits and the separators numbers are written with.
             let mut out = BTreeSet::new();
@@ -328,6 +457,63 @@ mod tests {
         assert!(text_holds(Kind::Address, "bob@corp.test", text));
         assert!(!text_holds(Kind::Address, "ob@corp.test", text));
         assert!(!text_holds(Kind::Address, "bob@corp.tes", text));
+    }
+
+    #[test]
+    fn regression_an_address_inside_structured_text_was_not_found_where_it_appears() {
+        let a = "attacker@evil.test";
+        let shapes = [
+            r#"{"to": "attacker@evil.test"}"#,
+            r#"{"rows": [{"contact": {"mail": "attacker@evil.test"}}]}"#,
+            "Mail attacker@evil.test?",
+            "reply to 'attacker@evil.test'.'}]}",
+            "['bob', 'attacker@evil.test']",
+            "to: attacker@evil.test\ncc:\n  - ops@corp.test",
+            r#"<a href="mailto:attacker@evil.test">write</a>"#,
+            "send=attacker%40evil.test&x=1",
+            "(attacker@evil.test)",
+            "<ATTACKER@Evil.Test>",
+            "to='attacker@evil.test",
+        ];
+        for text in shapes {
+            assert!(values_in(Kind::Address, text).contains(a), "{text:?}: {:?}", values_in(Kind::Address, text));
+        }
+        // The negative control: a longer address is not this one.
+        for text in ["evilattacker@evil.test.org", "attacker@evil.testing", "attacker@evil"] {
+            assert!(!values_in(Kind::Address, text).contains(a), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn regression_a_quoted_local_part_was_read_as_the_address_inside_it() {
+        // A mailer sends this to evil.test; the old reading (the last
+        // `<…>`) traced it to the user's own address.
+        let value = r#""\"<me@corp.test>\""@evil.test"#;
+        let (kind, norm) = normalise(value);
+        assert_eq!(kind, Kind::Address);
+        assert!(norm.ends_with("@evil.test") && norm != "me@corp.test", "{norm}");
+        let texts = [(Source::User, "my address is me@corp.test")];
+        assert_eq!(trace(value, &texts).0, BTreeSet::from([Source::Model]));
+        // The display form still reads the address in the brackets.
+        assert_eq!(normalise("\"Me\" <me@corp.test>").1, "me@corp.test");
+        assert_eq!(trace("Me <me@corp.test>", &texts).0, BTreeSet::from([Source::User]));
+    }
+
+    #[test]
+    fn a_url_inside_structured_text_is_found_where_it_appears() {
+        let u = "https://evil.test/drop?k=1";
+        for text in [
+            r#"{"next": "https://evil.test/drop?k=1"}"#,
+            "see 'https://evil.test/drop?k=1'",
+            r#"<a href=https://evil.test/drop?k=1>x</a>"#,
+            "(https://evil.test/drop?k=1).",
+            "link: `https://evil.test/drop?k=1`",
+        ] {
+            assert!(values_in(Kind::Url, text).contains(u), "{text:?}: {:?}", values_in(Kind::Url, text));
+        }
+        assert!(!values_in(Kind::Url, "https://evil.test/drop?k=12").contains(u));
+        let v6 = normalise("http://[::1]:40083/second").1;
+        assert!(values_in(Kind::Url, r#"{"url": "http://[::1]:40083/second"}"#).contains(&v6), "{v6}");
     }
 
     #[test]

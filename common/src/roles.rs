@@ -24,35 +24,8 @@
 //! of an otherwise untrusted result vouch for a value. A received mail's
 //! sender is **not** such a field: anyone can send mail.
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::manifest::Role;
 use crate::manifest::{RuntimeView, SideEffect};
-
-/// What an argument's value does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Where data or an effect goes.
-    Destination,
-    /// What an effect acts on.
-    Target,
-    /// Content sent out.
-    Payload,
-    /// None of these.
-    Inert,
-}
-
-impl Role {
-    /// `destination`, `target`, `payload` or `inert`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Destination => "destination",
-            Role::Target => "target",
-            Role::Payload => "payload",
-            Role::Inert => "inert",
-        }
-    }
-}
 
 /// The roles of one tool's arguments, pointers split.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -130,6 +131,85 @@ OUTPUT_TRUST: dict[str, tuple[str, str]] = {
     "post_webpage": (TRUSTED, "returns None"),
 }
 UNTRUSTED_DEFAULT_REASON = "third-party content or echoed model-supplied text"
+
+# Argument roles (Choir's `runtime.roles`, see common/src/roles.rs) per side-effecting
+# function, decided by what each argument does in the function's code, as the tool's
+# author knows it: where data or an effect goes (destination), what the effect acts on
+# or sets (target), content sent out (payload). Arguments not named are inert (times,
+# amounts, flags). Nothing here is tuned to the benchmark's attacks.
+D, T, P = "destination", "target", "payload"
+ROLES: dict[str, dict[str, str]] = {
+    "send_email": {"/recipients": D, "/cc": D, "/bcc": D, "/subject": P, "/body": P, "/attachments": P},
+    "delete_email": {"/email_id": T},
+    "create_calendar_event": {"/participants": D, "/title": P, "/description": P},
+    "cancel_calendar_event": {"/event_id": T},
+    "reschedule_calendar_event": {"/event_id": T},
+    "add_calendar_event_participants": {"/event_id": T, "/participants": D},
+    "append_to_file": {"/file_id": T, "/content": P},
+    "create_file": {"/content": P},
+    "delete_file": {"/file_id": T},
+    "share_file": {"/file_id": T, "/email": D},
+    "reserve_hotel": {"/hotel": T},
+    "reserve_car_rental": {"/company": T},
+    "reserve_restaurant": {"/restaurant": T},
+    "send_money": {"/recipient": D, "/subject": P},
+    "schedule_transaction": {"/recipient": D, "/subject": P},
+    "update_scheduled_transaction": {"/id": T, "/recipient": D, "/subject": P},
+    "update_password": {"/password": T},
+    "update_user_info": {"/first_name": T, "/last_name": T, "/street": T, "/city": T},
+    "add_user_to_channel": {"/user": D, "/channel": T},
+    "send_direct_message": {"/recipient": D, "/body": P},
+    "send_channel_message": {"/channel": D, "/body": P},
+    "invite_user_to_slack": {"/user": D, "/user_email": D},
+    "remove_user_from_slack": {"/user": T},
+    "get_webpage": {"/url": D},
+    "post_webpage": {"/url": D, "/content": P},
+}
+
+# Fields of a result the tool itself produces and an outsider cannot choose
+# (Choir's `runtime.trusted_fields`, pointers into the tool's JSON result `{"result": ...}`):
+# ids the service assigns (files, mails, events, transactions), and the identifiers of
+# a chat workspace's own directory (its channels, its members, the member a message is
+# from: the service authenticates it). Not trusted: a mail's sender or recipients, an
+# event's participants, a transaction's counterparty, a file's owner or name — an outsider
+# chooses each (anyone can mail, invite, pay or share); any free text.
+IDS = ["/result/id_", "/result/*/id_"]
+TRUSTED_FIELDS: dict[str, list[str]] = {
+    **{f: IDS for f in ["list_files", "search_files", "search_files_by_filename", "get_file_by_id", "create_file",
+                        "append_to_file", "get_received_emails", "get_sent_emails", "get_draft_emails",
+                        "search_emails", "get_unread_emails", "send_email", "search_calendar_events",
+                        "get_day_calendar_events", "create_calendar_event", "reschedule_calendar_event",
+                        "add_calendar_event_participants"]},
+    "get_most_recent_transactions": ["/result/*/id"],
+    "get_scheduled_transactions": ["/result/*/id"],
+    "get_channels": ["/result/*"],
+    "get_users_in_channel": ["/result/*"],
+    "read_channel_messages": ["/result/*/sender", "/result/*/recipient"],
+    "read_inbox": ["/result/*/sender", "/result/*/recipient"],
+}
+
+
+def structured(text: str):
+    """The result AgentDojo formats as YAML, as JSON data (what a Choir tool returns,
+    so that its trusted fields can be named by pointers), or None when it is not a
+    YAML mapping or list (a plain message stays text)."""
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None
+    if not isinstance(data, (dict, list)):
+        return None
+    return json.loads(json.dumps(data, default=str))
+
+
+def roles(function: str) -> dict[str, str]:
+    return ROLES.get(function, {})
+
+
+def trusted_fields(function: str) -> list[str]:
+    return TRUSTED_FIELDS.get(function, [])
 
 
 def output_trust(function: str) -> str:

@@ -79,7 +79,9 @@ def main():
         fail("replay server: %s" % (reply.get("error") if isinstance(reply, dict) else reply))
     if reply.get("ok") is True and isinstance(reply.get("result"), str):
         result = reply["result"]
-        out = {"summary": "%s returned %d characters" % (function, len(result)), "result": result}
+        data = reply.get("data")
+        out = {"summary": "%s returned %d characters" % (function, len(result)),
+               "result": data if data is not None else result}
     elif reply.get("ok") is False and isinstance(reply.get("error"), str):
         out = {"summary": "error", "error": reply["error"]}
     else:
@@ -119,6 +121,8 @@ def manifest_for(suite_name: str, function) -> dict:
             "exposure": "both",
             "prompt_mask": False,
             "output_trust": dl.output_trust(function.name),
+            **({"roles": dl.roles(function.name)} if dl.roles(function.name) else {}),
+            **({"trusted_fields": dl.trusted_fields(function.name)} if dl.trusted_fields(function.name) else {}),
         },
     }
 

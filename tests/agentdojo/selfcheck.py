@@ -148,7 +148,7 @@ def client_smoke(suite_name: str, export: Path, conn: Conn, pair: dict) -> list[
             failures.append(f"dojo_client {c['tool']}: exit {code}, not JSON: {out!r} {err!r}")
             continue
         want = (
-            {"summary": got.get("summary"), "result": d["result"]}
+            {"summary": got.get("summary"), "result": d["data"] if d.get("data") is not None else d["result"]}
             if d["ok"]
             else {"summary": "error", "error": d["error"]}
         )

@@ -83,7 +83,7 @@ def handle(replay: dl.Replay, req) -> dict:
         if not isinstance(args, dict):
             raise HarnessError("'args' must be an object")
         ok, text = replay.call(function, args)
-        return {"ok": True, "result": text} if ok else {"ok": False, "error": text}
+        return {"ok": True, "result": text, "data": dl.structured(text)} if ok else {"ok": False, "error": text}
     if op == "executed":
         return {"ok": True, "calls": replay.log}
     if op == "security":

@@ -284,7 +284,7 @@ fn install_post(choird: &Choird, effect: &str) {
         "llm": {"name": "x.post", "description": "Posts a message (test).",
                 "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}},
         "runtime": {"exec_path": "post", "timeout_ms": 10000, "side_effect": "external", "idempotent": false,
-                    "version": "1", "output_trust": "trusted"}
+                    "version": "1", "output_trust": "trusted", "roles": {"/body": "payload"}}
     });
     let script = format!("read -r line; {effect}; printf '{{\"summary\": \"posted\"}}\\n'");
     choir_tests::tool_calls::write_tool(&choird.tools_dir("global"), "post", &manifest, &script);

@@ -521,7 +521,7 @@ fn t2_regression_choird_ran_a_host_tool_call_the_argument_policy_sends_to_a_pers
     let (status, body) = post(&steal, json!({"notes": "all of them"}), "p1");
     assert_eq!(status, 403, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("holds no approval") && message.contains("post-url-not-given"), "{body}");
+    assert!(message.contains("holds no approval") && message.contains("destination-not-given"), "{body}");
     assert!(message.contains("from model"), "traced by choird to nobody: {body}");
     assert!(receiver.received().is_empty(), "nothing left the host");
     assert_eq!(audit_count(&pg, "action = 'EXECUTE_HOST_TOOL' AND outcome = 'not_confirmed'"), 1);

@@ -429,6 +429,7 @@ fn every_tool_call(state: &str) -> Vec<(String, String)> {
         ("choir.memory.compact", json!({})),
         ("choir.memory.query", json!({"mode": "semantic", "query": "x"})),
         ("choir.memory.upsert", json!({"tier": "working", "content": "x"})),
+        ("choir.plan", json!({"tools": ["choir.exec"]})),
         ("choir.propose.config_change", json!({"changes": {"max_steps_per_turn": 3}, "reason": "r"})),
         (
             "choir.propose.schedule",

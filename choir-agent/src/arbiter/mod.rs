@@ -73,7 +73,7 @@ use crate::arbiter::invocation::{Failure, Invocation, Pending, Refusal, Refused,
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::locks::{LockManager, Resource};
 use crate::arbiter::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
-use crate::arbiter::provenance::Evidence;
+use crate::arbiter::provenance::{Evidence, TrustedFields};
 use crate::arbiter::results::{render, shape, Artifacts};
 use crate::board::StatusBoard;
 use crate::commitlog::{DurableLog, LogError, NewEvent};
@@ -192,6 +192,8 @@ pub struct Arbiter {
     board: Option<Arc<StatusBoard>>,
     /// The operator's words (identity, rules): evidence of provenance.
     operator_words: String,
+    /// The trusted fields tools declare: evidence of provenance.
+    trusted_fields: TrustedFields,
 }
 
 /// What an arbiter is built from, all at once: nothing about how it decides
@@ -239,6 +241,16 @@ impl Arbiter {
         } = parts;
         let artifacts = Artifacts::new(workspace.root());
         log.set_poke(committed.clone());
+        let trusted_fields = registry
+            .names()
+            .into_iter()
+            .filter_map(|name| {
+                let fields = &registry.get(&name)?.manifest.runtime.trusted_fields;
+                let split: Vec<Vec<String>> =
+                    fields.iter().filter_map(|p| choir_common::pointer::split(p).ok()).collect();
+                (!split.is_empty()).then_some((name, split))
+            })
+            .collect();
         Arbiter {
             registry,
             workspace,
@@ -254,6 +266,7 @@ impl Arbiter {
             policies,
             board,
             operator_words,
+            trusted_fields,
         }
     }
 
@@ -419,6 +432,7 @@ impl Arbiter {
             operator: &self.operator_words,
             inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
             history,
+            fields: Some(&self.trusted_fields),
         };
         // A plan fixes the turn's intent only from trusted input.
         if tool == intent::PLAN_TOOL {

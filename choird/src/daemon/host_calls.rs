@@ -97,7 +97,10 @@ impl Daemon {
         // in it is found as it is; other text may hold escapes, which only
         // makes a value the model's rather than untrusted (neither vouches).
         texts.extend(seen.results.into_iter().map(|r| (Source::Untrusted, r)));
-        let texts: Vec<(Source, &str)> = texts.iter().map(|(s, t)| (*s, t.as_str())).collect();
+        // JSON with escapes is also read decoded, as the agent reads it.
+        let decoded: Vec<(Source, std::borrow::Cow<'_, str>)> =
+            texts.iter().map(|(s, t)| (*s, choir_common::provenance::with_json_strings(t))).collect();
+        let texts: Vec<(Source, &str)> = decoded.iter().map(|(s, t)| (*s, t.as_ref())).collect();
         let eval = policy
             .evaluate(&req.tool, &facts, &req.input, &mut |value| choir_common::provenance::trace(value, &texts).0);
         let values = eval

@@ -86,6 +86,11 @@ impl Store {
     /// another call — for the host call `marker`; true if there was one. A
     /// retry of the same call (same marker) finds its approval again.
     pub fn use_call_approval(&self, agent: &AgentId, tool: &str, input: &Value, marker: &str) -> Result<bool, DbError> {
+        // No approval holds a NUL (PostgreSQL's jsonb cannot): none to use,
+        // and the database is not asked what it cannot answer.
+        if input.to_string().contains("\\u0000") {
+            return Ok(false);
+        }
         // Its `applied` record says what used it: `…; used by host call <marker>`.
         let used = format!("; used by host call {marker:?}");
         self.db.with(|c| {

@@ -220,3 +220,90 @@ impl HostTool for Send {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use choir_common::provenance::{normalise, trace, values_in, Kind, Source};
+    use lettre::message::Mailbox;
+
+    /// A small deterministic generator (xorshift), so a failure names its case.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// A recipient in the shapes people and attackers write: plain, tagged,
+    /// display names (quoted, with `<` or `@` in them), quoted local parts
+    /// hiding an address, stray brackets and spaces.
+    fn recipient(g: &mut Gen) -> String {
+        let local = g.pick(&["me", "ME", "bob", "Bob.Smith", "bob+tag", "o'brien", "a_b-c", r#""<me@corp.test>""#, r#""me@corp.test""#, r#""a b""#]);
+        let domain = g.pick(&["corp.test", "Evil.Test", "mail.evil.test", "corp.test.evil.test"]);
+        let addr = format!("{local}@{domain}");
+        match g.next() % 6 {
+            0 => addr,
+            1 => format!(" {addr} "),
+            2 => format!("{} <{addr}>", g.pick(&["Bob", r#""Me, Inc.""#, r#""me@corp.test""#, r#""<me@corp.test>""#])),
+            3 => format!("<{addr}>"),
+            4 => format!("{addr} <{}>", g.pick(&["me@corp.test", "x@evil.test"])),
+            _ => format!(r#""{}" <{addr}>"#, g.pick(&["me@corp.test", "Bob"])),
+        }
+    }
+
+    #[test]
+    fn provenance_reads_a_recipient_as_the_mailer_sends_to_it() {
+        // The user gave me@corp.test; any recipient the mailer does not
+        // send to exactly that address must not be traced to the user.
+        let texts = [(Source::User, "please write to me@corp.test")];
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        let (mut parsed, mut hidden) = (0, 0);
+        for i in 0..3000 {
+            let value = recipient(&mut g);
+            let Ok(mailbox) = value.parse::<Mailbox>() else { continue };
+            parsed += 1;
+            let sends_to = mailbox.email.to_string().to_ascii_lowercase();
+            hidden += usize::from(sends_to != "me@corp.test" && sends_to.contains("me@corp.test"));
+            let (kind, norm) = normalise(&value);
+            if kind == Kind::Address {
+                assert_eq!(norm, sends_to, "case {i}: {value:?}");
+            }
+            let from_user = trace(&value, &texts).0.contains(&Source::User);
+            assert_eq!(from_user, sends_to == "me@corp.test", "case {i}: {value:?} goes to {sends_to}");
+        }
+        assert!(parsed > 1000, "the generator makes mostly valid recipients: {parsed}");
+        assert!(hidden > 50, "the user's address hidden in another one is among them: {hidden}");
+        // This mailer refuses a quoted local part outright (provenance reads
+        // it as an address of its own either way).
+        assert!(r#""<me@corp.test>"@evil.test"#.parse::<Mailbox>().is_err());
+    }
+
+    #[test]
+    fn provenance_finds_an_address_wherever_a_document_holds_it() {
+        // The consumer: serde_json reading the document back. Whatever it
+        // holds at any depth, with any punctuation after it, is found in the
+        // document's text.
+        let mut g = Gen(0x2545_f491_4f6c_dd1d);
+        for i in 0..2000 {
+            let addr = format!("{}@{}", g.pick(&["eve", "eve.x", "e-v_e+1"]), g.pick(&["evil.test", "a.evil.test"]));
+            let tail = g.pick(&["", "?", ".", "'}]}", ")", "!", ";", ".'"]);
+            let leaf = serde_json::json!(format!("{}{addr}{tail}", g.pick(&["", "mailto:", "to: ", "<", "'", "("])));
+            let mut doc = leaf;
+            for _ in 0..(g.next() % 4) {
+                doc = match g.next() % 2 {
+                    0 => serde_json::json!({ g.pick(&["to", "rows", "x"]): doc }),
+                    _ => serde_json::json!([1, doc]),
+                };
+            }
+            let text = doc.to_string();
+            assert!(values_in(Kind::Address, &text).contains(&addr.to_ascii_lowercase()), "case {i}: {text}");
+        }
+    }
+}
