@@ -210,7 +210,9 @@ pub fn test(
         in_intent: t.in_intent,
     };
     Ok(compiled.evaluate(&t.tool, &facts, &t.input, &mut |v| {
-        by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into())
+        let sources: std::collections::BTreeSet<Source> =
+            by_value.get(v).map(|s| s.iter().copied().collect()).unwrap_or_else(|| [Source::Model].into());
+        sources.into()
     }))
 }
 

@@ -113,6 +113,10 @@ pub struct Condition {
     /// value with no domain satisfies it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_not_in: Option<Vec<String>>,
+    /// A text that carries an address, link or number seen only in these
+    /// sources (nothing vouches for it): a link from a page in a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carries: Option<Vec<Source>>,
 }
 
 impl Condition {
@@ -171,6 +175,28 @@ impl CallCondition {
     }
 }
 
+/// Where a value could have come from, as a policy judges it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// Its sources.
+    pub sources: BTreeSet<Source>,
+    /// For a text: the sources of the addresses, links and numbers in it
+    /// that nothing vouches for.
+    pub carried: BTreeSet<Source>,
+}
+
+impl From<BTreeSet<Source>> for Provenance {
+    fn from(sources: BTreeSet<Source>) -> Provenance {
+        Provenance { sources, carried: BTreeSet::new() }
+    }
+}
+
+impl From<crate::provenance::Found> for Provenance {
+    fn from(f: crate::provenance::Found) -> Provenance {
+        Provenance { sources: f.sources, carried: f.carried }
+    }
+}
+
 /// A value with its provenance, as an example of a rule; for a `call` rule,
 /// a call's facts instead (each defaults to the riskiest: an external tool,
 /// after untrusted content, outside the intent).
@@ -183,6 +209,10 @@ pub struct Example {
     /// Its sources (default: made by the model).
     #[serde(default = "model_made")]
     pub from: Vec<Source>,
+    /// The sources of the addresses, links and numbers it carries that
+    /// nothing vouches for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carries: Vec<Source>,
     /// A call rule's example: the tool's side effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_effect: Option<SideEffect>,
@@ -421,7 +451,7 @@ fn under(domain: &str, list: &[String]) -> bool {
 impl Compiled {
     fn new(c: &Condition) -> Result<Compiled, String> {
         if *c == Condition::default() {
-            return Err("the condition (\"if\") is empty; give at least one of from, not_from, in, not_in, pattern, domain_in, domain_not_in".into());
+            return Err("the condition (\"if\") is empty; give at least one of from, not_from, in, not_in, pattern, domain_in, domain_not_in, carries".into());
         }
         let pattern = match &c.pattern {
             Some(p) => Some(
@@ -435,8 +465,8 @@ impl Compiled {
         Ok(Compiled { c: c.clone(), pattern, is_in: normal_set(&c.is_in), not_in: normal_set(&c.not_in) })
     }
 
-    fn holds(&self, value: &str, sources: &BTreeSet<Source>) -> bool {
-        let c = &self.c;
+    fn holds(&self, value: &str, p: &Provenance) -> bool {
+        let (c, sources) = (&self.c, &p.sources);
         let norm = || normalise(value).1;
         let domain = || domain_of(value);
         c.from.as_ref().is_none_or(|l| l.iter().any(|s| sources.contains(s)))
@@ -446,6 +476,7 @@ impl Compiled {
             && self.pattern.as_ref().is_none_or(|p| p.is_match(value))
             && c.domain_in.as_ref().is_none_or(|l| domain().is_some_and(|d| under(&d, l)))
             && c.domain_not_in.as_ref().is_none_or(|l| !domain().is_some_and(|d| under(&d, l)))
+            && c.carries.as_ref().is_none_or(|l| l.iter().any(|s| p.carried.contains(s)))
     }
 }
 
@@ -530,7 +561,13 @@ impl Matcher {
 
     fn example_holds(&self, ex: &Example) -> bool {
         match self {
-            Matcher::Argument(_, c) | Matcher::Role(_, c) => c.holds(&ex.value, &ex.from.iter().copied().collect()),
+            Matcher::Argument(_, c) | Matcher::Role(_, c) => c.holds(
+                &ex.value,
+                &Provenance {
+                    sources: ex.from.iter().copied().collect(),
+                    carried: ex.carries.iter().copied().collect(),
+                },
+            ),
             Matcher::Call(call) => {
                 let roles = RoleMap::default();
                 let facts = CallFacts {
@@ -567,7 +604,7 @@ impl CompiledPolicy {
         tool: &str,
         facts: &CallFacts<'_>,
         input: &Value,
-        provenance: &mut dyn FnMut(&str) -> BTreeSet<Source>,
+        provenance: &mut dyn FnMut(&str) -> Provenance,
     ) -> Evaluation {
         let mut eval = Evaluation { decision: Decision::Allow, hits: Vec::new(), values: Vec::new() };
         let mut traced: BTreeMap<String, usize> = BTreeMap::new();
@@ -615,14 +652,15 @@ impl CompiledPolicy {
                         continue;
                     }
                     None => {
-                        let sources = provenance(&value);
-                        eval.values.push(Traced { pointer: pointer.clone(), value, sources });
+                        let Provenance { sources, carried } = provenance(&value);
+                        eval.values.push(Traced { pointer: pointer.clone(), value, sources, carried });
                         traced.insert(pointer, eval.values.len() - 1);
                         eval.values.len() - 1
                     }
                 };
                 let v = &eval.values[idx];
-                if compiled.holds(&v.value, &v.sources) {
+                let p = Provenance { sources: v.sources.clone(), carried: v.carried.clone() };
+                if compiled.holds(&v.value, &p) {
                     eval.decision = eval.decision.max(rule.then);
                     eval.hits.push(hit(v.pointer.clone()));
                 }
@@ -641,6 +679,9 @@ pub struct Traced {
     pub value: String,
     /// Where it could have come from.
     pub sources: BTreeSet<Source>,
+    /// For a text: the sources of what it carries that nothing vouches for.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub carried: BTreeSet<Source>,
 }
 
 /// A rule whose condition held.
@@ -713,8 +754,8 @@ mod tests {
         CallFacts { roles: &NO_ROLES, side_effect: SideEffect::Read, after_untrusted: None, in_intent: None }
     }
 
-    fn sources(s: &[Source]) -> BTreeSet<Source> {
-        s.iter().copied().collect()
+    fn sources(s: &[Source]) -> Provenance {
+        Provenance { sources: s.iter().copied().collect(), carried: BTreeSet::new() }
     }
 
     #[test]

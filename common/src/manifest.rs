@@ -91,6 +91,9 @@ pub enum Role {
     Target,
     /// Content sent out.
     Payload,
+    /// An address the tool fetches from (a URL to open): it discloses
+    /// what it carries to whoever serves it.
+    Locator,
     /// None of these.
     Inert,
 }
@@ -102,6 +105,7 @@ impl Role {
             Role::Destination => "destination",
             Role::Target => "target",
             Role::Payload => "payload",
+            Role::Locator => "locator",
             Role::Inert => "inert",
         }
     }
@@ -168,6 +172,12 @@ pub struct RuntimeView {
     /// untrusted result does not ([`crate::roles`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_fields: Vec<String>,
+    /// Pointers into the result whose values are the user's private data
+    /// (an identity document's number, a card, an account, a password):
+    /// wherever they go next they carry the `private` label
+    /// ([`crate::roles`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub private_fields: Vec<String>,
 }
 
 impl RuntimeView {
@@ -218,11 +228,17 @@ impl ToolManifest {
                 return Err(err(&at, format!("llm.parameters has no argument {pointer:?}")));
             }
         }
-        if self.runtime.roles.len() > 64 || self.runtime.trusted_fields.len() > 64 {
-            return Err(err("runtime.roles", "at most 64 roles and 64 trusted fields".into()));
+        if self.runtime.roles.len() > 64
+            || self.runtime.trusted_fields.len() > 64
+            || self.runtime.private_fields.len() > 64
+        {
+            return Err(err("runtime.roles", "at most 64 roles, 64 trusted fields and 64 private fields".into()));
         }
         for (i, pointer) in self.runtime.trusted_fields.iter().enumerate() {
             crate::pointer::split(pointer).map_err(|r| err(&format!("runtime.trusted_fields[{i}]"), r))?;
+        }
+        for (i, pointer) in self.runtime.private_fields.iter().enumerate() {
+            crate::pointer::split(pointer).map_err(|r| err(&format!("runtime.private_fields[{i}]"), r))?;
         }
         for (i, lock) in self.runtime.locks.iter().enumerate() {
             for field in placeholders(&lock.resource).map_err(|r| err(&format!("runtime.locks[{i}].resource"), r))? {

@@ -33,6 +33,10 @@ pub enum Source {
     Trusted,
     /// The output of a tool whose output is untrusted (mail, web, files…).
     Untrusted,
+    /// A label, not an origin: a private field of a tool's output held it
+    /// (the user's passport number, card, account; see
+    /// `choir_common::roles`). It is never cleaned: an echo keeps it.
+    Private,
     /// Nowhere in the history: the model made it.
     Model,
 }
@@ -45,6 +49,7 @@ impl Source {
             Source::Operator => "operator",
             Source::Trusted => "trusted",
             Source::Untrusted => "untrusted",
+            Source::Private => "private",
             Source::Model => "model",
         }
     }
@@ -265,7 +270,8 @@ pub fn values_in(kind: Kind, text: &str) -> BTreeSet<String> {
             // Web addresses written without a scheme (`www.x.com/a`).
             out.extend(
                 text.split(|c: char| {
-                    c.is_whitespace() || matches!(c, '<' | '>' | '"' | '\'' | '`' | '[' | ']' | '(' | ')' | '{' | '}' | ',')
+                    c.is_whitespace()
+                        || matches!(c, '<' | '>' | '"' | '\'' | '`' | '[' | ']' | '(' | ')' | '{' | '}' | ',')
                 })
                 .filter(|token| !token.contains("://"))
                 .filter_map(web_url),
@@ -373,7 +379,7 @@ pub struct Seen {
 /// vouches for (seen only in untrusted content, or nowhere), so a message the
 /// model wrote around a link from a web page is not the model's alone; found
 /// nowhere, a value is the model's (`{Model}`).
-pub fn trace(value: &str, texts: &[(Source, &str)]) -> (BTreeSet<Source>, Vec<Seen>) {
+pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
     let sightings = |kind: Kind, norm: &str, shown: &str, entity: bool| {
         let mut sources = BTreeSet::new();
         let mut seen = Vec::new();
@@ -406,6 +412,7 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> (BTreeSet<Source>, Vec<Se
     };
     let (kind, norm) = normalise(value);
     let (mut sources, mut seen) = sightings(kind, &norm, value, false);
+    let mut carried = BTreeSet::new();
     if kind == Kind::Text {
         for (k, entity) in entities_in(value) {
             let shown = match k {
@@ -416,17 +423,36 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> (BTreeSet<Source>, Vec<Se
             let vouched = s.iter().any(|s| matches!(s, Source::User | Source::Operator | Source::Trusted));
             if !vouched {
                 sources.extend(&s);
+                carried.extend(&s);
                 seen.extend(places);
                 if s.is_empty() {
                     sources.insert(Source::Model);
+                    carried.insert(Source::Model);
                 }
+            } else if s.contains(&Source::Private) {
+                // Vouched for, but private: the label goes with the text.
+                sources.insert(Source::Private);
+                seen.extend(places.into_iter().filter(|p| p.source == Source::Private));
             }
         }
     }
-    if sources.is_empty() {
+    // A label is no origin: seen only as private, the value is the model's.
+    if sources.iter().all(|s| *s == Source::Private) {
         sources.insert(Source::Model);
     }
-    (sources, seen)
+    Found { sources, carried, seen }
+}
+
+/// What [`trace`] found of a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Where it could have come from (`{Model}` when nowhere).
+    pub sources: BTreeSet<Source>,
+    /// For a text: the sources of the addresses, links and numbers written
+    /// in it that nothing vouches for (empty: none, or not a text).
+    pub carried: BTreeSet<Source>,
+    /// Where it was seen.
+    pub seen: Vec<Seen>,
 }
 
 #[cfg(test)]
@@ -493,10 +519,10 @@ mod tests {
         assert_eq!(kind, Kind::Address);
         assert!(norm.ends_with("@evil.test") && norm != "me@corp.test", "{norm}");
         let texts = [(Source::User, "my address is me@corp.test")];
-        assert_eq!(trace(value, &texts).0, BTreeSet::from([Source::Model]));
+        assert_eq!(trace(value, &texts).sources, BTreeSet::from([Source::Model]));
         // The display form still reads the address in the brackets.
         assert_eq!(normalise("\"Me\" <me@corp.test>").1, "me@corp.test");
-        assert_eq!(trace("Me <me@corp.test>", &texts).0, BTreeSet::from([Source::User]));
+        assert_eq!(trace("Me <me@corp.test>", &texts).sources, BTreeSet::from([Source::User]));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! | --- | --- | --- |
 //! | `destination` | where data or an effect goes: a recipient, a URL, an account, a phone number, a channel, a path outside the workspace | confirm unless the user, the operator or a trusted tool gave it |
 //! | `target` | what an effect acts on: an id to delete, an event to cancel, a file to share, an account to change | the same |
-//! | `payload` | content sent out: a body, a message, a form's text, a query | confirm when it carries text seen only in untrusted content |
+//! | `payload` | content sent out: a body, a message, a form's text | confirm when it carries a link, address or number only untrusted content gave, or the user's private data |
+//! | `locator` | an address the tool fetches from: a URL to open | confirm when the model made it up (seen nowhere: it may carry data out in its path or query) |
 //! | `inert` | none of these (a count, a format, a flag) | none |
 //!
 //! **The strictest default.** A tool whose `side_effect` is `external` and

@@ -162,17 +162,18 @@ ROLES: dict[str, dict[str, str]] = {
     "send_channel_message": {"/channel": D, "/body": P},
     "invite_user_to_slack": {"/user": D, "/user_email": D},
     "remove_user_from_slack": {"/user": T},
-    "get_webpage": {"/url": D},
+    "get_webpage": {"/url": "locator"},
     "post_webpage": {"/url": D, "/content": P},
 }
 
 # Fields of a result the tool itself produces and an outsider cannot choose
-# (Choir's `runtime.trusted_fields`, pointers into the tool's JSON result `{"result": ...}`):
-# ids the service assigns (files, mails, events, transactions), and the identifiers of
-# a chat workspace's own directory (its channels, its members, the member a message is
-# from: the service authenticates it). Not trusted: a mail's sender or recipients, an
-# event's participants, a transaction's counterparty, a file's owner or name — an outsider
-# chooses each (anyone can mail, invite, pay or share); any free text.
+# (Choir's `runtime.trusted_fields`, pointers into the tool's JSON result `{"result": ...}`;
+# each vouches for exactly its own value, never a part of it): ids the service assigns
+# (files, mails, events, transactions), and a chat workspace's own directory (the channels
+# it has, the members of a channel, the member a message is from). Not trusted: a mail's
+# sender or recipients, an event's participants, a transaction's counterparty, a file's
+# owner or name — someone else chooses each (anyone can mail, invite, pay or share); any
+# free text.
 IDS = ["/result/id_", "/result/*/id_"]
 TRUSTED_FIELDS: dict[str, list[str]] = {
     **{f: IDS for f in ["list_files", "search_files", "search_files_by_filename", "get_file_by_id", "create_file",
@@ -184,8 +185,16 @@ TRUSTED_FIELDS: dict[str, list[str]] = {
     "get_scheduled_transactions": ["/result/*/id"],
     "get_channels": ["/result/*"],
     "get_users_in_channel": ["/result/*"],
-    "read_channel_messages": ["/result/*/sender", "/result/*/recipient"],
-    "read_inbox": ["/result/*/sender", "/result/*/recipient"],
+    # The member a chat message is from: the service authenticates it (unlike a mail's sender).
+    "read_channel_messages": ["/result/*/sender"],
+    "read_inbox": ["/result/*/sender"],
+}
+
+# Fields of a result that are the user's private data (Choir's `runtime.private_fields`):
+# identity documents, cards, accounts. They keep a `private` label wherever they go.
+PRIVATE_FIELDS: dict[str, list[str]] = {
+    "get_user_information": ["/result/ID Number", "/result/Passport Number", "/result/Bank Account Number",
+                             "/result/Credit Card Number"],
 }
 
 
@@ -210,6 +219,10 @@ def roles(function: str) -> dict[str, str]:
 
 def trusted_fields(function: str) -> list[str]:
     return TRUSTED_FIELDS.get(function, [])
+
+
+def private_fields(function: str) -> list[str]:
+    return PRIVATE_FIELDS.get(function, [])
 
 
 def output_trust(function: str) -> str:

@@ -123,6 +123,7 @@ def manifest_for(suite_name: str, function) -> dict:
             "output_trust": dl.output_trust(function.name),
             **({"roles": dl.roles(function.name)} if dl.roles(function.name) else {}),
             **({"trusted_fields": dl.trusted_fields(function.name)} if dl.trusted_fields(function.name) else {}),
+            **({"private_fields": dl.private_fields(function.name)} if dl.private_fields(function.name) else {}),
         },
     }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use choir_common::arg_policy::{CallFacts, CompiledPolicy, Decision, Evaluation, PolicySet};
+use choir_common::arg_policy::{CallFacts, CompiledPolicy, Decision, Evaluation, PolicySet, Provenance};
 use choir_common::manifest::ToolManifest;
 use choir_common::roles::RoleMap;
 use parking_lot::RwLock;
@@ -104,14 +104,14 @@ impl CallPolicy for ArgumentPolicy {
             roles: &roles,
             side_effect: m.runtime.side_effect,
             after_untrusted: Some(lane_facts.after_untrusted()),
-            in_intent: Some(lane_facts.intent.contains(tool)),
+            in_intent: Some(lane_facts.includes(tool)),
         };
         let mut traces: Vec<(String, Trace)> = Vec::new();
         let eval = set.evaluate(tool, &facts, input, &mut |value| {
             let t = trace(value, ev);
-            let s = t.sources.clone();
+            let p = Provenance { sources: t.sources.clone(), carried: t.carried.clone() };
             traces.push((value.to_owned(), t));
-            s
+            p
         });
         match eval.decision {
             Decision::Allow => Verdict::Allow,

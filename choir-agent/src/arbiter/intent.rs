@@ -27,7 +27,7 @@
 //! the attacker. The values of the calls it plans are still judged by their
 //! roles and provenance.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use choir_common::ids::canonical_tool_name;
 use serde_json::Value;
@@ -62,6 +62,10 @@ pub struct LaneFacts {
     pub untrusted: Vec<String>,
     /// The tools the intent includes.
     pub intent: BTreeSet<String>,
+    /// How many calls of a tool the plan said the request needs.
+    pub times: BTreeMap<String, u64>,
+    /// Calls of each tool that ran since the user last spoke.
+    pub done: BTreeMap<String, u64>,
     /// What fixed it.
     pub by: IntentBy,
 }
@@ -72,8 +76,23 @@ impl LaneFacts {
         !self.untrusted.is_empty()
     }
 
+    /// Whether a call of `tool` now is part of the intent: the tool is, and
+    /// the calls the plan counted for it are not used up.
+    pub fn includes(&self, tool: &str) -> bool {
+        self.intent.contains(tool)
+            && self.times.get(tool).is_none_or(|n| self.done.get(tool).copied().unwrap_or(0) < *n)
+    }
+
     /// For a human: why a call of `tool` counts as not asked for.
     pub fn explain(&self, tool: &str) -> String {
+        if let (true, Some(n)) = (self.intent.contains(tool), self.times.get(tool)) {
+            return format!(
+                "the plan made before anything untrusted was read needed {n} call(s) of {tool}, and {} ran; since \
+                 the user's message the lane had read the output of {}",
+                self.done.get(tool).copied().unwrap_or(0),
+                self.untrusted.join(", ")
+            );
+        }
         let intent = match &self.by {
             IntentBy::Skill(s) => format!("the skill state {s} allows {}", list(&self.intent)),
             IntentBy::Task => format!("the job's allowed tools are {}", list(&self.intent)),
@@ -95,11 +114,17 @@ fn list(tools: &BTreeSet<String>) -> String {
     }
 }
 
-/// The tools a `choir.plan` input names, if it is one.
-fn planned(arguments: &str) -> Option<Vec<String>> {
+/// The tools a `choir.plan` input names, and the calls it counts, if it is one.
+fn planned(arguments: &str) -> Option<(Vec<String>, BTreeMap<String, u64>)> {
     let v: Value = serde_json::from_str(arguments).ok()?;
     let tools = v.get("tools")?.as_array()?;
-    tools.iter().map(|t| t.as_str().map(str::to_owned)).collect()
+    let tools: Vec<String> = tools.iter().map(|t| t.as_str().map(str::to_owned)).collect::<Option<_>>()?;
+    let times = v
+        .get("times")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).take(MAX_PLANNED).collect())
+        .unwrap_or_default();
+    Some((tools, times))
 }
 
 /// Whether the tool call `id` was answered with success in `entries`.
@@ -123,6 +148,7 @@ pub fn lane_facts(lane: &LaneCtx, ev: &Evidence<'_>) -> LaneFacts {
     let mut untrusted: Vec<String> = Vec::new();
     let mut inherited_untrusted = false;
     let mut plan: BTreeSet<String> = BTreeSet::new();
+    let mut times: BTreeMap<String, u64> = BTreeMap::new();
     let mut planned_any = false;
     for (i, e) in all.iter().enumerate().skip(start) {
         let tools = e.origin.untrusted_tools();
@@ -142,9 +168,13 @@ pub fn lane_facts(lane: &LaneCtx, ev: &Evidence<'_>) -> LaneFacts {
             if canonical_tool_name(&call.function.name).as_deref() != Some(PLAN_TOOL) {
                 continue;
             }
-            if let Some(tools) = planned(&call.function.arguments).filter(|_| succeeded(&all[i..], &call.id)) {
+            if let Some((tools, counts)) = planned(&call.function.arguments).filter(|_| succeeded(&all[i..], &call.id))
+            {
                 planned_any = true;
                 plan.extend(tools.into_iter().take(MAX_PLANNED));
+                for (t, n) in counts {
+                    *times.entry(t).or_default() += n;
+                }
             }
         }
     }
@@ -158,7 +188,26 @@ pub fn lane_facts(lane: &LaneCtx, ev: &Evidence<'_>) -> LaneFacts {
         _ if planned_any => (plan, IntentBy::Plan),
         _ => (BTreeSet::new(), IntentBy::Nothing),
     };
-    LaneFacts { untrusted, intent, by }
+    if by != IntentBy::Plan {
+        times.clear();
+    }
+    // The calls of counted tools that ran in the turn (a refused or failed
+    // one does not count).
+    let mut done: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &all[start.min(all.len())..] {
+        if let Origin::Tool { tool, .. } = &e.origin {
+            if times.contains_key(tool)
+                && e.message
+                    .content
+                    .as_deref()
+                    .and_then(|c| serde_json::from_str::<Value>(c).ok())
+                    .is_some_and(|r| r["status"] == "success")
+            {
+                *done.entry(tool.clone()).or_default() += 1;
+            }
+        }
+    }
+    LaneFacts { untrusted, intent, times, done, by }
 }
 
 /// Why a `choir.plan` call with `input` must be refused now, if it must:
@@ -239,6 +288,32 @@ mod tests {
         let f = facts(&h);
         assert!(!f.after_untrusted());
         assert_eq!(f.by, IntentBy::Nothing);
+    }
+
+    #[test]
+    fn regression_a_second_call_of_a_planned_tool_ran_for_the_injection() {
+        // The user asked for one reminder; the page asked for another.
+        let mut h = vec![Entry::user("add a reminder to book the hotel")];
+        h.push(calls("p1", "choir__plan", r#"{"tools": ["x.cal.create"], "times": {"x.cal.create": 1}}"#));
+        h.push(result("p1", PLAN_TOOL, "success", OutputTrust::Trusted));
+        h.extend(web("w1"));
+        assert!(facts(&h).includes("x.cal.create"), "the first is the user's");
+        h.push(calls("c1", "x__cal__create", "{}"));
+        h.push(result("c1", "x.cal.create", "success", OutputTrust::Trusted));
+        let f = facts(&h);
+        assert!(!f.includes("x.cal.create"));
+        assert!(
+            f.explain("x.cal.create").contains("needed 1 call(s) of x.cal.create, and 1 ran"),
+            "{}",
+            f.explain("x.cal.create")
+        );
+        // The negative control: a plan without counts allows any number.
+        let mut h2 = vec![Entry::user("add reminders")];
+        h2.extend(plan("p1", r#"["x.cal.create"]"#));
+        h2.extend(web("w1"));
+        h2.push(calls("c1", "x__cal__create", "{}"));
+        h2.push(result("c1", "x.cal.create", "success", OutputTrust::Trusted));
+        assert!(facts(&h2).includes("x.cal.create"));
     }
 
     #[test]

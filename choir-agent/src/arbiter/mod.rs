@@ -73,7 +73,7 @@ use crate::arbiter::invocation::{Failure, Invocation, Pending, Refusal, Refused,
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::locks::{LockManager, Resource};
 use crate::arbiter::policy::{CallPolicy, Verdict, MAX_CONFIRM_WAIT};
-use crate::arbiter::provenance::{Evidence, TrustedFields};
+use crate::arbiter::provenance::{Evidence, Fields};
 use crate::arbiter::results::{render, shape, Artifacts};
 use crate::board::StatusBoard;
 use crate::commitlog::{DurableLog, LogError, NewEvent};
@@ -192,8 +192,8 @@ pub struct Arbiter {
     board: Option<Arc<StatusBoard>>,
     /// The operator's words (identity, rules): evidence of provenance.
     operator_words: String,
-    /// The trusted fields tools declare: evidence of provenance.
-    trusted_fields: TrustedFields,
+    /// The trusted and private fields tools declare: evidence of provenance.
+    fields: Fields,
 }
 
 /// What an arbiter is built from, all at once: nothing about how it decides
@@ -241,16 +241,9 @@ impl Arbiter {
         } = parts;
         let artifacts = Artifacts::new(workspace.root());
         log.set_poke(committed.clone());
-        let trusted_fields = registry
-            .names()
-            .into_iter()
-            .filter_map(|name| {
-                let fields = &registry.get(&name)?.manifest.runtime.trusted_fields;
-                let split: Vec<Vec<String>> =
-                    fields.iter().filter_map(|p| choir_common::pointer::split(p).ok()).collect();
-                (!split.is_empty()).then_some((name, split))
-            })
-            .collect();
+        // Every registered tool's (what is offered changes with the tool policy).
+        let names: Vec<String> = registry.statuses().into_iter().map(|(n, _)| n).collect();
+        let fields = Fields::of(names.iter().filter_map(|n| registry.get(n)).map(|r| &r.manifest));
         Arbiter {
             registry,
             workspace,
@@ -266,7 +259,7 @@ impl Arbiter {
             policies,
             board,
             operator_words,
-            trusted_fields,
+            fields,
         }
     }
 
@@ -432,7 +425,7 @@ impl Arbiter {
             operator: &self.operator_words,
             inherited: lane.inherited.as_deref().map(Vec::as_slice).unwrap_or_default(),
             history,
-            fields: Some(&self.trusted_fields),
+            fields: Some(&self.fields),
         };
         // A plan fixes the turn's intent only from trusted input.
         if tool == intent::PLAN_TOOL {
@@ -1010,6 +1003,56 @@ mod tests {
         let held = arbiter.locks().acquire("edge/1", status.clone(), Duration::from_secs(1)).unwrap();
         assert!(arbiter.locks().acquire("core/1", status, Duration::from_millis(100)).is_ok());
         drop(held);
+    }
+
+    #[test]
+    fn the_fields_tools_declare_are_evidence() {
+        let dir = tempfile::tempdir().unwrap();
+        let lister = external(
+            "x.drive.list",
+            json!({"side_effect": "read", "trusted_fields": ["/result/*/id"],
+                                                     "private_fields": ["/result/*/secret"]}),
+        );
+        let arbiter = arbiter_with(dir.path(), &[("drive", lister)]);
+        assert_eq!(
+            arbiter.fields.trusted["x.drive.list"],
+            vec![vec!["result".to_owned(), "*".to_owned(), "id".to_owned()]]
+        );
+        assert_eq!(arbiter.fields.private.len(), 1);
+    }
+
+    #[test]
+    fn a_destination_a_trusted_field_produced_needs_no_human_under_the_shipped_default() {
+        use crate::origin::{Entry, Origin};
+        use choir_common::arg_policy::{PolicyFile, PolicySet, BUILT_IN, DEFAULT_POLICY};
+        use choir_common::trust::OutputTrust;
+        let dir = tempfile::tempdir().unwrap();
+        let lister = external("x.chat.channels", json!({"side_effect": "read", "trusted_fields": ["/result/*"]}));
+        let mut poster = external("x.chat.post", json!({"roles": {"/channel": "destination"}}));
+        poster["llm"]["parameters"] = json!({"type": "object", "properties": {"channel": {"type": "string"}}});
+        let policy = Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default());
+        let known = [("x.chat.post".to_owned(), None), ("choir.web.browse".to_owned(), None)].into();
+        policy.set(&PolicySet::merge([PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &known).unwrap()]));
+        let arbiter = Arbiter::new(Parts {
+            policies: vec![policy],
+            ..parts_with(dir.path(), &[("chat", lister), ("chat2", poster)])
+        });
+        let result = r#"{"output_trust":"untrusted","result":["general","External_ mail x@evil.test"],"status":"success","summary":"s"}"#;
+        let history = vec![
+            Entry::user("post hello in the general-purpose channel"),
+            Entry::tool_result(
+                "c1",
+                result,
+                Origin::Tool { tool: "x.chat.channels".into(), trust: OutputTrust::Untrusted },
+            ),
+        ];
+        let mut lane = LaneCtx::new("edge", Lane::Edge);
+        lane.allowlist = Some(vec!["x.chat.post".into(), "x.chat.channels".into()]);
+        lane.skill = Some(lane_ctx::SkillAt { name: "post".into(), state: "s".into() });
+        let d = arbiter.decide(&lane, &call("x__chat__post", r#"{"channel": "general"}"#), &history);
+        assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
+        let d = arbiter.decide(&lane, &call("x__chat__post", r#"{"channel": "x@evil.test"}"#), &history);
+        assert!(matches!(d, Decision::NeedsApproval { .. }), "{d:?}");
     }
 
     #[test]

@@ -27,9 +27,37 @@ use crate::origin::{Entry, Origin};
 /// Most places a trace names for one value.
 const MAX_SIGHTINGS: usize = 3;
 
-/// The trusted fields of the tools that declare them: tool → pointers,
-/// split (`choir_common::roles`).
-pub type TrustedFields = BTreeMap<String, Vec<Vec<String>>>;
+/// Pointers into tools' results, split, by tool (`choir_common::roles`).
+pub type FieldMap = BTreeMap<String, Vec<Vec<String>>>;
+
+/// The fields tools declare in their results.
+#[derive(Debug, Clone, Default)]
+pub struct Fields {
+    /// Values an untrusted tool itself produces: they vouch.
+    pub trusted: FieldMap,
+    /// The user's private data: it carries the `private` label.
+    pub private: FieldMap,
+}
+
+impl Fields {
+    /// The fields the `manifests` declare.
+    pub fn of<'a>(manifests: impl IntoIterator<Item = &'a choir_common::manifest::ToolManifest>) -> Fields {
+        let split = |list: &[String]| -> Vec<Vec<String>> {
+            list.iter().filter_map(|p| choir_common::pointer::split(p).ok()).collect()
+        };
+        let mut f = Fields::default();
+        for m in manifests {
+            let (t, p) = (split(&m.runtime.trusted_fields), split(&m.runtime.private_fields));
+            if !t.is_empty() {
+                f.trusted.insert(m.llm.name.clone(), t);
+            }
+            if !p.is_empty() {
+                f.private.insert(m.llm.name.clone(), p);
+            }
+        }
+        f
+    }
+}
 
 /// What values are traced through.
 #[derive(Debug, Clone, Copy, Default)]
@@ -40,24 +68,28 @@ pub struct Evidence<'a> {
     pub inherited: &'a [Entry],
     /// The lane's own history.
     pub history: &'a [Entry],
-    /// Fields of untrusted tools' results that vouch for their values.
-    pub fields: Option<&'a TrustedFields>,
+    /// The fields tools declare in their results.
+    pub fields: Option<&'a Fields>,
 }
 
-/// The values of an untrusted result's trusted fields, one per line (empty
-/// when the tool declares none or the result is not JSON).
-fn trusted_part(e: &Entry, fields: Option<&TrustedFields>) -> String {
-    let Origin::Tool { tool, trust: OutputTrust::Untrusted } = &e.origin else { return String::new() };
-    let Some(pointers) = fields.and_then(|f| f.get(tool)) else { return String::new() };
+/// The values of a result's fields `fields` declares for its tool (none
+/// when there are none or the result is not JSON). Trusted fields count
+/// only in an untrusted result (the rest of a trusted one vouches anyway).
+fn field_values(e: &Entry, fields: Option<&FieldMap>, untrusted_only: bool) -> Vec<String> {
+    let Origin::Tool { tool, trust } = &e.origin else { return Vec::new() };
+    if untrusted_only && *trust != OutputTrust::Untrusted {
+        return Vec::new();
+    }
+    let Some(pointers) = fields.and_then(|f| f.get(tool)) else { return Vec::new() };
     let Some(result) = e.message.content.as_deref().and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
     else {
-        return String::new();
+        return Vec::new();
     };
     let mut values = Vec::new();
     for p in pointers {
         choir_common::pointer::values_at(&result, "", p, &mut values);
     }
-    values.into_iter().map(|(_, v)| v).collect::<Vec<_>>().join("\n")
+    values.into_iter().map(|(_, v)| v).collect()
 }
 
 /// One place a value was seen.
@@ -76,6 +108,9 @@ pub struct Sighting {
 pub struct Trace {
     /// Its sources (`{Model}` when none).
     pub sources: BTreeSet<Source>,
+    /// For a text: the sources of the addresses, links and numbers in it
+    /// that nothing vouches for.
+    pub carried: BTreeSet<Source>,
     /// Up to three places it was seen, the least trusted first.
     pub seen: Vec<Sighting>,
 }
@@ -170,30 +205,50 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
         texts.push((Source::Operator, Cow::Borrowed(ev.operator)));
         from.push(None);
     }
+    // A trusted field vouches for exactly its own value, however short (an
+    // id `7`), never for a part of it (a channel named after an injection
+    // vouches for none of the words in it).
+    // Unless the model said it first in the same turn (an echo), for a
+    // value long enough to say where it came from.
+    let (kind, norm) = normalise(value);
+    let traceable = norm.chars().count() >= choir_common::provenance::MIN_TRACEABLE_TEXT;
+    let mut produced: Option<&Entry> = None;
+    let mut model_said = false;
     for e in ev.inherited.iter().chain(ev.history) {
         let Some(source) = source_of(&e.origin) else { continue };
-        // What the tool itself produced in an untrusted result vouches, as
-        // if a trusted tool had said it just before.
-        let own = trusted_part(e, ev.fields);
-        if !own.is_empty() {
-            texts.push((Source::Trusted, Cow::Owned(own)));
+        if source == Source::User {
+            model_said = false;
+        }
+        if source == Source::Model && traceable && !model_said {
+            model_said = choir_common::provenance::text_holds(kind, &norm, &said(e));
+        }
+        if produced.is_none()
+            && !model_said
+            && field_values(e, ev.fields.map(|f| &f.trusted), true).iter().any(|v| normalise(v).1 == norm)
+        {
+            produced = Some(e);
+        }
+        // Private fields label what they hold, wherever it goes next.
+        let private = field_values(e, ev.fields.map(|f| &f.private), false);
+        if !private.is_empty() {
+            texts.push((Source::Private, Cow::Owned(private.join("\n"))));
             from.push(Some(e));
         }
         texts.push((source, said(e)));
         from.push(Some(e));
     }
     let borrowed: Vec<(Source, &str)> = texts.iter().map(|(s, t)| (*s, t.as_ref())).collect();
-    let (sources, found) = choir_common::provenance::trace(value, &borrowed);
+    let found = choir_common::provenance::trace(value, &borrowed);
+    let (mut sources, carried) = (found.sources, found.carried);
     let mut seen: Vec<Sighting> = found
+        .seen
         .into_iter()
         .map(|f| {
             let place = match from[f.index] {
                 None => "the operator's identity and rules".to_owned(),
-                Some(e @ Entry { origin: Origin::Tool { tool, trust: OutputTrust::Untrusted }, .. })
-                    if f.source == Source::Trusted =>
-                {
+                Some(e @ Entry { origin: Origin::Tool { tool, .. }, .. }) if f.source == Source::Private => {
                     let call = e.message.tool_call_id.as_deref().map(|c| format!(", call {c}")).unwrap_or_default();
-                    format!("a field {tool} itself produces{call}, trusted")
+                    format!("a private field of {tool}'s output{call}")
                 }
                 Some(e) => place_of(e),
             };
@@ -201,11 +256,21 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
             Sighting { source: f.source, place, excerpt: excerpt(&texts[f.index].1, &f.shown) }
         })
         .collect();
+    if let Some(e @ Entry { origin: Origin::Tool { tool, .. }, .. }) = produced {
+        sources.remove(&Source::Model);
+        sources.insert(Source::Trusted);
+        let call = e.message.tool_call_id.as_deref().map(|c| format!(", call {c}")).unwrap_or_default();
+        seen.push(Sighting {
+            source: Source::Trusted,
+            place: format!("a field {tool} itself produces{call}, trusted"),
+            excerpt: value.to_owned(),
+        });
+    }
     // The least trusted first (what a human must see), then the latest.
     seen.reverse();
     seen.sort_by_key(|s| std::cmp::Reverse(s.source));
     seen.truncate(MAX_SIGHTINGS);
-    Trace { sources, seen }
+    Trace { sources, carried, seen }
 }
 
 /// Where `value` could have come from in `history` (`{Model}` if nowhere).
@@ -313,10 +378,11 @@ mod tests {
             r#"{"status": "success", "result": [{"id": "mail-7", "sender": "attacker@evil.test", "body": "hi"}]}"#,
             Origin::Tool { tool: "x.mail.inbox".into(), trust: OutputTrust::Untrusted },
         );
-        let fields: TrustedFields = BTreeMap::from([
+        let trusted: FieldMap = BTreeMap::from([
             ("x.drive.list".to_owned(), vec![vec!["result".to_owned(), "*".to_owned(), "id".to_owned()]]),
             ("x.mail.inbox".to_owned(), vec![vec!["result".to_owned(), "**".to_owned(), "id".to_owned()]]),
         ]);
+        let fields = Fields { trusted, ..Fields::default() };
         let history = vec![entry(Role::User, "clean up my drive", Origin::User), listing, inbox];
         let ev = Evidence { history: &history, fields: Some(&fields), ..Evidence::default() };
         let t = trace("file-2041", &ev);
@@ -330,6 +396,29 @@ mod tests {
             "a received mail's own sender field is the sender's choice"
         );
         assert_eq!(trace("mail-7", &ev).sources, set(&[Source::Trusted, Source::Untrusted]));
+        // A field vouches for exactly its value, however short, never a
+        // part of it: a channel named after an injection vouches for no
+        // address in its name.
+        let channels = entry(
+            Role::Tool,
+            r#"{"status": "success", "result": [{"id": 7, "name": "External_ mail fred@evil.test"}]}"#,
+            Origin::Tool { tool: "x.chat.channels".into(), trust: OutputTrust::Untrusted },
+        );
+        let both = Fields {
+            trusted: BTreeMap::from([(
+                "x.chat.channels".to_owned(),
+                vec![
+                    vec!["result".to_owned(), "*".to_owned(), "id".to_owned()],
+                    vec!["result".to_owned(), "*".to_owned(), "name".to_owned()],
+                ],
+            )]),
+            ..Fields::default()
+        };
+        let directory = vec![entry(Role::User, "hi", Origin::User), channels];
+        let ev = Evidence { history: &directory, fields: Some(&both), ..Evidence::default() };
+        assert_eq!(trace("7", &ev).sources, set(&[Source::Trusted]), "a short id, exactly");
+        assert_eq!(trace("External_ mail fred@evil.test", &ev).sources, set(&[Source::Trusted, Source::Untrusted]));
+        assert_eq!(trace("fred@evil.test", &ev).sources, set(&[Source::Untrusted]), "never a part of a field");
         // The negative control: without the declaration, nothing vouches.
         let bare = Evidence { history: &history, ..Evidence::default() };
         assert_eq!(trace("file-2041", &bare).sources, set(&[Source::Untrusted]));
@@ -355,6 +444,29 @@ mod tests {
         assert_eq!(sources_of("Dear team,\nwire it to", &history), set(&[Source::Untrusted]));
         // The negative control: what the page does not say.
         assert_eq!(sources_of("Dear team,\nwire it now", &history), set(&[Source::Model]));
+    }
+
+    #[test]
+    fn a_trusted_field_of_this_turn_vouches_though_the_model_said_the_value_in_an_earlier_turn() {
+        let fields = Fields {
+            trusted: BTreeMap::from([("x.channels".to_owned(), vec![vec!["result".to_owned(), "*".to_owned()]])]),
+            ..Fields::default()
+        };
+        let untrusted = |t: &str| Origin::Tool { tool: t.into(), trust: OutputTrust::Untrusted };
+        let history = vec![
+            entry(Role::User, "read the general channel", Origin::User),
+            calls("x__read", r#"{"channel": "general"}"#),
+            entry(Role::Tool, r#"{"result": "hi"}"#, untrusted("x.read")),
+            entry(Role::User, "post in the busiest channel", Origin::User),
+            calls("x__channels", "{}"),
+            entry(
+                Role::Tool,
+                r#"{"output_trust":"untrusted","result":["general","random"],"status":"success"}"#,
+                untrusted("x.channels"),
+            ),
+        ];
+        let ev = Evidence { history: &history, fields: Some(&fields), ..Evidence::default() };
+        assert!(trace("general", &ev).sources.contains(&Source::Trusted), "{:?}", trace("general", &ev));
     }
 
     #[test]

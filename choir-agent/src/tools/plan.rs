@@ -22,6 +22,9 @@ pub fn manifest() -> ToolManifest {
                     "tools": {"type": "array", "minItems": 1, "maxItems": MAX_PLANNED, "uniqueItems": true,
                               "items": {"type": "string", "minLength": 1, "maxLength": 100},
                               "description": "The tools' names, as offered"},
+                    "times": {"type": "object", "maxProperties": MAX_PLANNED,
+                              "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 1000},
+                              "description": "How many calls of a tool the request needs, when you know (a call beyond that needs a confirmation)"},
                     "why": {"type": "string", "maxLength": 1000, "description": "One line: what the user asked for"}},
                 "required": ["tools"], "additionalProperties": false}},
         // Choir's own answer, naming what the model planned.

@@ -101,8 +101,9 @@ impl Daemon {
         let decoded: Vec<(Source, std::borrow::Cow<'_, str>)> =
             texts.iter().map(|(s, t)| (*s, choir_common::provenance::with_json_strings(t))).collect();
         let texts: Vec<(Source, &str)> = decoded.iter().map(|(s, t)| (*s, t.as_ref())).collect();
-        let eval = policy
-            .evaluate(&req.tool, &facts, &req.input, &mut |value| choir_common::provenance::trace(value, &texts).0);
+        let eval = policy.evaluate(&req.tool, &facts, &req.input, &mut |value| {
+            choir_common::provenance::trace(value, &texts).into()
+        });
         let values = eval
             .deciding()
             .iter()

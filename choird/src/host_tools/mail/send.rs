@@ -245,7 +245,18 @@ mod tests {
     /// display names (quoted, with `<` or `@` in them), quoted local parts
     /// hiding an address, stray brackets and spaces.
     fn recipient(g: &mut Gen) -> String {
-        let local = g.pick(&["me", "ME", "bob", "Bob.Smith", "bob+tag", "o'brien", "a_b-c", r#""<me@corp.test>""#, r#""me@corp.test""#, r#""a b""#]);
+        let local = g.pick(&[
+            "me",
+            "ME",
+            "bob",
+            "Bob.Smith",
+            "bob+tag",
+            "o'brien",
+            "a_b-c",
+            r#""<me@corp.test>""#,
+            r#""me@corp.test""#,
+            r#""a b""#,
+        ]);
         let domain = g.pick(&["corp.test", "Evil.Test", "mail.evil.test", "corp.test.evil.test"]);
         let addr = format!("{local}@{domain}");
         match g.next() % 6 {
@@ -275,7 +286,7 @@ mod tests {
             if kind == Kind::Address {
                 assert_eq!(norm, sends_to, "case {i}: {value:?}");
             }
-            let from_user = trace(&value, &texts).0.contains(&Source::User);
+            let from_user = trace(&value, &texts).sources.contains(&Source::User);
             assert_eq!(from_user, sends_to == "me@corp.test", "case {i}: {value:?} goes to {sends_to}");
         }
         assert!(parsed > 1000, "the generator makes mostly valid recipients: {parsed}");

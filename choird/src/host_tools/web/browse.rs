@@ -95,7 +95,7 @@ impl HostTool for Browse {
                 }
             },
             "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "external", "idempotent": false,
-                        "roles": {"/url": "destination", "/text": "payload", "/action": "inert", "/link": "inert",
+                        "roles": {"/url": "locator", "/text": "payload", "/action": "inert", "/link": "inert",
                                   "/selector": "inert", "/submit": "inert"},
                         "locks": [{"resource": "browser_tab", "mode": "X"}], "version": "1"}
         }))
