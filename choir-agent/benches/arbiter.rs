@@ -224,10 +224,11 @@ fn main() {
         name: "x__mail__send".into(),
         arguments: r#"{"to": "boss@corp.test", "body": "The summary: numbers are attached, reply by Friday."}"#.into(),
     };
+    let any_tool = LaneCtx::new("edge", Lane::Edge);
     let mut samples = Vec::with_capacity(2_000);
     for _ in 0..2_000 {
         let t = Instant::now();
-        let d = shipped.decide(&lane, &send, &planned);
+        let d = shipped.decide(&any_tool, &send, &planned);
         samples.push(t.elapsed().as_nanos() as u64);
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
     }

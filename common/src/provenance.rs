@@ -326,11 +326,59 @@ pub fn entities_in(text: &str) -> Vec<(Kind, String)> {
 pub fn text_holds(kind: Kind, norm: &str, text: &str) -> bool {
     match kind {
         // A needle without spaces cannot span a whitespace run: the text is
-        // searched as it is (no copy); otherwise with its runs collapsed.
+        // searched as it is (no copy); otherwise with its runs collapsed,
+        // once its first word is seen to be there at all.
         Kind::Text if !norm.contains(' ') => holds_words(text, norm),
-        Kind::Text => holds_words(&text.split_whitespace().collect::<Vec<_>>().join(" "), norm),
-        k => values_in(k, text).contains(norm),
+        Kind::Text => {
+            let first = norm.split(' ').next().unwrap_or_default();
+            text.contains(first) && holds_words(&text.split_whitespace().collect::<Vec<_>>().join(" "), norm)
+        }
+        Kind::Address => holds_address(norm, text),
+        // A URL is written in many forms; only a text naming its host can hold it.
+        Kind::Url => {
+            let host = url::Url::parse(norm).ok().and_then(|u| u.host_str().map(str::to_owned)).unwrap_or_default();
+            find_ci(text, host.trim_start_matches('[').trim_end_matches(']')).next().is_some()
+                && values_in(Kind::Url, text).contains(norm)
+        }
+        Kind::Number => values_in(Kind::Number, text).contains(norm),
     }
+}
+
+/// Where `needle` (ASCII, any case) starts in `hay`, ignoring ASCII case.
+fn find_ci<'a>(hay: &'a str, needle: &'a str) -> impl Iterator<Item = usize> + 'a {
+    let (h, n) = (hay.as_bytes(), needle.as_bytes());
+    let first = n.first().map(u8::to_ascii_lowercase);
+    (0..h.len().saturating_sub(n.len().saturating_sub(1))).filter(move |&i| {
+        first.is_some_and(|f| h[i].to_ascii_lowercase() == f) && h[i..i + n.len()].eq_ignore_ascii_case(n)
+    })
+}
+
+/// Whether `text` holds the plain address `norm` (lowercased) as
+/// [`values_in`] finds it, without collecting every address it holds: each
+/// place the address is written, any case, standing on its own (no local
+/// part character before it, no domain going on after it).
+fn holds_address(norm: &str, text: &str) -> bool {
+    if norm.starts_with('"') || text.contains("%40") {
+        return values_in(Kind::Address, text).contains(norm);
+    }
+    let Some((local, _)) = norm.split_once('@') else { return false };
+    // Each `@` in the text (found at memory speed), then the address around it.
+    text.match_indices('@').any(|(sign, _)| {
+        let Some(at) = sign.checked_sub(local.len()) else { return false };
+        if !text.is_char_boundary(at)
+            || text.len() < at + norm.len()
+            || !text.is_char_boundary(at + norm.len())
+            || !text[at..at + norm.len()].eq_ignore_ascii_case(norm)
+        {
+            return false;
+        }
+        let before = text[..at].chars().next_back();
+        let after = &text[at + norm.len()..];
+        let alone_before = before.is_none_or(|c| !(c.is_ascii_alphanumeric() || "._%+-".contains(c)));
+        let rest = after.trim_start_matches(['.', '-']);
+        let alone_after = rest.chars().next().is_none_or(|c| !c.is_ascii_alphanumeric());
+        alone_before && alone_after
+    })
 }
 
 /// Whether `needle` occurs in `hay` on word boundaries (`13` is not in `2013`).

@@ -223,7 +223,7 @@ impl HostTool for Send {
 
 #[cfg(test)]
 mod tests {
-    use choir_common::provenance::{normalise, trace, values_in, Kind, Source};
+    use choir_common::provenance::{normalise, text_holds, trace, values_in, Kind, Source};
     use lettre::message::Mailbox;
 
     /// A small deterministic generator (xorshift), so a failure names its case.
@@ -315,6 +315,10 @@ mod tests {
             }
             let text = doc.to_string();
             assert!(values_in(Kind::Address, &text).contains(&addr.to_ascii_lowercase()), "case {i}: {text}");
+            // The quick search the arbiter uses agrees with the full reading.
+            assert!(text_holds(Kind::Address, &addr.to_ascii_lowercase(), &text), "case {i}: {text}");
+            let longer = format!("{}x", addr.to_ascii_lowercase());
+            assert!(!text_holds(Kind::Address, &longer, &text), "case {i}: {text}");
         }
     }
 }
