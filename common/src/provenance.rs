@@ -334,11 +334,14 @@ pub fn text_holds(kind: Kind, norm: &str, text: &str) -> bool {
             text.contains(first) && holds_words(&text.split_whitespace().collect::<Vec<_>>().join(" "), norm)
         }
         Kind::Address => holds_address(norm, text),
-        // A URL is written in many forms; only a text naming its host can hold it.
+        // A URL is written in many forms; only a text naming its host can
+        // hold it — when the host is a plain name, written as it is kept (an
+        // IP literal or an international name is written many ways).
         Kind::Url => {
-            let host = url::Url::parse(norm).ok().and_then(|u| u.host_str().map(str::to_owned)).unwrap_or_default();
-            find_ci(text, host.trim_start_matches('[').trim_end_matches(']')).next().is_some()
-                && values_in(Kind::Url, text).contains(norm)
+            let host = url::Url::parse(norm).ok().and_then(|u| u.domain().map(str::to_owned)).unwrap_or_default();
+            let plain = host.rsplit('.').next().is_some_and(|tld| tld.chars().any(|c| c.is_ascii_alphabetic()))
+                && !host.contains("xn--");
+            (!plain || find_ci(text, &host).next().is_some()) && values_in(Kind::Url, text).contains(norm)
         }
         Kind::Number => values_in(Kind::Number, text).contains(norm),
     }
@@ -588,6 +591,11 @@ mod tests {
         assert!(!values_in(Kind::Url, "https://evil.test/drop?k=12").contains(u));
         let v6 = normalise("http://[::1]:40083/second").1;
         assert!(values_in(Kind::Url, r#"{"url": "http://[::1]:40083/second"}"#).contains(&v6), "{v6}");
+        // Hosts written otherwise than they are kept are still found.
+        for written in ["http://[::ffff:127.0.0.2]:36791/second", "http://bücher.test/a", "http://0x7f.1/x"] {
+            let (_, norm) = normalise(written);
+            assert!(text_holds(Kind::Url, &norm, &format!("open {written} now")), "{written} → {norm}");
+        }
     }
 
     #[test]
