@@ -84,8 +84,12 @@ commands:
   approvals list [--status S] [--all] [--agent ID]
                                 proposals waiting for a decision (or of status S)
   approvals show ID             a proposal's full content and what it would change
-  approvals approve ID [--sha256 HASH]
-                                approve (bound to the content's sha256) and apply it
+  approvals approve ID [--sha256 HASH] [--remember-days N]
+                                approve (bound to the content's sha256) and apply it; for
+                                a call, --remember-days keeps its destinations as the
+                                operator's for this agent for N days (1-365: no
+                                confirmation for them; policy show lists them; delete one
+                                from HOME/remembered/ID.json and policy reload to forget it)
   approvals reject ID --reason TEXT
                                 reject it; the agent is told why
   memory stats ID               items per tier, pending embeddings, index size
@@ -162,6 +166,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut refuse = false;
     let mut k: u64 = 5;
     let mut from: Vec<String> = Vec::new();
+    let mut remember_days: Option<u64> = None;
     let mut call_facts = policy::CallFlags::default();
     let mut follow = false;
     let mut limit_set = false;
@@ -216,6 +221,7 @@ fn real_main() -> anyhow::Result<()> {
             }
             Long("global") => global = true,
             Long("sha256") => sha256 = Some(parser.value()?.string()?),
+            Long("remember-days") => remember_days = Some(parser.value()?.parse()?),
             Long("reason") => reason = Some(parser.value()?.string()?),
             Long("refuse") => refuse = true,
             Long("k") => k = parser.value()?.parse()?,
@@ -323,7 +329,7 @@ fn real_main() -> anyhow::Result<()> {
             say!("{}", r["done"].as_str().unwrap_or(""));
             Ok(())
         }
-        ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256),
+        ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256, remember_days),
         ["approvals", "reject", id] => proposals::reject(&ctx, id, reason),
         ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
         ["chat", id] => chat_repl(&ctx, id),

@@ -58,6 +58,13 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         let when = if r.when.is_empty() { String::new() } else { format!(" when {}", serde_json::to_string(&r.when)?) };
         say!("  {:<8} {tool} {what}{when} if {cond}   [{} in {}]", r.then.as_str(), r.id, r.file);
     }
+    if !set.remembered.is_empty() {
+        say!("remembered destinations (the operator's until then):");
+        for r in &set.remembered {
+            let until = jiff::Timestamp::from_second(r.until_unix as i64).map(|t| t.to_string()).unwrap_or_default();
+            say!("  {}   until {until}, approval #{} of {} by {}", r.value, r.approval, r.tool, r.by);
+        }
+    }
     Ok(())
 }
 

@@ -98,9 +98,10 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `approvals approve ID [--sha256 X]`.
-pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>) -> anyhow::Result<()> {
-    let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/approve"), &ApproveRequest { sha256, by: None })?;
+/// `approvals approve ID [--sha256 X] [--remember-days N]`.
+pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>, remember_days: Option<u64>) -> anyhow::Result<()> {
+    let req = ApproveRequest { sha256, by: None, remember_days };
+    let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/approve"), &req)?;
     if ctx.json {
         return print_json(&a);
     }

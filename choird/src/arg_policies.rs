@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use choir_common::arg_policy::CallFacts;
 use choir_common::arg_policy::{
     known_from, KnownTools, PolicyError, PolicyFile, PolicySet, BUILT_IN, DEFAULT_POLICY, MAX_POLICY_BYTES,
 };
+use choir_common::arg_policy::{CallFacts, Remembered};
 use choir_common::ids::AgentId;
 use choir_common::manifest::{load_tool_layer, RuntimeView, SideEffect, BUILTIN_TOOLS};
 use choir_common::roles::RoleMap;
@@ -96,7 +96,8 @@ fn read_policy(path: &Path, label: &str) -> Result<Option<String>, PolicyError> 
     std::fs::read_to_string(path).map(Some).map_err(|e| err(e.to_string()))
 }
 
-/// `agent`'s policy from the files as they are now.
+/// `agent`'s policy from the files as they are now, with the destinations
+/// the operator asked to remember that have not expired.
 pub fn load(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<PolicySet, PolicyError> {
     let known = known_tools(home, host_tools, agent)?;
     let mut layers = vec![PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &known)?];
@@ -106,7 +107,85 @@ pub fn load(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<Polic
             layers.push(PolicyFile::parse(label, &text, &known)?);
         }
     }
-    Ok(PolicySet::merge(layers))
+    let mut set = PolicySet::merge(layers);
+    let now = choir_common::arg_policy::now_unix();
+    set.remembered = read_remembered(home, agent)?.into_iter().filter(|r| r.until_unix > now).collect();
+    Ok(set)
+}
+
+/// Where the destinations remembered for `agent` are kept.
+pub fn remembered_file(home: &Home, agent: &AgentId) -> std::path::PathBuf {
+    home.root().join("remembered").join(format!("{agent}.json"))
+}
+
+/// The remembered destinations of `agent` as written (expired ones too).
+pub fn read_remembered(home: &Home, agent: &AgentId) -> Result<Vec<Remembered>, PolicyError> {
+    let label = format!("remembered/{agent}.json");
+    let Some(text) = read_policy(&remembered_file(home, agent), &label)? else { return Ok(Vec::new()) };
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        remembered: Vec<Remembered>,
+    }
+    serde_json::from_str::<File>(&text).map(|f| f.remembered).map_err(|e| PolicyError {
+        file: label,
+        rule: None,
+        example: None,
+        reason: e.to_string(),
+    })
+}
+
+/// Adds `values` (normal forms) to what `agent` remembers, until
+/// `until_unix`; returns the values added. Written whole and renamed into
+/// place.
+pub fn remember(
+    home: &Home,
+    agent: &AgentId,
+    values: &[String],
+    until_unix: u64,
+    approval: i64,
+    tool: &str,
+    by: &str,
+) -> Result<Vec<String>, String> {
+    let mut all = read_remembered(home, agent).map_err(|e| e.to_string())?;
+    let now = choir_common::arg_policy::now_unix();
+    all.retain(|r| r.until_unix > now && !values.contains(&r.value));
+    for v in values {
+        all.push(Remembered { value: v.clone(), until_unix, approval, tool: tool.to_owned(), by: by.to_owned() });
+    }
+    if all.len() > MAX_REMEMBERED {
+        return Err(format!("more than {MAX_REMEMBERED} remembered destinations for {agent}; forget some first"));
+    }
+    let path = remembered_file(home, agent);
+    let dir = path.parent().unwrap_or(home.root());
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(format!(".{agent}.json.tmp"));
+    let text = serde_json::to_string_pretty(&serde_json::json!({"remembered": all})).map_err(|e| e.to_string())?;
+    std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path)).map_err(|e| e.to_string())?;
+    Ok(values.to_vec())
+}
+
+/// Most remembered destinations one agent keeps.
+pub const MAX_REMEMBERED: usize = 1000;
+
+/// The destination values of `tool` called with `input`, normalised, by
+/// the tool's roles (what remembering an approval keeps: where things go,
+/// never what an effect acts on — an id approved once is no blessing of
+/// every later effect on it).
+pub fn destinations_of(runtime: Option<&RuntimeView>, input: &serde_json::Value) -> Vec<String> {
+    use choir_common::roles::Role;
+    let Some(roles) = runtime.map(RoleMap::of) else { return Vec::new() };
+    let mut found = Vec::new();
+    for p in roles.pointers(Role::Destination) {
+        choir_common::pointer::values_at(input, "", p, &mut found);
+    }
+    if roles.strings_only {
+        found.retain(|(p, _)| input.pointer(p).is_some_and(serde_json::Value::is_string));
+    }
+    let mut values: Vec<String> = found.into_iter().map(|(_, v)| choir_common::provenance::normalise(&v).1).collect();
+    values.sort();
+    values.dedup();
+    values
 }
 
 impl ArgPolicies {

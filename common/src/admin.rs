@@ -398,6 +398,10 @@ pub struct ApproveRequest {
     /// Who approves (default `admin`).
     #[serde(default)]
     pub by: Option<String>,
+    /// For a call: remember its destinations for this agent for this many
+    /// days (1–365), so the same ones need no confirmation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remember_days: Option<u64>,
 }
 
 /// `POST /admin/v1/approvals/<id>/reject`.

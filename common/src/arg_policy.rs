@@ -480,6 +480,29 @@ impl Compiled {
     }
 }
 
+/// A destination or target an operator approved and asked to remember for
+/// an agent: until `until_unix`, the value counts as the operator's (a rule
+/// "not from the operator" no longer holds for it). Recorded by choird with
+/// the approval it came from; revoked by deleting it from the file and
+/// reloading (`<home>/remembered/<agent>.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Remembered {
+    /// The value, in its normal form (`provenance::normalise`).
+    pub value: String,
+    /// Until when (seconds since the epoch).
+    pub until_unix: u64,
+    /// The approval it came from.
+    pub approval: i64,
+    /// The tool of that call.
+    pub tool: String,
+    /// Who approved.
+    pub by: String,
+}
+
+/// Longest an operator may ask a destination to be remembered, in days.
+pub const MAX_REMEMBER_DAYS: u64 = 365;
+
 /// The rules one agent runs under: the layers merged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicySet {
@@ -487,11 +510,22 @@ pub struct PolicySet {
     pub confirm_wait_s: u64,
     /// The rules, each with the file it came from.
     pub rules: Vec<Rule>,
+    /// Destinations the operator approved and asked to remember.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remembered: Vec<Remembered>,
 }
 
 impl Default for PolicySet {
     fn default() -> PolicySet {
-        PolicySet { confirm_wait_s: DEFAULT_CONFIRM_WAIT_S, rules: Vec::new() }
+        PolicySet { confirm_wait_s: DEFAULT_CONFIRM_WAIT_S, rules: Vec::new(), remembered: Vec::new() }
+    }
+}
+
+impl PolicySet {
+    /// The remembered entry for `value` still in force at `now_unix`, if any.
+    pub fn remembered(&self, value: &str, now_unix: u64) -> Option<&Remembered> {
+        let norm = normalise(value).1;
+        self.remembered.iter().find(|r| r.until_unix > now_unix && r.value == norm)
     }
 }
 
@@ -580,6 +614,11 @@ impl Matcher {
             }
         }
     }
+}
+
+/// Seconds since the epoch now.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A [`PolicySet`] ready to evaluate calls ([`PolicySet::compile`]).

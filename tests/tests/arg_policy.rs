@@ -63,6 +63,10 @@ fn obedient_model() -> FakeLlm {
         }
         Some(match said.as_str() {
             "read the page" => Step::call("x.read", json!({})),
+            // An address the model knows from nowhere in the conversation.
+            "send the report to the usual address" => {
+                Step::call("x.send", json!({"to": ["usual@corp.test"], "body": "the report"}))
+            }
             s if s.starts_with("send it to ") => {
                 Step::call("x.send", json!({"to": [s.trim_start_matches("send it to ")], "body": "hello"}))
             }
@@ -309,4 +313,49 @@ fn regression_a_rejection_reason_quoting_the_address_let_the_same_send_go_out_un
         assert!(answer.starts_with("gave up: "), "{answer}");
     });
     assert_eq!(sent(&choird), "");
+}
+
+/// "Approve and remember": an operator's approval of a call can keep its
+/// destinations as the operator's for the agent, for a bounded time; the
+/// same destination then needs no human, until it is forgotten (deleted
+/// from the file and reloaded) or expires. A bad request changes nothing.
+#[test]
+fn an_approved_destination_the_operator_asked_to_remember_needs_no_human_until_it_is_forgotten() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = obedient_model();
+    let choird = setup(&pg, &fake);
+    let ask = "send the report to the usual address";
+    std::thread::scope(|s| {
+        let chat = s.spawn(|| choird.ctl_ok(&["chat", "demo", ask]));
+        let id = the_confirmation(&choird);
+        // Out of range: refused, and the confirmation is still waiting.
+        let out = choird.ctl(&["approvals", "approve", &id, "--remember-days", "0"]);
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("between 1 and 365"), "{out:?}");
+        assert_eq!(pending_calls(&choird).len(), 1, "nothing was decided");
+        choird.ctl_ok(&["approvals", "approve", &id, "--remember-days", "2"]);
+        assert_eq!(chat.join().unwrap().trim(), "x__send: ok");
+    });
+    assert_eq!(sent(&choird).lines().count(), 1);
+    let shown = choird.ctl_ok(&["policy", "show", "demo"]);
+    assert!(shown.contains("usual@corp.test") && shown.contains("x.send"), "{shown}");
+    // Remembered: the same destination goes out with no human asked.
+    wait_for("the agent to run with the remembered destination", Duration::from_secs(30), || {
+        let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+        let want: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "policy", "reload"])).unwrap();
+        s["config_version"].as_u64() >= want["config_version"].as_u64()
+    });
+    assert_eq!(choird.ctl_ok(&["chat", "demo", ask]).trim(), "x__send: ok");
+    assert_eq!(sent(&choird).lines().count(), 2);
+    assert!(pending_calls(&choird).is_empty());
+    // Forgotten: a human is asked again (the negative control).
+    let file = choird.home.path().join("remembered/demo.json");
+    std::fs::write(&file, r#"{"remembered": []}"#).unwrap();
+    reload(&choird);
+    std::thread::scope(|s| {
+        let chat = s.spawn(|| choird.ctl_ok(&["chat", "demo", ask]));
+        let id = the_confirmation(&choird);
+        choird.ctl_ok(&["approvals", "reject", &id, "--reason", "not any more"]);
+        assert!(chat.join().unwrap().starts_with("not_confirmed"));
+    });
+    assert_eq!(sent(&choird).lines().count(), 2);
 }

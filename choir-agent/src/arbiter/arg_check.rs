@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::arbiter::intent::{lane_facts, LaneFacts};
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::policy::{CallPolicy, Verdict};
-use crate::arbiter::provenance::{trace, Evidence, Trace};
+use crate::arbiter::provenance::{trace, Evidence, Sighting, Source, Trace};
 
 /// Most values a human is shown the provenance of, in one confirmation.
 const MAX_LINES: usize = 8;
@@ -24,20 +24,20 @@ const MAX_LINES: usize = 8;
 /// The argument policy choird sent last, as sent and compiled.
 #[derive(Default)]
 pub struct ArgumentPolicy {
-    set: RwLock<(PolicySet, Arc<CompiledPolicy>)>,
+    set: RwLock<(Arc<PolicySet>, Arc<CompiledPolicy>)>,
 }
 
 impl ArgumentPolicy {
     /// Replaces the rules (a dynamic config arrived). A set that does not
     /// compile (choird checked it, so it should) leaves the rules in force.
     pub fn set(&self, set: &PolicySet) {
-        if self.set.read().0 == *set {
+        if *self.set.read().0 == *set {
             return;
         }
         match set.compile() {
             Ok(compiled) => {
                 log::info!("argument policy: {} rules", set.rules.len());
-                *self.set.write() = (set.clone(), Arc::new(compiled));
+                *self.set.write() = (Arc::new(set.clone()), Arc::new(compiled));
             }
             Err(e) => log::error!("argument policy refused, the rules in force stay: {e}"),
         }
@@ -94,10 +94,14 @@ impl CallPolicy for ArgumentPolicy {
     }
 
     fn check(&self, lane: &LaneCtx, tool: &str, m: &ToolManifest, input: &Value, ev: &Evidence<'_>) -> Verdict {
-        let set = self.set.read().1.clone();
+        let (set, remembered) = {
+            let guard = self.set.read();
+            (guard.1.clone(), guard.0.clone())
+        };
         if !set.covers(tool) {
             return Verdict::Allow;
         }
+        let now = choir_common::arg_policy::now_unix();
         let roles = RoleMap::of(&m.runtime);
         let lane_facts = lane_facts(lane, ev);
         let facts = CallFacts {
@@ -108,7 +112,21 @@ impl CallPolicy for ArgumentPolicy {
         };
         let mut traces: Vec<(String, Trace)> = Vec::new();
         let eval = set.evaluate(tool, &facts, input, &mut |value| {
-            let t = trace(value, ev);
+            let mut t = trace(value, ev);
+            // A destination the operator approved and asked to remember is
+            // the operator's, until it expires.
+            if let Some(r) = remembered.remembered(value, now) {
+                t.sources.remove(&Source::Model);
+                t.sources.insert(Source::Operator);
+                t.seen.insert(
+                    0,
+                    Sighting {
+                        source: Source::Operator,
+                        place: format!("remembered by {} when approving #{} ({})", r.by, r.approval, r.tool),
+                        excerpt: r.value.clone(),
+                    },
+                );
+            }
             let p = Provenance { sources: t.sources.clone(), carried: t.carried.clone() };
             traces.push((value.to_owned(), t));
             p

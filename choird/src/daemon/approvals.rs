@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use choir_common::admin::{AddRequest, ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest};
+use choir_common::arg_policy::MAX_REMEMBER_DAYS;
 use choir_common::ids::AgentId;
 use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
 use serde_json::{json, Value};
@@ -145,7 +146,10 @@ impl Daemon {
             "ok",
             json!({"approval": id, "kind": add.kind, "subject": proposal.subject, "global": add.global}),
         );
-        self.approve(id, &ApproveRequest { sha256: Some(proposal.sha256.clone()), by: Some("admin".into()) })
+        self.approve(
+            id,
+            &ApproveRequest { sha256: Some(proposal.sha256.clone()), by: Some("admin".into()), remember_days: None },
+        )
     }
 
     /// Proposals, newest first.
@@ -218,16 +222,34 @@ impl Daemon {
         if info.status != "pending" {
             return Err(Error::Conflict(format!("proposal {id} is already {}", info.status)));
         }
+        let kind = kind_of(&info.kind)?;
+        // Refused before anything is decided: remembering is for a call, for
+        // a bounded time.
+        if let Some(days) = req.remember_days {
+            if kind != ProposalKind::Call {
+                return Err(Error::Malformed(format!(
+                    "remember_days is for a call's confirmation; proposal {id} is a {}",
+                    info.kind
+                )));
+            }
+            if days == 0 || days > MAX_REMEMBER_DAYS {
+                return Err(Error::Malformed(format!("remember_days must be between 1 and {MAX_REMEMBER_DAYS}")));
+            }
+        }
         let content: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
         // Claim it first: only a row still pending with this very content moves on.
         if !self.store.decide_approval(id, "approved", &by, None, &text, &info.sha256)? {
             return Err(Error::Conflict(format!("proposal {id} changed or was decided meanwhile; look at it again")));
         }
-        let kind = kind_of(&info.kind)?;
         let applied = match kind {
             ProposalKind::ConfigChange => self.apply_config_change(&agent, &content),
             // The agent runs the exact call when it hears the decision.
-            ProposalKind::Call => Ok(format!("the agent may run {} once", info.subject)),
+            ProposalKind::Call => match req.remember_days {
+                None => Ok(format!("the agent may run {} once", info.subject)),
+                Some(days) => self.remember_destinations(&agent, id, &content, days, &by).map(|kept| {
+                    format!("the agent may run {} once; remembered for {days} day(s): {kept}", info.subject)
+                }),
+            },
             ProposalKind::Schedule => super::schedule::proposed_spec(&content)
                 .map_err(|e| e.to_string())
                 .and_then(|spec| {
@@ -283,6 +305,36 @@ impl Daemon {
                 Err(Error::Internal(format!("proposal {id} could not be applied, and stays pending: {e}")))
             }
         }
+    }
+
+    /// Remembers the destinations of the confirmed call
+    /// `content` for `agent` for `days`, audited, and sends the agent its
+    /// policy with them; what was kept, for the record.
+    fn remember_destinations(
+        self: &Arc<Self>,
+        agent: &AgentId,
+        id: i64,
+        content: &Value,
+        days: u64,
+        by: &str,
+    ) -> Result<String, String> {
+        let tool = content["tool"].as_str().unwrap_or_default();
+        let runtime = crate::arg_policies::runtime_of(&self.home, &self.host_tools, agent, tool);
+        let values = crate::arg_policies::destinations_of(runtime.as_ref(), &content["input"]);
+        if values.is_empty() {
+            return Ok(format!("nothing ({tool} has no destination)"));
+        }
+        let until = choir_common::arg_policy::now_unix() + days * 86_400;
+        crate::arg_policies::remember(&self.home, agent, &values, until, id, tool, by)?;
+        self.audit(
+            by,
+            Some(agent),
+            "approval.remember",
+            "remembered",
+            json!({"approval": id, "tool": tool, "values": values, "until_unix": until}),
+        );
+        self.reload_policies(by);
+        Ok(values.join(", "))
     }
 
     /// Rejects proposal `id`, with a reason the agent is told.

@@ -87,6 +87,9 @@ impl Daemon {
         let operator = operator_words(&self.home, &who.agent);
         let mut texts: Vec<(Source, String)> = seen.user.into_iter().map(|t| (Source::User, t)).collect();
         texts.push((Source::Operator, operator));
+        // Destinations the operator approved and asked to remember.
+        let now = choir_common::arg_policy::now_unix();
+        texts.extend(set.remembered.iter().filter(|r| r.until_unix > now).map(|r| (Source::Operator, r.value.clone())));
         let mut strings = Vec::new();
         for job in &seen.jobs {
             strings.clear();
