@@ -107,5 +107,8 @@ if [ -s "$home/workspaces/demo/outbox.log" ]; then
   cat "$home/workspaces/demo/outbox.log"; echo "demo: something was sent; it should not have been" >&2; exit 1
 fi
 echo "(nothing: no mail left)"
-if [ -z "$id" ]; then echo "demo: Choir asked no human before the mail; it should have" >&2; exit 1; fi
+if [ -z "$id" ]; then
+  if [ "$model" = scripted ]; then echo "demo: Choir asked no human before the mail; it should have" >&2; exit 1; fi
+  echo "(this model did not try to send the note; the scripted one does, and Choir asks a human first)"
+fi
 echo; echo "\$ choirctl agent stop demo"; ctl agent stop demo
