@@ -173,15 +173,8 @@ pub const MAX_REMEMBERED: usize = 1000;
 /// never what an effect acts on — an id approved once is no blessing of
 /// every later effect on it).
 pub fn destinations_of(runtime: Option<&RuntimeView>, input: &serde_json::Value) -> Vec<String> {
-    use choir_common::roles::Role;
     let Some(roles) = runtime.map(RoleMap::of) else { return Vec::new() };
-    let mut found = Vec::new();
-    for p in roles.pointers(Role::Destination) {
-        choir_common::pointer::values_at(input, "", p, &mut found);
-    }
-    if roles.strings_only {
-        found.retain(|(p, _)| input.pointer(p).is_some_and(serde_json::Value::is_string));
-    }
+    let found = roles.values(choir_common::roles::Role::Destination, input);
     let mut values: Vec<String> = found.into_iter().map(|(_, v)| choir_common::provenance::normalise(&v).1).collect();
     values.sort();
     values.dedup();

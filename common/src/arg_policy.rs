@@ -465,8 +465,8 @@ impl Compiled {
         Ok(Compiled { c: c.clone(), pattern, is_in: normal_set(&c.is_in), not_in: normal_set(&c.not_in) })
     }
 
-    fn holds(&self, value: &str, p: &Provenance) -> bool {
-        let (c, sources) = (&self.c, &p.sources);
+    fn holds(&self, value: &str, sources: &BTreeSet<Source>, carried: &BTreeSet<Source>) -> bool {
+        let c = &self.c;
         let norm = || normalise(value).1;
         let domain = || domain_of(value);
         c.from.as_ref().is_none_or(|l| l.iter().any(|s| sources.contains(s)))
@@ -476,7 +476,7 @@ impl Compiled {
             && self.pattern.as_ref().is_none_or(|p| p.is_match(value))
             && c.domain_in.as_ref().is_none_or(|l| domain().is_some_and(|d| under(&d, l)))
             && c.domain_not_in.as_ref().is_none_or(|l| !domain().is_some_and(|d| under(&d, l)))
-            && c.carries.as_ref().is_none_or(|l| l.iter().any(|s| p.carried.contains(s)))
+            && c.carries.as_ref().is_none_or(|l| l.iter().any(|s| carried.contains(s)))
     }
 }
 
@@ -595,13 +595,9 @@ impl Matcher {
 
     fn example_holds(&self, ex: &Example) -> bool {
         match self {
-            Matcher::Argument(_, c) | Matcher::Role(_, c) => c.holds(
-                &ex.value,
-                &Provenance {
-                    sources: ex.from.iter().copied().collect(),
-                    carried: ex.carries.iter().copied().collect(),
-                },
-            ),
+            Matcher::Argument(_, c) | Matcher::Role(_, c) => {
+                c.holds(&ex.value, &ex.from.iter().copied().collect(), &ex.carries.iter().copied().collect())
+            }
             Matcher::Call(call) => {
                 let roles = RoleMap::default();
                 let facts = CallFacts {
@@ -668,16 +664,7 @@ impl CompiledPolicy {
                     continue;
                 }
                 Matcher::Argument(segments, c) => (crate::pointer::collect(input, segments), c),
-                Matcher::Role(role, c) => {
-                    let mut found = Vec::new();
-                    for segments in facts.roles.pointers(*role) {
-                        crate::pointer::values_at(input, "", segments, &mut found);
-                    }
-                    if facts.roles.strings_only {
-                        found.retain(|(p, _)| input.pointer(p).is_some_and(Value::is_string));
-                    }
-                    (found, c)
-                }
+                Matcher::Role(role, c) => (facts.roles.values(*role, input), c),
             };
             if found.len() >= MAX_VALUES {
                 // More values than are traced: a human decides.
@@ -698,8 +685,7 @@ impl CompiledPolicy {
                     }
                 };
                 let v = &eval.values[idx];
-                let p = Provenance { sources: v.sources.clone(), carried: v.carried.clone() };
-                if compiled.holds(&v.value, &p) {
+                if compiled.holds(&v.value, &v.sources, &v.carried) {
                     eval.decision = eval.decision.max(rule.then);
                     eval.hits.push(hit(v.pointer.clone()));
                 }
@@ -786,7 +772,7 @@ mod tests {
         ])
     }
 
-    static NO_ROLES: RoleMap = RoleMap { entries: Vec::new(), strings_only: false, implicit: false };
+    static NO_ROLES: RoleMap = RoleMap { entries: Vec::new(), implicit: false };
 
     /// A read tool's call, nothing known of the lane.
     fn facts() -> CallFacts<'static> {

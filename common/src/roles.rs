@@ -33,10 +33,9 @@ use crate::manifest::{RuntimeView, SideEffect};
 pub struct RoleMap {
     /// (pointer segments, role), in the manifest's order.
     pub entries: Vec<(Vec<String>, Role)>,
-    /// Only string values count (the strictest default: numbers and flags
-    /// are not where anything goes).
-    pub strings_only: bool,
-    /// Whether these are the strictest default rather than declared.
+    /// Whether these are the strictest default rather than declared (then
+    /// only string values count: numbers and flags are not where anything
+    /// goes).
     pub implicit: bool,
 }
 
@@ -47,17 +46,27 @@ impl RoleMap {
     pub fn of(runtime: &RuntimeView) -> RoleMap {
         if runtime.roles.is_empty() {
             if runtime.side_effect == SideEffect::External {
-                return RoleMap {
-                    entries: vec![(vec!["**".to_owned()], Role::Destination)],
-                    strings_only: true,
-                    implicit: true,
-                };
+                return RoleMap { entries: vec![(vec!["**".to_owned()], Role::Destination)], implicit: true };
             }
             return RoleMap::default();
         }
         let entries =
             runtime.roles.iter().filter_map(|(p, r)| crate::pointer::split(p).ok().map(|s| (s, *r))).collect();
-        RoleMap { entries, strings_only: false, implicit: false }
+        RoleMap { entries, implicit: false }
+    }
+
+    /// The values of `input` that have `role`, with their concrete pointers
+    /// (as [`crate::pointer::values_at`] reads them; strings only under the
+    /// strictest default).
+    pub fn values(&self, role: Role, input: &serde_json::Value) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for segments in self.pointers(role) {
+            crate::pointer::values_at(input, "", segments, &mut found);
+        }
+        if self.implicit {
+            found.retain(|(p, _)| input.pointer(p).is_some_and(serde_json::Value::is_string));
+        }
+        found
     }
 
     /// The pointers that have `role`.

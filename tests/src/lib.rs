@@ -34,6 +34,18 @@ pub fn services_required() -> bool {
     std::env::var("CHOIR_TEST_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
+/// Whether this test runs as root, which `what` needs (mounting a
+/// workspace image); when not, it says so and the test skips — unless every
+/// service is required (`make test` runs as root), then it fails.
+pub fn root_for(what: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    assert!(!services_required(), "{what} needs root (make test runs as root)");
+    eprintln!("skipping: {what} needs root");
+    false
+}
+
 /// Whether to keep temporary state after a test.
 pub fn keep() -> bool {
     std::env::var("CHOIR_TEST_KEEP").is_ok_and(|v| v == "1")

@@ -302,8 +302,7 @@ fn install_post(choird: &Choird, effect: &str) {
 #[test]
 fn regression_a_full_disk_ends_the_crash_loop_explained_and_the_outside_call_runs_once() {
     let Some(pg) = TestPg::start() else { return };
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: mounting the workspace image for the full disk needs root");
+    if !choir_tests::root_for("mounting the workspace image for the full disk") {
         return;
     }
     let outside = tempfile::tempdir().unwrap();

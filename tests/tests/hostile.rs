@@ -525,6 +525,12 @@ fn t2_regression_choird_ran_a_host_tool_call_the_argument_policy_sends_to_a_pers
     assert!(message.contains("from model"), "traced by choird to nobody: {body}");
     assert!(receiver.received().is_empty(), "nothing left the host");
     assert_eq!(audit_count(&pg, "action = 'EXECUTE_HOST_TOOL' AND outcome = 'not_confirmed'"), 1);
+    // Then a NUL in the input (which no stored approval can hold): the same
+    // clear refusal, not "database unavailable".
+    let (status, body) = post(&steal, json!({"notes": "all\u{0}of them"}), "p1-nul");
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("holds no approval"), "{body}");
+    assert!(receiver.received().is_empty(), "nothing left the host");
 
     // The user (Telegram user 502 is evil's) writes the address: now it runs.
     tg.user_says(TOKEN_A, 502, &format!("please post my notes to {steal}"));
@@ -1326,9 +1332,7 @@ fn t0_regression_one_agent_could_fill_the_hosts_disk_and_inodes_from_its_workspa
     else {
         return;
     };
-    if !rustix::process::geteuid().is_root() {
-        assert!(!choir_tests::services_required(), "the workspace quota test needs root (make test runs as root)");
-        eprintln!("skipping: mounting a workspace image needs root");
+    if !choir_tests::root_for("mounting a workspace image") {
         return;
     }
     // What the workspace held before it had a quota moves into its image.
@@ -1379,9 +1383,7 @@ fn t0_regression_one_agent_could_fill_the_hosts_disk_and_inodes_from_its_workspa
 
 #[test]
 fn a_workspace_image_never_hides_files_and_is_never_mounted_twice() {
-    if !rustix::process::geteuid().is_root() {
-        assert!(!choir_tests::services_required(), "the workspace image test needs root (make test runs as root)");
-        eprintln!("skipping: mounting a workspace image needs root");
+    if !choir_tests::root_for("mounting a workspace image") {
         return;
     }
     use choird::runtime::workspace::{is_mounted, prepare, release, Prepared};
@@ -1468,9 +1470,7 @@ fn loops_backing(image: &Path) -> usize {
 
 #[test]
 fn choird_workspaces_mounts_and_releases_every_agents_image_for_an_unprivileged_choird() {
-    if !rustix::process::geteuid().is_root() {
-        assert!(!choir_tests::services_required(), "the workspace image test needs root (make test runs as root)");
-        eprintln!("skipping: mounting a workspace image needs root");
+    if !choir_tests::root_for("mounting a workspace image") {
         return;
     }
     let mut config = test_config("http://127.0.0.1:9/v1", None, &["demo", "plain"]);

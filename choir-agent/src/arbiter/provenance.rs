@@ -219,8 +219,9 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
         if source == Source::User {
             model_said = false;
         }
+        let text = said(e);
         if source == Source::Model && traceable && !model_said {
-            model_said = choir_common::provenance::text_holds(kind, &norm, &said(e));
+            model_said = choir_common::provenance::text_holds(kind, &norm, &text);
         }
         if produced.is_none()
             && !model_said
@@ -234,7 +235,7 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
             texts.push((Source::Private, Cow::Owned(private.join("\n"))));
             from.push(Some(e));
         }
-        texts.push((source, said(e)));
+        texts.push((source, text));
         from.push(Some(e));
     }
     let borrowed: Vec<(Source, &str)> = texts.iter().map(|(s, t)| (*s, t.as_ref())).collect();
