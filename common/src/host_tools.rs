@@ -38,9 +38,10 @@ pub fn manifests() -> Vec<ToolManifest> {
                     "additionalProperties": false
                 }
             },
-            // What memory holds was written from anything an agent read: untrusted.
+            // What memory holds was written from anything an agent read:
+            // untrusted; and it is the user's: private.
             "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "read", "idempotent": true, "version": "1",
-                        "output_trust": "untrusted"}
+                        "output_trust": "untrusted", "private_fields": [""]}
         }),
         json!({
             "llm": {

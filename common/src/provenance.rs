@@ -401,6 +401,53 @@ fn holds_words(hay: &str, needle: &str) -> bool {
     })
 }
 
+/// Shortest secret-like token, and shortest text, that a private text can
+/// label: a shorter one (`hello`, `2024`) is found by accident in too many
+/// private files to mean anything.
+pub const MIN_PRIVATE: usize = 8;
+
+/// Words of a run of private text that label a text holding it.
+const PRIVATE_RUN: usize = 8;
+
+/// Runs of a value are looked for from every this many words.
+const PRIVATE_STEP: usize = 4;
+
+/// Whether `token` looks like a secret or an identifier (an API key, a
+/// password, a reference): at least [`MIN_PRIVATE`] characters holding
+/// both letters and digits.
+fn secret_like(token: &str) -> bool {
+    token.chars().count() >= MIN_PRIVATE
+        && token.chars().any(|c| c.is_ascii_digit())
+        && token.chars().any(|c| c.is_alphabetic())
+}
+
+/// The part of `value` that came from the private text `private`, if any:
+/// a secret-like token written in both (on word boundaries, as written: an
+/// API key in a URL's query, a password in a message), or a run of
+/// [`PRIVATE_RUN`] words of the value found there (runs are looked for from
+/// every [`PRIVATE_STEP`]th word, so any shared run of 11 words is found: a
+/// paragraph of a private note in a mail or a post).
+/// **Limits:** a secret of letters only is found only inside such a run;
+/// a private text retyped with any change is not found (the safe direction
+/// is the human's: the label is what asks).
+pub fn private_part(value: &str, private: &str) -> Option<String> {
+    let separators = |c: char| c.is_whitespace() || "\"'`()[]{}<>,;?&=#/|".contains(c);
+    for token in value.split(separators) {
+        let token = token.trim_matches(|c: char| ".:!*".contains(c));
+        if secret_like(token) && holds_words(private, token) {
+            return Some(token.to_owned());
+        }
+    }
+    let words: Vec<&str> = value.split_whitespace().collect();
+    if words.len() < PRIVATE_RUN {
+        return None;
+    }
+    let hay = private.split_whitespace().collect::<Vec<_>>().join(" ");
+    let last = words.len() - PRIVATE_RUN;
+    let starts = (0..=last).step_by(PRIVATE_STEP).chain(std::iter::once(last));
+    starts.map(|at| words[at..at + PRIVATE_RUN].join(" ")).find(|run| holds_words(&hay, run))
+}
+
 /// One place a traced value was seen: the index of the text among those
 /// given to [`trace`], its source, how the value is shown there, and whether
 /// it was an address, web address or number written inside the value
@@ -452,6 +499,8 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
                     echoed = true;
                     continue;
                 }
+                // A short text in a private file says nothing of where it came from.
+                Source::Private if kind == Kind::Text && norm.chars().count() < MIN_PRIVATE => continue,
                 Source::Untrusted => echoed = true,
                 Source::Trusted | Source::Operator if echoed => continue,
                 _ => {}
@@ -487,6 +536,18 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
             }
         }
     }
+    // A text or a link carrying a part of a private text carries its label.
+    if matches!(kind, Kind::Text | Kind::Url) && !sources.contains(&Source::Private) {
+        let part = texts
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| *s == Source::Private)
+            .find_map(|(index, (_, text))| private_part(value, text).map(|p| (index, p)));
+        if let Some((index, shown)) = part {
+            sources.insert(Source::Private);
+            seen.push(Seen { index, source: Source::Private, shown, entity: true });
+        }
+    }
     // A label is no origin: seen only as private, the value is the model's.
     if sources.iter().all(|s| *s == Source::Private) {
         sources.insert(Source::Model);
@@ -509,6 +570,33 @@ pub struct Found {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_carrying_part_of_a_private_text_is_labelled() {
+        let private = "# deploy.env\nDEPLOY_KEY=sk-live-4f9a8b2c77d1\nThe merger with Acme closes on the first of March, at forty dollars.";
+        // A secret-like token, wherever it is written (a URL's query, a message).
+        assert_eq!(
+            private_part("https://evil.test/c?k=sk-live-4f9a8b2c77d1&x=1", private).as_deref(),
+            Some("sk-live-4f9a8b2c77d1")
+        );
+        assert_eq!(private_part("key: 'sk-live-4f9a8b2c77d1'.", private).as_deref(), Some("sk-live-4f9a8b2c77d1"));
+        // A run of eight words, whitespace as it may be.
+        let run = "FYI:  The merger with Acme closes on\nthe first of March, at forty dollars. Cheers";
+        assert!(private_part(run, private).is_some());
+        // Not: a part of a token, a short or letters-only word, fewer words.
+        assert_eq!(private_part("sk-live-4f9a8b2c77d1x", private), None);
+        assert_eq!(private_part("deploy merger Acme March", private), None);
+        assert_eq!(private_part("The merger with Acme closes soon", private), None);
+        // Traced: the label joins the sources, shown where it was seen.
+        let texts = [(Source::User, "search the web for me"), (Source::Private, private)];
+        let found = trace("who leaked sk-live-4f9a8b2c77d1?", &texts);
+        assert!(found.sources.contains(&Source::Private), "{found:?}");
+        assert_eq!(
+            found.seen.iter().map(|s| (s.index, s.shown.as_str())).collect::<Vec<_>>(),
+            [(1, "sk-live-4f9a8b2c77d1")]
+        );
+        assert!(!trace("who leaked the weather report?", &texts).sources.contains(&Source::Private));
+    }
 
     #[test]
     fn values_are_normalised_by_kind() {

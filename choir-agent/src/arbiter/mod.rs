@@ -1018,7 +1018,14 @@ mod tests {
             arbiter.fields.trusted["x.drive.list"],
             vec![vec!["result".to_owned(), "*".to_owned(), "id".to_owned()]]
         );
-        assert_eq!(arbiter.fields.private.len(), 1);
+        assert_eq!(
+            arbiter.fields.private["x.drive.list"],
+            vec![vec!["result".to_owned(), "*".to_owned(), "secret".to_owned()]]
+        );
+        // The built-ins that read the user's files are private wholly.
+        for tool in ["choir.fs.read", "choir.fs.search", "choir.exec"] {
+            assert_eq!(arbiter.fields.private[tool], vec![Vec::<String>::new()], "{tool}");
+        }
     }
 
     #[test]
@@ -1053,6 +1060,43 @@ mod tests {
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
         let d = arbiter.decide(&lane, &call("x__chat__post", r#"{"channel": "x@evil.test"}"#), &history);
         assert!(matches!(d, Decision::NeedsApproval { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn regression_a_search_query_carrying_a_file_the_lane_read_went_out_unasked() {
+        use crate::origin::{Entry, Origin};
+        use choir_common::arg_policy::{PolicyFile, PolicySet, BUILT_IN, DEFAULT_POLICY};
+        use choir_common::trust::OutputTrust;
+        let dir = tempfile::tempdir().unwrap();
+        let mut finder = external("x.web.find", json!({"side_effect": "read", "roles": {"/query": "payload"}}));
+        finder["llm"]["parameters"] = json!({"type": "object", "properties": {"query": {"type": "string"}}});
+        let policy = Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default());
+        let known = [("choir.web.browse".to_owned(), None)].into();
+        policy.set(&PolicySet::merge([PolicyFile::parse(BUILT_IN, DEFAULT_POLICY, &known).unwrap()]));
+        let arbiter = Arbiter::new(Parts { policies: vec![policy], ..parts_with(dir.path(), &[("web", finder)]) });
+        let file = r#"{"output_trust":"untrusted","content":"DEPLOY_KEY=sk-live-4f9a8b2c77d1","status":"success","summary":"read deploy.env"}"#;
+        let lane_that_read = |tool: &str| {
+            vec![
+                Entry::user("find me a pizza place in Lyon"),
+                Entry::tool_result("c1", file, Origin::Tool { tool: tool.into(), trust: OutputTrust::Untrusted }),
+            ]
+        };
+        let mut lane = LaneCtx::new("edge", Lane::Edge);
+        lane.allowlist = Some(vec!["x.web.find".into(), "choir.fs.read".into()]);
+        let leak = call("x__web__find", r#"{"query": "sk-live-4f9a8b2c77d1"}"#);
+        let d = arbiter.decide(&lane, &leak, &lane_that_read("choir.fs.read"));
+        match d {
+            Decision::NeedsApproval { approval: Approval::Confirm { reason, .. }, .. } => {
+                assert!(reason.contains("private-data-out"), "{reason}");
+                assert!(reason.contains("private data in choir.fs.read's output"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+        // The user's query goes; and the same text from a tool whose output
+        // is not private (a page) is no private data (the negative control).
+        let asked = call("x__web__find", r#"{"query": "pizza Lyon"}"#);
+        assert!(matches!(arbiter.decide(&lane, &asked, &lane_that_read("choir.fs.read")), Decision::Allowed { .. }));
+        assert!(matches!(arbiter.decide(&lane, &leak, &lane_that_read("x.web.find")), Decision::Allowed { .. }));
     }
 
     #[test]

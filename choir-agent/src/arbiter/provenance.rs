@@ -92,6 +92,13 @@ fn field_values(e: &Entry, fields: Option<&FieldMap>, untrusted_only: bool) -> V
     values.into_iter().map(|(_, v)| v).collect()
 }
 
+/// Whether `e` is the result of a tool that declares its whole output
+/// private (the pointer `""`).
+fn wholly_private(e: &Entry, fields: Option<&Fields>) -> bool {
+    let Origin::Tool { tool, .. } = &e.origin else { return false };
+    fields.and_then(|f| f.private.get(tool)).is_some_and(|p| p.iter().any(Vec::is_empty))
+}
+
 /// One place a value was seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sighting {
@@ -229,11 +236,17 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
         {
             produced = Some(e);
         }
-        // Private fields label what they hold, wherever it goes next.
-        let private = field_values(e, ev.fields.map(|f| &f.private), false);
-        if !private.is_empty() {
-            texts.push((Source::Private, Cow::Owned(private.join("\n"))));
+        // Private fields label what they hold, wherever it goes next (a
+        // whole private result: all it says).
+        if wholly_private(e, ev.fields) {
+            texts.push((Source::Private, text.clone()));
             from.push(Some(e));
+        } else {
+            let private = field_values(e, ev.fields.map(|f| &f.private), false);
+            if !private.is_empty() {
+                texts.push((Source::Private, Cow::Owned(private.join("\n"))));
+                from.push(Some(e));
+            }
         }
         texts.push((source, text));
         from.push(Some(e));
@@ -249,7 +262,8 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
                 None => "the operator's identity and rules".to_owned(),
                 Some(e @ Entry { origin: Origin::Tool { tool, .. }, .. }) if f.source == Source::Private => {
                     let call = e.message.tool_call_id.as_deref().map(|c| format!(", call {c}")).unwrap_or_default();
-                    format!("a private field of {tool}'s output{call}")
+                    let what = if wholly_private(e, ev.fields) { "private data in" } else { "a private field of" };
+                    format!("{what} {tool}'s output{call}")
                 }
                 Some(e) => place_of(e),
             };

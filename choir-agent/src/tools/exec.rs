@@ -60,8 +60,10 @@ pub fn manifest() -> ToolManifest {
             "side_effect": "write",
             "idempotent": false,
             "version": "1",
-            // A command's output is whatever the programs it ran print: untrusted.
-            "output_trust": "untrusted"
+            // A command's output is whatever the programs it ran print
+            // (workspace files among it): untrusted, private.
+            "output_trust": "untrusted",
+            "private_fields": [""]
         }
     }))
 }

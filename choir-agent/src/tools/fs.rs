@@ -44,8 +44,10 @@ pub fn read_manifest() -> ToolManifest {
             "side_effect": "read",
             "idempotent": true,
             "version": "2",
-            // A workspace file can hold text from anywhere: untrusted.
-            "output_trust": "untrusted"
+            // A workspace file can hold text from anywhere: untrusted; and
+            // it is the user's: private, wherever it goes next.
+            "output_trust": "untrusted",
+            "private_fields": [""]
         }
     }))
 }

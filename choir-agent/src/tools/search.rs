@@ -45,8 +45,9 @@ pub fn manifest() -> ToolManifest {
             "side_effect": "read",
             "idempotent": true,
             "version": "1",
-            // Matching lines are workspace file content: untrusted.
-            "output_trust": "untrusted"
+            // Matching lines are workspace file content: untrusted, private.
+            "output_trust": "untrusted",
+            "private_fields": [""]
         }
     }))
 }

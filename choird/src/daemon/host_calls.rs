@@ -66,6 +66,28 @@ fn strings_in(v: &Value, out: &mut Vec<String>) {
 }
 
 impl Daemon {
+    /// What of `result` (a JSON text) `tool`'s manifest declares private:
+    /// all of it for the pointer `""`, else the values at its pointers.
+    /// `None` for a tool choird has no manifest of (the agent's built-ins:
+    /// their files are in the agent's hands anyway) or that declares none.
+    fn private_part(&self, tool: &str, result: &str) -> Option<String> {
+        let pointers = self.host_tools.manifest(tool)?.runtime.private_fields;
+        if pointers.is_empty() {
+            return None;
+        }
+        if pointers.iter().any(String::is_empty) {
+            return Some(result.to_owned());
+        }
+        let v: Value = serde_json::from_str(result).ok()?;
+        let mut values = Vec::new();
+        for p in &pointers {
+            if let Ok(segments) = choir_common::pointer::split(p) {
+                choir_common::pointer::values_at(&v, "", &segments, &mut values);
+            }
+        }
+        Some(values.into_iter().map(|(_, v)| v).collect::<Vec<_>>().join("\n"))
+    }
+
     /// Judges `req` by `who`'s argument policy over what choird witnessed;
     /// `Ok` when it may run.
     pub(super) fn judge_host_call(&self, who: &Authed, req: &ExecuteHostToolRequest) -> Result<(), Error> {
@@ -99,7 +121,14 @@ impl Daemon {
         // Reported results as their JSON text: an address or a web address
         // in it is found as it is; other text may hold escapes, which only
         // makes a value the model's rather than untrusted (neither vouches).
-        texts.extend(seen.results.into_iter().map(|r| (Source::Untrusted, r)));
+        // A result of a tool that declares private fields (received mail,
+        // Notion, memory) also labels what they hold.
+        for (tool, result) in seen.results {
+            if let Some(private) = self.private_part(&tool, &result) {
+                texts.push((Source::Private, private));
+            }
+            texts.push((Source::Untrusted, result));
+        }
         // JSON with escapes is also read decoded, as the agent reads it.
         let decoded: Vec<(Source, std::borrow::Cow<'_, str>)> =
             texts.iter().map(|(s, t)| (*s, choir_common::provenance::with_json_strings(t))).collect();

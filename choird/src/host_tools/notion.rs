@@ -275,7 +275,9 @@ impl HostTool for Notion {
                     "additionalProperties": false
                 }
             },
-            "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "read", "idempotent": true, "version": "1"}
+            // The user's pages: private wherever they go next.
+            "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "read", "idempotent": true, "version": "1",
+                        "private_fields": [""]}
         }))
         .ok()
     }

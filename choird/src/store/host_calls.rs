@@ -42,10 +42,10 @@ pub struct Witnessed {
     /// The specs of its scheduled jobs (set by the operator or approved by
     /// a person).
     pub jobs: Vec<Value>,
-    /// The results of the newest tool calls the agent reported, as JSON
-    /// text, each cut at [`EVIDENCE_RESULT_BYTES`] (the agent's word: never
-    /// more than untrusted).
-    pub results: Vec<String>,
+    /// The results of the newest tool calls the agent reported, each with
+    /// its tool's name, as JSON text, each cut at [`EVIDENCE_RESULT_BYTES`]
+    /// (the agent's word: never more than untrusted).
+    pub results: Vec<(String, String)>,
 }
 
 impl Store {
@@ -70,12 +70,12 @@ impl Store {
                 .collect();
             let results = c
                 .query(
-                    "SELECT left((event->'result')::text, $3) FROM commit_events
+                    "SELECT coalesce(event->>'tool', ''), left((event->'result')::text, $3) FROM commit_events
                      WHERE agent_id = $1 AND event ? 'result' ORDER BY seq DESC LIMIT $2",
                     &[&agent.as_str(), &EVIDENCE_EVENTS, &EVIDENCE_RESULT_BYTES],
                 )?
                 .iter()
-                .filter_map(|r| r.get::<_, Option<String>>(0))
+                .filter_map(|r| Some((r.get(0), r.get::<_, Option<String>>(1)?)))
                 .collect();
             Ok(Witnessed { user, jobs, results })
         })

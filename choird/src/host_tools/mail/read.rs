@@ -176,7 +176,9 @@ impl HostTool for Check {
                 "parameters": {"type": "object", "properties": {"mailbox": {"type": "string", "maxLength": 200}},
                                "additionalProperties": false}
             },
-            "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "read", "idempotent": true, "version": "1"}
+            // Received mail is the user's: private wherever it goes next.
+            "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "read", "idempotent": true, "version": "1",
+                        "private_fields": [""]}
         }))
         .ok()
     }
@@ -340,7 +342,7 @@ impl HostTool for Receive {
                 }
             },
             "runtime": {"timeout_ms": 60000, "network": true, "side_effect": "write", "idempotent": true, "version": "1",
-                        "locks": [{"resource": "choirtmp", "mode": "X"}]}
+                        "locks": [{"resource": "choirtmp", "mode": "X"}], "private_fields": [""]}
         }))
         .ok()
     }

@@ -82,7 +82,9 @@ impl HostTool for Search {
                     "additionalProperties": false
                 }
             },
-            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "read", "idempotent": true, "version": "1"}
+            // The query goes to the search engine: content sent out.
+            "runtime": {"timeout_ms": 30000, "network": true, "side_effect": "read", "idempotent": true, "version": "1",
+                        "roles": {"/query": "payload", "/freshness": "inert"}}
         }))
         .ok()
     }
