@@ -115,7 +115,12 @@ pub fn load(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<Polic
 
 /// Where the destinations remembered for `agent` are kept.
 pub fn remembered_file(home: &Home, agent: &AgentId) -> std::path::PathBuf {
-    home.root().join("remembered").join(format!("{agent}.json"))
+    remembered_dir(home).join(format!("{agent}.json"))
+}
+
+/// Where the remembered destinations of every agent are kept.
+pub fn remembered_dir(home: &Home) -> std::path::PathBuf {
+    home.root().join("remembered")
 }
 
 /// The remembered destinations of `agent` as written (expired ones too).
@@ -319,6 +324,33 @@ mod tests {
         assert!(e.contains("at most"), "{e}");
         assert_eq!(read_policy(&dir.path().join("none.json"), "none.json").unwrap(), None);
         assert!(read_policy(&secret, "secret.json").unwrap().is_some());
+    }
+
+    #[test]
+    fn an_agent_remembers_at_most_a_thousand_destinations_and_a_refused_one_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_path_buf());
+        let agent = AgentId::parse("demo").unwrap();
+        let until = choir_common::arg_policy::now_unix() + 86_400;
+        let many: Vec<String> = (0..MAX_REMEMBERED - 1).map(|i| format!("u{i}@corp.test")).collect();
+        remember(&home, &agent, &many, until, 1, "choir.email.send", "admin").unwrap();
+        let before = std::fs::read(remembered_file(&home, &agent)).unwrap();
+        // Two more would make 1,001: refused whole, the file unchanged.
+        let two = ["a@corp.test".to_owned(), "b@corp.test".to_owned()];
+        let e = remember(&home, &agent, &two, until, 2, "choir.email.send", "admin").unwrap_err();
+        assert!(e.contains("more than 1000 remembered destinations") && e.contains("forget some first"), "{e}");
+        assert_eq!(std::fs::read(remembered_file(&home, &agent)).unwrap(), before);
+        // One more fits; one already kept is renewed, not counted twice.
+        remember(&home, &agent, &two[..1], until, 3, "choir.email.send", "admin").unwrap();
+        remember(&home, &agent, &many[..1], until + 1, 4, "choir.email.send", "admin").unwrap();
+        let kept = read_remembered(&home, &agent).unwrap();
+        assert_eq!(kept.len(), MAX_REMEMBERED);
+        assert_eq!(kept.iter().find(|r| r.value == many[0]).map(|r| r.approval), Some(4));
+        // Expired ones make room.
+        let past = choir_common::arg_policy::now_unix() - 1;
+        remember(&home, &agent, &many[1..], past, 5, "choir.email.send", "admin").unwrap();
+        remember(&home, &agent, &two[1..], until, 6, "choir.email.send", "admin").unwrap();
+        assert_eq!(read_remembered(&home, &agent).unwrap().len(), 3);
     }
 
     #[test]

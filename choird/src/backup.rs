@@ -1,12 +1,14 @@
 //! `choirctl backup FILE` and `choirctl restore FILE`: one gzipped tar with
 //! everything a home needs to come back on another machine — `config.json`,
 //! `secrets.json`, `repos/` (the approved tools, skills and policies with
-//! their git history), the database (`pg_dump -Fc` of the managed cluster or
+//! their git history), `remembered/` (destinations operators approved and
+//! asked to remember), the database (`pg_dump -Fc` of the managed cluster or
 //! of `database_url`: commit logs, sessions, conversations, memory, approvals,
 //! audit) and, when asked, each agent's workspace.
 //!
 //! Layout: `choir-backup.json` (the manifest, always first), `config.json`,
-//! `secrets.json`, `repos/…`, `database.dump`, `workspaces/<agent>/…`.
+//! `secrets.json`, `repos/…`, `remembered/…`, `database.dump`,
+//! `workspaces/<agent>/…`.
 //!
 //! **Invariants:**
 //! - The archive holds secrets: it is created mode 0600, and `secrets.json`
@@ -169,6 +171,11 @@ pub fn write(
         summary.bytes += bytes.len() as u64;
     }
     append_tree(&mut tar, &home.repos(), Path::new("repos"), &mut summary)?;
+    // The destinations operators approved and asked to remember.
+    let remembered = crate::arg_policies::remembered_dir(home);
+    if remembered.is_dir() {
+        append_tree(&mut tar, &remembered, Path::new("remembered"), &mut summary)?;
+    }
     // The dump, through a private directory of the home (same file system).
     let tmp = tempfile::Builder::new()
         .prefix(".backup-")

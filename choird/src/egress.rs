@@ -216,6 +216,64 @@ pub fn origin_of(url: &url::Url) -> String {
 mod tests {
     use super::*;
 
+    /// A URL in the shapes people and attackers write around the one the
+    /// user gave (`https://hooks.corp.test/in`): case, ports, trailing dots,
+    /// user info, backslashes and missing slashes, encoded characters, dot
+    /// segments, a longer host, queries, fragments, punctuation after it.
+    fn url_like(g: &mut crate::test_gen::Gen) -> String {
+        let scheme = g.pick(&["https", "HTTPS", "http", "hTtPs"]);
+        let sep = g.pick(&["://", "://", ":/", ":\\\\", ":", "://\t"]);
+        let user = g.pick(&["", "", "", "hooks.corp.test@", "u:p@"]);
+        let host = g.pick(&[
+            "hooks.corp.test",
+            "HOOKS.Corp.TEST",
+            "hooks.corp.test.",
+            "hooks.corp.test.evil.test",
+            "evil.test",
+            "hooks%2ecorp.test",
+            "hooks.corp.test\\@evil.test",
+        ]);
+        let port = g.pick(&["", "", ":443", ":80", ":8443"]);
+        let path = g.pick(&["/in", "/in", "/IN", "/in/", "/x/../in", "/./in", "/in%2F", "", "/i%6E"]);
+        let tail = g.pick(&["", "", "?", "?a=b", "#top", "/", ".", ")"]);
+        format!("{scheme}{sep}{user}{host}{port}{path}{tail}")
+    }
+
+    #[test]
+    fn provenance_reads_a_url_as_the_client_and_the_browser_send_to_it() {
+        // The consumer: choird's HTTP client takes what `parse_web_url`
+        // returns (the WHATWG URL standard, as Chromium reads it too). A
+        // value traced to the user must go exactly where the user's went.
+        use choir_common::provenance::{trace, Source};
+        let texts = [(Source::User, "please post the minutes to https://hooks.corp.test/in")];
+        let target = |u: &url::Url| {
+            (
+                u.scheme().to_owned(),
+                u.host_str().map(str::to_owned),
+                u.port_or_known_default(),
+                u.path().to_owned(),
+                u.query().map(str::to_owned),
+            )
+        };
+        let users = target(&parse_web_url("https://hooks.corp.test/in").unwrap());
+        let mut g = crate::test_gen::Gen(0x853c_49e6_748f_ea9b);
+        let (mut sent, mut same, mut found) = (0, 0, 0);
+        for i in 0..4000 {
+            let value = url_like(&mut g);
+            let Ok(url) = parse_web_url(&value) else { continue };
+            sent += 1;
+            let goes_to_users = target(&url) == users;
+            same += usize::from(goes_to_users);
+            let from_user = trace(&value, &texts).sources.contains(&Source::User);
+            found += usize::from(from_user);
+            // Never traced to the user when it goes anywhere else.
+            assert!(!from_user || goes_to_users, "case {i}: {value:?} goes to {:?}", target(&url));
+        }
+        assert!(sent > 1500, "the generator makes mostly valid URLs: {sent}");
+        // Most ways of writing the user's own URL are recognised as it.
+        assert!(same > 50 && found * 10 >= same * 8, "{found} of {same} recognised");
+    }
+
     fn policy(allow: &[&str], deny: &[&str], addrs: &[&str]) -> Policy {
         Policy::new(&AgentWeb {
             allow_domains: allow.iter().map(|s| s.to_string()).collect(),

@@ -37,6 +37,8 @@ pub mod spawn;
 pub mod store;
 pub mod tasks;
 pub mod telegram;
+#[cfg(test)]
+mod test_gen;
 pub mod tool_list;
 pub mod upstream;
 pub mod workspace_files;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use choir_common::commit::canonical_json;
 use choir_common::ids::AgentId;
 use choir_common::manifest::{known_tool_names, load_tool_layer, reserved_tool_name, ToolManifest};
-use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
+use choir_common::rpc::{confirmed_calls, ApprovalRequest, ProposalKind, ProposalScope, MAX_CALLS_CONFIRMED};
 use choir_common::skill::{builtin_skill_names, parse_skill, SkillSpec};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -149,22 +149,42 @@ fn check_schedule(content: &Value) -> Result<String, Invalid> {
 /// Longest a lane waits for a confirmation.
 pub const MAX_CONFIRM_S: u64 = 3600;
 
-/// A confirmation request: one exact, named call; returns its subject.
+/// A confirmation request: one exact, named call, or the calls of one turn
+/// decided together (`calls`, 2 to [`MAX_CALLS_CONFIRMED`]); returns its
+/// subject.
 fn check_call(content: &Value) -> Result<String, Invalid> {
-    let tool = content["tool"].as_str().unwrap_or_default();
-    if choir_common::ids::validate_tool_name(tool).is_err() {
-        return Err(Invalid("tool: name the tool the call is of".into()));
-    }
-    if !content["input"].is_object() {
-        return Err(Invalid("input: the call's arguments, as an object".into()));
-    }
-    if !content["call_id"].as_str().is_some_and(|c| !c.is_empty() && c.len() <= 200) {
-        return Err(Invalid("call_id: the call's id".into()));
-    }
     if !content["timeout_s"].as_u64().is_some_and(|t| (1..=MAX_CONFIRM_S).contains(&t)) {
         return Err(Invalid(format!("timeout_s: how long the lane waits, 1 to {MAX_CONFIRM_S} seconds")));
     }
-    Ok(format!("call {tool}"))
+    let group = content.get("calls").is_some();
+    if group {
+        let n = content["calls"].as_array().map_or(0, Vec::len);
+        if !(2..=MAX_CALLS_CONFIRMED).contains(&n) {
+            return Err(Invalid(format!("calls: 2 to {MAX_CALLS_CONFIRMED} calls decided together")));
+        }
+        if content.get("tool").is_some() || content.get("input").is_some() {
+            return Err(Invalid("calls: the calls are its elements, with no tool or input beside them".into()));
+        }
+    }
+    let calls = confirmed_calls(content);
+    let mut tools: Vec<&str> = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        let at = if group { format!("calls[{i}].") } else { String::new() };
+        let tool = call["tool"].as_str().unwrap_or_default();
+        if choir_common::ids::validate_tool_name(tool).is_err() {
+            return Err(Invalid(format!("{at}tool: name the tool the call is of")));
+        }
+        if !call["input"].is_object() {
+            return Err(Invalid(format!("{at}input: the call's arguments, as an object")));
+        }
+        if !call["call_id"].as_str().is_some_and(|c| !c.is_empty() && c.len() <= 200) {
+            return Err(Invalid(format!("{at}call_id: the call's id")));
+        }
+        if !tools.contains(&tool) {
+            tools.push(tool);
+        }
+    }
+    Ok(if group { format!("{} calls: {}", calls.len(), tools.join(", ")) } else { format!("call {}", tools[0]) })
 }
 
 fn parse_manifest(v: &Value) -> Result<ToolManifest, Invalid> {
@@ -406,11 +426,19 @@ pub fn render(
             ));
         }
         ProposalKind::Call => {
-            out.push_str(&format!(
-                "runs once, exactly:\n{} {}",
-                content["tool"].as_str().unwrap_or("?"),
-                pretty(&content["input"])
-            ));
+            let calls = confirmed_calls(content);
+            let shown = |call: &Value| format!("{} {}", call["tool"].as_str().unwrap_or("?"), pretty(&call["input"]));
+            if let [call] = calls.as_slice() {
+                out.push_str(&format!("runs once, exactly:\n{}", shown(call)));
+            } else {
+                out.push_str(&format!(
+                    "runs each of these {} calls once, exactly (one decision for all):",
+                    calls.len()
+                ));
+                for (i, call) in calls.iter().enumerate() {
+                    out.push_str(&format!("\n{}. {}", i + 1, shown(call)));
+                }
+            }
         }
         _ => {
             for (rel, text) in files(home, agent, scope, kind, content) {

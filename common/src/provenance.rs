@@ -173,9 +173,22 @@ fn bare_host(host: &str) -> bool {
 }
 
 fn web_url(s: &str) -> Option<String> {
-    let s = s.trim().trim_end_matches(['.', ',', ';', ')', '"', '\'', '!', '?', ':']);
+    web_url_as(s.trim())
+}
+
+/// A web address written in prose: the punctuation that ends a sentence
+/// or a quotation after it is not part of it.
+fn web_url_in_prose(s: &str) -> Option<String> {
+    web_url_as(s.trim().trim_end_matches(['.', ',', ';', ')', '"', '\'', '!', '?', ':']))
+}
+
+/// The normal form of the web address `s` (whole, as the HTTP client and
+/// the browser read it: the WHATWG URL standard), if it is one.
+fn web_url_as(s: &str) -> Option<String> {
     let lower = s.to_ascii_lowercase();
-    let with_scheme = if lower.starts_with("http://") || lower.starts_with("https://") {
+    // `https:/x`, `https:\\x` and `https:x` are all `https://x/` to the
+    // standard's parser: a scheme is all it takes.
+    let with_scheme = if lower.starts_with("http:") || lower.starts_with("https:") {
         s.to_owned()
     } else if bare_host(s.split(['/', '?', '#']).next().unwrap_or_default()) {
         // `www.example.com/x` in prose: the same address as `http://…`.
@@ -257,13 +270,13 @@ pub fn values_in(kind: Kind, text: &str) -> BTreeSet<String> {
             let lower = text.to_ascii_lowercase();
             for (at, _) in lower.match_indices("http") {
                 let rest = &lower[at..];
-                if !(rest.starts_with("http://") || rest.starts_with("https://")) {
+                if !(rest.starts_with("http:") || rest.starts_with("https:")) {
                     continue;
                 }
                 let len = text[at..]
                     .find(|c: char| c.is_whitespace() || "<>\"'`{}|\\^(),".contains(c))
                     .unwrap_or(text.len() - at);
-                if let Some(u) = web_url(&text[at..at + len]) {
+                if let Some(u) = web_url_in_prose(&text[at..at + len]) {
                     out.insert(u);
                 }
             }
@@ -274,7 +287,7 @@ pub fn values_in(kind: Kind, text: &str) -> BTreeSet<String> {
                         || matches!(c, '<' | '>' | '"' | '\'' | '`' | '[' | ']' | '(' | ')' | '{' | '}' | ',')
                 })
                 .filter(|token| !token.contains("://"))
-                .filter_map(web_url),
+                .filter_map(web_url_in_prose),
             );
             out
         }

@@ -537,6 +537,21 @@ pub struct ApprovalRequest {
     pub conversation: Option<String>,
 }
 
+/// Most calls one confirmation holds (the calls of one model turn that each
+/// need a human, decided together).
+pub const MAX_CALLS_CONFIRMED: usize = 16;
+
+/// The calls a confirmation (a proposal of kind `call`) names, each an
+/// object `{"tool", "input", "call_id"}`: the content itself for one call,
+/// or each element of its `calls` for several decided together (as they
+/// are, unchecked: choird checks them when the proposal arrives).
+pub fn confirmed_calls(content: &serde_json::Value) -> Vec<&serde_json::Value> {
+    match content.get("calls").and_then(serde_json::Value::as_array) {
+        Some(calls) => calls.iter().collect(),
+        None => vec![content],
+    }
+}
+
 /// REQUEST_APPROVAL response: the proposal is stored, pending.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalResponse {

@@ -359,3 +359,78 @@ fn an_approved_destination_the_operator_asked_to_remember_needs_no_human_until_i
     });
     assert_eq!(sent(&choird).lines().count(), 2);
 }
+
+/// A model that, asked to "tell the team", reads the page and sends it to
+/// three people in one turn (three calls at once): to `to` each.
+fn team_model(to: [&'static str; 3]) -> FakeLlm {
+    FakeLlm::with_responder(move |req, _| {
+        let msgs = req["messages"].as_array()?;
+        let last = msgs.last()?.clone();
+        if last["role"] != "tool" {
+            return Some(Step::call("x.read", json!({})));
+        }
+        if tool_of_call(req, last["tool_call_id"].as_str()?) == "x__read" {
+            let calls = to.iter().map(|t| ("x.send".to_owned(), json!({"to": [t], "body": "the page"}).to_string()));
+            return Some(Step::ToolCalls(calls.collect()));
+        }
+        // The three results (the tool messages that end the history): what came of each.
+        let mut results: Vec<String> = msgs
+            .iter()
+            .rev()
+            .take_while(|m| m["role"] == "tool")
+            .filter_map(|m| serde_json::from_str::<Value>(m["content"].as_str()?).ok())
+            .map(|r| r["error"]["code"].as_str().unwrap_or("sent").to_owned())
+            .collect();
+        results.reverse();
+        Some(Step::Text(results.join(" ")))
+    })
+}
+
+/// The calls of one turn that each need a human are one decision: the
+/// human sees the three sends, each value's origin, and decides once;
+/// approved, the three go (and a call not in the decision still asks);
+/// rejected, none does and each is told why.
+#[test]
+fn the_calls_of_one_turn_that_need_a_human_are_decided_together() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = team_model(["a@evil.test", "b@evil.test", "c@evil.test"]);
+    let choird = setup(&pg, &fake);
+    std::thread::scope(|s| {
+        let chat = s.spawn(|| choird.ctl_ok(&["chat", "demo", "tell the team"]));
+        // One confirmation, not three.
+        let id = the_confirmation(&choird);
+        let shown = choird.ctl_ok(&["approvals", "show", &id]);
+        for want in [
+            "3 calls: x.send",
+            "3 calls of one turn each need a human; one decision covers them all",
+            "runs each of these 3 calls once",
+            "1. x.send",
+            "3. x.send",
+            "a@evil.test",
+            "c@evil.test",
+            "seen nowhere",
+        ] {
+            assert!(shown.contains(want), "{want:?} is not shown:\n{shown}");
+        }
+        assert_eq!(sent(&choird), "", "nothing is sent before a human decides");
+        choird.ctl_ok(&["approvals", "approve", &id]);
+        let answer = chat.join().unwrap();
+        assert_eq!(answer.trim(), "sent sent sent", "{answer}");
+    });
+    let log = sent(&choird);
+    for to in ["a@evil.test", "b@evil.test", "c@evil.test"] {
+        assert_eq!(log.matches(to).count(), 1, "{to} once:\n{log}");
+    }
+    assert!(pending_calls(&choird).is_empty());
+
+    // Rejected together: none goes, and each call is told why.
+    std::fs::remove_file(choird.workspace("demo").join("sent.log")).unwrap();
+    std::thread::scope(|s| {
+        let chat = s.spawn(|| choird.ctl_ok(&["chat", "demo", "tell the team again"]));
+        let id = the_confirmation(&choird);
+        choird.ctl_ok(&["approvals", "reject", &id, "--reason", "not these people"]);
+        let answer = chat.join().unwrap();
+        assert_eq!(answer.trim(), "not_confirmed not_confirmed not_confirmed", "{answer}");
+    });
+    assert_eq!(sent(&choird), "");
+}

@@ -46,6 +46,12 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     let fifo = ws.join("trap.fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
 
+    // A destination an operator approved and asked to remember.
+    let remembered = r#"{"remembered": [{"value": "bob@corp.test", "until_unix": 4102444800, "approval": 7,
+                                          "tool": "choir.email.send", "by": "admin"}]}"#;
+    std::fs::create_dir_all(old.home.path().join("remembered")).unwrap();
+    std::fs::write(old.home.path().join("remembered/demo.json"), remembered).unwrap();
+
     let out_dir = tempfile::tempdir().unwrap();
     let archive = out_dir.path().join("choir.tar.gz");
     let said = old.ctl_ok(&["backup", archive.to_str().unwrap(), "--workspaces"]);
@@ -81,6 +87,7 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     assert!(said.contains("restoring the database") && said.contains("restored into"), "{said}");
     let secrets = new.path().join("secrets.json");
     assert_eq!(std::fs::metadata(&secrets).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read_to_string(new.path().join("remembered/demo.json")).unwrap(), remembered);
     let new_ws = new.path().join("workspaces/demo");
     assert_eq!(std::fs::read_to_string(new_ws.join("notes.txt")).unwrap(), "shopping: tea");
     assert_eq!(std::fs::read_link(new_ws.join("passwd-link")).unwrap(), std::path::Path::new("/etc/passwd"));
@@ -121,6 +128,12 @@ fn a_backup_restores_into_another_database_named_at_restore() {
     let mut old = Choird::start(&config, &json!({"llm_key": "k"}));
     old.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(old.ctl_ok(&["chat", "demo", ASKED]).trim(), "noted");
+    // A destination an operator approved and asked to remember.
+    let remembered = r#"{"remembered": [{"value": "bob@corp.test", "until_unix": 4102444800, "approval": 7,
+                                          "tool": "choir.email.send", "by": "admin"}]}"#;
+    std::fs::create_dir_all(old.home.path().join("remembered")).unwrap();
+    std::fs::write(old.home.path().join("remembered/demo.json"), remembered).unwrap();
+
     let out_dir = tempfile::tempdir().unwrap();
     let archive = out_dir.path().join("choir.tar.gz");
     old.ctl_ok(&["backup", archive.to_str().unwrap()]);

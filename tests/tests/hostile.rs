@@ -564,6 +564,37 @@ fn t2_regression_choird_ran_a_host_tool_call_the_argument_policy_sends_to_a_pers
     let (status, body) = post(&other, json!({"n": 1}), "p5");
     assert_eq!(status, 403, "{body}");
     assert_eq!(receiver.received().len(), 2);
+
+    // Calls decided together: a malformed group never reaches a person.
+    let group = |calls: Value| {
+        evil.rpc(
+            "REQUEST_APPROVAL",
+            &json!({"kind": "call", "scope": "agent", "reason": "post them", "lane": "edge",
+                    "content": {"calls": calls, "timeout_s": 60}}),
+        )
+    };
+    let call =
+        |n: i64, id: &str| json!({"tool": "choir.http.post", "input": {"url": other, "json": {"n": n}}, "call_id": id});
+    for (calls, why) in [
+        (json!([call(3, "edge/c10")]), "2 to 16 calls"),
+        (json!((0..17).map(|i| call(i, &format!("edge/g{i}"))).collect::<Vec<_>>()), "2 to 16 calls"),
+        (json!([call(3, "edge/c10"), {"tool": "choir.http.post", "call_id": "edge/c11"}]), "calls[1].input"),
+    ] {
+        let (status, body) = group(calls);
+        assert_eq!(status, 422, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(why), "{body}");
+    }
+    // Each call of an approved group runs once, by one host call; nothing else.
+    let (status, asked) = group(json!([call(3, "edge/c10"), call(4, "edge/c11")]));
+    assert_eq!(status, 200, "{asked}");
+    let id = asked["approval_id"].as_i64().unwrap().to_string();
+    choird.ctl_ok(&["approvals", "approve", &id]);
+    assert_eq!(post(&other, json!({"n": 3}), "p6").0, 200);
+    assert_eq!(post(&other, json!({"n": 3}), "p7").0, 403, "the first call of the group is used");
+    assert_eq!(post(&other, json!({"n": 5}), "p8").0, 403, "not in the group");
+    assert_eq!(post(&other, json!({"n": 4}), "p9").0, 200);
+    assert_eq!(post(&other, json!({"n": 4}), "p10").0, 403, "the second call of the group is used");
+    assert_eq!(receiver.received().len(), 4);
 }
 
 /// What a tool's shell reaches for around it: it may not trace another

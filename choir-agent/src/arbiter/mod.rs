@@ -10,6 +10,8 @@
 //! 5. check the lease, the commit log's replication and the operator's kill
 //!    switch, then ask the call policies ([`crate::arbiter::policy`]);
 //! 6. for a call a human must confirm, ask one and wait (WAITING_APPROVAL);
+//!    the calls of one model turn that each need a human are asked about
+//!    together, once ([`Arbiter::confirm_together`]);
 //! 7. acquire the tool's whole lockset atomically (bounded wait);
 //! 8. for a call that must not run twice (a host tool that is not
 //!    idempotent), commit its intent; then execute, within the manifest's
@@ -105,6 +107,11 @@ pub struct ProposedCall {
     /// The JSON arguments, as a string, exactly as the model sent them.
     pub arguments: String,
 }
+
+/// What a human decided on the calls of one turn asked about together
+/// ([`Arbiter::confirm_together`]), by call id: the exact tool and input
+/// confirmed, or why not.
+pub type Together = std::collections::HashMap<String, Result<(String, Value), (Refusal, String)>>;
 
 /// What a human must do before a call may go on.
 #[derive(Debug, Clone)]
@@ -464,6 +471,19 @@ impl Arbiter {
     /// log cannot be written (the lane must stop: nothing may proceed
     /// unrecorded).
     pub fn invoke(&self, lane: &LaneCtx, call: &ProposedCall, history: &[Entry]) -> Result<Invocation, LogError> {
+        self.invoke_with(lane, call, history, &Together::new())
+    }
+
+    /// [`Arbiter::invoke`], for a call of a turn whose confirmations a
+    /// human decided `together`: a call to confirm that is exactly one they
+    /// confirmed runs without asking again; one they refused is refused.
+    pub fn invoke_with(
+        &self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        history: &[Entry],
+        together: &Together,
+    ) -> Result<Invocation, LogError> {
         // The tool as the model named it, canonical where the name has a canonical form.
         let canonical = canonical_tool_name(&call.name);
         let named = canonical.clone().unwrap_or_else(|| call.name.clone());
@@ -480,9 +500,13 @@ impl Arbiter {
                 tool,
                 input,
                 approval: Approval::Confirm { reason, resources, timeout, wait },
-            } => match self.confirm(lane, call, &tool, &input, &reason, wait) {
-                Ok(()) => self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?,
-                Err((refusal, why)) => self.refuse(lane, &named, Some(tool), input, refusal, why),
+            } => match self.confirmed_together(lane, call, &tool, &input, together) {
+                Some(Ok(())) => self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?,
+                Some(Err((refusal, why))) => self.refuse(lane, &named, Some(tool), input, refusal, why),
+                None => match self.confirm(lane, call, &tool, &input, &reason, wait) {
+                    Ok(()) => self.run(lane, call, &named, (tool, input), resources, timeout, history, &mut guard)?,
+                    Err((refusal, why)) => self.refuse(lane, &named, Some(tool), input, refusal, why),
+                },
             },
             Decision::Forbidden { tool, input, refusal, reason } => {
                 self.refuse(lane, &named, tool, input, refusal, reason)
@@ -596,25 +620,110 @@ impl Arbiter {
         reason: &str,
         wait: Duration,
     ) -> Result<(), (Refusal, String)> {
+        let wait = wait.clamp(Duration::from_secs(1), MAX_CONFIRM_WAIT);
+        let mut content = self.confirmed_call(lane, call, tool, input);
+        content["timeout_s"] = json!(wait.as_secs().max(1));
+        self.ask_human(lane, content, reason, wait, &format!("{tool} {}", call.id))
+    }
+
+    /// A call as a confirmation names it: the tool, its input (secrets
+    /// redacted), and an id unique among the lanes running now.
+    fn confirmed_call(&self, lane: &LaneCtx, call: &ProposedCall, tool: &str, input: &Value) -> Value {
+        let call_id: String = format!("{}/{}", lane.lane, call.id).chars().take(200).collect();
+        json!({"tool": tool, "input": self.secrets.redact(input), "call_id": call_id})
+    }
+
+    /// When two or more of a turn's `calls` each need a human to confirm
+    /// them, asks once for all of them (at most
+    /// [`choir_common::rpc::MAX_CALLS_CONFIRMED`]; more are asked about one
+    /// by one), each with its own reason, and waits as long as the longest
+    /// of their waits; what was decided, by call id. Empty when fewer than
+    /// two need a human (each is asked on its own, as ever). Nothing runs
+    /// here: each call still goes through [`Arbiter::invoke_with`], which
+    /// decides it again and runs it only if it is exactly what was
+    /// confirmed.
+    pub fn confirm_together(&self, lane: &LaneCtx, calls: &[ProposedCall], history: &[Entry]) -> Together {
+        let mut asked = Vec::new();
+        for call in calls {
+            if asked.len() == choir_common::rpc::MAX_CALLS_CONFIRMED {
+                break;
+            }
+            let canonical = canonical_tool_name(&call.name);
+            if let Decision::NeedsApproval { tool, input, approval: Approval::Confirm { reason, wait, .. } } =
+                self.decide_named(lane, call, canonical, history)
+            {
+                asked.push((call, tool, input, reason, wait));
+            }
+        }
+        if asked.len() < 2 || self.proposals.is_none() {
+            return Together::new();
+        }
+        let wait = asked.iter().map(|a| a.4).max().unwrap_or_default().clamp(Duration::from_secs(1), MAX_CONFIRM_WAIT);
+        let listed: Vec<Value> =
+            asked.iter().map(|(call, tool, input, ..)| self.confirmed_call(lane, call, tool, input)).collect();
+        let content = json!({"calls": listed, "timeout_s": wait.as_secs().max(1)});
+        let mut reason = format!("{} calls of one turn each need a human; one decision covers them all.", asked.len());
+        for (i, (_, _, _, why, _)) in asked.iter().enumerate() {
+            reason.push_str(&format!("\n{}. {why}", i + 1));
+        }
+        let ids: Vec<&str> = asked.iter().map(|a| a.0.id.as_str()).collect();
+        let decided =
+            self.ask_human(lane, content, &reason, wait, &format!("{} calls ({})", ids.len(), ids.join(", ")));
+        asked
+            .into_iter()
+            .map(|(call, tool, input, ..)| (call.id.clone(), decided.clone().map(|()| (tool, input))))
+            .collect()
+    }
+
+    /// What `together` says of `call` (`tool` with `input`): `None` when it
+    /// was not asked about with others (or not exactly as it is now).
+    fn confirmed_together(
+        &self,
+        lane: &LaneCtx,
+        call: &ProposedCall,
+        tool: &str,
+        input: &Value,
+        together: &Together,
+    ) -> Option<Result<(), (Refusal, String)>> {
+        match together.get(&call.id)? {
+            Ok((t, i)) if t == tool && i == input => {
+                // What stops any call also stops a confirmed one.
+                Some(match self.gate(lane) {
+                    Some((refusal, why)) => Err((refusal, format!("confirmed, but {why}"))),
+                    None => Ok(()),
+                })
+            }
+            Ok(_) => None,
+            Err(e) => Some(Err(e.clone())),
+        }
+    }
+
+    /// Submits the confirmation `content` (with `reason`) and waits for a
+    /// human's decision, at most `wait`; `what` names it in the log. `Ok`
+    /// once exactly this was confirmed and nothing since stops it.
+    fn ask_human(
+        &self,
+        lane: &LaneCtx,
+        content: Value,
+        reason: &str,
+        wait: Duration,
+        what: &str,
+    ) -> Result<(), (Refusal, String)> {
         let Some(sink) = self.proposals.as_ref() else {
             return Err((Refusal::ProposalUnavailable, "no human can be asked to confirm it from here".into()));
         };
-        let wait = wait.clamp(Duration::from_secs(1), MAX_CONFIRM_WAIT);
-        // The lane's name makes the id unique among the lanes running now.
-        let call_id: String = format!("{}/{}", lane.lane, call.id).chars().take(200).collect();
         let req = ApprovalRequest {
             kind: ProposalKind::Call,
             scope: ProposalScope::Agent,
-            content: json!({"tool": tool, "input": self.secrets.redact(input), "call_id": call_id,
-                            "timeout_s": wait.as_secs().max(1)}),
+            content,
             reason: reason.to_owned(),
             lane: lane.lane.clone(),
             skill: lane.skill.as_ref().map(|s| s.name.clone()),
             state: lane.skill.as_ref().map(|s| s.state.clone()),
             conversation: lane.conversation.clone(),
         };
-        // The exact call a human is asked about: a decision on anything else
-        // (another digest) does not run it.
+        // What exactly a human is asked about: a decision on anything else
+        // (another digest) runs nothing.
         let digest = hex::encode(sha2::Sha256::digest(canonical_json(&req.content).as_bytes()));
         let id = match sink.submit(&req, true) {
             Ok(r) if r.sha256 == digest => r.approval_id,
@@ -634,7 +743,7 @@ impl Arbiter {
                 return Err((Refusal::ProposalUnavailable, format!("no human could be asked to confirm it now: {why}")))
             }
         };
-        log::info!("{}: {tool} {} waits for a human to confirm it (approval {id})", lane.lane, call.id);
+        log::info!("{}: {what} waits for a human to confirm it (approval {id})", lane.lane);
         let board = self.board.as_ref();
         if let Some(b) = board {
             b.confirming(&lane.lane, true);
@@ -652,7 +761,7 @@ impl Arbiter {
                 ),
             )),
             Awaited::Decided(d) if d.status == "approved" => {
-                log::info!("{}: {tool} {} confirmed by {}", lane.lane, call.id, d.decided_by);
+                log::info!("{}: {what} confirmed by {}", lane.lane, d.decided_by);
                 // What stops any call also stops a confirmed one.
                 match self.gate(lane) {
                     Some((refusal, why)) => Err((refusal, format!("confirmed (approval {id}), but {why}"))),
@@ -1060,6 +1169,52 @@ mod tests {
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
         let d = arbiter.decide(&lane, &call("x__chat__post", r#"{"channel": "x@evil.test"}"#), &history);
         assert!(matches!(d, Decision::NeedsApproval { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn an_oversized_plan_is_refused_by_its_schema_and_fixes_no_intent() {
+        use crate::arbiter::intent::{lane_facts, IntentBy};
+        use crate::origin::{Entry, Origin};
+        use choir_common::trust::OutputTrust;
+        let dir = tempfile::tempdir().unwrap();
+        let arbiter = arbiter_with(dir.path(), &[]);
+        let lane = LaneCtx::new("edge", Lane::Edge);
+        let many: Vec<String> = (0..65).map(|i| format!("x.t{i}")).collect();
+        let cases = [
+            json!({"tools": many}),
+            json!({"tools": ["x.a"], "times": {"x.a": 1001}}),
+            json!({"tools": ["x.a", "x.a"]}),
+            json!({"tools": []}),
+            json!({"tools": ["x.a"], "why": "w".repeat(1001)}),
+            json!({"tools": ["x.a"], "also": "anything"}),
+        ];
+        for input in cases {
+            let proposed = call("choir__plan", &input.to_string());
+            let d = arbiter.decide(&lane, &proposed, &[Entry::user("hi")]);
+            assert!(matches!(d, Decision::Forbidden { refusal: Refusal::InvalidArguments, .. }), "{input}: {d:?}");
+            // What the lane then holds fixes no intent.
+            let inv = arbiter.invoke(&lane, &proposed, &[Entry::user("hi")]).unwrap();
+            let mut m = choir_common::openai::ChatMessage::text(choir_common::openai::Role::Assistant, "");
+            m.tool_calls = vec![choir_common::openai::ToolCall {
+                id: proposed.id.clone(),
+                kind: "function".into(),
+                function: choir_common::openai::FunctionCall {
+                    name: "choir__plan".into(),
+                    arguments: input.to_string(),
+                },
+            }];
+            let history = vec![
+                Entry::user("hi"),
+                Entry::model(m),
+                Entry::tool_result(
+                    &proposed.id,
+                    crate::arbiter::results::render(&inv).to_string(),
+                    Origin::Tool { tool: crate::tools::plan::PLAN_TOOL.into(), trust: OutputTrust::Trusted },
+                ),
+            ];
+            let ev = provenance::Evidence { history: &history, ..Default::default() };
+            assert_eq!(lane_facts(&lane, &ev).by, IntentBy::Nothing, "{input}");
+        }
     }
 
     #[test]

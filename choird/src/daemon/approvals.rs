@@ -307,7 +307,7 @@ impl Daemon {
         }
     }
 
-    /// Remembers the destinations of the confirmed call
+    /// Remembers the destinations of the confirmed calls in
     /// `content` for `agent` for `days`, audited, and sends the agent its
     /// policy with them; what was kept, for the record.
     fn remember_destinations(
@@ -318,23 +318,30 @@ impl Daemon {
         days: u64,
         by: &str,
     ) -> Result<String, String> {
-        let tool = content["tool"].as_str().unwrap_or_default();
-        let runtime = crate::arg_policies::runtime_of(&self.home, &self.host_tools, agent, tool);
-        let values = crate::arg_policies::destinations_of(runtime.as_ref(), &content["input"]);
-        if values.is_empty() {
-            return Ok(format!("nothing ({tool} has no destination)"));
-        }
         let until = choir_common::arg_policy::now_unix() + days * 86_400;
-        crate::arg_policies::remember(&self.home, agent, &values, until, id, tool, by)?;
-        self.audit(
-            by,
-            Some(agent),
-            "approval.remember",
-            "remembered",
-            json!({"approval": id, "tool": tool, "values": values, "until_unix": until}),
-        );
+        let mut kept: Vec<String> = Vec::new();
+        for call in choir_common::rpc::confirmed_calls(content) {
+            let tool = call["tool"].as_str().unwrap_or_default();
+            let runtime = crate::arg_policies::runtime_of(&self.home, &self.host_tools, agent, tool);
+            let values = crate::arg_policies::destinations_of(runtime.as_ref(), &call["input"]);
+            if values.is_empty() {
+                continue;
+            }
+            crate::arg_policies::remember(&self.home, agent, &values, until, id, tool, by)?;
+            self.audit(
+                by,
+                Some(agent),
+                "approval.remember",
+                "remembered",
+                json!({"approval": id, "tool": tool, "values": values, "until_unix": until}),
+            );
+            kept.extend(values.into_iter().filter(|v| !kept.contains(v)).collect::<Vec<_>>());
+        }
+        if kept.is_empty() {
+            return Ok("nothing (no call has a destination)".into());
+        }
         self.reload_policies(by);
-        Ok(values.join(", "))
+        Ok(kept.join(", "))
     }
 
     /// Rejects proposal `id`, with a reason the agent is told.

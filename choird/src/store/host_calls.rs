@@ -84,31 +84,61 @@ impl Store {
     /// Uses up a person's approval of exactly this call — `tool` with
     /// `input`, for `agent`, approved within the last day and not used by
     /// another call — for the host call `marker`; true if there was one. A
-    /// retry of the same call (same marker) finds its approval again.
+    /// retry of the same call (same marker) finds its approval again. A
+    /// confirmation of several calls decided together is used once per call
+    /// it names (each call of it by one host call).
     pub fn use_call_approval(&self, agent: &AgentId, tool: &str, input: &Value, marker: &str) -> Result<bool, DbError> {
         // No approval holds a NUL (PostgreSQL's jsonb cannot): none to use,
         // and the database is not asked what it cannot answer.
         if input.to_string().contains("\\u0000") {
             return Ok(false);
         }
-        // Its `applied` record says what used it: `…; used by host call <marker>`.
+        // Its `applied` record says what used it: `…; used by host call
+        // <marker>`, and for one of several calls ` as call #<n>.`.
         let used = format!("; used by host call {marker:?}");
         self.db.with(|c| {
-            let row = c.query_opt(
-                "UPDATE approvals SET applied = CASE WHEN strpos(coalesce(applied, ''), $4) > 0 THEN applied
-                                                   ELSE coalesce(applied, '') || $4 END
-                 WHERE id = (
-                     SELECT id FROM approvals
-                     WHERE agent_id = $1 AND kind = 'call' AND status = 'approved'
-                       AND decided_at > now() - interval '1 day'
-                       AND content::jsonb ->> 'tool' = $2 AND content::jsonb -> 'input' = $3
-                       AND (strpos(coalesce(applied, ''), '; used by host call ') = 0
-                            OR strpos(coalesce(applied, ''), $4) > 0)
-                     ORDER BY strpos(coalesce(applied, ''), $4) = 0, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                 RETURNING id",
-                &[&agent.as_str(), &tool, input, &used],
+            let mut tx = c.transaction()?;
+            let rows = tx.query(
+                "SELECT id, content, coalesce(applied, '') FROM approvals
+                 WHERE agent_id = $1 AND kind = 'call' AND status = 'approved'
+                   AND decided_at > now() - interval '1 day'
+                   AND (content::jsonb ->> 'tool' = $2 AND content::jsonb -> 'input' = $3
+                        OR EXISTS (SELECT 1 FROM jsonb_array_elements(
+                                       CASE WHEN jsonb_typeof(content::jsonb -> 'calls') = 'array'
+                                            THEN content::jsonb -> 'calls' ELSE '[]'::jsonb END) AS e
+                                   WHERE e ->> 'tool' = $2 AND e -> 'input' = $3))
+                 ORDER BY id FOR UPDATE",
+                &[&agent.as_str(), &tool, input],
             )?;
-            Ok(row.is_some())
+            // Each (approval, its record, the mark this call would leave on it, whether that call of it is used).
+            let mut candidates = Vec::new();
+            for row in &rows {
+                let (id, content, applied): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
+                let content: Value = serde_json::from_str(&content).unwrap_or(Value::Null);
+                let group = content.get("calls").is_some();
+                for (i, call) in choir_common::rpc::confirmed_calls(&content).into_iter().enumerate() {
+                    if call["tool"] != tool || call["input"] != *input {
+                        continue;
+                    }
+                    let (mark, taken) = if group {
+                        let which = format!(" as call #{}.", i + 1);
+                        (format!("{used}{which}"), applied.contains(&which))
+                    } else {
+                        (used.clone(), applied.contains("; used by host call "))
+                    };
+                    candidates.push((id, applied.contains(&mark), mark, taken));
+                }
+            }
+            // A retry finds what it used; else the oldest call not used.
+            if candidates.iter().any(|(_, mine, _, _)| *mine) {
+                return Ok(true);
+            }
+            let Some((id, _, mark, _)) = candidates.into_iter().find(|(_, _, _, taken)| !taken) else {
+                return Ok(false);
+            };
+            tx.execute("UPDATE approvals SET applied = coalesce(applied, '') || $2 WHERE id = $1", &[&id, &mark])?;
+            tx.commit()?;
+            Ok(true)
         })
     }
 

@@ -226,20 +226,7 @@ mod tests {
     use choir_common::provenance::{normalise, text_holds, trace, values_in, Kind, Source};
     use lettre::message::Mailbox;
 
-    /// A small deterministic generator (xorshift), so a failure names its case.
-    struct Gen(u64);
-
-    impl Gen {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-            from[(self.next() % from.len() as u64) as usize]
-        }
-    }
+    use crate::test_gen::Gen;
 
     /// A recipient in the shapes people and attackers write: plain, tagged,
     /// display names (quoted, with `<` or `@` in them), quoted local parts
