@@ -209,37 +209,52 @@ fn main() {
         kind: "function".into(),
         function: choir_common::openai::FunctionCall {
             name: "choir__plan".into(),
-            arguments: r#"{"tools": ["x.mail.send", "choir.email.receive"]}"#.into(),
+            arguments: r#"{"tools": ["x.mail.send", "choir.fs.read"]}"#.into(),
         },
     }];
     planned.push(Entry::model(plan));
     planned.push(Entry::tool_result(
         "p",
-        r#"{"status": "success", "summary": "planned: x.mail.send, choir.email.receive"}"#,
+        r#"{"status": "success", "summary": "planned: x.mail.send, choir.fs.read"}"#,
         Origin::Tool { tool: "choir.plan".into(), trust: OutputTrust::Trusted },
     ));
-    planned.extend(history[1..48].iter().cloned());
+    // The same texts, read from workspace files: private wholly, so every
+    // value is also looked for in each of them as private data.
+    planned.extend(history[1..48].iter().cloned().map(|mut e| {
+        e.origin = Origin::Tool { tool: "choir.fs.read".into(), trust: OutputTrust::Untrusted };
+        e
+    }));
     let send = ProposedCall {
         id: "c".into(),
         name: "x__mail__send".into(),
         arguments: r#"{"to": "boss@corp.test", "body": "The summary: numbers are attached, reply by Friday."}"#.into(),
     };
     let any_tool = LaneCtx::new("edge", Lane::Edge);
-    let mut samples = Vec::with_capacity(2_000);
+    // Timed in turns with the single-rule decision above, so the ratio of
+    // the two holds whatever else the shared machine is doing.
+    let (mut samples, mut single) = (Vec::with_capacity(2_000), Vec::with_capacity(2_000));
     for _ in 0..2_000 {
         let t = Instant::now();
         let d = shipped.decide(&any_tool, &send, &planned);
         samples.push(t.elapsed().as_nanos() as u64);
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
+        let t = Instant::now();
+        let d = guarded.decide(&lane, &traced, &history);
+        single.push(t.elapsed().as_nanos() as u64);
+        assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
     }
     let (p50, p99) = percentiles(samples);
+    let (single_p50, _) = percentiles(single);
     let bytes: usize = planned.iter().filter_map(|e| e.message.content.as_ref()).map(String::len).sum();
     println!(
-        "arbiter decision under the shipped default (roles, intent), {} entries ({} KB): p50 {}  p99 {}",
+        "arbiter decision under the shipped default (roles, intent, private labels), {} entries ({} KB): p50 {}  p99 {}; \
+         {:.1}x the single-rule decision timed in turns with it (p50 {})",
         planned.len(),
         bytes / 1024,
         fmt_ns(p50),
-        fmt_ns(p99)
+        fmt_ns(p99),
+        p50 as f64 / single_p50 as f64,
+        fmt_ns(single_p50)
     );
 
     // --- Locks -------------------------------------------------------------

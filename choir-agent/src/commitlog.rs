@@ -149,7 +149,9 @@ impl CommitLog {
         let io = |source| LogError::Io { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
         let lock = lock_dir(dir, &path, wait)?;
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
+        let mut file = private(OpenOptions::new().read(true).append(true).create(true)).open(&path).map_err(io)?;
+        // A log an older agent made readable to others is made private.
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io)?;
         let mut data = Vec::new();
         file.read_to_end(&mut data).map_err(io)?;
 
@@ -214,10 +216,7 @@ impl CommitLog {
                 std::fs::rename(&self.path, &aside)
                     .map_err(|source| LogError::Io { path: self.path.clone(), source })?;
             }
-            self.file = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
+            self.file = private(OpenOptions::new().read(true).append(true).create(true))
                 .open(&self.path)
                 .map_err(|source| LogError::Io { path: self.path.clone(), source })?;
             self.head = replicated.clone();
@@ -686,6 +685,11 @@ impl DurableLog {
     pub fn head(&self) -> ChainHead {
         self.log.lock().head().clone()
     }
+}
+
+/// `options` creating a file only its owner reads (mode 0600).
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600)
 }
 
 /// Takes `dir/agent.lock` (flock), waiting up to `wait` for a previous

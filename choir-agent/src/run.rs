@@ -74,6 +74,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot write {}", ignore.display()))?;
         }
     }
+    // The agent's state (its commit log: every tool input and result) is
+    // its own: no other local user reads it, whatever the umask.
+    std::fs::set_permissions(&state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", state_dir.display()))?;
     let (mut log, report) = CommitLog::open(&state_dir)?;
     log::info!("commit log: {} events, head {}", report.events, log.head().seq);
 

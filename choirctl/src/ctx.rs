@@ -16,13 +16,13 @@ pub(crate) struct Ctx {
 /// parses to the same value (`text::clean_json`; `say!`'s escaping would
 /// not parse).
 pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", choir_common::text::clean_json(&serde_json::to_string_pretty(v)?));
+    crate::term::out(&format!("{}\n", choir_common::text::clean_json(&serde_json::to_string_pretty(v)?)));
     Ok(())
 }
 
 /// Prints a value as one line of JSON (JSON lines: `logs`, followed
 /// events), escaped as [`print_json`] does.
 pub(crate) fn print_json_line(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", choir_common::text::clean_json(&serde_json::to_string(v)?));
+    crate::term::out(&format!("{}\n", choir_common::text::clean_json(&serde_json::to_string(v)?)));
     Ok(())
 }

@@ -7,14 +7,33 @@
 //! **Invariant:** everything choirctl writes to a terminal goes through
 //! [`clean`] (the `say!` macros do it); fields printed within a line go
 //! through [`one_line`] too. Both are `choir_common::text`'s.
+//! **Invariant:** standard output is written only through [`out`]: a reader
+//! that went away (`choirctl status | head -3`) ends choirctl quietly with
+//! status 0, as `ls | head` does from the shell's view, never a panic.
+
+use std::io::Write;
 
 pub use choir_common::text::{clean, one_line};
 
-/// `println!` through [`clean`].
+/// Writes `text` to standard output. A closed pipe ends the program at
+/// once, quietly, with status 0 (what was wanted was read); another error
+/// is said once on standard error, status 1.
+pub fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("choirctl: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`clean`] and [`out`].
 #[macro_export]
 macro_rules! say {
-    () => { println!() };
-    ($($arg:tt)*) => { println!("{}", $crate::term::clean(&format!($($arg)*))) };
+    () => { $crate::term::out("\n") };
+    ($($arg:tt)*) => { $crate::term::out(&format!("{}\n", $crate::term::clean(&format!($($arg)*)))) };
 }
 
 /// `eprintln!` through [`clean`].
@@ -23,8 +42,8 @@ macro_rules! say_err {
     ($($arg:tt)*) => { eprintln!("{}", $crate::term::clean(&format!($($arg)*))) };
 }
 
-/// `print!` through [`clean`].
+/// `print!` through [`clean`] and [`out`].
 #[macro_export]
 macro_rules! say_raw {
-    ($($arg:tt)*) => { print!("{}", $crate::term::clean(&format!($($arg)*))) };
+    ($($arg:tt)*) => { $crate::term::out(&$crate::term::clean(&format!($($arg)*))) };
 }

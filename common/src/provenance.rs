@@ -406,7 +406,8 @@ fn holds_words(hay: &str, needle: &str) -> bool {
     let edge_in = |s: &str| word(s.chars().next());
     let edge_out = |s: &str| word(s.chars().next_back());
     let (starts_word, ends_word) = (edge_in(needle), edge_out(needle));
-    hay.match_indices(needle).any(|(i, _)| {
+    // A needle found in UTF-8 starts and ends on character boundaries.
+    memchr::memmem::find_iter(hay.as_bytes(), needle.as_bytes()).any(|i| {
         let before = hay[..i].chars().next_back();
         let after = hay[i + needle.len()..].chars().next();
         let glued = (starts_word && word(before)) || (ends_word && word(after));
@@ -444,21 +445,69 @@ fn secret_like(token: &str) -> bool {
 /// a private text retyped with any change is not found (the safe direction
 /// is the human's: the label is what asks).
 pub fn private_part(value: &str, private: &str) -> Option<String> {
+    private_part_of(value, &[private]).map(|(_, part)| part)
+}
+
+/// [`private_part`] over several private texts at once (each needle is
+/// prepared once): the index of the first text that holds a part, and it.
+fn private_part_of(value: &str, privates: &[&str]) -> Option<(usize, String)> {
+    if privates.is_empty() {
+        return None;
+    }
     let separators = |c: char| c.is_whitespace() || "\"'`()[]{}<>,;?&=#/|".contains(c);
     for token in value.split(separators) {
         let token = token.trim_matches(|c: char| ".:!*".contains(c));
-        if secret_like(token) && holds_words(private, token) {
-            return Some(token.to_owned());
+        if secret_like(token) {
+            if let Some(i) = privates.iter().position(|p| holds_words(p, token)) {
+                return Some((i, token.to_owned()));
+            }
         }
     }
     let words: Vec<&str> = value.split_whitespace().collect();
     if words.len() < PRIVATE_RUN {
         return None;
     }
-    let hay = private.split_whitespace().collect::<Vec<_>>().join(" ");
     let last = words.len() - PRIVATE_RUN;
-    let starts = (0..=last).step_by(PRIVATE_STEP).chain(std::iter::once(last));
-    starts.map(|at| words[at..at + PRIVATE_RUN].join(" ")).find(|run| holds_words(&hay, run))
+    let starts = (0..=last).step_by(PRIVATE_STEP).chain((!last.is_multiple_of(PRIVATE_STEP)).then_some(last));
+    for run in starts.map(|at| &words[at..at + PRIVATE_RUN]) {
+        // The run's longest word: the fewest false starts and the fastest scan.
+        let Some((k, anchor)) = run.iter().enumerate().max_by_key(|(_, w)| w.len()) else { continue };
+        let finder = memchr::memmem::Finder::new(anchor.as_bytes());
+        for (i, hay) in privates.iter().enumerate() {
+            if finder.find_iter(hay.as_bytes()).any(|at| run_around(hay, run, k, at)) {
+                return Some((i, run.join(" ")));
+            }
+        }
+    }
+    None
+}
+
+/// Whether `hay` holds the words of `run` one after another, separated by
+/// any whitespace, on word boundaries, with its `k`th word at byte `i`
+/// (read in place: no copy of `hay`).
+fn run_around(hay: &str, run: &[&str], k: usize, i: usize) -> bool {
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut end = i + run[k].len();
+    for w in &run[k + 1..] {
+        let gap = hay[end..].len() - hay[end..].trim_start().len();
+        if gap == 0 || !hay[end + gap..].starts_with(w) {
+            return false;
+        }
+        end += gap + w.len();
+    }
+    let mut start = i;
+    for w in run[..k].iter().rev() {
+        let gap = hay[..start].len() - hay[..start].trim_end().len();
+        if gap == 0 || !hay[..start - gap].ends_with(w) {
+            return false;
+        }
+        start -= gap + w.len();
+    }
+    let first = run.first().and_then(|w| w.chars().next());
+    let last = run.last().and_then(|w| w.chars().next_back());
+    let glued_before = word(first) && word(hay[..start].chars().next_back());
+    let glued_after = word(last) && word(hay[end..].chars().next());
+    !(glued_before || glued_after)
 }
 
 /// One place a traced value was seen: the index of the text among those
@@ -503,8 +552,16 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
         // is an echo (an error, a refusal, a rejection quoting it) and
         // vouches for nothing. The user's own word always counts.
         let mut echoed = false;
+        // A text given twice in a row (an untrusted result that is also
+        // private) is searched once.
+        let mut last: Option<(*const u8, usize, bool)> = None;
         for (index, (source, text)) in texts.iter().enumerate() {
-            if text.is_empty() || !text_holds(kind, norm, text) {
+            let holds = match last {
+                Some((ptr, len, holds)) if ptr == text.as_ptr() && len == text.len() => holds,
+                _ => !text.is_empty() && text_holds(kind, norm, text),
+            };
+            last = Some((text.as_ptr(), text.len(), holds));
+            if !holds {
                 continue;
             }
             match source {
@@ -551,12 +608,10 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
     }
     // A text or a link carrying a part of a private text carries its label.
     if matches!(kind, Kind::Text | Kind::Url) && !sources.contains(&Source::Private) {
-        let part = texts
-            .iter()
-            .enumerate()
-            .filter(|(_, (s, _))| *s == Source::Private)
-            .find_map(|(index, (_, text))| private_part(value, text).map(|p| (index, p)));
-        if let Some((index, shown)) = part {
+        let (at, privates): (Vec<usize>, Vec<&str>) =
+            texts.iter().enumerate().filter(|(_, (s, _))| *s == Source::Private).map(|(i, (_, t))| (i, *t)).unzip();
+        if let Some((i, shown)) = private_part_of(value, &privates) {
+            let index = at[i];
             sources.insert(Source::Private);
             seen.push(Seen { index, source: Source::Private, shown, entity: true });
         }

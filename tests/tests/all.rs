@@ -11,6 +11,7 @@ mod arg_policy;
 mod backup;
 mod bad_input;
 mod catalog;
+mod cli;
 mod clients;
 mod code_order;
 mod cognition;

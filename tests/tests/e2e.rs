@@ -75,6 +75,15 @@ fn a_message_goes_through_every_component_and_back() {
     assert_eq!(result["status"], "success");
     assert_eq!(result["path"], "notes/hello.txt");
 
+    // The agent's state (every tool input and result) is its own: another
+    // local user reads neither the directory nor the log.
+    let mode = |p: &str| {
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(choird.workspace("demo").join(p)).unwrap().permissions(),
+        ) & 0o777
+    };
+    assert_eq!((mode(".choir"), mode(".choir/commit.log")), (0o700, 0o600));
+
     // The commit event is in the agent's log and, replicated, in Postgres.
     let local = std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();
     let local: Vec<CommitEvent> = local.lines().map(|l| serde_json::from_str(l).unwrap()).collect();

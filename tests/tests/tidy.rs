@@ -36,7 +36,12 @@ fn every_rust_file_opens_with_a_doc_line_and_nothing_is_ignored() {
 fn the_systemd_unit_bounds_choird() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let unit = std::fs::read_to_string(root.join("packaging/choird.service")).unwrap();
-    for key in ["LimitNOFILE=", "TasksMax=", "MemoryMax=", "NoNewPrivileges=yes"] {
+    // KillMode=mixed: choird alone gets SIGTERM and stops what it started in
+    // order (the harness stops it the same way); without it, its database
+    // died under its last audit records.
+    for key in
+        ["LimitNOFILE=", "TasksMax=", "MemoryMax=", "NoNewPrivileges=yes", "KillMode=mixed", "ProtectKernelModules=yes"]
+    {
         assert!(unit.lines().any(|l| l.starts_with(key)), "packaging/choird.service has no {key}");
     }
 }

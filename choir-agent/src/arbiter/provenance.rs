@@ -208,6 +208,8 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
     // operator's words).
     let mut texts: Vec<(Source, Cow<'_, str>)> = Vec::new();
     let mut from: Vec<Option<&Entry>> = Vec::new();
+    // The indices in `texts` of results private as a whole.
+    let mut private_whole: Vec<usize> = Vec::new();
     if !ev.operator.is_empty() {
         texts.push((Source::Operator, Cow::Borrowed(ev.operator)));
         from.push(None);
@@ -237,10 +239,10 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
             produced = Some(e);
         }
         // Private fields label what they hold, wherever it goes next (a
-        // whole private result: all it says).
+        // whole private result: all it says, given right after it so it is
+        // searched once).
         if wholly_private(e, ev.fields) {
-            texts.push((Source::Private, text.clone()));
-            from.push(Some(e));
+            private_whole.push(texts.len());
         } else {
             let private = field_values(e, ev.fields.map(|f| &f.private), false);
             if !private.is_empty() {
@@ -251,7 +253,18 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
         texts.push((source, text));
         from.push(Some(e));
     }
-    let borrowed: Vec<(Source, &str)> = texts.iter().map(|(s, t)| (*s, t.as_ref())).collect();
+    let mut borrowed: Vec<(Source, &str)> = Vec::with_capacity(texts.len() + private_whole.len());
+    let mut from_all = Vec::with_capacity(borrowed.capacity());
+    let mut whole = private_whole.iter().peekable();
+    for (i, (s, t)) in texts.iter().enumerate() {
+        borrowed.push((*s, t.as_ref()));
+        from_all.push(from[i]);
+        if whole.next_if(|&&w| w == i).is_some() {
+            borrowed.push((Source::Private, t.as_ref()));
+            from_all.push(from[i]);
+        }
+    }
+    let from = from_all;
     let found = choir_common::provenance::trace(value, &borrowed);
     let (mut sources, carried) = (found.sources, found.carried);
     let mut seen: Vec<Sighting> = found
@@ -268,7 +281,7 @@ pub fn trace(value: &str, ev: &Evidence<'_>) -> Trace {
                 Some(e) => place_of(e),
             };
             let place = if f.entity { format!("{place} (it holds {})", f.shown) } else { place };
-            Sighting { source: f.source, place, excerpt: excerpt(&texts[f.index].1, &f.shown) }
+            Sighting { source: f.source, place, excerpt: excerpt(borrowed[f.index].1, &f.shown) }
         })
         .collect();
     if let Some(e @ Entry { origin: Origin::Tool { tool, .. }, .. }) = produced {
