@@ -154,9 +154,13 @@ impl Mind {
         let results: Vec<Result<Invocation, LogError>> = if proposed.len() == 1 {
             vec![self.arbiter.invoke(lane, &proposed[0], history)]
         } else {
+            // The calls of this turn that each need a human are asked about once.
+            let together = self.arbiter.confirm_together(lane, &proposed, history);
             std::thread::scope(|s| {
-                let handles: Vec<_> =
-                    proposed.iter().map(|p| s.spawn(|| self.arbiter.invoke(lane, p, history))).collect();
+                let handles: Vec<_> = proposed
+                    .iter()
+                    .map(|p| s.spawn(|| self.arbiter.invoke_with(lane, p, history, &together)))
+                    .collect();
                 handles
                     .into_iter()
                     .zip(&proposed)
