@@ -218,8 +218,11 @@ fn main() {
         r#"{"status": "success", "summary": "planned: x.mail.send, choir.fs.read"}"#,
         Origin::Tool { tool: "choir.plan".into(), trust: OutputTrust::Trusted },
     ));
-    // The same texts, read from workspace files: private wholly, so every
-    // value is also looked for in each of them as private data.
+    // The same texts as mail (no manifest here: nothing private), and as
+    // workspace files (private wholly: every value is also looked for in
+    // each of them as private data).
+    let mut from_mail = planned.clone();
+    from_mail.extend(history[1..48].iter().cloned());
     planned.extend(history[1..48].iter().cloned().map(|mut e| {
         e.origin = Origin::Tool { tool: "choir.fs.read".into(), trust: OutputTrust::Untrusted };
         e
@@ -230,13 +233,18 @@ fn main() {
         arguments: r#"{"to": "boss@corp.test", "body": "The summary: numbers are attached, reply by Friday."}"#.into(),
     };
     let any_tool = LaneCtx::new("edge", Lane::Edge);
-    // Timed in turns with the single-rule decision above, so the ratio of
-    // the two holds whatever else the shared machine is doing.
-    let (mut samples, mut single) = (Vec::with_capacity(2_000), Vec::with_capacity(2_000));
+    // Timed in turns with the single-rule decision above, so the ratios
+    // hold whatever else the shared machine is doing.
+    let (mut samples, mut mail, mut single) =
+        (Vec::with_capacity(2_000), Vec::with_capacity(2_000), Vec::with_capacity(2_000));
     for _ in 0..2_000 {
         let t = Instant::now();
         let d = shipped.decide(&any_tool, &send, &planned);
         samples.push(t.elapsed().as_nanos() as u64);
+        assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
+        let t = Instant::now();
+        let d = shipped.decide(&any_tool, &send, &from_mail);
+        mail.push(t.elapsed().as_nanos() as u64);
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
         let t = Instant::now();
         let d = guarded.decide(&lane, &traced, &history);
@@ -244,17 +252,21 @@ fn main() {
         assert!(matches!(d, Decision::Allowed { .. }), "{d:?}");
     }
     let (p50, p99) = percentiles(samples);
+    let (mail_p50, _) = percentiles(mail);
     let (single_p50, _) = percentiles(single);
     let bytes: usize = planned.iter().filter_map(|e| e.message.content.as_ref()).map(String::len).sum();
     println!(
         "arbiter decision under the shipped default (roles, intent, private labels), {} entries ({} KB): p50 {}  p99 {}; \
-         {:.1}x the single-rule decision timed in turns with it (p50 {})",
+         {:.1}x the single-rule decision timed in turns with it (p50 {}); the same history read from mail (nothing \
+         private): p50 {}, {:.1}x",
         planned.len(),
         bytes / 1024,
         fmt_ns(p50),
         fmt_ns(p99),
         p50 as f64 / single_p50 as f64,
-        fmt_ns(single_p50)
+        fmt_ns(single_p50),
+        fmt_ns(mail_p50),
+        mail_p50 as f64 / single_p50 as f64
     );
 
     // --- Locks -------------------------------------------------------------

@@ -213,7 +213,7 @@ fn digits(s: &str) -> Option<String> {
 /// string decoded on a line of its own; otherwise the text as it is (no
 /// copy). The agent and choird trace through it alike.
 pub fn with_json_strings(text: &str) -> std::borrow::Cow<'_, str> {
-    if !(text.contains('\\') && text.trim_start().starts_with(['{', '['])) {
+    if !(text.trim_start().starts_with(['{', '[']) && memchr::memchr(b'\\', text.as_bytes()).is_some()) {
         return std::borrow::Cow::Borrowed(text);
     }
     let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else { return std::borrow::Cow::Borrowed(text) };
@@ -374,27 +374,31 @@ fn find_ci<'a>(hay: &'a str, needle: &'a str) -> impl Iterator<Item = usize> + '
 /// place the address is written, any case, standing on its own (no local
 /// part character before it, no domain going on after it).
 fn holds_address(norm: &str, text: &str) -> bool {
-    if norm.starts_with('"') || text.contains("%40") {
+    if norm.starts_with('"') {
         return values_in(Kind::Address, text).contains(norm);
     }
     let Some((local, _)) = norm.split_once('@') else { return false };
-    // Each `@` in the text (found at memory speed), then the address around it.
-    text.match_indices('@').any(|(sign, _)| {
-        let Some(at) = sign.checked_sub(local.len()) else { return false };
-        if !text.is_char_boundary(at)
-            || text.len() < at + norm.len()
-            || !text.is_char_boundary(at + norm.len())
-            || !text[at..at + norm.len()].eq_ignore_ascii_case(norm)
-        {
+    let (bytes, want) = (text.as_bytes(), norm.as_bytes());
+    let last_of_local = local.as_bytes().last().copied();
+    // Each `@` in the text (found at memory speed), a one-byte look at the
+    // local part's end, then the address around it.
+    let written = memchr::memchr_iter(b'@', bytes).any(|sign| {
+        if sign == 0 || Some(bytes[sign - 1].to_ascii_lowercase()) != last_of_local {
             return false;
         }
-        let before = text[..at].chars().next_back();
-        let after = &text[at + norm.len()..];
+        let Some(at) = sign.checked_sub(local.len()) else { return false };
+        if bytes.len() < at + want.len() || !bytes[at..at + want.len()].eq_ignore_ascii_case(want) {
+            return false;
+        }
+        let before = text.get(..at).and_then(|b| b.chars().next_back());
+        let Some(after) = text.get(at + want.len()..) else { return false };
         let alone_before = before.is_none_or(|c| !(c.is_ascii_alphanumeric() || "._%+-".contains(c)));
         let rest = after.trim_start_matches(['.', '-']);
         let alone_after = rest.chars().next().is_none_or(|c| !c.is_ascii_alphanumeric());
         alone_before && alone_after
-    })
+    });
+    // Percent-encoded (`%40`): read as the full parse reads it.
+    written || (memchr::memmem::find(bytes, b"%40").is_some() && values_in(Kind::Address, text).contains(norm))
 }
 
 /// Whether `needle` occurs in `hay` on word boundaries (`13` is not in `2013`).
