@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install clean
+.PHONY: all deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
 
 all: build
 
@@ -105,6 +105,13 @@ install: release
 	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
 	@if [ -z "$(DESTDIR)" ]; then ./scripts/install-user.sh; fi
 	@echo "installed; start with: systemctl daemon-reload && systemctl enable --now choird"
+
+# What `install` put in place; the home (/var/lib/choir) and the `choir`
+# user stay (they hold the agents' data).
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/choird $(DESTDIR)$(PREFIX)/bin/choir-agent $(DESTDIR)$(PREFIX)/bin/choirctl
+	rm -f $(DESTDIR)$(UNITDIR)/choird.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/choir
 
 clean:
 	$(CARGO) clean

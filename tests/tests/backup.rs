@@ -184,3 +184,37 @@ fn a_backup_restores_into_another_database_named_at_restore() {
     let sessions = new.ctl_ok(&["sessions", "demo"]);
     assert!(sessions.lines().count() >= 2, "the old home's session is in the history: {sessions}");
 }
+
+/// Upgrade and rollback: an older choird on a database a newer one migrated
+/// refuses to start, naming both and the way back, and changes nothing.
+#[test]
+fn regression_an_older_choird_started_silently_on_a_database_a_newer_one_migrated() {
+    let Some(pg) = choir_tests::pg::TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    // The negative control: a database this choird migrated is migrated again with nothing to do.
+    assert_eq!(db.migrate().unwrap(), Vec::<String>::new());
+    let newest = choird::db::MIGRATIONS.last().unwrap().0;
+    let future = newest + 1;
+    pg.client()
+        .execute("INSERT INTO schema_migrations (version, name) VALUES ($1, '9999_from_the_future.sql')", &[&future])
+        .unwrap();
+    let e = db.migrate().unwrap_err().to_string();
+    for want in [
+        "migrated by a newer choird".to_owned(),
+        format!("{future} (9999_from_the_future.sql)"),
+        format!("knows migrations up to {newest}"),
+        "choirctl restore".to_owned(),
+    ] {
+        assert!(e.contains(&want), "{want:?} is not said: {e}");
+    }
+    // choird itself refuses to start on it, saying why.
+    let home = TempHome::new(&test_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]), &json!({}));
+    #[allow(clippy::disallowed_methods)]
+    let out = Command::new(bin("choird")).arg("--home").arg(home.path()).env("RUST_LOG", "warn").output().unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("migrated by a newer choird"), "{said}");
+    let rows: i64 = pg.client().query_one("SELECT count(*) FROM schema_migrations", &[]).unwrap().get(0);
+    assert_eq!(rows, i64::from(newest) + 1, "nothing was changed");
+}

@@ -55,6 +55,19 @@ const MIGRATION_LOCK: i64 = 0x63686f6972;
 /// Database errors as choird reports them.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
+    /// The database holds migrations this choird does not know.
+    #[error(
+        "the database was migrated by a newer choird: it holds migration(s) {newer}, and this choird ({}) knows \
+         migrations up to {newest}. Starting would run old code on a newer schema: install the newer choird \
+         again, or restore the backup taken before the upgrade into a new home (choirctl restore)",
+        env!("CARGO_PKG_VERSION")
+    )]
+    NewerSchema {
+        /// The newest migration this choird knows.
+        newest: i32,
+        /// The ones it does not.
+        newer: String,
+    },
     /// Could not connect (retried by callers that can wait).
     #[error("cannot connect to Postgres ({target}): {source}")]
     Connect {
@@ -213,6 +226,17 @@ impl Db {
                  name text NOT NULL,
                  applied_at timestamptz NOT NULL DEFAULT now())",
         )?;
+        // A database a newer choird migrated: this one would run old code
+        // on a schema it does not know. Refused, naming both and the way back.
+        let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+        let newer: Vec<String> = tx
+            .query("SELECT version, name FROM schema_migrations WHERE version > $1 ORDER BY version", &[&newest])?
+            .iter()
+            .map(|r| format!("{} ({})", r.get::<_, i32>(0), r.get::<_, String>(1)))
+            .collect();
+        if !newer.is_empty() {
+            return Err(DbError::NewerSchema { newest, newer: newer.join(", ") });
+        }
         let mut applied = Vec::new();
         for (version, name, sql) in MIGRATIONS {
             let done = tx.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])?;
