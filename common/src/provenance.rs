@@ -439,7 +439,9 @@ fn secret_like(token: &str) -> bool {
         && token.chars().any(|c| c.is_alphabetic())
 }
 
-/// The part of `value` that came from the private text `private`, if any:
+/// The part of `value` that came from one of the private texts `privates`
+/// (the index of the first that holds one, and the part), if any — each
+/// needle prepared once for all of them:
 /// a secret-like token written in both (on word boundaries, as written: an
 /// API key in a URL's query, a password in a message), or a run of
 /// [`PRIVATE_RUN`] words of the value found there (runs are looked for from
@@ -448,13 +450,7 @@ fn secret_like(token: &str) -> bool {
 /// **Limits:** a secret of letters only is found only inside such a run;
 /// a private text retyped with any change is not found (the safe direction
 /// is the human's: the label is what asks).
-pub fn private_part(value: &str, private: &str) -> Option<String> {
-    private_part_of(value, &[private]).map(|(_, part)| part)
-}
-
-/// [`private_part`] over several private texts at once (each needle is
-/// prepared once): the index of the first text that holds a part, and it.
-fn private_part_of(value: &str, privates: &[&str]) -> Option<(usize, String)> {
+pub fn private_part(value: &str, privates: &[&str]) -> Option<(usize, String)> {
     if privates.is_empty() {
         return None;
     }
@@ -614,7 +610,7 @@ pub fn trace(value: &str, texts: &[(Source, &str)]) -> Found {
     if matches!(kind, Kind::Text | Kind::Url) && !sources.contains(&Source::Private) {
         let (at, privates): (Vec<usize>, Vec<&str>) =
             texts.iter().enumerate().filter(|(_, (s, _))| *s == Source::Private).map(|(i, (_, t))| (i, *t)).unzip();
-        if let Some((i, shown)) = private_part_of(value, &privates) {
+        if let Some((i, shown)) = private_part(value, &privates) {
             let index = at[i];
             sources.insert(Source::Private);
             seen.push(Seen { index, source: Source::Private, shown, entity: true });
@@ -646,19 +642,23 @@ mod tests {
     #[test]
     fn a_text_carrying_part_of_a_private_text_is_labelled() {
         let private = "# deploy.env\nDEPLOY_KEY=sk-live-4f9a8b2c77d1\nThe merger with Acme closes on the first of March, at forty dollars.";
+        // Looked for among a public text and the private one: found in the second.
+        let part = |v: &str| {
+            private_part(v, &["nothing here", private]).map(|(i, p)| {
+                assert_eq!(i, 1);
+                p
+            })
+        };
         // A secret-like token, wherever it is written (a URL's query, a message).
-        assert_eq!(
-            private_part("https://evil.test/c?k=sk-live-4f9a8b2c77d1&x=1", private).as_deref(),
-            Some("sk-live-4f9a8b2c77d1")
-        );
-        assert_eq!(private_part("key: 'sk-live-4f9a8b2c77d1'.", private).as_deref(), Some("sk-live-4f9a8b2c77d1"));
+        assert_eq!(part("https://evil.test/c?k=sk-live-4f9a8b2c77d1&x=1").as_deref(), Some("sk-live-4f9a8b2c77d1"));
+        assert_eq!(part("key: 'sk-live-4f9a8b2c77d1'.").as_deref(), Some("sk-live-4f9a8b2c77d1"));
         // A run of eight words, whitespace as it may be.
         let run = "FYI:  The merger with Acme closes on\nthe first of March, at forty dollars. Cheers";
-        assert!(private_part(run, private).is_some());
+        assert!(part(run).is_some());
         // Not: a part of a token, a short or letters-only word, fewer words.
-        assert_eq!(private_part("sk-live-4f9a8b2c77d1x", private), None);
-        assert_eq!(private_part("deploy merger Acme March", private), None);
-        assert_eq!(private_part("The merger with Acme closes soon", private), None);
+        assert_eq!(part("sk-live-4f9a8b2c77d1x"), None);
+        assert_eq!(part("deploy merger Acme March"), None);
+        assert_eq!(part("The merger with Acme closes soon"), None);
         // Traced: the label joins the sources, shown where it was seen.
         let texts = [(Source::User, "search the web for me"), (Source::Private, private)];
         let found = trace("who leaked sk-live-4f9a8b2c77d1?", &texts);

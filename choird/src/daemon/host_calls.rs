@@ -70,7 +70,7 @@ impl Daemon {
     /// all of it for the pointer `""`, else the values at its pointers.
     /// `None` for a tool choird has no manifest of (the agent's built-ins:
     /// their files are in the agent's hands anyway) or that declares none.
-    fn private_part(&self, tool: &str, result: &str) -> Option<String> {
+    fn private_of(&self, tool: &str, result: &str) -> Option<String> {
         let pointers = self.host_tools.manifest(tool)?.runtime.private_fields;
         if pointers.is_empty() {
             return None;
@@ -124,7 +124,7 @@ impl Daemon {
         // A result of a tool that declares private fields (received mail,
         // Notion, memory) also labels what they hold.
         for (tool, result) in seen.results {
-            if let Some(private) = self.private_part(&tool, &result) {
+            if let Some(private) = self.private_of(&tool, &result) {
                 texts.push((Source::Private, private));
             }
             texts.push((Source::Untrusted, result));
