@@ -1,25 +1,33 @@
 # One entry point for developer and operator tasks (STYLE practice 11).
 #   make demo     set up everything, then run a demo agent through the real pipeline
 #   make test     set up everything, then lint and run every test (real PostgreSQL)
-#   make install  install the binaries and the systemd unit (as root)
+#   make release  build the release binaries (as your user; installs the build set)
+#   make install  copy what `make release` built and the systemd unit (as root;
+#                 no apt, no compiling)
+#   make runtime-deps  the Debian packages choird needs at run time, no more
 
 CARGO   ?= cargo
 PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: all deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
+.PHONY: all deps build-deps runtime-deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
 
 all: build
 
-# System packages (PostgreSQL 15, pgvector from source, ripgrep, ...) and a
-# Rust toolchain check. Idempotent.
+# System packages in three sets (scripts/install-deps.sh says what each
+# holds): runtime < build (+ pgvector from source, the Rust check) < test (+
+# the mail servers the tests run). Idempotent; none starts a listener.
 deps:
-	./scripts/install-deps.sh
+	./scripts/install-deps.sh test
+build-deps:
+	./scripts/install-deps.sh build
+runtime-deps:
+	./scripts/install-deps.sh runtime
 
 # The agents' Debian 12 base image, made from Debian packages and imported
 # through the engine API (no registry). Rebuilt only when its script changes.
-base-image: deps
+base-image: build-deps
 	./scripts/build-base-image.sh
 
 build: deps
@@ -28,7 +36,7 @@ build: deps
 # choir-agent is built on its own, so cargo's feature unification does not
 # hand it choird's TLS and gzip (see `ureq` in Cargo.toml): a smaller binary
 # in every agent container.
-release: deps
+release: build-deps
 	$(CARGO) build --workspace --release --bins --exclude choir-agent
 	$(CARGO) build --release -p choir-agent
 
@@ -96,11 +104,17 @@ bench-memory: deps
 	$(CARGO) build --release -p choir-tests --bin bench-memory
 	target/release/bench-memory
 
-install: release
+# Copies what `make release` built: never builds (that would compile as root
+# in the checkout) and never runs apt. BUILT names the binaries' directory.
+BUILT ?= target/release
+install:
+	@for b in choird choir-agent choirctl; do \
+	  [ -x $(BUILT)/$$b ] || { echo "install: $(BUILT)/$$b is missing: run \`make release\` as your user first" >&2; exit 1; }; \
+	done
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/choir/docs
 	install -m 0644 README.md DESIGN.md $(DESTDIR)$(PREFIX)/share/doc/choir/
 	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/choir/docs/
-	install -m 0755 target/release/choird target/release/choir-agent target/release/choirctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BUILT)/choird $(BUILT)/choir-agent $(BUILT)/choirctl $(DESTDIR)$(PREFIX)/bin/
 	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
 	@if [ -z "$(DESTDIR)" ]; then ./scripts/install-user.sh; fi

@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# Installs the system packages Choir needs on Debian 12, idempotently:
-# PostgreSQL 15 with pgvector (built from Debian's own source package, since
-# bookworm does not package it), ripgrep, Chromium (the browse tool's
-# browser), espeak-ng and opus-tools (the voice tool), dovecot and
-# python3-aiosmtpd (the mail tests' servers; their system services are not
-# started), python3-venv (the private environment of the AgentDojo replay,
-# which tests/agentdojo/setup.sh fills from PyPI), and the build tools.
-# Safe to run again: every step checks before it acts.
+# Installs the system packages Choir needs on Debian 12, idempotently, in
+# three sets (the argument names the widest one wanted; default `test`):
+#   runtime  what choird and its agents use at run time: PostgreSQL 15's
+#            server (choird runs its own private cluster), ripgrep, git,
+#            Chromium (the browse tool), espeak-ng and opus-tools (voice),
+#            the workspace quota tools, and Debian's docker.io when no
+#            engine runs;
+#   build    runtime, plus what `make release` and `make base-image` need:
+#            gcc, the server headers and pgvector built from Debian's own
+#            source package (bookworm does not package it), mmdebstrap, and
+#            a Rust toolchain check;
+#   test     build, plus the test suites' own servers and tools: dovecot and
+#            python3-aiosmtpd (mail), openssl (their certificates),
+#            python3-venv (the AgentDojo replay's private environment).
+# Nothing installed here starts a listener: the distribution's PostgreSQL
+# cluster is not created, and dovecot's service is neither started nor left
+# enabled at boot (the tests run their own, unprivileged, on loopback).
+# `make install` never runs this script.
 set -euo pipefail
+
+want=${1:-test}
+case "$want" in runtime|build|test) ;; *) echo "install-deps: unknown set '$want' (runtime, build or test)" >&2; exit 2;; esac
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PG_MAJOR=15
-PACKAGES=(postgresql postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} ripgrep
-          gcc make dpkg-dev ca-certificates curl git util-linux mount e2fsprogs mmdebstrap chromium
-          espeak-ng opus-tools openssl dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv)
+RUNTIME_PACKAGES=(postgresql-${PG_MAJOR} ripgrep git ca-certificates util-linux mount e2fsprogs
+                  chromium espeak-ng opus-tools)
+BUILD_PACKAGES=(postgresql-server-dev-${PG_MAJOR} gcc make dpkg-dev curl mmdebstrap)
+TEST_PACKAGES=(dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv openssl)
+PACKAGES=("${RUNTIME_PACKAGES[@]}")
+if [ "$want" != runtime ]; then PACKAGES+=("${BUILD_PACKAGES[@]}"); fi
+if [ "$want" = test ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -24,6 +41,13 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -q
+  # postgresql-common would create and start a `main` cluster on port 5432
+  # that Choir never uses: say no to it before the package is configured.
+  if [ ! -e /etc/postgresql-common/createcluster.d/choir.conf ]; then
+    $SUDO install -d /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false  # choir runs its own cluster" \
+      | $SUDO tee /etc/postgresql-common/createcluster.d/choir.conf >/dev/null
+  fi
   # Packages with services (dovecot) must not start them: the tests run
   # their own, unprivileged. policy-rc.d says so for this install only (a
   # policy already in place is left as it is).
@@ -37,10 +61,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
   if [ -n "$own_policy" ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
   [ "$status" -eq 0 ] || exit "$status"
+  # A dovecot installed here for the tests is not left enabled at boot (its
+  # default configuration listens on every interface).
+  if printf '%s\n' "${missing[@]}" | grep -q '^dovecot-'; then
+    $SUDO systemctl disable dovecot.service >/dev/null 2>&1 || true
+    echo "install-deps: dovecot installed for the tests; its system service is disabled"
+  fi
 fi
-
-# The distribution-wide cluster is not used by Choir (it runs private clusters);
-# leave it as the package left it.
 
 # --- Docker engine ----------------------------------------------------------
 # Agents run in containers. Debian's docker.io is enough (Engine API 1.41); an
@@ -54,6 +81,11 @@ if [ ! -S /var/run/docker.sock ]; then
   $SUDO systemctl start docker 2>/dev/null || $SUDO service docker start 2>/dev/null || true
   for _ in $(seq 30); do [ -S /var/run/docker.sock ] && break; sleep 1; done
   [ -S /var/run/docker.sock ] || { echo "install-deps: the Docker engine did not start" >&2; exit 1; }
+fi
+
+if [ "$want" = runtime ]; then
+  echo "install-deps: runtime packages in place (pgvector is built and installed by the build set: make build-deps)"
+  exit 0
 fi
 
 # --- pgvector -------------------------------------------------------------

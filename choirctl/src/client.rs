@@ -26,6 +26,11 @@ impl Client {
         }
     }
 
+    /// The home this client's choird serves.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
     /// GET `path` (under `/admin/v1/`).
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let resp = self.agent.get(&format!("http://localhost/admin/v1/{path}")).call();
@@ -159,17 +164,60 @@ impl Client {
             _ => false,
         };
         if not_running {
-            anyhow::anyhow!(
-                "choird is not running (nothing listens on {}); start it with `choird --home {}` or `systemctl start choird`",
-                self.socket.display(),
-                self.home.display()
-            )
+            anyhow::Error::new(NotListening { socket: self.socket.clone(), home: self.home.clone() })
         } else if matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied) {
             anyhow::anyhow!("permission denied on {}: run choirctl as the user that runs choird", self.socket.display())
         } else {
             anyhow::anyhow!("cannot talk to choird on {}: {e}", self.socket.display())
         }
     }
+}
+
+/// Nothing answers on the admin socket: choird is down, or (its instance
+/// lock held by a live choird) still starting or stopping. Callers that can
+/// do their work from the files (`logs`) look for this error.
+#[derive(Debug)]
+pub struct NotListening {
+    socket: PathBuf,
+    home: PathBuf,
+}
+
+impl std::fmt::Display for NotListening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match lock_holder(&self.home) {
+            Some((pid, since)) => write!(
+                f,
+                "choird is starting or stopping (pid {pid}, since {since}): its admin socket {} answers once the \
+                 database is ready; try again in a moment (`choirctl logs` reads its log meanwhile)",
+                self.socket.display()
+            ),
+            None => write!(
+                f,
+                "choird is not running (nothing listens on {}); start it with `choird --home {}` or `systemctl start \
+                 choird`",
+                self.socket.display(),
+                self.home.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotListening {}
+
+/// The live choird holding the home's instance lock, and since when (the
+/// lock file is written when taken), without taking the lock (a lock taken
+/// here, even shared and for an instant, could make a starting choird think
+/// another runs).
+fn lock_holder(home: &Path) -> Option<(u32, String)> {
+    let lock = home.join("choird.lock");
+    let pid: u32 = std::fs::read_to_string(&lock).ok()?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if comm.trim() != "choird" {
+        return None;
+    }
+    let taken = std::fs::metadata(&lock).ok()?.modified().ok()?;
+    let ts = jiff::Timestamp::try_from(taken).ok()?;
+    Some((pid, crate::term::when(ts)))
 }
 
 /// The body of a streamed answer. choird ends a stream it could not finish

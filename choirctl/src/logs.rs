@@ -71,7 +71,13 @@ pub fn run(ctx: &Ctx, a: &Args<'_>) -> anyhow::Result<()> {
     });
     query.push(format!("limit={limit}"));
     if !a.follow {
-        let page: LogPage = ctx.client.get(&format!("logs?{}", query.join("&")))?;
+        let page: LogPage = match ctx.client.get(&format!("logs?{}", query.join("&"))) {
+            Err(e) if e.downcast_ref::<crate::client::NotListening>().is_some() => {
+                say_err!("({e:#}; read from the files)");
+                offline(ctx, a, limit)?
+            }
+            other => other?,
+        };
         if ctx.json {
             return print_json(&page);
         }
@@ -84,6 +90,11 @@ pub fn run(ctx: &Ctx, a: &Args<'_>) -> anyhow::Result<()> {
         return Ok(());
     }
     query.push("follow=1".into());
+    if let Err(e) = ctx.client.get::<serde_json::Value>("status") {
+        if e.downcast_ref::<crate::client::NotListening>().is_some() {
+            anyhow::bail!("{e:#}; nothing writes the log to follow: drop --follow to read it from the files");
+        }
+    }
     ctx.client.get_lines(&format!("logs?{}", query.join("&")), |line| {
         if line.is_empty() {
             return Ok(()); // keep-alive
@@ -96,6 +107,24 @@ pub fn run(ctx: &Ctx, a: &Args<'_>) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// The page read from the files by `choird logs`, for when choird is down
+/// (the moment an operator most needs the log: why did it not start?).
+fn offline(ctx: &Ctx, a: &Args<'_>, limit: u64) -> anyhow::Result<LogPage> {
+    let since = a.since.map(since).transpose()?;
+    let limit = limit.to_string();
+    let mut words = vec!["logs"];
+    words.extend(a.agent);
+    for (flag, value) in [("--since", since.as_deref()), ("--level", a.level), ("--grep", a.grep)] {
+        if let Some(v) = value {
+            words.extend([flag, v]);
+        }
+    }
+    words.extend(["--limit", &limit]);
+    let mut page = None;
+    crate::offline::run_lines(&words, ctx.client.home(), None, &mut |v| page = Some(v))?;
+    Ok(serde_json::from_value(page.ok_or_else(|| anyhow::anyhow!("choird logs printed nothing"))?)?)
 }
 
 #[cfg(test)]

@@ -47,3 +47,14 @@ macro_rules! say_err {
 macro_rules! say_raw {
     ($($arg:tt)*) => { $crate::term::out(&$crate::term::clean(&format!($($arg)*))) };
 }
+
+/// A moment as choirctl shows it everywhere: UTC, marked, to the second,
+/// with its age (`2026-11-28 14:02:11 UTC, 8s ago`).
+pub fn when(ts: jiff::Timestamp) -> String {
+    let age = jiff::Timestamp::now().duration_since(ts).as_secs().max(0).unsigned_abs();
+    format!(
+        "{}, {} ago",
+        ts.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        choir_common::text::human_duration(std::time::Duration::from_secs(age))
+    )
+}

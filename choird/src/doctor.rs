@@ -55,6 +55,7 @@ pub fn run(root: &Path, report: &mut dyn FnMut(Check)) {
     };
     let secrets = secrets.unwrap_or_default();
     report(workspaces(&home, &config));
+    report(workspace_access(&home, &config));
     if config.runtime == RuntimeKind::Docker {
         docker(&config).into_iter().for_each(&mut *report);
     }
@@ -161,6 +162,63 @@ fn workspaces(home: &Home, config: &Config) -> Check {
         );
     }
     Check::ok(name, format!("{} agent workspace(s), each a sized file system of its own", config.agents.len()))
+}
+
+/// Every existing workspace is private (0700) and owned, with its `.choir`
+/// state, by the user its agent runs as under the configured runtime (a
+/// workspace left by the other runtime would meet `Permission denied`). A
+/// shallow look: the directory, `.choir` and what `.choir` holds.
+fn workspace_access(home: &Home, config: &Config) -> Check {
+    use std::os::unix::fs::MetadataExt;
+    let name = "workspace access";
+    let (uid, gid) = match config.runtime {
+        crate::config::RuntimeKind::Docker => crate::runtime::docker::agent_ids(),
+        crate::config::RuntimeKind::Process => {
+            (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
+        }
+    };
+    let mut open = Vec::new();
+    let mut foreign = Vec::new();
+    for id in config.agents.keys() {
+        let ws = config.workspace(home, id);
+        let Ok(top) = std::fs::symlink_metadata(&ws) else { continue };
+        if top.mode() & 0o077 != 0 {
+            open.push(format!("{} ({:03o})", ws.display(), top.mode() & 0o777));
+        }
+        let state = ws.join(".choir");
+        let entries = std::fs::read_dir(&state).into_iter().flatten().flatten().map(|e| e.path()).take(64);
+        let wrong = std::iter::once(ws.clone())
+            .chain(std::iter::once(state.clone()))
+            .chain(entries)
+            .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() != uid));
+        if let Some(p) = wrong {
+            foreign.push((id.as_str(), ws.clone(), p));
+        }
+    }
+    if let Some((id, ws, p)) = foreign.first() {
+        return Check::fail(
+            name,
+            format!(
+                "{} is not owned by uid {uid}, the user agent {id} runs as under the {} runtime ({} agent(s) so)",
+                p.display(),
+                config.runtime.as_str(),
+                foreign.len()
+            ),
+            format!(
+                "`choirctl agent start {id}` from a choird running as root hands it over; otherwise, as root: chown -R \
+                 --no-dereference {uid}:{gid} {}",
+                ws.display()
+            ),
+        );
+    }
+    if !open.is_empty() {
+        return Check::warn(
+            name,
+            format!("readable by other users: {}", open.join(", ")),
+            "choird makes a workspace 0700 at its agent's next start; or chmod 700 it now",
+        );
+    }
+    Check::ok(name, format!("every workspace is 0700 and owned by uid {uid}"))
 }
 
 /// The admin socket and the socket directories must be choird's alone.
@@ -465,5 +523,38 @@ mod tests {
         assert_eq!(checks[0].outcome, Outcome::Fail);
         assert!(checks[0].detail.contains("config.json"), "{checks:?}");
         assert_eq!(checks.last().unwrap().outcome, Outcome::Skip);
+    }
+
+    /// A workspace another runtime left: doctor names the file owned by the
+    /// wrong user and the exact command; an open mode is a warning; a
+    /// private, owned workspace is ok.
+    #[test]
+    fn doctor_names_a_workspace_the_agent_cannot_use_and_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_owned());
+        home.ensure_layout().unwrap();
+        let mut config = Config::parse(crate::home::STARTER_CONFIG).unwrap();
+        config.runtime = crate::config::RuntimeKind::Process;
+        config.agents.insert(choir_common::ids::AgentId::parse("ops").unwrap(), Default::default());
+        let ws = config.workspace(&home, &choir_common::ids::AgentId::parse("ops").unwrap());
+        std::fs::create_dir_all(ws.join(".choir")).unwrap();
+        std::fs::write(ws.join(".choir/agent.lock"), "").unwrap();
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = workspace_access(&home, &config);
+        assert_eq!(c.outcome, Outcome::Warn, "{c:?}");
+        assert!(c.detail.contains("755") && c.fix.as_deref().unwrap_or_default().contains("chmod 700"), "{c:?}");
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(workspace_access(&home, &config).outcome, Outcome::Ok);
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(ws.join(".choir/agent.lock"), Some(10001), Some(10001)).unwrap();
+            let c = workspace_access(&home, &config);
+            assert_eq!(c.outcome, Outcome::Fail, "{c:?}");
+            assert!(
+                c.detail.contains("agent.lock")
+                    && c.fix.as_deref().unwrap_or_default().contains("chown -R --no-dereference 0:0"),
+                "{c:?}"
+            );
+        }
     }
 }

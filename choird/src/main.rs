@@ -8,6 +8,7 @@ usage: choird [--home DIR]
        choird doctor [--home DIR]
        choird restore FILE [--home DIR] [--managed | --database-url-stdin]
        choird workspaces mount|release [--home DIR]
+       choird logs [AGENT] [--since T] [--level L] [--grep S] [--limit N] [--home DIR]
 
 Runs the Choir control plane. The state directory is DIR, else $CHOIR_HOME,
 else ~/.choir.d. Logs go to stderr and DIR/logs/choird.log (level: RUST_LOG,
@@ -22,7 +23,11 @@ prints one JSON object a line (a check; a step, then the summary), and
 `workspaces mount` (as root) mounts every configured agent's workspace
 image, making each that is missing, for a choird that runs unprivileged
 (the systemd unit runs it before choird starts and on reload);
-`workspaces release` unmounts them (after choird stops).";
+`workspaces release` unmounts them (after choird stops).
+
+`logs` reads the home's log files (archives included) with no choird
+running, as `choirctl logs` does then: one JSON object, the page of
+records (T is RFC 3339).";
 
 /// What the command line asks for.
 enum Mode {
@@ -34,6 +39,18 @@ enum Mode {
     Restore { file: PathBuf, into: Into },
     /// Mount (or release) the agents' workspace images, as root.
     Workspaces { release: bool },
+    /// Read the log files offline.
+    Logs(LogArgs),
+}
+
+/// `choird logs`' filters, as given.
+#[derive(Default)]
+struct LogArgs {
+    agent: Option<String>,
+    since: Option<String>,
+    level: Option<String>,
+    grep: Option<String>,
+    limit: Option<String>,
 }
 
 /// Where `restore` puts the database.
@@ -74,6 +91,25 @@ fn real_main() -> anyhow::Result<()> {
                 };
                 mode = Mode::Workspaces { release };
             }
+            Value(word) if matches!(mode, Mode::Serve) && word == "logs" => mode = Mode::Logs(LogArgs::default()),
+            Value(agent) if matches!(&mode, Mode::Logs(a) if a.agent.is_none()) => {
+                if let Mode::Logs(a) = &mut mode {
+                    a.agent = Some(agent.string()?);
+                }
+            }
+            Long(name @ ("since" | "level" | "grep" | "limit")) if matches!(mode, Mode::Logs(_)) => {
+                let name = name.to_owned();
+                let value = parser.value()?.string()?;
+                if let Mode::Logs(a) = &mut mode {
+                    let slot = match name.as_str() {
+                        "since" => &mut a.since,
+                        "level" => &mut a.level,
+                        "grep" => &mut a.grep,
+                        _ => &mut a.limit,
+                    };
+                    *slot = Some(value);
+                }
+            }
             Value(word) if matches!(mode, Mode::Serve) && word == "restore" => {
                 let file = parser.value().map_err(|_| anyhow::anyhow!("restore needs the backup FILE\n{USAGE}"))?;
                 mode = Mode::Restore { file: file.into(), into: Into::AsBackedUp };
@@ -106,6 +142,7 @@ fn real_main() -> anyhow::Result<()> {
         Mode::Doctor => return doctor(&home),
         Mode::Restore { file, into } => return restore(&home, &file, into),
         Mode::Workspaces { release } => return workspaces(&home, release),
+        Mode::Logs(args) => return logs(&home, &args),
     }
     init_logging(&home);
     let default_agent_binary = std::env::current_exe()
@@ -116,7 +153,40 @@ fn real_main() -> anyhow::Result<()> {
     // Tests move the scheduler's clock through this file (never set in production).
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     let clock_file = std::env::var_os("CHOIR_TEST_CLOCK_FILE").map(PathBuf::from);
-    choird::run(choird::Options { home, default_agent_binary, clock_file })
+    // Why choird could not start (or stopped) goes to its log file too,
+    // where the operator looks (`choirctl logs` reads it with choird down),
+    // not only to stderr.
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let notify_socket = std::env::var_os("NOTIFY_SOCKET");
+    if let Err(e) = choird::run(choird::Options { home: home.clone(), default_agent_binary, clock_file, notify_socket })
+    {
+        log::error!("choird stopped: {e:#}");
+        choird::logs::global(&home.join("logs")).flush(std::time::Duration::from_secs(5));
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `choird logs`: the page of records the filters select, as one JSON
+/// object, from the files alone.
+fn logs(home: &std::path::Path, a: &LogArgs) -> anyhow::Result<()> {
+    use choird::logs::query::LogQuery;
+    let q = LogQuery::parse(
+        a.agent.as_deref(),
+        a.since.as_deref(),
+        a.level.as_deref(),
+        a.grep.as_deref(),
+        a.limit.as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let dir = home.join("logs");
+    if !dir.is_dir() {
+        anyhow::bail!("{} has no logs (is {} a Choir home?)", dir.display(), home.display());
+    }
+    let snapshot = choird::logs::snapshot_of_files(&dir);
+    let page = choird::logs::query::read(&dir, &snapshot, &q.filter, q.limit);
+    println!("{}", serde_json::to_string(&page)?);
+    Ok(())
 }
 
 /// Logs to stderr (human) and to `logs/choird.log` (JSON, rotated and

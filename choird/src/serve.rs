@@ -1,8 +1,10 @@
 //! Start-up, the listeners, the signal loop and shutdown: the order in which
 //! choird brings its pieces up and takes them down.
 //!
-//! Start: layout → instance lock → secrets (mode check) → config → database
-//! (managed cluster or URL) → migrations → listeners → autostart agents.
+//! Start: layout → instance lock → secrets (mode check) → config → TCP
+//! listeners (bound first: a port in use fails at once) → database (managed
+//! cluster or URL) → migrations → admin and agent sockets → READY to systemd
+//! (`Type=notify`) → autostart agents.
 //! Shutdown (SIGTERM/SIGINT): stop agents → stop listeners → stop the managed
 //! cluster → remove sockets. SIGHUP reloads config.json and secrets.json.
 
@@ -39,6 +41,8 @@ pub struct Options {
     /// A file the scheduler reads the time from instead of the system
     /// clock (tests only: `CHOIR_TEST_CLOCK_FILE`).
     pub clock_file: Option<PathBuf>,
+    /// systemd's `NOTIFY_SOCKET` (see [`crate::notify`]).
+    pub notify_socket: Option<std::ffi::OsString>,
 }
 
 /// The control plane as the Telegram gateway sees it.
@@ -134,6 +138,13 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         log::warn!("{warning}");
     }
     let agent_binary = config.agent_binary.clone().unwrap_or(opts.default_agent_binary.clone());
+    // The TCP listeners are bound before the database work (initdb and the
+    // migrations take seconds): a port in use is said at once, naming the
+    // field, and leaves nothing behind.
+    let tcp = Tcp {
+        http: bind_tcp("http_listen", config.http_listen.as_deref())?,
+        metrics: bind_tcp("metrics_listen", config.metrics_listen.as_deref())?,
+    };
 
     let (cluster, url, database) = match &config.database_url {
         Some(url) => (None, url.clone(), "external".to_owned()),
@@ -151,8 +162,21 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         }
         None => Arc::new(crate::schedule::clock::SystemClock),
     };
-    let result =
-        serve(home, config, secrets, &url, database, Runs { agent_binary, clock, cluster: cluster.clone() }, signals);
+    let result = serve(
+        home,
+        config,
+        secrets,
+        &url,
+        database,
+        Runs {
+            agent_binary,
+            clock,
+            cluster: cluster.clone(),
+            tcp,
+            notify: crate::notify::Notifier::new(opts.notify_socket),
+        },
+        signals,
+    );
     if let Some(cluster) = cluster {
         log::info!("stopping the managed PostgreSQL");
         if let Err(e) = cluster.stop() {
@@ -169,6 +193,24 @@ struct Runs {
     clock: Arc<dyn crate::schedule::clock::Clock>,
     /// The managed cluster, which `pg-keeper` keeps running.
     cluster: Option<Arc<ManagedCluster>>,
+    /// The TCP listeners, bound first.
+    tcp: Tcp,
+    /// systemd, told when choird is ready and when it stops.
+    notify: crate::notify::Notifier,
+}
+
+/// The TCP sockets config asks for, bound before anything else starts.
+struct Tcp {
+    http: Option<(std::net::TcpListener, String)>,
+    metrics: Option<(std::net::TcpListener, String)>,
+}
+
+/// Binds `addr` for the config field `field`; an error names both.
+fn bind_tcp(field: &str, addr: Option<&str>) -> anyhow::Result<Option<(std::net::TcpListener, String)>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let l = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("config.json {field}: cannot listen on {addr} (free the port or change the field)"))?;
+    Ok(Some((l, addr.to_owned())))
 }
 
 fn serve(
@@ -180,7 +222,7 @@ fn serve(
     runs: Runs,
     signals: signal_hook::iterator::Signals,
 ) -> anyhow::Result<()> {
-    let Runs { agent_binary, clock, cluster } = runs;
+    let Runs { agent_binary, clock, cluster, tcp, notify } = runs;
     let db = Db::connect(url)?;
     for name in db.migrate()? {
         log::info!("applied migration {name}");
@@ -262,17 +304,14 @@ fn serve(
     for id in config.agents.keys() {
         listeners.add_agent(&home, id)?;
     }
-    if let Some(addr) = &config.http_listen {
-        let tcp = std::net::TcpListener::bind(addr.as_str()).with_context(|| format!("cannot listen on {addr}"))?;
+    if let Some((tcp, _)) = tcp.http {
         let limits = Limits { max_connections: 128, ..Limits::default() };
         listeners.tcp = Some(Server::start(Socket::Tcp(tcp), ListenerKind::Tcp, router.clone(), limits, "rpc-tcp")?);
     }
-    if let Some(addr) = &config.metrics_listen {
-        let tcp =
-            std::net::TcpListener::bind(addr.as_str()).with_context(|| format!("cannot listen on {addr} (metrics)"))?;
+    if let Some((metrics, addr)) = tcp.metrics {
         let limits = Limits { max_connections: 8, ..Limits::default() };
         listeners.metrics =
-            Some(Server::start(Socket::Tcp(tcp), ListenerKind::Metrics, router.clone(), limits, "metrics")?);
+            Some(Server::start(Socket::Tcp(metrics), ListenerKind::Metrics, router.clone(), limits, "metrics")?);
         log::info!("metrics on http://{addr}/metrics");
     }
     log::info!(
@@ -281,6 +320,7 @@ fn serve(
         home.root().display(),
         home.admin_socket().display()
     );
+    notify.send("READY=1\nSTATUS=serving");
 
     for (id, agent) in &config.agents {
         if agent.autostart {
@@ -298,6 +338,7 @@ fn serve(
     };
     let mut gateway = crate::telegram::Gateway::start(&tg)?;
     let outcome = signal_loop(&daemon, &tg, signals, &mut gateway, &mut listeners);
+    notify.send("STOPPING=1\nSTATUS=stopping agents");
 
     log::info!("shutting down");
     // No new user messages while the agents stop; queued answers stay queued.

@@ -222,22 +222,6 @@ pub fn bind_agent(
     bind_in(&dir, &agents_dir.join(id), agent_owner)
 }
 
-/// Hands a workspace directory to the agent's user when it is not theirs
-/// yet, through a descriptor (a link at `path` is refused, never followed).
-/// Only the directory itself; what is inside stays as it is.
-pub fn hand_over_dir(path: &Path, uid: u32, gid: u32) -> Result<bool, SocketError> {
-    let fd =
-        rustix::fs::open(path, OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(err(path, "cannot open the workspace (it must be a real directory, not a link)"))?;
-    let st = rustix::fs::fstat(&fd).map_err(err(path, "cannot stat"))?;
-    if st.st_uid == uid && st.st_gid == gid {
-        return Ok(false);
-    }
-    rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
-        .map_err(err(path, "cannot hand the workspace to the agent's user"))?;
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

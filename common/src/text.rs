@@ -82,6 +82,19 @@ pub fn clipped(text: &str, max: usize) -> String {
     escape(text, false, Some(max))
 }
 
+/// `2d 3h`-style durations: the two largest units that are not zero (`45s`,
+/// `3m 20s`, `5h 2m`, `12d 4h`).
+pub fn human_duration(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let parts = [(s / 86_400, "d"), (s / 3600 % 24, "h"), (s / 60 % 60, "m"), (s % 60, "s")];
+    let first = parts.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    let mut out = format!("{}{}", parts[first].0, parts[first].1);
+    if let Some((n, unit)) = parts.get(first + 1).filter(|(n, _)| *n > 0) {
+        out.push_str(&format!(" {n}{unit}"));
+    }
+    out
+}
+
 /// `1.5 GiB`-style sizes.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -140,6 +153,16 @@ pub fn escape_nul_in(value: &mut serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_their_two_largest_units() {
+        let d = |s| human_duration(std::time::Duration::from_secs(s));
+        assert_eq!(
+            [d(0), d(45), d(200), d(3 * 3600 + 120), d(2 * 86_400 + 3 * 3600 + 59)],
+            ["0s", "45s", "3m 20s", "3h 2m", "2d 3h"]
+        );
+        assert_eq!(d(86_400 + 5), "1d", "a zero second unit is left out");
+    }
 
     #[test]
     fn nul_is_escaped_in_text_and_in_every_string_and_key_of_a_json_value() {

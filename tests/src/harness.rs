@@ -182,7 +182,21 @@ impl Choird {
         c
     }
 
-    fn wait_ready(&mut self) {
+    /// Spawns choird on `home` with `env` added (`NOTIFY_SOCKET`, …) and
+    /// returns at once, not waiting for its admin socket
+    /// ([`Choird::wait_ready`] does).
+    pub fn spawn_with_env(home: TempHome, env: &[(&str, &std::ffi::OsStr)]) -> Choird {
+        let stderr = std::fs::File::create(home.path().join("choird.stderr")).unwrap();
+        let mut cmd = choird_command(home.path(), stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn choird");
+        Choird { child: Some(child), home, docker_prefix: None }
+    }
+
+    /// Waits until the admin socket answers (panics if choird exits first).
+    pub fn wait_ready(&mut self) {
         let socket = self.home.path().join("socks/choird.sock");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

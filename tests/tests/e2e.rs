@@ -82,7 +82,7 @@ fn a_message_goes_through_every_component_and_back() {
             &std::fs::metadata(choird.workspace("demo").join(p)).unwrap().permissions(),
         ) & 0o777
     };
-    assert_eq!((mode(".choir"), mode(".choir/commit.log")), (0o700, 0o600));
+    assert_eq!((mode("."), mode(".choir"), mode(".choir/commit.log")), (0o700, 0o700, 0o600));
 
     // The commit event is in the agent's log and, replicated, in Postgres.
     let local = std::fs::read_to_string(choird.workspace("demo").join(".choir/commit.log")).unwrap();

@@ -39,9 +39,19 @@ fn the_systemd_unit_bounds_choird() {
     // KillMode=mixed: choird alone gets SIGTERM and stops what it started in
     // order (the harness stops it the same way); without it, its database
     // died under its last audit records.
-    for key in
-        ["LimitNOFILE=", "TasksMax=", "MemoryMax=", "NoNewPrivileges=yes", "KillMode=mixed", "ProtectKernelModules=yes"]
-    {
+    // Type=notify: started means answering. UMask: what choird makes is
+    // private. The docker group for the unit's choird alone.
+    for key in [
+        "LimitNOFILE=",
+        "TasksMax=",
+        "MemoryMax=",
+        "NoNewPrivileges=yes",
+        "KillMode=mixed",
+        "ProtectKernelModules=yes",
+        "Type=notify",
+        "UMask=0077",
+        "SupplementaryGroups=docker",
+    ] {
         assert!(unit.lines().any(|l| l.starts_with(key)), "packaging/choird.service has no {key}");
     }
 }

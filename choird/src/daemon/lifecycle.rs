@@ -147,6 +147,12 @@ impl Daemon {
             RuntimeKind::Process => (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw()),
         };
         crate::runtime::workspace::prepare(&self.home, id, &workspace, &quotas, owner).map_err(Error::Conflict)?;
+        // Private to the user the agent runs as, whichever runtime made its
+        // files before (through descriptors: no link followed).
+        let handed = crate::runtime::handover::hand_over(&workspace, owner.0, owner.1).map_err(Error::Conflict)?;
+        if handed.reowned > 0 {
+            log::info!("agent {id}: {} workspace entries handed to uid {}", handed.reowned, owner.0);
+        }
         let resume_from = self.store.agent_position(id)?.resume_from;
         let session_id = self.store.create_session(id, config.runtime.as_str(), &digest)?;
         self.sessions.open(id, session_id, digest, resume_from);
@@ -248,19 +254,10 @@ impl Daemon {
             build::build(&engine, &self.home, id, &self.agent_binary, &docker.base_image, &docker.image_prefix, |l| {
                 log::info!("build {id}: {l}")
             })?;
-        let (uid, gid) = rt::agent_ids();
         // The socket directory stays choird's (mounted read-only); the socket
-        // itself was handed to the agent's user when it was bound. The
-        // workspace is the agent's: handed over through a descriptor, and
-        // only when it is not theirs yet.
+        // itself was handed to the agent's user when it was bound; the
+        // workspace was handed over in `launch`.
         let socket_dir = self.home.agent_socket_dir(id);
-        if rustix::process::geteuid().is_root() {
-            match crate::sockets::hand_over_dir(workspace, uid, gid) {
-                Ok(true) => log::info!("agent {id}: workspace {} handed to uid {uid}", workspace.display()),
-                Ok(false) => {}
-                Err(e) => return Err(Error::Internal(format!("cannot prepare the workspace: {e}"))),
-            }
-        }
         let label = rt::home_label(&self.home);
         let name = rt::container_name(&label, id);
         if let Some(old) = engine.inspect(&name)? {

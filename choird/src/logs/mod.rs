@@ -109,6 +109,28 @@ pub struct LogManager {
 
 static GLOBAL: OnceLock<Arc<LogManager>> = OnceLock::new();
 
+/// The files of `dir` as they are now, for a reader while no choird writes
+/// them (`choird logs`, which `choirctl logs` runs when choird is down).
+pub fn snapshot_of_files(dir: &Path) -> Snapshot {
+    snapshot_at(dir, files::LiveFiles::new(dir).sizes())
+}
+
+fn snapshot_at(dir: &Path, sizes: BTreeMap<String, u64>) -> Snapshot {
+    let mut live = BTreeMap::new();
+    for (stream, size) in sizes {
+        if let Ok(f) = std::fs::File::open(files::live_path(dir, &stream)) {
+            live.insert(stream, (f, size));
+        }
+    }
+    let archives = std::fs::read_dir(dir.join("archive"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    Snapshot { live, archives }
+}
+
 /// The process's manager for `logs_dir`, started on first use (later calls
 /// return the first one, whatever directory they name).
 pub fn global(logs_dir: &Path) -> Arc<LogManager> {
@@ -249,19 +271,7 @@ impl LogManager {
 
     fn snapshot_locked(&self, w: &Writer) -> Snapshot {
         let _archive = self.archive_lock.lock();
-        let mut live = BTreeMap::new();
-        for (stream, size) in w.live.sizes() {
-            if let Ok(f) = std::fs::File::open(files::live_path(&self.dir, &stream)) {
-                live.insert(stream, (f, size));
-            }
-        }
-        let archives = std::fs::read_dir(self.dir.join("archive"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        Snapshot { live, archives }
+        snapshot_at(&self.dir, w.live.sizes())
     }
 
     /// Registers a follower: everything written after its snapshot reaches

@@ -3,5 +3,6 @@
 //! for development and machines without a Docker engine.
 
 pub mod docker;
+pub mod handover;
 pub mod process;
 pub mod workspace;

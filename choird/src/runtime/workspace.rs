@@ -125,7 +125,7 @@ pub fn prepare(
     // The ext4 root is the agent's, and looks like the empty directory it
     // replaces (e2fsck makes lost+found again if it ever needs one).
     let _ = std::fs::remove_dir(workspace.join("lost+found"));
-    crate::sockets::hand_over_dir(workspace, owner.0, owner.1).map_err(|e| e.to_string())?;
+    super::handover::hand_over(workspace, owner.0, owner.1)?;
     log::info!(
         "agent {id}: workspace {} is {}{} ({} MiB, about {} inodes)",
         workspace.display(),
