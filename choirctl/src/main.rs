@@ -50,17 +50,22 @@ commands:
                                 naming the fix for each problem; exits 1 if something failed
   agent list                    configured agents
   agent status ID               one agent: state, session, lanes
-  agent start ID                start an agent
+  agent start ID                start an agent (agents running when choird stopped are
+                                started again when it starts)
   agent build ID                build the agent's image from repos/ (validates first)
   agent update ID               rebuild and roll the running agent onto the new image
-  agent stop ID                 stop an agent (finishes its current message)
+                                (process runtime: restart it on the installed binary)
+  agent stop ID                 stop an agent (finishes its current message); a stopped
+                                agent is left as it is (exit 0)
+  agent restart ID              stop it if it runs, then start it
   agent events ID [--after N] [--follow]
                                 the agent's replicated commit log; --follow keeps
                                 printing new events as they are replicated
   logs [ID] [--follow] [--since T] [--level L] [--grep S] [--limit N]
                                 choird's log, or agent ID's output and what choird said
                                 about it, archives included; T: a time or an age (10m, 2h,
-                                3d); L: error, warn, info, debug, trace; -f: keep printing
+                                3d); L: error, warn, info, debug, trace; -f: keep printing;
+                                with choird down, read from the files
   usage [ID] [--since T] [--by day|model|lane|agent|job]
                                 relayed model calls, tokens and estimated cost (prices:
                                 config.json llm.prices), per group and in total
@@ -130,7 +135,7 @@ commands:
                                 repos/agents/ID/policy.json); a refused file keeps the
                                 policy in force and is named with its rule and example
   policy show ID                the argument policy in force for an agent
-  policy tools ID [--allow P]... [--deny P]... [--remove P]... [--reset]
+  policy tools ID [--allow P]... [--deny P]... [--remove P]... [--reset] [--force]
                                 the agent's tool policy (P: a tool name or prefix.*);
                                 changes rewrite config.json and reach a running agent
                                 at once: it is never offered, and never runs, the rest
@@ -194,6 +199,7 @@ fn real_main() -> anyhow::Result<()> {
             Long("deny") => tool_changes.deny.push(parser.value()?.string()?),
             Long("remove") => tool_changes.remove.push(parser.value()?.string()?),
             Long("reset") => tool_changes.reset = true,
+            Long("force") => tool_changes.force = true,
             Long("since") => since = Some(parser.value()?.string()?),
             Long("level") => level = Some(parser.value()?.string()?),
             Long("by") => by = Some(parser.value()?.string()?),
@@ -276,6 +282,7 @@ fn real_main() -> anyhow::Result<()> {
         ["agent", "status", id] => agent_status(&ctx, id),
         ["agent", "start", id] => agent_action(&ctx, id, "start"),
         ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
+        ["agent", "restart", id] => agent_restart(&ctx, id),
         ["agent", "events", id] => sessions::events(&ctx, id, after, follow),
         ["logs"] | ["logs", _] => logs::run(
             &ctx,
@@ -594,6 +601,12 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
         return print_json(&a);
     }
     agents_table(std::slice::from_ref(&a));
+    if let Some(c) = &a.configured_runtime {
+        say!(
+            "\nruns in the {} runtime; config.json now says {c}, which applies at its next start (agent restart)",
+            a.runtime
+        );
+    }
     if let Some(s) = &a.session_state {
         say!("\nsession state: {s}");
     }
@@ -638,18 +651,37 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `agent start|stop`. Stopping an agent that is not running is done
+/// already (exit 0, as `systemctl stop` of an inactive unit).
 fn agent_action(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
+    let was_stopped =
+        action == "stop" && ctx.client.get::<AgentSummary>(&format!("agents/{id}")).is_ok_and(|a| a.state == "stopped");
     let a: AgentSummary = ctx.client.post(&format!("agents/{id}/{action}"), &serde_json::json!({}))?;
     if ctx.json {
         return print_json(&a);
     }
     match action {
-        "start" => {
-            let sandbox = if a.runtime == "process" { ": UNSANDBOXED, for development" } else { "" };
-            say!("agent {} started ({} runtime{sandbox}; session {})", a.id, a.runtime, a.session_id.unwrap_or(0))
-        }
+        "start" => say!("agent {} started ({}; session {})", a.id, runtime_words(&a), a.session_id.unwrap_or(0)),
+        _ if was_stopped => say!("agent {} was not running; nothing to stop", a.id),
         _ => say!("agent {} stopped", a.id),
     }
+    Ok(())
+}
+
+fn runtime_words(a: &AgentSummary) -> String {
+    let sandbox = if a.runtime == "process" { ": UNSANDBOXED, for development" } else { "" };
+    format!("{} runtime{sandbox}", a.runtime)
+}
+
+/// `agent restart`: stop (when running), then start, as `systemctl restart`
+/// does; a stopped agent is started.
+fn agent_restart(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
+    let _: AgentSummary = ctx.client.post(&format!("agents/{id}/stop"), &serde_json::json!({}))?;
+    let a: AgentSummary = ctx.client.post(&format!("agents/{id}/start"), &serde_json::json!({}))?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    say!("agent {} restarted ({}; session {})", a.id, runtime_words(&a), a.session_id.unwrap_or(0));
     Ok(())
 }
 

@@ -141,6 +141,9 @@ pub struct ToolChanges {
     pub remove: Vec<String>,
     /// Start from no policy.
     pub reset: bool,
+    /// Keep patterns that match none of the agent's tools (for a tool not
+    /// installed yet).
+    pub force: bool,
 }
 
 impl ToolChanges {
@@ -180,7 +183,8 @@ pub fn tools(ctx: &Ctx, id: &str, changes: &ToolChanges) -> anyhow::Result<()> {
                 }
             }
         }
-        policy = ctx.client.put(&path, &policy)?;
+        let put = if changes.force { format!("{path}?force=1") } else { path.clone() };
+        policy = ctx.client.put(&put, &policy)?;
     }
     if ctx.json {
         return print_json(&policy);

@@ -99,7 +99,11 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
 }
 
 /// `approvals approve ID [--sha256 X] [--remember-days N]`.
+/// Approves a proposal. Without `--sha256` the content approved is the one
+/// stored now, and its sha256 is printed so the record shows what was
+/// approved (with it, choird refuses content that is not what was read).
 pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>, remember_days: Option<u64>) -> anyhow::Result<()> {
+    let pinned = sha256.is_some();
     let req = ApproveRequest { sha256, by: None, remember_days };
     let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/approve"), &req)?;
     if ctx.json {
@@ -112,6 +116,15 @@ pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>, remember_days: Optio
         crate::term::one_line(&a.subject),
         a.applied.as_deref().unwrap_or("-")
     );
+    if pinned {
+        say!("content approved: sha256 {}", a.sha256);
+    } else {
+        say!(
+            "content approved: sha256 {} (no --sha256 was given: this is what was stored when approved; give \
+             --sha256 to approve only the content you read)",
+            a.sha256
+        );
+    }
     if a.kind == "call" {
         say!("the agent runs that exact call once");
     } else if a.kind != "config_change" {

@@ -105,6 +105,11 @@ impl Home {
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")
     }
+    /// The agents a stopping choird stopped, which the next one starts again
+    /// (one id a line; read and removed at start).
+    pub fn agents_to_resume(&self) -> PathBuf {
+        self.root.join("agents-to-resume")
+    }
     /// `repos/`.
     pub fn repos(&self) -> PathBuf {
         self.root.join("repos")
@@ -129,8 +134,9 @@ impl Home {
 
     /// Creates the layout: directories, a starter `config.json` and an empty
     /// `secrets.json` (mode 0600) when they do not exist. Existing files are
-    /// never rewritten.
-    pub fn ensure_layout(&self) -> Result<(), HomeError> {
+    /// never rewritten. Returns whether the starter config was written now
+    /// (a first start).
+    pub fn ensure_layout(&self) -> Result<bool, HomeError> {
         for dir in [self.root.clone(), self.repos().join("global"), self.repos().join("agents"), self.logs()] {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
@@ -139,14 +145,15 @@ impl Home {
             fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).map_err(io_err(&private))?;
         }
         let config = self.config();
-        if !config.exists() {
+        let first = !config.exists();
+        if first {
             write_new(&config, STARTER_CONFIG.as_bytes(), 0o644)?;
         }
         let secrets = self.secrets();
         if !secrets.exists() {
             write_new(&secrets, b"{}\n", 0o600)?;
         }
-        Ok(())
+        Ok(first)
     }
 
     /// Refuses a `secrets.json` that group or others can read or write.

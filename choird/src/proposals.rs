@@ -570,7 +570,7 @@ fn git(repo: &Path, who: &str, args: &[&str]) -> Result<String, ApplyError> {
 /// The new `config.json` text with an approved config change applied to
 /// agent `agent`, and the keys it changes.
 pub fn apply_config(config_text: &str, agent: &AgentId, content: &Value) -> Result<(String, Vec<String>), ApplyError> {
-    let mut doc: Value =
+    let doc: Value =
         serde_json::from_str(config_text).map_err(|e| ApplyError::Stale(format!("config.json does not parse: {e}")))?;
     let section = doc["agents"].get(agent.as_str()).cloned().unwrap_or_else(|| json!({}));
     // Compare against the full section (defaults included) so only existing keys are accepted.
@@ -579,12 +579,12 @@ pub fn apply_config(config_text: &str, agent: &AgentId, content: &Value) -> Resu
         .and_then(|c| serde_json::to_value(c).ok())
         .ok_or_else(|| ApplyError::Stale(format!("agents.{agent} no longer parses")))?;
     let (keys, _) = changed_config(&full, content).map_err(|e| ApplyError::Stale(e.0))?;
-    let mut section = section;
+    // Only the changed values are written, in the operator's own text.
+    let mut text = config_text.to_owned();
     for key in &keys {
-        section[key] = content["changes"][key].clone();
+        text = crate::config::edit::set(&text, &["agents", agent.as_str(), key], Some(&content["changes"][key]))
+            .map_err(ApplyError::Stale)?;
     }
-    doc["agents"][agent.as_str()] = section;
-    let text = pretty(&doc);
     crate::config::Config::parse(&text).map_err(|(field, reason)| {
         ApplyError::Stale(format!("the changed config.json is invalid: {field}: {reason}"))
     })?;

@@ -128,12 +128,20 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let home = Home::new(opts.home.clone());
-    home.ensure_layout()?;
+    let first_start = home.ensure_layout()?;
     let _lock = home.lock()?;
     home.check_secrets_mode()?;
     let secrets = Secrets::load(&home.secrets())?;
     let config = Config::load(&home.config())?;
     crate::logs::global(&home.logs()).set_limits(config.logs.limits());
+    if first_start {
+        log::info!(
+            "first start: made {} with a starter config.json (an OpenAI endpoint, the docker runtime, no agents) and \
+             an empty secrets.json; next: `choirctl secrets set openai_api_key`, add an agent under \"agents\" in \
+             config.json, `systemctl reload choird` (or SIGHUP), then `choirctl agent start ID`",
+            home.root().display()
+        );
+    }
     for warning in config.missing_secrets(&secrets) {
         log::warn!("{warning}");
     }
@@ -286,6 +294,7 @@ fn serve(
         _ => None,
     };
     daemon.reload_policies("choird");
+    daemon.warn_unmatched_tool_policies();
     daemon.adopt_containers()?;
     let router = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
     let nofile = crate::http::server::raise_nofile_limit();
@@ -322,6 +331,7 @@ fn serve(
     );
     notify.send("READY=1\nSTATUS=serving");
 
+    daemon.resume_agents();
     for (id, agent) in &config.agents {
         if agent.autostart {
             if let Err(e) = daemon.start_agent(id.as_str(), "choird") {
@@ -454,8 +464,23 @@ fn reload(daemon: &Daemon) -> bool {
         .and_then(|s| Ok((Config::load(&home.config())?, s)));
     match loaded {
         Ok((config, secrets)) => {
+            let runtime = config.runtime.as_str();
             daemon.reload(config, secrets);
             log::info!("reloaded config.json and secrets.json");
+            let keep: Vec<String> = daemon
+                .sessions
+                .summaries(runtime, |_| false)
+                .into_iter()
+                .filter(|a| a.configured_runtime.is_some())
+                .map(|a| format!("{} ({})", a.id, a.runtime))
+                .collect();
+            if !keep.is_empty() {
+                log::warn!(
+                    "runtime is now {runtime}; these agents keep the runtime they run in until restarted (`choirctl \
+                     agent restart ID`): {}",
+                    keep.join(", ")
+                );
+            }
             true
         }
         Err(e) => {

@@ -78,10 +78,7 @@ pub fn of_agent(
     host_tools: &crate::host_tools::Registry,
     agent: &AgentId,
 ) -> Result<(choir_common::admin::ToolList, SkillList), Error> {
-    use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
-    let tools = crate::tool_list::list(shared, host_tools, agent)?;
-    let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
-    let names = tools.tools.iter().map(|t| t.name.clone()).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
+    let (tools, names) = crate::tool_list::known_names(shared, host_tools, agent)?;
     let skills = list(shared, agent, &names)?;
     Ok((tools, skills))
 }

@@ -12,6 +12,21 @@ use crate::error::Error;
 use crate::host_tools::{Registry, ToolStatus};
 use crate::shared::Shared;
 
+/// Every tool name an agent may meet: its list's rows (installed, host,
+/// built-in) and the fixed names of choird's and the proposal tools; what a
+/// skill or a tool policy may name.
+pub fn known_names(
+    shared: &Shared,
+    host_tools: &Registry,
+    agent: &AgentId,
+) -> Result<(ToolList, std::collections::BTreeSet<String>), Error> {
+    use choir_common::tool_names::{BUILTIN_TOOLS, CHOIRD_TOOLS, HOST_TOOLS, PROPOSAL_TOOLS};
+    let tools = list(shared, host_tools, agent)?;
+    let fixed = [BUILTIN_TOOLS, HOST_TOOLS, CHOIRD_TOOLS, PROPOSAL_TOOLS].concat();
+    let names = tools.tools.iter().map(|t| t.name.clone()).chain(fixed.iter().map(|n| (*n).to_owned())).collect();
+    Ok((tools, names))
+}
+
 /// The tools of `agent`.
 pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<ToolList, Error> {
     let config = shared.config();

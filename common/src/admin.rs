@@ -223,6 +223,10 @@ pub struct AgentSummary {
     pub id: String,
     /// `process` or `docker`.
     pub runtime: String,
+    /// The configured runtime, when it is not the one this session runs in
+    /// (switched by a reload; it applies at the agent's next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_runtime: Option<String>,
     /// `stopped`, `starting`, `running`, `exited`.
     pub state: String,
     /// Current or last session id.

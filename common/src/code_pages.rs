@@ -457,27 +457,28 @@ pub fn drop_unmapped_cache() -> bool {
         .is_ok()
 }
 
-/// [`give_back`] with its outcome logged; never fatal (on failure the pages
+/// [`give_back`] with its outcome logged (at debug: an internal of start-up,
+/// no news for the operator's journal); never fatal (on failure the pages
 /// only stay resident). Never inlined: `scripts/code-order.sh` splits its
 /// profile of start-up from steady turns where this function is entered.
 #[inline(never)]
 pub fn give_back_logged() {
     match give_back() {
         Ok(g) => {
-            log::info!(
+            log::debug!(
                 "gave back {} KiB of code pages start-up ran through ({} mappings, {} of them libraries'); what runs again comes back",
                 g.resident_before / 1024,
                 g.mappings,
                 g.library_mappings
             );
             if !g.cache_advised && g.mappings > 0 {
-                log::info!("the binary's unmapped cached pages could not be advised away (/proc/self/exe unreadable)");
+                log::debug!("the binary's unmapped cached pages could not be advised away (/proc/self/exe unreadable)");
             }
             if g.refused > 0 {
-                log::warn!("{} mappings of the binary's code refused MADV_DONTNEED; they stay resident", g.refused);
+                log::debug!("{} mappings of the binary's code refused MADV_DONTNEED; they stay resident", g.refused);
             }
         }
-        Err(e) => log::warn!("start-up's code pages not given back: {e}"),
+        Err(e) => log::debug!("start-up's code pages not given back: {e}"),
     }
 }
 

@@ -195,9 +195,10 @@ fn the_kill_switch_stops_every_tool_at_once_is_audited_and_survives_a_restart() 
     assert_eq!(result(1)["error"]["code"], "kill_switch");
     assert!(!choird.workspace("demo").join("blocked.txt").exists());
 
-    // It is persisted: a restarted choird (and its newly started agent) keeps it on.
+    // It is persisted: a restarted choird (and its agent, started again
+    // because it ran when choird stopped) keeps it on.
     choird.restart();
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo");
     assert_eq!(choird.ctl_ok(&["chat", "demo", "write again"]), "still could not\n");
     assert_eq!(result(3)["error"]["code"], "kill_switch");
 

@@ -73,7 +73,7 @@ fn stopped_as_systemd_stops_it_choird_records_every_stop_and_leaves_no_session_o
     // when the whole control group got its signal at once (PostgreSQL's
     // fast shutdown, the way its own unit stops it): the checks above see
     // the loss.
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    choird.wait_running("demo"); // it ran when choird stopped: started again
     assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "hello\n");
     let before = choird.stderr().len();
     let pidfile = std::fs::read_to_string(choird.home.path().join("pg/data/postmaster.pid")).unwrap();
@@ -183,4 +183,73 @@ fn status_says_starting_while_choird_prepares_its_database() {
     }
     choird.wait_ready();
     assert!(seen.iter().any(|s| s.contains("starting") && s.contains(&pid)), "while initdb ran, status said: {seen:?}");
+}
+
+/// What `systemctl`/`docker` users expect of start, stop, restart and
+/// update: a stop of a stopped agent is done already (exit 0); `agent
+/// restart` starts a stopped agent; `agent update` under the process
+/// runtime restarts it without asking a Docker engine; a restart of choird
+/// starts again the agents that were running (not the stopped ones), with
+/// no `autostart` set.
+#[test]
+fn agents_stop_restart_update_and_come_back_after_a_choird_restart_as_operators_expect() {
+    let Some(choir_tests::scenario::Scenario { pg: _pg, llm: _fake, mut choird }) =
+        choir_tests::scenario::Scenario::new()
+            .model(vec![Step::Text("one".into()), Step::Text("two".into())])
+            .agents(&["demo", "idle"])
+            .config(|c| c["docker"] = json!({"socket": "/nonexistent/docker.sock"}))
+            .secrets(json!({"llm_key": "k"}))
+            .running()
+            .build()
+    else {
+        return;
+    };
+    choird.ctl_ok(&["agent", "stop", "idle"]);
+    let out = choird.ctl(&["agent", "stop", "idle"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("was not running"), "{out:?}");
+
+    let session = |c: &Choird, id: &str| -> Option<u64> {
+        let s: serde_json::Value = serde_json::from_str(&c.ctl_ok(&["--json", "agent", "status", id])).unwrap();
+        s["session_id"].as_u64().filter(|_| s["state"] != "stopped")
+    };
+    let before = session(&choird, "demo").expect("demo runs");
+    let said = choird.ctl_ok(&["agent", "update", "demo"]);
+    assert!(said.contains("no image to build"), "{said}");
+    let after = session(&choird, "demo").expect("demo runs after update");
+    assert!(after > before, "update restarted it: {before} -> {after}");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "one\n");
+
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    assert!(choird.ctl_ok(&["agent", "restart", "demo"]).contains("restarted"));
+    assert!(session(&choird, "demo").is_some(), "restart starts a stopped agent");
+
+    // demo runs, idle does not: after choird's restart, the same.
+    choird.restart();
+    choird.wait_running("demo");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "again"]), "two\n");
+    assert_eq!(session(&choird, "idle"), None, "a stopped agent stays stopped");
+    assert!(choird.stderr().contains("was running when choird stopped; started again"));
+
+    // A runtime switched by SIGHUP applies at the next start; status shows
+    // the runtime the agent runs in, and the configured one beside it.
+    let path = choird.home.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["runtime"] = json!("docker");
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let pid = rustix::process::Pid::from_raw(choird.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    choir_tests::observe::wait_for("the reload", Duration::from_secs(30), || {
+        choird.stderr().contains("keep the runtime they run in until restarted")
+    });
+    let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!((s["runtime"].as_str(), s["configured_runtime"].as_str()), (Some("process"), Some("docker")), "{s}");
+    assert!(choird.ctl_ok(&["agent", "status", "demo"]).contains("config.json now says docker"));
+    config["runtime"] = json!("process");
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+
+    // Negative control: stopped by the operator before choird's restart, it stays stopped.
+    choird.ctl_ok(&["agent", "stop", "demo"]);
+    choird.restart();
+    assert_eq!(session(&choird, "demo"), None);
 }

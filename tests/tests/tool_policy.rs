@@ -45,9 +45,33 @@ fn a_denied_tool_is_neither_offered_nor_run_once_the_operator_says_so_without_a_
     let err = choird.ctl_err(&["policy", "tools", "demo", "--deny", "Bad Name"]);
     assert!(err.contains("not a tool name or a `prefix.*` pattern"), "{err}");
     assert_eq!(std::fs::read_to_string(choird.home.path().join("config.json")).unwrap(), before);
+    // A typo in a deny rule (it would have left choir.exec allowed) is
+    // refused with the nearest name; --force keeps a rule for a tool not
+    // installed yet.
+    let err = choird.ctl_err(&["policy", "tools", "demo", "--deny", "choir.exc"]);
+    assert!(err.contains("matches none of the agent's tools") && err.contains("did you mean \"choir.exec\""), "{err}");
+    assert_eq!(std::fs::read_to_string(choird.home.path().join("config.json")).unwrap(), before);
+    choird.ctl_ok(&["policy", "tools", "demo", "--deny", "weather.today", "--force"]);
+    assert_eq!(config_file(&choird)["agents"]["demo"]["tools"], json!({"deny": ["weather.today"]}));
+    // Kept from before, it is not asked about again.
+    choird.ctl_ok(&["policy", "tools", "demo", "--remove", "weather.today"]);
+
+    // The operator's layout (keys in their own order, not sorted) is kept:
+    // only the changed value is written; the text before is config.json.prev.
+    let path = choird.home.path().join("config.json");
+    let mut doc: serde_json::Map<String, Value> = serde_json::from_str(&before).unwrap();
+    let runtime = doc.remove("runtime").unwrap();
+    let layout = format!(
+        "{{\n  \"runtime\": {runtime},\n{}",
+        serde_json::to_string_pretty(&doc).unwrap().strip_prefix("{\n").unwrap()
+    );
+    std::fs::write(&path, &layout).unwrap();
 
     let version = config_version(&choird);
     let shown = choird.ctl_ok(&["policy", "tools", "demo", "--deny", "choir.exec"]);
+    let after = std::fs::read_to_string(&path).unwrap();
+    assert!(after.starts_with("{\n  \"runtime\": \"process\",\n"), "the layout was rewritten:\n{after}");
+    assert_eq!(std::fs::read_to_string(path.with_extension("json.prev")).unwrap(), layout);
     assert!(shown.contains("deny:  choir.exec") && shown.contains("allow: every tool"), "{shown}");
     assert_eq!(config_file(&choird)["agents"]["demo"]["tools"], json!({"deny": ["choir.exec"]}));
     let list: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "tools", "list", "demo"])).unwrap();
@@ -83,5 +107,7 @@ fn a_denied_tool_is_neither_offered_nor_run_once_the_operator_says_so_without_a_
     choird.ctl_ok(&["policy", "tools", "demo", "--reset"]);
     assert!(config_file(&choird)["agents"]["demo"].get("tools").is_none());
     let audit = choird.ctl_ok(&["--json", "audit", "--limit", "50"]);
-    assert_eq!(audit.matches("policy.tools").count(), 3, "{audit}");
+    // --deny, --force, --remove of the forced one, --allow, --reset: each
+    // applied change recorded; the refused typo is not.
+    assert_eq!(audit.matches("policy.tools").count(), 5, "{audit}");
 }

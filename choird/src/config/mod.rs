@@ -21,6 +21,7 @@ use crate::secrets::Secrets;
 mod accounts;
 mod agent;
 mod docker;
+pub mod edit;
 mod llm;
 mod memory;
 mod operations;
@@ -378,27 +379,28 @@ impl Config {
         for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
             if let Some(name) = &ep.api_key_secret {
                 if !secrets.contains(name) {
-                    out.push(format!("llm.{lane}.api_key_secret: secret {name:?} is not in secrets.json"));
+                    out.push(format!("llm.{lane}.api_key_secret: secret {name:?} is not in secrets.json; set it with `choirctl secrets set {name}`"));
                 }
             }
         }
         for (id, agent) in &self.agents {
             for (i, name) in agent.secrets.iter().enumerate() {
                 if !secrets.contains(name) {
-                    out.push(format!("agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json"));
+                    out.push(format!("agents.{id}.secrets[{i}]: secret {name:?} is not in secrets.json; set it with `choirctl secrets set {name}`"));
                 }
             }
         }
         if let Some(name) = self.memory.as_ref().and_then(|m| m.embeddings.api_key_secret.as_ref()) {
             if !secrets.contains(name) {
-                out.push(format!("memory.embeddings.api_key_secret: secret {name:?} is not in secrets.json"));
+                out.push(format!("memory.embeddings.api_key_secret: secret {name:?} is not in secrets.json; set it with `choirctl secrets set {name}`"));
             }
         }
         for (name, bot) in &self.telegram.bots {
             if !secrets.contains(&bot.token_secret) {
                 out.push(format!(
-                    "telegram.bots.{name}.token_secret: secret {:?} is not in secrets.json; the bot stays off",
-                    bot.token_secret
+                    "telegram.bots.{name}.token_secret: secret {:?} is not in secrets.json; the bot stays off until `choirctl \
+                     secrets set {}`",
+                    bot.token_secret, bot.token_secret
                 ));
             }
         }

@@ -384,21 +384,30 @@ impl Daemon {
         &self,
         id: &str,
         policy: &choir_common::tool_policy::ToolPolicy,
+        force: bool,
     ) -> Result<choir_common::tool_policy::ToolPolicy, Error> {
         let agent = self.known(id)?;
         policy.check().map_err(|e| Error::Malformed(format!("agents.{agent}.tools.{e}")))?;
-        self.rewrite_config(|text| {
-            let mut doc: Value = serde_json::from_str(text).map_err(|e| format!("config.json does not parse: {e}"))?;
-            let section = doc["agents"]
-                .get_mut(agent.as_str())
-                .and_then(Value::as_object_mut)
-                .ok_or_else(|| format!("config.json has no agents.{agent} object"))?;
-            if *policy == choir_common::tool_policy::ToolPolicy::default() {
-                section.remove("tools");
-            } else {
-                section.insert("tools".into(), json!(policy));
+        // A pattern naming no tool the agent has is most often a typo, and a
+        // mistyped deny leaves the tool allowed: refused unless forced (a
+        // rule for a tool not installed yet).
+        if !force {
+            let (_, known) = crate::tool_list::known_names(&self.shared, &self.host_tools, &agent)?;
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
+            let current = self.config().agents.get(&agent).map(|a| a.tools.clone()).unwrap_or_default();
+            let unmatched = policy.unmatched(&known, &current);
+            if !unmatched.is_empty() {
+                let each: Vec<String> = unmatched.iter().map(|u| format!("agents.{agent}.tools.{u}")).collect();
+                return Err(Error::Malformed(format!(
+                    "{}; nothing changed (`choirctl tools list {agent}` shows its tools; --force keeps a pattern for a \
+                     tool not installed yet)",
+                    each.join("; ")
+                )));
             }
-            serde_json::to_string_pretty(&doc).map(|t| t + "\n").map_err(|e| e.to_string())
+        }
+        self.rewrite_config(|text| {
+            let value = (*policy != choir_common::tool_policy::ToolPolicy::default()).then(|| json!(policy));
+            crate::config::edit::set(text, &["agents", agent.as_str(), "tools"], value.as_ref())
         })
         .map_err(Error::Conflict)?;
         self.audit("admin", Some(&agent), "policy.tools", "ok", json!({"allow": policy.allow, "deny": policy.deny}));

@@ -549,10 +549,12 @@ impl Daemon {
 
     /// Stops an agent: asks it (through its HEARTBEAT), then has the process or
     /// container stopped.
+    /// Stopping an agent that is not running is done already (as
+    /// `systemctl stop` of an inactive unit): its summary, nothing else.
     pub fn stop_agent(&self, id: &str, actor: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
         if !self.sessions.request_stop(&id) {
-            return Err(Error::Conflict(format!("agent {id} is not running")));
+            return self.summary(id.as_str());
         }
         let polite = self.wait_stopped(&id, Duration::from_secs(10));
         if !polite {
@@ -678,6 +680,23 @@ impl Daemon {
         let keep = config.docker.keep_agents_on_shutdown;
         let running = self.sessions.live();
         let mut kept = Vec::new();
+        // Who ran is written down first: the next choird starts them again,
+        // as `docker` restarts containers that were running (a restart of
+        // choird to apply a setting does not take agents down).
+        let stopped: Vec<String> = running
+            .iter()
+            .filter(|(_, container)| !(*container && keep))
+            .map(|(id, _)| id.as_str().to_owned())
+            .collect();
+        if !stopped.is_empty() {
+            let list = self.home.agents_to_resume();
+            let tmp = list.with_extension("new");
+            let written =
+                std::fs::write(&tmp, format!("{}\n", stopped.join("\n"))).and_then(|()| std::fs::rename(&tmp, &list));
+            if let Err(e) = written {
+                log::warn!("cannot note which agents to start again at the next start ({}): {e}", list.display());
+            }
+        }
         for (id, container) in running {
             if container && keep {
                 log::info!("agent {id}: left running; the next choird adopts it");
@@ -693,6 +712,26 @@ impl Daemon {
         // agent left running.
         for id in config.agents.keys().filter(|id| !kept.contains(id)) {
             self.release_workspace(id);
+        }
+    }
+
+    /// The agents the previous choird stopped at its shutdown (its note is
+    /// removed): each still configured, not started by `autostart` anyway,
+    /// and not adopted running, is started again.
+    pub fn resume_agents(self: &Arc<Self>) {
+        let list = self.home.agents_to_resume();
+        let Ok(text) = std::fs::read_to_string(&list) else { return };
+        let _ = std::fs::remove_file(&list);
+        let config = self.config();
+        for id in text.lines().filter_map(|l| AgentId::parse(l.trim()).ok()) {
+            let Some(agent) = config.agents.get(&id) else { continue };
+            if agent.autostart || self.sessions.live().iter().any(|(live, _)| *live == id) {
+                continue;
+            }
+            match self.start_agent(id.as_str(), "choird") {
+                Ok(_) => log::info!("agent {id}: was running when choird stopped; started again"),
+                Err(e) => log::error!("agent {id} was running when choird stopped and cannot start again: {e}"),
+            }
         }
     }
 
@@ -805,7 +844,13 @@ impl Daemon {
 
     /// Rolls a running agent onto the image of its current inputs: build, then
     /// stop and start (the new session gets the recovery snapshot).
+    /// Under the process runtime there is no image: the agent is restarted
+    /// on the installed `choir-agent` and the current config.
     pub fn update_agent(self: &Arc<Self>, id: &str, mut progress: impl FnMut(&str)) -> Result<AgentSummary, Error> {
+        if self.config().runtime == RuntimeKind::Process {
+            progress("process runtime: no image to build");
+            return self.restart_on(id, None, &mut progress);
+        }
         let tag = self.build_image(id, &mut progress)?;
         self.restart_on(id, Some(&tag), &mut progress)
     }

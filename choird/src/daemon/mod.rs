@@ -221,7 +221,26 @@ impl Daemon {
         self.logs().set_limits(config.logs.limits());
         self.shared.replace(config, secrets);
         self.reload_policies("choird");
+        self.warn_unmatched_tool_policies();
         self.sessions.wake_all();
+    }
+
+    /// Says, for every agent, each pattern of `agents.<id>.tools` in
+    /// config.json that matches none of its tools (a mistyped deny leaves
+    /// the tool allowed), with the nearest name. Patterns set with
+    /// `choirctl policy tools` were checked then; these are hand edits.
+    pub fn warn_unmatched_tool_policies(&self) {
+        let config = self.config();
+        for (agent, a) in &config.agents {
+            if a.tools == choir_common::tool_policy::ToolPolicy::default() {
+                continue;
+            }
+            let Ok((_, known)) = crate::tool_list::known_names(&self.shared, &self.host_tools, agent) else { continue };
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
+            for u in a.tools.unmatched(&known, &choir_common::tool_policy::ToolPolicy::default()) {
+                log::warn!("config.json agents.{agent}.tools.{u} (a tool not installed yet is fine; a typo is not)");
+            }
+        }
     }
 
     /// The argument policy in force for agent `id`.
@@ -258,9 +277,11 @@ impl Daemon {
         results
     }
 
-    /// Rewrites `config.json` with `edit` (old text → new text), refuses a
-    /// result that does not validate, replaces the file atomically and
-    /// reloads it. One rewrite at a time.
+    /// Rewrites `config.json` with `edit` (old text → new text; see
+    /// [`crate::config::edit`]: only what changed), refuses a result that
+    /// does not validate, keeps the text it replaces as `config.json.prev`,
+    /// replaces the file atomically with its mode kept, and reloads it. One
+    /// rewrite at a time.
     pub fn rewrite_config(&self, edit: impl FnOnce(&str) -> Result<String, String>) -> Result<(), String> {
         let _one = self.config_write.lock();
         let path = self.home.config();
@@ -268,8 +289,14 @@ impl Daemon {
         let new = edit(&text)?;
         Config::parse(&new)
             .map_err(|(field, reason)| format!("the changed config.json is invalid: {field}: {reason}"))?;
+        let mode = std::fs::metadata(&path).map(|m| m.permissions()).map_err(|e| format!("{}: {e}", path.display()))?;
+        let prev = path.with_extension("json.prev");
         let tmp = path.with_extension("json.choir-tmp");
-        std::fs::write(&tmp, &new).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        for (file, content) in [(&prev, &text), (&tmp, &new)] {
+            std::fs::write(file, content)
+                .and_then(|()| std::fs::set_permissions(file, mode.clone()))
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+        }
         std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
         let config = Config::load(&path).map_err(|e| e.to_string())?;
         self.reload(config, (*self.secrets()).clone());

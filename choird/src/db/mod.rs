@@ -182,6 +182,9 @@ impl Db {
     fn open(&self) -> Result<Client, DbError> {
         let mut config = self.config.clone();
         config.connect_timeout(Duration::from_secs(10));
+        // The server's notices ("relation … already exists, skipping" from
+        // an idempotent migration) are no news for the operator's journal.
+        config.notice_callback(|n| log::debug!("postgres notice: {}", n.message()));
         config.connect(NoTls).map_err(|e| DbError::Connect { target: self.target.clone(), source: e })
     }
 

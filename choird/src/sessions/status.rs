@@ -18,11 +18,22 @@ impl Sessions {
     }
 }
 
-fn summary(id: &AgentId, slot: &AgentSlot, runtime: &str) -> AgentSummary {
+/// The runtime a live session runs in (a SIGHUP may have switched the
+/// configured one since; it applies at the next start).
+fn running_runtime(instance: &Instance) -> &'static str {
+    match instance {
+        Instance::Process { .. } => "process",
+        Instance::Container { .. } => "docker",
+    }
+}
+
+fn summary(id: &AgentId, slot: &AgentSlot, configured: &str) -> AgentSummary {
     let s = slot.session.as_ref();
+    let runtime = s.and_then(|s| s.instance.as_ref()).map(running_runtime).unwrap_or(configured);
     AgentSummary {
         id: id.to_string(),
         runtime: runtime.to_owned(),
+        configured_runtime: (runtime != configured).then(|| configured.to_owned()),
         state: slot.phase.as_str().to_owned(),
         session_id: s.map(|s| s.id).or(slot.last_session),
         pid: s.and_then(|s| match &s.instance {

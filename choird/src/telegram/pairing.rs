@@ -6,7 +6,7 @@
 //! audited.
 
 use choir_common::admin::{PairingInfo, PairingList};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::bots::BotSpec;
 use super::bots::Handle;
@@ -54,9 +54,8 @@ pub fn decide(d: &Handle, bot: &str, user: i64, approve: bool, by: &str) -> Resu
     }
     if approve {
         let added = d.control.rewrite_config(Box::new(|text| {
-            let mut doc: Value = serde_json::from_str(text).map_err(|e| format!("config.json does not parse: {e}"))?;
-            doc["telegram"]["bots"][bot]["users"][user.to_string()] = json!({"agent": agent});
-            serde_json::to_string_pretty(&doc).map(|t| t + "\n").map_err(|e| e.to_string())
+            let user = user.to_string();
+            crate::config::edit::set(text, &["telegram", "bots", bot, "users", &user], Some(&json!({"agent": agent})))
         }));
         if let Err(e) = added {
             // Not let in after all: the request stays open.

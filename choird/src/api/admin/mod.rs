@@ -61,7 +61,8 @@ pub fn handle(
         }
         R::SetToolPolicy { id } => {
             let policy: choir_common::tool_policy::ToolPolicy = req.json()?;
-            Ok(Response::ok(&d.set_tool_policy(&id, &policy)?))
+            let force = matches!(req.query("force"), Some("1" | "true"));
+            Ok(Response::ok(&d.set_tool_policy(&id, &policy, force)?))
         }
         R::ArgumentPolicy { id } => Ok(Response::ok(&*d.argument_policy(&d.known_agent(&id)?))),
         R::TestPolicy { id } => {
