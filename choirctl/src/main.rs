@@ -48,6 +48,9 @@ commands:
                                 Docker and the base image, PostgreSQL and pgvector, each
                                 model endpoint, embeddings, bot tokens, host tools' logins),
                                 naming the fix for each problem; exits 1 if something failed
+  reload                        read config.json and secrets.json again (as SIGHUP does):
+                                prints what applies now, what at an agent's or choird's
+                                restart, or why it was refused (exit 1, nothing changed)
   agent list                    configured agents
   agent status ID               one agent: state, session, lanes
   agent start ID                start an agent (agents running when choird stopped are
@@ -271,6 +274,7 @@ fn real_main() -> anyhow::Result<()> {
     let ctx = Ctx { client: Client::new(&home), json, stream };
     match w.as_slice() {
         ["status"] => status(&ctx),
+        ["reload"] => reload(&ctx),
         ["backup", file] => backup::backup(&ctx, file, workspaces),
         ["doctor"] => {
             if !doctor::run(&ctx, &home)? {
@@ -525,9 +529,17 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&s);
     }
-    say!("choird {} (pid {}), up {} s", s.version, s.pid, s.uptime_s);
+    say!(
+        "choird {} (pid {}), up {}",
+        s.version,
+        s.pid,
+        choir_common::text::human_duration(std::time::Duration::from_secs(s.uptime_s))
+    );
     say!("home:     {}", s.home);
     say!("database: {}", s.database);
+    if let Some(why) = &s.config_on_disk {
+        say!("config:   {why}");
+    }
     for line in &s.disk {
         say!("disk:     {line}");
     }
@@ -541,6 +553,34 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
         usage_table(&s.usage);
     }
     Ok(())
+}
+
+/// `reload`: config.json and secrets.json read again, as SIGHUP does; what
+/// was applied, what waits for a restart, or why it was refused (exit 1).
+fn reload(ctx: &Ctx) -> anyhow::Result<()> {
+    let r: choir_common::admin::ReloadReport = ctx.client.post("reload", &serde_json::json!({}))?;
+    if ctx.json {
+        print_json(&r)?;
+    } else if r.refused.is_none() {
+        let list = |v: &[String]| if v.is_empty() { "nothing".to_owned() } else { v.join(", ") };
+        say!("applied now: {}", list(&r.applied));
+        if !r.after_agent_restart.is_empty() {
+            say!("at each agent's next start (choirctl agent restart ID): {}", list(&r.after_agent_restart));
+        }
+        if !r.after_choird_restart.is_empty() {
+            say!("only after choird restarts (systemctl restart choird): {}", list(&r.after_choird_restart));
+        }
+        if r.secrets_changed {
+            say!("secrets.json: changed (in use from now on)");
+        }
+        if r.applied.iter().any(|p| p.starts_with("agents.") && p.matches('.').count() == 1) {
+            say!("a new agent with a workspace quota needs its image mounted as root first: systemctl reload choird");
+        }
+    }
+    match r.refused {
+        Some(why) => anyhow::bail!("reload refused, choird keeps running with its config: {why}"),
+        None => Ok(()),
+    }
 }
 
 /// Each agent's use of its quotas and budget, `used/limit` (`-` unknown,

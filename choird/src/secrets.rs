@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::Path;
 
 /// The loaded secrets. `Debug` never prints values.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secrets {
     values: BTreeMap<String, String>,
 }

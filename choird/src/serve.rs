@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use choir_common::admin::ReloadReport;
 use choir_common::ids::AgentId;
 
 use crate::api::Router;
@@ -393,25 +394,35 @@ fn signal_loop(
     let mut rounds: u64 = 0;
     loop {
         rounds += 1;
+        let mut reloads: Vec<Option<crossbeam_channel::Sender<ReloadReport>>> = Vec::new();
         for sig in signals.pending() {
             match sig {
-                SIGHUP => {
-                    if reload(daemon) {
-                        apply_agent_set(daemon, listeners);
-                    }
-                    // Bots, users and tokens may have changed: the gateway starts afresh.
-                    if let Some(g) = gateway.take() {
-                        g.stop(tg);
-                    }
-                    match crate::telegram::Gateway::start(tg) {
-                        Ok(g) => *gateway = g,
-                        Err(e) => log::error!("telegram gateway not restarted: {e}"),
-                    }
-                    choir_common::code_pages::give_back_logged();
-                }
+                SIGHUP => reloads.push(None),
                 SIGTERM | SIGINT => return Ok(()),
                 other => bail!("unexpected signal {other}"),
             }
+        }
+        while let Some(asked) = daemon.reload_asked() {
+            reloads.push(Some(asked));
+        }
+        if !reloads.is_empty() {
+            // One reload answers every request that came in meanwhile.
+            let report = reload(daemon);
+            if report.refused.is_none() {
+                apply_agent_set(daemon, listeners);
+                // Bots, users and tokens may have changed: the gateway starts afresh.
+                if let Some(g) = gateway.take() {
+                    g.stop(tg);
+                }
+                match crate::telegram::Gateway::start(tg) {
+                    Ok(g) => *gateway = g,
+                    Err(e) => log::error!("telegram gateway not restarted: {e}"),
+                }
+            }
+            for reply in reloads.into_iter().flatten() {
+                let _ = reply.send(report.clone());
+            }
+            choir_common::code_pages::give_back_logged();
         }
         // A frozen process-runtime agent is ended within a second, an agent
         // that stopped answering within SILENT_AFTER and a second.
@@ -455,7 +466,10 @@ fn apply_agent_set(daemon: &Arc<Daemon>, listeners: &mut Listeners) {
 }
 
 /// Reloads config.json and secrets.json; false when refused.
-fn reload(daemon: &Daemon) -> bool {
+/// Reloads config.json and secrets.json (SIGHUP, `choirctl reload`); the
+/// report says what changed and when each change takes effect, or why the
+/// reload was refused (the running configuration stays).
+fn reload(daemon: &Daemon) -> ReloadReport {
     let home = &daemon.home;
     let loaded = home
         .check_secrets_mode()
@@ -465,8 +479,17 @@ fn reload(daemon: &Daemon) -> bool {
     match loaded {
         Ok((config, secrets)) => {
             let runtime = config.runtime.as_str();
+            let mut report = crate::config::diff::changes(&daemon.config(), &config);
+            report.secrets_changed = secrets != *daemon.secrets();
             daemon.reload(config, secrets);
-            log::info!("reloaded config.json and secrets.json");
+            log::info!(
+                "reloaded config.json and secrets.json: applied {:?}; after choird's restart {:?}; after each agent's \
+                 restart {:?}{}",
+                report.applied,
+                report.after_choird_restart,
+                report.after_agent_restart,
+                if report.secrets_changed { "; secrets changed" } else { "" }
+            );
             let keep: Vec<String> = daemon
                 .sessions
                 .summaries(runtime, |_| false)
@@ -481,11 +504,11 @@ fn reload(daemon: &Daemon) -> bool {
                     keep.join(", ")
                 );
             }
-            true
+            report
         }
         Err(e) => {
             log::error!("reload refused, keeping the running config: {e}");
-            false
+            ReloadReport { refused: Some(format!("{e}")), ..ReloadReport::default() }
         }
     }
 }

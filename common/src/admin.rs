@@ -173,6 +173,32 @@ pub struct StatusResponse {
     /// What each configured agent uses of its quotas and budget.
     #[serde(default)]
     pub usage: Vec<AgentUsage>,
+    /// Why config.json on disk is not the configuration choird runs with
+    /// (edited since the last load, or no longer valid); none when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_on_disk: Option<String>,
+}
+
+/// What a reload (`choirctl reload`, SIGHUP) did with config.json and
+/// secrets.json: each changed field (`agents.ops.max_steps`) by when it
+/// takes effect, or why the whole reload was refused (nothing changed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadReport {
+    /// In force now (agents take their new dynamic config at once).
+    #[serde(default)]
+    pub applied: Vec<String>,
+    /// Read, but in force only once choird restarts (listeners, database).
+    #[serde(default)]
+    pub after_choird_restart: Vec<String>,
+    /// In force for an agent at its next start (`agent restart ID`).
+    #[serde(default)]
+    pub after_agent_restart: Vec<String>,
+    /// Whether secrets.json changed (values are never shown).
+    #[serde(default)]
+    pub secrets_changed: bool,
+    /// Why the reload was refused; the running configuration stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// One quota or budget: how much is used of how much (`None`: unlimited,

@@ -253,3 +253,45 @@ fn agents_stop_restart_update_and_come_back_after_a_choird_restart_as_operators_
     choird.restart();
     assert_eq!(session(&choird, "demo"), None);
 }
+
+/// `choirctl reload` says what applies now, what waits for a restart, and
+/// why a reload was refused (exit 1, the running configuration kept);
+/// `status` says when config.json on disk is not what choird runs with.
+#[test]
+fn reload_reports_what_it_applied_what_waits_and_why_it_refused() {
+    let Some(choir_tests::scenario::Scenario { pg: _pg, llm: _fake, choird }) =
+        choir_tests::scenario::Scenario::new().secrets(json!({"llm_key": "k"})).build()
+    else {
+        return;
+    };
+    let path = choird.home.path().join("config.json");
+    let original = std::fs::read_to_string(&path).unwrap();
+    assert!(!choird.ctl_ok(&["status"]).contains("config:"), "nothing differs yet");
+    let mut config: serde_json::Value = serde_json::from_str(&original).unwrap();
+    config["agents"]["demo"]["max_steps_per_turn"] = json!(7);
+    config["agents"]["demo"]["resources"] = json!({"pids": 99});
+    config["metrics_listen"] = json!("127.0.0.1:0");
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    assert!(choird.ctl_ok(&["status"]).contains("config.json has changed since it was loaded"));
+
+    let said = choird.ctl_ok(&["reload"]);
+    assert!(said.contains("applied now: agents.demo.max_steps_per_turn"), "{said}");
+    assert!(
+        said.contains("at each agent's next start (choirctl agent restart ID): agents.demo.resources.pids"),
+        "{said}"
+    );
+    assert!(said.contains("only after choird restarts (systemctl restart choird): metrics_listen"), "{said}");
+    assert!(!choird.ctl_ok(&["status"]).contains("config:"), "{}", choird.ctl_ok(&["status"]));
+
+    // Refused: nothing changes, and the operator is told why.
+    std::fs::write(&path, original.replace("\"agents\"", "\"agnets\"")).unwrap();
+    let out = choird.ctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reload refused") && err.contains("agnets"), "{err}");
+    assert!(choird.ctl_ok(&["status"]).contains("config.json on disk is not valid"));
+    let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(s["id"], "demo", "the running configuration still has its agent");
+    let audit = choird.ctl_ok(&["--json", "audit", "--limit", "20"]);
+    assert!(audit.contains("config.reload") && audit.contains("refused"), "{audit}");
+}

@@ -20,6 +20,7 @@ use crate::secrets::Secrets;
 
 mod accounts;
 mod agent;
+pub mod diff;
 mod docker;
 pub mod edit;
 mod llm;

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use choir_common::admin::{AgentSummary, AgentUsage, ChatResponse, Use};
+use choir_common::admin::{AgentSummary, AgentUsage, ChatResponse, ReloadReport, Use};
 use choir_common::ids::AgentId;
-use crossbeam_channel::{unbounded, Receiver};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -157,6 +157,9 @@ pub struct Daemon {
     arg_policies: ArgPolicies,
     /// The scheduler's clock and its thread's wake-up.
     pub schedule: crate::schedule::Scheduling,
+    /// Reloads asked through the admin API, each with where its report
+    /// goes; the signal loop does them as it does SIGHUP's.
+    reloads: (Sender<Sender<ReloadReport>>, Receiver<Sender<ReloadReport>>),
 }
 
 impl std::ops::Deref for Daemon {
@@ -199,6 +202,31 @@ impl Daemon {
             unauth_audit: Mutex::new(AuditPace::default()),
             arg_policies: ArgPolicies::default(),
             schedule: crate::schedule::Scheduling::new(parts.clock),
+            reloads: crossbeam_channel::bounded(4),
+        }
+    }
+
+    /// Asks the signal loop for a reload (the one SIGHUP does) and waits
+    /// for its report.
+    pub fn request_reload(&self) -> Result<ReloadReport, Error> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.reloads.0.try_send(tx).map_err(|_| Error::Unavailable("reloads are already queued; try again".into()))?;
+        rx.recv_timeout(Duration::from_secs(120))
+            .map_err(|_| Error::Timeout("the reload did not finish within 120 s; see choirctl logs".into()))
+    }
+
+    /// A reload asked through the admin API, if one waits.
+    pub fn reload_asked(&self) -> Option<Sender<ReloadReport>> {
+        self.reloads.1.try_recv().ok()
+    }
+
+    /// Why config.json on disk is not the configuration in force (none:
+    /// it is), for `status`.
+    pub fn config_on_disk(&self) -> Option<String> {
+        match Config::load(&self.home.config()) {
+            Ok(c) if c == *self.config() => None,
+            Ok(_) => Some("config.json has changed since it was loaded: `choirctl reload` applies it".into()),
+            Err(e) => Some(format!("config.json on disk is not valid ({e}); choird runs with the last valid one")),
         }
     }
 

@@ -30,6 +30,17 @@ pub fn handle(
     use AdminRequest as R;
     match route {
         R::Status => Ok(Response::ok(&operations::status(d))),
+        R::Reload => {
+            let report = d.request_reload()?;
+            d.audit(
+                "admin",
+                None,
+                "config.reload",
+                if report.refused.is_some() { "refused" } else { "ok" },
+                serde_json::json!(report),
+            );
+            Ok(Response::ok(&report))
+        }
         R::KillSwitch => operations::kill_switch(d, req),
         R::ReloadPolicies => Ok(Response::ok(&operations::reload_policies(d))),
         R::Backup => operations::backup(d, req),

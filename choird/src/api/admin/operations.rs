@@ -24,6 +24,7 @@ pub(super) fn status(d: &Daemon) -> StatusResponse {
         disk: d.config().agents.keys().filter_map(|id| d.disk_refusal(id).map(|why| format!("{id}: {why}"))).collect(),
         agents: d.summaries(),
         usage: d.usage(),
+        config_on_disk: d.config_on_disk(),
     }
 }
 

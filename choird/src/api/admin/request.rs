@@ -37,6 +37,8 @@ pub enum MemoryRead {
 pub enum AdminRequest {
     /// `GET status`.
     Status,
+    /// `POST reload`: config.json and secrets.json again, as SIGHUP does.
+    Reload,
     /// `POST policy/kill-switch`, body `{"on": bool}`.
     KillSwitch,
     /// `POST policy/reload`.
@@ -131,6 +133,7 @@ impl AdminRequest {
         let s = |v: &str| v.to_owned();
         Ok(match (head.method.as_str(), parts.as_slice()) {
             ("GET", ["status"]) => R::Status,
+            ("POST", ["reload"]) => R::Reload,
             ("POST", ["policy", "kill-switch"]) => R::KillSwitch,
             ("POST", ["policy", "reload"]) => R::ReloadPolicies,
             ("POST", ["backup"]) => R::Backup,
