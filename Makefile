@@ -10,6 +10,10 @@ CARGO   ?= cargo
 PREFIX  ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
+MANDIR  ?= $(PREFIX)/share/man/man1
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/vendor-completions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 
 .PHONY: all deps build-deps runtime-deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
 
@@ -115,6 +119,12 @@ install:
 	install -m 0644 README.md DESIGN.md $(DESTDIR)$(PREFIX)/share/doc/choir/
 	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/choir/docs/
 	install -m 0755 $(BUILT)/choird $(BUILT)/choir-agent $(BUILT)/choirctl $(DESTDIR)$(PREFIX)/bin/
+	@# The man page and completions come from choirctl's own command definitions.
+	install -d $(DESTDIR)$(MANDIR) $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	$(BUILT)/choirctl man > $(DESTDIR)$(MANDIR)/choirctl.1
+	$(BUILT)/choirctl completions bash > $(DESTDIR)$(BASHCOMPDIR)/choirctl
+	$(BUILT)/choirctl completions zsh > $(DESTDIR)$(ZSHCOMPDIR)/_choirctl
+	$(BUILT)/choirctl completions fish > $(DESTDIR)$(FISHCOMPDIR)/choirctl.fish
 	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
 	@if [ -z "$(DESTDIR)" ]; then ./scripts/install-user.sh; fi
@@ -126,6 +136,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/choird $(DESTDIR)$(PREFIX)/bin/choir-agent $(DESTDIR)$(PREFIX)/bin/choirctl
 	rm -f $(DESTDIR)$(UNITDIR)/choird.service
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/choir
+	rm -f $(DESTDIR)$(MANDIR)/choirctl.1 $(DESTDIR)$(BASHCOMPDIR)/choirctl $(DESTDIR)$(ZSHCOMPDIR)/_choirctl $(DESTDIR)$(FISHCOMPDIR)/choirctl.fish
 
 clean:
 	$(CARGO) clean

@@ -5,6 +5,7 @@
 #[macro_use]
 mod term;
 mod backup;
+mod cli;
 mod client;
 mod ctx;
 mod doctor;
@@ -29,128 +30,6 @@ use serde_json::Value;
 use client::Client;
 use ctx::{print_json, Ctx};
 
-const USAGE: &str = "\
-usage: choirctl [--home DIR] [--json] COMMAND
-
-commands:
-  status                        choird's state and its agents
-  backup FILE [--workspaces]    a consistent archive of the home: config, secrets, repos/, the
-                                database (pg_dump) and, with --workspaces, the agents' workspaces;
-                                FILE is new and mode 0600 (it holds the secrets)
-  restore FILE [--database-url URL | --managed]
-                                unpack a backup into an empty home (--home) and load its database
-                                (a new managed cluster, or database_url's empty database; or
-                                the empty database at URL, or a new managed cluster, which the
-                                restored config.json then names; URL - reads it from stdin, out
-                                of ps and the shell's history); offline: run it before choird
-                                starts there
-  doctor                        check what a deployment needs (config, secrets, disk, sockets,
-                                Docker and the base image, PostgreSQL and pgvector, each
-                                model endpoint, embeddings, bot tokens, host tools' logins),
-                                naming the fix for each problem; exits 1 if something failed
-  reload                        read config.json and secrets.json again (as SIGHUP does):
-                                prints what applies now, what at an agent's or choird's
-                                restart, or why it was refused (exit 1, nothing changed)
-  agent list                    configured agents
-  agent status ID               one agent: state, session, lanes
-  agent start ID                start an agent (agents running when choird stopped are
-                                started again when it starts)
-  agent build ID                build the agent's image from repos/ (validates first)
-  agent update ID               rebuild and roll the running agent onto the new image
-                                (process runtime: restart it on the installed binary)
-  agent stop ID                 stop an agent (finishes its current message); a stopped
-                                agent is left as it is (exit 0)
-  agent restart ID              stop it if it runs, then start it
-  agent events ID [--after N] [--follow]
-                                the agent's replicated commit log; --follow keeps
-                                printing new events as they are replicated
-  logs [ID] [--follow] [--since T] [--level L] [--grep S] [--limit N]
-                                choird's log, or agent ID's output and what choird said
-                                about it, archives included; T: a time or an age (10m, 2h,
-                                3d); L: error, warn, info, debug, trace; -f: keep printing;
-                                with choird down, read from the files
-  usage [ID] [--since T] [--by day|model|lane|agent|job]
-                                relayed model calls, tokens and estimated cost (prices:
-                                config.json llm.prices), per group and in total
-  schedule list [ID]            scheduled jobs: when, next firing, precondition, state
-  schedule add ID NAME (--cron EXPR [--tz ZONE] | --every DUR) --prompt TEXT
-               [--skill S --input JSON] [--tools T1,T2] [--steps N] [--tokens N] [--wall DUR]
-               [--deliver tg:BOT:USER] [--missed skip|run_once] [--breaker N]
-               [--precondition mail|memory|file:PATH|url:URL]   (or --file JOB.json)
-                                a job run as a core job at each firing (EXPR: 5 fields, or 6
-                                with seconds first; DUR: 90s, 30m, 2h, 1d); its result goes
-                                to the chat, or only to the log; the precondition is looked
-                                at by choird first, and nothing new means no model call
-  schedule show ID/NAME         the job, its next firings, the last ten with outcome,
-                                duration and tokens
-  schedule rm|pause|resume|run-now ID/NAME
-                                remove, pause, resume (failures reset) or fire it now
-  sessions [ID] [--limit N]     every session (of one agent), newest first: start, how
-                                long it ran, what it ran in, commits, tokens, how it ended
-  agent cancel ID [LANE]        stop the agent's current work: LANE is edge
-                                (default: its current turn or skill), core:JOB, or all
-  approvals list [--status S] [--all] [--agent ID]
-                                proposals waiting for a decision (or of status S)
-  approvals show ID             a proposal's full content and what it would change
-  approvals approve ID [--sha256 HASH] [--remember-days N]
-                                approve (bound to the content's sha256) and apply it; for
-                                a call, --remember-days keeps its destinations as the
-                                operator's for this agent for N days (1-365: no
-                                confirmation for them; policy show lists them; delete one
-                                from HOME/remembered/ID.json and policy reload to forget it)
-  approvals reject ID --reason TEXT
-                                reject it; the agent is told why
-  memory stats ID               items per tier, pending embeddings, index size
-  memory search ID TEXT [--k N] the items nearest to TEXT (semantic), for debugging
-  memory export ID              every item as JSON lines (with embeddings), to stdout
-  telegram status               the Telegram gateway: bots, last poll, queues, errors
-  telegram pairings [--all]     users who asked a bot (with pairing) to be let in
-  telegram pair BOT USER [--refuse]
-                                let a user in (adds them to config.json), or refuse them
-  skills validate PATH [--agent ID]
-                                check a skill file, or a directory of them, as agents do
-                                at start, offline (against the global tools, and the
-                                agent's with --agent)
-  skills list ID                every skill the agent has: built-in, global or agent, with
-                                status (ok, invalid and why, replaced) and its file
-  skills add ID FILE [--global] put a skill you reviewed into repos/ (the agent's layer, or
-                                global), as an approved proposal: validated, committed
-                                with git, rolled out to the running agent
-  tools add ID MANIFEST EXECUTABLE [--global]
-                                the same for a tool: its manifest and its (text) executable
-  chat ID [MESSAGE] [--stream]  send MESSAGE and print the answer; without
-                                MESSAGE, read messages line by line; the answer
-                                is shown as it is written on a terminal or with
-                                --stream
-  tools list ID                 every tool the agent has: built-in, host (run by
-                                choird) and external, with status (system,
-                                available and why, connected) and where it runs
-  tools check ID TOOL           try a host tool's connection now (a login, a token)
-  tools validate PATH           check a tool manifest, or a directory of them, offline,
-                                as an agent does at start
-  secrets list                  every secret: set or missing, length, what uses it (never a value)
-  secrets set NAME              set a secret from stdin or a prompt (never the command line);
-                                choird uses it at once, agents bound to it when they start
-  secrets rm NAME               remove a secret nothing uses (else says what does)
-  audit [--agent ID] [--limit N]  the audit trail
-  policy kill-switch on|off     stop (or allow again) all tool execution, for every agent
-  policy reload                 reload the argument policies (repos/global/policy.json,
-                                repos/agents/ID/policy.json); a refused file keeps the
-                                policy in force and is named with its rule and example
-  policy show ID                the argument policy in force for an agent
-  policy tools ID [--allow P]... [--deny P]... [--remove P]... [--reset] [--force]
-                                the agent's tool policy (P: a tool name or prefix.*);
-                                changes rewrite config.json and reach a running agent
-                                at once: it is never offered, and never runs, the rest
-  policy test ID TOOL ARGS [--from POINTER=SOURCE[,SOURCE]]... [--after-untrusted] [--outside-intent]
-                                the decision on TOOL called with the JSON ARGS, the rules
-                                that held and each value's provenance (user, operator,
-                                trusted, untrusted; a value not named: model); the two
-                                flags judge rules about the call itself as if untrusted
-                                content had been read / the tool was not part of the plan
-
-DIR defaults to $CHOIR_HOME, then ~/.choir.d.";
-
 fn main() {
     if let Err(e) = real_main() {
         say_err!("choirctl: {e:#}");
@@ -158,221 +37,207 @@ fn main() {
     }
 }
 
-fn real_main() -> anyhow::Result<()> {
-    use lexopt::prelude::*;
-    let mut home: Option<PathBuf> = None;
-    let mut json = false;
-    let mut stream = false;
-    let mut words: Vec<String> = Vec::new();
-    let mut after: u64 = 0;
-    let mut limit: u64 = 100;
-    let mut agent_filter: Option<String> = None;
-    let mut status_filter: Option<String> = None;
-    let mut all = false;
-    let mut sha256: Option<String> = None;
-    let mut reason: Option<String> = None;
-    let mut refuse = false;
-    let mut k: u64 = 5;
-    let mut from: Vec<String> = Vec::new();
-    let mut remember_days: Option<u64> = None;
-    let mut call_facts = policy::CallFlags::default();
-    let mut follow = false;
-    let mut limit_set = false;
-    let mut tool_changes = policy::ToolChanges::default();
-    let mut since: Option<String> = None;
-    let mut level: Option<String> = None;
-    let mut grep: Option<String> = None;
-    let mut by: Option<String> = None;
-    let mut workspaces = false;
-    let mut restore_into = backup::RestoreInto::AsBackedUp;
-    let mut global = false;
-    let mut job = schedule::AddArgs::default();
-    let mut parser = lexopt::Parser::from_env();
-    while let Some(arg) = parser.next()? {
-        match arg {
-            Long("home") => home = Some(parser.value()?.into()),
-            Long("json") => json = true,
-            Long("stream") => stream = true,
-            Long("after") => after = parser.value()?.parse()?,
-            Long("limit") => {
-                limit = parser.value()?.parse()?;
-                limit_set = true;
-            }
-            Long("allow") => tool_changes.allow.push(parser.value()?.string()?),
-            Long("deny") => tool_changes.deny.push(parser.value()?.string()?),
-            Long("remove") => tool_changes.remove.push(parser.value()?.string()?),
-            Long("reset") => tool_changes.reset = true,
-            Long("force") => tool_changes.force = true,
-            Long("since") => since = Some(parser.value()?.string()?),
-            Long("level") => level = Some(parser.value()?.string()?),
-            Long("by") => by = Some(parser.value()?.string()?),
-            Long("grep") => grep = Some(parser.value()?.string()?),
-            Long("agent") => agent_filter = Some(parser.value()?.string()?),
-            Long("status") => status_filter = Some(parser.value()?.string()?),
-            Long("all") => all = true,
-            Long("workspaces") => workspaces = true,
-            Long(name @ ("database-url" | "managed")) => {
-                if restore_into != backup::RestoreInto::AsBackedUp {
-                    anyhow::bail!("give one of --database-url and --managed, once");
-                }
-                restore_into = if name == "managed" {
-                    backup::RestoreInto::Managed
-                } else {
-                    // Never echoed: the string may hold a password.
-                    let url =
-                        parser.value()?.into_string().map_err(|_| anyhow::anyhow!("--database-url is not UTF-8"))?;
-                    backup::RestoreInto::Url(if url == "-" {
-                        secrets::read_hidden("the database's connection string")?
-                    } else {
-                        url
-                    })
-                };
-            }
-            Long("global") => global = true,
-            Long("sha256") => sha256 = Some(parser.value()?.string()?),
-            Long("remember-days") => remember_days = Some(parser.value()?.parse()?),
-            Long("reason") => reason = Some(parser.value()?.string()?),
-            Long("refuse") => refuse = true,
-            Long("k") => k = parser.value()?.parse()?,
-            Long("from") => from.push(parser.value()?.string()?),
-            Long("after-untrusted") => call_facts.after_untrusted = true,
-            Long("outside-intent") => call_facts.outside_intent = true,
-            Long("follow") | Short('f') => follow = true,
-            Long(name) if schedule::AddArgs::takes(name) => {
-                let name = name.to_owned();
-                job.set(&name, parser.value()?.string()?);
-            }
-            Long("help") | Short('h') => {
-                say!("{USAGE}");
-                return Ok(());
-            }
-            Long("version") | Short('V') => {
-                say!("choirctl {}", env!("CARGO_PKG_VERSION"));
-                return Ok(());
-            }
-            Value(v) => words.push(v.string()?),
-            _ => return Err(arg.unexpected().into()),
-        }
+/// The home: --home, else $CHOIR_HOME, else ~/.choir.d; when that has no
+/// admin socket and the systemd unit's home has one, that (an operator
+/// running choirctl as root or as a member of the `choir` group reaches the
+/// system instance without naming it).
+fn home_of(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    const SYSTEM_HOME: &str = "/var/lib/choir";
+    if let Some(h) = given {
+        return Ok(h);
     }
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
-    let home = home
-        .or_else(|| std::env::var_os("CHOIR_HOME").map(PathBuf::from))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d")))
-        .ok_or_else(|| anyhow::anyhow!("no --home given and neither CHOIR_HOME nor HOME is set"))?;
-    let stream = !json && (stream || std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    if let Some(h) = std::env::var_os("CHOIR_HOME") {
+        return Ok(PathBuf::from(h));
+    }
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let own = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".choir.d"));
+    let system = PathBuf::from(SYSTEM_HOME);
+    let has_socket = |h: &std::path::Path| h.join("socks/choird.sock").exists();
+    match own {
+        Some(own) if has_socket(&own) || !has_socket(&system) => Ok(own),
+        _ if has_socket(&system) => Ok(system),
+        _ => anyhow::bail!("no --home given and neither CHOIR_HOME nor HOME is set"),
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    use clap::{CommandFactory, Parser};
+    use cli::{
+        AgentCmd, ApprovalsCmd, Command as C, MemoryCmd, PolicyCmd, ScheduleCmd, SecretsCmd, SkillsCmd, TelegramCmd,
+        ToolsCmd,
+    };
+    // A usage error exits 2 with the command's usage; --help and --version 0.
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| e.exit());
+    let json = args.json;
+    // What needs neither a home nor choird.
+    match &args.command {
+        C::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut cli::Cli::command(), "choirctl", &mut out);
+            term::out(&String::from_utf8_lossy(&out));
+            return Ok(());
+        }
+        C::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(cli::Cli::command()).render(&mut out)?;
+            term::out(&String::from_utf8_lossy(&out));
+            return Ok(());
+        }
+        _ => {}
+    }
+    let home = home_of(args.home)?;
     // Offline: no choird needed.
-    if let ["skill" | "skills", "validate", path] = w.as_slice() {
-        return skills::validate(&home, json, path, agent_filter.as_deref());
+    match &args.command {
+        C::Skills(SkillsCmd::Validate { path, agent }) => return skills::validate(&home, json, path, agent.as_deref()),
+        C::Tools(ToolsCmd::Validate { path }) => return proposals::tools_validate(json, path),
+        C::Restore { file, database_url, managed } => {
+            let into = match (database_url, managed) {
+                (Some(url), _) => backup::RestoreInto::Url(if url == "-" {
+                    secrets::read_hidden("the database's connection string")?
+                } else {
+                    url.clone()
+                }),
+                (None, true) => backup::RestoreInto::Managed,
+                (None, false) => backup::RestoreInto::AsBackedUp,
+            };
+            return backup::restore(json, &home, &file.to_string_lossy(), &into);
+        }
+        _ => {}
     }
-    if let ["tools", "validate", path] = w.as_slice() {
-        return proposals::tools_validate(json, path);
-    }
-    if let ["restore", file] = w.as_slice() {
-        return backup::restore(json, &home, file, &restore_into);
-    }
+    let stream_flag = matches!(&args.command, C::Chat { stream: true, .. });
+    let stream = !json && (stream_flag || std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let ctx = Ctx { client: Client::new(&home), json, stream };
-    match w.as_slice() {
-        ["status"] => status(&ctx),
-        ["reload"] => reload(&ctx),
-        ["backup", file] => backup::backup(&ctx, file, workspaces),
-        ["doctor"] => {
+    match args.command {
+        C::Status => status(&ctx),
+        C::Reload => reload(&ctx),
+        C::Backup { file, workspaces } => backup::backup(&ctx, &file.to_string_lossy(), workspaces),
+        C::Doctor => {
             if !doctor::run(&ctx, &home)? {
                 std::process::exit(1);
             }
             Ok(())
         }
-        ["agent", "list"] => agent_list(&ctx),
-        ["agent", "status", id] => agent_status(&ctx, id),
-        ["agent", "start", id] => agent_action(&ctx, id, "start"),
-        ["agent", "stop", id] => agent_action(&ctx, id, "stop"),
-        ["agent", "restart", id] => agent_restart(&ctx, id),
-        ["agent", "events", id] => sessions::events(&ctx, id, after, follow),
-        ["logs"] | ["logs", _] => logs::run(
+        C::Agent(a) => match a {
+            AgentCmd::List => agent_list(&ctx),
+            AgentCmd::Status { id } => agent_status(&ctx, &id),
+            AgentCmd::Start { id } => agent_action(&ctx, &id, "start"),
+            AgentCmd::Stop { id } => agent_action(&ctx, &id, "stop"),
+            AgentCmd::Restart { id } => agent_restart(&ctx, &id),
+            AgentCmd::Build { id } => build(&ctx, &id, "build"),
+            AgentCmd::Update { id } => build(&ctx, &id, "update"),
+            AgentCmd::Cancel { id, lane } => cancel(&ctx, &id, &lane),
+            AgentCmd::Events { id, after, follow } => sessions::events(&ctx, &id, after, follow),
+        },
+        C::Logs(l) => logs::run(
             &ctx,
             &logs::Args {
-                agent: w.get(1).copied(),
-                since: since.as_deref(),
-                level: level.as_deref(),
-                grep: grep.as_deref(),
-                limit: limit_set.then_some(limit),
-                follow,
+                agent: l.id.as_deref(),
+                since: l.since.as_deref(),
+                level: l.level.as_deref(),
+                grep: l.grep.as_deref(),
+                limit: l.limit,
+                follow: l.follow,
             },
         ),
-        ["schedule"] | ["schedule", "list"] => schedule::list(&ctx, None),
-        ["schedule", "list", id] => schedule::list(&ctx, Some(id)),
-        ["schedule", "add", id, name] => schedule::add(&ctx, id, name, &job),
-        ["schedule", "show", rest @ ..] => {
-            let (a, n) = schedule::job_ref(rest)?;
-            schedule::show(&ctx, a, n)
-        }
-        ["schedule", verb @ ("rm" | "pause" | "resume" | "run-now"), rest @ ..] => {
-            let (a, n) = schedule::job_ref(rest)?;
-            schedule::act(&ctx, verb, a, n)
-        }
-        ["usage"] => usage::run(&ctx, None, since.as_deref(), by.as_deref()),
-        ["usage", id] => usage::run(&ctx, Some(id), since.as_deref(), by.as_deref()),
-        ["sessions"] => sessions::list(&ctx, None, limit),
-        ["sessions", id] => sessions::list(&ctx, Some(id), limit),
-        ["agent", "cancel", id] => cancel(&ctx, id, "edge"),
-        ["agent", "cancel", id, lane] => cancel(&ctx, id, lane),
-        ["approvals"] | ["approvals", "list"] => {
-            proposals::list(&ctx, status_filter.as_deref(), agent_filter.as_deref(), all)
-        }
-        ["approvals", "show", id] => proposals::show(&ctx, id),
-        ["memory", "stats", id] => memory_stats(&ctx, id),
-        ["memory", "search", id, text @ ..] if !text.is_empty() => memory_search(&ctx, id, &text.join(" "), k),
-        ["memory", "export", id] => {
-            let out = std::io::stdout();
-            ctx.client.get_to(&format!("agents/{id}/memory/export"), &mut out.lock())?;
-            Ok(())
-        }
-        ["telegram", "status"] => telegram_status(&ctx),
-        ["telegram", "pairings"] => telegram_pairings(&ctx, all),
-        ["telegram", "pair", bot, user] => {
-            let r: serde_json::Value = ctx.client.post(
-                &format!("telegram/pairings/{bot}/{user}"),
-                &choir_common::admin::PairDecision { approve: !refuse },
-            )?;
-            if ctx.json {
-                return print_json(&r);
+        C::Usage { id, since, by } => usage::run(&ctx, id.as_deref(), since.as_deref(), by.as_deref()),
+        C::Schedule(s) => match *s {
+            ScheduleCmd::List { id } => schedule::list(&ctx, id.as_deref()),
+            ScheduleCmd::Add { id, name, job } => schedule::add(&ctx, &id, &name, &job),
+            ScheduleCmd::Show { job } => {
+                let words: Vec<&str> = job.iter().map(String::as_str).collect();
+                let (a, n) = schedule::job_ref(&words)?;
+                schedule::show(&ctx, a, n)
             }
-            say!("{}", r["done"].as_str().unwrap_or(""));
-            Ok(())
-        }
-        ["approvals", "approve", id] => proposals::approve(&ctx, id, sha256, remember_days),
-        ["approvals", "reject", id] => proposals::reject(&ctx, id, reason),
-        ["agent", action @ ("build" | "update"), id] => build(&ctx, id, action),
-        ["chat", id] => chat_repl(&ctx, id),
-        ["chat", id, message @ ..] => chat_once(&ctx, id, &message.join(" ")),
-        ["audit"] => audit(&ctx, agent_filter.as_deref(), limit),
-        ["tools", "list", id] => tools_list(&ctx, id),
-        ["skills", "list", id] => skills::list(&ctx, id),
-        ["tools", "add", id, files @ ..] => skills::add(&ctx, "tool", id, files, global),
-        ["skills", "add", id, files @ ..] => skills::add(&ctx, "skill", id, files, global),
-        ["tools", "check", id, tool] => {
-            let r: serde_json::Value =
-                ctx.client.post(&format!("agents/{id}/tools/{tool}/check"), &serde_json::json!({}))?;
-            if ctx.json {
-                return print_json(&r);
+            ScheduleCmd::Rm { job } => schedule_act(&ctx, "rm", &job),
+            ScheduleCmd::Pause { job } => schedule_act(&ctx, "pause", &job),
+            ScheduleCmd::Resume { job } => schedule_act(&ctx, "resume", &job),
+            ScheduleCmd::RunNow { job } => schedule_act(&ctx, "run-now", &job),
+        },
+        C::Sessions { id, limit } => sessions::list(&ctx, id.as_deref(), limit),
+        C::Approvals(a) => match a {
+            ApprovalsCmd::List { status, all, agent } => {
+                proposals::list(&ctx, status.as_deref(), agent.as_deref(), all)
             }
-            say!("{tool}: {}", r["said"].as_str().unwrap_or("ok"));
-            Ok(())
-        }
-        ["policy", "kill-switch", state @ ("on" | "off")] => kill_switch(&ctx, *state == "on"),
-        ["policy", "reload"] => policy::reload(&ctx),
-        ["secrets"] | ["secrets", "list"] => secrets::list(&ctx),
-        ["secrets", "set", name] => secrets::set(&ctx, name),
-        ["secrets", "set", _, _, ..] => {
-            anyhow::bail!("a secret's value is read from stdin or a prompt, never from the command line (where ps and shell history keep it): echo VALUE | choirctl secrets set NAME")
-        }
-        ["secrets", "rm", name] => secrets::rm(&ctx, name),
-        ["policy", "show", id] => policy::show(&ctx, id),
-        ["policy", "tools", id] => policy::tools(&ctx, id, &tool_changes),
-        ["policy", "test", id, tool, args] => policy::test(&ctx, id, tool, args, &from, call_facts),
-        [] => anyhow::bail!("no command given\n{USAGE}"),
-        _ => anyhow::bail!("unknown command `{}`\n{USAGE}", words.join(" ")),
+            ApprovalsCmd::Show { id } => proposals::show(&ctx, &id),
+            ApprovalsCmd::Approve { id, sha256, remember_days } => proposals::approve(&ctx, &id, sha256, remember_days),
+            ApprovalsCmd::Reject { id, reason } => proposals::reject(&ctx, &id, reason),
+        },
+        C::Memory(m) => match m {
+            MemoryCmd::Stats { id } => memory_stats(&ctx, &id),
+            MemoryCmd::Search { id, text, k } => memory_search(&ctx, &id, &text.join(" "), k),
+            MemoryCmd::Export { id } => {
+                let out = std::io::stdout();
+                ctx.client.get_to(&format!("agents/{id}/memory/export"), &mut out.lock())?;
+                Ok(())
+            }
+        },
+        C::Telegram(t) => match t {
+            TelegramCmd::Status => telegram_status(&ctx),
+            TelegramCmd::Pairings { all } => telegram_pairings(&ctx, all),
+            TelegramCmd::Pair { bot, user, refuse } => {
+                let r: serde_json::Value = ctx.client.post(
+                    &format!("telegram/pairings/{bot}/{user}"),
+                    &choir_common::admin::PairDecision { approve: !refuse },
+                )?;
+                if ctx.json {
+                    return print_json(&r);
+                }
+                say!("{}", r["done"].as_str().unwrap_or(""));
+                Ok(())
+            }
+        },
+        C::Skills(s) => match s {
+            SkillsCmd::List { id } => skills::list(&ctx, &id),
+            SkillsCmd::Add { id, file, global } => skills::add(&ctx, "skill", &id, &[file.as_str()], global),
+            SkillsCmd::Validate { .. } => unreachable!("done offline above"),
+        },
+        C::Tools(t) => match t {
+            ToolsCmd::List { id } => tools_list(&ctx, &id),
+            ToolsCmd::Add { id, manifest, executable, global } => {
+                skills::add(&ctx, "tool", &id, &[manifest.as_str(), executable.as_str()], global)
+            }
+            ToolsCmd::Check { id, tool } => {
+                let r: serde_json::Value =
+                    ctx.client.post(&format!("agents/{id}/tools/{tool}/check"), &serde_json::json!({}))?;
+                if ctx.json {
+                    return print_json(&r);
+                }
+                say!("{tool}: {}", r["said"].as_str().unwrap_or("ok"));
+                Ok(())
+            }
+            ToolsCmd::Validate { .. } => unreachable!("done offline above"),
+        },
+        C::Chat { id, message, .. } if message.is_empty() => chat_repl(&ctx, &id),
+        C::Chat { id, message, .. } => chat_once(&ctx, &id, &message.join(" ")),
+        C::Secrets(s) => match s {
+            SecretsCmd::List => secrets::list(&ctx),
+            SecretsCmd::Set { value, .. } if !value.is_empty() => {
+                anyhow::bail!("a secret's value is read from stdin or a prompt, never from the command line (where ps and shell history keep it): echo VALUE | choirctl secrets set NAME")
+            }
+            SecretsCmd::Set { name, .. } => secrets::set(&ctx, &name),
+            SecretsCmd::Rm { name } => secrets::rm(&ctx, &name),
+        },
+        C::Audit { agent, limit } => audit(&ctx, agent.as_deref(), limit),
+        C::Policy(p) => match p {
+            PolicyCmd::KillSwitch { state } => kill_switch(&ctx, state == "on"),
+            PolicyCmd::Reload => policy::reload(&ctx),
+            PolicyCmd::Show { id } => policy::show(&ctx, &id),
+            PolicyCmd::Tools { id, allow, deny, remove, reset, force } => {
+                policy::tools(&ctx, &id, &policy::ToolChanges { allow, deny, remove, reset, force })
+            }
+            PolicyCmd::Test { id, tool, args, from, after_untrusted, outside_intent } => {
+                policy::test(&ctx, &id, &tool, &args, &from, policy::CallFlags { after_untrusted, outside_intent })
+            }
+        },
+        C::Completions { .. } | C::Man | C::Restore { .. } => unreachable!("done above"),
     }
+}
+
+fn schedule_act(ctx: &Ctx, verb: &str, job: &[String]) -> anyhow::Result<()> {
+    let words: Vec<&str> = job.iter().map(String::as_str).collect();
+    let (a, n) = schedule::job_ref(&words)?;
+    schedule::act(ctx, verb, a, n)
 }
 
 fn memory_stats(ctx: &Ctx, id: &str) -> anyhow::Result<()> {

@@ -8,61 +8,10 @@ use serde_json::Value;
 use crate::ctx::{print_json, Ctx};
 use crate::term::one_line;
 
-/// The flags of `schedule add`.
-#[derive(Debug, Default)]
-pub struct AddArgs {
-    cron: Option<String>,
-    tz: Option<String>,
-    every: Option<String>,
-    prompt: Option<String>,
-    skill: Option<String>,
-    input: Option<String>,
-    tools: Option<String>,
-    steps: Option<String>,
-    tokens: Option<String>,
-    wall: Option<String>,
-    deliver: Option<String>,
-    missed: Option<String>,
-    precondition: Option<String>,
-    breaker: Option<String>,
-    file: Option<String>,
-}
+/// The flags of `schedule add`, as the command line defines them.
+pub use crate::cli::JobArgs as AddArgs;
 
 impl AddArgs {
-    /// Whether `--name` is one of `schedule add`'s flags.
-    pub fn takes(name: &str) -> bool {
-        AddArgs::default().slot(name).is_some()
-    }
-
-    /// Records `--name value` (a name [`AddArgs::takes`]).
-    pub fn set(&mut self, name: &str, value: String) {
-        if let Some(slot) = self.slot(name) {
-            *slot = Some(value);
-        }
-    }
-
-    /// The field of flag `--name`: the one list of the flags.
-    fn slot(&mut self, name: &str) -> Option<&mut Option<String>> {
-        Some(match name {
-            "cron" => &mut self.cron,
-            "tz" => &mut self.tz,
-            "every" => &mut self.every,
-            "prompt" => &mut self.prompt,
-            "skill" => &mut self.skill,
-            "input" => &mut self.input,
-            "tools" => &mut self.tools,
-            "steps" => &mut self.steps,
-            "tokens" => &mut self.tokens,
-            "wall" => &mut self.wall,
-            "deliver" => &mut self.deliver,
-            "missed" => &mut self.missed,
-            "precondition" => &mut self.precondition,
-            "breaker" => &mut self.breaker,
-            "file" => &mut self.file,
-            _ => return None,
-        })
-    }
-
     /// The spec of job `name`.
     fn spec(&self, name: &str) -> anyhow::Result<JobSpec> {
         if let Some(file) = &self.file {
@@ -271,21 +220,21 @@ mod tests {
 
     #[test]
     fn flags_make_the_spec_choird_checks() {
-        let mut a = AddArgs::default();
-        a.set("every", "30m".into());
-        a.set("prompt", "check the build".into());
-        a.set("precondition", "file:build/status".into());
-        a.set("tools", "choir.fs.read, choir.exec".into());
-        a.set("missed", "run_once".into());
+        let a = AddArgs {
+            every: Some("30m".into()),
+            prompt: Some("check the build".into()),
+            precondition: Some("file:build/status".into()),
+            tools: Some("choir.fs.read, choir.exec".into()),
+            missed: Some("run_once".into()),
+            ..AddArgs::default()
+        };
         let s = a.spec("build").unwrap();
         assert_eq!(s.every_s, Some(1800));
         assert_eq!(s.precondition, Some(Precondition::FileChanged { path: "build/status".into() }));
         assert_eq!(s.allowed_tools.unwrap(), ["choir.fs.read", "choir.exec"]);
         assert_eq!(s.missed, Missed::RunOnce);
-        let mut bad = AddArgs::default();
-        bad.set("every", "soon".into());
+        let bad = AddArgs { every: Some("soon".into()), ..AddArgs::default() };
         assert!(bad.spec("x").unwrap_err().to_string().contains("not a duration"));
         assert!(job_ref(&["a/b"]).is_ok() && job_ref(&["ab"]).is_err());
-        assert!(AddArgs::takes("cron") && AddArgs::takes("file") && !AddArgs::takes("json"));
     }
 }

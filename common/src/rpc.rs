@@ -277,6 +277,11 @@ pub struct OutboundReply {
     pub conversation: String,
     /// The answer.
     pub text: String,
+    /// The turn failed (its model could not be reached, kept proposing
+    /// invalid calls, or ran out of steps): `text` tells the user so, and a
+    /// client waiting for the answer (`choirctl chat`) reports a failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
 }
 
 impl OutboundReply {
@@ -723,6 +728,7 @@ mod tests {
             key: String::new(),
             conversation: "c".into(),
             text: "t".into(),
+            failed: false,
         };
         assert_eq!(reply(7, vec![]).answers(), &[7]);
         assert_eq!(reply(7, vec![5, 6, 7]).answers(), &[5, 6, 7]);

@@ -366,6 +366,7 @@ fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
         key: String::new(),
         conversation: "c1".into(),
         text: text.into(),
+        failed: false,
     };
     let turn = |events: &[CommitEvent], text: &str| {
         let replies = [reply(text)];
@@ -499,6 +500,7 @@ fn regression_a_message_passed_over_by_another_conversations_answer_is_handed_ou
         key: String::new(),
         conversation: "b".into(),
         text: "B1 and B2".into(),
+        failed: false,
     };
     store.record_replies(&agent, &[answer], b2, &choird::store::Nowhere).unwrap();
     let position = store.agent_position(&agent).unwrap();
@@ -515,6 +517,7 @@ fn regression_a_message_passed_over_by_another_conversations_answer_is_handed_ou
         key: String::new(),
         conversation: "a".into(),
         text: "A1".into(),
+        failed: false,
     };
     store.record_replies(&agent, &[answer_a], a1, &choird::store::Nowhere).unwrap();
     let position = store.agent_position(&agent).unwrap();
@@ -582,6 +585,7 @@ fn an_answer_is_stored_while_a_heartbeat_of_events_holds_the_chain_head() {
             key: String::new(),
             conversation: "c1".into(),
             text: "the answer".into(),
+            failed: false,
         };
         let _ = done.send(store.record_replies(&agent, &[reply], message, &choird::store::Nowhere).map(|r| r.new));
     });
@@ -620,6 +624,7 @@ fn a_lone_answer_is_stored_at_once_whole_or_not_at_all_and_a_resend_changes_noth
         key: String::new(),
         conversation: "c1".into(),
         text: text.into(),
+        failed: false,
     };
     let position = processed_row;
     let replies = |pg: &TestPg| -> Vec<Option<String>> {
@@ -691,6 +696,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
         key: String::new(),
         conversation: conversation.into(),
         text: text.into(),
+        failed: false,
     };
     let elsewhere = choird::conversations::telegram("main", 99);
     for (n, named) in [tg.as_str(), "cli", elsewhere.as_str(), "tg:other:42"].into_iter().enumerate() {

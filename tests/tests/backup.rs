@@ -149,7 +149,7 @@ fn a_backup_restores_into_another_database_named_at_restore() {
     };
     refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:notaport/x"], "not a PostgreSQL connection string");
     refused(&["--database-url", " "], "--database-url is empty");
-    refused(&["--managed", "--database-url", "postgresql://127.0.0.1/x"], "give one of --database-url and --managed");
+    refused(&["--managed", "--database-url", "postgresql://127.0.0.1/x"], "cannot be used with");
     refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1"], "names no database");
     refused(&["--database-url", "postgresql://u:s3cret@127.0.0.1:1/x"], "cannot reach the external database");
 

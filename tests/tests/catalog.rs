@@ -120,7 +120,7 @@ fn reviewed_skills_and_tools_are_added_like_approved_proposals_and_listed_with_t
     assert!(err.contains("not UTF-8"), "{err}");
     assert!(choird
         .ctl_err(&["tools", "add", "demo", manifest.to_str().unwrap()])
-        .contains("usage: choirctl tools add"));
+        .contains("Usage: choirctl tools add"));
     assert!(choird.ctl_err(&["skills", "add", "ghost", fixture("good.json").to_str().unwrap()]).contains("ghost"));
     let audit = choird.ctl_ok(&["audit", "--agent", "demo"]);
     assert!(audit.contains("repos.add"), "{audit}");

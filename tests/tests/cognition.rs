@@ -271,8 +271,11 @@ fn invalid_proposals_get_corrections_and_the_budget_ends_the_turn_cleanly() {
         return;
     };
     assert_eq!(choird.ctl_ok(&["chat", "demo", "one"]), "fine now\n");
-    let answer = choird.ctl_ok(&["chat", "demo", "two"]);
-    assert!(answer.starts_with("Sorry, I could not complete this: my model kept making invalid proposals"), "{answer}");
+    let answer = choird.ctl_err(&["chat", "demo", "two"]);
+    assert!(
+        answer.starts_with("choirctl: Sorry, I could not complete this: my model kept making invalid proposals"),
+        "{answer}"
+    );
     let reqs = edge.requests();
     assert_eq!(reqs.len(), 5, "no fourth correction was asked for");
     let correction = |n: usize| -> String {

@@ -1211,7 +1211,8 @@ fn t0_t1_a_scripted_attacker_in_a_container_changes_nothing_on_the_host() {
         let agent = (Some(rustix::fs::Uid::from_raw(10001)), Some(rustix::fs::Gid::from_raw(10001)));
         rustix::fs::chown(&dir, agent.0, agent.1).unwrap();
     });
-    choird.ctl_ok(&["agent", "start", "demo"]);
+    // It ran when choird stopped: started again by choird itself.
+    choird.wait_running("demo");
     assert_eq!(choird.ctl_ok(&["chat", "demo", "and now?"]), "done: and now?\n");
     assert_eq!(std::fs::read_to_string(victim.path()).unwrap(), "host file");
     assert_eq!(uid(victim.path()), victim_owner, "choird never changed the owner of a host file");

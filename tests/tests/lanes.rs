@@ -24,8 +24,8 @@ fn the_step_budget_ends_a_turn_that_never_stops_calling_tools() {
     config["agents"]["demo"]["max_steps_per_turn"] = json!(3);
     let choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "demo"]);
-    let answer = choird.ctl_ok(&["chat", "demo", "loop forever"]);
-    assert_eq!(answer, "I stopped after 3 model steps without finishing; please narrow the request.\n");
+    let answer = choird.ctl_err(&["chat", "demo", "loop forever"]);
+    assert_eq!(answer, "choirctl: I stopped after 3 model steps without finishing; please narrow the request.\n");
     assert_eq!(fake.requests().len(), 3);
 }
 
@@ -74,8 +74,9 @@ fn a_model_that_refuses_the_request_gets_a_clear_answer_to_the_user() {
     else {
         return;
     };
-    let answer = choird.ctl_ok(&["chat", "demo", "hi"]);
-    assert!(answer.starts_with("Sorry, I could not reach my model"), "{answer}");
+    // The user is told; `choirctl chat` exits 1 (it exited 0 on a failed turn).
+    let answer = choird.ctl_err(&["chat", "demo", "hi"]);
+    assert!(answer.starts_with("choirctl: Sorry, I could not reach my model"), "{answer}");
     assert!(answer.contains("Incorrect API key provided"), "{answer}");
     assert_eq!(fake.requests().len(), 1, "a 401 is not retried");
     // The upstream 401 did not cost the agent its lease: it still answers.

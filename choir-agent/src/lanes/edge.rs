@@ -369,6 +369,7 @@ impl EdgeLane {
             let _ = machine.go(LaneState::Failed);
             format!("I stopped after {max_steps} model steps without finishing; please narrow the request.")
         });
+        let failed = machine.state() == LaneState::Failed;
         let reply = match covers.last() {
             Some(last) => OutboundReply {
                 in_reply_to: *last,
@@ -376,6 +377,7 @@ impl EdgeLane {
                 conversation: conv_name.to_owned(),
                 text,
                 key: String::new(),
+                failed,
             },
             None => OutboundReply {
                 in_reply_to: 0,
@@ -383,6 +385,7 @@ impl EdgeLane {
                 conversation: conv_name.to_owned(),
                 text,
                 key: notice_key(),
+                failed,
             },
         };
         log::debug!("edge: answer ready for {conv_name}");

@@ -268,6 +268,7 @@ mod tests {
             key: String::new(),
             conversation: conversation.into(),
             text: text.into(),
+            failed: false,
         }
     }
 

@@ -479,6 +479,7 @@ impl Daemon {
                 text: "Sorry, I cannot answer your message now: I stopped after failing several times in a row, and \
                        the operator has been told. I will answer it once I run again."
                     .into(),
+                failed: false,
             })
             .collect();
         if notices.is_empty() {

@@ -467,6 +467,7 @@ impl Daemon {
                 // The report's lines stay lines; control and bidi characters
                 // are escaped; a long report is cut, with a note saying so.
                 text: choir_common::text::cap_with_note(&choir_common::text::clean(&text), MAX_DELIVERED).0,
+                failed: false,
             };
             match self.store.record_replies(&agent, &[reply], 0, self.delivery.as_ref()) {
                 Ok(r) => {

@@ -211,7 +211,9 @@ impl Daemon {
         // waiting chats from their answers (a retried HEARTBEAT finds its
         // replies recorded already and would not pass them on again).
         let partials: Vec<(u64, String)> = req.partials.iter().map(|p| (p.in_reply_to, p.text.clone())).collect();
-        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials);
+        let failed: Vec<u64> =
+            req.replies.iter().filter(|r| r.failed).flat_map(|r| r.answers().iter().copied()).collect();
+        let acked_seq = self.sessions.replicated(&who.agent, acked, &recorded.new, &partials, &failed);
         self.answer_retried(who, req, &recorded.new);
         self.sessions.config_seen(&who.agent, req.config_version);
         let accepted = if req.firings.is_empty() { Vec::new() } else { self.firing_reports(who, &req.firings)? };
@@ -322,7 +324,9 @@ impl Daemon {
         for id in self.sessions.waiting_among(&who.agent, &answered) {
             match self.store.reply_of(&who.agent, id) {
                 Ok(Some(text)) => {
-                    self.sessions.replicated(&who.agent, None, &[(id, text)], &[]);
+                    let failed: Vec<u64> =
+                        req.replies.iter().filter(|r| r.failed && r.answers().contains(&id)).map(|_| id).collect();
+                    self.sessions.replicated(&who.agent, None, &[(id, text)], &[], &failed);
                 }
                 Ok(None) => {}
                 Err(e) => log::warn!("agent {}: reading the recorded answer to message {id}: {e}", who.agent),

@@ -385,7 +385,7 @@ mod tests {
         // `replicated`, which finds the waiter.
         let seen = sessions.replies_begun(&a);
         assert!(!sessions.wait_for_answer(&a, 1, tx.clone(), seen));
-        sessions.replicated(&a, None, &[(1, "one".to_owned())], &[]);
+        sessions.replicated(&a, None, &[(1, "one".to_owned())], &[], &[]);
         assert_eq!(rx.try_recv().unwrap(), ChatUpdate::Done(Ok("one".to_owned())));
         // A HEARTBEAT with replies began storing between the message and the
         // waiter: its answer may be in the store already.

@@ -26,13 +26,15 @@ impl Sessions {
     }
 
     /// Records a replication ack and hands answers and partial answers to
-    /// the chats waiting for them; returns the acknowledged head.
+    /// the chats waiting for them (an answer to a message in `failed` as a
+    /// failure carrying its text); returns the acknowledged head.
     pub fn replicated(
         &self,
         id: &AgentId,
         acked: Option<u64>,
         answers: &[(u64, String)],
         partials: &[(u64, String)],
+        failed: &[u64],
     ) -> u64 {
         let mut t = self.table.lock();
         let Some(slot) = t.get_mut(id) else { return 0 };
@@ -41,7 +43,8 @@ impl Sessions {
         }
         for (message, text) in answers {
             if let Some(w) = slot.waiters.remove(message) {
-                let _ = w.send(ChatUpdate::Done(Ok(text.clone())));
+                let done = if failed.contains(message) { Err(text.clone()) } else { Ok(text.clone()) };
+                let _ = w.send(ChatUpdate::Done(done));
             }
         }
         for (message, text) in partials {
