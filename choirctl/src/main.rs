@@ -32,7 +32,7 @@ use ctx::{print_json, Ctx};
 
 fn main() {
     if let Err(e) = real_main() {
-        say_err!("choirctl: {e:#}");
+        say_err!("choirctl: {}", choir_common::text::causes_once(e.chain()));
         std::process::exit(1);
     }
 }

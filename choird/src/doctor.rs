@@ -407,6 +407,14 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
     };
     endpoint.timeout_s = endpoint.timeout_s.min(PROBE_TIMEOUT.as_secs());
     let (model, key) = (endpoint.model.clone(), endpoint.api_key_secret.clone());
+    let base_url = endpoint.base_url.clone();
+    if let Some(k) = key.as_ref().filter(|k| !secrets.contains(k)) {
+        return Check::fail(
+            &name,
+            format!("llm.{}.api_key_secret names {k:?}, which is not in secrets.json", lane.as_str()),
+            format!("choirctl secrets set {k}"),
+        );
+    }
     let body = json!({
         "model": model,
         "messages": [{"role": "user", "content": "Reply with OK."}],
@@ -417,11 +425,13 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
     let mut resp = match upstream.chat(&config, secrets, lane, body.as_bytes(), "doctor") {
         Ok(r) => r,
         Err(e) => {
+            // The operator's own check: the address and the OS's reason
+            // (the relay's error, made for agents, says neither).
             return Check::fail(
                 &name,
-                e.to_string(),
+                format!("{base_url}: {e}; {}", reach(&base_url)),
                 format!("check llm.{}.base_url and that the server is up", lane.as_str()),
-            )
+            );
         }
     };
     let status = resp.status().as_u16();
@@ -449,6 +459,25 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
             format!("{status}: {}", choir_common::text::clipped(&text, 200)),
             "see the endpoint's own status page or logs",
         ),
+    }
+}
+
+/// What a plain TCP connection to `base_url`'s host and port says: the
+/// address it resolved to and the OS's answer.
+fn reach(base_url: &str) -> String {
+    use std::net::ToSocketAddrs;
+    let Ok(url) = url::Url::parse(base_url) else { return "the URL does not parse".into() };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return "the URL names no host".into();
+    };
+    let addrs: Vec<std::net::SocketAddr> = match (host, port).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return format!("{host} does not resolve: {e}"),
+    };
+    let Some(addr) = addrs.first() else { return format!("{host} resolves to no address") };
+    match std::net::TcpStream::connect_timeout(addr, std::time::Duration::from_secs(3)) {
+        Ok(_) => format!("{addr} accepts connections, so the HTTP exchange failed (TLS, a proxy, the path?)"),
+        Err(e) => format!("connecting to {addr}: {e}"),
     }
 }
 
@@ -556,5 +585,20 @@ mod tests {
                 "{c:?}"
             );
         }
+    }
+
+    /// A missing key named the base URL as the fix; an unreachable endpoint
+    /// gave neither its address nor the OS's reason.
+    #[test]
+    fn regression_doctor_gave_the_wrong_fix_for_a_missing_key_and_no_address_for_a_dead_endpoint() {
+        let mut config = Config::parse(crate::home::STARTER_CONFIG).unwrap();
+        config.llm.edge.base_url = "http://127.0.0.1:1/v1".into();
+        let c = model(&config, &Secrets::default(), Lane::Edge);
+        assert_eq!(c.outcome, Outcome::Fail);
+        assert_eq!(c.fix.as_deref(), Some("choirctl secrets set openai_api_key"), "{c:?}");
+        let c = model(&config, &Secrets::from_pairs(&[("openai_api_key", "k")]), Lane::Edge);
+        assert_eq!(c.outcome, Outcome::Fail);
+        assert!(c.detail.contains("http://127.0.0.1:1/v1") && c.detail.to_lowercase().contains("refused"), "{c:?}");
+        assert!(!c.detail.contains("openai_api_key") && !c.detail.contains(": k"), "no secret in it: {c:?}");
     }
 }

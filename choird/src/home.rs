@@ -137,6 +137,12 @@ impl Home {
     /// never rewritten. Returns whether the starter config was written now
     /// (a first start).
     pub fn ensure_layout(&self) -> Result<bool, HomeError> {
+        if self.root.exists() && !self.root.is_dir() {
+            return Err(HomeError::Io {
+                path: self.root.clone(),
+                source: std::io::Error::other("the home is a file, not a directory: give --home a directory"),
+            });
+        }
         for dir in [self.root.clone(), self.repos().join("global"), self.repos().join("agents"), self.logs()] {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }

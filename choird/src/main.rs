@@ -68,7 +68,7 @@ fn main() {
     // not whatever else of the binary is cached (code_pages::drop_unmapped_cache).
     choir_common::code_pages::drop_unmapped_cache();
     if let Err(e) = real_main() {
-        eprintln!("choird: {e:#}");
+        eprintln!("choird: {}", choir_common::text::causes_once(e.chain()));
         std::process::exit(1);
     }
 }
@@ -160,7 +160,7 @@ fn real_main() -> anyhow::Result<()> {
     let notify_socket = std::env::var_os("NOTIFY_SOCKET");
     if let Err(e) = choird::run(choird::Options { home: home.clone(), default_agent_binary, clock_file, notify_socket })
     {
-        log::error!("choird stopped: {e:#}");
+        log::error!("choird stopped: {}", choir_common::text::causes_once(e.chain()));
         choird::logs::global(&home.join("logs")).flush(std::time::Duration::from_secs(5));
         std::process::exit(1);
     }

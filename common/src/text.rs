@@ -82,6 +82,24 @@ pub fn clipped(text: &str, max: usize) -> String {
     escape(text, false, Some(max))
 }
 
+/// An error and its causes in one line, each said once: a cause whose
+/// text the message before it already holds (an error that prints its
+/// source, then the source again) is left out.
+pub fn causes_once<'a>(chain: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut out = String::new();
+    for cause in chain {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// `2d 3h`-style durations: the two largest units that are not zero (`45s`,
 /// `3m 20s`, `5h 2m`, `12d 4h`).
 pub fn human_duration(d: std::time::Duration) -> String {
@@ -153,6 +171,26 @@ pub fn escape_nul_in(value: &mut serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_os_error_a_message_already_holds_is_said_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "/x/config.json: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::from_raw_os_error(2));
+        let chain: Vec<&(dyn std::error::Error + 'static)> = vec![&e, &e.0];
+        let said = causes_once(chain);
+        assert_eq!(said.matches("No such file").count(), 1, "{said}");
+    }
 
     #[test]
     fn durations_read_as_their_two_largest_units() {

@@ -184,14 +184,25 @@ fn secrets_readable_by_others_refuse_start() {
     assert!(!home.path().join("pg").exists(), "nothing started");
 }
 
+/// Every problem at once, in plain words: a value of the wrong kind, a
+/// mistyped field with its "did you mean", a mistyped agent setting.
 #[test]
 fn a_config_with_a_wrong_type_names_the_field() {
     let mut config = test_config("http://127.0.0.1:9/v1", None, &["demo"]);
     config["agents"]["demo"]["max_steps_per_turn"] = json!("lots");
+    config["agents"]["demo"]["retry_budgte"] = json!(2);
+    config["metrics_listne"] = json!("127.0.0.1:9100");
     let home = TempHome::new(&config, &json!({}));
     let (status, stderr) = home.run_choird_to_exit(Duration::from_secs(30));
     assert!(!status.success());
-    assert!(stderr.contains("config.json: agents.demo.max_steps_per_turn: invalid type: string \"lots\""), "{stderr}");
+    for said in [
+        "config.json: agents.demo.max_steps_per_turn: expected a whole number (0 or more), found the string \"lots\"",
+        "config.json: agents.demo.retry_budgte: unknown field `retry_budgte`; did you mean `retry_budget`?",
+        "config.json: metrics_listne: unknown field `metrics_listne`; did you mean `metrics_listen`?",
+    ] {
+        assert!(stderr.contains(said), "{said}\n{stderr}");
+    }
+    assert!(!stderr.contains("?:") && !stderr.contains(" .:"), "no pseudo-paths: {stderr}");
     assert!(!home.path().join("pg").exists(), "nothing started");
 }
 

@@ -26,6 +26,7 @@ pub mod edit;
 mod llm;
 mod memory;
 mod operations;
+pub mod problems;
 mod speech;
 mod telegram;
 mod web;
@@ -124,38 +125,63 @@ fn default_runtime() -> RuntimeKind {
     RuntimeKind::Docker
 }
 
-/// A configuration problem, naming the file and field.
-#[derive(Debug, thiserror::Error)]
-#[error("{file}: {field}: {reason}")]
+/// A configuration's problems (every one found, up to
+/// [`problems::MAX_PROBLEMS`]), naming the file and each field.
+#[derive(Debug)]
 pub struct ConfigError {
     /// The file.
     pub file: String,
-    /// Dotted path of the field (`.` for the whole document).
+    /// Dotted path of the first problem's field.
     pub field: String,
-    /// What is wrong.
+    /// What is wrong with it.
     pub reason: String,
+    /// The other problems found, (field, reason) each.
+    pub more: Vec<problems::Problem>,
 }
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.field, self.reason)?;
+        for (field, reason) in &self.more {
+            write!(f, "\n{}: {field}: {reason}", self.file)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 impl Config {
     /// Reads, parses and validates `config.json`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            field: ".".into(),
-            reason: e.to_string(),
-        })?;
-        Config::parse(&text).map_err(|(field, reason)| ConfigError { file, field, reason })
+        let what = |reason: String| ConfigError { file: file.clone(), field: "the file".into(), reason, more: vec![] };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+                return Err(what("is a directory, not a file".into()))
+            }
+            Err(e) => return Err(what(format!("cannot be read: {e}"))),
+        };
+        Config::parse_all(&text).map_err(|mut all| {
+            let (field, reason) = all.remove(0);
+            ConfigError { file, field, reason, more: all }
+        })
     }
 
-    /// Parses and validates a document; the error is (field, reason).
+    /// Parses and validates a document; the error is the first problem's
+    /// (field, reason).
     pub fn parse(text: &str) -> Result<Config, (String, String)> {
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            (field, e.into_inner().to_string())
-        })?;
-        config.validate()?;
+        Config::parse_all(text).map_err(|mut all| all.remove(0))
+    }
+
+    /// Parses and validates a document; the error names every problem
+    /// found (see [`problems`]).
+    pub fn parse_all(text: &str) -> Result<Config, Vec<problems::Problem>> {
+        let doc: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| vec![("the file".to_owned(), format!("is not valid JSON: {e}"))])?;
+        let config: Config = problems::read(doc)?;
+        config.validate().map_err(|p| vec![p])?;
         Ok(config)
     }
 
