@@ -46,13 +46,16 @@ pub enum Command {
     /// Read config.json and secrets.json again (as SIGHUP does): what applies now, what at a restart, or why it
     /// was refused (exit 1, nothing changed).
     Reload,
+    /// End the hold a restore leaves (Telegram polling and the scheduler wait after a restore, so the host the
+    /// backup came from and this one never poll the same bot or fire the same job); stop choird there first.
+    Resume,
     /// Check what a deployment needs (config, secrets, disk, sockets, Docker, PostgreSQL, model endpoints, bot
     /// tokens, host tools), naming the fix for each problem; exit 1 if something failed.
     Doctor,
     /// A consistent archive of the home: config, secrets, repos/, the database and, with --workspaces, the
     /// workspaces. FILE is new, mode 0600: it holds the secrets.
     Backup {
-        /// The archive to write (must not exist).
+        /// The archive to write (must not exist; it appears only when complete), or `-` for standard output.
         file: PathBuf,
         /// Include the agents' workspaces.
         #[arg(long)]

@@ -111,6 +111,14 @@ fn real_main() -> anyhow::Result<()> {
     match args.command {
         C::Status => status(&ctx),
         C::Reload => reload(&ctx),
+        C::Resume => {
+            let r: serde_json::Value = ctx.client.post("resume", &serde_json::json!({}))?;
+            if ctx.json {
+                return print_json(&r);
+            }
+            say!("{}", r["done"].as_str().unwrap_or(""));
+            Ok(())
+        }
         C::Backup { file, workspaces } => backup::backup(&ctx, &file.to_string_lossy(), workspaces),
         C::Doctor => {
             if !doctor::run(&ctx, &home)? {
@@ -404,6 +412,9 @@ fn status(ctx: &Ctx) -> anyhow::Result<()> {
     say!("database: {}", s.database);
     if let Some(why) = &s.config_on_disk {
         say!("config:   {why}");
+    }
+    if let Some(why) = &s.held {
+        say!("HELD:     {why}");
     }
     for line in &s.disk {
         say!("disk:     {line}");
@@ -709,12 +720,30 @@ fn tools_list(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
             if p.deny.is_empty() { "nothing".into() } else { p.deny.join(", ") }
         );
     }
-    say!("{:<32} {:<9} {:<10} {:<7} SOURCE", "TOOL", "KIND", "STATUS", "RUNS");
+    // The API's `available` (known, but not usable until set up) reads as
+    // what it means; the JSON keeps the API's words.
+    let status = |s: &str| match s {
+        "available" => "not set up".to_owned(),
+        "system" => "ready".to_owned(),
+        other => other.to_owned(),
+    };
+    let name_w = list.tools.iter().map(|t| t.name.chars().count()).max().unwrap_or(4).max(4);
+    say!("{:<name_w$} {:<9} {:<10} {:<7} SOURCE", "TOOL", "KIND", "STATUS", "RUNS");
     for t in &list.tools {
-        say!("{:<32} {:<9} {:<10} {:<7} {}", t.name, t.kind, t.status, t.runs, t.source);
+        say!(
+            "{:<name_w$} {:<9} {:<10} {:<7} {}",
+            term::one_line(&t.name),
+            t.kind,
+            status(&t.status),
+            t.runs,
+            term::one_line(&t.source)
+        );
         if let Some(why) = &t.why {
-            say!("{:<32}   why: {why}", "");
+            say!("{:<name_w$}   why: {}", "", term::one_line(why));
         }
+    }
+    if list.tools.iter().any(|t| t.status == "available") {
+        say!("\nnot set up: the agent knows the tool but cannot use it until what `why` names is configured");
     }
     Ok(())
 }
@@ -728,15 +757,27 @@ fn audit(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
     if ctx.json {
         return print_json(&v);
     }
-    for r in v["records"].as_array().into_iter().flatten() {
+    let records: Vec<&Value> = v["records"].as_array().into_iter().flatten().collect();
+    let width = |key: &str, min: usize| {
+        records.iter().map(|r| r[key].as_str().unwrap_or("-").chars().count()).max().unwrap_or(0).max(min)
+    };
+    let (actor, agent, action, outcome) =
+        (width("actor", 5), width("agent_id", 5), width("action", 6), width("outcome", 7));
+    say!("{:<23} {:<actor$} {:<agent$} {:<action$} {:<outcome$} DETAIL", "AT", "ACTOR", "AGENT", "ACTION", "OUTCOME");
+    for r in records {
+        let detail = match &r["detail"] {
+            Value::Object(m) if m.is_empty() => String::new(),
+            Value::Null => String::new(),
+            d => choir_common::text::clipped(&d.to_string(), 160),
+        };
         say!(
-            "{} {:<10} {:<10} {:<16} {:<12} {}",
-            r["at"].as_str().unwrap_or(""),
-            r["actor"].as_str().unwrap_or(""),
-            r["agent_id"].as_str().unwrap_or("-"),
-            r["action"].as_str().unwrap_or(""),
-            r["outcome"].as_str().unwrap_or(""),
-            r["detail"]
+            "{:<23} {:<actor$} {:<agent$} {:<action$} {:<outcome$} {}",
+            term::moment(r["at"].as_str().unwrap_or("")),
+            term::one_line(r["actor"].as_str().unwrap_or("")),
+            term::one_line(r["agent_id"].as_str().unwrap_or("-")),
+            term::one_line(r["action"].as_str().unwrap_or("")),
+            term::one_line(r["outcome"].as_str().unwrap_or("")),
+            term::one_line(&detail)
         );
     }
     Ok(())

@@ -27,17 +27,17 @@ pub fn list(ctx: &Ctx, status: Option<&str>, agent: Option<&str>, all: bool) -> 
         say!("no {} proposals", if all { "" } else { status.unwrap_or("pending") });
         return Ok(());
     }
-    say!("{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  REASON", "ID", "AGENT", "KIND", "STATUS", "SUBJECT", "PROPOSED");
+    say!("{:>5} {:<12} {:<14} {:<9} {:<30} {:<23}  REASON", "ID", "AGENT", "KIND", "STATUS", "SUBJECT", "PROPOSED");
     for a in &l.approvals {
         let status = if a.intact { a.status.clone() } else { format!("{}!", a.status) };
         say!(
-            "{:>5} {:<12} {:<14} {:<9} {:<30} {:<19}  {}",
+            "{:>5} {:<12} {:<14} {:<9} {:<30} {:<23}  {}",
             a.id,
             a.agent,
             a.kind,
             status,
             crate::term::one_line(&a.subject),
-            a.created_at.chars().take(19).collect::<String>(),
+            crate::term::moment(&a.created_at),
             crate::term::one_line(a.reason.lines().next().unwrap_or(""))
         );
     }

@@ -7,15 +7,6 @@ use choir_common::admin::{EventsResponse, SessionList};
 use crate::ctx::{print_json, Ctx};
 use crate::term;
 
-/// `1h02m`, `3m05s`, `45s`.
-fn took(s: u64) -> String {
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
-}
-
 /// Every session (of one agent), newest first.
 pub fn list(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
     let mut path = format!("sessions?limit={limit}");
@@ -32,7 +23,7 @@ pub fn list(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
         return Ok(());
     }
     say!(
-        "{:<8} {:<14} {:<8} {:<19} {:>8} {:<22} {:>7} {:>9}  ENDED",
+        "{:<8} {:<14} {:<8} {:<23} {:>8} {:<22} {:>7} {:>9}  ENDED",
         "SESSION",
         "AGENT",
         "RUNTIME",
@@ -46,16 +37,16 @@ pub fn list(ctx: &Ctx, agent: Option<&str>, limit: u64) -> anyhow::Result<()> {
         let ended = match (&s.ended_at, &s.end_reason) {
             (None, _) => "running".to_owned(),
             (Some(at), reason) => {
-                format!("{}: {}", &at[..19.min(at.len())], term::one_line(reason.as_deref().unwrap_or("?")))
+                format!("{}: {}", term::moment(at), term::one_line(reason.as_deref().unwrap_or("?")))
             }
         };
         say!(
-            "{:<8} {:<14} {:<8} {:<19} {:>8} {:<22} {:>7} {:>9}  {ended}",
+            "{:<8} {:<14} {:<8} {:<23} {:>8} {:<22} {:>7} {:>9}  {ended}",
             s.id,
             term::one_line(&s.agent),
             s.runtime,
-            &s.started_at[..19.min(s.started_at.len())],
-            took(s.seconds),
+            term::moment(&s.started_at),
+            choir_common::text::human_duration(std::time::Duration::from_secs(s.seconds)),
             term::one_line(s.instance.as_deref().unwrap_or("-")),
             s.commits,
             s.tokens

@@ -58,3 +58,37 @@ pub fn when(ts: jiff::Timestamp) -> String {
         choir_common::text::human_duration(std::time::Duration::from_secs(age))
     )
 }
+
+/// A moment choird sent (RFC 3339, or PostgreSQL's `2026-11-28 15:01:53.2+00`)
+/// as choirctl shows moments in tables: UTC, marked, to the second. Text that
+/// is no moment is shown as it came (on one line).
+pub fn moment(text: &str) -> String {
+    let t = text.trim().replacen(' ', "T", 1);
+    // PostgreSQL writes a whole-hour offset as `+00`; RFC 3339 wants `+00:00`.
+    let t = match t.rfind(['+', '-']) {
+        Some(i) if i > 10 && t.len() - i == 3 => format!("{t}:00"),
+        _ => t,
+    };
+    match t.parse::<jiff::Timestamp>() {
+        Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        Err(_) => one_line(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moments_from_choird_read_one_way() {
+        for given in [
+            "2026-11-28T15:01:53.288+00",
+            "2026-11-28 15:01:53+00",
+            "2026-11-28T16:01:53.288+01:00",
+            "2026-11-28T15:01:53Z",
+        ] {
+            assert_eq!(moment(given), "2026-11-28 15:01:53 UTC", "{given}");
+        }
+        assert_eq!(moment("soon"), "soon");
+    }
+}

@@ -554,6 +554,17 @@ fn restore_into(
     }
     home.ensure_layout().map_err(|e| BackupError(e.to_string()))?;
     restore_database(&home, &config, &dump, report)?;
+    // The host the backup came from may still run: until the operator says
+    // so, this home polls no bot and fires no job (two pollers would fight
+    // over each bot, and every job would run twice).
+    let hold = format!(
+        "restored from a backup of {} at {}: Telegram polling and the scheduler wait for `choirctl resume` (stop \
+         choird on the host the backup came from first)\n",
+        manifest.created,
+        jiff::Timestamp::now()
+    );
+    std::fs::write(home.restore_hold(), hold).map_err(io(home.restore_hold().display()))?;
+    report("Telegram polling and the scheduler are held until `choirctl resume`");
     Ok(summary)
 }
 

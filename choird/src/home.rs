@@ -105,6 +105,12 @@ impl Home {
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")
     }
+    /// Present after a restore: Telegram polling and the scheduler wait
+    /// for the operator (`choirctl resume`), since the backed-up host may
+    /// still poll the same bots and fire the same jobs. Holds why.
+    pub fn restore_hold(&self) -> PathBuf {
+        self.root.join("held-after-restore")
+    }
     /// The agents a stopping choird stopped, which the next one starts again
     /// (one id a line; read and removed at start).
     pub fn agents_to_resume(&self) -> PathBuf {

@@ -296,6 +296,10 @@ fn serve(
     };
     daemon.reload_policies("choird");
     daemon.warn_unmatched_tool_policies();
+    if let Ok(why) = std::fs::read_to_string(home.restore_hold()) {
+        log::warn!("{}", why.trim());
+        daemon.hold(why);
+    }
     daemon.adopt_containers()?;
     let router = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
     let nofile = crate::http::server::raise_nofile_limit();
@@ -347,7 +351,10 @@ fn serve(
         let d = daemon.clone();
         std::thread::Builder::new().name("scheduler".into()).spawn(move || d.run_scheduler())?
     };
-    let mut gateway = crate::telegram::Gateway::start(&tg)?;
+    let mut gateway = match daemon.held() {
+        Some(_) => None,
+        None => crate::telegram::Gateway::start(&tg)?,
+    };
     let outcome = signal_loop(&daemon, &tg, signals, &mut gateway, &mut listeners);
     notify.send("STOPPING=1\nSTATUS=stopping agents");
 
@@ -405,18 +412,22 @@ fn signal_loop(
         while let Some(asked) = daemon.reload_asked() {
             reloads.push(Some(asked));
         }
-        if !reloads.is_empty() {
+        let resumed = daemon.resumed.swap(false, Ordering::SeqCst);
+        if !reloads.is_empty() || resumed {
             // One reload answers every request that came in meanwhile.
-            let report = reload(daemon);
+            let report = if reloads.is_empty() { ReloadReport::default() } else { reload(daemon) };
             if report.refused.is_none() {
                 apply_agent_set(daemon, listeners);
-                // Bots, users and tokens may have changed: the gateway starts afresh.
+                // Bots, users and tokens may have changed: the gateway starts
+                // afresh (not while held after a restore).
                 if let Some(g) = gateway.take() {
                     g.stop(tg);
                 }
-                match crate::telegram::Gateway::start(tg) {
-                    Ok(g) => *gateway = g,
-                    Err(e) => log::error!("telegram gateway not restarted: {e}"),
+                if daemon.held().is_none() {
+                    match crate::telegram::Gateway::start(tg) {
+                        Ok(g) => *gateway = g,
+                        Err(e) => log::error!("telegram gateway not restarted: {e}"),
+                    }
                 }
             }
             for reply in reloads.into_iter().flatten() {

@@ -177,6 +177,10 @@ pub struct StatusResponse {
     /// (edited since the last load, or no longer valid); none when it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_on_disk: Option<String>,
+    /// Why Telegram polling and the scheduler are held (a home restored
+    /// from a backup, until `choirctl resume`); none when they run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 /// What a reload (`choirctl reload`, SIGHUP) did with config.json and

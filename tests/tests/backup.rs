@@ -59,6 +59,54 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     assert_eq!(std::fs::metadata(&archive).unwrap().permissions().mode() & 0o777, 0o600, "it holds the secrets");
     let again = old.ctl_err(&["backup", archive.to_str().unwrap()]);
     assert!(again.contains("exists"), "{again}");
+    // To standard output (`-`): the same archive format, as a stream.
+    let streamed = Command::new(bin("choirctl"))
+        .arg("--home")
+        .arg(old.home.path())
+        .args(["backup", "-"])
+        .stdout(std::fs::File::create(out_dir.path().join("streamed.tar.gz")).unwrap())
+        .output()
+        .unwrap();
+    assert!(streamed.status.success(), "{}", String::from_utf8_lossy(&streamed.stderr));
+    let head = std::fs::read(out_dir.path().join("streamed.tar.gz")).unwrap();
+    assert_eq!(&head[..2], &[0x1f, 0x8b], "a gzip stream");
+    std::fs::remove_file(out_dir.path().join("streamed.tar.gz")).unwrap();
+    // Interrupted (its client killed mid-way, as Ctrl-C does): nothing is
+    // left in the directory, not even a partial file.
+    let interrupted = out_dir.path().join("interrupted.tar.gz");
+    // A workspace large enough that the archive takes a while (random
+    // bytes: gzip cannot shrink them), so the kill lands mid-way.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let big: Vec<u8> = (0..(48usize << 20) / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(ws.join("big.bin"), &big).unwrap();
+    drop(big);
+    let started = std::time::Instant::now();
+    let mut child = Command::new(bin("choirctl"))
+        .arg("--home")
+        .arg(old.home.path())
+        .args(["backup", interrupted.to_str().unwrap(), "--workspaces"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let finished_before_the_kill = child.try_wait().unwrap().is_some();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!finished_before_the_kill, "the backup ended within {:?}: the kill tested nothing", started.elapsed());
+    std::fs::remove_file(ws.join("big.bin")).unwrap();
+    let left: Vec<String> = std::fs::read_dir(out_dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "choir.tar.gz")
+        .collect();
+    assert!(left.is_empty(), "an interrupted backup left {left:?}");
     let audit = old.ctl_ok(&["audit"]);
     assert!(audit.contains("backup"), "{audit}");
     old.stop();
@@ -96,9 +144,15 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
             || !std::fs::metadata(new_ws.join("trap.fifo")).unwrap().file_type().is_fifo()
     );
 
+    assert!(said.contains("held until `choirctl resume`"), "{said}");
+
     // The new home runs: the agent finds its memory, and its conversation
-    // came back with it.
+    // came back with it. Telegram polling and the scheduler are held until
+    // the operator resumes them (the old host may still run).
     let new = Choird::start_in(new);
+    let status = new.ctl_ok(&["status"]);
+    assert!(status.contains("HELD:") && status.contains("choirctl resume"), "{status}");
+    assert!(new.stderr().contains("wait for `choirctl resume`"), "{}", new.stderr());
     new.ctl_ok(&["agent", "start", "demo"]);
     assert_eq!(new.ctl_ok(&["chat", "demo", "what is the pantry door code?"]).trim(), "it is 4711");
     let requests = llm.requests();
@@ -108,6 +162,11 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     assert!(text.contains(FACT), "the memory query found the fact: {text}");
     let sessions = new.ctl_ok(&["sessions", "demo"]);
     assert!(sessions.lines().count() >= 3, "the old home's session is in the history: {sessions}");
+    assert!(new.ctl_ok(&["resume"]).starts_with("resumed"));
+    assert!(!new.ctl_ok(&["status"]).contains("HELD"));
+    assert!(!new.home.path().join("held-after-restore").exists());
+    assert!(new.ctl_ok(&["resume"]).starts_with("nothing was held"), "a second resume changes nothing");
+    assert!(new.ctl_ok(&["audit"]).contains("choird.resume"));
 }
 
 fn restore_with(home: &std::path::Path, file: &std::path::Path, flags: &[&str]) -> std::process::Output {

@@ -185,7 +185,7 @@ fn regression_a_model_whose_every_answer_is_cut_is_reported_as_the_models_failur
     let Some(pg) = TestPg::start() else { return };
     let (fake, said) =
         one_chat(&pg, vec![Step::CutInsideChunk, Step::CutStream, Step::CutInsideChunk, Step::CutStream]);
-    assert!(said.starts_with("Sorry, my model's answer was cut off"), "{said}");
+    assert!(said.starts_with("choirctl: Sorry, my model's answer was cut off"), "a failed turn: {said}");
     assert!(!said.contains("choird"), "{said}");
     assert_eq!(fake.request_count(), 4);
 }

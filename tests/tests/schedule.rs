@@ -306,7 +306,7 @@ fn an_agents_schedule_proposal_is_refused_until_approved_and_then_fires() {
     choird.ctl_ok(&["agent", "start", "demo"]);
     // A bad spec is refused at once, saying why; nothing is stored.
     let said = choird.ctl_ok(&["chat", "demo", "schedule nonsense"]);
-    assert!(said.contains("is not valid"), "{said}");
+    assert!(said.contains("minute 99 is out of range (0-59)"), "{said}");
     let said = choird.ctl_ok(&["chat", "demo", "schedule a digest"]);
     assert!(said.contains("tool said"), "{said}");
     // Proposed is not scheduled.
@@ -343,7 +343,8 @@ fn bad_jobs_are_clear_errors_and_change_nothing() {
         args.extend_from_slice(extra);
         choird.ctl_err(&args)
     };
-    assert!(add(&["--cron", "61 * * * *"]).contains("cron expression \"61 * * * *\" is not valid"));
+    assert!(add(&["--cron", "61 * * * *"]).contains("cron expression \"61 * * * *\": minute 61 is out of range (0-59)"));
+    assert!(add(&["--cron", "0 25 * * *"]).contains("hour 25 is out of range (0-23)"));
     assert!(add(&["--cron", "0 8 * * *", "--tz", "Mars/Olympus"]).contains("unknown time zone \"Mars/Olympus\""));
     assert!(add(&["--cron", "* * *"]).contains("has 3 fields"));
     assert!(add(&["--every", "10s"]).contains("every_s must be between 60"));

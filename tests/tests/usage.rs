@@ -82,7 +82,7 @@ fn crossing_80_percent_of_a_daily_budget_tells_the_agents_admins_once() {
     tg.wait_calls("the warning", std::time::Duration::from_secs(20), |c| c.iter().any(|c| c.method == "sendMessage"));
     // Over the budget now: the next call is refused (the agent says so), and
     // no second warning.
-    let refused = choird.ctl_ok(&["chat", "demo", "go"]);
+    let refused = choird.ctl_err(&["chat", "demo", "go"]); // a failed turn: exit 1
     assert!(refused.contains("token budget for today"), "{refused}");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let texts = texts_by_chat(&tg.sent("sendMessage"));
@@ -156,7 +156,7 @@ fn the_hosts_budget_bounds_all_agents_together() {
     assert_eq!(choird.ctl_ok(&["chat", "beta", "go"]).trim(), "fine");
     let audit = choird.ctl_ok(&["--json", "audit", "--agent", "beta", "--limit", "500"]);
     assert!(audit.contains("all agents together have used 45 of the host's 40 tokens for today"), "{audit}");
-    let refused = choird.ctl_ok(&["chat", "alpha", "go"]);
+    let refused = choird.ctl_err(&["chat", "alpha", "go"]); // a failed turn: exit 1
     assert!(refused.contains("host's token budget for today"), "the refusal names the host's budget: {refused}");
     // Each agent's own standing is its own: neither has a budget of its own.
     let calls: i64 = postgres::Client::connect(&pg.url(), postgres::NoTls)

@@ -197,7 +197,7 @@ impl Daemon {
     /// `config.json` and reloaded.
     pub fn approve(self: &Arc<Self>, id: i64, req: &ApproveRequest) -> Result<ApprovalInfo, Error> {
         // A backup sees an approval wholly or not at all.
-        let _applying = self.state_gate.read();
+        let _applying = self.approval_gate()?;
         self.store.expire_confirmations()?;
         let by = req.by.clone().unwrap_or_else(|| "admin".to_owned());
         let (info, text) = self.load_approval(id)?;

@@ -23,7 +23,10 @@ impl Daemon {
         let summary = {
             let _no_approvals = self.state_gate.write();
             let _no_rewrites = self.config_write.lock();
-            crate::backup::write(&self.home, &config, &db, &ids, &mut file)
+            *self.backup_since.lock() = Some(jiff::Timestamp::now());
+            let written = crate::backup::write(&self.home, &config, &db, &ids, &mut file);
+            *self.backup_since.lock() = None;
+            written
         };
         let summary = summary.map_err(|e| {
             self.audit("admin", None, "backup", "failed", json!({"error": e.to_string()}));

@@ -160,6 +160,13 @@ pub struct Daemon {
     /// Reloads asked through the admin API, each with where its report
     /// goes; the signal loop does them as it does SIGHUP's.
     reloads: (Sender<Sender<ReloadReport>>, Receiver<Sender<ReloadReport>>),
+    /// Why Telegram polling and the scheduler are held (a home restored
+    /// from a backup, until `choirctl resume`); none when they run.
+    held: Mutex<Option<String>>,
+    /// Set by a resume: the signal loop starts the gateway.
+    pub resumed: AtomicBool,
+    /// When the backup being taken began (none: no backup runs).
+    backup_since: Mutex<Option<jiff::Timestamp>>,
 }
 
 impl std::ops::Deref for Daemon {
@@ -203,7 +210,65 @@ impl Daemon {
             arg_policies: ArgPolicies::default(),
             schedule: crate::schedule::Scheduling::new(parts.clock),
             reloads: crossbeam_channel::bounded(4),
+            held: Mutex::new(None),
+            resumed: AtomicBool::new(false),
+            backup_since: Mutex::new(None),
         }
+    }
+
+    /// How long a change waits for a backup in progress before it is
+    /// refused, saying so (rather than hanging for as long as the backup).
+    const GATE_WAIT: Duration = Duration::from_secs(2);
+
+    fn busy_with_backup(&self) -> Error {
+        let since = self.backup_since.lock().map(|t| t.to_string()).unwrap_or_else(|| "a moment ago".into());
+        Error::Unavailable(format!(
+            "waiting for the backup in progress (since {since}): config, secret and approval changes wait until it \
+             is written; try again when `choirctl backup` is done"
+        ))
+    }
+
+    /// The config-rewrite lock, or a refusal naming the backup that holds it.
+    fn config_gate(&self) -> Result<parking_lot::MutexGuard<'_, ()>, Error> {
+        self.config_write.try_lock_for(Self::GATE_WAIT).ok_or_else(|| self.busy_with_backup())
+    }
+
+    /// The approval gate (read), or a refusal naming the backup that holds it.
+    fn approval_gate(&self) -> Result<parking_lot::RwLockReadGuard<'_, ()>, Error> {
+        self.state_gate.try_read_for(Self::GATE_WAIT).ok_or_else(|| self.busy_with_backup())
+    }
+
+    /// Holds Telegram polling and the scheduler for `why` (see
+    /// [`Home::restore_hold`](crate::home::Home::restore_hold)).
+    pub fn hold(&self, why: String) {
+        *self.held.lock() = Some(why);
+    }
+
+    /// Why polling and the scheduler are held, if they are.
+    pub fn held(&self) -> Option<String> {
+        self.held.lock().clone()
+    }
+
+    /// Ends the hold after a restore: the note is removed, the scheduler
+    /// fires again and the signal loop starts Telegram polling. Audited.
+    pub fn resume(&self, actor: &str) -> Result<String, Error> {
+        let Some(why) = self.held.lock().take() else {
+            return Ok("nothing was held: Telegram polling and the scheduler run".into());
+        };
+        match std::fs::remove_file(self.home.restore_hold()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                *self.held.lock() = Some(why);
+                return Err(Error::Internal(format!("cannot remove {}: {e}", self.home.restore_hold().display())));
+            }
+        }
+        self.resumed.store(true, Ordering::SeqCst);
+        self.schedule.poke();
+        self.schedule.poke_looks();
+        self.audit(actor, None, "choird.resume", "ok", json!({"was": why.trim()}));
+        log::info!("resumed by {actor}: Telegram polling and the scheduler run");
+        Ok("resumed: Telegram polling starts and scheduled jobs fire again".into())
     }
 
     /// Asks the signal loop for a reload (the one SIGHUP does) and waits
@@ -311,7 +376,7 @@ impl Daemon {
     /// replaces the file atomically with its mode kept, and reloads it. One
     /// rewrite at a time.
     pub fn rewrite_config(&self, edit: impl FnOnce(&str) -> Result<String, String>) -> Result<(), String> {
-        let _one = self.config_write.lock();
+        let _one = self.config_gate().map_err(|e| e.to_string())?;
         let path = self.home.config();
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let new = edit(&text)?;

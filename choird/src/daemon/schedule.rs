@@ -212,7 +212,9 @@ impl Daemon {
             let looker = std::thread::Builder::new().name("schedule-looks".into()).spawn_scoped(s, || {
                 while !self.schedule.stopping() {
                     let now = self.schedule.clock.now();
-                    guarded("precondition looks", || self.look_at_preconditions(now));
+                    if self.held().is_none() {
+                        guarded("precondition looks", || self.look_at_preconditions(now));
+                    }
                     self.schedule.nap_looks(MAX_NAP);
                 }
             });
@@ -228,6 +230,12 @@ impl Daemon {
         let mut last_prune: Option<Instant> = None;
         while !self.schedule.stopping() {
             let now = self.schedule.clock.now();
+            // Held after a restore: nothing fires until `choirctl resume`
+            // (firings missed meanwhile follow each job's `missed` rule).
+            if self.held().is_some() {
+                self.schedule.nap(MAX_NAP);
+                continue;
+            }
             guarded("claim", || {
                 if let Err(e) = self.claim_due(now) {
                     log::warn!("scheduler: claiming due firings failed (will retry): {e}");

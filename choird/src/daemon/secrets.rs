@@ -16,7 +16,7 @@ impl Daemon {
     /// `PUT /secrets/<name>`: written, reloaded, audited (the name only).
     pub fn set_secret(&self, name: &str, value: &str) -> Result<Value, Error> {
         secret_admin::check_set(name, value)?;
-        let _one = self.config_write.lock();
+        let _one = self.config_gate()?;
         let secrets = self.secrets().with(name, value);
         secret_admin::write(&self.home.secrets(), &secrets)?;
         let config = self.config();
@@ -33,7 +33,7 @@ impl Daemon {
 
     /// `DELETE /secrets/<name>`: refused while anything uses it.
     pub fn remove_secret(&self, name: &str) -> Result<Value, Error> {
-        let _one = self.config_write.lock();
+        let _one = self.config_gate()?;
         let current = self.secrets();
         if !current.contains(name) {
             return Err(Error::NotFound(format!("no secret {:?} in secrets.json", crate::http::printable(name))));

@@ -91,6 +91,7 @@ fn read_cron(expr: &str, tz: &str) -> Result<When, String> {
              (seconds first)"
         ));
     }
+    out_of_range(expr).map_or(Ok(()), Err)?;
     let cron = CronParser::builder()
         .seconds(Seconds::Optional)
         .build()
@@ -103,6 +104,34 @@ fn read_cron(expr: &str, tz: &str) -> Result<When, String> {
         )
     })?;
     Ok(When::Cron(Box::new(cron), zone))
+}
+
+/// The first number of a cron expression outside its field's range, named
+/// with the field (`hour 25 is out of range (0-23)`); none when every number
+/// fits (names, `*`, `?`, `L` and the like are left to the parser).
+fn out_of_range(expr: &str) -> Option<String> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    let names: &[(&str, u32, u32)] =
+        &[("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7)];
+    let with_seconds: Vec<(&str, u32, u32)> = if fields.len() == 6 {
+        std::iter::once(("second", 0, 59)).chain(names.iter().copied()).collect()
+    } else {
+        names.to_vec()
+    };
+    for (field, (name, lo, hi)) in fields.iter().zip(with_seconds) {
+        for part in field.split(',') {
+            let (range, step) = part.split_once('/').unwrap_or((part, ""));
+            for n in range.split('-').filter_map(|x| x.parse::<u32>().ok()) {
+                if n < lo || n > hi {
+                    return Some(format!("cron expression {expr:?}: {name} {n} is out of range ({lo}-{hi})"));
+                }
+            }
+            if step == "0" {
+                return Some(format!("cron expression {expr:?}: a {name} step of 0 never moves"));
+            }
+        }
+    }
+    None
 }
 
 /// Checks everything in `spec` that needs no knowledge of the agent;
@@ -296,6 +325,17 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_number_out_of_its_fields_range_is_named_with_the_field() {
+        let e = parse_cron("0 25 * * *", "UTC").map(|_| ()).unwrap_err();
+        assert!(e.contains("hour 25 is out of range (0-23)"), "{e}");
+        let e = parse_cron("0 0 8 * 1-9", "UTC").map(|_| ()).unwrap_err();
+        assert!(e.contains("day of week 9 is out of range"), "{e}");
+        let e = parse_cron("61 0 8 * * *", "UTC").map(|_| ()).unwrap_err();
+        assert!(e.contains("second 61"), "{e}");
+        assert!(parse_cron("*/15 8-17 * * mon-fri", "UTC").is_ok());
+    }
+
+    #[test]
     fn a_stored_budget_past_the_bounds_runs_on_the_core_budget() {
         let core = CoreBudget { steps: 50, tokens: 100_000, wall_s: 600 };
         let own = JobBudget { steps: Some(10), tokens: Some(2_000), wall_s: Some(60) };
@@ -320,7 +360,9 @@ mod tests {
     #[test]
     fn bad_cron_expressions_and_zones_are_clear_errors() {
         let e = check(&spec(json!({"name": "a", "cron": "61 * * * *", "prompt": "p"})).unwrap()).unwrap_err();
-        assert!(e.contains("cron expression \"61 * * * *\" is not valid"), "{e}");
+        assert!(e.contains("cron expression \"61 * * * *\": minute 61 is out of range (0-59)"), "{e}");
+        let e = check(&spec(json!({"name": "a", "cron": "* * * foo *", "prompt": "p"})).unwrap()).unwrap_err();
+        assert!(e.contains("is not valid"), "what the range check leaves, the parser refuses: {e}");
         let e = check(&spec(json!({"name": "a", "cron": "* * *", "prompt": "p"})).unwrap()).unwrap_err();
         assert!(e.contains("has 3 fields"), "{e}");
         let e = check(&spec(json!({"name": "a", "cron": "0 8 * * 1-5", "tz": "Mars/Olympus", "prompt": "p"})).unwrap())

@@ -25,6 +25,7 @@ pub(super) fn status(d: &Daemon) -> StatusResponse {
         agents: d.summaries(),
         usage: d.usage(),
         config_on_disk: d.config_on_disk(),
+        held: d.held().map(|h| h.trim().to_owned()),
     }
 }
 

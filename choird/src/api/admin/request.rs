@@ -39,6 +39,8 @@ pub enum AdminRequest {
     Status,
     /// `POST reload`: config.json and secrets.json again, as SIGHUP does.
     Reload,
+    /// `POST resume`: end the hold after a restore.
+    Resume,
     /// `POST policy/kill-switch`, body `{"on": bool}`.
     KillSwitch,
     /// `POST policy/reload`.
@@ -134,6 +136,7 @@ impl AdminRequest {
         Ok(match (head.method.as_str(), parts.as_slice()) {
             ("GET", ["status"]) => R::Status,
             ("POST", ["reload"]) => R::Reload,
+            ("POST", ["resume"]) => R::Resume,
             ("POST", ["policy", "kill-switch"]) => R::KillSwitch,
             ("POST", ["policy", "reload"]) => R::ReloadPolicies,
             ("POST", ["backup"]) => R::Backup,
