@@ -172,14 +172,7 @@ impl StatusBoard {
         let mut b = self.inner.lock();
         b.lanes.insert(
             lane.to_owned(),
-            Entry {
-                state: Some(LaneState::Idle),
-                max_steps,
-                max_tokens,
-                started: Some(Instant::now()),
-                detail,
-                ..Entry::default()
-            },
+            Entry { state: Some(LaneState::Idle), max_steps, max_tokens, started: None, detail, ..Entry::default() },
         );
         self.changed(&mut b);
     }
@@ -220,12 +213,32 @@ impl StatusBoard {
         self.changed(&mut b);
     }
 
+    /// ELAPSED counts from the moment a lane leaves IDLE (a turn, a job)
+    /// and stops when it is IDLE again.
     fn set_state(&self, lane: &str, s: LaneState) {
         let mut b = self.inner.lock();
         if let Some(e) = b.lanes.get_mut(lane) {
+            let was_idle = matches!(e.state, None | Some(LaneState::Idle));
             e.state = Some(s);
+            if s == LaneState::Idle {
+                e.started = None;
+            } else if was_idle {
+                e.started = Some(Instant::now());
+            }
         }
         self.changed(&mut b);
+    }
+
+    /// A lane's step limit, as the config in force says (an approved
+    /// change shows at the next turn, not at the next start).
+    pub fn set_max_steps(&self, lane: &str, max_steps: u64) {
+        let mut b = self.inner.lock();
+        if let Some(e) = b.lanes.get_mut(lane) {
+            if e.max_steps != Some(max_steps) {
+                e.max_steps = Some(max_steps);
+                self.changed(&mut b);
+            }
+        }
     }
 
     /// A change counter: the link reports when it moved.

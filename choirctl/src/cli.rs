@@ -49,6 +49,9 @@ pub enum Command {
     /// End the hold a restore leaves (Telegram polling and the scheduler wait after a restore, so the host the
     /// backup came from and this one never poll the same bot or fire the same job); stop choird there first.
     Resume,
+    /// Remove the agent images no agent needs (superseded ones, those of removed agents); list what removed
+    /// agents left (workspaces, repository clones), which stays for you to remove.
+    Prune,
     /// Check what a deployment needs (config, secrets, disk, sockets, Docker, PostgreSQL, model endpoints, bot
     /// tokens, host tools), naming the fix for each problem; exit 1 if something failed.
     Doctor,

@@ -111,6 +111,26 @@ fn real_main() -> anyhow::Result<()> {
     match args.command {
         C::Status => status(&ctx),
         C::Reload => reload(&ctx),
+        C::Prune => {
+            let r: serde_json::Value = ctx.client.post("prune", &serde_json::json!({}))?;
+            if ctx.json {
+                return print_json(&r);
+            }
+            let list = |k: &str| r[k].as_array().cloned().unwrap_or_default();
+            for i in list("removed") {
+                say!("removed  {}", i.as_str().unwrap_or(""));
+            }
+            for i in list("kept") {
+                say!("kept     {}", i.as_str().unwrap_or(""));
+            }
+            for i in list("left") {
+                say!("left     {} (remove it yourself when you no longer need it)", i.as_str().unwrap_or(""));
+            }
+            if list("removed").is_empty() && list("left").is_empty() {
+                say!("nothing to prune");
+            }
+            Ok(())
+        }
         C::Resume => {
             let r: serde_json::Value = ctx.client.post("resume", &serde_json::json!({}))?;
             if ctx.json {
@@ -601,8 +621,44 @@ fn agent_restart(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `agent build|update`: choird's own lines as they come; the engine's
+/// build steps on one line that updates in place on a terminal (every line
+/// elsewhere); with --json, one object at the end.
 fn build(ctx: &Ctx, id: &str, action: &str) -> anyhow::Result<()> {
-    let image = ctx.client.post_streaming(&format!("agents/{id}/{action}"), |line| say!("{line}"))?;
+    let terminal = !ctx.json && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut output: Vec<String> = Vec::new();
+    let mut on_step = false;
+    let image = ctx.client.post_streaming(&format!("agents/{id}/{action}"), |line| {
+        if ctx.json {
+            output.push(line.to_owned());
+            return;
+        }
+        if !terminal {
+            say!("{line}");
+            return;
+        }
+        let engine_detail = line.starts_with(" ---> ")
+            || line.starts_with("Removing intermediate")
+            || line.starts_with("Successfully")
+            || line.trim().is_empty();
+        if line.starts_with("Step ") {
+            let shown: String = term::one_line(line).chars().take(100).collect();
+            term::out(&format!("\r\x1b[K{shown}"));
+            on_step = true;
+        } else if !engine_detail {
+            if on_step {
+                term::out("\n");
+                on_step = false;
+            }
+            say!("{line}");
+        }
+    })?;
+    if on_step {
+        term::out("\n");
+    }
+    if ctx.json {
+        return print_json(&serde_json::json!({"agent": id, "image": image, "output": output}));
+    }
     if action == "build" {
         say!("image: {image}");
     } else {

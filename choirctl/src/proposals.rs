@@ -146,16 +146,17 @@ pub(crate) fn follow_rollout(ctx: &Ctx, id: i64) -> anyhow::Result<()> {
             say!("rollout: choird no longer tracks it; see choirctl approvals show {id}");
             return Ok(());
         };
-        if r.state != state {
-            say!("rollout: {}", r.state);
-            state.clone_from(&r.state);
-        }
-        // Lines beyond the kept window are counted from its end.
+        // What happened first, then the state it led to (a poll can see
+        // both: "starting agent" belongs before "done").
         let start = shown.min(r.lines.len());
         for line in &r.lines[start..] {
             say!("  {}", crate::term::one_line(line));
         }
         shown = r.lines.len();
+        if r.state != state {
+            say!("rollout: {}", r.state);
+            state.clone_from(&r.state);
+        }
         if r.finished() {
             let outcome = r.outcome.unwrap_or_default();
             if r.state == "failed" {

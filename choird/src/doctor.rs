@@ -344,7 +344,7 @@ fn postgres(home: &Home, config: &Config) -> Check {
         Ok((v, None)) => Check::fail(
             name,
             format!("PostgreSQL {v} at {which} has no pgvector extension"),
-            "install pgvector for this server (Debian: postgresql-NN-pgvector; `make deps` builds it)",
+            "install pgvector for this server (Debian: postgresql-NN-pgvector; `make build-deps` builds it)",
         ),
         Ok((v, Some((default, installed)))) => Check::ok(
             name,
@@ -378,7 +378,13 @@ fn managed_offline(config: &Config) -> Check {
     let name = "postgres";
     let bin = match ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref()) {
         Ok(b) => b,
-        Err(e) => return Check::fail(name, e.to_string(), "make deps (installs postgresql), or set database_url"),
+        Err(e) => {
+            return Check::fail(
+                name,
+                e.to_string(),
+                "sudo make runtime-deps (installs PostgreSQL's server), or set database_url",
+            )
+        }
     };
     // Debian: /usr/lib/postgresql/<major>/bin → /usr/share/postgresql/<major>/extension.
     let major = bin.parent().and_then(|p| p.file_name()).map(|m| m.to_string_lossy().into_owned());
@@ -387,7 +393,7 @@ fn managed_offline(config: &Config) -> Check {
         Some(c) if !c.exists() => Check::fail(
             name,
             format!("the managed cluster is not running, and {} is missing", c.display()),
-            "install pgvector for this PostgreSQL (`make deps` builds it)",
+            "install pgvector for this PostgreSQL (`make build-deps` builds it)",
         ),
         _ => Check::warn(
             name,

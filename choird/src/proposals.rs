@@ -124,6 +124,15 @@ pub fn validate(
             check_schedule(&req.content)?
         }
     };
+    // A tool or skill exactly as installed would change nothing: not a
+    // question for a human.
+    let written = files(home, agent, req.scope, req.kind, &req.content);
+    let dir = repo_dir(home, agent, req.scope);
+    if !written.is_empty()
+        && written.iter().all(|(rel, text)| std::fs::read_to_string(dir.join(rel)).is_ok_and(|t| t == *text))
+    {
+        return Err(Invalid(format!("{subject} is already installed exactly so: nothing to approve")));
+    }
     Ok(Proposal { kind: req.kind, scope: req.scope, subject, sha256: digest(&canonical), canonical })
 }
 
@@ -614,6 +623,27 @@ mod tests {
             state: None,
             conversation: None,
         }
+    }
+
+    /// An identical re-proposal of what is installed was listed as pending.
+    #[test]
+    fn regression_a_proposal_identical_to_what_is_installed_waited_for_a_human() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_owned());
+        let agent = AgentId::parse("demo").unwrap();
+        let content = json!({"manifest": manifest("count.words", "count_words"), "executable": "#!/bin/sh\necho {}\n"});
+        let layer = repo_dir(&home, &agent, ProposalScope::Agent);
+        for (rel, text) in files(&home, &agent, ProposalScope::Agent, ProposalKind::Tool, &content) {
+            std::fs::create_dir_all(layer.join(&rel).parent().unwrap()).unwrap();
+            std::fs::write(layer.join(&rel), text).unwrap();
+            std::fs::set_permissions(layer.join(&rel), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        let err = validate(&home, &agent, &json!({}), &request(ProposalKind::Tool, content.clone())).unwrap_err();
+        assert!(err.0.contains("already installed exactly so"), "{}", err.0);
+        // Negative control: a changed executable is a real proposal.
+        let mut changed = content;
+        changed["executable"] = json!("#!/bin/sh\necho changed\n");
+        assert!(validate(&home, &agent, &json!({}), &request(ProposalKind::Tool, changed)).is_ok());
     }
 
     #[test]

@@ -461,7 +461,10 @@ fn apply_agent_set(daemon: &Arc<Daemon>, listeners: &mut Listeners) {
     let config = daemon.config();
     let gone: Vec<AgentId> = listeners.agents.keys().filter(|id| !config.agents.contains_key(*id)).cloned().collect();
     for id in gone {
-        log::warn!("agent {id} was removed from config.json: stopping it and closing its socket");
+        log::warn!(
+            "agent {id} was removed from config.json: stopping it and closing its socket; its workspace, repository \
+             clone, schedules and images stay (`choirctl prune` removes the images and lists the rest)"
+        );
         daemon.revoke_agent(&id, "choird (removed from config.json)");
         if let Some(s) = listeners.agents.remove(&id) {
             s.stop();
@@ -476,7 +479,6 @@ fn apply_agent_set(daemon: &Arc<Daemon>, listeners: &mut Listeners) {
     }
 }
 
-/// Reloads config.json and secrets.json; false when refused.
 /// Reloads config.json and secrets.json (SIGHUP, `choirctl reload`); the
 /// report says what changed and when each change takes effect, or why the
 /// reload was refused (the running configuration stays).

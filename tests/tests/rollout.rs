@@ -75,6 +75,15 @@ fn an_approved_tool_reaches_the_running_container_and_a_failed_build_leaves_it_r
     assert_eq!(after["state"], "running");
     assert_ne!(after["image"], before["image"], "a new image: {approved}");
     assert_ne!(after["container"], before["container"]);
+    // The image it ran before is gone (one stays per agent); prune keeps
+    // the one in use, saying why.
+    let engine = choir_tests::docker::engine();
+    assert!(engine.image(before["image"].as_str().unwrap()).unwrap().is_none(), "the superseded image was removed");
+    let pruned = choird.ctl_ok(&["prune"]);
+    assert!(
+        pruned.contains(&format!("kept     {} (a container runs it)", after["image"].as_str().unwrap())),
+        "{pruned}"
+    );
     assert!(approved.contains(after["image"].as_str().unwrap()), "{approved}");
     // Usable at once, with no other command.
     assert_eq!(choird.ctl_ok(&["chat", "demo", "count a.txt"]).trim(), "noted");

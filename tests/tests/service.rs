@@ -248,8 +248,16 @@ fn agents_stop_restart_update_and_come_back_after_a_choird_restart_as_operators_
     config["runtime"] = json!("process");
     std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
 
-    // Negative control: stopped by the operator before choird's restart, it stays stopped.
+    // Status fields hold for the session they describe: no previous exit on a
+    // running agent; no session state or lanes on a stopped one.
+    let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert!(s.get("last_exit").is_none_or(|v| v.is_null()), "{s}");
     choird.ctl_ok(&["agent", "stop", "demo"]);
+    let s: serde_json::Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    assert_eq!(s["state"], "stopped");
+    assert!(s.get("session_state").is_none_or(|v| v.is_null()), "a stopped agent has no session state: {s}");
+    assert!(s["lanes"].as_array().is_none_or(|l| l.is_empty()), "{s}");
+    // Negative control: stopped by the operator before choird's restart, it stays stopped.
     choird.restart();
     assert_eq!(session(&choird, "demo"), None);
 }

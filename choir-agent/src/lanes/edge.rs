@@ -222,6 +222,7 @@ impl EdgeLane {
             let c = self.config.read();
             (c.max_steps_per_turn, c.retry_budget, c.context_tokens)
         };
+        self.board.set_max_steps("edge", u64::from(max_steps));
         let mut covers: Vec<u64> = Vec::new();
         let mut turn_id = None;
         {

@@ -742,6 +742,14 @@ impl Daemon {
     /// so no adopted agent is refused in between.
     pub fn adopt_containers(self: &Arc<Self>) -> Result<(), Error> {
         let config = self.config();
+        // COMMITS shows what is stored from the start, not 0 until the
+        // agent's first HEARTBEAT.
+        for id in config.agents.keys() {
+            match self.store.agent_position(id) {
+                Ok(p) => self.sessions.set_replicated(id, p.head.seq),
+                Err(e) => log::warn!("agent {id}: cannot read how far its log is stored: {e}"),
+            }
+        }
         let mut adopted = Vec::new();
         if config.runtime == RuntimeKind::Docker {
             let engine = self.engine();
@@ -879,6 +887,10 @@ impl Daemon {
         progress(&format!("starting agent {id}{on}"));
         let summary = self.start_agent(id, "admin")?;
         self.audit("admin", summary_id(&summary).as_ref(), "agent.update", "ok", json!({"image": tag}));
+        // The image it ran before is no longer needed (one stays per agent).
+        if let (Some(tag), Some(agent)) = (tag, summary_id(&summary)) {
+            self.prune_superseded(&agent, tag);
+        }
         Ok(summary)
     }
 }

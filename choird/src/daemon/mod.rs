@@ -26,6 +26,7 @@ mod backup;
 mod host_calls;
 mod lifecycle;
 mod log_reader;
+pub mod prune;
 mod rollout;
 pub mod schedule;
 mod secrets;

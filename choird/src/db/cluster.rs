@@ -26,7 +26,7 @@ pub const DATABASE: &str = "choir";
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// No PostgreSQL server binaries were found.
-    #[error("no PostgreSQL server binaries found (looked for {looked}); install them with `make deps`, or set postgres_bin_dir or database_url in config.json")]
+    #[error("no PostgreSQL server binaries found (looked for {looked}); install them with `sudo make runtime-deps`, or set postgres_bin_dir or database_url in config.json")]
     NoBinaries {
         /// Where we looked.
         looked: String,
@@ -48,7 +48,7 @@ pub enum ClusterError {
         mode: u32,
     },
     /// Running as root, but there is no `postgres` user.
-    #[error("choird runs as root and needs the 'postgres' system user for the managed cluster; install the postgresql package (`make deps`)")]
+    #[error("choird runs as root and needs the 'postgres' system user for the managed cluster; install the postgresql-15 package (`sudo make runtime-deps`)")]
     NoPostgresUser,
     /// A PostgreSQL tool failed.
     #[error("{0}")]

@@ -248,7 +248,7 @@ impl Db {
             }
             tx.batch_execute(sql).map_err(|e| {
                 let hint = if e.to_string().contains("vector") {
-                    "; pgvector is not installed for this PostgreSQL: run `make deps` (scripts/install-deps.sh)"
+                    "; pgvector is not installed for this PostgreSQL: run `make build-deps` (scripts/install-deps.sh build)"
                         .to_owned()
                 } else {
                     String::new()

@@ -85,10 +85,19 @@ impl Sessions {
     pub fn adopt(&self, id: &AgentId, session: i64, digest: [u8; 32], instance: Instance, processed: u64) {
         let mut t = self.table.lock();
         let slot = t.entry(id.clone()).or_default();
+        slot.status = None;
         slot.phase = Phase::Running;
         slot.desired = true;
         slot.last_session = Some(session);
         slot.session = Some(Session::new(session, digest, Some(instance), processed));
+    }
+
+    /// How far the agent's commit log is stored (from the database at
+    /// choird's start and on adoption; HEARTBEATs move it on).
+    pub fn set_replicated(&self, id: &AgentId, seq: u64) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.replicated_seq = slot.replicated_seq.max(seq);
+        }
     }
 
     /// The generation of the agent's latest start.

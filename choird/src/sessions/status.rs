@@ -50,9 +50,12 @@ fn summary(id: &AgentId, slot: &AgentSlot, configured: &str) -> AgentSummary {
         }),
         last_heartbeat_ms: s.map(|s| s.last_seen.elapsed().as_millis() as u64),
         replicated_seq: slot.replicated_seq,
-        session_state: slot.status.as_ref().map(|s| s.session_state.clone()),
-        lanes: slot.status.as_ref().map(|s| s.lanes.clone()).unwrap_or_default(),
-        last_exit: slot.last_exit.clone(),
+        // What the agent last reported holds only while its session lives:
+        // a stopped agent has no session state and no lanes.
+        session_state: s.and(slot.status.as_ref()).map(|st| st.session_state.clone()),
+        lanes: s.and(slot.status.as_ref()).map(|st| st.lanes.clone()).unwrap_or_default(),
+        // How the previous session ended is news until the agent runs again.
+        last_exit: (slot.phase != Phase::Running).then(|| slot.last_exit.clone()).flatten(),
         config_version: s.and(slot.config_version),
     }
 }

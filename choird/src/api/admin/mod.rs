@@ -30,6 +30,7 @@ pub fn handle(
     use AdminRequest as R;
     match route {
         R::Status => Ok(Response::ok(&operations::status(d))),
+        R::Prune => Ok(Response::ok(&d.prune()?)),
         R::Resume => Ok(Response::ok(&serde_json::json!({"done": d.resume("admin")?}))),
         R::Reload => {
             let report = d.request_reload()?;

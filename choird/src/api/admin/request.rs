@@ -41,6 +41,8 @@ pub enum AdminRequest {
     Reload,
     /// `POST resume`: end the hold after a restore.
     Resume,
+    /// `POST prune`: remove the agent images no agent needs.
+    Prune,
     /// `POST policy/kill-switch`, body `{"on": bool}`.
     KillSwitch,
     /// `POST policy/reload`.
@@ -137,6 +139,7 @@ impl AdminRequest {
             ("GET", ["status"]) => R::Status,
             ("POST", ["reload"]) => R::Reload,
             ("POST", ["resume"]) => R::Resume,
+            ("POST", ["prune"]) => R::Prune,
             ("POST", ["policy", "kill-switch"]) => R::KillSwitch,
             ("POST", ["policy", "reload"]) => R::ReloadPolicies,
             ("POST", ["backup"]) => R::Backup,
