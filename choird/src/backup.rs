@@ -150,9 +150,11 @@ pub fn write(
     db: &Database,
     workspaces: &[AgentId],
     out: &mut File,
+    abandoned: &dyn Fn() -> bool,
 ) -> Result<Summary, BackupError> {
     let mut summary = Summary::default();
-    let gz = flate2::write::GzEncoder::new(&mut *out, flate2::Compression::new(6));
+    let mut guarded = Abandonable { inner: &mut *out, abandoned, unchecked: 0 };
+    let gz = flate2::write::GzEncoder::new(&mut guarded, flate2::Compression::new(6));
     let mut tar = tar::Builder::new(gz);
     let manifest = Manifest {
         format: FORMAT,
@@ -201,8 +203,35 @@ pub fn write(
     }
     let gz = tar.into_inner().map_err(io("writing the archive"))?;
     gz.finish().map_err(io("writing the archive"))?;
+    drop(guarded);
     out.sync_all().map_err(io("syncing the archive"))?;
     Ok(summary)
+}
+
+/// The archive's writer, which stops the backup (an error) once `abandoned`
+/// says nobody waits for it any more (asked every MiB written): a client
+/// gone does not keep the gate on changes held while the rest is written.
+struct Abandonable<'a, W: Write> {
+    inner: W,
+    abandoned: &'a dyn Fn() -> bool,
+    unchecked: usize,
+}
+
+impl<W: Write> Write for Abandonable<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.unchecked += buf.len();
+        if self.unchecked >= 1 << 20 {
+            self.unchecked = 0;
+            if (self.abandoned)() {
+                return Err(std::io::Error::other("nobody waits for this backup any more (its client went away)"));
+            }
+        }
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 fn file_header(size: u64, mode: u32) -> tar::Header {

@@ -99,6 +99,10 @@ fn backup_then_restore_into_a_new_home_keeps_memory_history_and_workspace() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(!finished_before_the_kill, "the backup ended within {:?}: the kill tested nothing", started.elapsed());
+    // choird gives up the archive nobody waits for (and opens its gate).
+    choir_tests::observe::wait_for("the abandoned backup", std::time::Duration::from_secs(60), || {
+        old.ctl_ok(&["--json", "audit", "--limit", "20"]).contains("its client went away")
+    });
     std::fs::remove_file(ws.join("big.bin")).unwrap();
     let left: Vec<String> = std::fs::read_dir(out_dir.path())
         .unwrap()

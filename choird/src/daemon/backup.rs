@@ -14,7 +14,9 @@ use crate::error::Error;
 impl Daemon {
     /// Writes a backup of the home into an unnamed temporary file (mode
     /// 0600, gone when closed) and returns it from its start.
-    pub fn backup(&self, workspaces: bool) -> Result<(std::fs::File, Summary), Error> {
+    /// `abandoned` says when the client stopped waiting: the archive is then
+    /// given up (and the gate it holds opened) instead of finished for nobody.
+    pub fn backup(&self, workspaces: bool, abandoned: &dyn Fn() -> bool) -> Result<(std::fs::File, Summary), Error> {
         let mut file = tempfile::tempfile_in(self.home.root())
             .map_err(|e| Error::Internal(format!("a temporary file in the home: {e}")))?;
         let config = self.config();
@@ -24,7 +26,7 @@ impl Daemon {
             let _no_approvals = self.state_gate.write();
             let _no_rewrites = self.config_write.lock();
             *self.backup_since.lock() = Some(jiff::Timestamp::now());
-            let written = crate::backup::write(&self.home, &config, &db, &ids, &mut file);
+            let written = crate::backup::write(&self.home, &config, &db, &ids, &mut file, abandoned);
             *self.backup_since.lock() = None;
             written
         };

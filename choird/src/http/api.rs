@@ -78,6 +78,36 @@ pub struct Request {
     pub bearer: Option<String>,
     /// The body.
     pub body: Vec<u8>,
+    /// The connection the request came on, to ask whether its client still
+    /// waits (a long piece of work for nobody is given up).
+    pub peer: Option<Peer>,
+}
+
+/// A second handle on a request's connection.
+pub enum Peer {
+    /// A Unix socket client.
+    Unix(std::os::unix::net::UnixStream),
+    /// A TCP client.
+    Tcp(std::net::TcpStream),
+}
+
+impl Peer {
+    /// Whether the client closed its end: a peek that does not wait reads
+    /// end-of-stream (or a reset). Nothing is consumed.
+    pub fn gone(&self) -> bool {
+        use std::os::fd::AsFd;
+        let fd = match self {
+            Peer::Unix(s) => s.as_fd(),
+            Peer::Tcp(s) => s.as_fd(),
+        };
+        let mut one = [0u8; 1];
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        match rustix::net::recv(fd, &mut one, flags) {
+            Ok((0, _)) => true,
+            Ok(_) => false,
+            Err(e) => matches!(e, rustix::io::Errno::CONNRESET | rustix::io::Errno::PIPE),
+        }
+    }
 }
 
 impl Request {

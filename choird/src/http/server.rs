@@ -389,7 +389,11 @@ fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
             Err(_) => return,
         };
         let path = head.path.clone();
-        let req = Request { method: head.method, path: head.path, query: head.query, bearer: head.bearer, body };
+        let peer = match &stream {
+            Stream::Unix(s) => s.try_clone().ok().map(crate::http::api::Peer::Unix),
+            Stream::Tcp(s) => s.try_clone().ok().map(crate::http::api::Peer::Tcp),
+        };
+        let req = Request { method: head.method, path: head.path, query: head.query, bearer: head.bearer, body, peer };
         let route = admitted.route;
         let response = match catch_unwind(AssertUnwindSafe(|| ctx.handler.handle(&ctx.kind, route, req))) {
             Ok(r) => r,

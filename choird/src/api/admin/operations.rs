@@ -52,7 +52,8 @@ pub(super) fn reload_policies(d: &Daemon) -> serde_json::Value {
 pub(super) fn backup(d: &Daemon, req: &Request) -> Result<Response, Error> {
     let body: serde_json::Value = req.json()?;
     let workspaces = body.get("workspaces").and_then(serde_json::Value::as_bool).unwrap_or(false);
-    let (file, summary) = d.backup(workspaces)?;
+    let abandoned = || req.peer.as_ref().is_some_and(crate::http::Peer::gone);
+    let (file, summary) = d.backup(workspaces, &abandoned)?;
     let mut response = Response::streaming(file);
     response.content_type = "application/gzip";
     let summary = serde_json::to_string(&summary).map_err(|e| Error::Internal(e.to_string()))?;
