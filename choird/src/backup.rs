@@ -203,7 +203,6 @@ pub fn write(
     }
     let gz = tar.into_inner().map_err(io("writing the archive"))?;
     gz.finish().map_err(io("writing the archive"))?;
-    drop(guarded);
     out.sync_all().map_err(io("syncing the archive"))?;
     Ok(summary)
 }
