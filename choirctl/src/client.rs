@@ -166,7 +166,11 @@ impl Client {
         if not_running {
             anyhow::Error::new(NotListening { socket: self.socket.clone(), home: self.home.clone() })
         } else if matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied) {
-            anyhow::anyhow!("permission denied on {}: run choirctl as the user that runs choird", self.socket.display())
+            anyhow::anyhow!(
+                "permission denied on {}: run choirctl as the user that runs choird (sudo -u choir), as root, or as a \
+                 member of the group config.json admin_group names",
+                self.socket.display()
+            )
         } else {
             anyhow::anyhow!("cannot talk to choird on {}: {e}", self.socket.display())
         }

@@ -150,6 +150,13 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     // The TCP listeners are bound before the database work (initdb and the
     // migrations take seconds): a port in use is said at once, naming the
     // field, and leaves nothing behind.
+    let admin_gid =
+        match &config.admin_group {
+            Some(g) => Some(crate::sockets::group_id(g).ok_or_else(|| {
+                anyhow::anyhow!("config.json admin_group: no group {g:?} on this host (see /etc/group)")
+            })?),
+            None => None,
+        };
     let tcp = Tcp {
         http: bind_tcp("http_listen", config.http_listen.as_deref())?,
         metrics: bind_tcp("metrics_listen", config.metrics_listen.as_deref())?,
@@ -183,6 +190,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             cluster: cluster.clone(),
             tcp,
             notify: crate::notify::Notifier::new(opts.notify_socket),
+            admin_gid,
         },
         signals,
     );
@@ -206,6 +214,8 @@ struct Runs {
     tcp: Tcp,
     /// systemd, told when choird is ready and when it stops.
     notify: crate::notify::Notifier,
+    /// The admin group's id (config `admin_group`).
+    admin_gid: Option<u32>,
 }
 
 /// The TCP sockets config asks for, bound before anything else starts.
@@ -231,7 +241,7 @@ fn serve(
     runs: Runs,
     signals: signal_hook::iterator::Signals,
 ) -> anyhow::Result<()> {
-    let Runs { agent_binary, clock, cluster, tcp, notify } = runs;
+    let Runs { agent_binary, clock, cluster, tcp, notify, admin_gid } = runs;
     let db = Db::connect(url)?;
     for name in db.migrate()? {
         log::info!("applied migration {name}");
@@ -307,7 +317,7 @@ fn serve(
 
     let mut listeners =
         Listeners { admin: None, agents: BTreeMap::new(), tcp: None, metrics: None, router: router.clone() };
-    let (admin, admin_path) = crate::sockets::bind_admin(&home.socks())?;
+    let (admin, admin_path) = crate::sockets::bind_admin(&home.socks(), admin_gid)?;
     listeners.admin = Some(Server::start(
         Socket::Unix(admin, admin_path),
         ListenerKind::Admin,

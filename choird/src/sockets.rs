@@ -157,7 +157,12 @@ fn fresh_dir(parent: &OwnedFd, parent_path: &Path, name: &str, mode: u32) -> Res
 /// Binds `dir/choird.sock` after removing whatever stale entry has that name
 /// (without following it), and gives the new socket `owner` (when given) and
 /// mode 0600 through an `O_PATH | O_NOFOLLOW` descriptor.
-fn bind_in(dir: &OwnedFd, dir_path: &Path, owner: Option<(u32, u32)>) -> Result<(UnixListener, PathBuf), SocketError> {
+fn bind_in(
+    dir: &OwnedFd,
+    dir_path: &Path,
+    owner: Option<(u32, u32)>,
+    mode: u32,
+) -> Result<(UnixListener, PathBuf), SocketError> {
     let path = dir_path.join(SOCKET_NAME);
     match rustix::fs::unlinkat(dir, SOCKET_NAME, AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
@@ -192,7 +197,7 @@ fn bind_in(dir: &OwnedFd, dir_path: &Path, owner: Option<(u32, u32)>) -> Result<
     // chmod has no descriptor form for O_PATH before Linux 6.6; the magic
     // link of our own descriptor names exactly this inode.
     let magic = format!("/proc/self/fd/{}", sock.as_raw_fd());
-    std::fs::set_permissions(&magic, std::fs::Permissions::from_mode(0o600)).map_err(|e| SocketError {
+    std::fs::set_permissions(&magic, std::fs::Permissions::from_mode(mode)).map_err(|e| SocketError {
         path: path.clone(),
         what: "cannot set the socket's mode",
         source: e,
@@ -200,11 +205,31 @@ fn bind_in(dir: &OwnedFd, dir_path: &Path, owner: Option<(u32, u32)>) -> Result<
     Ok((listener, path))
 }
 
-/// Binds the admin socket `socks/choird.sock` (mode 0600, choird's).
-pub fn bind_admin(socks: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
+/// Binds the admin socket `socks/choird.sock`: choird's, mode 0600 in a
+/// 0700 directory; with an admin group (config `admin_group`), that group's
+/// too: mode 0660 in a 0710 directory of the group (its members can reach
+/// the socket and list nothing).
+pub fn bind_admin(socks: &Path, group: Option<u32>) -> Result<(UnixListener, PathBuf), SocketError> {
     let dir = open_own_dir(socks)?;
-    rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(err(socks, "cannot set the mode"))?;
-    bind_in(&dir, socks, None)
+    let me = rustix::process::geteuid().as_raw();
+    let (dir_mode, sock_mode, gid) = match group {
+        Some(g) => (0o710, 0o660, g),
+        None => (0o700, 0o600, rustix::process::getegid().as_raw()),
+    };
+    rustix::fs::fchown(&dir, None, Some(rustix::fs::Gid::from_raw(gid)))
+        .map_err(err(socks, "cannot give the directory to the admin group"))?;
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(dir_mode)).map_err(err(socks, "cannot set the mode"))?;
+    bind_in(&dir, socks, Some((me, gid)), sock_mode)
+}
+
+/// The id of system group `name` (from /etc/group).
+pub fn group_id(name: &str) -> Option<u32> {
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then_some(())?;
+        f.nth(1)?.parse().ok()
+    })
 }
 
 /// Binds an agent's socket `socks/agents/<id>/choird.sock`: the directory is
@@ -219,7 +244,7 @@ pub fn bind_agent(
     let parent = open_own_dir(agents_dir)?;
     let mode = if agent_owner.is_some() { 0o755 } else { 0o700 };
     let dir = fresh_dir(&parent, agents_dir, id, mode)?;
-    bind_in(&dir, &agents_dir.join(id), agent_owner)
+    bind_in(&dir, &agents_dir.join(id), agent_owner, 0o600)
 }
 
 #[cfg(test)]

@@ -303,3 +303,49 @@ fn reload_reports_what_it_applied_what_waits_and_why_it_refused() {
     let audit = choird.ctl_ok(&["--json", "audit", "--limit", "20"]);
     assert!(audit.contains("config.reload") && audit.contains("refused"), "{audit}");
 }
+
+/// `admin_group`: its members use the admin socket without sudo (mode 0660
+/// in a 0710 directory of the group); without it, only choird's user (the
+/// negative control: the same member is refused). An unknown group stops
+/// choird at start, naming the field.
+#[test]
+fn members_of_the_admin_group_reach_the_admin_socket_and_no_one_else() {
+    let Some(pg) = choir_tests::pg::TestPg::start() else { return };
+    let fake = FakeLlm::start(vec![]);
+    let as_nobody = |home: &std::path::Path| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(choir_tests::harness::bin("choirctl"))
+            .arg("--home")
+            .arg(home)
+            .arg("status")
+            .output()
+            .unwrap()
+    };
+    let traversable = |home: &std::path::Path| {
+        std::fs::set_permissions(home, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    };
+    let mut config = test_config(&fake.base_url(), Some(&pg.url()), &[]);
+    config["admin_group"] = json!("nogroup");
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    traversable(choird.home.path());
+    let out = as_nobody(choird.home.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let socks = std::fs::metadata(choird.home.path().join("socks")).unwrap();
+    let sock = std::fs::metadata(choird.home.path().join("socks/choird.sock")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((socks.mode() & 0o777, sock.mode() & 0o777, sock.gid()), (0o710, 0o660, 65534));
+    drop(choird);
+
+    let choird = Choird::start(&test_config(&fake.base_url(), Some(&pg.url()), &[]), &json!({"llm_key": "k"}));
+    traversable(choird.home.path());
+    let out = as_nobody(choird.home.path());
+    assert!(!out.status.success(), "without admin_group, another user is refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ermission denied"), "{out:?}");
+    drop(choird);
+
+    config["admin_group"] = json!("no-such-group-here");
+    let home = TempHome::new(&config, &json!({"llm_key": "k"}));
+    let (status, stderr) = home.run_choird_to_exit(Duration::from_secs(30));
+    assert!(!status.success() && stderr.contains("admin_group") && stderr.contains("no-such-group-here"), "{stderr}");
+}

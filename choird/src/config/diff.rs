@@ -10,7 +10,7 @@ use super::Config;
 
 /// Top-level fields read only at choird's start.
 const AT_CHOIRD_START: &[&str] =
-    &["database_url", "postgres_bin_dir", "http_listen", "http_allow_non_loopback", "metrics_listen"];
+    &["database_url", "postgres_bin_dir", "http_listen", "http_allow_non_loopback", "metrics_listen", "admin_group"];
 
 /// Fields read only when an agent starts (its process or container).
 fn at_agent_start(path: &[String]) -> bool {

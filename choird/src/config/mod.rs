@@ -81,6 +81,10 @@ pub struct Config {
     /// Allow `http_listen` on a non-loopback address.
     #[serde(default)]
     pub http_allow_non_loopback: bool,
+    /// A system group whose members may use the admin socket (mode 0660 in
+    /// a 0710 directory of that group); none: choird's user alone.
+    #[serde(default)]
+    pub admin_group: Option<String>,
     /// Serve Prometheus metrics (`GET /metrics`) at this address (loopback
     /// unless `metrics_allow_non_loopback`).
     #[serde(default)]
