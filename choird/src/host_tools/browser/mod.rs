@@ -598,7 +598,28 @@ impl Tab {
 
     /// Reads the page after an action that began at `started`.
     fn read(&mut self, started: Instant, config: &BrowserConfig) -> Result<Page, BrowseError> {
-        let raw = self.in_page(&READABLE_JS.replace("__MAX__", &(config.max_text_chars + 1).to_string()), config)?;
+        let raw = match self.in_page(&READABLE_JS.replace("__MAX__", &(config.max_text_chars + 1).to_string()), config)
+        {
+            Ok(raw) => raw,
+            // A page the proxy cut for its size may have no body for the
+            // reader to walk: the cut, not the reader's stumble, is the answer.
+            Err(e) => {
+                if self.proxy.blocked_since(started).iter().any(|b| b.over_size) {
+                    let _ = self.call(
+                        "Page.navigate",
+                        json!({"url": "about:blank"}),
+                        Duration::from_secs(5),
+                        "leaving the page",
+                    );
+                    self.links.clear();
+                    return Err(BrowseError::Failed(format!(
+                        "the page is larger than the {} MiB cap",
+                        config.max_page_mb
+                    )));
+                }
+                return Err(e);
+            }
+        };
         let v: Value = serde_json::from_str(raw.as_str().unwrap_or("{}")).unwrap_or(Value::Null);
         let url = v["url"].as_str().unwrap_or_default().to_owned();
         let blocked = self.proxy.blocked_since(started);
