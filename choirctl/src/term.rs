@@ -48,15 +48,16 @@ macro_rules! say_raw {
     ($($arg:tt)*) => { $crate::term::out(&$crate::term::clean(&format!($($arg)*))) };
 }
 
+/// The one way choirctl writes a moment: UTC, marked, to the second.
+fn utc(ts: jiff::Timestamp) -> String {
+    ts.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
 /// A moment as choirctl shows it everywhere: UTC, marked, to the second,
 /// with its age (`2026-11-28 14:02:11 UTC, 8s ago`).
 pub fn when(ts: jiff::Timestamp) -> String {
     let age = jiff::Timestamp::now().duration_since(ts).as_secs().max(0).unsigned_abs();
-    format!(
-        "{}, {} ago",
-        ts.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        choir_common::text::human_duration(std::time::Duration::from_secs(age))
-    )
+    format!("{}, {} ago", utc(ts), choir_common::text::human_duration(std::time::Duration::from_secs(age)))
 }
 
 /// A moment choird sent (RFC 3339, or PostgreSQL's `2026-11-28 15:01:53.2+00`)
@@ -70,7 +71,7 @@ pub fn moment(text: &str) -> String {
         _ => t,
     };
     match t.parse::<jiff::Timestamp>() {
-        Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        Ok(ts) => utc(ts),
         Err(_) => one_line(text),
     }
 }

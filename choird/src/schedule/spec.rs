@@ -110,6 +110,7 @@ fn read_cron(expr: &str, tz: &str) -> Result<When, String> {
 /// with the field (`hour 25 is out of range (0-23)`); none when every number
 /// fits (names, `*`, `?`, `L` and the like are left to the parser).
 fn out_of_range(expr: &str) -> Option<String> {
+    let shown = choir_common::text::clipped(expr, 120);
     let fields: Vec<&str> = expr.split_whitespace().collect();
     let names: &[(&str, u32, u32)] =
         &[("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7)];
@@ -123,11 +124,11 @@ fn out_of_range(expr: &str) -> Option<String> {
             let (range, step) = part.split_once('/').unwrap_or((part, ""));
             for n in range.split('-').filter_map(|x| x.parse::<u32>().ok()) {
                 if n < lo || n > hi {
-                    return Some(format!("cron expression {expr:?}: {name} {n} is out of range ({lo}-{hi})"));
+                    return Some(format!("cron expression {shown:?}: {name} {n} is out of range ({lo}-{hi})"));
                 }
             }
             if step == "0" {
-                return Some(format!("cron expression {expr:?}: a {name} step of 0 never moves"));
+                return Some(format!("cron expression {shown:?}: a {name} step of 0 never moves"));
             }
         }
     }
@@ -333,6 +334,10 @@ mod tests {
         let e = parse_cron("61 0 8 * * *", "UTC").map(|_| ()).unwrap_err();
         assert!(e.contains("second 61"), "{e}");
         assert!(parse_cron("*/15 8-17 * * mon-fri", "UTC").is_ok());
+        // A hostile expression is quoted cut short, control characters escaped.
+        let long = format!("0 25 * * 1{}\u{1b}[2J", ",1".repeat(5000));
+        let e = parse_cron(&long, "UTC").map(|_| ()).unwrap_err();
+        assert!(e.contains("hour 25") && e.len() < 400 && !e.contains('\u{1b}'), "{e}");
     }
 
     #[test]
