@@ -211,6 +211,7 @@ fn main() {
             name: "choir__plan".into(),
             arguments: r#"{"tools": ["x.mail.send", "choir.fs.read"]}"#.into(),
         },
+        extra_content: None,
     }];
     planned.push(Entry::model(plan));
     planned.push(Entry::tool_result(

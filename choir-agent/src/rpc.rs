@@ -50,8 +50,9 @@ pub enum RpcError {
         message: String,
         /// Whether a retry may succeed.
         retryable: bool,
-        /// Seconds choird asked us to wait.
-        retry_after_s: Option<u64>,
+        /// How long choird asked us to wait (`retry-after-ms`, else
+        /// `Retry-After` in seconds).
+        retry_after: Option<Duration>,
     },
     /// choird cannot store one of the replicated events (not retryable as
     /// is: the event is replaced by a placeholder).
@@ -81,15 +82,31 @@ impl RpcError {
     }
 }
 
-/// A streamed answer: status, `Retry-After` seconds, and the body.
-pub type StreamedAnswer = (u16, Option<u64>, Box<dyn std::io::BufRead + Send>);
+/// A streamed answer: status, the wait asked for, and the body.
+pub type StreamedAnswer = (u16, Option<Duration>, Box<dyn std::io::BufRead + Send>);
+
+/// How long a request may take: in all, and (when set) of silence between
+/// two reads of its answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    /// The whole request, answer included.
+    pub whole: Duration,
+    /// Longest silence while its answer arrives.
+    pub silence: Option<Duration>,
+}
+
+impl From<Duration> for Patience {
+    fn from(whole: Duration) -> Patience {
+        Patience { whole, silence: None }
+    }
+}
 
 /// A raw HTTP answer.
 pub struct RawAnswer {
     /// Status.
     pub status: u16,
-    /// `Retry-After`, in seconds, when given.
-    pub retry_after_s: Option<u64>,
+    /// The wait asked for (`retry-after-ms`, else `Retry-After` seconds).
+    pub retry_after: Option<Duration>,
     /// Body.
     pub body: Vec<u8>,
 }
@@ -144,47 +161,52 @@ impl Rpc {
     }
 
     /// POSTs `body` to `path`, returning whatever choird answered.
-    pub fn post_raw(&self, path: &str, body: &[u8], timeout: Duration) -> Result<RawAnswer, RpcError> {
-        let (status, retry_after_s, mut answer) = self.send(path, body, timeout)?;
+    pub fn post_raw(&self, path: &str, body: &[u8], timeout: impl Into<Patience>) -> Result<RawAnswer, RpcError> {
+        let (status, retry_after, mut answer) = self.send(path, body, timeout.into())?;
         let body = answer
             .body_mut()
             .with_config()
             .limit(64 * 1024 * 1024)
             .read_to_vec()
             .map_err(|e| RpcError::Transport(e.to_string()))?;
-        Ok(RawAnswer { status, retry_after_s, body })
+        Ok(RawAnswer { status, retry_after, body })
     }
 
     /// POSTs `body` to `path` and returns the status, `Retry-After` and the
     /// body as a reader (for streamed answers).
-    pub fn post_reader(&self, path: &str, body: &[u8], timeout: Duration) -> Result<StreamedAnswer, RpcError> {
-        let (status, retry_after_s, answer) = self.send(path, body, timeout)?;
+    pub fn post_reader(&self, path: &str, body: &[u8], timeout: Patience) -> Result<StreamedAnswer, RpcError> {
+        let (status, retry_after, answer) = self.send(path, body, timeout)?;
         let reader = std::io::BufReader::new(answer.into_body().into_reader());
-        Ok((status, retry_after_s, Box::new(reader)))
+        Ok((status, retry_after, Box::new(reader)))
     }
 
-    /// POSTs `body` to `path`: the status, `Retry-After` (seconds) and the
+    /// POSTs `body` to `path`: the status, the wait asked for and the
     /// answer, its body unread.
     fn send(
         &self,
         path: &str,
         body: &[u8],
-        timeout: Duration,
-    ) -> Result<(u16, Option<u64>, ureq::http::Response<ureq::Body>), RpcError> {
+        timeout: Patience,
+    ) -> Result<(u16, Option<Duration>, ureq::http::Response<ureq::Body>), RpcError> {
         let answer = self
             .agent
             .post(&format!("{}{path}", self.base))
             .config()
-            .timeout_global(Some(timeout))
+            .timeout_global(Some(timeout.whole))
+            .timeout_per_read(timeout.silence)
             .build()
             .header("Authorization", &format!("Bearer {}", self.token))
             .header("Content-Type", "application/json")
             .send(body)
             .map_err(|e| RpcError::Transport(e.to_string()))?;
         let status = answer.status().as_u16();
-        let retry_after_s =
-            answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok());
-        Ok((status, retry_after_s, answer))
+        let header = |name: &str| {
+            answer.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        let retry_after = header("retry-after-ms")
+            .map(Duration::from_millis)
+            .or_else(|| header("retry-after").map(Duration::from_secs));
+        Ok((status, retry_after, answer))
     }
 
     /// Calls a verb.
@@ -228,7 +250,7 @@ pub fn refusal(what: &str, answer: &RawAnswer) -> RpcError {
         code,
         message,
         retryable,
-        retry_after_s: answer.retry_after_s,
+        retry_after: answer.retry_after,
     }
 }
 

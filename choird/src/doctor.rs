@@ -428,7 +428,7 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
     })
     .to_string();
     let upstream = crate::upstream::Upstream::new();
-    let mut resp = match upstream.chat(&config, secrets, lane, body.as_bytes(), "doctor") {
+    let mut resp = match upstream.chat(&config, secrets, lane, body.as_bytes(), false, "doctor") {
         Ok(r) => r,
         Err(e) => {
             // The operator's own check: the address and the OS's reason

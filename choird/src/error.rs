@@ -61,6 +61,19 @@ pub enum Error {
     /// An upstream (the model API, a web service) answered badly. Retryable.
     #[error("{0}")]
     Upstream(String),
+    /// A model's provider refused or failed a relayed call: the message
+    /// names the lane, the model, the provider's status and its words
+    /// (never the endpoint's key or address). Retryable when the provider's
+    /// status says a later try may succeed (after `wait_ms`, when it asked).
+    #[error("{message}")]
+    Provider {
+        /// Explanation.
+        message: String,
+        /// Whether a later try may succeed.
+        retryable: bool,
+        /// The wait the provider asked for, in milliseconds.
+        wait_ms: Option<u64>,
+    },
     /// Waited too long. Retryable.
     #[error("{0}")]
     Timeout(String),
@@ -86,6 +99,7 @@ impl Error {
             Error::NotImplemented(_) => "not_implemented",
             Error::Unavailable(_) => "unavailable",
             Error::Upstream(_) => "bad_gateway",
+            Error::Provider { .. } => "provider_refused",
             Error::Timeout(_) => "timeout",
             Error::Internal(_) => "internal",
         }
@@ -99,6 +113,7 @@ impl Error {
                 | Error::Unavailable(_)
                 | Error::Upstream(_)
                 | Error::Timeout(_)
+                | Error::Provider { retryable: true, .. }
         )
     }
 }

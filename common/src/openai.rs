@@ -5,6 +5,14 @@
 //!
 //! Unknown response fields are ignored so providers that add fields still work;
 //! requests are serialised exactly as declared here (tests assert on them).
+//!
+//! Answers are read as the providers really send them, not only as OpenAI
+//! documents them: `"tool_calls": null` (Mistral), `content` as an array of
+//! typed parts (Magistral's `text` and `thinking` parts; only the text is the
+//! answer), usage reported beside the standard field (Groq's `x_groq.usage`),
+//! and a tool call's `extra_content` (Gemini's `thought_signature`, which must
+//! come back with the call in the next request or that request is refused) is
+//! kept as it came and sent back as it was.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -50,11 +58,18 @@ pub struct ChatMessage {
     /// The speaker.
     pub role: Role,
     /// Text content; `null` for an assistant message that only calls tools.
-    #[serde(default)]
+    /// An answer whose content is an array of parts is read as the text of
+    /// its `text` parts (a model's `thinking` parts are not its answer).
+    #[serde(default, deserialize_with = "content_text")]
     pub content: Option<String>,
-    /// Tool calls proposed by the model (assistant messages only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Tool calls proposed by the model (assistant messages only); `null`
+    /// reads as none.
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// The model declined to answer, saying this (OpenAI's `refusal`);
+    /// never sent back.
+    #[serde(default, skip_serializing)]
+    pub refusal: Option<String>,
     /// The call this message answers (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
@@ -63,7 +78,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with only text.
     pub fn text(role: Role, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role, content: Some(content.into()), tool_calls: Vec::new(), tool_call_id: None }
+        ChatMessage { role, content: Some(content.into()), tool_calls: Vec::new(), tool_call_id: None, refusal: None }
     }
 
     /// A tool result answering `call_id`.
@@ -73,8 +88,52 @@ impl ChatMessage {
             content: Some(content.into()),
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.to_owned()),
+            refusal: None,
         }
     }
+}
+
+/// Reads `content` as a string, `null`, or an array of typed parts (the
+/// text of its `text` parts, joined; `None` when it has none).
+fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::Null => None,
+        Value::String(s) => Some(s),
+        Value::Array(parts) => {
+            let text: String = parts
+                .iter()
+                .filter(|p| p["type"] == "text" || (p.get("type").is_none() && p["text"].is_string()))
+                .filter_map(|p| p["text"].as_str())
+                .collect();
+            (!text.is_empty()).then_some(text)
+        }
+        other => return Err(serde::de::Error::custom(format!("content is neither text nor parts: {other}"))),
+    })
+}
+
+/// Reads `null` as an empty list.
+fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Largest `extra_content` of a tool call kept to be sent back (a Gemini
+/// thought signature is a few KiB); a larger one is dropped.
+pub const MAX_EXTRA_CONTENT: usize = 64 * 1024;
+
+/// The token counts a chat completion (or its final stream chunk) reports:
+/// the standard `usage`, or Groq's `x_groq.usage` when that is where they
+/// are. `None` when neither is there.
+pub fn reported_usage(answer: &Value) -> Option<Usage> {
+    [&answer["usage"], &answer["x_groq"]["usage"]]
+        .into_iter()
+        .filter(|u| u.is_object())
+        .find_map(|u| serde_json::from_value::<Usage>(u.clone()).ok())
+        .map(|mut u| {
+            if u.total_tokens == 0 {
+                u.total_tokens = u.prompt_tokens + u.completion_tokens;
+            }
+            u
+        })
 }
 
 /// A function call proposed by the model.
@@ -87,6 +146,10 @@ pub struct ToolCall {
     pub kind: String,
     /// Which function and with what arguments.
     pub function: FunctionCall,
+    /// Provider data that must come back with the call (Gemini's
+    /// `{"google": {"thought_signature": …}}`), kept as it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_content: Option<Value>,
 }
 
 fn function_type() -> String {

@@ -30,6 +30,7 @@ mod metrics;
 mod notion;
 mod origin;
 mod packaging;
+mod providers;
 mod rollout;
 mod schedule;
 mod secrets;

@@ -242,6 +242,7 @@ mod tests {
             id: id.into(),
             kind: "function".into(),
             function: FunctionCall { name: tool.into(), arguments: args.into() },
+            extra_content: None,
         }];
         Entry::model(m)
     }

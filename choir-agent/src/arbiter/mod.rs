@@ -1202,6 +1202,7 @@ mod tests {
                     name: "choir__plan".into(),
                     arguments: input.to_string(),
                 },
+                extra_content: None,
             }];
             let history = vec![
                 Entry::user("hi"),

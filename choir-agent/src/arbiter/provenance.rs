@@ -331,6 +331,7 @@ mod tests {
             id: "c1".into(),
             kind: "function".into(),
             function: choir_common::openai::FunctionCall { name: tool.into(), arguments: args.into() },
+            extra_content: None,
         }];
         Entry::model(m)
     }

@@ -34,6 +34,7 @@ use crate::board::{LaneMachine, LaneState, StatusBoard};
 use crate::lanes::conversation::Conversation;
 use crate::lanes::inbox::EdgeEvent;
 use crate::lanes::llm::Llm;
+use crate::lanes::llm::LlmError;
 use crate::lanes::prompt::Identity;
 use crate::lanes::reasoning::{Mind, Step};
 use crate::lanes::skill_run::{SkillOutcome, SkillRun, SkillStep};
@@ -457,7 +458,7 @@ impl JobRun {
                         SkillStep::AwaitApproval(ids) if r.skill().spec.wait_for_approval => Step::Continue(ids),
                         SkillStep::AwaitApproval(_) => Step::Continue(Vec::new()),
                         SkillStep::Finished(output) => Step::Answer(canonical_json(&output)),
-                        SkillStep::Failed(why) => Step::ModelDown(format!("skill failed: {why}")),
+                        SkillStep::Failed(why) => Step::Failed(format!("skill failed: {why}")),
                         SkillStep::ModelDown(e) => Step::ModelDown(e),
                     })
                 }
@@ -488,7 +489,9 @@ impl JobRun {
                         break (LaneState::Failed, Err(format!("too many invalid proposals in a row ({why})")));
                     }
                 }
-                Ok(Step::ModelDown(e)) => break (LaneState::Failed, Err(e)),
+                Ok(Step::ModelDown(LlmError::Cancelled)) => break (LaneState::Cancelled, Err("cancelled".into())),
+                Ok(Step::ModelDown(e)) => break (LaneState::Failed, Err(e.to_string())),
+                Ok(Step::Failed(why)) => break (LaneState::Failed, Err(why)),
                 Err(e) => break (LaneState::Failed, Err(format!("commit log failure: {e}"))),
             }
         };

@@ -31,6 +31,7 @@ use crate::lanes::conversation::Conversation;
 use crate::lanes::core::{CoreLimits, CorePool};
 use crate::lanes::held::{Held, Recall, HELD_CONVERSATIONS};
 use crate::lanes::inbox::EdgeEvent;
+use crate::lanes::llm::LlmError;
 use crate::lanes::prompt::Identity;
 use crate::lanes::reasoning::{Mind, Step};
 use crate::lanes::skill_run::{SkillOutcome, SkillRun, SkillStep};
@@ -355,13 +356,14 @@ impl EdgeLane {
                 }
                 Step::ModelDown(e) => {
                     log::error!("edge: {e}");
+                    let cancelled = matches!(e, LlmError::Cancelled) || self.cancel.load(Ordering::SeqCst);
+                    let _ = machine.go(if cancelled { LaneState::Cancelled } else { LaneState::Failed });
+                    text = Some(if cancelled { "Stopped, as asked.".to_owned() } else { e.user_words() });
+                    break;
+                }
+                Step::Failed(why) => {
                     let _ = machine.go(LaneState::Failed);
-                    text = Some(match e.strip_prefix(crate::lanes::llm::CUT_PREFIX) {
-                        // The model answered, and every answer was cut: its
-                        // failure, not a path to it that is down.
-                        Some(rest) => format!("Sorry, my model's answer was cut off{rest}"),
-                        None => format!("Sorry, I could not reach my model: {e}"),
-                    });
+                    text = Some(format!("Sorry, I could not complete this: {why}."));
                     break;
                 }
             }
@@ -434,7 +436,8 @@ impl EdgeLane {
                 SkillStep::Continue | SkillStep::AwaitApproval(_) => {}
                 SkillStep::Finished(output) => break SkillOutcome::Finished(output),
                 SkillStep::Failed(why) => break SkillOutcome::Failed(why),
-                SkillStep::ModelDown(e) => break SkillOutcome::Failed(format!("the model could not be reached: {e}")),
+                SkillStep::ModelDown(LlmError::Cancelled) => break SkillOutcome::Cancelled,
+                SkillStep::ModelDown(e) => break SkillOutcome::Failed(format!("no answer from the model: {e}")),
             }
         };
         run.end(&self.mind, lane, &outcome)?;
@@ -488,8 +491,10 @@ fn replay_committed(conv: &mut Conversation, events: &[CommitEvent], registry: &
                 id: id.clone(),
                 kind: "function".into(),
                 function: FunctionCall { name, arguments },
+                extra_content: None,
             }],
             tool_call_id: None,
+            refusal: None,
         }));
         let declared = registry.get(&ev.tool).map(|t| t.manifest.runtime.output_trust);
         let (content, trust) = crate::arbiter::results::replayed(&ev.result, declared, ev.outcome != Outcome::Rejected);

@@ -28,7 +28,7 @@ use crate::board::{LaneMachine, LaneState};
 use crate::commitlog::LogError;
 use crate::lanes::conversation::{self, Conversation};
 use crate::lanes::floor::Floor;
-use crate::lanes::llm::Llm;
+use crate::lanes::llm::{Llm, LlmError};
 use crate::origin::Entry;
 
 /// What a lane needs to take steps.
@@ -65,8 +65,11 @@ pub enum Step {
     Continue(Vec<i64>),
     /// The proposal was refused; a correction was appended to the history.
     Corrected(String),
-    /// The model could not be reached (after retries).
-    ModelDown(String),
+    /// No answer came from the model (after retries where they made sense):
+    /// why, with words for the user ([`LlmError::user_words`]).
+    ModelDown(LlmError),
+    /// A skill run by a core job ended in failure: why.
+    Failed(String),
 }
 
 /// Markers of tool calls written as text instead of through `tool_calls`.
@@ -110,6 +113,7 @@ impl Mind {
         history: &[Entry],
         tools: Vec<ToolSpec>,
         on_text: Option<&mut dyn FnMut(&str)>,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<ChatResponse, crate::lanes::llm::LlmError> {
         let mut messages = vec![ChatMessage::text(Role::System, system)];
         messages.extend(conversation::messages(history));
@@ -128,8 +132,8 @@ impl Mind {
         let (_aside, _step) =
             if self.job.is_none() { (self.floor.step_aside(), None) } else { (None, Some(self.floor.core_step())) };
         match on_text {
-            Some(on_text) if self.stream => self.llm.stream(self.llm_lane, self.job.as_deref(), &req, on_text),
-            _ => self.llm.complete(self.llm_lane, self.job.as_deref(), &req),
+            Some(on_text) if self.stream => self.llm.stream(self.llm_lane, self.job.as_deref(), &req, on_text, cancel),
+            _ => self.llm.complete(self.llm_lane, self.job.as_deref(), &req, cancel),
         }
     }
 
@@ -205,9 +209,9 @@ impl Mind {
             Some(l) => l.clone(),
             None => registry.names(),
         };
-        let resp = match self.ask(system, history, tools, Some(on_text)) {
+        let resp = match self.ask(system, history, tools, Some(on_text), lane.cancel.as_deref()) {
             Ok(r) => r,
-            Err(e) => return Ok(Step::ModelDown(e.to_string())),
+            Err(e) => return Ok(Step::ModelDown(e)),
         };
         *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
         let Some(choice) = resp.choices.into_iter().next() else {
@@ -263,6 +267,7 @@ impl Mind {
             content: answer.content,
             tool_calls: proposed.clone(),
             tool_call_id: None,
+            refusal: None,
         }));
         let results = self.run_calls(lane, &proposed, history)?;
         let mut refused = Vec::new();
@@ -311,7 +316,7 @@ impl Mind {
             return Ok(false);
         }
         let req = conversation::summary_request(&self.model, &conv.entries[..cut]);
-        let summary = match self.llm.complete(self.llm_lane, self.job.as_deref(), &req) {
+        let summary = match self.llm.complete(self.llm_lane, self.job.as_deref(), &req, lane.cancel.as_deref()) {
             Ok(r) => r.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default(),
             Err(e) => {
                 log::warn!("{}: compaction skipped, the summary call failed: {e}", lane.lane);

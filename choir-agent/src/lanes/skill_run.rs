@@ -50,8 +50,8 @@ pub enum SkillStep {
     Finished(Value),
     /// The run cannot go on (budget, max_steps).
     Failed(String),
-    /// The model could not be reached (after retries).
-    ModelDown(String),
+    /// No answer came from the model (after retries where they made sense).
+    ModelDown(crate::lanes::llm::LlmError),
 }
 
 /// How a run ended, for its end event and its report.
@@ -296,9 +296,9 @@ impl SkillRun {
         let mut tools = mind.arbiter.registry().llm_tools(Some(&offered));
         tools.extend(self.controls());
         let system = format!("{system}\n\n{}", self.prompt());
-        let resp = match mind.ask(&system, history, tools, None) {
+        let resp = match mind.ask(&system, history, tools, None, lane.cancel.as_deref()) {
             Ok(r) => r,
-            Err(e) => return Ok(SkillStep::ModelDown(e.to_string())),
+            Err(e) => return Ok(SkillStep::ModelDown(e)),
         };
         *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
         let answer = resp.choices.into_iter().next().map(|c| c.message);
@@ -327,6 +327,7 @@ impl SkillRun {
             content: answer.content.clone(),
             tool_calls: answer.tool_calls.clone(),
             tool_call_id: None,
+            refusal: None,
         }));
         let control_names = [wire_tool_name(TRANSITION_TOOL), wire_tool_name(FINISH_TOOL)];
         let (controls, tool_calls): (Vec<_>, Vec<_>) =

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod metrics;
 pub mod relay;
+pub mod relay_events;
 pub mod rpc;
 
 use std::sync::Arc;

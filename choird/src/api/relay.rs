@@ -27,6 +27,8 @@ use crate::shared::Shared;
 pub const MAX_REQUEST: usize = 16 * 1024 * 1024;
 /// Largest upstream answer accepted.
 const MAX_ANSWER: u64 = 32 * 1024 * 1024;
+/// Largest refusal read from a provider (its words are cut far shorter).
+const MAX_REFUSAL: u64 = 1024 * 1024;
 
 /// The request fields forwarded upstream; every other field an agent sends
 /// (`n`, `service_tier`, provider routing lists, extra headers or bodies …)
@@ -80,11 +82,18 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     let mut obj = forwarded(&req.body)?;
     let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
     let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| Error::Internal(e.to_string()));
-    if streaming {
+    let config = d.config();
+    let endpoint = config.endpoint(lane);
+    // Streamed upstream only when the endpoint streams; otherwise its whole
+    // answer is streamed to the agent by choird (`whole_as_events`).
+    let upstream_streams = streaming && endpoint.streams();
+    if streaming && !upstream_streams {
+        obj.insert("stream".into(), raw(&Value::Bool(false))?);
+    }
+    if upstream_streams && endpoint.sends_stream_options() {
         // Streamed calls are counted too: the endpoint must report usage.
         obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
     }
-    let config = d.config();
     let model = config.model(&who.agent, lane);
     obj.insert("model".into(), raw(&Value::String(model.clone()))?);
     let payload = serde_json::to_vec(&obj).map_err(|e| Error::Internal(e.to_string()))?;
@@ -96,7 +105,8 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     if edge {
         choir_common::hop::mark("relay.upstream");
     }
-    let result = d.upstream.chat(&config, &d.secrets(), lane, &payload, &format!("agent {}", who.agent));
+    let secrets = d.secrets();
+    let result = d.upstream.chat(&config, &secrets, lane, &payload, upstream_streams, &format!("agent {}", who.agent));
     if edge {
         choir_common::hop::mark("relay.answered");
     }
@@ -122,7 +132,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     };
     let status = answer.status().as_u16();
     let prompt_estimate = payload.len() as u64 / crate::budget::BYTES_PER_TOKEN;
-    if streaming && status == 200 {
+    if upstream_streams && status == 200 {
         // Server-sent events pass through as they come; usage is read on the way.
         let tap = UsageTap {
             inner: answer.into_body().into_reader(),
@@ -130,6 +140,12 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
             usage: None,
             bytes: 0,
             done: false,
+            broke: None,
+            silence: format!(
+                "the {} model's endpoint was silent for more than {} s (its timeout_s) in the middle of its answer",
+                lane.as_str(),
+                endpoint.timeout_s
+            ),
             record: Some(Box::new({
                 let (d, who, model, job) = (d.clone(), who.clone(), model.clone(), job.clone());
                 let lane = lane.as_str();
@@ -165,18 +181,15 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         return Ok(resp);
     }
     let mut answer = answer;
-    let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().map_err(|e| {
+    let limit = if status == 200 { MAX_ANSWER } else { MAX_REFUSAL };
+    let bytes = answer.body_mut().with_config().limit(limit).read_to_vec().map_err(|e| {
         log::warn!("agent {}: the {} model's answer could not be read: {e}", who.agent, lane.as_str());
         Error::Upstream(format!("the {} model's answer could not be read", lane.as_str()))
     })?;
-    let usage =
-        serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned()).filter(|u| u.is_object());
+    let parsed = serde_json::from_slice::<Value>(&bytes).ok();
+    let usage = parsed.as_ref().and_then(choir_common::openai::reported_usage);
     let (prompt, completion, estimated) = match &usage {
-        Some(u) => {
-            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-            (n("prompt_tokens"), n("completion_tokens"), false)
-        }
+        Some(u) => (u.prompt_tokens, u.completion_tokens, false),
         // An answer without usage still costs: estimated from its size.
         None if status == 200 => (prompt_estimate, bytes.len() as u64 / crate::budget::BYTES_PER_TOKEN, true),
         None => (0, 0, false),
@@ -197,11 +210,24 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
-    let mut resp =
-        Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
-    if let Some(ra) = retry_after {
-        resp.headers.push(("Retry-After".into(), ra));
+    if status != 200 {
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let key = crate::upstream::Upstream::key(&config, &secrets, lane);
+        let e = crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key);
+        log::warn!("agent {}: {e}", who.agent);
+        return Err(e);
     }
+    if streaming {
+        // The endpoint does not stream: its whole answer, as the events of one.
+        let Some(parsed) = parsed else {
+            return Err(Error::Upstream(format!("the {} model's answer is not JSON", lane.as_str())));
+        };
+        let mut resp = Response::json(200, &Value::Null);
+        resp.body = crate::api::relay_events::whole_as_events(&parsed);
+        resp.content_type = "text/event-stream";
+        return Ok(resp);
+    }
+    let resp = Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
     if edge {
         choir_common::hop::mark("relay.out");
     }
@@ -218,16 +244,14 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let text = body.to_string();
     let reservation = reserve(d, &config, &who.agent, crate::budget::estimate(text.len(), &body))?;
     let started = Instant::now();
-    let mut answer = d.upstream.chat(&config, &d.secrets(), lane, text.as_bytes(), &format!("agent {}", who.agent))?;
+    let secrets = d.secrets();
+    let mut answer =
+        d.upstream.chat(&config, &secrets, lane, text.as_bytes(), false, &format!("agent {}", who.agent))?;
     let status = answer.status().as_u16();
     let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let (prompt, completion, estimated) = if v["usage"].is_object() {
-        (
-            v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-            v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-            false,
-        )
+    let (prompt, completion, estimated) = if let Some(u) = choir_common::openai::reported_usage(&v) {
+        (u.prompt_tokens, u.completion_tokens, false)
     } else {
         let per = crate::budget::BYTES_PER_TOKEN;
         (text.len() as u64 / per, bytes.len() as u64 / per, status == 200)
@@ -250,11 +274,14 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
-        return Err(Error::Upstream(format!("the model answered {status}")));
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let key = crate::upstream::Upstream::key(&config, &secrets, lane);
+        return Err(crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key));
     }
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .map(str::to_owned)
+    let message: Option<choir_common::openai::ChatMessage> =
+        serde_json::from_value(v["choices"][0]["message"].clone()).ok();
+    message
+        .and_then(|m| m.content)
         .filter(|t| !t.trim().is_empty())
         .ok_or_else(|| Error::Upstream("the model's answer had no text".into()))
 }
@@ -271,6 +298,10 @@ struct UsageTap<R: Read> {
     usage: Option<(u64, u64)>,
     bytes: u64,
     done: bool,
+    /// An error event still to go out (the upstream broke off between events).
+    broke: Option<Vec<u8>>,
+    /// What a silence past the endpoint's `timeout_s` is called.
+    silence: String,
     record: Option<RecordUsage>,
 }
 
@@ -300,9 +331,8 @@ impl<R: Read> UsageTap<R> {
                 continue;
             }
             let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-                self.usage = Some((n("prompt_tokens"), n("completion_tokens")));
+            if let Some(u) = choir_common::openai::reported_usage(&v) {
+                self.usage = Some((u.prompt_tokens, u.completion_tokens));
             }
         }
     }
@@ -310,13 +340,39 @@ impl<R: Read> UsageTap<R> {
 
 impl<R: Read> Read for UsageTap<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(event) = self.broke.take() {
+            let n = event.len().min(buf.len());
+            buf[..n].copy_from_slice(&event[..n]);
+            if n < event.len() {
+                self.broke = Some(event[n..].to_vec());
+            }
+            return Ok(n);
+        }
         if self.done {
             // `[DONE]` went out with the previous read: the stream ends here
             // (nothing after it is passed on) and the call is recorded when
             // the server drops the tap, after the stream's end went out.
             return Ok(0);
         }
-        let n = self.inner.read(buf)?;
+        let n = match self.inner.read(buf) {
+            Ok(n) => n,
+            // Broken off between two events: the agent is told why, as an
+            // error event (it uses nothing of the answer, and may try again).
+            // Inside an event, the cut itself says it.
+            Err(e) if self.line.is_empty() => {
+                let why = if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) {
+                    self.silence.clone()
+                } else {
+                    log::warn!("an upstream answer broke off: {e}");
+                    "the model's connection broke off in the middle of its answer".to_owned()
+                };
+                let event = serde_json::json!({"error": {"message": why, "type": "choir_relay"}});
+                self.broke = Some(format!("data: {event}\n\n").into_bytes());
+                self.done = true;
+                return self.read(buf);
+            }
+            Err(e) => return Err(e),
+        };
         self.scan(&buf[..n]);
         if n == 0 {
             self.done = true;
@@ -449,6 +505,8 @@ mod tests {
             usage: None,
             bytes: 0,
             done: false,
+            broke: None,
+            silence: "silent".into(),
             record: Some(Box::new({
                 let recorded = recorded.clone();
                 move |usage, bytes| recorded.lock().unwrap().push((usage, bytes))

@@ -198,8 +198,14 @@ impl Config {
             if ep.model.trim().is_empty() {
                 return e(&format!("llm.{lane}.model"), "must not be empty");
             }
-            if ep.timeout_s == 0 {
-                return e(&format!("llm.{lane}.timeout_s"), "must be at least 1");
+            if ep.timeout_s == 0 || ep.timeout_s > llm::MAX_SILENCE_S {
+                return e(&format!("llm.{lane}.timeout_s"), &format!("must be between 1 and {}", llm::MAX_SILENCE_S));
+            }
+            if ep.answer_timeout_s() < ep.timeout_s || ep.answer_timeout_s() > llm::MAX_ANSWER_S {
+                return e(
+                    &format!("llm.{lane}.answer_timeout_s"),
+                    &format!("must be between timeout_s ({}) and {}", ep.timeout_s, llm::MAX_ANSWER_S),
+                );
             }
         }
         if let Some(listen) = &self.http_listen {

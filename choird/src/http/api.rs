@@ -38,7 +38,7 @@ pub fn status_of(e: &Error) -> u16 {
         Error::RateLimited { .. } => 429,
         Error::NotImplemented(_) => 501,
         Error::Unavailable(_) => 503,
-        Error::Upstream(_) => 502,
+        Error::Upstream(_) | Error::Provider { .. } => 502,
         Error::Timeout(_) => 504,
         Error::Internal(_) => 500,
     }
@@ -53,6 +53,10 @@ impl From<Error> for Response {
         let mut headers = Vec::new();
         if let Error::RateLimited { retry_after_s: Some(s), .. } = &e {
             headers.push(("Retry-After".to_owned(), s.to_string()));
+        }
+        if let Error::Provider { wait_ms: Some(ms), .. } = &e {
+            headers.push(("Retry-After".to_owned(), ms.div_ceil(1000).to_string()));
+            headers.push(("retry-after-ms".to_owned(), ms.to_string()));
         }
         let event_seq = match &e {
             Error::EventRefused { seq, .. } => Some(*seq),

@@ -1,0 +1,358 @@
+//! The LLM client: OpenAI-compatible chat completions through choird's relay
+//! (`/llm/<lane>/v1/chat/completions`), plain or streamed (server-sent
+//! events), with retries on rate limits, server errors, transport failures and
+//! streams cut short ([`retry`]). The API key is added by choird; the agent
+//! never has it. Streams are read by [`stream`]; what an answer is (a
+//! provider's error, a refusal, a filter, or one to act on) is judged by
+//! [`answer`] for both shapes.
+//!
+//! A call runs on a thread of its own while the lane waits for it, so a lane
+//! cancelled while its model thinks stops waiting at once (the call's thread
+//! stops at the stream's next byte and closes the connection, which ends the
+//! relay's upstream request).
+//!
+//! **Invariant:** a streamed answer is used only once it is complete (a
+//! `finish_reason` or `[DONE]` arrived) and clean (no provider error in it);
+//! a stream cut in the middle is an error and is retried whole, so no partial
+//! tool call is ever executed. Tool calls come only from the structured
+//! `tool_calls` field, never from text.
+
+mod answer;
+mod retry;
+mod stream;
+
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use choir_common::openai::{ChatRequest, ChatResponse};
+use serde_json::json;
+
+use crate::rpc::{refusal, Patience, RawAnswer, Rpc, RpcError};
+
+use answer::Verdict;
+use retry::{retrying, Attempt};
+
+/// How long one attempt may take: choird ends an upstream answer at its
+/// configured silence and ceiling (at most 30 and 60 minutes); these only
+/// guard against choird itself hanging.
+const CALL_PATIENCE: Patience =
+    Patience { whole: Duration::from_secs(62 * 60), silence: Some(Duration::from_secs(31 * 60)) };
+/// Bytes after a streamed answer's end read to reach the end of its body;
+/// a longer tail is left unread and its connection dropped.
+const STREAM_TAIL: u64 = 64 * 1024;
+/// How often a lane waiting for its model looks whether it was cancelled.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// How a [`LlmError::Cut`] begins, for the edge's words to the user.
+pub const CUT_PREFIX: &str = "the model's answer was cut off";
+/// The code of choird's error for a provider's refusal (its message names
+/// the provider's status and words).
+pub const PROVIDER_CODE: &str = "provider_refused";
+
+/// A model call failed for good.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// The relay refused or could not be reached, after retries where
+    /// retrying made sense.
+    #[error("the model call failed: {0}")]
+    Rpc(RpcError),
+    /// The model's provider refused or failed (its status and words, as
+    /// choird names them), after retries where retrying made sense.
+    #[error("{0}")]
+    Provider(String),
+    /// The provider's answer is not a chat completion.
+    #[error("the model's answer is not a valid chat completion: {0}")]
+    Malformed(String),
+    /// Every attempt's stream ended before the model finished its answer
+    /// (nothing of it was used).
+    #[error("the model's answer was cut off before it finished, {attempts} time(s): {why}")]
+    // (The edge tells the user so: see [`CUT_PREFIX`].)
+    Cut {
+        /// How many attempts were cut.
+        attempts: u32,
+        /// The last cut, as seen.
+        why: String,
+    },
+    /// The provider's content filter stopped the answer.
+    #[error("the model provider's content filter stopped the answer")]
+    Filtered,
+    /// The model declined, saying this.
+    #[error("the model declined: {0}")]
+    Refused(String),
+    /// The provider asked to wait longer than anyone waits for an answer.
+    #[error("the model's provider asks to wait {} before trying again ({why})", human(*wait))]
+    WaitTooLong {
+        /// The wait asked for.
+        wait: Duration,
+        /// What failed.
+        why: Box<LlmError>,
+    },
+    /// The lane was cancelled while it waited.
+    #[error("cancelled while waiting for the model")]
+    Cancelled,
+}
+
+/// `d` in the largest whole unit.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{} ms", d.as_millis()),
+        1..=119 => format!("{s} s"),
+        120..=3599 => format!("{} min", s.div_ceil(60)),
+        _ => format!("{} h", s / 3600),
+    }
+}
+
+impl LlmError {
+    /// A relay error: a provider's refusal named as the provider's.
+    fn from_rpc(e: RpcError) -> LlmError {
+        match e {
+            RpcError::Refused { code, message, .. } if code == PROVIDER_CODE => LlmError::Provider(message),
+            e => LlmError::Rpc(e),
+        }
+    }
+
+    /// What the user is told when this ended their turn.
+    pub fn user_words(&self) -> String {
+        match self {
+            LlmError::Cut { .. } => {
+                let e = self.to_string();
+                let rest = e.strip_prefix(CUT_PREFIX).unwrap_or(&e);
+                format!("Sorry, my model's answer was cut off{rest}")
+            }
+            LlmError::Provider(m) => format!("Sorry, my model's provider refused: {m}"),
+            LlmError::Filtered => "Sorry, my model provider's content filter stopped the answer.".into(),
+            LlmError::Refused(said) => format!("My model declined to answer: {said}"),
+            LlmError::WaitTooLong { wait, why } => format!(
+                "Sorry, my model's provider asks me to wait {} before trying again ({}). Please ask again later.",
+                human(*wait),
+                match why.as_ref() {
+                    LlmError::Provider(m) => m.clone(),
+                    other => other.to_string(),
+                }
+            ),
+            LlmError::Cancelled => "Stopped, as asked.".into(),
+            LlmError::Rpc(_) | LlmError::Malformed(_) => format!("Sorry, I could not reach my model: {self}"),
+        }
+    }
+}
+
+impl From<Verdict> for LlmError {
+    fn from(v: Verdict) -> LlmError {
+        match v {
+            Verdict::ProviderError(m) => {
+                LlmError::Provider(format!("the provider reported an error in its answer: {m}"))
+            }
+            Verdict::Filtered => LlmError::Filtered,
+            Verdict::Refused(said) => LlmError::Refused(said),
+        }
+    }
+}
+
+/// The relay's path for `lane`, naming the core job (for choird's ledger)
+/// when its name is safe in a query as it is.
+fn path(lane: &str, job: Option<&str>) -> String {
+    let safe = |j: &&str| j.len() <= 64 && j.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    match job.filter(safe) {
+        Some(job) => format!("/llm/{lane}/v1/chat/completions?job={job}"),
+        None => format!("/llm/{lane}/v1/chat/completions"),
+    }
+}
+
+/// What a streamed request asks for: a final chunk with the usage (which
+/// choird's ledger counts). A request built with these is sent as it is;
+/// any other is copied and given them.
+pub fn stream_options() -> serde_json::Value {
+    json!({"include_usage": true})
+}
+
+/// What the call's thread sends the waiting lane.
+enum Msg {
+    Text(String),
+    Done(Result<ChatResponse, LlmError>),
+}
+
+/// The client.
+pub struct Llm {
+    rpc: Arc<Rpc>,
+}
+
+impl Llm {
+    /// A client over the agent's RPC connection.
+    pub fn new(rpc: Arc<Rpc>) -> Llm {
+        Llm { rpc }
+    }
+
+    /// One completion for `lane` (`edge` or `core`), for core job `job`;
+    /// given up when `cancel` is set.
+    pub fn complete(
+        &self,
+        lane: &str,
+        job: Option<&str>,
+        req: &ChatRequest,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<ChatResponse, LlmError> {
+        let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
+        self.call(lane, job, body, false, &mut |_| {}, cancel)
+    }
+
+    /// One streamed completion: `on_text` gets each content delta as it
+    /// arrives (so an answer can be shown before the model is done); the
+    /// assembled response is returned once the stream completed. Given up
+    /// when `cancel` is set.
+    pub fn stream(
+        &self,
+        lane: &str,
+        job: Option<&str>,
+        req: &ChatRequest,
+        on_text: &mut dyn FnMut(&str),
+        cancel: Option<&AtomicBool>,
+    ) -> Result<ChatResponse, LlmError> {
+        let body = if req.stream == Some(true) && req.stream_options == Some(stream_options()) {
+            serde_json::to_vec(req)
+        } else {
+            let mut req = req.clone();
+            req.stream = Some(true);
+            req.stream_options = Some(stream_options());
+            serde_json::to_vec(&req)
+        }
+        .map_err(|e| LlmError::Malformed(e.to_string()))?;
+        self.call(lane, job, body, true, on_text, cancel)
+    }
+
+    /// Runs the call on a thread of its own and waits for it, handing its
+    /// text to `on_text`, until it ends or `cancel` is set.
+    fn call(
+        &self,
+        lane: &str,
+        job: Option<&str>,
+        body: Vec<u8>,
+        streamed: bool,
+        on_text: &mut dyn FnMut(&str),
+        cancel: Option<&AtomicBool>,
+    ) -> Result<ChatResponse, LlmError> {
+        let edge = lane == "edge";
+        if edge {
+            choir_common::hop::mark("agent.request");
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<Msg>(256);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (rpc, path, gone) = (self.rpc.clone(), path(lane, job), abandoned.clone());
+        let spawned = std::thread::Builder::new().name(format!("model-{lane}")).spawn(move || {
+            let text_tx = tx.clone();
+            let mut on_text = |t: &str| !gone.load(Ordering::SeqCst) && text_tx.send(Msg::Text(t.to_owned())).is_ok();
+            let answer = retrying(&gone, || attempt(&rpc, &path, &body, streamed, &mut on_text));
+            let _ = tx.send(Msg::Done(answer));
+        });
+        if let Err(e) = spawned {
+            return Err(LlmError::Rpc(RpcError::Transport(format!("cannot start the model call: {e}"))));
+        }
+        let answer = loop {
+            let msg = match cancel {
+                Some(cancel) => crossbeam_channel::select! {
+                    recv(rx) -> m => m,
+                    default(CANCEL_POLL) => {
+                        if cancel.load(Ordering::SeqCst) {
+                            abandoned.store(true, Ordering::SeqCst);
+                            break Err(LlmError::Cancelled);
+                        }
+                        continue;
+                    }
+                },
+                None => rx.recv(),
+            };
+            match msg {
+                Ok(Msg::Text(t)) => on_text(&t),
+                Ok(Msg::Done(answer)) => break answer,
+                Err(_) => break Err(LlmError::Malformed("the model call ended without an answer".into())),
+            }
+        };
+        if edge {
+            choir_common::hop::mark("agent.answer");
+        }
+        answer
+    }
+}
+
+/// One attempt: the request, and its answer read and judged.
+fn attempt(
+    rpc: &Rpc,
+    path: &str,
+    body: &[u8],
+    streamed: bool,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<ChatResponse, Attempt> {
+    if !streamed {
+        let answer = rpc.post_raw(path, body, CALL_PATIENCE)?;
+        if answer.status != 200 {
+            return Err(refusal("LLM", &answer).into());
+        }
+        return whole(&answer.body);
+    }
+    let (status, retry_after, mut reader) = rpc.post_reader(path, body, CALL_PATIENCE)?;
+    if status != 200 {
+        let mut text = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(reader.as_mut(), 1 << 20), &mut text);
+        return Err(refusal("LLM", &RawAnswer { status, retry_after, body: text }).into());
+    }
+    let read = stream::read(reader.as_mut(), on_text);
+    if let stream::Read::Finished(..) = read {
+        // The stream's end (its last chunk) is read too, so the connection
+        // returns to the pool for the next call instead of being closed
+        // (choird would start a new connection thread for each call).
+        // Bounded: choird passes nothing after `[DONE]`.
+        let _ = std::io::copy(&mut std::io::Read::take(reader.as_mut(), STREAM_TAIL), &mut std::io::sink());
+    }
+    settle(read)
+}
+
+/// A streamed answer as read, judged.
+fn settle(read: stream::Read) -> Result<ChatResponse, Attempt> {
+    match read {
+        stream::Read::Finished(answer, error) => match answer::judge(answer, error) {
+            Ok(answer) => Ok(answer),
+            // A provider's error in the middle of an answer is worth another try.
+            Err(v @ Verdict::ProviderError(_)) => Err(Attempt::Failed(v.into(), None)),
+            Err(v) => Err(Attempt::Fatal(v.into())),
+        },
+        stream::Read::Cut(why) => Err(Attempt::Cut(why)),
+        stream::Read::Malformed(why) => Err(Attempt::Fatal(LlmError::Malformed(why))),
+        stream::Read::Abandoned => Err(Attempt::Fatal(LlmError::Cancelled)),
+    }
+}
+
+/// A whole (not streamed) answer, judged: a provider's `error` object in
+/// place of the answer is a failed attempt; the body is read as the
+/// providers send it (see `choir_common::openai`).
+fn whole(body: &[u8]) -> Result<ChatResponse, Attempt> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| Attempt::Fatal(LlmError::Malformed(e.to_string())))?;
+    let error = value.get("error").filter(|e| !e.is_null()).map(answer::error_message);
+    if let (Some(m), None) = (&error, value.get("choices")) {
+        return Err(Attempt::Failed(Verdict::ProviderError(m.clone()).into(), None));
+    }
+    let usage = choir_common::openai::reported_usage(&value);
+    let mut answer: ChatResponse =
+        serde_json::from_value(value).map_err(|e| Attempt::Fatal(LlmError::Malformed(e.to_string())))?;
+    answer.usage = usage;
+    match answer::judge(answer, error) {
+        Ok(answer) => Ok(answer),
+        Err(v @ Verdict::ProviderError(_)) => Err(Attempt::Failed(v.into(), None)),
+        Err(v) => Err(Attempt::Fatal(v.into())),
+    }
+}
+
+/// Reads a whole event stream into a chat completion (for the stream
+/// benchmark): the answer, or why the stream was not one.
+pub fn read_stream(reader: &mut dyn BufRead) -> Result<ChatResponse, String> {
+    match settle(stream::read(reader, &mut |_| true)) {
+        Ok(answer) => Ok(answer),
+        Err(Attempt::Failed(e, _) | Attempt::Fatal(e)) => Err(e.to_string()),
+        Err(Attempt::Cut(why)) => Err(why),
+    }
+}
+
+#[cfg(test)]
+mod tests;
