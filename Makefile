@@ -89,6 +89,7 @@ bench: export CHOIR_BENCH_TABLE = $(abspath $(BENCH_TABLE))
 # function order, and every later benchmark would run that agent.
 bench: deps base-image release
 	$(CARGO) bench -p choir-agent --bench arbiter --target-dir target/criterion
+	$(CARGO) bench -p choir-agent --bench stream --target-dir target/criterion
 	rm -f $(BENCH_TABLE)
 	target/release/bench-docker
 	target/release/bench-turns

@@ -141,6 +141,8 @@ impl FakeLlm {
                     use std::io::Write;
                     let mut w = rq.into_writer();
                     let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+                    // The head goes out at once, as a real server's does.
+                    let _ = w.flush();
                     for event in out.split_inclusive("\n\n") {
                         std::thread::sleep(Duration::from_millis(delay));
                         let _ = write!(w, "{:x}\r\n{event}\r\n", event.len());

@@ -76,7 +76,8 @@ fn a_model_that_refuses_the_request_gets_a_clear_answer_to_the_user() {
     };
     // The user is told; `choirctl chat` exits 1 (it exited 0 on a failed turn).
     let answer = choird.ctl_err(&["chat", "demo", "hi"]);
-    assert!(answer.starts_with("choirctl: Sorry, I could not reach my model"), "{answer}");
+    assert!(answer.starts_with("choirctl: Sorry, no answer from my model"), "{answer}");
+    assert!(answer.contains("provider answered 401"), "{answer}");
     assert!(answer.contains("Incorrect API key provided"), "{answer}");
     assert_eq!(fake.requests().len(), 1, "a 401 is not retried");
     // The upstream 401 did not cost the agent its lease: it still answers.

@@ -360,7 +360,12 @@ impl<R: Read> Read for UsageTap<R> {
             // error event (it uses nothing of the answer, and may try again).
             // Inside an event, the cut itself says it.
             Err(e) if self.line.is_empty() => {
-                let why = if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) {
+                let timed_out = matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
+                    || matches!(
+                        e.get_ref().and_then(|x| x.downcast_ref::<ureq::Error>()),
+                        Some(ureq::Error::Timeout(_))
+                    );
+                let why = if timed_out {
                     self.silence.clone()
                 } else {
                     log::warn!("an upstream answer broke off: {e}");

@@ -9,8 +9,15 @@ use serde_json::Value;
 use super::Config;
 
 /// Top-level fields read only at choird's start.
-const AT_CHOIRD_START: &[&str] =
-    &["database_url", "postgres_bin_dir", "http_listen", "http_allow_non_loopback", "metrics_listen", "admin_group"];
+const AT_CHOIRD_START: &[&str] = &[
+    "database_url",
+    "postgres_bin_dir",
+    "http_listen",
+    "http_allow_non_loopback",
+    "metrics_listen",
+    "admin_group",
+    "memory",
+];
 
 /// Fields read only when an agent starts (its process or container).
 fn at_agent_start(path: &[String]) -> bool {
@@ -18,9 +25,13 @@ fn at_agent_start(path: &[String]) -> bool {
         Some("runtime" | "agent_binary") => true,
         Some("docker") => true,
         Some("agents") => {
-            matches!(path.get(2).map(String::as_str), Some("resources" | "network" | "autostart"))
-                || (path.get(2).map(String::as_str) == Some("quotas")
-                    && path.get(3).map(String::as_str) == Some("workspace_mb"))
+            // An agent learns which host tools it has (web, mail, Notion,
+            // voice) when it starts.
+            matches!(
+                path.get(2).map(String::as_str),
+                Some("resources" | "network" | "autostart" | "web" | "email" | "notion" | "voice")
+            ) || (path.get(2).map(String::as_str) == Some("quotas")
+                && path.get(3).map(String::as_str) == Some("workspace_mb"))
         }
         _ => false,
     }
@@ -85,11 +96,14 @@ mod tests {
             v["agents"]["ops"]["network"] = "bridge".into();
             v["metrics_listen"] = "127.0.0.1:9100".into();
             v["agents"]["new"] = serde_json::json!({});
+            v["agents"]["ops"]["web"] = serde_json::json!({"allow_domains": ["example.com"]});
+            v["memory"] =
+                serde_json::json!({"embeddings": {"base_url": "http://127.0.0.1:9/v1", "model": "e", "dimensions": 8}});
         });
         let r = changes(&old, &new);
         assert_eq!(r.applied, ["agents.new", "agents.ops.max_steps_per_turn"]);
-        assert_eq!(r.after_agent_restart, ["agents.ops.network"]);
-        assert_eq!(r.after_choird_restart, ["metrics_listen"]);
+        assert_eq!(r.after_agent_restart, ["agents.ops.network", "agents.ops.web"]);
+        assert_eq!(r.after_choird_restart, ["memory", "metrics_listen"]);
         assert_eq!(changes(&old, &old), ReloadReport::default(), "nothing changed, nothing said");
     }
 }

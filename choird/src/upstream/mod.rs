@@ -74,19 +74,20 @@ impl Upstream {
         }
         request.send(body).map_err(|e| {
             log::warn!("{who}: LLM endpoint {} ({} lane): {e}", endpoint.base_url, lane.as_str());
-            match e {
-                ureq::Error::Timeout(ureq::Timeout::PerRead) => Error::Timeout(format!(
-                    "the {} model's endpoint was silent for {} s (its timeout_s)",
+            let message = match e {
+                ureq::Error::Timeout(ureq::Timeout::PerRead) => format!(
+                    "the {} model's endpoint was silent for more than {} s (its timeout_s)",
                     lane.as_str(),
                     endpoint.timeout_s
-                )),
-                ureq::Error::Timeout(_) => Error::Timeout(format!(
-                    "the {} model did not answer within {} s",
+                ),
+                ureq::Error::Timeout(_) => format!(
+                    "the {} model did not answer within {} s (its answer_timeout_s)",
                     lane.as_str(),
                     endpoint.answer_timeout_s()
-                )),
-                _ => Error::Upstream(format!("the {} model's endpoint cannot be reached", lane.as_str())),
-            }
+                ),
+                _ => format!("the {} model's endpoint cannot be reached", lane.as_str()),
+            };
+            Error::Provider { message, retryable: true, wait_ms: None }
         })
     }
 }

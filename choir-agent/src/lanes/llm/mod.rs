@@ -122,7 +122,7 @@ impl LlmError {
                 let rest = e.strip_prefix(CUT_PREFIX).unwrap_or(&e);
                 format!("Sorry, my model's answer was cut off{rest}")
             }
-            LlmError::Provider(m) => format!("Sorry, my model's provider refused: {m}"),
+            LlmError::Provider(m) => format!("Sorry, no answer from my model: {m}"),
             LlmError::Filtered => "Sorry, my model provider's content filter stopped the answer.".into(),
             LlmError::Refused(said) => format!("My model declined to answer: {said}"),
             LlmError::WaitTooLong { wait, why } => format!(

@@ -330,8 +330,9 @@ pub fn read(reader: &mut dyn BufRead, on_text: &mut dyn FnMut(&str) -> bool) -> 
             Event::End(read) => return read,
         }
     }
-    if !done && assembly.finish.is_none() {
-        // Cut before the model finished: nothing of it may be used.
+    if !done && assembly.finish.is_none() && assembly.error.is_none() {
+        // Cut before the model finished: nothing of it may be used. (A
+        // stream that ended on a provider's error is judged as that error.)
         return Read::Cut("the stream ended before the model finished".into());
     }
     let (answer, error) = assembly.answer();

@@ -400,3 +400,20 @@ fn regression_a_cancel_did_not_stop_a_lane_waiting_for_its_model() {
     let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&AtomicBool::new(false))).unwrap();
     assert_eq!(r.choices[0].message.content.as_deref(), Some("late"));
 }
+
+/// A stream that ends on an error event (choird's own, when the endpoint
+/// went silent mid-answer, or a provider's) is that error, not a cut.
+#[test]
+fn a_stream_ending_on_an_error_event_is_that_error_not_a_cut() {
+    let text = sse(&[
+        r#"{"id":"s","choices":[{"index":0,"delta":{"content":"first"}}]}"#,
+        r#"{"error":{"message":"the edge model's endpoint was silent for more than 1 s","type":"choir_relay"}}"#,
+    ]);
+    match read(&text) {
+        Err(Attempt::Failed(e, _)) => assert!(e.user_words().contains("silent for more than 1 s"), "{e}"),
+        _ => panic!("not the error"),
+    }
+    // Negative control: without the error event it is a cut.
+    let cut = sse(&[r#"{"id":"s","choices":[{"index":0,"delta":{"content":"first"}}]}"#]);
+    assert!(matches!(read(&cut), Err(Attempt::Cut(_))));
+}
