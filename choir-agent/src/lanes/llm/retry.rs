@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::rpc::RpcError;
 
-use super::LlmError;
+use super::error::LlmError;
 
 /// Attempts per model call.
 pub const ATTEMPTS: u32 = 4;
@@ -112,7 +112,7 @@ mod tests {
         Attempt::from(RpcError::Refused {
             verb: "LLM".into(),
             status: 502,
-            code: super::super::PROVIDER_CODE.into(),
+            code: super::super::error::PROVIDER_CODE.into(),
             message: "the edge model's provider answered 429: slow down".into(),
             retryable: true,
             retry_after,
