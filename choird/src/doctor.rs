@@ -440,8 +440,8 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
             );
         }
     };
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().with_config().limit(64 * 1024).read_to_string().unwrap_or_default();
+    let status = resp.status;
+    let text = String::from_utf8_lossy(&resp.read_to_vec(64 * 1024).unwrap_or_default()).into_owned();
     let key_fix = match &key {
         Some(k) => format!("set a valid key: choirctl secrets set {k}"),
         None => format!("the endpoint wants a key: set llm.{}.api_key_secret and the secret", lane.as_str()),

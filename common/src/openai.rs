@@ -117,8 +117,10 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) ->
 }
 
 /// Largest `extra_content` of a tool call kept to be sent back (a Gemini
-/// thought signature is a few KiB); a larger one is dropped.
-pub const MAX_EXTRA_CONTENT: usize = 64 * 1024;
+/// thought signature is a few KiB; Anthropic's thinking blocks, which choird
+/// carries there, are as long as the thinking budget allows); a larger one
+/// is dropped.
+pub const MAX_EXTRA_CONTENT: usize = 1024 * 1024;
 
 /// The token counts a chat completion (or its final stream chunk) reports:
 /// the standard `usage`, or Groq's `x_groq.usage` when that is where they

@@ -35,6 +35,10 @@ pub enum Step {
     /// A text answer that ends with this `finish_reason` (`length`: the
     /// model hit its output limit).
     Ended(String, String),
+    /// For Anthropic's Messages API: a thinking block (its text and
+    /// signature) before tool calls, as a model with extended thinking
+    /// answers a tool turn.
+    Thought(String, String, Vec<(String, String)>),
     /// A raw HTTP answer (errors, rate limits, garbage).
     Raw {
         /// HTTP status.
@@ -60,6 +64,8 @@ pub struct Recorded {
     pub path: String,
     /// `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// `x-api-key` and `anthropic-version` headers (Anthropic's API), if any.
+    pub anthropic: (Option<String>, Option<String>),
     /// Parsed JSON body (`Value::Null` if it did not parse).
     pub body: Value,
     /// When the request arrived.
@@ -130,10 +136,12 @@ impl FakeLlm {
                 }
                 let mut body = String::new();
                 let _ = rq.as_reader().read_to_string(&mut body);
-                let auth =
-                    rq.headers().iter().find(|h| h.field.equiv("Authorization")).map(|h| h.value.as_str().to_owned());
+                let header =
+                    |name: &'static str| rq.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str().to_owned());
+                let auth = header("Authorization");
+                let anthropic = (header("x-api-key"), header("anthropic-version"));
                 let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-                let (status, out, headers) = answer(&s2, rq.url(), auth, parsed);
+                let (status, out, headers) = answer(&s2, rq.url(), auth, anthropic, parsed);
                 if let Some(delay) = headers.iter().find(|(k, _)| k == "X-Fake-Chunk-Delay-Ms").and_then(|(_, v)| v.parse().ok()) {
                     // Send the events one by one, `delay` apart.
                     // Written by hand: tiny_http's chunked encoder would hold
@@ -234,6 +242,7 @@ fn answer(
     shared: &(Mutex<Shared>, Condvar),
     url: &str,
     auth: Option<String>,
+    anthropic: (Option<String>, Option<String>),
     body: Value,
 ) -> (u16, String, Vec<(String, String)>) {
     let mut g = shared.0.lock();
@@ -241,6 +250,7 @@ fn answer(
     g.requests.push(Recorded {
         path: url.to_owned(),
         authorization: auth,
+        anthropic,
         body: kept,
         at: Instant::now(),
         answered_at: None,
@@ -253,6 +263,13 @@ fn answer(
     let mut g = shared.0.lock();
     if let Some(r) = g.requests.get_mut(number as usize - 1) {
         r.answered_at = Some(Instant::now());
+    }
+    if url == "/v1/messages" {
+        let step = decided.or_else(|| g.script.pop_front()).or_else(|| g.fallback.clone());
+        g.counter += 1;
+        let n = g.counter;
+        drop(g);
+        return crate::fake_anthropic::answer(n, step, &body);
     }
     if url != "/v1/chat/completions" {
         return (404, json!({"error": {"message": format!("Unknown request URL: POST {url}"), "type": "invalid_request_error", "param": null, "code": "unknown_url"}}).to_string(), vec![]);
@@ -304,7 +321,7 @@ fn answer(
             let headers = vec![("X-Fake-Chunk-Delay-Ms".to_owned(), delay.as_millis().to_string())];
             return (200, sse(n, &model, &message, "stop", &body), headers);
         }
-        Step::ToolCalls(calls) => (calls_message(n, &calls, None), "tool_calls"),
+        Step::ToolCalls(calls) | Step::Thought(_, _, calls) => (calls_message(n, &calls, None), "tool_calls"),
         Step::Said(text, calls) => (calls_message(n, &calls, Some(text)), "tool_calls"),
     };
     if streaming {
@@ -328,7 +345,7 @@ fn answer(
 
 /// An assistant message calling `calls` (canonical names mapped to the wire),
 /// with optional text beside them.
-fn calls_message(n: u64, calls: &[(String, String)], text: Option<String>) -> Value {
+pub(crate) fn calls_message(n: u64, calls: &[(String, String)], text: Option<String>) -> Value {
     let calls: Vec<Value> = calls
         .iter()
         .enumerate()

@@ -14,6 +14,7 @@
 pub mod agentdojo;
 pub mod bench;
 pub mod docker;
+pub mod fake_anthropic;
 pub mod fake_embeddings;
 pub mod fake_llm;
 pub mod fake_notion;

@@ -244,3 +244,68 @@ fn regression_geminis_thought_signature_was_dropped_and_its_parallel_calls_merge
         .unwrap();
     assert_eq!((first.get::<_, i64>(0), first.get::<_, i64>(1), first.get::<_, bool>(2)), (1234, 56, false));
 }
+
+/// Anthropic's Messages API spoken natively (`"protocol": "anthropic"`): a
+/// tool turn with extended thinking streamed as Anthropic's events, the
+/// thinking block sent back complete and unmodified with its signature on
+/// the follow-up (build-with-claude/thinking-tool-workflows), the system
+/// prompt and tool list marked for caching, the key in `x-api-key`, cache
+/// reads in the ledger's prompt tokens, and a 529 `overloaded_error` tried
+/// again.
+#[test]
+fn an_anthropic_messages_round_trip_with_tools_and_thinking() {
+    let script = vec![
+        Step::Raw {
+            status: 529,
+            body: json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "request_id": "req_1"})
+                .to_string(),
+            headers: vec![],
+        },
+        Step::Thought(
+            "The user wants a file.".into(),
+            "EqQBCkgIARABGAIiQL".into(),
+            vec![("choir.fs.write".into(), json!({"path": "claude.txt", "content": "from claude"}).to_string())],
+        ),
+        Step::Text("Written.".into()),
+    ];
+    let Some(s) = started(script, |c| {
+        c["llm"]["edge"]["protocol"] = json!("anthropic");
+        c["llm"]["edge"]["thinking_budget_tokens"] = json!(2048);
+    }) else {
+        return;
+    };
+    let (said, _) = chat(&s, "write claude.txt");
+    assert_eq!(said, "Written.\n");
+    assert_eq!(std::fs::read_to_string(s.choird.workspace("demo").join("claude.txt")).unwrap(), "from claude");
+    let reqs = s.llm.requests();
+    assert_eq!(reqs.len(), 3, "the 529 was tried again");
+    let first = &reqs[1];
+    assert_eq!(first.path, "/v1/messages");
+    assert_eq!(first.anthropic, (Some("sk-test-key-0123456789".into()), Some("2023-06-01".into())));
+    assert!(first.authorization.is_none(), "the key only in x-api-key");
+    let body = &first.body;
+    assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 2048}));
+    assert!(body["max_tokens"].as_u64().unwrap() > 2048);
+    assert_eq!(body["system"].as_array().unwrap().last().unwrap()["cache_control"]["type"], "ephemeral");
+    assert_eq!(body["tools"].as_array().unwrap().last().unwrap()["cache_control"]["type"], "ephemeral");
+    assert_eq!(body["stream"], true);
+    // The follow-up carries the thinking block back, unmodified, before the call.
+    let follow = &reqs[2].body["messages"];
+    let assistant = follow.as_array().unwrap().iter().rev().find(|m| m["role"] == "assistant").unwrap();
+    assert_eq!(
+        assistant["content"][0],
+        json!({"type": "thinking", "thinking": "The user wants a file.", "signature": "EqQBCkgIARABGAIiQL"})
+    );
+    assert_eq!(assistant["content"][1]["type"], "tool_use");
+    assert_eq!(assistant["content"][1]["input"], json!({"path": "claude.txt", "content": "from claude"}));
+    let result = follow.as_array().unwrap().last().unwrap();
+    assert_eq!((&result["role"], &result["content"][0]["type"]), (&json!("user"), &json!("tool_result")));
+    assert_eq!(result["content"][0]["tool_use_id"], assistant["content"][1]["id"]);
+    // The ledger: input plus cache reads as prompt tokens, reported, not estimated.
+    let mut db = s.pg.client();
+    let rows =
+        db.query("SELECT status, prompt_tokens, completion_tokens, estimated FROM llm_calls ORDER BY id", &[]).unwrap();
+    let seen: Vec<(i32, i64, i64, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    assert_eq!(seen[0].0, 529);
+    assert_eq!(&seen[1..], &[(200, 320, 7, false), (200, 320, 7, false)]);
+}

@@ -130,12 +130,12 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
             return Err(e);
         }
     };
-    let status = answer.status().as_u16();
+    let status = answer.status;
     let prompt_estimate = payload.len() as u64 / crate::budget::BYTES_PER_TOKEN;
     if upstream_streams && status == 200 {
         // Server-sent events pass through as they come; usage is read on the way.
         let tap = UsageTap {
-            inner: answer.into_body().into_reader(),
+            inner: answer.body,
             line: Vec::new(),
             usage: None,
             bytes: 0,
@@ -182,7 +182,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     }
     let mut answer = answer;
     let limit = if status == 200 { MAX_ANSWER } else { MAX_REFUSAL };
-    let bytes = answer.body_mut().with_config().limit(limit).read_to_vec().map_err(|e| {
+    let bytes = answer.read_to_vec(limit).map_err(|e| {
         log::warn!("agent {}: the {} model's answer could not be read: {e}", who.agent, lane.as_str());
         Error::Upstream(format!("the {} model's answer could not be read", lane.as_str()))
     })?;
@@ -211,7 +211,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
-        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header = |name: &str| answer.header(name);
         let key = crate::upstream::Upstream::key(&config, &secrets, lane);
         let e = crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key);
         log::warn!("agent {}: {e}", who.agent);
@@ -247,8 +247,8 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let secrets = d.secrets();
     let mut answer =
         d.upstream.chat(&config, &secrets, lane, text.as_bytes(), false, &format!("agent {}", who.agent))?;
-    let status = answer.status().as_u16();
-    let bytes = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
+    let status = answer.status;
+    let bytes = answer.read_to_vec(MAX_ANSWER).unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let (prompt, completion, estimated) = if let Some(u) = choir_common::openai::reported_usage(&v) {
         (u.prompt_tokens, u.completion_tokens, false)
@@ -274,7 +274,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
-        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header = |name: &str| answer.header(name);
         let key = crate::upstream::Upstream::key(&config, &secrets, lane);
         return Err(crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key));
     }

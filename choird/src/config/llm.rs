@@ -29,6 +29,14 @@ pub struct LlmEndpoint {
     /// `timeout_s` when that is longer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_timeout_s: Option<u64>,
+    /// The API the endpoint speaks: `openai` (chat completions, the default)
+    /// or `anthropic` (the Messages API, translated by choird).
+    #[serde(default, skip_serializing_if = "Protocol::is_openai")]
+    pub protocol: Protocol,
+    /// For an `anthropic` endpoint: extended thinking with this many tokens
+    /// (at least 1024); absent, off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget_tokens: Option<u64>,
     /// Which provider's documented behaviour to expect (see [`Preset`]);
     /// absent: OpenAI's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,6 +63,23 @@ const DEFAULT_ANSWER_S: u64 = 900;
 pub const MAX_SILENCE_S: u64 = 1800;
 /// The longest `answer_timeout_s` accepted.
 pub const MAX_ANSWER_S: u64 = 3600;
+
+/// The API an endpoint speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// OpenAI's chat completions (and every compatible server).
+    #[default]
+    Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
+}
+
+impl Protocol {
+    fn is_openai(&self) -> bool {
+        *self == Protocol::Openai
+    }
+}
 
 /// A provider whose OpenAI-compatible endpoint is known to differ from
 /// OpenAI's in what it accepts.

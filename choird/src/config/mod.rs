@@ -33,7 +33,7 @@ mod web;
 pub use accounts::{EmailConfig, MailServer, NotionConfig, Security};
 pub use agent::{AgentConfig, ModelOverrides, NetworkMode, Quotas, Resources, TokenBudget, ToolExposure, Transport};
 pub use docker::DockerConfig;
-pub use llm::{LlmConfig, LlmEndpoint, Price};
+pub use llm::{LlmConfig, LlmEndpoint, Preset, Price, Protocol};
 pub use memory::{EmbeddingsConfig, MemoryConfig, DEFAULT_FRESH_MAX};
 pub use operations::{ApprovalsConfig, LogsConfig};
 pub use speech::{valid_voice, AgentVoice, TranscriptionConfig};
@@ -200,6 +200,14 @@ impl Config {
             }
             if ep.timeout_s == 0 || ep.timeout_s > llm::MAX_SILENCE_S {
                 return e(&format!("llm.{lane}.timeout_s"), &format!("must be between 1 and {}", llm::MAX_SILENCE_S));
+            }
+            if let Some(b) = ep.thinking_budget_tokens {
+                if ep.protocol != Protocol::Anthropic || b < 1024 {
+                    return e(
+                        &format!("llm.{lane}.thinking_budget_tokens"),
+                        "is for an endpoint with \"protocol\": \"anthropic\" and must be at least 1024",
+                    );
+                }
             }
             if ep.answer_timeout_s() < ep.timeout_s || ep.answer_timeout_s() > llm::MAX_ANSWER_S {
                 return e(

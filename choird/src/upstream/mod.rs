@@ -12,11 +12,13 @@
 //! upstream request; an error returned from here names the lane, never the
 //! endpoint's address (that goes to choird's log).
 
+pub mod anthropic;
 pub mod refusal;
 
+use std::io::{BufReader, Read};
 use std::time::Duration;
 
-use crate::config::{Config, Lane};
+use crate::config::{Config, Lane, Protocol};
 use crate::error::Error;
 use crate::secrets::Secrets;
 
@@ -42,9 +44,11 @@ impl Upstream {
         Upstream { agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false)) }
     }
 
-    /// POSTs `body` (JSON) to `<lane's base_url>/chat/completions` with the
-    /// lane's key; `streamed` when the body asks for a streamed answer;
-    /// `who` names the caller in choird's log.
+    /// POSTs `body` (an OpenAI chat request, JSON) to the lane's endpoint
+    /// with its key, in the endpoint's protocol (`<base_url>/chat/completions`,
+    /// or Anthropic's `<base_url>/messages`, see [`anthropic`]); `streamed`
+    /// when the body asks for a streamed answer; `who` names the caller in
+    /// choird's log. A 200 answer reads as OpenAI's, whatever the protocol.
     pub fn chat(
         &self,
         config: &Config,
@@ -53,11 +57,14 @@ impl Upstream {
         body: &[u8],
         streamed: bool,
         who: &str,
-    ) -> Result<ureq::http::Response<ureq::Body>, Error> {
+    ) -> Result<Answer, Error> {
         let endpoint = config.endpoint(lane);
+        let anthropic = endpoint.protocol == Protocol::Anthropic;
+        let base = endpoint.base_url.trim_end_matches('/');
+        let url = if anthropic { format!("{base}/messages") } else { format!("{base}/chat/completions") };
         let mut request = self
             .agent
-            .post(&format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/')))
+            .post(&url)
             .config()
             .timeout_global(Some(Duration::from_secs(endpoint.answer_timeout_s())))
             .timeout_per_read(streamed.then(|| Duration::from_secs(endpoint.timeout_s)))
@@ -70,9 +77,23 @@ impl Upstream {
                     lane.as_str()
                 ))
             })?;
-            request = request.header("Authorization", &format!("Bearer {key}"));
+            request = if anthropic {
+                request.header("x-api-key", key)
+            } else {
+                request.header("Authorization", &format!("Bearer {key}"))
+            };
         }
-        request.send(body).map_err(|e| {
+        let translated;
+        let body = if anthropic {
+            request = request.header("anthropic-version", anthropic::VERSION);
+            let openai: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|e| Error::Malformed(format!("the model request is not JSON: {e}")))?;
+            translated = anthropic::request(&openai, endpoint.thinking_budget_tokens).to_string().into_bytes();
+            &translated[..]
+        } else {
+            body
+        };
+        let answer = request.send(body).map_err(|e| {
             log::warn!("{who}: LLM endpoint {} ({} lane): {e}", endpoint.base_url, lane.as_str());
             let message = match e {
                 ureq::Error::Timeout(ureq::Timeout::PerRead) => format!(
@@ -88,6 +109,57 @@ impl Upstream {
                 _ => format!("the {} model's endpoint cannot be reached", lane.as_str()),
             };
             Error::Provider { message, retryable: true, wait_ms: None }
-        })
+        })?;
+        let status = answer.status().as_u16();
+        let (parts, body) = answer.into_parts();
+        let reader = body.into_reader();
+        let body: Box<dyn Read + Send> = match (anthropic, status, streamed) {
+            (true, 200, true) => Box::new(anthropic::Events::new(BufReader::new(reader))),
+            (true, 200, false) => {
+                let mut whole = Vec::new();
+                reader.take(MAX_WHOLE).read_to_end(&mut whole).map_err(|e| {
+                    log::warn!("{who}: the {} model's answer could not be read: {e}", lane.as_str());
+                    Error::Upstream(format!("the {} model's answer could not be read", lane.as_str()))
+                })?;
+                let message: serde_json::Value = serde_json::from_slice(&whole)
+                    .map_err(|_| Error::Upstream(format!("the {} model's answer is not JSON", lane.as_str())))?;
+                Box::new(std::io::Cursor::new(anthropic::answer(&message).to_string().into_bytes()))
+            }
+            _ => Box::new(reader),
+        };
+        Ok(Answer { status, headers: parts.headers, body })
+    }
+}
+
+/// Largest whole answer translated from another protocol.
+const MAX_WHOLE: u64 = 32 * 1024 * 1024;
+
+/// An endpoint's answer: its status, its headers, and its body (a 200's
+/// read as OpenAI's chat completion or chunk events).
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    headers: ureq::http::HeaderMap,
+    /// The body.
+    pub body: Box<dyn Read + Send>,
+}
+
+impl Answer {
+    /// A header's value, by name.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+    }
+
+    /// The whole body, refused past `limit` bytes.
+    pub fn read_to_vec(&mut self, limit: u64) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.body.by_ref().take(limit + 1).read_to_end(&mut out)?;
+        if out.len() as u64 > limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the answer is over {limit} bytes"),
+            ));
+        }
+        Ok(out)
     }
 }
