@@ -82,8 +82,16 @@ impl RpcError {
     }
 }
 
-/// A streamed answer: status, the wait asked for, and the body.
-pub type StreamedAnswer = (u16, Option<Duration>, Box<dyn std::io::BufRead + Send>);
+/// A streamed answer: status, the wait asked for, the fallback model that
+/// answered (when not the lane's first), and the body.
+pub type StreamedAnswer = (u16, Option<Duration>, Option<String>, Box<dyn std::io::BufRead + Send>);
+
+/// What an answer's head says.
+struct Head {
+    status: u16,
+    retry_after: Option<Duration>,
+    fallback: Option<String>,
+}
 
 /// How long a request may take: in all, and (when set) of silence between
 /// two reads of its answer.
@@ -107,6 +115,9 @@ pub struct RawAnswer {
     pub status: u16,
     /// The wait asked for (`retry-after-ms`, else `Retry-After` seconds).
     pub retry_after: Option<Duration>,
+    /// The fallback model that answered, when not the lane's first
+    /// (choird's `X-Choir-Fallback`).
+    pub fallback: Option<String>,
     /// Body.
     pub body: Vec<u8>,
 }
@@ -162,22 +173,22 @@ impl Rpc {
 
     /// POSTs `body` to `path`, returning whatever choird answered.
     pub fn post_raw(&self, path: &str, body: &[u8], timeout: impl Into<Patience>) -> Result<RawAnswer, RpcError> {
-        let (status, retry_after, mut answer) = self.send(path, body, timeout.into())?;
+        let (Head { status, retry_after, fallback }, mut answer) = self.send(path, body, timeout.into())?;
         let body = answer
             .body_mut()
             .with_config()
             .limit(64 * 1024 * 1024)
             .read_to_vec()
             .map_err(|e| RpcError::Transport(e.to_string()))?;
-        Ok(RawAnswer { status, retry_after, body })
+        Ok(RawAnswer { status, retry_after, fallback, body })
     }
 
     /// POSTs `body` to `path` and returns the status, `Retry-After` and the
     /// body as a reader (for streamed answers).
     pub fn post_reader(&self, path: &str, body: &[u8], timeout: Patience) -> Result<StreamedAnswer, RpcError> {
-        let (status, retry_after, answer) = self.send(path, body, timeout)?;
+        let (Head { status, retry_after, fallback }, answer) = self.send(path, body, timeout)?;
         let reader = std::io::BufReader::new(answer.into_body().into_reader());
-        Ok((status, retry_after, Box::new(reader)))
+        Ok((status, retry_after, fallback, Box::new(reader)))
     }
 
     /// POSTs `body` to `path`: the status, the wait asked for and the
@@ -187,7 +198,7 @@ impl Rpc {
         path: &str,
         body: &[u8],
         timeout: Patience,
-    ) -> Result<(u16, Option<Duration>, ureq::http::Response<ureq::Body>), RpcError> {
+    ) -> Result<(Head, ureq::http::Response<ureq::Body>), RpcError> {
         let answer = self
             .agent
             .post(&format!("{}{path}", self.base))
@@ -206,7 +217,12 @@ impl Rpc {
         let retry_after = header("retry-after-ms")
             .map(Duration::from_millis)
             .or_else(|| header("retry-after").map(Duration::from_secs));
-        Ok((status, retry_after, answer))
+        let fallback = answer
+            .headers()
+            .get("x-choir-fallback")
+            .and_then(|v| v.to_str().ok())
+            .map(|m| m.chars().take(200).collect::<String>());
+        Ok((Head { status, retry_after, fallback }, answer))
     }
 
     /// Calls a verb.

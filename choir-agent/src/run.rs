@@ -224,6 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stream: true,
             job: None,
             floor,
+            fallback: Default::default(),
         },
         identity,
         config,

@@ -61,7 +61,11 @@ pub fn run(root: &Path, report: &mut dyn FnMut(Check)) {
     }
     report(postgres(&home, &config));
     for lane in [Lane::Edge, Lane::Core] {
-        report(model(&config, &secrets, lane));
+        let first = config.endpoint(lane);
+        report(model(first, &format!("llm.{}", lane.as_str()), &secrets, lane));
+        for (i, fallback) in first.fallbacks.iter().enumerate() {
+            report(model(fallback, &format!("llm.{}.fallbacks[{i}]", lane.as_str()), &secrets, lane));
+        }
     }
     report(embeddings(&config, &secrets));
     for (name, bot) in &config.telegram.bots {
@@ -403,21 +407,23 @@ fn managed_offline(config: &Config) -> Check {
     }
 }
 
-/// A one-token request to a lane's endpoint.
-fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
-    let name = format!("model ({} lane)", lane.as_str());
-    let mut config = config.clone();
-    let endpoint = match lane {
-        Lane::Edge => &mut config.llm.edge,
-        Lane::Core => &mut config.llm.core,
+/// A one-token request to `endpoint` (at `at` in config.json), one of
+/// `lane`'s.
+fn model(endpoint: &crate::config::LlmEndpoint, at: &str, secrets: &Secrets, lane: Lane) -> Check {
+    let name = if at.contains("fallbacks") {
+        format!("model ({} lane, fallback {})", lane.as_str(), endpoint.model)
+    } else {
+        format!("model ({} lane)", lane.as_str())
     };
+    let mut endpoint = endpoint.clone();
     endpoint.timeout_s = endpoint.timeout_s.min(PROBE_TIMEOUT.as_secs());
+    endpoint.answer_timeout_s = Some(endpoint.timeout_s);
     let (model, key) = (endpoint.model.clone(), endpoint.api_key_secret.clone());
     let base_url = endpoint.base_url.clone();
     if let Some(k) = key.as_ref().filter(|k| !secrets.contains(k)) {
         return Check::fail(
             &name,
-            format!("llm.{}.api_key_secret names {k:?}, which is not in secrets.json", lane.as_str()),
+            format!("{at}.api_key_secret names {k:?}, which is not in secrets.json"),
             format!("choirctl secrets set {k}"),
         );
     }
@@ -428,7 +434,7 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
     })
     .to_string();
     let upstream = crate::upstream::Upstream::new();
-    let mut resp = match upstream.chat(&config, secrets, lane, body.as_bytes(), false, "doctor") {
+    let mut resp = match upstream.chat(&endpoint, secrets, lane, body.as_bytes(), false, "doctor") {
         Ok(r) => r,
         Err(e) => {
             // The operator's own check: the address and the OS's reason
@@ -436,7 +442,7 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
             return Check::fail(
                 &name,
                 format!("{base_url}: {e}; {}", reach(&base_url)),
-                format!("check llm.{}.base_url and that the server is up", lane.as_str()),
+                format!("check {at}.base_url and that the server is up"),
             );
         }
     };
@@ -444,27 +450,72 @@ fn model(config: &Config, secrets: &Secrets, lane: Lane) -> Check {
     let text = String::from_utf8_lossy(&resp.read_to_vec(64 * 1024).unwrap_or_default()).into_owned();
     let key_fix = match &key {
         Some(k) => format!("set a valid key: choirctl secrets set {k}"),
-        None => format!("the endpoint wants a key: set llm.{}.api_key_secret and the secret", lane.as_str()),
+        None => format!("the endpoint wants a key: set {at}.api_key_secret and the secret"),
     };
     match status {
         200 => {
-            let answered = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["model"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| model.clone());
-            Check::ok(&name, format!("{model} answered a 1-token request (served by {answered})"))
+            let body = serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
+            let answered = body["model"].as_str().map(str::to_owned).unwrap_or_else(|| model.clone());
+            let mut said = format!("{model} answered a 1-token request (served by {answered})");
+            if endpoint.protocol == crate::config::Protocol::Openai {
+                match (looks_like(&base_url, &body), endpoint.preset) {
+                    (Some(seen), Some(set)) if seen != set => {
+                        said.push_str(&format!("; it looks like {}, but {at}.preset is {:?}", seen.name(), set.name()))
+                    }
+                    (Some(seen), None) => {
+                        said.push_str(&format!("; it looks like {0} (set {at}.preset to \"{0}\")", seen.name()))
+                    }
+                    _ => {}
+                }
+            }
+            Check::ok(&name, said)
         }
         401 | 403 => Check::fail(&name, format!("the endpoint refused the key ({status})"), key_fix),
         404 => Check::fail(
             &name,
             format!("404 for model {model}: {}", choir_common::text::clipped(&text, 200)),
-            format!("check llm.{}.model and base_url (it includes /v1)", lane.as_str()),
+            format!("check {at}.model and base_url (it includes /v1)"),
         ),
         _ => Check::fail(
             &name,
             format!("{status}: {}", choir_common::text::clipped(&text, 200)),
             "see the endpoint's own status page or logs",
         ),
+    }
+}
+
+/// Which provider an OpenAI-compatible endpoint looks like, from its host
+/// and the fields its answer carries (Groq's `x_groq`, Mistral's `prefix`,
+/// llama.cpp's `timings`, Ollama's `fp_ollama`, vLLM's `prompt_logprobs`).
+fn looks_like(base_url: &str, answer: &Value) -> Option<crate::config::Preset> {
+    use crate::config::Preset;
+    let host = url::Url::parse(base_url).ok().and_then(|u| u.host_str().map(str::to_owned)).unwrap_or_default();
+    let by_host = [
+        ("api.openai.com", Preset::Openai),
+        ("openrouter.ai", Preset::Openrouter),
+        ("generativelanguage.googleapis.com", Preset::Gemini),
+        ("api.mistral.ai", Preset::Mistral),
+        ("api.groq.com", Preset::Groq),
+        ("api.deepseek.com", Preset::Deepseek),
+    ];
+    if let Some((_, p)) = by_host.iter().find(|(h, _)| host == *h || host.ends_with(&format!(".{h}"))) {
+        return Some(*p);
+    }
+    let message = &answer["choices"][0]["message"];
+    if answer.get("x_groq").is_some() {
+        Some(Preset::Groq)
+    } else if answer.get("timings").is_some() {
+        Some(Preset::Llamacpp)
+    } else if answer["system_fingerprint"] == "fp_ollama" {
+        Some(Preset::Ollama)
+    } else if answer.get("prompt_logprobs").is_some() || answer.get("kv_transfer_params").is_some() {
+        Some(Preset::Vllm)
+    } else if message.get("prefix").is_some() {
+        Some(Preset::Mistral)
+    } else if message.get("reasoning_content").is_some() {
+        Some(Preset::Deepseek)
+    } else {
+        None
     }
 }
 
@@ -550,6 +601,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_endpoint_is_told_by_its_host_or_the_fields_of_its_answer() {
+        use crate::config::Preset;
+        let none = serde_json::json!({"choices": [{"message": {"content": "OK"}}]});
+        assert_eq!(looks_like("https://openrouter.ai/api/v1", &none), Some(Preset::Openrouter));
+        assert_eq!(looks_like("https://generativelanguage.googleapis.com/v1beta/openai", &none), Some(Preset::Gemini));
+        assert_eq!(looks_like("https://evil-api.openai.com.example/v1", &none), None, "a host that only ends alike");
+        let local = "http://127.0.0.1:8080/v1";
+        assert_eq!(looks_like(local, &none), None);
+        assert_eq!(looks_like(local, &serde_json::json!({"timings": {"predicted_n": 1}})), Some(Preset::Llamacpp));
+        assert_eq!(looks_like(local, &serde_json::json!({"system_fingerprint": "fp_ollama"})), Some(Preset::Ollama));
+        assert_eq!(looks_like(local, &serde_json::json!({"x_groq": {"id": "r"}})), Some(Preset::Groq));
+        assert_eq!(looks_like(local, &serde_json::json!({"prompt_logprobs": null})), Some(Preset::Vllm));
+        let mistral =
+            serde_json::json!({"choices": [{"message": {"content": "OK", "tool_calls": null, "prefix": false}}]});
+        assert_eq!(looks_like(local, &mistral), Some(Preset::Mistral));
+    }
+
+    #[test]
     fn a_home_without_config_fails_and_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let checks = run_all(dir.path());
@@ -599,10 +668,15 @@ mod tests {
     fn regression_doctor_gave_the_wrong_fix_for_a_missing_key_and_no_address_for_a_dead_endpoint() {
         let mut config = Config::parse(crate::home::STARTER_CONFIG).unwrap();
         config.llm.edge.base_url = "http://127.0.0.1:1/v1".into();
-        let c = model(&config, &Secrets::default(), Lane::Edge);
+        let c = model(config.endpoint(Lane::Edge), "llm.edge", &Secrets::default(), Lane::Edge);
         assert_eq!(c.outcome, Outcome::Fail);
         assert_eq!(c.fix.as_deref(), Some("choirctl secrets set openai_api_key"), "{c:?}");
-        let c = model(&config, &Secrets::from_pairs(&[("openai_api_key", "k")]), Lane::Edge);
+        let c = model(
+            config.endpoint(Lane::Edge),
+            "llm.edge",
+            &Secrets::from_pairs(&[("openai_api_key", "k")]),
+            Lane::Edge,
+        );
         assert_eq!(c.outcome, Outcome::Fail);
         assert!(c.detail.contains("http://127.0.0.1:1/v1") && c.detail.to_lowercase().contains("refused"), "{c:?}");
         assert!(!c.detail.contains("openai_api_key") && !c.detail.contains(": k"), "no secret in it: {c:?}");

@@ -210,6 +210,10 @@ pub struct ChatResponse {
     /// Token accounting, when the provider reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The fallback model that answered in place of the lane's first (told
+    /// by choird's relay, not by the provider); never serialised.
+    #[serde(skip)]
+    pub fallback: Option<String>,
 }
 
 /// One candidate answer.

@@ -309,3 +309,59 @@ fn an_anthropic_messages_round_trip_with_tools_and_thinking() {
     assert_eq!(seen[0].0, 529);
     assert_eq!(&seen[1..], &[(200, 320, 7, false), (200, 320, 7, false)]);
 }
+
+/// A fallback chain the operator wrote: when the lane's model is overloaded
+/// (Anthropic's 529 `overloaded_error`, docs.anthropic.com/en/api/errors)
+/// choird tries the next model at once, records both calls and the switch,
+/// and the answer says which model answered; when the first *refuses* the
+/// request (a 400), nothing else is tried.
+#[test]
+fn a_fallback_on_overload_lands_on_the_second_model_and_says_so_and_none_on_a_refusal() {
+    let overloaded = Step::Raw {
+        status: 529,
+        body: json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string(),
+        headers: vec![],
+    };
+    let second = choir_tests::fake_llm::FakeLlm::start(vec![Step::Text("from the second".into())]);
+    let url = second.base_url();
+    let with_fallback = move |c: &mut Value| {
+        c["llm"]["edge"]["fallbacks"] =
+            json!([{"base_url": url, "model": "fake-second", "api_key_secret": "llm_key", "timeout_s": 30}]);
+    };
+    let Some(s) = started(vec![overloaded], with_fallback.clone()) else { return };
+    let (said, _) = chat(&s, "hi");
+    assert_eq!(
+        said,
+        "from the second\n\n(Answered by the fallback model fake-second: the usual one was unavailable.)\n"
+    );
+    assert_eq!((s.llm.request_count(), second.request_count()), (1, 1));
+    assert_eq!(second.requests()[0].body["model"], "fake-second", "the fallback's own model");
+    let mut db = s.pg.client();
+    let calls: Vec<(String, i32)> = db
+        .query("SELECT model, status FROM llm_calls ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(calls, [("fake-edge".to_owned(), 529), ("fake-second".to_owned(), 200)]);
+    let audit = s.choird.ctl_ok(&["audit", "--json"]);
+    assert!(audit.contains("llm.fallback") && audit.contains("Overloaded (overloaded_error)"), "{audit}");
+    let usage = s.choird.ctl_ok(&["usage", "--by", "model"]);
+    assert!(usage.contains("fake-second"), "{usage}");
+    drop(s);
+
+    // A refusal is not an outage: the fallback is never asked.
+    let refused = Step::Raw {
+        status: 400,
+        body: json!({"error": {"message": "Invalid prompt: your prompt was flagged as potentially violating our usage policy.",
+                               "type": "invalid_request_error", "code": "invalid_prompt"}})
+        .to_string(),
+        headers: vec![],
+    };
+    let before = second.request_count();
+    let Some(s) = started(vec![refused], with_fallback) else { return };
+    let (said, _) = chat(&s, "hi");
+    assert!(said.contains("provider answered 400: Invalid prompt"), "{said}");
+    assert!(!said.contains("fallback"), "{said}");
+    assert_eq!(second.request_count(), before, "a refusal went to the fallback");
+}

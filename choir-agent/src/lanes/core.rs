@@ -408,6 +408,7 @@ impl JobRun {
             stream: false,
             job: Some(self.name.clone()),
             floor: s.floor.clone(),
+            fallback: Default::default(),
         };
         let mut conv = Conversation::default();
         // The job's task, in the user's place: written by the edge's model

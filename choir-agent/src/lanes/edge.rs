@@ -46,6 +46,13 @@ use crate::lanes::outbound::Outbound;
 /// Least time between two partial answers sent for one message.
 const PARTIAL_EVERY: std::time::Duration = std::time::Duration::from_millis(150);
 
+/// The line that ends an answer a fallback model gave (the lane's first
+/// was down, rate limited or overloaded).
+pub fn fallback_note(model: &str) -> String {
+    let model: String = model.chars().filter(|c| !c.is_control()).take(100).collect();
+    format!("(Answered by the fallback model {model}: the usual one was unavailable.)")
+}
+
 /// How a turn begins.
 enum Start {
     /// A user message.
@@ -263,6 +270,7 @@ impl EdgeLane {
         });
         // A cancel asked for while the lane was idle has nothing to stop.
         self.cancel.store(false, Ordering::SeqCst);
+        self.mind.fallback.lock().take();
         let mut lane = LaneCtx::new("edge", Lane::Edge);
         lane.turn = turn_id;
         lane.hooks = Some(hooks.clone());
@@ -373,6 +381,11 @@ impl EdgeLane {
             format!("I stopped after {max_steps} model steps without finishing; please narrow the request.")
         });
         let failed = machine.state() == LaneState::Failed;
+        // Said when a model other than the lane's first answered this turn.
+        let text = match self.mind.fallback.lock().take() {
+            Some(model) => format!("{text}\n\n{}", fallback_note(&model)),
+            None => text,
+        };
         let reply = match covers.last() {
             Some(last) => OutboundReply {
                 in_reply_to: *last,

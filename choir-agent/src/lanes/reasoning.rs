@@ -49,6 +49,10 @@ pub struct Mind {
     /// core job's model calls and rounds of tool calls are steps, taken one
     /// at a time while the edge works (see `floor.rs`).
     pub floor: Arc<Floor>,
+    /// The fallback model that answered a call of this mind's since it was
+    /// last taken (choird tried it because the lane's first was down,
+    /// rate limited or overloaded); the edge tells its user.
+    pub fallback: parking_lot::Mutex<Option<String>>,
 }
 
 /// Appended to an answer the model ended at its output length limit
@@ -131,10 +135,14 @@ impl Mind {
         // call is one step (one at a time while the edge works).
         let (_aside, _step) =
             if self.job.is_none() { (self.floor.step_aside(), None) } else { (None, Some(self.floor.core_step())) };
-        match on_text {
+        let answer = match on_text {
             Some(on_text) if self.stream => self.llm.stream(self.llm_lane, self.job.as_deref(), &req, on_text, cancel),
             _ => self.llm.complete(self.llm_lane, self.job.as_deref(), &req, cancel),
+        };
+        if let Some(model) = answer.as_ref().ok().and_then(|a| a.fallback.clone()) {
+            *self.fallback.lock() = Some(model);
         }
+        answer
     }
 
     /// Runs tool calls through the arbiter — in parallel when there are

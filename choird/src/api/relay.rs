@@ -79,57 +79,92 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     if req.body.len() > MAX_REQUEST {
         return Err(Error::TooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
-    let mut obj = forwarded(&req.body)?;
+    let obj = forwarded(&req.body)?;
     let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
     let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| Error::Internal(e.to_string()));
     let config = d.config();
-    let endpoint = config.endpoint(lane);
-    // Streamed upstream only when the endpoint streams; otherwise its whole
-    // answer is streamed to the agent by choird (`whole_as_events`).
-    let upstream_streams = streaming && endpoint.streams();
-    if streaming && !upstream_streams {
-        obj.insert("stream".into(), raw(&Value::Bool(false))?);
-    }
-    if upstream_streams && endpoint.sends_stream_options() {
-        // Streamed calls are counted too: the endpoint must report usage.
-        obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
-    }
-    let model = config.model(&who.agent, lane);
-    obj.insert("model".into(), raw(&Value::String(model.clone()))?);
-    let payload = serde_json::to_vec(&obj).map_err(|e| Error::Internal(e.to_string()))?;
+    let secrets = d.secrets();
     let asked =
         crate::budget::COMPLETION_FIELDS.iter().find_map(|k| obj.get(*k).and_then(|v| v.get().parse::<u64>().ok()));
-    let reservation = reserve(d, &config, &who.agent, crate::budget::estimate_with(payload.len(), asked))?;
-
-    let started = Instant::now();
-    if edge {
-        choir_common::hop::mark("relay.upstream");
-    }
-    let secrets = d.secrets();
-    let result = d.upstream.chat(&config, &secrets, lane, &payload, upstream_streams, &format!("agent {}", who.agent));
-    if edge {
-        choir_common::hop::mark("relay.answered");
-    }
-    let elapsed_ms = started.elapsed().as_millis() as u64;
-    let answer = match result {
-        Ok(a) => a,
-        Err(e) => {
+    let reservation = reserve(d, &config, &who.agent, crate::budget::estimate_with(req.body.len(), asked))?;
+    // The lane's endpoint, then its fallbacks: the next is tried when one is
+    // down, rate limited or overloaded, never when it refused the request.
+    let chain = config.chain(&who.agent, lane);
+    let mut at = 0;
+    let (endpoint, model, payload, upstream_streams, answer, started, elapsed_ms) = loop {
+        let (endpoint, model) = (chain[at].0, chain[at].1.clone());
+        let mut obj = obj.clone();
+        // Streamed upstream only when the endpoint streams; otherwise its
+        // whole answer is streamed to the agent by choird (`whole_as_events`).
+        let upstream_streams = streaming && endpoint.streams();
+        if streaming && !upstream_streams {
+            obj.insert("stream".into(), raw(&Value::Bool(false))?);
+        }
+        if upstream_streams && endpoint.sends_stream_options() {
+            // Streamed calls are counted too: the endpoint must report usage.
+            obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
+        }
+        obj.insert("model".into(), raw(&Value::String(model.clone()))?);
+        let payload = serde_json::to_vec(&obj).map_err(|e| Error::Internal(e.to_string()))?;
+        let started = Instant::now();
+        if edge {
+            choir_common::hop::mark("relay.upstream");
+        }
+        let result =
+            d.upstream.chat(endpoint, &secrets, lane, &payload, upstream_streams, &format!("agent {}", who.agent));
+        if edge {
+            choir_common::hop::mark("relay.answered");
+        }
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let last = at + 1 == chain.len();
+        let failed = |status: u16| {
             let _ = d.store.record_llm_call(
                 &who.agent,
                 who.session,
                 lane.as_str(),
                 job.as_deref(),
                 &model,
-                0,
+                status,
                 0,
                 0,
                 elapsed_ms,
                 false,
                 None,
             );
-            return Err(e);
-        }
+        };
+        let why = match result {
+            Ok(a) if a.status == 200 || last || !crate::upstream::refusal::retryable(a.status) => {
+                break (endpoint, model, payload, upstream_streams, a, started, elapsed_ms)
+            }
+            Ok(mut a) => {
+                let bytes = a.read_to_vec(MAX_REFUSAL).unwrap_or_default();
+                failed(a.status);
+                let header = |name: &str| a.header(name);
+                let key = crate::upstream::Upstream::key(endpoint, &secrets);
+                crate::upstream::refusal::refusal(lane, &model, a.status, &header, &bytes, key).to_string()
+            }
+            Err(e @ Error::Provider { retryable: true, .. }) if !last => {
+                failed(0);
+                e.to_string()
+            }
+            Err(e) => {
+                failed(0);
+                return Err(e);
+            }
+        };
+        let next = &chain[at + 1].1;
+        log::warn!("agent {}: {why}; trying the fallback model {next:?}", who.agent);
+        d.audit(
+            "choird",
+            Some(&who.agent),
+            "llm.fallback",
+            "ok",
+            serde_json::json!({"lane": lane.as_str(), "from": model, "to": next, "why": why}),
+        );
+        at += 1;
     };
+    // Said to the agent when a fallback answered, so its user is told.
+    let fell_back = (at > 0).then(|| ("X-Choir-Fallback".to_owned(), model.clone()));
     let status = answer.status;
     let prompt_estimate = payload.len() as u64 / crate::budget::BYTES_PER_TOKEN;
     if upstream_streams && status == 200 {
@@ -175,6 +210,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         };
         let mut resp = Response::streaming(tap);
         resp.content_type = "text/event-stream";
+        resp.headers.extend(fell_back);
         if edge {
             choir_common::hop::mark("relay.out");
         }
@@ -212,7 +248,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
         let header = |name: &str| answer.header(name);
-        let key = crate::upstream::Upstream::key(&config, &secrets, lane);
+        let key = crate::upstream::Upstream::key(endpoint, &secrets);
         let e = crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key);
         log::warn!("agent {}: {e}", who.agent);
         return Err(e);
@@ -225,9 +261,16 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         let mut resp = Response::json(200, &Value::Null);
         resp.body = crate::api::relay_events::whole_as_events(&parsed);
         resp.content_type = "text/event-stream";
+        resp.headers.extend(fell_back);
         return Ok(resp);
     }
-    let resp = Response { status, body: bytes, content_type: "application/json", headers: Vec::new(), stream: None };
+    let resp = Response {
+        status,
+        body: bytes,
+        content_type: "application/json",
+        headers: fell_back.into_iter().collect(),
+        stream: None,
+    };
     if edge {
         choir_common::hop::mark("relay.out");
     }
@@ -245,8 +288,14 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let reservation = reserve(d, &config, &who.agent, crate::budget::estimate(text.len(), &body))?;
     let started = Instant::now();
     let secrets = d.secrets();
-    let mut answer =
-        d.upstream.chat(&config, &secrets, lane, text.as_bytes(), false, &format!("agent {}", who.agent))?;
+    let mut answer = d.upstream.chat(
+        config.endpoint(lane),
+        &secrets,
+        lane,
+        text.as_bytes(),
+        false,
+        &format!("agent {}", who.agent),
+    )?;
     let status = answer.status;
     let bytes = answer.read_to_vec(MAX_ANSWER).unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -275,7 +324,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
         let header = |name: &str| answer.header(name);
-        let key = crate::upstream::Upstream::key(&config, &secrets, lane);
+        let key = crate::upstream::Upstream::key(config.endpoint(lane), &secrets);
         return Err(crate::upstream::refusal::refusal(lane, &model, status, &header, &bytes, key));
     }
     let message: Option<choir_common::openai::ChatMessage> =

@@ -50,7 +50,17 @@ pub struct LlmEndpoint {
     /// their streamed calls' usage is then estimated unless they report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<bool>,
+    /// The endpoints (each with its model) tried in order when this one is
+    /// down, rate limited or overloaded — never when it refused the request
+    /// itself. Only the operator's config names them: an agent cannot add
+    /// one, and no model outside this list is used. A fallback has no
+    /// fallbacks of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<LlmEndpoint>,
 }
+
+/// Fallbacks a lane may have.
+pub const MAX_FALLBACKS: usize = 4;
 
 fn default_llm_timeout() -> u64 {
     120

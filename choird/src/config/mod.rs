@@ -191,29 +191,43 @@ impl Config {
 
     fn validate(&self) -> Result<(), (String, String)> {
         let e = |field: &str, reason: &str| Err((field.to_owned(), reason.to_owned()));
-        for (lane, ep) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
-            if !(ep.base_url.starts_with("http://") || ep.base_url.starts_with("https://")) {
-                return e(&format!("llm.{lane}.base_url"), "must start with http:// or https://");
+        for (lane, first) in [("edge", &self.llm.edge), ("core", &self.llm.core)] {
+            if first.fallbacks.len() > llm::MAX_FALLBACKS {
+                return e(
+                    &format!("llm.{lane}.fallbacks"),
+                    &format!("may name at most {} endpoints", llm::MAX_FALLBACKS),
+                );
             }
-            if ep.model.trim().is_empty() {
-                return e(&format!("llm.{lane}.model"), "must not be empty");
-            }
-            if ep.timeout_s == 0 || ep.timeout_s > llm::MAX_SILENCE_S {
-                return e(&format!("llm.{lane}.timeout_s"), &format!("must be between 1 and {}", llm::MAX_SILENCE_S));
-            }
-            if let Some(b) = ep.thinking_budget_tokens {
-                if ep.protocol != Protocol::Anthropic || b < 1024 {
+            let chain = std::iter::once((format!("llm.{lane}"), first))
+                .chain(first.fallbacks.iter().enumerate().map(|(i, f)| (format!("llm.{lane}.fallbacks[{i}]"), f)));
+            for (at, ep) in chain {
+                let lane = at.as_str();
+                if !std::ptr::eq(ep, first) && !ep.fallbacks.is_empty() {
+                    return e(&format!("{lane}.fallbacks"), "a fallback has no fallbacks of its own");
+                }
+                if !(ep.base_url.starts_with("http://") || ep.base_url.starts_with("https://")) {
+                    return e(&format!("{lane}.base_url"), "must start with http:// or https://");
+                }
+                if ep.model.trim().is_empty() {
+                    return e(&format!("{lane}.model"), "must not be empty");
+                }
+                if ep.timeout_s == 0 || ep.timeout_s > llm::MAX_SILENCE_S {
+                    return e(&format!("{lane}.timeout_s"), &format!("must be between 1 and {}", llm::MAX_SILENCE_S));
+                }
+                if let Some(b) = ep.thinking_budget_tokens {
+                    if ep.protocol != Protocol::Anthropic || b < 1024 {
+                        return e(
+                            &format!("{lane}.thinking_budget_tokens"),
+                            "is for an endpoint with \"protocol\": \"anthropic\" and must be at least 1024",
+                        );
+                    }
+                }
+                if ep.answer_timeout_s() < ep.timeout_s || ep.answer_timeout_s() > llm::MAX_ANSWER_S {
                     return e(
-                        &format!("llm.{lane}.thinking_budget_tokens"),
-                        "is for an endpoint with \"protocol\": \"anthropic\" and must be at least 1024",
+                        &format!("{lane}.answer_timeout_s"),
+                        &format!("must be between timeout_s ({}) and {}", ep.timeout_s, llm::MAX_ANSWER_S),
                     );
                 }
-            }
-            if ep.answer_timeout_s() < ep.timeout_s || ep.answer_timeout_s() > llm::MAX_ANSWER_S {
-                return e(
-                    &format!("llm.{lane}.answer_timeout_s"),
-                    &format!("must be between timeout_s ({}) and {}", ep.timeout_s, llm::MAX_ANSWER_S),
-                );
             }
         }
         if let Some(listen) = &self.http_listen {
@@ -475,6 +489,16 @@ impl Config {
         }
     }
 
+    /// The endpoints an agent's `lane` may use, in the order they are
+    /// tried, each with its model: the lane's (with the agent's model
+    /// override), then its fallbacks.
+    pub fn chain(&self, id: &AgentId, lane: Lane) -> Vec<(&LlmEndpoint, String)> {
+        let first = self.endpoint(lane);
+        std::iter::once((first, self.model(id, lane)))
+            .chain(first.fallbacks.iter().map(|f| (f, f.model.clone())))
+            .collect()
+    }
+
     /// The endpoint of a lane.
     pub fn endpoint(&self, lane: Lane) -> &LlmEndpoint {
         match lane {
@@ -531,6 +555,34 @@ mod tests {
             let c = Config::parse(&memory(&format!(r#", "probes": {good}"#))).unwrap();
             assert_eq!(c.memory.map(|m| m.probes), Some(good));
         }
+    }
+
+    #[test]
+    fn an_endpoints_patience_protocol_and_fallbacks_are_checked_naming_the_field() {
+        let with = |edge_extra: &str| {
+            format!(
+                r#"{{"llm": {{"edge": {{"base_url": "http://x/v1", "model": "m"{edge_extra}}}, "core": {{"base_url": "http://x/v1", "model": "m"}}}}}}"#
+            )
+        };
+        let c = Config::parse(&with("")).unwrap();
+        assert_eq!((c.llm.edge.timeout_s, c.llm.edge.answer_timeout_s()), (120, 900));
+        let c = Config::parse(&with(r#", "timeout_s": 1200"#)).unwrap();
+        assert_eq!(c.llm.edge.answer_timeout_s(), 1200, "a longer silence lengthens the default whole");
+        assert_eq!(field_of(&with(r#", "timeout_s": 0"#)), "llm.edge.timeout_s");
+        assert_eq!(field_of(&with(r#", "timeout_s": 60, "answer_timeout_s": 30"#)), "llm.edge.answer_timeout_s");
+        assert_eq!(field_of(&with(r#", "thinking_budget_tokens": 2048"#)), "llm.edge.thinking_budget_tokens");
+        assert!(Config::parse(&with(r#", "protocol": "anthropic", "thinking_budget_tokens": 2048"#)).is_ok());
+        assert_eq!(field_of(&with(r#", "preset": "openia""#)), "llm.edge.preset");
+        let fb = |extra: &str| format!(r#", "fallbacks": [{{"base_url": "http://y/v1", "model": "n"{extra}}}]"#);
+        let c = Config::parse(&with(&fb(""))).unwrap();
+        let id = AgentId::parse("a").unwrap();
+        let chain: Vec<String> = c.chain(&id, Lane::Edge).into_iter().map(|(_, m)| m).collect();
+        assert_eq!(chain, ["m", "n"]);
+        assert_eq!(field_of(&with(&fb(r#", "base_url": "ftp://y""#))), "llm.edge.fallbacks[0].base_url");
+        let nested = fb(r#", "fallbacks": [{"base_url": "http://z/v1", "model": "o"}]"#);
+        assert_eq!(field_of(&with(&nested)), "llm.edge.fallbacks[0].fallbacks");
+        let five = format!(r#", "fallbacks": [{}]"#, [r#"{"base_url": "http://y/v1", "model": "n"}"#; 5].join(", "));
+        assert_eq!(field_of(&with(&five)), "llm.edge.fallbacks");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod refusal;
 use std::io::{BufReader, Read};
 use std::time::Duration;
 
-use crate::config::{Config, Lane, Protocol};
+use crate::config::{Lane, LlmEndpoint, Protocol};
 use crate::error::Error;
 use crate::secrets::Secrets;
 
@@ -34,9 +34,9 @@ impl Default for Upstream {
 }
 
 impl Upstream {
-    /// The endpoint's key for `lane`, if it has one and it is set.
-    pub fn key<'s>(config: &Config, secrets: &'s Secrets, lane: Lane) -> Option<&'s str> {
-        config.endpoint(lane).api_key_secret.as_deref().and_then(|name| secrets.get(name))
+    /// `endpoint`'s key, if it has one and it is set.
+    pub fn key<'s>(endpoint: &LlmEndpoint, secrets: &'s Secrets) -> Option<&'s str> {
+        endpoint.api_key_secret.as_deref().and_then(|name| secrets.get(name))
     }
 
     /// A client.
@@ -44,21 +44,20 @@ impl Upstream {
         Upstream { agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false)) }
     }
 
-    /// POSTs `body` (an OpenAI chat request, JSON) to the lane's endpoint
-    /// with its key, in the endpoint's protocol (`<base_url>/chat/completions`,
+    /// POSTs `body` (an OpenAI chat request, JSON) to `endpoint` (one of
+    /// `lane`'s) with its key, in the endpoint's protocol (`<base_url>/chat/completions`,
     /// or Anthropic's `<base_url>/messages`, see [`anthropic`]); `streamed`
     /// when the body asks for a streamed answer; `who` names the caller in
     /// choird's log. A 200 answer reads as OpenAI's, whatever the protocol.
     pub fn chat(
         &self,
-        config: &Config,
+        endpoint: &LlmEndpoint,
         secrets: &Secrets,
         lane: Lane,
         body: &[u8],
         streamed: bool,
         who: &str,
     ) -> Result<Answer, Error> {
-        let endpoint = config.endpoint(lane);
         let anthropic = endpoint.protocol == Protocol::Anthropic;
         let base = endpoint.base_url.trim_end_matches('/');
         let url = if anthropic { format!("{base}/messages") } else { format!("{base}/chat/completions") };

@@ -186,13 +186,16 @@ fn attempt(
         if answer.status != 200 {
             return Err(refusal("LLM", &answer).into());
         }
-        return whole(&answer.body);
+        return whole(&answer.body).map(|mut a| {
+            a.fallback = answer.fallback;
+            a
+        });
     }
-    let (status, retry_after, mut reader) = rpc.post_reader(path, body, CALL_PATIENCE)?;
+    let (status, retry_after, fallback, mut reader) = rpc.post_reader(path, body, CALL_PATIENCE)?;
     if status != 200 {
         let mut text = Vec::new();
         let _ = std::io::Read::read_to_end(&mut std::io::Read::take(reader.as_mut(), 1 << 20), &mut text);
-        return Err(refusal("LLM", &RawAnswer { status, retry_after, body: text }).into());
+        return Err(refusal("LLM", &RawAnswer { status, retry_after, fallback, body: text }).into());
     }
     let read = stream::read(reader.as_mut(), on_text);
     if let stream::Read::Finished(..) = read {
@@ -202,7 +205,10 @@ fn attempt(
         // Bounded: choird passes nothing after `[DONE]`.
         let _ = std::io::copy(&mut std::io::Read::take(reader.as_mut(), STREAM_TAIL), &mut std::io::sink());
     }
-    settle(read)
+    settle(read).map(|mut a| {
+        a.fallback = fallback;
+        a
+    })
 }
 
 /// A streamed answer as read, judged.

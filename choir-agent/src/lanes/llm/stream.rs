@@ -202,6 +202,7 @@ impl Assembly {
             model: self.model,
             choices: vec![Choice { index: 0, message, finish_reason: self.finish }],
             usage: self.usage,
+            fallback: None,
         };
         (answer, self.error)
     }
