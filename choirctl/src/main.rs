@@ -555,6 +555,9 @@ fn agent_status(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     if let Some(ms) = a.last_heartbeat_ms {
         say!("last heartbeat: {ms} ms ago");
     }
+    if let Some(f) = &a.fallbacks {
+        say!("model fallbacks: {f}");
+    }
     if !a.lanes.is_empty() {
         say!("\n{:<20} {:<16} {:>12} {:>16} {:>9}  DETAIL", "LANE", "STATE", "STEPS", "TOKENS", "ELAPSED");
         for l in &a.lanes {

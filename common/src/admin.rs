@@ -285,6 +285,10 @@ pub struct AgentSummary {
     /// Why it last stopped, if it did.
     #[serde(default)]
     pub last_exit: Option<String>,
+    /// The model fallbacks choird took for this agent in the last day, in
+    /// words (how many; the last one's lane, model and age).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallbacks: Option<String>,
     /// The dynamic config version the running agent last said it runs with
     /// (choird's moves on with every reload; the agent follows within a
     /// heartbeat).

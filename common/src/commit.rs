@@ -48,6 +48,11 @@ pub enum EventKind {
     /// [`CommitEvent::quarantined`]): it keeps the original's position and
     /// hash, so the chain continues, but not its content.
     Quarantined,
+    /// A model step was answered by a fallback model choird chose (the
+    /// lane's first was down, rate limited or overloaded): which one. The
+    /// record of the switch that counts is choird's (its audit log and
+    /// ledger); this one keeps it in the agent's own history too.
+    ModelFallback,
     /// The arbiter is about to run a call that must not run twice (a host
     /// tool that is not idempotent), stored before it runs. The call's
     /// `tool_call` event completes it; an intent without one after it is a

@@ -348,6 +348,20 @@ fn a_fallback_on_overload_lands_on_the_second_model_and_says_so_and_none_on_a_re
     assert!(audit.contains("llm.fallback") && audit.contains("Overloaded (overloaded_error)"), "{audit}");
     let usage = s.choird.ctl_ok(&["usage", "--by", "model"]);
     assert!(usage.contains("fake-second"), "{usage}");
+    let status = s.choird.ctl_ok(&["agent", "status", "demo"]);
+    assert!(status.contains("model fallbacks: 1 in the last 24 h; the last: the edge lane to fake-second"), "{status}");
+    // And in the agent's own commit log, as replicated.
+    choir_tests::observe::wait_for("the fallback's event replicated", std::time::Duration::from_secs(10), || {
+        let n: i64 = db
+            .query_one(
+                "SELECT count(*) FROM commit_events WHERE event->>'kind' = 'model_fallback' \
+                 AND event->'result'->>'model' = 'fake-second'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        n == 1
+    });
     drop(s);
 
     // A refusal is not an outage: the fallback is never asked.

@@ -145,6 +145,21 @@ impl Mind {
         answer
     }
 
+    /// Commits that a fallback model answered `resp`, if one did.
+    pub fn note_fallback(&self, lane: &LaneCtx, resp: &ChatResponse) -> Result<(), LogError> {
+        if let Some(model) = &resp.fallback {
+            self.arbiter.record(
+                lane,
+                EventKind::ModelFallback,
+                "-",
+                json!({"lane": self.llm_lane}),
+                Outcome::Ok,
+                json!({"model": model}),
+            )?;
+        }
+        Ok(())
+    }
+
     /// Runs tool calls through the arbiter — in parallel when there are
     /// several (the lock manager serialises what conflicts) — and returns
     /// what came of each, in the model's order.
@@ -221,6 +236,7 @@ impl Mind {
             Ok(r) => r,
             Err(e) => return Ok(Step::ModelDown(e)),
         };
+        self.note_fallback(lane, &resp)?;
         *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
         let Some(choice) = resp.choices.into_iter().next() else {
             return self.correct(lane, history, None, "your reply had no choices at all", &allowed);

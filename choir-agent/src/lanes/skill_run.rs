@@ -300,6 +300,7 @@ impl SkillRun {
             Ok(r) => r,
             Err(e) => return Ok(SkillStep::ModelDown(e)),
         };
+        mind.note_fallback(lane, &resp)?;
         *tokens += resp.usage.map(|u| u.total_tokens).unwrap_or(0);
         let answer = resp.choices.into_iter().next().map(|c| c.message);
         let Some(answer) = answer.clone().filter(|a| !a.tool_calls.is_empty()) else {

@@ -154,6 +154,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         };
         let next = &chain[at + 1].1;
         log::warn!("agent {}: {why}; trying the fallback model {next:?}", who.agent);
+        d.upstream.fell_back(who.agent.as_str(), lane, next);
         d.audit(
             "choird",
             Some(&who.agent),

@@ -486,9 +486,12 @@ impl Daemon {
     /// Summary of one agent.
     pub fn summary(&self, id: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
-        self.sessions
+        let mut summary = self
+            .sessions
             .summary(&id, self.config().runtime.as_str())
-            .ok_or_else(|| Error::NotFound(format!("no agent {id}")))
+            .ok_or_else(|| Error::NotFound(format!("no agent {id}")))?;
+        summary.fallbacks = self.shared.upstream.fallbacks_of(id.as_str());
+        Ok(summary)
     }
 
     /// Every configured agent's use of its quotas and budget (for `status`).

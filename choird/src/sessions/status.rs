@@ -57,5 +57,6 @@ fn summary(id: &AgentId, slot: &AgentSlot, configured: &str) -> AgentSummary {
         // How the previous session ended is news until the agent runs again.
         last_exit: (slot.phase != Phase::Running).then(|| slot.last_exit.clone()).flatten(),
         config_version: s.and(slot.config_version),
+        fallbacks: None,
     }
 }

@@ -15,17 +15,33 @@
 pub mod anthropic;
 pub mod refusal;
 
+use std::collections::HashMap;
 use std::io::{BufReader, Read};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::{Lane, LlmEndpoint, Protocol};
 use crate::error::Error;
 use crate::secrets::Secrets;
 
-/// The upstream HTTP client (non-2xx statuses are answers, not errors).
+/// The upstream HTTP client (non-2xx statuses are answers, not errors),
+/// and the fallbacks it took per agent (for `agent status`).
 pub struct Upstream {
     agent: ureq::Agent,
+    fallbacks: parking_lot::Mutex<HashMap<String, Vec<Fallback>>>,
 }
+
+/// One switch to a fallback model.
+#[derive(Debug, Clone)]
+struct Fallback {
+    at: Instant,
+    lane: Lane,
+    to: String,
+}
+
+/// How long a fallback is told in `agent status`.
+const FALLBACKS_SHOWN: Duration = Duration::from_secs(24 * 3600);
+/// Fallbacks remembered per agent (the oldest forgotten first).
+const FALLBACKS_KEPT: usize = 1000;
 
 impl Default for Upstream {
     fn default() -> Self {
@@ -41,7 +57,35 @@ impl Upstream {
 
     /// A client.
     pub fn new() -> Upstream {
-        Upstream { agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false)) }
+        Upstream {
+            agent: crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false)),
+            fallbacks: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// Notes that `agent`'s `lane` call went to the fallback model `to`.
+    pub fn fell_back(&self, agent: &str, lane: Lane, to: &str) {
+        let mut all = self.fallbacks.lock();
+        let seen = all.entry(agent.to_owned()).or_default();
+        seen.retain(|f| f.at.elapsed() < FALLBACKS_SHOWN);
+        if seen.len() >= FALLBACKS_KEPT {
+            seen.remove(0);
+        }
+        seen.push(Fallback { at: Instant::now(), lane, to: to.to_owned() });
+    }
+
+    /// `agent`'s fallbacks of the last day, in words (`None`: none).
+    pub fn fallbacks_of(&self, agent: &str) -> Option<String> {
+        let all = self.fallbacks.lock();
+        let seen: Vec<&Fallback> = all.get(agent)?.iter().filter(|f| f.at.elapsed() < FALLBACKS_SHOWN).collect();
+        let last = seen.last()?;
+        Some(format!(
+            "{} in the last 24 h; the last: the {} lane to {}, {} ago",
+            seen.len(),
+            last.lane.as_str(),
+            last.to,
+            choir_common::text::human_duration(last.at.elapsed())
+        ))
     }
 
     /// POSTs `body` (an OpenAI chat request, JSON) to `endpoint` (one of
