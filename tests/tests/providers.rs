@@ -379,3 +379,55 @@ fn a_fallback_on_overload_lands_on_the_second_model_and_says_so_and_none_on_a_re
     assert!(!said.contains("fallback"), "{said}");
     assert_eq!(second.request_count(), before, "a refusal went to the fallback");
 }
+
+/// What one provider needs back another refuses: DeepSeek's thinking mode
+/// requires a tool turn's `reasoning_content` back on the assistant message
+/// (api-docs.deepseek.com/guides/thinking_mode); Mistral accepts only tool
+/// call ids of nine letters and digits (mistralai/client-js #69) and no
+/// unknown field. choird fits the conversation to the endpoint it goes to.
+#[test]
+fn each_endpoint_gets_back_what_it_requires_and_nothing_it_refuses() {
+    let thinking_turn = events(
+        &[
+            chunk(json!({"role": "assistant", "reasoning_content": "The user wants "}), Value::Null),
+            chunk(json!({"reasoning_content": "a file."}), Value::Null),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_00_deepseekid", "type": "function",
+                    "function": {"name": "choir__fs__write", "arguments": "{\"path\":\"d.txt\",\"content\":\"D\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+        ],
+        true,
+        None,
+    );
+    let Some(s) = started(vec![thinking_turn.clone(), Step::Text("done".into())], |c| {
+        c["llm"]["edge"]["preset"] = json!("deepseek")
+    }) else {
+        return;
+    };
+    assert_eq!(chat(&s, "write d").0, "done\n");
+    let follow = s.llm.requests()[1].body.clone();
+    let assistant = follow["messages"].as_array().unwrap().iter().find(|m| m["role"] == "assistant").unwrap().clone();
+    assert_eq!(assistant["reasoning_content"], "The user wants a file.", "{assistant}");
+    assert!(!follow.to_string().contains("extra_content"), "{follow}");
+    drop(s);
+
+    // Mistral: the same history's ids made its form; no reasoning, no extra fields.
+    let Some(s) =
+        started(vec![thinking_turn, Step::Text("done".into())], |c| c["llm"]["edge"]["preset"] = json!("mistral"))
+    else {
+        return;
+    };
+    assert_eq!(chat(&s, "write d").0, "done\n");
+    let follow = s.llm.requests()[1].body.clone();
+    let messages = follow["messages"].as_array().unwrap();
+    let id =
+        messages.iter().find(|m| m["role"] == "assistant").unwrap()["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+    assert!(id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+    assert_eq!(messages.iter().find(|m| m["role"] == "tool").unwrap()["tool_call_id"], id.as_str());
+    assert!(
+        !follow.to_string().contains("reasoning_content") && !follow.to_string().contains("extra_content"),
+        "{follow}"
+    );
+}

@@ -13,6 +13,7 @@ pub mod admin;
 pub mod metrics;
 pub mod relay;
 pub mod relay_events;
+pub mod relay_fit;
 pub mod rpc;
 
 use std::sync::Arc;

@@ -18,7 +18,8 @@ use std::time::Instant;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::config::Lane;
+use crate::api::relay_fit;
+use crate::config::{Lane, Protocol};
 use crate::error::Error;
 use crate::http::{Caller, Request, Response};
 use crate::shared::Shared;
@@ -105,6 +106,20 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
             obj.insert("stream_options".into(), raw(&serde_json::json!({"include_usage": true}))?);
         }
         obj.insert("model".into(), raw(&Value::String(model.clone()))?);
+        if endpoint.parallel_tool_calls == Some(false) && obj.contains_key("tools") {
+            obj.insert("parallel_tool_calls".into(), raw(&Value::Bool(false))?);
+        }
+        let fitted = match obj.get("messages") {
+            Some(m) if endpoint.protocol == Protocol::Openai && relay_fit::needed(m.get(), endpoint.preset) => {
+                let mut messages: Value = serde_json::from_str(m.get()).map_err(|e| Error::Malformed(e.to_string()))?;
+                relay_fit::fit(&mut messages, endpoint.preset);
+                Some(messages)
+            }
+            _ => None,
+        };
+        if let Some(messages) = fitted {
+            obj.insert("messages".into(), raw(&messages)?);
+        }
         let payload = serde_json::to_vec(&obj).map_err(|e| Error::Internal(e.to_string()))?;
         let started = Instant::now();
         if edge {

@@ -50,6 +50,11 @@ pub struct LlmEndpoint {
     /// their streamed calls' usage is then estimated unless they report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<bool>,
+    /// Whether the model may propose several tool calls in one answer
+    /// (absent: the endpoint's default); `false` sends
+    /// `parallel_tool_calls: false` with every request that offers tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// The endpoints (each with its model) tried in order when this one is
     /// down, rate limited or overloaded — never when it refused the request
     /// itself. Only the operator's config names them: an agent cannot add

@@ -90,6 +90,21 @@ pub fn judge(mut answer: ChatResponse, error: Option<String>) -> Result<ChatResp
     Ok(answer)
 }
 
+/// Keeps a tool turn's `reasoning` (DeepSeek's `reasoning_content`, which
+/// its thinking mode requires back with the turn) on the turn's first call,
+/// as `extra_content.deepseek.reasoning_content`: choird gives it back to an
+/// endpoint that wants it and to no other. Never part of the answer's text.
+pub fn keep_reasoning(calls: &mut [ToolCall], reasoning: &str) {
+    let Some(first) = calls.first_mut() else { return };
+    if reasoning.is_empty() || reasoning.len() > choir_common::openai::MAX_EXTRA_CONTENT {
+        return;
+    }
+    let extra = first.extra_content.get_or_insert_with(|| Value::Object(Default::default()));
+    if let Some(obj) = extra.as_object_mut() {
+        obj.insert("deepseek".into(), serde_json::json!({"reasoning_content": reasoning}));
+    }
+}
+
 /// Whether `id` is kept as the provider gave it.
 fn acceptable(id: &str) -> bool {
     (1..=MAX_ID).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')

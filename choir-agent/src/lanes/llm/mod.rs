@@ -237,9 +237,13 @@ fn whole(body: &[u8]) -> Result<ChatResponse, Attempt> {
         return Err(Attempt::Failed(Verdict::ProviderError(m.clone()).into(), None));
     }
     let usage = choir_common::openai::reported_usage(&value);
+    let reasoning = value["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or_default().to_owned();
     let mut answer: ChatResponse =
         serde_json::from_value(value).map_err(|e| Attempt::Fatal(LlmError::Malformed(e.to_string())))?;
     answer.usage = usage;
+    if let Some(choice) = answer.choices.first_mut() {
+        answer::keep_reasoning(&mut choice.message.tool_calls, &reasoning);
+    }
     match answer::judge(answer, error) {
         Ok(answer) => Ok(answer),
         Err(v @ Verdict::ProviderError(_)) => Err(Attempt::Failed(v.into(), None)),

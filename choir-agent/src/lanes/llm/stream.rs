@@ -69,6 +69,8 @@ struct Assembly {
     model: String,
     content: String,
     refusal: String,
+    /// `reasoning_content` (DeepSeek), kept for a tool turn.
+    reasoning: String,
     calls: Vec<Slot>,
     by_index: HashMap<u64, usize>,
     finish: Option<String>,
@@ -118,6 +120,11 @@ impl Assembly {
         }
         if let Some(r) = delta["refusal"].as_str() {
             self.refusal.push_str(r);
+        }
+        if let Some(r) = delta["reasoning_content"].as_str() {
+            if self.reasoning.len() + r.len() <= choir_common::openai::MAX_EXTRA_CONTENT {
+                self.reasoning.push_str(r);
+            }
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
             self.call(call);
@@ -178,7 +185,7 @@ impl Assembly {
     }
 
     fn answer(self) -> (ChatResponse, Option<String>) {
-        let tool_calls = self
+        let mut tool_calls: Vec<ToolCall> = self
             .calls
             .into_iter()
             .map(|s| ToolCall {
@@ -188,6 +195,7 @@ impl Assembly {
                 extra_content: s.extra,
             })
             .collect();
+        super::answer::keep_reasoning(&mut tool_calls, &self.reasoning);
         let message = ChatMessage {
             role: Role::Assistant,
             content: (!self.content.is_empty()).then_some(self.content),

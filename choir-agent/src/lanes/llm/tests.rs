@@ -417,3 +417,32 @@ fn a_stream_ending_on_an_error_event_is_that_error_not_a_cut() {
     let cut = sse(&[r#"{"id":"s","choices":[{"index":0,"delta":{"content":"first"}}]}"#]);
     assert!(matches!(read(&cut), Err(Attempt::Cut(_))));
 }
+
+/// DeepSeek's thinking mode requires a tool turn's `reasoning_content`
+/// back with the turn (api-docs.deepseek.com/guides/thinking_mode): it is
+/// kept on the turn's first call, never shown; a turn without calls keeps
+/// nothing.
+#[test]
+fn a_tool_turns_reasoning_content_is_kept_to_go_back_and_never_shown() {
+    let mut shown = String::new();
+    let text = sse(&[
+        r#"{"id":"d","choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"I need "}}]}"#,
+        r#"{"id":"d","choices":[{"index":0,"delta":{"reasoning_content":"the file."}}]}"#,
+        r#"{"id":"d","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_0","type":"function","function":{"name":"choir__fs__read","arguments":"{}"}}]}}]}"#,
+        r#"{"id":"d","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+    ]);
+    let r = match settle(stream::read(&mut std::io::Cursor::new(text), &mut |t| {
+        shown.push_str(t);
+        true
+    })) {
+        Ok(r) => r,
+        Err(_) => panic!("not read"),
+    };
+    assert!(shown.is_empty(), "{shown}");
+    let extra = r.choices[0].message.tool_calls[0].extra_content.clone().unwrap();
+    assert_eq!(extra["deepseek"]["reasoning_content"], "I need the file.");
+    let plain = answer(&sse(&[
+        r#"{"id":"d","choices":[{"index":0,"delta":{"reasoning_content":"hmm","content":"Hi"},"finish_reason":"stop"}]}"#,
+    ]));
+    assert_eq!(plain.choices[0].message.content.as_deref(), Some("Hi"));
+}
