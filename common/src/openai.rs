@@ -122,6 +122,17 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) ->
 /// is dropped.
 pub const MAX_EXTRA_CONTENT: usize = 1024 * 1024;
 
+/// The prompt tokens a chat completion (or chunk) reports as read from and
+/// written to the provider's prompt cache: Anthropic's
+/// `cache_read_input_tokens` / `cache_creation_input_tokens` (as choird's
+/// translation keeps them), else OpenAI's `prompt_tokens_details.cached_tokens`.
+pub fn reported_cache(answer: &Value) -> (u64, u64) {
+    let u = [&answer["usage"], &answer["x_groq"]["usage"]].into_iter().find(|u| u.is_object());
+    let Some(u) = u else { return (0, 0) };
+    let read = u["cache_read_input_tokens"].as_u64().or_else(|| u["prompt_tokens_details"]["cached_tokens"].as_u64());
+    (read.unwrap_or(0), u["cache_creation_input_tokens"].as_u64().unwrap_or(0))
+}
+
 /// The token counts a chat completion (or its final stream chunk) reports:
 /// the standard `usage`, or Groq's `x_groq.usage` when that is where they
 /// are. `None` when neither is there.

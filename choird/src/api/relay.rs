@@ -23,6 +23,7 @@ use crate::config::{Lane, Protocol};
 use crate::error::Error;
 use crate::http::{Caller, Request, Response};
 use crate::shared::Shared;
+use crate::store::Tokens;
 
 /// Largest request body relayed.
 pub const MAX_REQUEST: usize = 16 * 1024 * 1024;
@@ -140,8 +141,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                 job.as_deref(),
                 &model,
                 status,
-                0,
-                0,
+                Tokens::default(),
                 elapsed_ms,
                 false,
                 None,
@@ -200,11 +200,12 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
             record: Some(Box::new({
                 let (d, who, model, job) = (d.clone(), who.clone(), model.clone(), job.clone());
                 let lane = lane.as_str();
-                move |usage: Option<(u64, u64)>, bytes: u64| {
+                move |usage: Option<Tokens>, bytes: u64| {
                     let ms = started.elapsed().as_millis() as u64;
                     let estimated = usage.is_none();
-                    let (prompt, completion) =
-                        usage.unwrap_or((prompt_estimate, bytes / crate::budget::BYTES_PER_TOKEN));
+                    let used =
+                        usage.unwrap_or_else(|| Tokens::plain(prompt_estimate, bytes / crate::budget::BYTES_PER_TOKEN));
+                    let (prompt, completion) = (used.prompt, used.completion);
                     if let Err(e) = d.store.record_llm_call(
                         &who.agent,
                         who.session,
@@ -212,8 +213,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                         job.as_deref(),
                         &model,
                         200,
-                        prompt,
-                        completion,
+                        used,
                         ms,
                         estimated,
                         d.config().llm.cost(&model, prompt, completion),
@@ -239,13 +239,15 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         Error::Upstream(format!("the {} model's answer could not be read", lane.as_str()))
     })?;
     let parsed = serde_json::from_slice::<Value>(&bytes).ok();
-    let usage = parsed.as_ref().and_then(choir_common::openai::reported_usage);
-    let (prompt, completion, estimated) = match &usage {
-        Some(u) => (u.prompt_tokens, u.completion_tokens, false),
+    let (used, estimated) = match parsed.as_ref().and_then(Tokens::reported) {
+        Some(used) => (used, false),
         // An answer without usage still costs: estimated from its size.
-        None if status == 200 => (prompt_estimate, bytes.len() as u64 / crate::budget::BYTES_PER_TOKEN, true),
-        None => (0, 0, false),
+        None if status == 200 => {
+            (Tokens::plain(prompt_estimate, bytes.len() as u64 / crate::budget::BYTES_PER_TOKEN), true)
+        }
+        None => (Tokens::default(), false),
     };
+    let (prompt, completion) = (used.prompt, used.completion);
     if let Err(e) = d.store.record_llm_call(
         &who.agent,
         who.session,
@@ -253,8 +255,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         job.as_deref(),
         &model,
         status,
-        prompt,
-        completion,
+        used,
         elapsed_ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
@@ -315,12 +316,14 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     let status = answer.status;
     let bytes = answer.read_to_vec(MAX_ANSWER).unwrap_or_default();
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let (prompt, completion, estimated) = if let Some(u) = choir_common::openai::reported_usage(&v) {
-        (u.prompt_tokens, u.completion_tokens, false)
-    } else {
-        let per = crate::budget::BYTES_PER_TOKEN;
-        (text.len() as u64 / per, bytes.len() as u64 / per, status == 200)
+    let (used, estimated) = match Tokens::reported(&v) {
+        Some(used) => (used, false),
+        None => {
+            let per = crate::budget::BYTES_PER_TOKEN;
+            (Tokens::plain(text.len() as u64 / per, bytes.len() as u64 / per), status == 200)
+        }
     };
+    let (prompt, completion) = (used.prompt, used.completion);
     let ms = started.elapsed().as_millis() as u64;
     if let Err(e) = d.store.record_llm_call(
         &who.agent,
@@ -329,8 +332,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
         None,
         &model,
         status,
-        prompt,
-        completion,
+        used,
         ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
@@ -353,14 +355,14 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
 
 /// Records a streamed call once it ended: the usage it reported (`None` when
 /// it reported none) and the bytes of its events (for an estimate).
-type RecordUsage = Box<dyn FnOnce(Option<(u64, u64)>, u64) + Send>;
+type RecordUsage = Box<dyn FnOnce(Option<Tokens>, u64) + Send>;
 
 /// Passes a server-sent event stream through, picking up the `usage` of the
 /// final chunk, and records the call once the stream ends (or is dropped).
 struct UsageTap<R: Read> {
     inner: R,
     line: Vec<u8>,
-    usage: Option<(u64, u64)>,
+    usage: Option<Tokens>,
     bytes: u64,
     done: bool,
     /// An error event still to go out (the upstream broke off between events).
@@ -396,8 +398,8 @@ impl<R: Read> UsageTap<R> {
                 continue;
             }
             let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
-            if let Some(u) = choir_common::openai::reported_usage(&v) {
-                self.usage = Some((u.prompt_tokens, u.completion_tokens));
+            if let Some(used) = Tokens::reported(&v) {
+                self.usage = Some(used);
             }
         }
     }
@@ -567,7 +569,7 @@ mod tests {
         let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
                       data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n\
                       data: [DONE]\n\ndata: {\"after\":\"the end\"}\n\n";
-        type Records = Vec<(Option<(u64, u64)>, u64)>;
+        type Records = Vec<(Option<Tokens>, u64)>;
         let recorded: Arc<Mutex<Records>> = Arc::default();
         let mut tap = UsageTap {
             inner: std::io::Cursor::new(stream.as_bytes().to_vec()),
@@ -593,6 +595,6 @@ mod tests {
         assert_eq!(tap.read(&mut out).unwrap(), 0);
         assert!(recorded.lock().unwrap().is_empty(), "recorded before the stream's end went out");
         drop(tap);
-        assert_eq!(*recorded.lock().unwrap(), [(Some((7, 2)), stream.len() as u64)]);
+        assert_eq!(*recorded.lock().unwrap(), [(Some(Tokens::plain(7, 2)), stream.len() as u64)]);
     }
 }

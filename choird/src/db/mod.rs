@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (16, "0016_firing_wall_time.sql", include_str!("../../../sql/0016_firing_wall_time.sql")),
     (17, "0017_processed_position.sql", include_str!("../../../sql/0017_processed_position.sql")),
     (18, "0018_message_order.sql", include_str!("../../../sql/0018_message_order.sql")),
+    (19, "0019_cache_tokens.sql", include_str!("../../../sql/0019_cache_tokens.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

@@ -496,12 +496,12 @@ impl Store {
         job: Option<&str>,
         model: &str,
         status: u16,
-        prompt_tokens: u64,
-        completion_tokens: u64,
+        used: Tokens,
         duration_ms: u64,
         estimated: bool,
         cost_usd: Option<f64>,
     ) -> Result<(), DbError> {
+        let Tokens { prompt: prompt_tokens, completion: completion_tokens, cache_read, cache_write } = used;
         let tokens = (prompt_tokens + completion_tokens) as i64;
         self.db.with(|c| {
             // One statement, so one round trip and its implicit commit,
@@ -510,8 +510,9 @@ impl Store {
             let record = c.prepared(
                 "WITH call AS (
                      INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens,
-                                            completion_tokens, duration_ms, estimated, cost_usd, job)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)),
+                                            completion_tokens, duration_ms, estimated, cost_usd, job,
+                                            cache_read_tokens, cache_write_tokens)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13, $14)),
                  usage AS (
                      INSERT INTO token_usage (agent_id, day, tokens)
                      SELECT $1::text, (now() AT TIME ZONE 'UTC')::date, $12::bigint WHERE $12::bigint > 0
@@ -533,6 +534,8 @@ impl Store {
                     &cost_usd,
                     &job,
                     &tokens,
+                    &(cache_read as i64),
+                    &(cache_write as i64),
                 ],
             )
             .map(drop)
@@ -575,4 +578,33 @@ pub struct MetricCounts {
     pub tool_calls: std::collections::BTreeMap<(String, String), u64>,
     /// Relayed tokens per (agent, `prompt`|`completion`).
     pub tokens: std::collections::BTreeMap<(String, String), u64>,
+}
+
+/// The tokens of one model call: prompt (cache reads and writes included)
+/// and completion, and of the prompt, what the provider read from and wrote
+/// to its prompt cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Prompt tokens, all of them.
+    pub prompt: u64,
+    /// Completion tokens.
+    pub completion: u64,
+    /// Of the prompt, read from the provider's cache.
+    pub cache_read: u64,
+    /// Of the prompt, written to the provider's cache.
+    pub cache_write: u64,
+}
+
+impl Tokens {
+    /// Prompt and completion tokens, no cache.
+    pub fn plain(prompt: u64, completion: u64) -> Tokens {
+        Tokens { prompt, completion, ..Tokens::default() }
+    }
+
+    /// What `answer` (a chat completion or chunk) reports, if it does.
+    pub fn reported(answer: &serde_json::Value) -> Option<Tokens> {
+        let u = choir_common::openai::reported_usage(answer)?;
+        let (cache_read, cache_write) = choir_common::openai::reported_cache(answer);
+        Some(Tokens { prompt: u.prompt_tokens, completion: u.completion_tokens, cache_read, cache_write })
+    }
 }
