@@ -7,6 +7,12 @@
 //!   `google` part of `extra_content` as it came (Gemini's thought
 //!   signatures must come back, and a Gemini endpoint configured without its
 //!   preset must still work); nothing else of it;
+//! * Gemini (`preset: gemini`) gets, on a tool turn's first call that has
+//!   no signature (a turn rebuilt from the commit log after a restart, or
+//!   another provider's turn of a fallback chain), the placeholder its
+//!   documentation gives for history Gemini did not produce
+//!   (`skip_thought_signature_validator`; ai.google.dev/gemini-api/docs/
+//!   thought-signatures), instead of a refused request;
 //! * every other preset gets no `extra_content`: Mistral refuses unknown
 //!   fields (422 `extra_forbidden`), and a fallback chain may carry Gemini's
 //!   signatures to any of them;
@@ -31,8 +37,15 @@ use crate::config::Preset;
 
 /// Whether `messages` (the raw JSON text) must be fitted for `preset`.
 pub fn needed(messages: &str, preset: Option<Preset>) -> bool {
-    preset == Some(Preset::Mistral) || messages.contains("\"extra_content\"")
+    match preset {
+        Some(Preset::Mistral) => true,
+        Some(Preset::Gemini) => messages.contains("\"tool_calls\""),
+        _ => messages.contains("\"extra_content\""),
+    }
 }
+
+/// The signature Gemini accepts for a tool turn it did not produce.
+const GEMINI_PLACEHOLDER: &str = "skip_thought_signature_validator";
 
 /// Fits `messages` (parsed) for `preset`.
 pub fn fit(messages: &mut Value, preset: Option<Preset>) {
@@ -54,14 +67,25 @@ pub fn fit(messages: &mut Value, preset: Option<Preset>) {
                         reasoning.get_or_insert_with(|| r.to_owned());
                     }
                     if matches!(preset, None | Some(Preset::Gemini)) {
-                        if let Some(google) = extra.get("google") {
-                            obj.insert("extra_content".into(), serde_json::json!({"google": google}));
+                        // The signature alone: the agent carries it, so
+                        // nothing else rides along.
+                        if let Some(sig) = extra["google"]["thought_signature"].as_str() {
+                            let google = serde_json::json!({"google": {"thought_signature": sig}});
+                            obj.insert("extra_content".into(), google);
                         }
                     }
                 }
                 if preset == Some(Preset::Mistral) {
                     let id = obj.get("id").and_then(Value::as_str).unwrap_or_default();
                     obj.insert("id".into(), Value::String(mistral_id(id)));
+                }
+            }
+        }
+        if preset == Some(Preset::Gemini) {
+            if let Some(first) = calls.first_mut().and_then(Value::as_object_mut) {
+                if !first.contains_key("extra_content") {
+                    let google = serde_json::json!({"google": {"thought_signature": GEMINI_PLACEHOLDER}});
+                    first.insert("extra_content".into(), google);
                 }
             }
         }
@@ -91,7 +115,8 @@ mod tests {
             {"role": "user", "content": "read a"},
             {"role": "assistant", "content": null, "tool_calls": [
                 {"id": "function-call-1", "type": "function", "function": {"name": "choir__fs__read", "arguments": "{}"},
-                 "extra_content": {"google": {"thought_signature": "sig"}, "deepseek": {"reasoning_content": "I should read a."}}},
+                 "extra_content": {"google": {"thought_signature": "sig", "cached_content": "forged"},
+                                   "deepseek": {"reasoning_content": "I should read a."}}},
                 {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "choir__fs__read", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "function-call-1", "content": "A"},
             {"role": "tool", "tool_call_id": "Ab3dE6gH9", "content": "B"}
@@ -130,5 +155,18 @@ mod tests {
         assert_eq!(mistral[3 - 1]["tool_call_id"], id.as_str(), "the result follows its call");
         assert_eq!(mistral[1]["tool_calls"][1]["id"], "Ab3dE6gH9", "a Mistral id is kept");
         assert_eq!(mistral[3]["tool_call_id"], "Ab3dE6gH9");
+
+        // A tool turn without its signature, to Gemini: the documented placeholder.
+        let mut rebuilt = conversation();
+        rebuilt[1]["tool_calls"][0].as_object_mut().unwrap().remove("extra_content");
+        assert!(needed(&rebuilt.to_string(), Some(Preset::Gemini)));
+        fit(&mut rebuilt, Some(Preset::Gemini));
+        assert_eq!(rebuilt[1]["tool_calls"][0]["extra_content"]["google"]["thought_signature"], GEMINI_PLACEHOLDER);
+        assert!(rebuilt[1]["tool_calls"][1].get("extra_content").is_none(), "the first call only");
+        // Negative control: without the preset, nothing is made up.
+        let mut unknown = conversation();
+        unknown[1]["tool_calls"][0].as_object_mut().unwrap().remove("extra_content");
+        fit(&mut unknown, None);
+        assert!(!unknown.to_string().contains("extra_content"));
     }
 }
