@@ -21,29 +21,32 @@ pub fn run(ctx: &Ctx, agent: Option<&str>, since: Option<&str>, by: Option<&str>
     }
     let cost = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("${c:.4}"));
     say!(
-        "{:<24} {:>8} {:>14} {:>14} {:>12}",
+        "{:<24} {:>8} {:>14} {:>12} {:>14} {:>12}",
         by.unwrap_or("day").to_uppercase(),
         "CALLS",
         "PROMPT",
+        "OF IT CACHED",
         "COMPLETION",
         "COST"
     );
-    let (mut calls, mut prompt, mut completion, mut total) = (0, 0, 0, Some(0.0));
+    let (mut calls, mut prompt, mut cached, mut completion, mut total) = (0, 0, 0, 0, Some(0.0));
     for r in &report.rows {
         say!(
-            "{:<24} {:>8} {:>14} {:>14} {:>12}",
+            "{:<24} {:>8} {:>14} {:>12} {:>14} {:>12}",
             crate::term::one_line(&r.key),
             r.calls,
             r.prompt_tokens,
+            r.cached_tokens,
             r.completion_tokens,
             cost(r.cost_usd)
         );
         calls += r.calls;
         prompt += r.prompt_tokens;
+        cached += r.cached_tokens;
         completion += r.completion_tokens;
         total = total.zip(r.cost_usd).map(|(a, b)| a + b);
     }
-    say!("{:<24} {:>8} {:>14} {:>14} {:>12}", "total", calls, prompt, completion, cost(total));
+    say!("{:<24} {:>8} {:>14} {:>12} {:>14} {:>12}", "total", calls, prompt, cached, completion, cost(total));
     if total.is_none() {
         say!("(a cost of - means a model without a price in config.json llm.prices)");
     }

@@ -52,6 +52,9 @@ pub struct UsageRow {
     pub calls: u64,
     /// Prompt tokens.
     pub prompt_tokens: u64,
+    /// Of the prompt tokens, those the provider read from its prompt cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
     /// Completion tokens.
     pub completion_tokens: u64,
     /// Estimated cost in US dollars (none when a call's model had no price).

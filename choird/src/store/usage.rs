@@ -52,7 +52,8 @@ impl Store {
     pub fn usage(&self, agent: Option<&str>, since: Option<&str>, by: UsageBy) -> Result<UsageReport, DbError> {
         let sql = format!(
             "SELECT {key}, count(*), coalesce(sum(prompt_tokens), 0)::bigint, coalesce(sum(completion_tokens), 0)::bigint,
-                    sum(cost_usd), count(*) FILTER (WHERE cost_usd IS NULL)
+                    sum(cost_usd), count(*) FILTER (WHERE cost_usd IS NULL),
+                    coalesce(sum(cache_read_tokens), 0)::bigint
              FROM llm_calls
              WHERE ($1::text IS NULL OR agent_id = $1) AND ($2::text IS NULL OR at >= $2::timestamptz)
              GROUP BY 1 ORDER BY 1",
@@ -68,6 +69,7 @@ impl Store {
                         key: r.get(0),
                         calls: r.get::<_, i64>(1) as u64,
                         prompt_tokens: r.get::<_, i64>(2) as u64,
+                        cached_tokens: r.get::<_, i64>(6) as u64,
                         completion_tokens: r.get::<_, i64>(3) as u64,
                         cost_usd: if unpriced > 0 { None } else { r.get::<_, Option<f64>>(4) },
                     }
