@@ -13,7 +13,7 @@
 //!
 //! **Invariant:** the message never carries the endpoint's key (replaced if
 //! a provider echoes it) or its address, and is at most 300 characters of
-//! the provider's text, without control characters.
+//! the provider's text on one line, every hostile character escaped.
 
 use std::time::{Duration, SystemTime};
 
@@ -70,11 +70,7 @@ fn words(body: &[u8]) -> String {
         (None, _) => "no message".to_owned(),
     };
     let text = if text.is_empty() { "no message".to_owned() } else { text };
-    let mut out: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).take(300).collect();
-    if text.chars().count() > 300 {
-        out.push('…');
-    }
-    out
+    choir_common::text::clipped(&text, 300)
 }
 
 /// How long the provider asked to wait before a new try, if it said.
@@ -175,8 +171,11 @@ mod tests {
         assert_eq!(e.to_string(), "the core model \"claude\"'s provider answered 529: Overloaded (overloaded_error)");
         assert!(matches!(e, Error::Provider { retryable: true, wait_ms: Some(2000), .. }));
         let html = b"<html>\n<body>502 Bad Gateway</body></html>";
-        assert!(refusal(Lane::Edge, "m", 502, &headers(&[]), html, None)
-            .to_string()
-            .ends_with("<html> <body>502 Bad Gateway</body></html>"));
+        let said = refusal(Lane::Edge, "m", 502, &headers(&[]), html, None).to_string();
+        assert!(said.ends_with("<html>\\n<body>502 Bad Gateway</body></html>"), "{said}");
+        // Hostile: a bidi override or a bell in the provider's words is escaped.
+        let spoof = br#"{"error": {"message": "fine\u202e\u0007"}}"#;
+        let said = refusal(Lane::Edge, "m", 500, &headers(&[]), spoof, None).to_string();
+        assert!(!said.contains('\u{202e}') && !said.contains('\u{7}'), "{said:?}");
     }
 }

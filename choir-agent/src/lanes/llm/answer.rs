@@ -56,13 +56,10 @@ pub fn error_message(error: &Value) -> String {
     clean(&text)
 }
 
-/// `text` without control characters, at most 300 characters.
+/// `text` on one line, every hostile character escaped (controls, bidi
+/// overrides, invisible characters), at most 300 characters.
 fn clean(text: &str) -> String {
-    let mut out: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).take(300).collect();
-    if text.chars().count() > 300 {
-        out.push('…');
-    }
-    out
+    choir_common::text::clipped(text, 300)
 }
 
 /// Judges an assembled answer: `Ok` when it may be acted on (its tool call
@@ -183,7 +180,9 @@ mod tests {
             error_message(&serde_json::json!({"code": "server_error", "message": "upstream died"})),
             "upstream died (server_error)"
         );
-        assert_eq!(error_message(&serde_json::json!({"code": 502, "message": "bad\ngateway"})), "bad gateway (502)");
+        assert_eq!(error_message(&serde_json::json!({"code": 502, "message": "bad\ngateway"})), "bad\\ngateway (502)");
+        let spoofed = error_message(&serde_json::json!("ok\u{202e}txt.exe"));
+        assert!(!spoofed.contains('\u{202e}'), "a bidi override shown as is: {spoofed}");
         assert_eq!(error_message(&serde_json::json!("overloaded")), "overloaded");
         assert_eq!(error_message(&Value::String("x".repeat(1000))).chars().count(), 301);
     }
