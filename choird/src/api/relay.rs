@@ -81,7 +81,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     if req.body.len() > MAX_REQUEST {
         return Err(Error::TooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
-    let obj = forwarded(&req.body)?;
+    let mut obj = forwarded(&req.body)?;
     let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
     let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| Error::Internal(e.to_string()));
     let config = d.config();
@@ -95,7 +95,9 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     let mut at = 0;
     let (endpoint, model, payload, upstream_streams, answer, started, elapsed_ms) = loop {
         let (endpoint, model) = (chain[at].0, chain[at].1.clone());
-        let mut obj = obj.clone();
+        // The conversation is copied only when another endpoint may still
+        // need it: a lane without fallbacks (or the last of a chain) takes it.
+        let mut obj = if at + 1 == chain.len() { std::mem::take(&mut obj) } else { obj.clone() };
         // Streamed upstream only when the endpoint streams; otherwise its
         // whole answer is streamed to the agent by choird (`whole_as_events`).
         let upstream_streams = streaming && endpoint.streams();
