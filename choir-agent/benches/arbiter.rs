@@ -175,7 +175,7 @@ fn main() {
     std::fs::write(tools.join("send.json"), manifest.to_string()).unwrap();
     std::fs::write(tools.join("send"), "#!/bin/sh\necho '{}'\n").unwrap();
     std::fs::set_permissions(tools.join("send"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let registry = Registry::load(&choir_dir, &[], Arc::new(choir_agent::tools::host::NoHost), &[], &[]).unwrap();
+    let registry = Registry::load(&choir_dir, &[], Arc::new(choir_agent::tools::host::NoHost), &[], &[], None).unwrap();
     let defaults = Arc::new(ArgumentPolicy::default());
     let mut known: KnownTools = choir_common::manifest::BUILTIN_TOOLS.iter().map(|t| (t.to_string(), None)).collect();
     known.insert("x.mail.send".into(), None);

@@ -124,7 +124,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         rpc.clone(),
         &hello.bindings.host_tools,
         &host_manifests,
+        Some(crate::tools::McpSetup {
+            workspace: workspace.root().to_owned(),
+            filer: Some(rpc.clone() as Arc<dyn crate::tools::mcp::CatalogFiler>),
+        }),
     )?;
+    // Each MCP server is started and its catalog checked now, so a change
+    // since approval is found (and filed) before a model is offered its tools.
+    for server in registry.mcp_servers() {
+        let server = server.clone();
+        std::thread::Builder::new().name("mcp-check".into()).spawn(move || {
+            if let Err(e) = server.check_now(std::time::Instant::now() + Duration::from_secs(30)) {
+                log::warn!("MCP server {}: {e}", server.name());
+            }
+        })?;
+    }
     for (name, status) in registry.statuses() {
         if let crate::tools::ToolStatus::Available(why) = status {
             log::warn!("tool {name} is not offered: {why}");

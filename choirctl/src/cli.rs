@@ -118,6 +118,9 @@ pub enum Command {
     /// Tools: list, check, validate (offline), add.
     #[command(subcommand)]
     Tools(ToolsCmd),
+    /// MCP servers: add one, list them, show one's pinned tools.
+    #[command(subcommand)]
+    Mcp(McpCmd),
     /// Send MESSAGE and print the answer; without MESSAGE, one message per line from stdin. Exit 1 when the turn
     /// failed.
     Chat {
@@ -360,6 +363,11 @@ pub enum ApprovalsCmd {
         /// For a call: keep its destinations as the operator's for N days (1-365).
         #[arg(long, value_name = "N")]
         remember_days: Option<u64>,
+        /// For an MCP catalog: a choice for one tool, repeatable: TOOL:skip, TOOL:side_effect=read|write|external,
+        /// TOOL:idempotent=true, TOOL:timeout_ms=N, TOOL:description=TEXT, TOOL:role=/POINTER=destination|target|
+        /// payload|locator|inert. A tool not named is pinned external, not idempotent, with no roles.
+        #[arg(long, value_name = "TOOL:CHOICE")]
+        pin: Vec<String>,
     },
     /// Reject it; the agent is told why.
     Reject {
@@ -445,6 +453,49 @@ pub enum SkillsCmd {
         /// Into the global layer.
         #[arg(long)]
         global: bool,
+    },
+}
+
+/// `mcp …`.
+#[derive(Debug, Subcommand)]
+pub enum McpCmd {
+    /// Add an MCP server (stdio) for an agent; it starts with no tool: the agent files what the server lists
+    /// for your approval (choirctl approvals show).
+    Add {
+        /// The agent.
+        id: String,
+        /// The server's name in Choir (a-z, 0-9, _): its tools are mcp.NAME.TOOL.
+        name: String,
+        /// The server's program, an absolute path inside the agent's container (or on the host, process runtime).
+        #[arg(long, value_name = "PATH")]
+        command: String,
+        /// An argument, repeatable.
+        #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+        args: Vec<String>,
+        /// A plain environment variable, repeatable (its environment is otherwise cleared).
+        #[arg(long, value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// A secret bound to the agent that the server receives as CHOIR_SECRET_<NAME>, repeatable.
+        #[arg(long, value_name = "NAME")]
+        secret: Vec<String>,
+        /// Its calls' default timeout.
+        #[arg(long, value_name = "MS")]
+        timeout_ms: Option<u64>,
+        /// Into the global layer (every agent).
+        #[arg(long)]
+        global: bool,
+    },
+    /// The agent's MCP servers, their pinned tools and the catalogs waiting for approval.
+    List {
+        /// The agent.
+        id: String,
+    },
+    /// One server: its command and each pinned tool with its sha256, settings and description.
+    Show {
+        /// The agent.
+        id: String,
+        /// The server.
+        name: String,
     },
 }
 

@@ -10,6 +10,7 @@ mod client;
 mod ctx;
 mod doctor;
 mod logs;
+mod mcp;
 mod offline;
 mod policy;
 mod proposals;
@@ -64,8 +65,8 @@ fn home_of(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 fn real_main() -> anyhow::Result<()> {
     use clap::{CommandFactory, Parser};
     use cli::{
-        AgentCmd, ApprovalsCmd, Command as C, MemoryCmd, PolicyCmd, ScheduleCmd, SecretsCmd, SkillsCmd, TelegramCmd,
-        ToolsCmd,
+        AgentCmd, ApprovalsCmd, Command as C, McpCmd, MemoryCmd, PolicyCmd, ScheduleCmd, SecretsCmd, SkillsCmd,
+        TelegramCmd, ToolsCmd,
     };
     // A usage error exits 2 with the command's usage; --help and --version 0.
     let args = cli::Cli::try_parse().unwrap_or_else(|e| e.exit());
@@ -188,7 +189,9 @@ fn real_main() -> anyhow::Result<()> {
                 proposals::list(&ctx, status.as_deref(), agent.as_deref(), all)
             }
             ApprovalsCmd::Show { id } => proposals::show(&ctx, &id),
-            ApprovalsCmd::Approve { id, sha256, remember_days } => proposals::approve(&ctx, &id, sha256, remember_days),
+            ApprovalsCmd::Approve { id, sha256, remember_days, pin } => {
+                proposals::approve(&ctx, &id, sha256, remember_days, &pin)
+            }
             ApprovalsCmd::Reject { id, reason } => proposals::reject(&ctx, &id, reason),
         },
         C::Memory(m) => match m {
@@ -219,6 +222,13 @@ fn real_main() -> anyhow::Result<()> {
             SkillsCmd::List { id } => skills::list(&ctx, &id),
             SkillsCmd::Add { id, file, global } => skills::add(&ctx, "skill", &id, &[file.as_str()], global),
             SkillsCmd::Validate { .. } => unreachable!("done offline above"),
+        },
+        C::Mcp(m) => match m {
+            McpCmd::Add { id, name, command, args, env, secret, timeout_ms, global } => {
+                mcp::add(&ctx, &id, &name, &command, args, &env, secret, timeout_ms, global)
+            }
+            McpCmd::List { id } => mcp::list(&ctx, &id, None),
+            McpCmd::Show { id, name } => mcp::list(&ctx, &id, Some(&name)),
         },
         C::Tools(t) => match t {
             ToolsCmd::List { id } => tools_list(&ctx, &id),

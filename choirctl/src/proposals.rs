@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use anyhow::Context as _;
+
 use choir_common::admin::{ApprovalDetail, ApprovalInfo, ApprovalList, ApproveRequest, RejectRequest};
 
 use crate::ctx::{print_json, Ctx};
@@ -98,13 +100,20 @@ pub fn show(ctx: &Ctx, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `approvals approve ID [--sha256 X] [--remember-days N]`.
+/// `approvals approve ID [--sha256 X] [--remember-days N] [--pin TOOL:CHOICE]...`.
 /// Approves a proposal. Without `--sha256` the content approved is the one
 /// stored now, and its sha256 is printed so the record shows what was
 /// approved (with it, choird refuses content that is not what was read).
-pub fn approve(ctx: &Ctx, id: &str, sha256: Option<String>, remember_days: Option<u64>) -> anyhow::Result<()> {
+pub fn approve(
+    ctx: &Ctx,
+    id: &str,
+    sha256: Option<String>,
+    remember_days: Option<u64>,
+    pin: &[String],
+) -> anyhow::Result<()> {
     let pinned = sha256.is_some();
-    let req = ApproveRequest { sha256, by: None, remember_days };
+    let pins = if pin.is_empty() { None } else { Some(pin_choices(pin)?) };
+    let req = ApproveRequest { sha256, by: None, remember_days, pins };
     let a: ApprovalInfo = ctx.client.post(&format!("approvals/{id}/approve"), &req)?;
     if ctx.json {
         return print_json(&a);
@@ -214,4 +223,39 @@ pub fn tools_validate(json: bool, path: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The approver's per-tool choices from `--pin TOOL:CHOICE` flags.
+pub fn pin_choices(flags: &[String]) -> anyhow::Result<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for flag in flags {
+        let (tool, choice) = flag.split_once(':').with_context(|| format!("--pin {flag:?}: TOOL:CHOICE"))?;
+        let entry = out.entry(tool.to_owned()).or_insert_with(|| serde_json::json!({}));
+        if choice == "skip" {
+            entry["skip"] = serde_json::json!(true);
+            continue;
+        }
+        let (key, value) = choice.split_once('=').with_context(|| format!("--pin {flag:?}: TOOL:KEY=VALUE"))?;
+        match key {
+            "side_effect" | "description" => entry[key] = serde_json::json!(value),
+            "idempotent" => {
+                entry[key] = serde_json::json!(value.parse::<bool>().with_context(|| format!("--pin {flag:?}: true or false"))?)
+            }
+            "timeout_ms" => {
+                entry[key] = serde_json::json!(value.parse::<u64>().with_context(|| format!("--pin {flag:?}: milliseconds"))?)
+            }
+            "role" => {
+                let (pointer, role) =
+                    value.rsplit_once('=').with_context(|| format!("--pin {flag:?}: TOOL:role=/POINTER=ROLE"))?;
+                if !entry["roles"].is_object() {
+                    entry["roles"] = serde_json::json!({});
+                }
+                entry["roles"][pointer] = serde_json::json!(role);
+            }
+            other => anyhow::bail!(
+                "--pin {flag:?}: no choice {other:?}; use skip, side_effect, idempotent, timeout_ms, description or role"
+            ),
+        }
+    }
+    Ok(serde_json::Value::Object(out))
 }

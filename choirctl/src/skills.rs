@@ -42,7 +42,7 @@ pub(crate) fn validate(home: &Path, json: bool, path: &str, agent: Option<&str>)
         let id = AgentId::parse(a)?;
         layers.push(home.join("repos").join("agents").join(id.as_str()).join("tools"));
     }
-    let known = choir_common::manifest::known_tool_names(&layers)?;
+    let known = choir_common::tool_layers::known_tool_names(&layers)?;
     let p = Path::new(path);
     let files: Vec<std::path::PathBuf> = if p.is_dir() {
         let mut f: Vec<_> = std::fs::read_dir(p)?

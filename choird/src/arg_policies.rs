@@ -54,6 +54,7 @@ fn known_tools(home: &Home, host_tools: &Registry, agent: &AgentId) -> Result<Kn
         })?;
         manifests.extend(loaded.into_iter().map(|t| t.manifest));
     }
+    manifests.extend(crate::mcp_pins::manifests(home, agent).into_iter().map(|(_, m)| m));
     let mut known = known_from(BUILTIN_TOOLS.iter().copied(), manifests.iter());
     for (name, manifest) in host {
         known.insert(name, manifest.map(|m| m.llm.parameters));
@@ -76,6 +77,12 @@ pub fn runtime_of(home: &Home, host_tools: &Registry, agent: &AgentId, tool: &st
         .flatten()
         .find(|t| t.manifest.llm.name == tool)
         .map(|t| t.manifest.runtime)
+        .or_else(|| {
+            crate::mcp_pins::manifests(home, agent)
+                .into_iter()
+                .find(|(_, m)| m.llm.name == tool)
+                .map(|(_, m)| m.runtime)
+        })
 }
 
 /// Reads one policy file: `None` if there is none. Refuses a link, a

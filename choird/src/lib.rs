@@ -21,6 +21,7 @@ pub mod home;
 pub mod host_tools;
 pub mod http;
 pub mod logs;
+pub mod mcp_pins;
 pub mod notify;
 pub mod pace;
 pub mod proposals;

@@ -17,9 +17,10 @@ use std::path::{Path, PathBuf};
 
 use choir_common::commit::canonical_json;
 use choir_common::ids::AgentId;
-use choir_common::manifest::{known_tool_names, load_tool_layer, reserved_tool_name, ToolManifest};
+use choir_common::manifest::{load_tool_layer, reserved_tool_name, ToolManifest};
 use choir_common::rpc::{confirmed_calls, ApprovalRequest, ProposalKind, ProposalScope, MAX_CALLS_CONFIRMED};
 use choir_common::skill::{builtin_skill_names, parse_skill, SkillSpec};
+use choir_common::tool_layers::known_tool_names;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -106,7 +107,15 @@ pub fn validate(
     if canonical.len() > MAX_CONTENT {
         return Err(Invalid(format!("the proposal is {} bytes; at most {MAX_CONTENT} are accepted", canonical.len())));
     }
+    let mut scope = req.scope;
     let subject = match req.kind {
+        ProposalKind::Mcp => {
+            let checked = crate::mcp_pins::check(home, agent, req.scope, &req.content, req.lane == OPERATOR_LANE)
+                .map_err(Invalid)?;
+            // A catalog's pins go where its server's file is.
+            scope = checked.scope;
+            checked.subject
+        }
         ProposalKind::Tool => check_tool(home, agent, req.scope, &req.content)?,
         ProposalKind::Skill => check_skill(home, agent, req.scope, &req.content)?.name,
         ProposalKind::ConfigChange => {
@@ -126,15 +135,19 @@ pub fn validate(
     };
     // A tool or skill exactly as installed would change nothing: not a
     // question for a human.
-    let written = files(home, agent, req.scope, req.kind, &req.content);
-    let dir = repo_dir(home, agent, req.scope);
+    let written = files(home, agent, scope, req.kind, &req.content);
+    let dir = repo_dir(home, agent, scope);
     if !written.is_empty()
         && written.iter().all(|(rel, text)| std::fs::read_to_string(dir.join(rel)).is_ok_and(|t| t == *text))
     {
         return Err(Invalid(format!("{subject} is already installed exactly so: nothing to approve")));
     }
-    Ok(Proposal { kind: req.kind, scope: req.scope, subject, sha256: digest(&canonical), canonical })
+    Ok(Proposal { kind: req.kind, scope, subject, sha256: digest(&canonical), canonical })
 }
+
+/// The lane of a proposal the operator made with choirctl (`tools add`,
+/// `mcp add`); choird never takes it from an agent.
+pub const OPERATOR_LANE: &str = "operator";
 
 /// A scheduled job proposal (`{"job": JobSpec}`), checked on its own (the
 /// daemon checks it against the agent too); its subject names the job and
@@ -378,6 +391,9 @@ fn files(
             let file = skill_file(&skills, &name).unwrap_or_else(|| format!("{name}.json"));
             vec![(format!("skills/{file}"), pretty(&content["skill"]))]
         }
+        ProposalKind::Mcp => crate::mcp_pins::written(home, agent, content, &Default::default())
+            .map(|(rel, file)| vec![(rel, pretty(&serde_json::to_value(&file).unwrap_or_default()))])
+            .unwrap_or_default(),
         ProposalKind::ConfigChange | ProposalKind::Call | ProposalKind::Schedule => Vec::new(),
     }
 }
@@ -449,6 +465,13 @@ pub fn render(
                 }
             }
         }
+        ProposalKind::Mcp => {
+            out.push_str(&crate::mcp_pins::render(home, agent, content));
+            for (rel, text) in files(home, agent, scope, kind, content) {
+                let old = std::fs::read_to_string(repo.join(&rel)).ok();
+                out.push_str(&diff(&format!("{}/{rel}", scope_path(agent, scope)), old.as_deref(), &text));
+            }
+        }
         _ => {
             for (rel, text) in files(home, agent, scope, kind, content) {
                 let old = std::fs::read_to_string(repo.join(&rel)).ok();
@@ -487,6 +510,8 @@ pub struct Approval<'a> {
     pub reason: &'a str,
     /// Who approved it.
     pub approver: &'a str,
+    /// For an MCP catalog: the approver's choices per tool.
+    pub pins: Option<&'a Value>,
 }
 
 /// Applies an approved tool or skill: writes its files into the repository
@@ -503,7 +528,13 @@ pub fn apply(home: &Home, a: &Approval<'_>) -> Result<String, ApplyError> {
     if !repo.join(".git").exists() {
         git(&repo, a.approver, &["init", "--quiet"])?;
     }
-    let written = files(home, a.agent, a.scope, a.kind, a.content);
+    let written = if a.kind == ProposalKind::Mcp {
+        let choices = crate::mcp_pins::choices(a.content, a.pins).map_err(ApplyError::Stale)?;
+        let (rel, file) = crate::mcp_pins::written(home, a.agent, a.content, &choices).map_err(ApplyError::Stale)?;
+        vec![(rel, pretty(&serde_json::to_value(&file).unwrap_or_default()))]
+    } else {
+        files(home, a.agent, a.scope, a.kind, a.content)
+    };
     if a.kind == ProposalKind::Tool {
         // Checked again now: another tool approved meanwhile may hold the file.
         let tools = repo.join("tools");

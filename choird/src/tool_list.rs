@@ -78,6 +78,27 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
             });
         }
     }
+    // MCP servers' pinned tools; a catalog waiting for approval says so.
+    let pending = shared.store.approvals(Some("pending"), Some(agent), 500).unwrap_or_default();
+    for (server, m) in crate::mcp_pins::manifests(&shared.home, agent) {
+        let status = ToolStatus::of_external(&m, &agent_cfg.secrets);
+        let waiting = pending.iter().find(|(i, _)| i.kind == "mcp" && i.subject.starts_with(&format!("mcp {server}:")));
+        let why = match waiting {
+            Some((i, _)) => Some(format!(
+                "pinned; the server lists a change waiting for approval (proposal {}): a changed tool is off until then",
+                i.id
+            )),
+            None => status.why().map(str::to_owned).or_else(|| Some("pinned".into())),
+        };
+        rows.push(ToolRow {
+            name: m.llm.name.clone(),
+            kind: "mcp".into(),
+            status: status.label().into(),
+            why,
+            runs: "agent".into(),
+            source: format!("MCP server {server}"),
+        });
+    }
     let policy = agent_cfg.tools.clone();
     for r in &mut rows {
         if let Some(why) = policy.refusal(&r.name) {
@@ -87,4 +108,28 @@ pub fn list(shared: &Shared, host_tools: &Registry, agent: &AgentId) -> Result<T
     }
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(ToolList { agent: agent.to_string(), tools: rows, policy })
+}
+
+/// An agent's MCP servers (`choirctl mcp list|show`): each server's spec,
+/// its pinned tools with their sha256 and settings, and the catalog
+/// proposals waiting for a decision.
+pub fn mcp(shared: &Shared, agent: &AgentId) -> Result<serde_json::Value, Error> {
+    if !shared.config().agents.contains_key(agent) {
+        return Err(Error::NotFound(format!("no agent {agent} in config.json")));
+    }
+    let servers: Vec<serde_json::Value> = crate::mcp_pins::servers(&shared.home, agent)
+        .into_iter()
+        .map(|(scope, file)| match file {
+            Ok(f) => crate::mcp_pins::describe(scope, &f),
+            Err(e) => serde_json::json!({"scope": scope.as_str(), "error": e}),
+        })
+        .collect();
+    let pending: Vec<serde_json::Value> = shared
+        .store
+        .approvals(Some("pending"), Some(agent), 500)?
+        .into_iter()
+        .filter(|(i, _)| i.kind == "mcp")
+        .map(|(i, _)| serde_json::json!({"id": i.id, "subject": i.subject, "sha256": i.sha256}))
+        .collect();
+    Ok(serde_json::json!({"agent": agent.as_str(), "servers": servers, "pending": pending}))
 }

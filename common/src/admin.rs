@@ -443,6 +443,11 @@ pub struct ApproveRequest {
     /// days (1–365), so the same ones need no confirmation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remember_days: Option<u64>,
+    /// For an MCP catalog: per tool, the approver's choices (`skip`,
+    /// `side_effect`, `idempotent`, `timeout_ms`, `description`, `roles`,
+    /// `locks`); a tool not named is pinned with the strictest defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pins: Option<serde_json::Value>,
 }
 
 /// `POST /admin/v1/approvals/<id>/reject`.

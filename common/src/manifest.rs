@@ -343,23 +343,6 @@ pub fn load_tool_layer(dir: &Path) -> Result<Vec<LoadedTool>, ToolFileError> {
     Ok(out)
 }
 
-/// Every tool name an agent loading these tool layers (global, then agent)
-/// registers: built-ins, host tools, and the layers' external tools. Skills
-/// are validated against this set outside the agent (image builds, proposal
-/// review, `choirctl skill validate`).
-pub fn known_tool_names(layers: &[PathBuf]) -> Result<std::collections::BTreeSet<String>, ToolFileError> {
-    let mut names: std::collections::BTreeSet<String> = BUILTIN_TOOLS
-        .iter()
-        .chain(crate::tool_names::HOST_TOOLS)
-        .chain(crate::tool_names::CHOIRD_TOOLS)
-        .map(|s| (*s).to_owned())
-        .collect();
-    for dir in layers {
-        names.extend(load_tool_layer(dir)?.into_iter().map(|t| t.manifest.llm.name));
-    }
-    Ok(names)
-}
-
 /// The `{field}` placeholders of a lock template, in order.
 pub fn placeholders(template: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();

@@ -481,6 +481,10 @@ pub enum ProposalKind {
     Call,
     /// A scheduled job for this agent: `{"job": JobSpec}`.
     Schedule,
+    /// An MCP server's tools to pin: what an agent found it lists
+    /// (`{"server": NAME, "catalog": [entry, ...]}`), or a new server from
+    /// the operator (`{"spec": ServerSpec}`).
+    Mcp,
 }
 
 impl ProposalKind {
@@ -492,6 +496,7 @@ impl ProposalKind {
             ProposalKind::ConfigChange => "config_change",
             ProposalKind::Call => "call",
             ProposalKind::Schedule => "schedule",
+            ProposalKind::Mcp => "mcp",
         }
     }
 }

@@ -37,6 +37,12 @@ fn escape(text: &str, keep_lines: bool, max_chars: Option<usize>) -> String {
     out
 }
 
+/// Whether `c` is a character a reader would not see (an invisible or
+/// direction-changing one, or a control but newline and tab).
+pub fn hidden(c: char) -> bool {
+    hostile(c, true)
+}
+
 /// `text` with every hostile character escaped; newlines and tabs kept.
 pub fn clean(text: &str) -> String {
     if !text.chars().any(|c| hostile(c, true)) {

@@ -25,6 +25,7 @@ pub mod harness;
 pub mod hops;
 pub mod loopback;
 pub mod mail_servers;
+pub mod mcp;
 pub mod observe;
 pub mod pg;
 pub mod scenario;

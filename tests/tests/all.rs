@@ -25,6 +25,7 @@ mod lanes;
 mod logs;
 mod mail;
 mod managed;
+mod mcp;
 mod memory;
 mod metrics;
 mod notion;

@@ -345,7 +345,13 @@ impl Arbiter {
             refusal,
             reason,
         };
-        let offered = canonical.and_then(|n| self.registry.get(&n).filter(|t| t.status.offered()).map(|t| (n, t)));
+        // A tool switched off while the agent runs says why.
+        if let Some((name, why)) =
+            canonical.as_ref().and_then(|n| self.registry.get(n)).and_then(|t| Some((t, t.tool.unavailable()?)))
+        {
+            return forbid(Some(name.manifest.llm.name.clone()), Value::Null, Refusal::NotAllowed, why);
+        }
+        let offered = canonical.and_then(|n| self.registry.get(&n).filter(|t| t.offered()).map(|t| (n, t)));
         let Some((tool, reg)) = offered else {
             return forbid(
                 None,
@@ -417,7 +423,7 @@ impl Arbiter {
         // `processes` exclusively, every other external tool shares it.
         if tool == "choir.exec" || !runtime.secret_resources.is_empty() {
             resources.push((Resource::new(PROCESSES), LockMode::X));
-        } else if runtime.exec_path.is_some() {
+        } else if runtime.exec_path.is_some() || choir_common::mcp::is_mcp_tool(&tool) {
             resources.push((Resource::new(PROCESSES), LockMode::S));
         }
         // An action on the outside world is never concurrent with another
@@ -436,7 +442,7 @@ impl Arbiter {
         };
         // A plan fixes the turn's intent only from trusted input.
         if tool == intent::PLAN_TOOL {
-            let offered = |t: &str| self.registry.get(t).is_some_and(|r| r.status.offered());
+            let offered = |t: &str| self.registry.get(t).is_some_and(|r| r.offered());
             if let Some(reason) = intent::plan_refusal(&intent::lane_facts(lane, &ev), &input, &offered) {
                 return forbid(Some(tool), input, Refusal::Policy, reason);
             }
@@ -1055,7 +1061,7 @@ mod tests {
             std::fs::set_permissions(tools.join(stem), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         }
         let registry =
-            Registry::load(&dir.join("choir"), &["deploy_key".to_owned()], Arc::new(NoHost), &[], &[]).unwrap();
+            Registry::load(&dir.join("choir"), &["deploy_key".to_owned()], Arc::new(NoHost), &[], &[], None).unwrap();
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws).unwrap();
         let (log, _) = crate::commitlog::CommitLog::open(&dir.join("state")).unwrap();

@@ -62,6 +62,34 @@ pub const GIT_OVERRIDES: [(&str, &str); 11] = [
     ("tag.gpgSign", "false"),
 ];
 
+/// The environment every program run as a tool gets (an external tool, an
+/// MCP server): the workspace as its directory, no `HOME` anything can
+/// configure, git's overrides, and the secrets it declared as
+/// `CHOIR_SECRET_<NAME>`.
+pub fn tool_env(
+    cmd: &mut Cmd,
+    workspace: &std::path::Path,
+    name: &str,
+    lane: &str,
+    secrets: &crate::secrets::SecretStore,
+) {
+    cmd.cwd(workspace)
+        .env("HOME", TOOL_HOME)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_COUNT", GIT_OVERRIDES.len().to_string())
+        .env("LANG", "C.UTF-8")
+        .env("CHOIR_WORKSPACE", workspace)
+        .env("CHOIR_TOOL", name)
+        .env("CHOIR_LANE", lane);
+    for (i, (key, value)) in GIT_OVERRIDES.iter().enumerate() {
+        cmd.env(&format!("GIT_CONFIG_KEY_{i}"), key).env(&format!("GIT_CONFIG_VALUE_{i}"), value);
+    }
+    for (name, value) in secrets.iter() {
+        cmd.env(&env_name(name), value);
+    }
+}
+
 fn env_name(secret: &str) -> String {
     let upper: String =
         secret.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
@@ -72,21 +100,7 @@ impl Tool for ExternalTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
         let io = |e: std::io::Error| ToolError::new("tool_failed", format!("cannot run {}: {e}", self.name));
         let mut cmd = Cmd::new(&self.exec);
-        cmd.cwd(ctx.workspace.root())
-            .env("HOME", TOOL_HOME)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_COUNT", GIT_OVERRIDES.len().to_string())
-            .env("LANG", "C.UTF-8")
-            .env("CHOIR_WORKSPACE", ctx.workspace.root())
-            .env("CHOIR_TOOL", &self.name)
-            .env("CHOIR_LANE", ctx.lane);
-        for (i, (key, value)) in GIT_OVERRIDES.iter().enumerate() {
-            cmd.env(&format!("GIT_CONFIG_KEY_{i}"), key).env(&format!("GIT_CONFIG_VALUE_{i}"), value);
-        }
-        for (name, value) in ctx.secrets.iter() {
-            cmd.env(&env_name(name), value);
-        }
+        tool_env(&mut cmd, ctx.workspace.root(), &self.name, ctx.lane, &ctx.secrets);
         let mut child = cmd.spawn(Stdio::piped(), Stdio::piped(), Stdio::piped()).map_err(io)?;
         let stdout = capture(
             child.stdout.take().ok_or_else(|| io(std::io::Error::other("no stdout")))?,

@@ -14,6 +14,7 @@ pub mod find;
 pub mod fs;
 pub mod host;
 pub mod lane;
+pub mod mcp;
 pub mod plan;
 pub mod propose;
 pub mod search;
@@ -50,6 +51,12 @@ pub struct Registered {
 }
 
 impl Registered {
+    /// Whether models may be offered it now: its status offers it and it
+    /// is not disabled (an MCP tool its server changed since approval).
+    pub fn offered(&self) -> bool {
+        self.status.offered() && self.tool.unavailable().is_none()
+    }
+
     /// Whether choird runs it (EXECUTE_HOST_TOOL), so choird can keep a
     /// call that must not run twice to at most once.
     pub fn runs_on_host(&self) -> bool {
@@ -95,6 +102,15 @@ pub type SharedPolicy = Arc<parking_lot::RwLock<ToolPolicy>>;
 pub struct Registry {
     tools: BTreeMap<String, Registered>,
     policy: SharedPolicy,
+    mcp: Vec<Arc<mcp::McpServer>>,
+}
+
+/// Where MCP servers run and where their catalogs are filed.
+pub struct McpSetup {
+    /// The directory they run in.
+    pub workspace: std::path::PathBuf,
+    /// Files what a server lists that is not approved as it is.
+    pub filer: Option<Arc<dyn mcp::CatalogFiler>>,
 }
 
 impl Registry {
@@ -123,13 +139,15 @@ impl Registry {
     /// bound to this agent. `host_manifests` are the manifests choird sent
     /// for the host tools it serves: one this agent was not built knowing
     /// is registered from it (connected); none replaces a tool already
-    /// registered.
+    /// registered. With `mcp`, the pinned tools of the MCP servers under
+    /// `choir_dir/mcp/{global,agent}` too.
     pub fn load(
         choir_dir: &Path,
         bound_secrets: &[String],
         host: Arc<dyn host::HostCaller>,
         served: &[String],
         host_manifests: &[ToolManifest],
+        mcp: Option<McpSetup>,
     ) -> Result<Registry, RegistryError> {
         let mut r = Registry::builtins()?;
         for manifest in choir_common::host_tools::manifests() {
@@ -158,6 +176,19 @@ impl Registry {
                 r.insert(&t.file.display().to_string(), t.manifest, tool, status)?;
             }
         }
+        if let Some(setup) = mcp {
+            let (servers, tools) = mcp::load(choir_dir, &setup.workspace, setup.filer)
+                .map_err(|e| RegistryError { file: e.file.clone(), reason: e.reason.clone() })?;
+            for (source, manifest, tool) in tools {
+                let name = manifest.llm.name.clone();
+                if r.contains(&name) {
+                    return Err(RegistryError { file: source, reason: format!("{name} is already a tool") });
+                }
+                let status = ToolStatus::of_external(&manifest, bound_secrets);
+                r.insert(&source, manifest, Arc::new(tool), status)?;
+            }
+            r.mcp = servers;
+        }
         if served.iter().any(|s| s == "choir.memory.compact") {
             let compact = r.get("choir.memory.compact").map(|t| t.manifest.clone());
             if let Some(m) = compact {
@@ -168,7 +199,7 @@ impl Registry {
         let views: Vec<find::View> = r
             .tools
             .values()
-            .filter(|t| t.status.offered() && !choir_common::manifest::reserved_tool_name(&t.manifest.llm.name))
+            .filter(|t| t.offered() && !choir_common::manifest::reserved_tool_name(&t.manifest.llm.name))
             .map(|t| find::View {
                 name: t.manifest.llm.name.clone(),
                 description: t.manifest.llm.description.clone(),
@@ -222,7 +253,7 @@ impl Registry {
     }
 
     fn offers(&self, t: &Registered, policy: &ToolPolicy) -> bool {
-        t.status.offered() && policy.permits(&t.manifest.llm.name)
+        t.offered() && policy.permits(&t.manifest.llm.name)
     }
 
     /// A tool by canonical name (whatever its status).
@@ -239,6 +270,11 @@ impl Registry {
     pub fn names(&self) -> Vec<String> {
         let policy = self.policy.read();
         self.tools.values().filter(|t| self.offers(t, &policy)).map(|t| t.manifest.llm.name.clone()).collect()
+    }
+
+    /// The MCP servers whose tools are registered.
+    pub fn mcp_servers(&self) -> &[Arc<mcp::McpServer>] {
+        &self.mcp
     }
 
     /// Every tool with its status, for reports.

@@ -74,8 +74,9 @@ pub fn proposal_of(tool: &str, input: &Value) -> Option<(ProposalKind, ProposalS
         ProposalKind::Skill => json!({"skill": input["skill"]}),
         ProposalKind::ConfigChange => json!({"changes": input["changes"]}),
         ProposalKind::Schedule => json!({"job": input["job"]}),
-        // Confirmations are made by the arbiter, not by a meta-tool.
-        ProposalKind::Call => return None,
+        // Confirmations are made by the arbiter, MCP catalogs by the agent's
+        // MCP client; neither by a meta-tool.
+        ProposalKind::Call | ProposalKind::Mcp => return None,
     };
     Some((kind, scope, content, reason))
 }

@@ -71,6 +71,13 @@ impl ToolError {
 pub trait Tool: Send + Sync {
     /// Runs with validated input.
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError>;
+
+    /// Why the tool cannot be offered or called right now, when its
+    /// availability changes while the agent runs (an MCP tool whose server
+    /// changed it since approval); `None`: its status decides.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What a lane offers its lane tools.

@@ -27,6 +27,7 @@ fn kind_of(s: &str) -> Result<ProposalKind, Error> {
         "config_change" => Ok(ProposalKind::ConfigChange),
         "call" => Ok(ProposalKind::Call),
         "schedule" => Ok(ProposalKind::Schedule),
+        "mcp" => Ok(ProposalKind::Mcp),
         other => Err(Error::Internal(format!("stored proposal of unknown kind {other:?}"))),
     }
 }
@@ -49,6 +50,21 @@ impl Daemon {
     /// REQUEST_APPROVAL: validates the proposal completely, stores it as
     /// pending with its digest, and tells the operator's channels.
     pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, Error> {
+        // What only the operator may propose is never taken from an agent.
+        if req.lane == proposals::OPERATOR_LANE || (req.kind == ProposalKind::Mcp && req.content.get("spec").is_some())
+        {
+            self.audit(
+                "agent-rpc",
+                Some(&who.agent),
+                "REQUEST_APPROVAL",
+                "invalid",
+                json!({"kind": req.kind.as_str(), "error": "operator-only proposal"}),
+            );
+            return Err(Error::Invalid(
+                "an MCP server (and anything else the operator adds with choirctl) is never proposed by an agent"
+                    .into(),
+            ));
+        }
         let settings = self.agent_settings(&who.agent);
         let validated = proposals::validate(&self.home, &who.agent, &settings, req).and_then(|p| {
             // A job is checked against the agent too: its chat, tools, skill.
@@ -121,14 +137,15 @@ impl Daemon {
         let kind = match add.kind.as_str() {
             "tool" => ProposalKind::Tool,
             "skill" => ProposalKind::Skill,
-            other => return Err(Error::Malformed(format!("kind {other:?}: add a tool or a skill"))),
+            "mcp" => ProposalKind::Mcp,
+            other => return Err(Error::Malformed(format!("kind {other:?}: add a tool, a skill or an MCP server"))),
         };
         let request = ApprovalRequest {
             kind,
             scope: if add.global { ProposalScope::Global } else { ProposalScope::Agent },
             content: add.content.clone(),
             reason: "added by the operator with choirctl".into(),
-            lane: "operator".into(),
+            lane: proposals::OPERATOR_LANE.into(),
             skill: None,
             state: None,
             conversation: None,
@@ -148,7 +165,12 @@ impl Daemon {
         );
         self.approve(
             id,
-            &ApproveRequest { sha256: Some(proposal.sha256.clone()), by: Some("admin".into()), remember_days: None },
+            &ApproveRequest {
+                sha256: Some(proposal.sha256.clone()),
+                by: Some("admin".into()),
+                remember_days: None,
+                pins: None,
+            },
         )
     }
 
@@ -271,6 +293,7 @@ impl Daemon {
                     sha256: &info.sha256,
                     reason: &info.reason,
                     approver: &by,
+                    pins: req.pins.as_ref(),
                 },
             )
             .map(|commit| {
@@ -294,7 +317,7 @@ impl Daemon {
                 log::info!("proposal {id} approved by {by}: {applied}");
                 self.decision_due(&agent);
                 self.events.send(crate::events::Event::ProposalDecided { id });
-                if matches!(kind, ProposalKind::Tool | ProposalKind::Skill) {
+                if matches!(kind, ProposalKind::Tool | ProposalKind::Skill | ProposalKind::Mcp) {
                     self.start_rollout(id, &agent);
                 }
                 Ok(self.load_approval(id)?.0)

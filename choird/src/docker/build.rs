@@ -1,5 +1,5 @@
 //! Agent image builds (R-LIFE-4): `/choir` is assembled from `repos/global/`
-//! and `repos/agents/<id>/` (tools, skills, identity; the agent's layer
+//! and `repos/agents/<id>/` (tools, skills, identity, MCP servers; the agent's layer
 //! overrides the global one by name when the agent loads them), every manifest
 //! is validated *before* the engine is touched, and the image is tagged with
 //! the hash of its inputs, so the same inputs give the same tag and nothing is
@@ -12,8 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use choir_common::ids::AgentId;
-use choir_common::manifest::known_tool_names;
 use choir_common::skill::load_skills;
+use choir_common::tool_layers::known_tool_names;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -66,6 +66,8 @@ pub fn validate(home: &Home, id: &AgentId, agent_binary: &Path) -> Result<(), Bu
     // The same checks the agent makes at start: tools, then skills against them.
     let known = known_tool_names(&[global.join("tools"), agent.join("tools")])
         .map_err(|e| BuildError::Invalid { file: e.file, reason: e.reason })?;
+    choir_common::mcp::load_servers(&[global.join("mcp"), agent.join("mcp")])
+        .map_err(|e| BuildError::Invalid { file: e.file, reason: e.reason })?;
     load_skills(&[global.join("skills"), agent.join("skills")], &|t| known.contains(t))
         .map_err(|e| BuildError::Invalid { file: e.file, reason: e.error.to_string() })?;
     if !agent_binary.is_file() {
@@ -104,7 +106,7 @@ pub fn assemble(
         invalid(agent_binary, format!("cannot read the choir-agent binary ({e}); set agent_binary in config.json"))
     })?;
     add("choir-agent", 0o755, &binary).map_err(|e| io(agent_binary, e))?;
-    for kind in ["tools", "skills", "identity"] {
+    for kind in ["tools", "skills", "identity", "mcp"] {
         for (layer, root) in [("global", global.join(kind)), ("agent", agent.join(kind))] {
             for (rel, file) in walk(&root).map_err(|e| io(&root, e))? {
                 let meta = std::fs::symlink_metadata(&file).map_err(|e| io(&file, e))?;

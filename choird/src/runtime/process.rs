@@ -16,12 +16,12 @@ use crate::home::Home;
 use crate::spawn::{Cmd, SpawnError};
 
 /// Lays out the agent's `/choir` equivalent for the process runtime:
-/// `<home>/run/<id>/choir/{tools,skills}/{global,agent}` as symlinks into the
+/// `<home>/run/<id>/choir/{tools,skills,mcp}/{global,agent}` as symlinks into the
 /// repo clones (`repos/global/…`, `repos/agents/<id>/…`), so the agent loads
 /// what an image build would bake in.
 pub fn prepare_choir_dir(home: &Home, id: &AgentId) -> std::io::Result<PathBuf> {
     let choir = home.root().join("run").join(id.as_str()).join("choir");
-    for kind in ["tools", "skills"] {
+    for kind in ["tools", "skills", "mcp"] {
         let dir = choir.join(kind);
         std::fs::create_dir_all(&dir)?;
         for (layer, target) in [

@@ -440,7 +440,7 @@ fn callback(d: &Handle, spec: &BotSpec, update_id: i64, q: &CallbackQuery) -> Re
         None => user,
     };
     match action {
-        "ap" => match d.control.approve(id, &ApproveRequest { sha256: sha, by: Some(by), remember_days: None }) {
+        "ap" => match d.control.approve(id, &ApproveRequest { sha256: sha, by: Some(by), ..Default::default() }) {
             Ok(_) => answer(spec, q, &format!("Proposal {id} approved."), false),
             Err(e) => answer(spec, q, &e.to_string(), true),
         },

@@ -59,6 +59,7 @@ pub fn handle(
             Ok(Response::ok(&serde_json::json!({"cancel": r.lane})))
         }
         R::Tools { agent } => Ok(Response::ok(&crate::tool_list::list(d.shared(), &d.host_tools, &agent)?)),
+        R::Mcp { agent } => Ok(Response::ok(&crate::tool_list::mcp(d.shared(), &agent)?)),
         R::Skills { agent } => Ok(Response::ok(&crate::skill_list::of_agent(d.shared(), &d.host_tools, &agent)?.1)),
         R::AddReviewed { id } => {
             let r: choir_common::admin::AddRequest = req.json()?;

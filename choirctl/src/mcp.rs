@@ -1,0 +1,110 @@
+//! `choirctl mcp add|list|show` (the `--pin TOOL:CHOICE` flags of
+//! `approvals approve` are read in `proposals`). A server is added as a reviewed
+//! file (an approval the operator makes at once) with no tool; the agent
+//! then files what the server lists, and the operator pins each tool.
+
+use anyhow::Context as _;
+use choir_common::admin::{AddRequest, ApprovalInfo};
+use serde_json::{json, Map, Value};
+
+use crate::ctx::{print_json, Ctx};
+
+/// `mcp add ID NAME --command PATH [--arg A]... [--env K=V]... [--secret S]... [--timeout-ms N] [--global]`.
+#[allow(clippy::too_many_arguments)] // One per flag of the command.
+pub fn add(
+    ctx: &Ctx,
+    id: &str,
+    name: &str,
+    command: &str,
+    args: Vec<String>,
+    env: &[String],
+    secrets: Vec<String>,
+    timeout_ms: Option<u64>,
+    global: bool,
+) -> anyhow::Result<()> {
+    let mut vars = Map::new();
+    for kv in env {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?}: KEY=VALUE"))?;
+        vars.insert(k.to_owned(), json!(v));
+    }
+    let mut spec = json!({"name": name, "command": command, "args": args, "env": vars, "secrets": secrets});
+    if let Some(t) = timeout_ms {
+        spec["timeout_ms"] = json!(t);
+    }
+    let add = AddRequest { kind: "mcp".into(), global, content: json!({"spec": spec}) };
+    let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    say!("MCP server {name} added as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
+    say!(
+        "it has no tool yet: when the agent runs on it, it files what the server lists; then\n  choirctl approvals \
+         list --agent {id}   and   choirctl approvals show ID"
+    );
+    match &a.rollout {
+        Some(_) => crate::proposals::follow_rollout(ctx, a.id),
+        None => {
+            say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+            Ok(())
+        }
+    }
+}
+
+/// `mcp list ID` / `mcp show ID NAME`.
+pub fn list(ctx: &Ctx, id: &str, only: Option<&str>) -> anyhow::Result<()> {
+    let mut r: Value = ctx.client.get(&format!("agents/{id}/mcp"))?;
+    if let Some(name) = only {
+        let found: Vec<Value> =
+            r["servers"].as_array().into_iter().flatten().filter(|s| s["server"]["name"] == name).cloned().collect();
+        anyhow::ensure!(!found.is_empty(), "agent {id} has no MCP server {name}");
+        r["servers"] = json!(found);
+    }
+    if ctx.json {
+        return print_json(&r);
+    }
+    let one = crate::term::one_line;
+    for s in r["servers"].as_array().into_iter().flatten() {
+        if let Some(e) = s["error"].as_str() {
+            say!("(a server file of layer {} does not load: {})", s["scope"].as_str().unwrap_or("?"), one(e));
+            continue;
+        }
+        let spec = &s["server"];
+        let args: Vec<String> =
+            spec["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).map(one).collect();
+        say!(
+            "{} ({}): {} {}",
+            one(spec["name"].as_str().unwrap_or("?")),
+            s["scope"].as_str().unwrap_or("?"),
+            one(spec["command"].as_str().unwrap_or("?")),
+            args.join(" ")
+        );
+        let tools = s["tools"].as_array().cloned().unwrap_or_default();
+        if tools.is_empty() {
+            say!("  no tool pinned yet");
+        }
+        for t in tools {
+            say!(
+                "  {}  {}{}  sha256 {}",
+                one(t["name"].as_str().unwrap_or("?")),
+                t["side_effect"].as_str().unwrap_or("?"),
+                if t["idempotent"] == true { ", idempotent" } else { "" },
+                &t["sha256"].as_str().unwrap_or("?")[..16.min(t["sha256"].as_str().unwrap_or("").len())]
+            );
+            if only.is_some() {
+                say!("    {}", one(t["description"].as_str().unwrap_or("")));
+                for f in t["findings"].as_array().into_iter().flatten() {
+                    say!("    ⚠ {}", one(f.as_str().unwrap_or("")));
+                }
+            }
+        }
+    }
+    for p in r["pending"].as_array().into_iter().flatten() {
+        say!(
+            "waiting for approval: proposal {} ({}): choirctl approvals show {}",
+            p["id"],
+            one(p["subject"].as_str().unwrap_or("")),
+            p["id"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! MCP servers as Choir tools, end to end with real servers from PyPI (the
+//! reference `mcp-server-time`) and hostile ones written with the same SDK
+//! (`tests/mcp/hostile.py`), run by the agent (process runtime here; the
+//! container case is in `docker.rs`): added by the operator, the catalog
+//! filed by the agent, pinned by approval, called through the arbiter — and
+//! each attack ending where it must.
+
+use std::time::Duration;
+
+use choir_tests::fake_llm::Step;
+use choir_tests::harness::Choird;
+use choir_tests::mcp::Servers;
+use choir_tests::observe::wait_for;
+use choir_tests::scenario::Scenario;
+use serde_json::{json, Value};
+
+fn pending_mcp(choird: &Choird) -> Vec<Value> {
+    let v: Value =
+        serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--status", "pending"])).unwrap();
+    v["approvals"].as_array().unwrap().iter().filter(|a| a["kind"] == "mcp").cloned().collect()
+}
+
+/// `choirctl mcp add demo NAME ARGS…`, then the agent's catalog proposal:
+/// (its id, its sha256, what `approvals show` prints).
+fn add_and_wait_for_catalog(choird: &Choird, name: &str, args: &[String]) -> (String, String, String) {
+    let mut cmd: Vec<&str> = vec!["mcp", "add", "demo", name];
+    cmd.extend(args.iter().map(String::as_str));
+    let added = choird.ctl_ok(&cmd);
+    assert!(added.contains(&format!("MCP server {name} added")), "{added}");
+    wait_for("the agent's catalog proposal", Duration::from_secs(60), || !pending_mcp(choird).is_empty());
+    let p = pending_mcp(choird).remove(0);
+    let id = p["id"].as_i64().unwrap().to_string();
+    let shown = choird.ctl_ok(&["approvals", "show", &id]);
+    (id, p["sha256"].as_str().unwrap().to_owned(), shown)
+}
+
+/// The tool specs of the model's last request.
+fn offered(llm: &choir_tests::fake_llm::FakeLlm) -> Vec<Value> {
+    llm.requests().last().unwrap().body["tools"].as_array().cloned().unwrap_or_default()
+}
+
+fn offered_names(llm: &choir_tests::fake_llm::FakeLlm) -> Vec<String> {
+    offered(llm).iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
+}
+
+/// The last tool result the model was given, parsed.
+fn last_tool_result(llm: &choir_tests::fake_llm::FakeLlm) -> String {
+    let reqs = llm.requests();
+    let msgs = reqs.last().unwrap().body["messages"].as_array().unwrap().clone();
+    msgs.iter().rev().find(|m| m["role"] == "tool").map(|m| m["content"].as_str().unwrap().to_owned()).unwrap()
+}
+
+fn scenario(responder: impl Fn(&Value, u64) -> Option<Step> + Send + Sync + 'static) -> Option<(Servers, Scenario)> {
+    let servers = Servers::prepare()?;
+    let s = Scenario::new().responder(responder).running().build()?;
+    Some((servers, s))
+}
+
+fn last_user_text(req: &Value) -> String {
+    let msgs = req["messages"].as_array().cloned().unwrap_or_default();
+    let last = msgs.last().cloned().unwrap_or_default();
+    if last["role"] == "tool" {
+        return "TOOL".into();
+    }
+    last["content"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_real_mcp_server_is_added_pinned_by_approval_and_answers_a_models_call() {
+    let Some((servers, s)) = scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "what time is it in UTC?" => Step::call("mcp.time.get_current_time", json!({"timezone": "Etc/UTC"})),
+            "convert" => Step::call(
+                "mcp.time.convert_time",
+                json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+            ),
+            "sneak a field" => Step::call("mcp.time.get_current_time", json!({"timezone": "UTC", "note": "x"})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let (id, sha, shown) = add_and_wait_for_catalog(choird, "time", &servers.time_args());
+    // Every tool, its sha256, the server's hints marked as such.
+    for needle in [
+        "get_current_time (NEW)",
+        "convert_time (NEW)",
+        "as mcp.time.get_current_time",
+        "sha256 ",
+        "the server's hints, not trusted",
+    ] {
+        assert!(shown.contains(needle), "{needle:?} in {shown}");
+    }
+    assert!(!shown.contains("⚠"), "the reference server has nothing instruction-like: {shown}");
+    // Before approval the model is offered none of them.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hello"]).trim(), "ok");
+    assert!(!offered_names(&s.llm).iter().any(|n| n.starts_with("mcp__")), "{:?}", offered_names(&s.llm));
+
+    // A choice naming a tool the proposal does not list changes nothing.
+    let err = choird.ctl_err(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "nosuch:skip"]);
+    assert!(err.contains("no tool \"nosuch\""), "{err}");
+    assert_eq!(pending_mcp(choird).len(), 1, "still pending");
+
+    let approved = choird.ctl_ok(&[
+        "approvals",
+        "approve",
+        &id,
+        "--sha256",
+        &sha,
+        "--pin",
+        "get_current_time:side_effect=read",
+        "--pin",
+        "get_current_time:idempotent=true",
+        "--pin",
+        "convert_time:skip",
+    ]);
+    assert!(approved.contains("approved"), "{approved}");
+    choird.wait_running("demo");
+    let listed = choird.ctl_ok(&["mcp", "show", "demo", "time"]);
+    assert!(listed.contains("mcp.time.get_current_time  read, idempotent"), "{listed}");
+    assert!(!listed.contains("convert_time"), "left out: {listed}");
+    let tools = choird.ctl_ok(&["tools", "list", "demo"]);
+    assert!(tools.contains("mcp.time.get_current_time"), "{tools}");
+
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "what time is it in UTC?"]).trim(), "done");
+    let names = offered_names(&s.llm);
+    assert!(names.contains(&"mcp__time__get_current_time".to_owned()), "{names:?}");
+    assert!(!names.contains(&"mcp__time__convert_time".to_owned()), "a skipped tool is not offered: {names:?}");
+    let result = last_tool_result(&s.llm);
+    assert!(result.contains("datetime") && result.contains("Etc/UTC"), "the server answered: {result}");
+    assert!(result.contains("pin_sha256"), "the result says which pin it ran under: {result}");
+    // The model was shown the pinned schema, closed to unknown fields.
+    let spec = offered(&s.llm).into_iter().find(|t| t["function"]["name"] == "mcp__time__get_current_time").unwrap();
+    assert_eq!(spec["function"]["parameters"]["additionalProperties"], false, "{spec}");
+
+    // An unknown field is refused by the arbiter: the server never sees it.
+    choird.ctl_ok(&["chat", "demo", "sneak a field"]);
+    let refused = last_tool_result(&s.llm);
+    assert!(refused.contains("note") && !refused.contains("datetime"), "{refused}");
+    // A skipped tool cannot be called either.
+    choird.ctl_ok(&["chat", "demo", "convert"]);
+    let refused = last_tool_result(&s.llm);
+    assert!(refused.contains("no tool named"), "{refused}");
+}
+
+#[test]
+fn a_rug_pull_disables_the_changed_tool_before_any_model_request_carries_it_and_files_the_change() {
+    let Some((servers, s)) = scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "look up alpha" => Step::call("mcp.rug.lookup", json!({"key": "alpha"})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let (id, sha, shown) = add_and_wait_for_catalog(choird, "rug", &servers.hostile_args("rugpull"));
+    assert!(shown.contains("lookup (NEW)"), "{shown}");
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha]);
+    choird.wait_running("demo");
+
+    // The first call runs; the server then changes the tool and says so.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "look up alpha"]).trim(), "done");
+    assert!(last_tool_result(&s.llm).contains("value of alpha"));
+    // Negative control: the tool was offered, with the approved description,
+    // in the request the model called it from.
+    let reqs = s.llm.requests();
+    let asked = reqs.iter().rev().find(|r| last_user_text(&r.body) == "look up alpha").unwrap();
+    let before = asked.body["tools"].as_array().cloned().unwrap_or_default();
+    let spec = before.iter().find(|t| t["function"]["name"] == "mcp__rug__lookup").expect("offered before the pull");
+    assert_eq!(spec["function"]["description"], "Look a key up in the server's table.");
+
+    // The model's very next request no longer carries it.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "anything else?"]).trim(), "ok");
+    let names = offered_names(&s.llm);
+    assert!(!names.contains(&"mcp__rug__lookup".to_owned()), "the changed tool is off: {names:?}");
+    for t in offered(&s.llm) {
+        assert!(!t.to_string().contains("bcc"), "nothing of the changed tool reaches the model: {t}");
+    }
+    // The change is filed, with the diff, for the operator.
+    wait_for("the drift proposal", Duration::from_secs(30), || {
+        pending_mcp(choird).iter().any(|p| p["subject"].as_str().unwrap().contains("1 changed"))
+    });
+    let p = pending_mcp(choird).into_iter().find(|p| p["subject"].as_str().unwrap().contains("1 changed")).unwrap();
+    let shown = choird.ctl_ok(&["approvals", "show", &p["id"].to_string()]);
+    assert!(shown.contains("lookup (CHANGED since its approval)"), "{shown}");
+    assert!(shown.contains("changed: description") && shown.contains("bcc"), "{shown}");
+    assert!(shown.contains("⚠"), "the new text reads like an instruction: {shown}");
+    // Called anyway (a model that remembers it): refused, saying why.
+    choird.ctl_ok(&["chat", "demo", "look up alpha"]);
+    let refused = last_tool_result(&s.llm);
+    assert!(refused.contains("changed tool lookup since the operator approved it"), "{refused}");
+    let tools = choird.ctl_ok(&["tools", "list", "demo"]);
+    assert!(tools.contains("waiting for approval"), "{tools}");
+}
+
+#[test]
+fn poisoned_catalogs_are_flagged_and_the_model_sees_only_the_operators_words() {
+    let Some((servers, s)) = scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "add 2 and 3" => Step::call("mcp.calc.add", json!({"a": 2, "b": 3})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let (id, sha, shown) = add_and_wait_for_catalog(choird, "calc", &servers.hostile_args("poison"));
+    assert!(shown.contains("⚠ reads like an instruction to the model") && shown.contains("~/.ssh"), "{shown}");
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "add:description=Add two integers."]);
+    choird.wait_running("demo");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "add 2 and 3"]).trim(), "done");
+    let spec = offered(&s.llm).into_iter().find(|t| t["function"]["name"] == "mcp__calc__add").unwrap();
+    assert_eq!(spec["function"]["description"], "Add two integers.", "the operator's words, not the server's");
+    assert!(last_tool_result(&s.llm).contains('5'));
+
+    // Full-schema poisoning: the instruction is a parameter's name.
+    let (_, _, shown) = add_and_wait_for_catalog_again(choird, "calc2", &servers.hostile_args("schema"));
+    assert!(shown.contains("parameter name"), "{shown}");
+}
+
+/// As [`add_and_wait_for_catalog`] when other MCP proposals exist already.
+fn add_and_wait_for_catalog_again(choird: &Choird, name: &str, args: &[String]) -> (String, String, String) {
+    let mut cmd: Vec<&str> = vec!["mcp", "add", "demo", name];
+    cmd.extend(args.iter().map(String::as_str));
+    choird.ctl_ok(&cmd);
+    let subject = format!("mcp {name}:");
+    wait_for("the catalog proposal", Duration::from_secs(60), || {
+        pending_mcp(choird).iter().any(|p| p["subject"].as_str().unwrap().starts_with(&subject))
+    });
+    let p = pending_mcp(choird).into_iter().find(|p| p["subject"].as_str().unwrap().starts_with(&subject)).unwrap();
+    let id = p["id"].as_i64().unwrap().to_string();
+    let shown = choird.ctl_ok(&["approvals", "show", &id]);
+    (id, p["sha256"].as_str().unwrap().to_owned(), shown)
+}
+
+#[test]
+fn an_agent_cannot_add_an_mcp_server_and_a_bad_spec_changes_nothing() {
+    let Some((servers, s)) = scenario(|_, _| Some(Step::Text("ok".into()))) else { return };
+    let choird = &s.choird;
+    // A relative command, a CHOIR_ variable, a bad name: refused, nothing written.
+    for (name, extra) in [
+        ("time", vec!["--command", "python3"]),
+        ("time", vec!["--command", "/usr/bin/python3", "--env", "CHOIR_SECRET_X=1"]),
+        ("Time!", vec!["--command", "/usr/bin/python3"]),
+    ] {
+        let mut cmd = vec!["mcp", "add", "demo", name];
+        cmd.extend(extra);
+        let err = choird.ctl_err(&cmd);
+        assert!(!err.is_empty());
+    }
+    assert!(!choird.home.path().join("repos/agents/demo/mcp").exists(), "a refused spec writes nothing");
+    assert!(choird.ctl_ok(&["mcp", "list", "demo"]).trim().is_empty());
+    // The same server twice is refused.
+    let mut cmd: Vec<String> = ["mcp", "add", "demo", "time"].iter().map(|s| (*s).to_owned()).collect();
+    cmd.extend(servers.time_args());
+    let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    choird.ctl_ok(&args);
+    assert!(choird.ctl_err(&args).contains("already exists"));
+}
+
+#[test]
+fn hostile_servers_get_a_clear_error_and_never_hold_a_lane() {
+    let Some((servers, s)) = scenario(|req, _| {
+        let text = last_user_text(req);
+        Some(match text.strip_prefix("call ") {
+            // The key is the user's word, so no confirmation is needed.
+            Some(server) => Step::call(&format!("mcp.{server}.lookup"), json!({"key": server})),
+            None if text == "TOOL" => Step::Text("done".into()),
+            None => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let modes = ["hang", "exit", "flood", "garbage", "sampling"];
+    for mode in modes {
+        let (id, sha, _) = add_and_wait_for_catalog_again(choird, mode, &servers.hostile_args(mode));
+        let mut approve = vec!["approvals", "approve", id.as_str(), "--sha256", sha.as_str()];
+        let timeout = "lookup:timeout_ms=3000".to_owned();
+        if mode == "hang" {
+            approve.extend(["--pin", timeout.as_str()]);
+        }
+        choird.ctl_ok(&approve);
+        choird.wait_running("demo");
+    }
+    let started = std::time::Instant::now();
+    choird.ctl_ok(&["chat", "demo", "call hang"]);
+    let hang = last_tool_result(&s.llm);
+    assert!(hang.contains("timeout") || hang.contains("no answer in time"), "{hang}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the lane waited its timeout, not the server");
+
+    choird.ctl_ok(&["chat", "demo", "call exit"]);
+    let exited = last_tool_result(&s.llm);
+    assert!(exited.contains("exited"), "{exited}");
+
+    choird.ctl_ok(&["chat", "demo", "call flood"]);
+    let flooded = last_tool_result(&s.llm);
+    assert!(flooded.contains("larger than 4 MiB"), "{flooded}");
+
+    // A few lines of garbage are tolerated; the answer still arrives.
+    choird.ctl_ok(&["chat", "demo", "call garbage"]);
+    assert!(last_tool_result(&s.llm).contains("value of garbage"), "{}", last_tool_result(&s.llm));
+
+    // Sampling is refused: the server asked, Choir said no, the call answered.
+    choird.ctl_ok(&["chat", "demo", "call sampling"]);
+    let asked = last_tool_result(&s.llm);
+    assert!(asked.contains("sampling refused") && !asked.contains("granted"), "{asked}");
+
+    // A server that failed is started again (after its backoff) and answers.
+    std::thread::sleep(Duration::from_secs(2));
+    choird.ctl_ok(&["chat", "demo", "call garbage"]);
+    assert!(last_tool_result(&s.llm).contains("value of garbage"));
+    // Another lane was never held: the agent still chats.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "still there?"]).trim(), "ok");
+}
