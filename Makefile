@@ -15,7 +15,7 @@ BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/vendor-completions
 FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 
-.PHONY: all deps build-deps runtime-deps base-image build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
+.PHONY: all deps build-deps runtime-deps base-image base-image-python build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
 
 all: build
 
@@ -33,6 +33,11 @@ runtime-deps:
 # through the engine API (no registry). Rebuilt only when its script changes.
 base-image: build-deps
 	./scripts/build-base-image.sh
+
+# The same with Debian's python3, for MCP servers in Python run inside agent
+# containers (the tests run the reference servers from PyPI in it).
+base-image-python: build-deps
+	./scripts/build-base-image.sh python
 
 build: deps
 	$(CARGO) build --workspace --bins
@@ -74,7 +79,7 @@ lint:
 # instead of skipping (plain `cargo test` skips and says why).
 # --all-targets: the test build of choir-agent carries its crash-injection
 # failpoints (a dev-dependency feature); release builds never do.
-test: deps base-image lint
+test: deps base-image base-image-python lint
 	$(CARGO) build --workspace --all-targets
 	CHOIR_TEST_REQUIRE_SERVICES=1 $(CARGO) test --workspace --no-fail-fast
 

@@ -11,8 +11,16 @@ SOCK=${DOCKER_SOCKET:-/var/run/docker.sock}
 API=v1.41
 REPO=choir-base
 TAG=bookworm
-VERSION=$(sha256sum "$0" | cut -c1-16)
 PACKAGES=bash,coreutils,ripgrep,git,ca-certificates
+# `build-base-image.sh python`: the same base with Debian's python3, for MCP
+# servers written in Python that run inside the agent's container
+# (choir-base:bookworm-python; docs/mcp.md).
+case "${1:-}" in
+  "") ;;
+  python) TAG=bookworm-python; PACKAGES="$PACKAGES,python3" ;;
+  *) echo "build-base-image: no variant ${1}; use none or python" >&2; exit 2 ;;
+esac
+VERSION=$( (cat "$0"; echo "$TAG") | sha256sum | cut -c1-16)
 
 if [ ! -S "$SOCK" ]; then
   echo "build-base-image: no Docker engine socket at $SOCK (set DOCKER_SOCKET, or install and start docker.io)" >&2

@@ -126,13 +126,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &host_manifests,
         Some(crate::tools::McpSetup {
             workspace: workspace.root().to_owned(),
+            secrets: secrets.clone(),
             filer: Some(rpc.clone() as Arc<dyn crate::tools::mcp::CatalogFiler>),
         }),
     )?;
     // Each MCP server is started and its catalog checked now, so a change
     // since approval is found (and filed) before a model is offered its tools.
+    // One holding secrets is checked before any lane runs (nothing the model
+    // starts may run beside it); the others meanwhile, on threads.
     for server in registry.mcp_servers() {
         let server = server.clone();
+        if server.holds_secrets() {
+            if let Err(e) = server.check_now(std::time::Instant::now() + Duration::from_secs(10)) {
+                log::warn!("MCP server {}: {e}", server.name());
+            }
+            continue;
+        }
         std::thread::Builder::new().name("mcp-check".into()).spawn(move || {
             if let Err(e) = server.check_now(std::time::Instant::now() + Duration::from_secs(30)) {
                 log::warn!("MCP server {}: {e}", server.name());

@@ -72,3 +72,74 @@ impl Servers {
         ]
     }
 }
+
+/// An agent base image holding the servers: `choir-base:bookworm-python`
+/// (`make base-image-python`) with the venv's packages in
+/// `/opt/mcp/site-packages` and `hostile.py` in `/opt/mcp`; removed when
+/// dropped.
+pub struct Image {
+    /// Its tag.
+    pub tag: String,
+}
+
+/// The base image MCP images are built on.
+pub const PYTHON_BASE: &str = "choir-base:bookworm-python";
+
+impl Image {
+    /// Builds it (the caller holds [`crate::docker::exclusive`]).
+    pub fn build(servers: &Servers) -> Image {
+        let engine = crate::docker::engine();
+        assert!(
+            engine.image(PYTHON_BASE).unwrap().is_some(),
+            "the base image {PYTHON_BASE} is missing: make base-image-python"
+        );
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, data: &[u8], mode: u32| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(mode);
+            h.set_mtime(0);
+            tar.append_data(&mut h, path, data).unwrap();
+        };
+        add("Dockerfile", format!("FROM {PYTHON_BASE}\nCOPY mcp/ /opt/mcp/\n").as_bytes(), 0o644);
+        add("mcp/hostile.py", &std::fs::read(dir().join("hostile.py")).unwrap(), 0o644);
+        let site = servers.venv().join("lib/python3.11/site-packages");
+        for entry in walkdir(&site) {
+            let rel = entry.strip_prefix(&site).unwrap().display().to_string();
+            if rel.contains("__pycache__") || rel.starts_with("pip") {
+                continue;
+            }
+            add(&format!("mcp/site-packages/{rel}"), &std::fs::read(&entry).unwrap(), 0o644);
+        }
+        let context = tar.into_inner().unwrap();
+        let mut rnd = [0u8; 4];
+        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd)).unwrap();
+        let tag = format!("choirtest-mcp:{}", rnd.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        engine.build(context, &tag, &serde_json::json!({}), &serde_json::json!({}), |_| {}).unwrap();
+        Image { tag }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = crate::docker::engine().remove_image(&self.tag);
+    }
+}
+
+/// Every regular file under `root`, sorted.
+fn walkdir(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -32,7 +32,8 @@ pub struct McpTool {
 
 impl Tool for McpTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
-        self.server.call(&self.tool, input, &ctx.secrets, ctx.deadline)
+        // The server holds the secrets it declares; `ctx.secrets` are the same.
+        self.server.call(&self.tool, input, ctx.deadline)
     }
 
     fn unavailable(&self) -> Option<String> {
@@ -48,13 +49,14 @@ pub type Pinned = (String, ToolManifest, McpTool);
 pub fn load(
     choir_dir: &Path,
     workspace: &Path,
+    secrets: &crate::secrets::SecretStore,
     filer: Option<Arc<dyn CatalogFiler>>,
 ) -> Result<(Vec<Arc<McpServer>>, Vec<Pinned>), choir_common::manifest::ToolFileError> {
     let layers = [choir_dir.join("mcp").join("global"), choir_dir.join("mcp").join("agent")];
     let mut servers = Vec::new();
     let mut tools = Vec::new();
     for loaded in load_servers(&layers)? {
-        let server = McpServer::new(loaded.server, workspace.to_owned(), filer.clone());
+        let server = McpServer::new(loaded.server, workspace.to_owned(), secrets, filer.clone());
         for (tool, manifest) in server.file().manifests() {
             let source = format!("{} (MCP server {})", loaded.file.display(), server.name());
             tools.push((source, manifest, McpTool { server: server.clone(), tool }));

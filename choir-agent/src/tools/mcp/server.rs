@@ -63,6 +63,8 @@ struct State {
 pub struct McpServer {
     file: ServerFile,
     workspace: PathBuf,
+    /// The secrets it declares (and only those).
+    secrets: SecretStore,
     filer: Option<Arc<dyn CatalogFiler>>,
     state: Mutex<State>,
     /// Pinned tools not callable now, with why.
@@ -76,14 +78,21 @@ pub struct McpServer {
 }
 
 impl McpServer {
-    /// The server of `file`, run in `workspace`; a thread of its own checks
-    /// the catalog again whenever the server says it changed (it ends with
-    /// the server).
-    pub fn new(file: ServerFile, workspace: PathBuf, filer: Option<Arc<dyn CatalogFiler>>) -> Arc<McpServer> {
+    /// The server of `file`, run in `workspace` with the secrets it declares
+    /// out of `secrets`; a thread of its own checks the catalog again
+    /// whenever the server says it changed (it ends with the server).
+    pub fn new(
+        file: ServerFile,
+        workspace: PathBuf,
+        secrets: &SecretStore,
+        filer: Option<Arc<dyn CatalogFiler>>,
+    ) -> Arc<McpServer> {
         let (changes, heard) = bounded::<()>(1);
+        let secrets = secrets.subset(&file.server.secrets);
         let server = Arc::new(McpServer {
             file,
             workspace,
+            secrets,
             filer,
             state: Mutex::default(),
             disabled: RwLock::default(),
@@ -109,7 +118,7 @@ impl McpServer {
         let stale = self.stale.read().as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
         if stale {
             let deadline = Instant::now() + Duration::from_secs(30);
-            if let Err(e) = self.connection(&SecretStore::default(), deadline) {
+            if let Err(e) = self.connection(deadline) {
                 log::warn!("MCP server {}: {}", self.name(), e.message);
             }
         }
@@ -139,29 +148,23 @@ impl McpServer {
     }
 
     /// Whether it holds secrets (and so lives for one call only).
-    fn ephemeral(&self) -> bool {
+    pub fn holds_secrets(&self) -> bool {
         !self.file.server.secrets.is_empty()
     }
 
-    /// Starts it (if it has no secrets) and checks its catalog, so drift is
-    /// found and filed before any call; for the agent's start.
+    /// Starts it and checks its catalog, so drift is found and filed before
+    /// any call; for the agent's start. One holding secrets is stopped
+    /// again at once (and must be checked before anything else runs).
     pub fn check_now(&self, deadline: Instant) -> Result<(), String> {
-        if self.ephemeral() {
-            return Ok(());
-        }
-        self.connection(&SecretStore::default(), deadline).map(|_| ()).map_err(|e| e.message)
+        let conn = self.connection(deadline).map_err(|e| e.message)?;
+        self.done(&conn);
+        Ok(())
     }
 
     /// Calls `tool` with `arguments` by `deadline`; the result object, or
     /// why not.
-    pub fn call(
-        &self,
-        tool: &str,
-        arguments: &Value,
-        secrets: &SecretStore,
-        deadline: Instant,
-    ) -> Result<Value, ToolError> {
-        let conn = self.connection(secrets, deadline)?;
+    pub fn call(&self, tool: &str, arguments: &Value, deadline: Instant) -> Result<Value, ToolError> {
+        let conn = self.connection(deadline)?;
         if let Some(why) = self.disabled(tool) {
             self.done(&conn);
             return Err(ToolError::new("tool_unavailable", why));
@@ -188,7 +191,7 @@ impl McpServer {
 
     /// After a call: an ephemeral server is stopped.
     fn done(&self, conn: &Arc<Conn>) {
-        if self.ephemeral() {
+        if self.holds_secrets() {
             self.drop_conn(conn, "its call ended (a server holding secrets lives for one call)");
         }
     }
@@ -202,7 +205,7 @@ impl McpServer {
     }
 
     /// A connection whose catalog is checked: the running one, or a new one.
-    fn connection(&self, secrets: &SecretStore, deadline: Instant) -> Result<Arc<Conn>, ToolError> {
+    fn connection(&self, deadline: Instant) -> Result<Arc<Conn>, ToolError> {
         let server = self.name().to_owned();
         let busy = || ToolError::new("timeout", format!("MCP server {server} is busy starting for another call"));
         let mut st = self.state.try_lock_until(deadline).ok_or_else(busy)?;
@@ -248,8 +251,7 @@ impl McpServer {
         let spec = &self.file.server;
         let mut cmd = Cmd::new(&spec.command);
         cmd.args(spec.args.iter().cloned());
-        let own: SecretStore = if self.ephemeral() { secrets.clone() } else { SecretStore::default() };
-        tool_env(&mut cmd, &self.workspace, &format!("mcp.{server}"), "mcp", &own);
+        tool_env(&mut cmd, &self.workspace, &format!("mcp.{server}"), "mcp", &self.secrets);
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -406,7 +408,7 @@ mod tests {
             },
             tools: BTreeMap::from([("lookup".to_owned(), Pin::strict(entry("Look a key up.")))]),
         };
-        McpServer::new(file, PathBuf::from("/"), Some(filed))
+        McpServer::new(file, PathBuf::from("/"), &SecretStore::default(), Some(filed))
     }
 
     #[test]
@@ -440,11 +442,9 @@ mod tests {
         assert!(s.disabled("lookup").unwrap().contains("no longer lists"));
         assert_eq!(filed.0.lock().len(), 1);
         // A server that cannot start fails with a reason and backs off.
-        let err =
-            s.call("lookup", &json!({"key": "a"}), &SecretStore::default(), Instant::now() + Duration::from_secs(5));
+        let err = s.call("lookup", &json!({"key": "a"}), Instant::now() + Duration::from_secs(5));
         assert!(err.is_err());
-        let again =
-            s.call("lookup", &json!({"key": "a"}), &SecretStore::default(), Instant::now() + Duration::from_secs(5));
+        let again = s.call("lookup", &json!({"key": "a"}), Instant::now() + Duration::from_secs(5));
         assert!(again.unwrap_err().message.contains("started again in"), "backoff");
     }
 }
