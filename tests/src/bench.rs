@@ -105,10 +105,15 @@ pub fn timed(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
 pub const PACE: Duration = Duration::from_micros(6_667);
 
 /// Prints direct vs through-choird latencies and their ratio.
-pub fn compare(what: &str, mut direct: Vec<Duration>, mut via: Vec<Duration>) {
+pub fn compare(what: &str, direct: Vec<Duration>, via: Vec<Duration>) {
+    compare_through(what, "choird", direct, via);
+}
+
+/// Prints direct vs through-`layer` latencies and their ratio.
+pub fn compare_through(what: &str, layer: &str, mut direct: Vec<Duration>, mut via: Vec<Duration>) {
     let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
     crate::report!(
-        "{what}, n={}: direct p50 {} p99 {}; through choird p50 {} p99 {}; ratio {:.2} (choird adds {})",
+        "{what}, n={}: direct p50 {} p99 {}; through {layer} p50 {} p99 {}; ratio {:.2} ({layer} adds {})",
         via.len(),
         ms(d50),
         ms(pct(&mut direct, 0.99)),

@@ -243,7 +243,7 @@ fn add_and_wait_for_catalog_again(choird: &Choird, name: &str, args: &[String]) 
 }
 
 #[test]
-fn an_agent_cannot_add_an_mcp_server_and_a_bad_spec_changes_nothing() {
+fn a_bad_server_spec_is_refused_and_changes_nothing() {
     let Some((servers, s)) = scenario(|_, _| Some(Step::Text("ok".into()))) else { return };
     let choird = &s.choird;
     // A relative command, a CHOIR_ variable, a bad name: refused, nothing written.
