@@ -466,9 +466,17 @@ pub enum McpCmd {
         id: String,
         /// The server's name in Choir (a-z, 0-9, _): its tools are mcp.NAME.TOOL.
         name: String,
-        /// The server's program, an absolute path inside the agent's container (or on the host, process runtime).
-        #[arg(long, value_name = "PATH")]
-        command: String,
+        /// The server's program (stdio), an absolute path inside the agent's container (or on the host, process
+        /// runtime).
+        #[arg(long, value_name = "PATH", required_unless_present = "url", conflicts_with = "url")]
+        command: Option<String>,
+        /// The server's Streamable-HTTP endpoint (https://, or http:// to loopback), reached by choird through the
+        /// agent's egress policy.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// A choird secret (secrets.json) sent to this HTTP server only, as Authorization: Bearer.
+        #[arg(long, value_name = "NAME", requires = "url")]
+        auth_secret: Option<String>,
         /// An argument, repeatable.
         #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
         args: Vec<String>,

@@ -224,8 +224,13 @@ fn real_main() -> anyhow::Result<()> {
             SkillsCmd::Validate { .. } => unreachable!("done offline above"),
         },
         C::Mcp(m) => match m {
-            McpCmd::Add { id, name, command, args, env, secret, timeout_ms, global } => {
-                mcp::add(&ctx, &id, &name, &command, args, &env, secret, timeout_ms, global)
+            McpCmd::Add { id, name, command, url, auth_secret, args, env, secret, timeout_ms, global } => {
+                let to = match (command, url) {
+                    (Some(c), _) => mcp::Reach::Command(c),
+                    (None, Some(u)) => mcp::Reach::Url(u, auth_secret),
+                    (None, None) => anyhow::bail!("give --command (stdio) or --url (HTTP)"),
+                };
+                mcp::add(&ctx, &id, &name, to, args, &env, secret, timeout_ms, global)
             }
             McpCmd::List { id } => mcp::list(&ctx, &id, None),
             McpCmd::Show { id, name } => mcp::list(&ctx, &id, Some(&name)),

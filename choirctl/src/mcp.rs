@@ -9,13 +9,22 @@ use serde_json::{json, Map, Value};
 
 use crate::ctx::{print_json, Ctx};
 
-/// `mcp add ID NAME --command PATH [--arg A]... [--env K=V]... [--secret S]... [--timeout-ms N] [--global]`.
+/// How a server is reached.
+pub enum Reach {
+    /// A program the agent runs (stdio).
+    Command(String),
+    /// An endpoint choird reaches, and the choird secret it gets.
+    Url(String, Option<String>),
+}
+
+/// `mcp add ID NAME (--command PATH [--arg A]... [--env K=V]... [--secret S]... | --url URL [--auth-secret S])
+/// [--timeout-ms N] [--global]`.
 #[allow(clippy::too_many_arguments)] // One per flag of the command.
 pub fn add(
     ctx: &Ctx,
     id: &str,
     name: &str,
-    command: &str,
+    to: Reach,
     args: Vec<String>,
     env: &[String],
     secrets: Vec<String>,
@@ -27,7 +36,16 @@ pub fn add(
         let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?}: KEY=VALUE"))?;
         vars.insert(k.to_owned(), json!(v));
     }
-    let mut spec = json!({"name": name, "command": command, "args": args, "env": vars, "secrets": secrets});
+    let mut spec = json!({"name": name, "args": args, "env": vars, "secrets": secrets});
+    match to {
+        Reach::Command(c) => spec["command"] = json!(c),
+        Reach::Url(u, auth) => {
+            spec["url"] = json!(u);
+            if let Some(a) = auth {
+                spec["auth_secret"] = json!(a);
+            }
+        }
+    }
     if let Some(t) = timeout_ms {
         spec["timeout_ms"] = json!(t);
     }
@@ -75,7 +93,7 @@ pub fn list(ctx: &Ctx, id: &str, only: Option<&str>) -> anyhow::Result<()> {
             "{} ({}): {} {}",
             one(spec["name"].as_str().unwrap_or("?")),
             s["scope"].as_str().unwrap_or("?"),
-            one(spec["command"].as_str().unwrap_or("?")),
+            one(spec["command"].as_str().or(spec["url"].as_str()).unwrap_or("?")),
             args.join(" ")
         );
         let tools = s["tools"].as_array().cloned().unwrap_or_default();

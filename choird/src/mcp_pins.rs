@@ -99,7 +99,10 @@ pub fn check(
         }
         let file = ServerFile { server: spec.clone(), tools: BTreeMap::new() };
         file.validate()?;
-        return Ok(Checked { subject: format!("mcp server {} (new: {})", spec.name, spec.command), scope });
+        return Ok(Checked {
+            subject: format!("mcp server {} (new: {})", spec.name, spec.url.clone().unwrap_or(spec.command.clone())),
+            scope,
+        });
     }
     let (name, entries) = catalog(content)?;
     let Some((scope, path)) = server_file(home, agent, &name) else {
@@ -291,8 +294,13 @@ pub fn written(
 pub fn render(home: &Home, agent: &AgentId, content: &Value) -> String {
     let mut out = String::new();
     if let Some(spec) = content.get("spec") {
+        let how = if spec.get("url").is_some() {
+            "reached by choird over HTTP through the agent's egress policy"
+        } else {
+            "runs inside the agent's container, with a cleared environment"
+        };
         out.push_str(&format!(
-            "adds MCP server (runs inside the agent's container, with a cleared environment):\n{}\n",
+            "adds MCP server ({how}):\n{}\n",
             serde_json::to_string_pretty(spec).unwrap_or_default()
         ));
         return out;
@@ -305,6 +313,8 @@ pub fn render(home: &Home, agent: &AgentId, content: &Value) -> String {
         server: ServerSpec {
             name: name.clone(),
             command: String::new(),
+            url: None,
+            auth_secret: None,
             args: Vec::new(),
             env: BTreeMap::new(),
             secrets: Vec::new(),

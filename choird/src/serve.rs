@@ -257,6 +257,8 @@ fn serve(
     let shared = Arc::new(Shared::new(home.clone(), config.clone(), secrets, store, events));
     let memory = crate::host_tools::memory::Memory::start(&shared)?;
     let mut host_tools = crate::host_tools::Registry::new(shared.clone());
+    let mcp = crate::host_tools::mcp::McpHttp::new(shared.clone());
+    host_tools.set_per_agent(Box::new(crate::host_tools::mcp::Served(mcp)));
     if let Some(m) = &memory {
         crate::host_tools::memory::register(m, &mut host_tools)?;
     }

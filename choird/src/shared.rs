@@ -65,6 +65,10 @@ pub struct Shared {
     pub events: Events,
     /// Threads started for one piece of work, joined at shutdown.
     pub tasks: Tasks,
+    /// The MCP tools choird switched off per agent (their server changed
+    /// them since approval), by wire name: the relay leaves them out of the
+    /// agent's model requests.
+    pub mcp_disabled: RwLock<HashMap<AgentId, std::collections::BTreeSet<String>>>,
     hourly: Mutex<HashMap<(AgentId, &'static str), Window>>,
 }
 
@@ -88,6 +92,7 @@ impl Shared {
             budgets: Arc::default(),
             events,
             tasks: Tasks::default(),
+            mcp_disabled: RwLock::default(),
             hourly: Mutex::new(HashMap::new()),
         }
     }

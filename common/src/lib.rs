@@ -18,6 +18,7 @@ pub mod lane;
 pub mod malloc;
 pub mod manifest;
 pub mod mcp;
+pub mod mcp_result;
 pub mod nice;
 pub mod openai;
 pub mod pointer;

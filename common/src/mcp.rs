@@ -58,8 +58,19 @@ pub struct ServerSpec {
     /// The server's name in Choir: `[a-z0-9_]`, the middle of its tools' names.
     pub name: String,
     /// A program started by the agent in its container (or, under the
-    /// process runtime, as its child) that speaks MCP on stdin/stdout.
+    /// process runtime, as its child) that speaks MCP on stdin/stdout;
+    /// empty for a server reached over HTTP.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub command: String,
+    /// A Streamable-HTTP endpoint choird reaches for the agent (`https://`,
+    /// or `http://` to loopback), through the agent's egress policy; the
+    /// agent never connects to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A secret of choird's (`secrets.json`, not the agent's) sent to this
+    /// server alone as `Authorization: Bearer <value>`; an HTTP server only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_secret: Option<String>,
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
@@ -246,11 +257,35 @@ pub fn check_server_name(name: &str) -> Result<(), String> {
 }
 
 impl ServerSpec {
+    /// Whether choird reaches it over HTTP (else the agent runs it).
+    pub fn is_http(&self) -> bool {
+        self.url.is_some()
+    }
+
     /// Checks what can be checked without the filesystem.
     pub fn validate(&self) -> Result<(), String> {
         check_server_name(&self.name)?;
-        if !self.command.starts_with('/') || self.command.contains('\0') || self.command.len() > 4096 {
-            return Err("command: an absolute path to the server's program".into());
+        match &self.url {
+            None => {
+                if !self.command.starts_with('/') || self.command.contains('\0') || self.command.len() > 4096 {
+                    return Err("command: an absolute path to the server's program".into());
+                }
+                if self.auth_secret.is_some() {
+                    return Err("auth_secret: only for a server reached over HTTP (a stdio server gets secrets)".into());
+                }
+            }
+            Some(url) => {
+                if !self.command.is_empty() || !self.args.is_empty() || !self.env.is_empty() || !self.secrets.is_empty()
+                {
+                    return Err("a server is either a command (stdio) or a url (HTTP), not both".into());
+                }
+                check_url(url)?;
+                if let Some(s) = &self.auth_secret {
+                    if !crate::ids::valid_secret_name(s) {
+                        return Err(format!("auth_secret: {s:?} is not a secret name"));
+                    }
+                }
+            }
         }
         if self.args.len() > 64 || self.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
             return Err("args: at most 64 arguments of at most 4096 bytes".into());
@@ -271,6 +306,26 @@ impl ServerSpec {
         }
         Ok(())
     }
+}
+
+/// An HTTP server's address: `https://`, or `http://` to a loopback host
+/// (a server on this machine); no credentials in it, at most 2048 bytes.
+pub fn check_url(raw: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("url: {e}"))?;
+    let loopback = matches!(url.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+    let ok_scheme = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !ok_scheme
+        || raw.len() > 2048
+        || !url.username().is_empty()
+        || url.password().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(format!(
+            "url {:?}: https://…, or http:// to 127.0.0.1, localhost or [::1]; no credentials or fragment in it",
+            crate::text::clipped(raw, 100)
+        ));
+    }
+    Ok(url)
 }
 
 impl ServerFile {
@@ -550,6 +605,8 @@ mod tests {
             server: ServerSpec {
                 name: "time".into(),
                 command: "/opt/mcp/bin/python".into(),
+                url: None,
+                auth_secret: None,
                 args: vec!["-m".into(), "mcp_server_time".into()],
                 env: BTreeMap::new(),
                 secrets: Vec::new(),
@@ -621,6 +678,23 @@ mod tests {
         let mut hidden = time_entry();
         hidden.description = "Get time\u{202e}".into();
         assert!(!findings(&hidden).is_empty());
+    }
+
+    #[test]
+    fn an_http_server_is_https_or_loopback_and_never_also_a_command() {
+        let mut f = file();
+        f.server.command = String::new();
+        f.server.args.clear();
+        f.server.url = Some("https://mcp.example.com/mcp".into());
+        f.validate().unwrap();
+        for bad in ["http://mcp.example.com/mcp", "https://u:p@mcp.example.com/", "ftp://x/", "http://10.0.0.1/"] {
+            f.server.url = Some(bad.into());
+            assert!(f.validate().is_err(), "{bad}");
+        }
+        f.server.url = Some("http://127.0.0.1:8000/mcp".into());
+        f.validate().unwrap();
+        f.server.command = "/bin/sh".into();
+        assert!(f.validate().unwrap_err().contains("not both"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ per mode (the first argument), served over stdio:
   inject     `fetch_note` returns text asking for a mail to an outsider; `send_mail`
              writes what it would send to sent.txt in its directory
   passthrough `whoami` answers with every CHOIR_SECRET_* and token it can see
+  echo_auth  `whoami` (over HTTP) answers with the Authorization header it received
   hang       `lookup` never answers
   exit       `lookup` exits the server in the middle of the call
   flood      `lookup` writes a 50 MB line on stdout
@@ -102,6 +103,14 @@ elif mode == "passthrough":
 
         # Everything a server could pass on: its whole environment and where it runs.
         return json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "uid": os.getuid()})
+
+elif mode == "echo_auth":
+
+    @server.tool(description="Say which credentials the server was given.")
+    async def whoami(ctx: Context) -> str:
+        req = ctx.request_context.request
+        auth = req.headers.get("authorization", "") if req is not None else ""
+        return f"I was given: [{auth}]"
 
 elif mode == "hang":
 

@@ -143,3 +143,40 @@ fn walkdir(root: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// A server of `tests/mcp/serve_http.py` on a loopback port (the reference
+/// time server, or a hostile mode), stopped when dropped.
+pub struct HttpServer {
+    child: std::process::Child,
+    /// Its endpoint (`http://127.0.0.1:PORT/mcp`).
+    pub url: String,
+}
+
+impl HttpServer {
+    /// Starts `which` (`time` or a hostile mode) and waits until it listens.
+    pub fn start(servers: &Servers, which: &str) -> HttpServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(servers.python())
+            .arg(dir().join("serve_http.py"))
+            .arg(port.to_string())
+            .arg(which)
+            .current_dir(dir())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "serve_http.py {which} never listened");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        HttpServer { child, url: format!("http://127.0.0.1:{port}/mcp") }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use choir_tests::fake_llm::Step;
 use choir_tests::harness::Choird;
-use choir_tests::mcp::Servers;
+use choir_tests::mcp::{HttpServer, Servers};
 use choir_tests::observe::wait_for;
 use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
@@ -473,4 +473,97 @@ fn an_mcp_server_runs_inside_the_agents_container() {
     let mut choird = s.choird;
     choird.stop();
     drop(image);
+}
+
+/// A scenario whose agent may reach servers on this host (its egress policy
+/// allows loopback), with choird's credential `notes_token`.
+fn http_scenario(
+    responder: impl Fn(&Value, u64) -> Option<Step> + Send + Sync + 'static,
+) -> Option<(Servers, Scenario)> {
+    let servers = Servers::prepare()?;
+    let s = Scenario::new()
+        .responder(responder)
+        .secrets(json!({"llm_key": "sk-test-relay-key", "notes_token": "tok-choird-only-93af71"}))
+        .config(|c| c["agents"]["demo"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]}))
+        .running()
+        .build()?;
+    Some((servers, s))
+}
+
+#[test]
+fn a_streamable_http_server_is_reached_by_choird_pinned_and_called_with_a_credential_only_it_gets() {
+    let Some((servers, s)) = http_scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "what time is it in UTC?" => Step::call("mcp.clock.get_current_time", json!({"timezone": "Etc/UTC"})),
+            "who are you, keyed" => Step::call("mcp.keyed.whoami", json!({})),
+            "who are you, plain" => Step::call("mcp.plain.whoami", json!({})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let time = HttpServer::start(&servers, "time");
+    let (id, sha, shown) = add_and_wait_for_catalog(choird, "clock", &["--url".to_owned(), time.url.clone()]);
+    assert!(shown.contains("get_current_time (NEW)"), "choird listed it itself: {shown}");
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "get_current_time:side_effect=read"]);
+    choird.wait_running("demo");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "what time is it in UTC?"]).trim(), "done");
+    let result = last_tool_result(&s.llm);
+    assert!(result.contains("datetime") && result.contains("Etc/UTC"), "{result}");
+    assert!(offered_names(&s.llm).contains(&"mcp__clock__get_current_time".to_owned()));
+
+    // The credential goes to its server only, and never back to the model.
+    let keyed = HttpServer::start(&servers, "echo_auth");
+    let args = ["--url".to_owned(), keyed.url.clone(), "--auth-secret".to_owned(), "notes_token".to_owned()];
+    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "keyed", &args);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
+    let plain = HttpServer::start(&servers, "echo_auth");
+    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "plain", &["--url".to_owned(), plain.url.clone()]);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
+    choird.wait_running("demo");
+    choird.ctl_ok(&["chat", "demo", "who are you, keyed"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("Bearer [REDACTED]"), "the server got it, the model does not see it: {got}");
+    choird.ctl_ok(&["chat", "demo", "who are you, plain"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("I was given: []"), "no credential to another server: {got}");
+    for r in s.llm.requests() {
+        assert!(!r.body.to_string().contains("tok-choird-only-93af71"), "the credential reached a model");
+    }
+}
+
+#[test]
+fn an_http_servers_rug_pull_is_caught_by_choird_and_kept_from_the_model() {
+    let Some((servers, s)) = http_scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "look up alpha" => Step::call("mcp.rug.lookup", json!({"key": "alpha"})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let rug = HttpServer::start(&servers, "rugpull");
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "rug", &["--url".to_owned(), rug.url.clone()]);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha]);
+    choird.wait_running("demo");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "look up alpha"]).trim(), "done");
+    assert!(last_tool_result(&s.llm).contains("value of alpha"));
+    // Negative control: offered when the model called it.
+    let reqs = s.llm.requests();
+    let asked = reqs.iter().rev().find(|r| last_user_text(&r.body) == "look up alpha").unwrap();
+    assert!(asked.body["tools"].to_string().contains("mcp__rug__lookup"));
+    // The agent still offers it (its registry is fixed); choird's relay takes it out.
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "anything else?"]).trim(), "ok");
+    let names = offered_names(&s.llm);
+    assert!(!names.contains(&"mcp__rug__lookup".to_owned()), "{names:?}");
+    wait_for("the drift proposal", Duration::from_secs(30), || {
+        pending_mcp(choird).iter().any(|p| p["subject"].as_str().unwrap().contains("1 changed"))
+    });
+    choird.ctl_ok(&["chat", "demo", "look up alpha"]);
+    let refused = last_tool_result(&s.llm);
+    assert!(refused.contains("changed tool lookup since the operator approved it"), "{refused}");
 }

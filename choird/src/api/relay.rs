@@ -82,6 +82,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         return Err(Error::TooLarge(format!("LLM request over {MAX_REQUEST} bytes")));
     }
     let mut obj = forwarded(&req.body)?;
+    strip_switched_off(d, &who.agent, &mut obj)?;
     let streaming = obj.get("stream").map(|v| v.get()) == Some("true");
     let raw = |v: &Value| serde_json::value::to_raw_value(v).map_err(|e| Error::Internal(e.to_string()));
     let config = d.config();
@@ -480,6 +481,27 @@ fn reserve(
 /// messages and tools of a turn are copied, not parsed into a tree and
 /// written out again). Refused: a body that is not JSON, not an object,
 /// nested deeper than [`MAX_DEPTH`], or without a `messages` array.
+/// Leaves out of a model request the MCP tools choird switched off for
+/// this agent (their server changed them since approval), whatever the
+/// agent offered: choird decides what a model may be offered of them.
+fn strip_switched_off(
+    d: &Shared,
+    agent: &choir_common::ids::AgentId,
+    obj: &mut BTreeMap<String, Box<RawValue>>,
+) -> Result<(), Error> {
+    let off = d.mcp_disabled.read();
+    let Some(off) = off.get(agent).filter(|o| !o.is_empty()) else { return Ok(()) };
+    let Some(tools) = obj.get("tools") else { return Ok(()) };
+    let mut tools: Vec<Value> = serde_json::from_str(tools.get()).map_err(|e| Error::Malformed(e.to_string()))?;
+    let before = tools.len();
+    tools.retain(|t| !t["function"]["name"].as_str().is_some_and(|n| off.contains(n)));
+    if tools.len() != before {
+        let raw = serde_json::value::to_raw_value(&tools).map_err(|e| Error::Internal(e.to_string()))?;
+        obj.insert("tools".into(), raw);
+    }
+    Ok(())
+}
+
 fn forwarded(body: &[u8]) -> Result<BTreeMap<String, Box<RawValue>>, Error> {
     let sent: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {

@@ -37,6 +37,7 @@ use crate::store::host_calls::Claim;
 
 pub mod browser;
 pub mod mail;
+pub mod mcp;
 pub mod memory;
 pub mod notion;
 pub mod speech;
@@ -113,10 +114,24 @@ struct Registered {
     external: bool,
 }
 
+/// Host tools that differ per agent (an agent's MCP servers reached over
+/// HTTP, [`mcp`]): looked up by name for the calling agent when no tool of
+/// that name is registered for all.
+pub trait PerAgentTools: Send + Sync {
+    /// The tools `agent` has, with their manifests.
+    fn served(&self, agent: &AgentId) -> Vec<(String, Option<ToolManifest>)>;
+    /// The tool `name` of `agent`, if it has one.
+    fn tool(&self, agent: &AgentId, name: &str) -> Option<Arc<dyn HostTool>>;
+    /// Readies them at INIT_HELLO.
+    fn prepare(&self, agent: &AgentId);
+}
+
 /// The host tools choird serves.
 pub struct Registry {
     shared: Arc<Shared>,
     tools: BTreeMap<String, Registered>,
+    /// Tools of an agent's own (its MCP servers over HTTP).
+    per_agent: Option<Box<dyn PerAgentTools>>,
 }
 
 /// Why a tool cannot be registered.
@@ -130,7 +145,12 @@ pub struct RegistryError {
 impl Registry {
     /// An empty registry.
     pub fn new(shared: Arc<Shared>) -> Registry {
-        Registry { shared, tools: BTreeMap::new() }
+        Registry { shared, tools: BTreeMap::new(), per_agent: None }
+    }
+
+    /// Serves each agent's own tools through `tools` too.
+    pub fn set_per_agent(&mut self, tools: Box<dyn PerAgentTools>) {
+        self.per_agent = Some(tools);
     }
 
     /// Registers a tool (its manifest validated, its schema compiled).
@@ -160,11 +180,17 @@ impl Registry {
     /// manifests where they have one.
     pub fn served(&self, agent: &AgentId) -> Vec<(String, Option<ToolManifest>)> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
-        self.tools
+        let mut served: Vec<(String, Option<ToolManifest>)> = self
+            .tools
             .iter()
             .filter(|(name, r)| refusal(&config, &secrets, agent, name, r).is_none())
             .map(|(name, r)| (name.clone(), r.tool.manifest()))
-            .collect()
+            .collect();
+        let permitted = |name: &str| config.agents.get(agent).is_some_and(|a| a.tools.refusal(name).is_none());
+        if let Some(own) = &self.per_agent {
+            served.extend(own.served(agent).into_iter().filter(|(name, _)| permitted(name)));
+        }
+        served
     }
 
     /// One registered tool's manifest, if it has one.
@@ -213,6 +239,9 @@ impl Registry {
                 r.tool.prepare(agent)?;
             }
         }
+        if let Some(own) = &self.per_agent {
+            own.prepare(agent);
+        }
         Ok(())
     }
 
@@ -242,7 +271,21 @@ impl Registry {
     }
 
     fn run(&self, caller: &Caller, req: &ExecuteHostToolRequest) -> Result<Value, Error> {
-        let Some(r) = self.tools.get(&req.tool) else {
+        // A tool of the agent's own (an MCP tool over HTTP) is registered
+        // for this call, from its manifest.
+        let own = match (self.tools.contains_key(&req.tool), &self.per_agent) {
+            (false, Some(own)) => own.tool(&caller.agent, &req.tool).and_then(|t| {
+                let m = t.manifest()?;
+                Some(Registered {
+                    validator: Some(jsonschema::validator_for(&m.llm.parameters).ok()?),
+                    idempotent: m.runtime.idempotent,
+                    external: m.runtime.reaches_outside(),
+                    tool: t,
+                })
+            }),
+            _ => None,
+        };
+        let Some(r) = self.tools.get(&req.tool).or(own.as_ref()) else {
             return Err(Error::NotFound(format!(
                 "{} is not a host tool choird serves",
                 crate::http::printable(&req.tool)

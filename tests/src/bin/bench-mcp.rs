@@ -111,6 +111,8 @@ fn main() {
         server: ServerSpec {
             name: "time".into(),
             command: python.clone(),
+            url: None,
+            auth_secret: None,
             args: vec!["-m".into(), "mcp_server_time".into()],
             env: Default::default(),
             secrets: Vec::new(),

@@ -11,7 +11,6 @@
 //! Streamable-HTTP servers are choird's, not these.
 
 pub mod conn;
-pub mod result;
 pub mod server;
 
 use std::path::Path;
@@ -55,7 +54,8 @@ pub fn load(
     let layers = [choir_dir.join("mcp").join("global"), choir_dir.join("mcp").join("agent")];
     let mut servers = Vec::new();
     let mut tools = Vec::new();
-    for loaded in load_servers(&layers)? {
+    // A server reached over HTTP is choird's: its tools come as host tools.
+    for loaded in load_servers(&layers)?.into_iter().filter(|l| !l.server.server.is_http()) {
         let server = McpServer::new(loaded.server, workspace.to_owned(), secrets, filer.clone());
         for (tool, manifest) in server.file().manifests() {
             let source = format!("{} (MCP server {})", loaded.file.display(), server.name());

@@ -173,7 +173,7 @@ impl McpServer {
         self.done(&conn);
         let server = self.name();
         match answer {
-            Ok(result) => Ok(super::result::shape(server, tool, &conn.info, self.pin_sha(tool), result)),
+            Ok(result) => Ok(choir_common::mcp_result::shape(server, tool, &conn.info, self.pin_sha(tool), result)),
             Err(f) => {
                 if matches!(f, Failure::Timeout | Failure::Ended(_)) {
                     // A server that did not answer is not trusted with the next call.
@@ -401,6 +401,8 @@ mod tests {
             server: ServerSpec {
                 name: "s".into(),
                 command: "/bin/false".into(),
+                url: None,
+                auth_secret: None,
                 args: Vec::new(),
                 env: BTreeMap::new(),
                 secrets: Vec::new(),

@@ -1,9 +1,9 @@
-//! What an MCP tool's answer becomes: one result object for the arbiter,
-//! its text capped, every part the model cannot read replaced by a note,
-//! and where it came from (server, its version, the pin's sha256) recorded
-//! in the committed result. The whole of it is untrusted output: the
-//! manifest says so, and the arbiter wraps it wherever it enters a model's
-//! context.
+//! What an MCP tool's answer becomes, whoever called the server (the agent
+//! over stdio, choird over HTTP): one result object, its text capped, every
+//! part a model cannot read replaced by a note, and where it came from
+//! (server, its version, the pin's sha256) recorded in the committed
+//! result. The whole of it is untrusted output: the manifest says so, and
+//! the arbiter wraps it wherever it enters a model's context.
 
 use serde_json::{json, Value};
 
@@ -25,14 +25,14 @@ pub fn shape(server: &str, tool: &str, info: &Value, pin_sha256: &str, answer: V
                 }
                 text.push_str(part["text"].as_str().unwrap_or_default());
             }
-            Some(other) => omitted.push(choir_common::text::clipped(other, 20)),
+            Some(other) => omitted.push(crate::text::clipped(other, 20)),
             None => omitted.push("unknown".to_owned()),
         }
         if text.len() > MAX_TEXT * 4 {
             break;
         }
     }
-    let (text, cut) = choir_common::text::cap_with_note(&text, MAX_TEXT);
+    let (text, cut) = crate::text::cap_with_note(&text, MAX_TEXT);
     let is_error = answer["isError"].as_bool().unwrap_or(false);
     let mut out = json!({
         "summary": if is_error {
@@ -43,7 +43,7 @@ pub fn shape(server: &str, tool: &str, info: &Value, pin_sha256: &str, answer: V
         "content": text,
         "mcp": {
             "server": server,
-            "server_version": choir_common::text::clipped(info["version"].as_str().unwrap_or_default(), 40),
+            "server_version": crate::text::clipped(info["version"].as_str().unwrap_or_default(), 40),
             "pin_sha256": pin_sha256,
         },
     });
