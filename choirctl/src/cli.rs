@@ -493,6 +493,16 @@ pub enum McpCmd {
         #[arg(long)]
         global: bool,
     },
+    /// Remove a server: its tools are no longer offered (an approval you make at once, then a rollout).
+    Rm {
+        /// The agent.
+        id: String,
+        /// The server.
+        name: String,
+        /// From the global layer.
+        #[arg(long)]
+        global: bool,
+    },
     /// The agent's MCP servers, their pinned tools and the catalogs waiting for approval.
     List {
         /// The agent.

@@ -68,6 +68,23 @@ pub fn add(
     }
 }
 
+/// `mcp rm ID NAME [--global]`.
+pub fn rm(ctx: &Ctx, id: &str, name: &str, global: bool) -> anyhow::Result<()> {
+    let add = AddRequest { kind: "mcp".into(), global, content: json!({"remove": name}) };
+    let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    say!("MCP server {name} removed as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
+    match &a.rollout {
+        Some(_) => crate::proposals::follow_rollout(ctx, a.id),
+        None => {
+            say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+            Ok(())
+        }
+    }
+}
+
 /// `mcp list ID` / `mcp show ID NAME`.
 pub fn list(ctx: &Ctx, id: &str, only: Option<&str>) -> anyhow::Result<()> {
     let mut r: Value = ctx.client.get(&format!("agents/{id}/mcp"))?;

@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use choir_common::ids::AgentId;
-use choir_common::mcp::{choir_name, findings, load_server_file, Entry, Pin, ServerFile, ServerSpec, MAX_TOOLS};
+use choir_common::mcp::{
+    check_server_name, choir_name, findings, load_server_file, Entry, Pin, ServerFile, ServerSpec, MAX_TOOLS,
+};
 use choir_common::rpc::ProposalScope;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -79,6 +81,18 @@ pub fn check(
     content: &Value,
     from_operator: bool,
 ) -> Result<Checked, String> {
+    if let Some(name) = content.get("remove") {
+        let keys: Vec<&String> = content.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+        let name = name.as_str().unwrap_or_default();
+        if !from_operator || keys != ["remove"] {
+            return Err(String::from("an MCP server is removed by the operator (choirctl mcp rm) and nothing else"));
+        }
+        check_server_name(name)?;
+        if !dir(home, agent, scope).join(format!("{name}.json")).is_file() {
+            return Err(format!("there is no MCP server {name} in this layer ({})", scope.as_str()));
+        }
+        return Ok(Checked { subject: format!("mcp server {name} (removed)"), scope });
+    }
     if let Some(spec) = content.get("spec") {
         if !from_operator {
             return Err(String::from(
@@ -236,6 +250,11 @@ pub fn choices(content: &Value, pins: Option<&Value>) -> Result<BTreeMap<String,
     Ok(parsed)
 }
 
+/// The file a removal deletes (`mcp/<name>.json`), if `content` is one.
+pub fn removed(content: &Value) -> Option<String> {
+    content.get("remove")?.as_str().filter(|n| check_server_name(n).is_ok()).map(|n| format!("mcp/{n}.json"))
+}
+
 /// The server file an approved MCP proposal writes (its path in the
 /// proposal's layer, and its content), with the approver's `choices`; for a
 /// catalog, built on the server's current file.
@@ -293,6 +312,9 @@ pub fn written(
 /// such) and every instruction-like finding.
 pub fn render(home: &Home, agent: &AgentId, content: &Value) -> String {
     let mut out = String::new();
+    if let Some(rel) = removed(content) {
+        return format!("removes {rel}: its tools are no longer offered\n");
+    }
     if let Some(spec) = content.get("spec") {
         let how = if spec.get("url").is_some() {
             "reached by choird over HTTP through the agent's egress policy"

@@ -528,7 +528,9 @@ pub fn apply(home: &Home, a: &Approval<'_>) -> Result<String, ApplyError> {
     if !repo.join(".git").exists() {
         git(&repo, a.approver, &["init", "--quiet"])?;
     }
-    let written = if a.kind == ProposalKind::Mcp {
+    let written = if a.kind == ProposalKind::Mcp && crate::mcp_pins::removed(a.content).is_some() {
+        Vec::new()
+    } else if a.kind == ProposalKind::Mcp {
         let choices = crate::mcp_pins::choices(a.content, a.pins).map_err(ApplyError::Stale)?;
         let (rel, file) = crate::mcp_pins::written(home, a.agent, a.content, &choices).map_err(ApplyError::Stale)?;
         vec![(rel, pretty(&serde_json::to_value(&file).unwrap_or_default()))]
@@ -566,9 +568,18 @@ pub fn apply(home: &Home, a: &Approval<'_>) -> Result<String, ApplyError> {
         std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(mode)).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
     }
-    let mut add = vec!["add", "--"];
-    add.extend(written.iter().map(|(rel, _)| rel.as_str()));
-    git(&repo, a.approver, &add)?;
+    // A removed MCP server: its file goes, with git.
+    let removed = crate::mcp_pins::removed(a.content);
+    if let Some(rel) = &removed {
+        if repo.join(rel).exists() {
+            git(&repo, a.approver, &["rm", "--quiet", "--", rel])?;
+        }
+    }
+    if removed.is_none() {
+        let mut add = vec!["add", "--"];
+        add.extend(written.iter().map(|(rel, _)| rel.as_str()));
+        git(&repo, a.approver, &add)?;
+    }
     let message = format!(
         "Approve proposal {}: {} {}\n\nProposed by agent {} ({}).\nReason: {}\n\nChoir-Approval: {}\nChoir-Content-Sha256: {}\nApproved-by: {}\n",
         a.id,

@@ -147,6 +147,16 @@ fn a_real_mcp_server_is_added_pinned_by_approval_and_answers_a_models_call() {
     choird.ctl_ok(&["chat", "demo", "convert"]);
     let refused = last_tool_result(&s.llm);
     assert!(refused.contains("no tool named"), "{refused}");
+
+    // Removed: gone from the repository, the tool list and the model's offer.
+    let removed = choird.ctl_ok(&["mcp", "rm", "demo", "time"]);
+    assert!(removed.contains("MCP server time removed"), "{removed}");
+    choird.wait_running("demo");
+    assert!(!choird.home.path().join("repos/agents/demo/mcp/time.json").exists());
+    assert!(!choird.ctl_ok(&["tools", "list", "demo"]).contains("mcp.time"));
+    choird.ctl_ok(&["chat", "demo", "what time is it in UTC?"]);
+    assert!(last_tool_result(&s.llm).contains("no tool named"));
+    assert!(choird.ctl_err(&["mcp", "rm", "demo", "time"]).contains("no MCP server time"));
 }
 
 #[test]

@@ -51,8 +51,8 @@ impl Daemon {
     /// pending with its digest, and tells the operator's channels.
     pub fn request_approval(&self, who: &Authed, req: &ApprovalRequest) -> Result<ApprovalResponse, Error> {
         // What only the operator may propose is never taken from an agent.
-        if req.lane == proposals::OPERATOR_LANE || (req.kind == ProposalKind::Mcp && req.content.get("spec").is_some())
-        {
+        let operators = req.content.get("spec").is_some() || req.content.get("remove").is_some();
+        if req.lane == proposals::OPERATOR_LANE || (req.kind == ProposalKind::Mcp && operators) {
             self.audit(
                 "agent-rpc",
                 Some(&who.agent),

@@ -2,10 +2,12 @@
 //! the reference `mcp-server-time` (PyPI) over stdio, called directly by a
 //! bare JSON-RPC client, and through the agent's arbiter (schema, allowlist,
 //! locks, argument policy, the MCP client, the result's checks, the commit
-//! log's append) — as a ratio, timed in alternating turns so both see the
-//! same machine. And the idle memory a connected server costs: the server
-//! process's own RSS, and what the agent's side of it holds (its threads and
-//! the agent's RSS growth).
+//! log's append); and the same server over Streamable HTTP, called directly
+//! by a bare HTTP client and through choird (EXECUTE_HOST_TOOL with the
+//! agent's token: validation, policy, the catalog listed before and after
+//! the call, the audit) — as ratios, timed in alternating turns so both see
+//! the same machine. And the idle memory a connected server costs: the
+//! server process's own RSS, and what the agent's side of it holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -22,8 +24,10 @@ use choir_agent::tools::{McpSetup, Registry};
 use choir_agent::workspace::Workspace;
 use choir_common::lane::Lane;
 use choir_common::mcp::{Entry, Pin, ServerFile, ServerSpec};
-use choir_tests::bench::{compare_through, proc_status};
-use choir_tests::mcp::Servers;
+use choir_tests::bench::{compare_through, proc_status, HostToolClient};
+use choir_tests::harness::{bin, test_config, Choird};
+use choir_tests::mcp::{HttpServer, Servers};
+use choir_tests::pg::TestPg;
 use serde_json::{json, Value};
 
 const N: usize = 300;
@@ -182,5 +186,91 @@ fn main() {
         server_rss_kb,
         threads_after.saturating_sub(threads_before),
         rss_after.saturating_sub(rss_before)
+    );
+    drop(arbiter);
+    http(&servers);
+}
+
+/// The same server over Streamable HTTP: a bare client against choird.
+fn http(servers: &Servers) {
+    let server = HttpServer::start(servers, "time");
+    let pg = TestPg::start().expect("PostgreSQL is needed (make deps)");
+    let mut config = test_config("http://127.0.0.1:9", Some(&pg.url()), &["evil1"]);
+    config["agent_binary"] = json!(bin("hostile-agent"));
+    config["agents"]["evil1"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]});
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "evil1"]);
+    choird.ctl_ok(&["mcp", "add", "evil1", "clock", "--url", &server.url]);
+    let pending = || -> Option<(String, String)> {
+        let v: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list"])).ok()?;
+        let a = v["approvals"].as_array()?.iter().find(|a| a["kind"] == "mcp" && a["status"] == "pending")?.clone();
+        Some((a["id"].to_string(), a["sha256"].as_str()?.to_owned()))
+    };
+    let started = Instant::now();
+    while pending().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no catalog proposal");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (id, sha) = pending().unwrap();
+    choird.ctl_ok(&[
+        "approvals",
+        "approve",
+        &id,
+        "--sha256",
+        &sha,
+        "--pin",
+        "get_current_time:side_effect=read",
+        "--pin",
+        "get_current_time:idempotent=true",
+    ]);
+    choird.wait_running("evil1");
+    let c = HostToolClient::of(&choird, "evil1");
+    // The bare client: one session, then calls.
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let post = |sid: Option<&str>, body: Value| -> (Option<String>, String) {
+        let mut req = agent
+            .post(&server.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2025-11-25");
+        if let Some(s) = sid {
+            req = req.header("Mcp-Session-Id", s);
+        }
+        let mut resp = req.send(body.to_string().as_bytes()).unwrap();
+        let sid = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        (sid, resp.body_mut().read_to_string().unwrap_or_default())
+    };
+    let (sid, _) = post(
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+               "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}}),
+    );
+    let sid = sid.expect("a session id");
+    post(Some(&sid), json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "get_current_time", "arguments": {"timezone": "Etc/UTC"}}});
+    let via_input = json!({"timezone": "Etc/UTC"});
+    for i in 0..10 {
+        assert!(post(Some(&sid), call.clone()).1.contains("datetime"));
+        let r = c.tool("mcp.clock.get_current_time", via_input.clone(), &format!("w{i}"));
+        assert!(r.to_string().contains("datetime"), "{r}");
+    }
+    let n = N / 3;
+    let (mut raw, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let t = Instant::now();
+        assert!(post(Some(&sid), call.clone()).1.contains("datetime"));
+        raw.push(t.elapsed());
+        // Paced as an agent's calls are (choird's per-agent rate limit).
+        std::thread::sleep(choir_tests::bench::PACE);
+        let t = Instant::now();
+        c.tool("mcp.clock.get_current_time", via_input.clone(), &format!("c{i}"));
+        via.push(t.elapsed());
+    }
+    compare_through(
+        "MCP tool call (mcp-server-time over Streamable HTTP, one call = tools/list + tools/call + tools/list through choird)",
+        "choird",
+        raw,
+        via,
     );
 }

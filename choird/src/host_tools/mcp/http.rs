@@ -26,7 +26,9 @@ const VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
 /// An open session.
 pub struct Session {
     url: url::Url,
-    addr: SocketAddr,
+    /// Connects only to the checked address; its connections are kept
+    /// between requests.
+    agent: ureq::Agent,
     auth: Option<String>,
     id: Option<String>,
     version: String,
@@ -47,7 +49,7 @@ impl Session {
     pub fn open(url: url::Url, addr: SocketAddr, auth: Option<String>, deadline: Instant) -> Result<Session, Failure> {
         let mut s = Session {
             url,
-            addr,
+            agent: crate::host_tools::web::common::pinned_agent(addr, Duration::from_secs(600)),
             auth,
             id: None,
             version: VERSIONS[0].to_owned(),
@@ -94,9 +96,12 @@ impl Session {
         if left.is_zero() {
             return Err("no answer in time".into());
         }
-        let agent = crate::host_tools::web::common::pinned_agent(self.addr, left.max(Duration::from_millis(50)));
-        let mut req = agent
+        let mut req = self
+            .agent
             .post(self.url.as_str())
+            .config()
+            .timeout_global(Some(left.max(Duration::from_millis(50))))
+            .build()
             .header("Content-Type", "application/json")
             .header("Accept", "application/json, text/event-stream")
             .header("MCP-Protocol-Version", self.version.as_str());
