@@ -503,6 +503,14 @@ pub enum McpCmd {
         #[arg(long)]
         global: bool,
     },
+    /// Ask a server now: an HTTP one is reached by choird and its tools compared with the pins (exit 1 when they
+    /// differ or it cannot be reached).
+    Check {
+        /// The agent.
+        id: String,
+        /// The server.
+        name: String,
+    },
     /// The agent's MCP servers, their pinned tools and the catalogs waiting for approval.
     List {
         /// The agent.

@@ -233,6 +233,7 @@ fn real_main() -> anyhow::Result<()> {
                 mcp::add(&ctx, &id, &name, to, args, &env, secret, timeout_ms, global)
             }
             McpCmd::Rm { id, name, global } => mcp::rm(&ctx, &id, &name, global),
+            McpCmd::Check { id, name } => mcp::check(&ctx, &id, &name),
             McpCmd::List { id } => mcp::list(&ctx, &id, None),
             McpCmd::Show { id, name } => mcp::list(&ctx, &id, Some(&name)),
         },

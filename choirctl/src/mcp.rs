@@ -85,6 +85,18 @@ pub fn rm(ctx: &Ctx, id: &str, name: &str, global: bool) -> anyhow::Result<()> {
     }
 }
 
+/// `mcp check ID NAME`: an error (exit 1) when it differs or cannot be reached.
+pub fn check(ctx: &Ctx, id: &str, name: &str) -> anyhow::Result<()> {
+    let r: Value = ctx.client.post(&format!("agents/{id}/mcp/{name}/check"), &json!({}))?;
+    if ctx.json {
+        print_json(&r)?;
+    } else {
+        say!("{name}: {}", crate::term::one_line(r["found"].as_str().unwrap_or("")));
+    }
+    anyhow::ensure!(r["ok"] == true, "MCP server {name} is not as approved, or could not be reached");
+    Ok(())
+}
+
 /// `mcp list ID` / `mcp show ID NAME`.
 pub fn list(ctx: &Ctx, id: &str, only: Option<&str>) -> anyhow::Result<()> {
     let mut r: Value = ctx.client.get(&format!("agents/{id}/mcp"))?;

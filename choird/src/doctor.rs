@@ -68,6 +68,9 @@ pub fn run(root: &Path, report: &mut dyn FnMut(Check)) {
         }
     }
     report(embeddings(&config, &secrets));
+    for agent in config.agents.keys() {
+        mcp(&home, &config, &secrets, agent).into_iter().for_each(&mut *report);
+    }
     for (name, bot) in &config.telegram.bots {
         report(bot_token(&config.telegram.api_base, name, &bot.token_secret, &secrets));
     }
@@ -560,6 +563,48 @@ fn embeddings(config: &Config, secrets: &Secrets) -> Check {
             "check memory.embeddings.base_url, model and api_key_secret, and that the server is up",
         ),
     }
+}
+
+/// Each MCP server of `agent`: its file loads; an HTTP one answers and
+/// lists its tools as pinned; a stdio one's program exists (process
+/// runtime; in a container the agent checks it at start).
+fn mcp(home: &Home, config: &Config, secrets: &Secrets, agent: &choir_common::ids::AgentId) -> Vec<Check> {
+    let mut out = Vec::new();
+    for (scope, file) in crate::mcp_pins::servers(home, agent) {
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                let fix = "correct or remove the file (choirctl mcp rm); the agent would refuse to start";
+                out.push(Check::fail(&format!("mcp {agent} ({})", scope.as_str()), e, fix));
+                continue;
+            }
+        };
+        let name = format!("mcp {agent}.{}", file.server.name);
+        if file.server.is_http() {
+            out.push(match crate::host_tools::mcp::probe(config, secrets, agent, &file) {
+                Ok(found) if !found.contains(';') => Check::ok(&name, found),
+                // Drift: the changed tools are off until approved, nothing else is wrong.
+                Ok(found) => {
+                    Check::warn(&name, found, format!("review its catalog: choirctl approvals list --agent {agent}"))
+                }
+                Err(e) => {
+                    Check::fail(&name, e, "check the server's url, its credential and agents.<id>.web.allow_addresses")
+                }
+            });
+        } else if config.runtime == RuntimeKind::Process && !Path::new(&file.server.command).is_file() {
+            out.push(Check::fail(
+                &name,
+                format!("{} does not exist", file.server.command),
+                "install the server, or correct its command (choirctl mcp rm, then mcp add)",
+            ));
+        } else {
+            out.push(Check::ok(
+                &name,
+                format!("{} pinned tool(s); the agent checks the server at start", file.tools.len()),
+            ));
+        }
+    }
+    out
 }
 
 fn bot_token(api_base: &str, bot: &str, secret: &str, secrets: &Secrets) -> Check {

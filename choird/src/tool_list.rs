@@ -133,3 +133,40 @@ pub fn mcp(shared: &Shared, agent: &AgentId) -> Result<serde_json::Value, Error>
         .collect();
     Ok(serde_json::json!({"agent": agent.as_str(), "servers": servers, "pending": pending}))
 }
+
+/// `choirctl mcp check`: an HTTP server is asked now (a session of its own,
+/// its tools listed and compared with the pins; nothing filed); a stdio one
+/// is the agent's to run, so what choird can say of it is said.
+pub fn mcp_check(shared: &Shared, agent: &AgentId, server: &str) -> Result<serde_json::Value, Error> {
+    let file = crate::mcp_pins::servers(&shared.home, agent)
+        .into_iter()
+        .filter_map(|(_, f)| f.ok())
+        .find(|f| f.server.name == server)
+        .ok_or_else(|| {
+            Error::NotFound(format!("agent {agent} has no MCP server {}", crate::http::printable(server)))
+        })?;
+    let (config, secrets) = (shared.config(), shared.secrets());
+    let (ok, found) = if file.server.is_http() {
+        match crate::host_tools::mcp::probe(&config, &secrets, agent, &file) {
+            Ok(found) => (!found.contains(';'), found),
+            Err(e) => (false, e),
+        }
+    } else {
+        let runs = match config.runtime {
+            crate::config::RuntimeKind::Process if !std::path::Path::new(&file.server.command).is_file() => {
+                return Ok(serde_json::json!({"server": server, "ok": false,
+                    "found": format!("{} does not exist on this host", file.server.command)}));
+            }
+            _ => "the agent runs it and compares its catalog with the pins at every start and after every list change",
+        };
+        (true, format!("{} pinned tool(s); {runs}", file.tools.len()))
+    };
+    shared.audit(
+        "admin",
+        Some(agent),
+        "mcp.check",
+        if ok { "ok" } else { "differs" },
+        serde_json::json!({"server": server}),
+    );
+    Ok(serde_json::json!({"server": server, "ok": ok, "found": found}))
+}

@@ -523,6 +523,8 @@ fn a_streamable_http_server_is_reached_by_choird_pinned_and_called_with_a_creden
     let result = last_tool_result(&s.llm);
     assert!(result.contains("datetime") && result.contains("Etc/UTC"), "{result}");
     assert!(offered_names(&s.llm).contains(&"mcp__clock__get_current_time".to_owned()));
+    let checked = choird.ctl_ok(&["mcp", "check", "demo", "clock"]);
+    assert!(checked.contains("2 of 2 pinned tool(s) as approved"), "{checked}");
 
     // The credential goes to its server only, and never back to the model.
     let keyed = HttpServer::start(&servers, "echo_auth");
@@ -576,4 +578,58 @@ fn an_http_servers_rug_pull_is_caught_by_choird_and_kept_from_the_model() {
     choird.ctl_ok(&["chat", "demo", "look up alpha"]);
     let refused = last_tool_result(&s.llm);
     assert!(refused.contains("changed tool lookup since the operator approved it"), "{refused}");
+    // The operator asks: choird reaches the server itself and says what differs.
+    let checked = choird.ctl(&["mcp", "check", "demo", "rug"]);
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert!(!checked.status.success() && out.contains("lookup: changed since approval"), "{out}");
+    let doctor = choird.ctl(&["doctor"]);
+    let out = String::from_utf8_lossy(&doctor.stdout);
+    assert!(out.contains("mcp demo.rug") && out.contains("changed since approval"), "{out}");
+}
+
+#[test]
+fn the_reference_git_server_answers_about_a_repository_in_the_workspace() {
+    let Some((servers, s)) = scenario(|req, _| {
+        let text = last_user_text(req);
+        Some(match text.strip_prefix("status of ") {
+            Some(path) => Step::call("mcp.git.git_status", json!({"repo_path": path})),
+            None if text == "TOOL" => Step::Text("done".into()),
+            None => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let repo = choird.workspace("demo").join("proj");
+    std::fs::create_dir_all(&repo).unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git").arg("-C").arg(&repo).args(args).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    git(&["init", "--quiet"]);
+    std::fs::write(repo.join("notes.txt"), "draft\n").unwrap();
+    let mut args = vec!["--command".to_owned(), servers.python()];
+    args.extend(["--arg", "-m", "--arg", "mcp_server_git"].map(String::from));
+    let (id, sha, shown) = add_and_wait_for_catalog(choird, "git", &args);
+    assert!(shown.contains("git_status (NEW)") && shown.contains("git_commit (NEW)"), "{shown}");
+    // Only the status is pinned, as a read; committing is left out.
+    let mut approve =
+        vec!["approvals", "approve", id.as_str(), "--sha256", sha.as_str(), "--pin", "git_status:side_effect=read"];
+    let listed: Vec<String> = shown
+        .lines()
+        .filter_map(|l| l.strip_prefix("== "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|t| *t != "git_status")
+        .map(|t| format!("{t}:skip"))
+        .collect();
+    for skip in &listed {
+        approve.extend(["--pin", skip.as_str()]);
+    }
+    choird.ctl_ok(&approve);
+    choird.wait_running("demo");
+    let path = repo.display().to_string();
+    assert_eq!(choird.ctl_ok(&["chat", "demo", &format!("status of {path}")]).trim(), "done");
+    let result = last_tool_result(&s.llm);
+    assert!(result.contains("notes.txt"), "the server read the repository: {result}");
+    assert!(!offered_names(&s.llm).contains(&"mcp__git__git_commit".to_owned()));
 }

@@ -71,6 +71,8 @@ pub enum AdminRequest {
     Skills { agent: AgentId },
     /// `GET agents/<id>/mcp`.
     Mcp { agent: AgentId },
+    /// `POST agents/<id>/mcp/<server>/check`.
+    McpCheck { agent: AgentId, server: String },
     /// `POST agents/<id>/repos`, body [`choir_common::admin::AddRequest`].
     AddReviewed { id: String },
     /// `POST agents/<id>/tools/<tool>/check`.
@@ -160,6 +162,7 @@ impl AdminRequest {
             ("POST", ["agents", id, "cancel"]) => R::Cancel { id: s(id) },
             ("GET", ["agents", id, "tools"]) => R::Tools { agent: agent_id(id)? },
             ("GET", ["agents", id, "mcp"]) => R::Mcp { agent: agent_id(id)? },
+            ("POST", ["agents", id, "mcp", server, "check"]) => R::McpCheck { agent: agent_id(id)?, server: s(server) },
             ("GET", ["agents", id, "skills"]) => R::Skills { agent: agent_id(id)? },
             ("POST", ["agents", id, "repos"]) => R::AddReviewed { id: s(id) },
             ("POST", ["agents", id, "tools", tool, "check"]) => R::CheckTool { agent: agent_id(id)?, tool: s(tool) },

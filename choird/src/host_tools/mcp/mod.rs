@@ -391,6 +391,56 @@ impl PerAgentTools for Served {
     }
 }
 
+/// Opens a session of its own with `agent`'s HTTP server `file`, lists its
+/// tools and compares them with the pins, filing nothing: for `choirctl
+/// mcp check` and `choirctl doctor`. What it found, or why it could not.
+pub fn probe(
+    config: &crate::config::Config,
+    secrets: &crate::secrets::Secrets,
+    agent: &AgentId,
+    file: &ServerFile,
+) -> Result<String, String> {
+    let raw = file.server.url.clone().unwrap_or_default();
+    let url = choir_common::mcp::check_url(&raw)?;
+    let web = config.agents.get(agent).and_then(|a| a.web.clone()).unwrap_or_default();
+    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
+    let addr = crate::egress::Policy::new(&web)
+        .resolve(&host, url.port_or_known_default().unwrap_or(443))
+        .map_err(|e| format!("the agent's egress policy refuses it: {}", e.0))?;
+    let auth = match &file.server.auth_secret {
+        Some(name) => {
+            Some(secrets.get(name).map(str::to_owned).ok_or_else(|| format!("{name} is not in secrets.json"))?)
+        }
+        None => None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut session = http::Session::open(url, addr, auth, deadline)?;
+    let live = list(&mut session, deadline)?;
+    Ok(compare(file, &live))
+}
+
+/// A line per difference between the live catalog and the pins.
+pub fn compare(file: &ServerFile, live: &[Entry]) -> String {
+    let mut same = Vec::new();
+    let mut notes = Vec::new();
+    for (tool, pin) in &file.tools {
+        match live.iter().find(|e| e.name == *tool) {
+            None => notes.push(format!("{tool}: no longer listed (off)")),
+            Some(e) if e.sha256() != pin.sha256 => notes.push(format!("{tool}: changed since approval (off)")),
+            Some(_) => same.push(tool.as_str()),
+        }
+    }
+    for e in live.iter().filter(|e| !file.tools.contains_key(&e.name)) {
+        notes.push(format!("{}: new, not approved", choir_common::text::clipped(&e.name, 60)));
+    }
+    let mut out = format!("{} of {} pinned tool(s) as approved", same.len(), file.tools.len());
+    if !notes.is_empty() {
+        out.push_str("; ");
+        out.push_str(&notes.join("; "));
+    }
+    out
+}
+
 /// Every tool the session's server lists (paginated, bounded).
 fn list(session: &mut http::Session, deadline: Instant) -> Result<Vec<Entry>, String> {
     let mut out = Vec::new();
