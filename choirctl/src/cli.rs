@@ -511,6 +511,13 @@ pub enum McpCmd {
         /// The server.
         name: String,
     },
+    /// Read an HTTP server's catalog again now: a changed tool is switched off and its change filed for approval.
+    Refresh {
+        /// The agent.
+        id: String,
+        /// The server.
+        name: String,
+    },
     /// The agent's MCP servers, their pinned tools and the catalogs waiting for approval.
     List {
         /// The agent.

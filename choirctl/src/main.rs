@@ -234,6 +234,14 @@ fn real_main() -> anyhow::Result<()> {
             }
             McpCmd::Rm { id, name, global } => mcp::rm(&ctx, &id, &name, global),
             McpCmd::Check { id, name } => mcp::check(&ctx, &id, &name),
+            McpCmd::Refresh { id, name } => {
+                let r: Value = ctx.client.post(&format!("agents/{id}/mcp/{name}/refresh"), &serde_json::json!({}))?;
+                if ctx.json {
+                    return print_json(&r);
+                }
+                say!("{name}: {}", term::one_line(r["found"].as_str().unwrap_or("")));
+                Ok(())
+            }
             McpCmd::List { id } => mcp::list(&ctx, &id, None),
             McpCmd::Show { id, name } => mcp::list(&ctx, &id, Some(&name)),
         },

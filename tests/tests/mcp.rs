@@ -582,6 +582,9 @@ fn an_http_servers_rug_pull_is_caught_by_choird_and_kept_from_the_model() {
     let checked = choird.ctl(&["mcp", "check", "demo", "rug"]);
     let out = String::from_utf8_lossy(&checked.stdout);
     assert!(!checked.status.success() && out.contains("lookup: changed since approval"), "{out}");
+    let refreshed = choird.ctl_ok(&["mcp", "refresh", "demo", "rug"]);
+    assert!(refreshed.contains("off until approved: lookup"), "{refreshed}");
+    assert!(choird.ctl_err(&["mcp", "refresh", "demo", "nosuch"]).contains("no MCP server nosuch"));
     let doctor = choird.ctl(&["doctor"]);
     let out = String::from_utf8_lossy(&doctor.stdout);
     assert!(out.contains("mcp demo.rug") && out.contains("changed since approval"), "{out}");

@@ -124,6 +124,9 @@ pub trait PerAgentTools: Send + Sync {
     fn tool(&self, agent: &AgentId, name: &str) -> Option<Arc<dyn HostTool>>;
     /// Readies them at INIT_HELLO.
     fn prepare(&self, agent: &AgentId);
+    /// Reads the source of `agent`'s tools named `source` again now (an MCP
+    /// server's catalog), filing what changed; what it found.
+    fn refresh(&self, agent: &AgentId, source: &str) -> Result<String, Error>;
 }
 
 /// The host tools choird serves.
@@ -207,6 +210,16 @@ impl Registry {
     pub fn statuses(&self, agent: &AgentId) -> Vec<(String, ToolStatus)> {
         let (config, secrets) = (self.shared.config(), self.shared.secrets());
         self.tools.iter().map(|(n, r)| (n.clone(), r.tool.status(&config, &secrets, agent))).collect()
+    }
+
+    /// `choirctl mcp refresh AGENT SERVER`: the agent's own tools' source
+    /// read again now (audited).
+    pub fn refresh_own(&self, agent: &AgentId, source: &str) -> Result<String, Error> {
+        let own = self.per_agent.as_ref().ok_or_else(|| Error::NotFound("no per-agent tools are served".into()))?;
+        let result = own.refresh(agent, source);
+        let outcome = if result.is_ok() { "ok" } else { "failed" };
+        self.shared.audit("admin", Some(agent), "mcp.refresh", outcome, json!({"server": source}));
+        result
     }
 
     /// `choirctl tools check AGENT TOOL`: tries the tool's connection.

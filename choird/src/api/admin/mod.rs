@@ -61,6 +61,10 @@ pub fn handle(
         R::Tools { agent } => Ok(Response::ok(&crate::tool_list::list(d.shared(), &d.host_tools, &agent)?)),
         R::Mcp { agent } => Ok(Response::ok(&crate::tool_list::mcp(d.shared(), &agent)?)),
         R::McpCheck { agent, server } => Ok(Response::ok(&crate::tool_list::mcp_check(d.shared(), &agent, &server)?)),
+        R::McpRefresh { agent, server } => {
+            let found = d.host_tools.refresh_own(&agent, &server)?;
+            Ok(Response::ok(&serde_json::json!({"server": server, "found": found})))
+        }
         R::Skills { agent } => Ok(Response::ok(&crate::skill_list::of_agent(d.shared(), &d.host_tools, &agent)?.1)),
         R::AddReviewed { id } => {
             let r: choir_common::admin::AddRequest = req.json()?;

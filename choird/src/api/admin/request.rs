@@ -73,6 +73,8 @@ pub enum AdminRequest {
     Mcp { agent: AgentId },
     /// `POST agents/<id>/mcp/<server>/check`.
     McpCheck { agent: AgentId, server: String },
+    /// `POST agents/<id>/mcp/<server>/refresh`.
+    McpRefresh { agent: AgentId, server: String },
     /// `POST agents/<id>/repos`, body [`choir_common::admin::AddRequest`].
     AddReviewed { id: String },
     /// `POST agents/<id>/tools/<tool>/check`.
@@ -163,6 +165,9 @@ impl AdminRequest {
             ("GET", ["agents", id, "tools"]) => R::Tools { agent: agent_id(id)? },
             ("GET", ["agents", id, "mcp"]) => R::Mcp { agent: agent_id(id)? },
             ("POST", ["agents", id, "mcp", server, "check"]) => R::McpCheck { agent: agent_id(id)?, server: s(server) },
+            ("POST", ["agents", id, "mcp", server, "refresh"]) => {
+                R::McpRefresh { agent: agent_id(id)?, server: s(server) }
+            }
             ("GET", ["agents", id, "skills"]) => R::Skills { agent: agent_id(id)? },
             ("POST", ["agents", id, "repos"]) => R::AddReviewed { id: s(id) },
             ("POST", ["agents", id, "tools", tool, "check"]) => R::CheckTool { agent: agent_id(id)?, tool: s(tool) },

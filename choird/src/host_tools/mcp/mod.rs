@@ -389,6 +389,26 @@ impl PerAgentTools for Served {
     fn prepare(&self, agent: &AgentId) {
         self.0.prepare(agent);
     }
+
+    fn refresh(&self, agent: &AgentId, server: &str) -> Result<String, Error> {
+        let file = self.0.servers(agent).into_iter().find(|f| f.server.name == server).ok_or_else(|| {
+            Error::NotFound(format!(
+                "agent {agent} has no MCP server {} reached over HTTP (a stdio server is read again at the agent's \
+                 every start: choirctl agent restart {agent})",
+                crate::http::printable(server)
+            ))
+        })?;
+        let deadline = Instant::now() + DEFAULT_DEADLINE;
+        let slot = self.0.slot(agent, server);
+        let mut st = slot.try_lock_until(deadline).ok_or_else(|| Error::Timeout("the server is busy".into()))?;
+        self.0.check_locked(agent, &file, &mut st, deadline, true)?;
+        Ok(if st.disabled.is_empty() {
+            format!("{} pinned tool(s) as approved", file.tools.len())
+        } else {
+            let off: Vec<&str> = st.disabled.keys().map(String::as_str).collect();
+            format!("off until approved: {} (the change is filed: choirctl approvals list)", off.join(", "))
+        })
+    }
 }
 
 /// Opens a session of its own with `agent`'s HTTP server `file`, lists its
