@@ -365,7 +365,8 @@ pub enum ApprovalsCmd {
         remember_days: Option<u64>,
         /// For an MCP catalog: a choice for one tool, repeatable: TOOL:skip, TOOL:side_effect=read|write|external,
         /// TOOL:idempotent=true, TOOL:timeout_ms=N, TOOL:description=TEXT, TOOL:role=/POINTER=destination|target|
-        /// payload|locator|inert. A tool not named is pinned external, not idempotent, with no roles.
+        /// payload|locator|inert, TOOL:lock=RESOURCE=S|X. A tool not named is pinned external, not idempotent, with
+        /// no roles.
         #[arg(long, value_name = "TOOL:CHOICE")]
         pin: Vec<String>,
     },

@@ -252,10 +252,53 @@ pub fn pin_choices(flags: &[String]) -> anyhow::Result<serde_json::Value> {
                 }
                 entry["roles"][pointer] = serde_json::json!(role);
             }
+            "lock" => {
+                let (resource, mode) =
+                    value.rsplit_once('=').with_context(|| format!("--pin {flag:?}: TOOL:lock=RESOURCE=S|X"))?;
+                anyhow::ensure!(matches!(mode, "S" | "X"), "--pin {flag:?}: a lock's mode is S (shared) or X");
+                if !entry["locks"].is_array() {
+                    entry["locks"] = serde_json::json!([]);
+                }
+                if let Some(locks) = entry["locks"].as_array_mut() {
+                    locks.push(serde_json::json!({"resource": resource, "mode": mode}));
+                }
+            }
             other => anyhow::bail!(
-                "--pin {flag:?}: no choice {other:?}; use skip, side_effect, idempotent, timeout_ms, description or role"
+                "--pin {flag:?}: no choice {other:?}; use skip, side_effect, idempotent, timeout_ms, description, role or \
+                 lock"
             ),
         }
     }
     Ok(serde_json::Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_flags_become_each_tools_choices_and_a_bad_one_is_refused() {
+        let flags: Vec<String> = [
+            "a:skip",
+            "b:side_effect=read",
+            "b:idempotent=true",
+            "b:timeout_ms=5000",
+            "c:role=/to=destination",
+            "c:role=/body=payload",
+            "c:lock=external:mail=X",
+            "c:description=Send a mail: to, body.",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let v = pin_choices(&flags).unwrap();
+        assert_eq!(v["a"]["skip"], true);
+        assert_eq!(v["b"], serde_json::json!({"side_effect": "read", "idempotent": true, "timeout_ms": 5000}));
+        assert_eq!(v["c"]["roles"], serde_json::json!({"/to": "destination", "/body": "payload"}));
+        assert_eq!(v["c"]["locks"], serde_json::json!([{"resource": "external:mail", "mode": "X"}]));
+        assert_eq!(v["c"]["description"], "Send a mail: to, body.");
+        for bad in ["nocolon", "a:idempotent=maybe", "a:lock=x=Q", "a:colour=red", "a:timeout_ms=soon"] {
+            assert!(pin_choices(&[bad.to_owned()]).is_err(), "{bad}");
+        }
+    }
 }
