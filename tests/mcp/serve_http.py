@@ -1,10 +1,15 @@
-"""Serves an MCP server over Streamable HTTP on 127.0.0.1:PORT for Choir's
-tests: `serve_http.py PORT time` (the reference mcp-server-time, with UTC as
-its local zone) or `serve_http.py PORT MODE` (a server of hostile.py)."""
+"""Serves an MCP server over Streamable HTTP on 127.0.0.1 for Choir's tests:
+`serve_http.py time` (the reference mcp-server-time, with UTC as its local
+zone) or `serve_http.py MODE` (a server of hostile.py). It binds a port the
+kernel chooses and prints it on its first line of stdout before serving, so
+no other test can take the port between a choice and a bind."""
 
+import socket
 import sys
 
-port, which = int(sys.argv[1]), sys.argv[2]
+import uvicorn
+
+which = sys.argv[1]
 if which == "time":
     from mcp_server_time.server import create_server
 
@@ -15,4 +20,9 @@ else:
 
     server = hostile.server
 
-server.run("streamable-http", host="127.0.0.1", port=port)
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+sock.bind(("127.0.0.1", 0))
+sock.listen(64)
+print(sock.getsockname()[1], flush=True)
+app = server.streamable_http_app(host="127.0.0.1")
+uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

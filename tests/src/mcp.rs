@@ -153,18 +153,21 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Starts `which` (`time` or a hostile mode) and waits until it listens.
+    /// Starts `which` (`time` or a hostile mode) and waits until it listens
+    /// (on a port it bound itself and printed: no race with other tests).
     pub fn start(servers: &Servers, which: &str) -> HttpServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(servers.python())
+        let mut child = Command::new(servers.python())
             .arg(dir().join("serve_http.py"))
-            .arg(port.to_string())
             .arg(which)
             .current_dir(dir())
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("serve_http.py {which} printed {line:?}"));
         let started = std::time::Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(started.elapsed() < std::time::Duration::from_secs(30), "serve_http.py {which} never listened");
