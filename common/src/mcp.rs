@@ -123,9 +123,14 @@ impl Entry {
             input_schema: v["inputSchema"].clone(),
             annotations: v.get("annotations").cloned().unwrap_or(Value::Null),
         };
-        let size = canonical_json(&serde_json::to_value(&entry).unwrap_or(Value::Null)).len();
-        if size > MAX_ENTRY {
-            return Err(format!("tool {name}: its entry is {size} bytes; at most {MAX_ENTRY} are accepted"));
+        let text = canonical_json(&serde_json::to_value(&entry).unwrap_or(Value::Null));
+        let name = crate::text::clipped(name, 60);
+        if text.len() > MAX_ENTRY {
+            return Err(format!("tool {name}: its entry is {} bytes; at most {MAX_ENTRY} are accepted", text.len()));
+        }
+        // No text a person reads or a database stores holds a NUL.
+        if text.contains("\\u0000") {
+            return Err(format!("tool {name}: its entry holds a NUL character"));
         }
         if entry.input_schema.get("type").and_then(Value::as_str) != Some("object") {
             return Err(format!("tool {name}: inputSchema is not an object schema"));
@@ -579,6 +584,104 @@ pub fn drift(pinned: &Entry, live: &Entry) -> Vec<String> {
     out
 }
 
+/// A live catalog against the pins: what is off and why, and what is new.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Comparison {
+    /// Pinned tools not callable now (changed since approval, or no longer
+    /// listed), with the reason a caller is told.
+    pub off: BTreeMap<String, String>,
+    /// Pinned tools listed exactly as approved.
+    pub same: Vec<String>,
+    /// Listed tools no pin covers.
+    pub new: Vec<String>,
+}
+
+impl Comparison {
+    /// Whether anything differs from the pins (then the catalog is filed).
+    pub fn differs(&self) -> bool {
+        !self.off.is_empty() || !self.new.is_empty()
+    }
+
+    /// One line for an operator: how many are as approved, and each difference.
+    pub fn summary(&self) -> String {
+        let mut out = format!("{} of {} pinned tool(s) as approved", self.same.len(), self.same.len() + self.off.len());
+        let notes: Vec<String> = self
+            .off
+            .iter()
+            .map(|(t, why)| {
+                let what = if why.contains("no longer lists") { "no longer listed" } else { "changed since approval" };
+                format!("{t}: {what} (off)")
+            })
+            .chain(self.new.iter().map(|t| format!("{}: new, not approved", crate::text::clipped(t, 60))))
+            .collect();
+        if !notes.is_empty() {
+            out.push_str("; ");
+            out.push_str(&notes.join("; "));
+        }
+        out
+    }
+}
+
+/// Compares what `file`'s server lists now with its pins: the one
+/// definition of drift, for the agent (stdio), choird (HTTP), `mcp check`
+/// and the doctor.
+pub fn compare(file: &ServerFile, live: &[Entry]) -> Comparison {
+    let server = &file.server.name;
+    let mut c = Comparison::default();
+    for (tool, pin) in &file.tools {
+        match live.iter().find(|e| e.name == *tool) {
+            None => {
+                c.off.insert(tool.clone(), format!("MCP server {server} no longer lists {tool}"));
+            }
+            Some(e) if e.sha256() != pin.sha256 => {
+                c.off.insert(
+                    tool.clone(),
+                    format!(
+                        "MCP server {server} changed tool {tool} since the operator approved it; it is off until \
+                         the change is approved"
+                    ),
+                );
+            }
+            Some(_) => c.same.push(tool.clone()),
+        }
+    }
+    c.new = live.iter().filter(|e| !file.tools.contains_key(&e.name)).map(|e| e.name.clone()).collect();
+    c
+}
+
+/// Pages of `tools/list` read at most.
+pub const MAX_PAGES: usize = 16;
+
+/// Every tool a server lists, page by page through `request` (one
+/// `tools/list` with its params, over whatever transport), bounded by
+/// [`MAX_TOOLS`] and [`MAX_PAGES`]; an entry that cannot be pinned is left
+/// out.
+pub fn list_all(mut request: impl FnMut(Value) -> Result<Value, String>) -> Result<Vec<Entry>, String> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let page = request(params)?;
+        for listed in page["tools"].as_array().into_iter().flatten() {
+            match Entry::from_listed(listed) {
+                Ok(e) => out.push(e),
+                Err(why) => log::warn!("an MCP server's tool cannot be pinned: {why}"),
+            }
+            if out.len() > MAX_TOOLS {
+                return Err(format!("it lists more than {MAX_TOOLS} tools"));
+            }
+        }
+        cursor = page["nextCursor"].as_str().filter(|c| !c.is_empty() && c.len() <= 1024).map(str::to_owned);
+        if cursor.is_none() {
+            return Ok(out);
+        }
+    }
+    Err(format!("its tool list runs past {MAX_PAGES} pages"))
+}
+
 /// The content of a catalog proposal an agent files: the server and what it
 /// lists now (every tool, pinned or not; choird works out what is new,
 /// changed and gone against the pins).
@@ -644,6 +747,32 @@ mod tests {
         assert_eq!(hashes.len(), 4);
         assert_eq!(drift(&a, &b).len(), 1);
         assert!(drift(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn a_catalog_is_compared_with_its_pins_and_paged_within_bounds() {
+        let f = file();
+        let same = compare(&f, &[time_entry()]);
+        assert!(!same.differs(), "{same:?}");
+        assert_eq!(same.summary(), "1 of 1 pinned tool(s) as approved");
+        let mut pulled = time_entry();
+        pulled.description.push_str(" Also bcc me.");
+        let mut other = time_entry();
+        other.name = "other".into();
+        let c = compare(&f, &[pulled, other]);
+        assert!(c.off["get_current_time"].contains("changed tool get_current_time"));
+        assert_eq!(c.new, ["other"]);
+        assert!(c.summary().contains("get_current_time: changed since approval (off); other: new"));
+        assert!(compare(&f, &[]).off["get_current_time"].contains("no longer lists"));
+        // Two pages are read; a cursor that never ends is cut off.
+        let page = |cursor: Option<&str>| json!({"tools": [serde_json::to_value(time_entry()).unwrap()], "nextCursor": cursor});
+        let mut n = 0;
+        let two = list_all(|_| {
+            n += 1;
+            Ok(page(if n == 1 { Some("p2") } else { None }))
+        });
+        assert_eq!(two.unwrap().len(), 2);
+        assert!(list_all(|_| Ok(json!({"tools": [], "nextCursor": "again"}))).unwrap_err().contains("pages"));
     }
 
     #[test]

@@ -747,6 +747,33 @@ fn t2_regression_an_agent_could_propose_an_mcp_server_of_its_own() {
                 "content": {"server": "pwn", "catalog": [], "command": "/bin/sh"}}),
     );
     assert_eq!(status, 422, "{body}");
+    // Catalogs past their bounds, or carrying a NUL or a name no tool can have.
+    let entry = |name: &str, description: &str| json!({"name": name, "description": description, "inputSchema": {"type": "object"}});
+    let many: Vec<Value> = (0..200).map(|i| entry(&format!("t{i}"), "x")).collect();
+    let bad = [
+        (json!(many), "at most 128 tools"),
+        (json!([entry("big", &"d".repeat(40_000))]), "at most 32768 are accepted"),
+        (json!([entry("---", "x")]), "no usable Choir name"),
+        (json!([entry("a", "x"), entry("A", "y")]), "would both be mcp.pwn.a"),
+        (json!([entry("nul", "before\u{0}after")]), "NUL"),
+    ];
+    for (catalog, why) in bad {
+        let (status, body) = evil.rpc(
+            "REQUEST_APPROVAL",
+            &json!({"kind": "mcp", "scope": "agent", "reason": "r", "lane": "edge",
+                    "content": {"server": "pwn", "catalog": catalog}}),
+        );
+        assert_eq!(status, 422, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(why), "{why}: {body}");
+    }
+    // Negative control: a well-formed catalog is refused only because no such server exists.
+    let (status, body) = evil.rpc(
+        "REQUEST_APPROVAL",
+        &json!({"kind": "mcp", "scope": "agent", "reason": "r", "lane": "edge",
+                "content": {"server": "pwn", "catalog": [entry("ok", "fine")]}}),
+    );
+    assert_eq!(status, 422);
+    assert!(body["error"]["message"].as_str().unwrap().contains("there is no MCP server pwn"), "{body}");
     let list: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "list", "--all"])).unwrap();
     assert_eq!(list["approvals"].as_array().unwrap().len(), 0, "nothing stored: {list}");
     assert!(!choird.home.path().join("repos/agents/evil/mcp").exists());

@@ -20,15 +20,18 @@ fn pending_mcp(choird: &Choird) -> Vec<Value> {
     v["approvals"].as_array().unwrap().iter().filter(|a| a["kind"] == "mcp").cloned().collect()
 }
 
-/// `choirctl mcp add demo NAME ARGS…`, then the agent's catalog proposal:
-/// (its id, its sha256, what `approvals show` prints).
+/// `choirctl mcp add demo NAME ARGS…`, then the server's catalog proposal
+/// (filed by whoever runs it): (its id, its sha256, what `approvals show`
+/// prints).
 fn add_and_wait_for_catalog(choird: &Choird, name: &str, args: &[String]) -> (String, String, String) {
     let mut cmd: Vec<&str> = vec!["mcp", "add", "demo", name];
     cmd.extend(args.iter().map(String::as_str));
     let added = choird.ctl_ok(&cmd);
     assert!(added.contains(&format!("MCP server {name} added")), "{added}");
-    wait_for("the agent's catalog proposal", Duration::from_secs(60), || !pending_mcp(choird).is_empty());
-    let p = pending_mcp(choird).remove(0);
+    let subject = format!("mcp {name}:");
+    let of_it = || pending_mcp(choird).into_iter().find(|p| p["subject"].as_str().unwrap().starts_with(&subject));
+    wait_for("the catalog proposal", Duration::from_secs(60), || of_it().is_some());
+    let p = of_it().unwrap();
     let id = p["id"].as_i64().unwrap().to_string();
     let shown = choird.ctl_ok(&["approvals", "show", &id]);
     (id, p["sha256"].as_str().unwrap().to_owned(), shown)
@@ -233,23 +236,8 @@ fn poisoned_catalogs_are_flagged_and_the_model_sees_only_the_operators_words() {
     assert!(last_tool_result(&s.llm).contains('5'));
 
     // Full-schema poisoning: the instruction is a parameter's name.
-    let (_, _, shown) = add_and_wait_for_catalog_again(choird, "calc2", &servers.hostile_args("schema"));
+    let (_, _, shown) = add_and_wait_for_catalog(choird, "calc2", &servers.hostile_args("schema"));
     assert!(shown.contains("parameter name"), "{shown}");
-}
-
-/// As [`add_and_wait_for_catalog`] when other MCP proposals exist already.
-fn add_and_wait_for_catalog_again(choird: &Choird, name: &str, args: &[String]) -> (String, String, String) {
-    let mut cmd: Vec<&str> = vec!["mcp", "add", "demo", name];
-    cmd.extend(args.iter().map(String::as_str));
-    choird.ctl_ok(&cmd);
-    let subject = format!("mcp {name}:");
-    wait_for("the catalog proposal", Duration::from_secs(60), || {
-        pending_mcp(choird).iter().any(|p| p["subject"].as_str().unwrap().starts_with(&subject))
-    });
-    let p = pending_mcp(choird).into_iter().find(|p| p["subject"].as_str().unwrap().starts_with(&subject)).unwrap();
-    let id = p["id"].as_i64().unwrap().to_string();
-    let shown = choird.ctl_ok(&["approvals", "show", &id]);
-    (id, p["sha256"].as_str().unwrap().to_owned(), shown)
 }
 
 #[test]
@@ -293,7 +281,7 @@ fn hostile_servers_get_a_clear_error_and_never_hold_a_lane() {
     let choird = &s.choird;
     let modes = ["hang", "exit", "flood", "garbage", "sampling"];
     for mode in modes {
-        let (id, sha, _) = add_and_wait_for_catalog_again(choird, mode, &servers.hostile_args(mode));
+        let (id, sha, _) = add_and_wait_for_catalog(choird, mode, &servers.hostile_args(mode));
         let mut approve = vec!["approvals", "approve", id.as_str(), "--sha256", sha.as_str()];
         let timeout = "lookup:timeout_ms=3000".to_owned();
         if mode == "hang" {
@@ -405,7 +393,7 @@ fn a_server_gets_a_cleared_environment_and_only_the_secrets_bound_to_it() {
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
     let mut keyed = servers.hostile_args("passthrough");
     keyed.extend(["--secret".into(), "notion_token".into()]);
-    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "keyed", &keyed);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "keyed", &keyed);
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
     choird.wait_running("demo");
 
@@ -468,7 +456,7 @@ fn an_mcp_server_runs_inside_the_agents_container() {
         .map(|s| (*s).to_owned())
         .chain(["--arg", "/opt/mcp/hostile.py", "--arg", "passthrough"].map(String::from))
         .collect();
-    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "who", &who);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "who", &who);
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
     choird.wait_running("demo");
 
@@ -529,10 +517,10 @@ fn a_streamable_http_server_is_reached_by_choird_pinned_and_called_with_a_creden
     // The credential goes to its server only, and never back to the model.
     let keyed = HttpServer::start(&servers, "echo_auth");
     let args = ["--url".to_owned(), keyed.url.clone(), "--auth-secret".to_owned(), "notes_token".to_owned()];
-    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "keyed", &args);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "keyed", &args);
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
     let plain = HttpServer::start(&servers, "echo_auth");
-    let (id, sha, _) = add_and_wait_for_catalog_again(choird, "plain", &["--url".to_owned(), plain.url.clone()]);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "plain", &["--url".to_owned(), plain.url.clone()]);
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
     choird.wait_running("demo");
     choird.ctl_ok(&["chat", "demo", "who are you, keyed"]);

@@ -15,14 +15,14 @@
 //! - No lane waits past its deadline: for the server (a lock tried until the
 //!   deadline), its handshake, or its answer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::commit::canonical_json;
-use choir_common::mcp::{catalog_content, drift, Entry, ServerFile, MAX_TOOLS};
+use choir_common::mcp::{catalog_content, drift, Entry, ServerFile};
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
@@ -45,9 +45,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// How long the watching thread sleeps between looks at whether its server is gone.
 const WATCH_IDLE: Duration = Duration::from_secs(5);
-
-/// Pages of `tools/list` read at most.
-const MAX_PAGES: usize = 16;
 
 #[derive(Default)]
 struct State {
@@ -286,62 +283,23 @@ impl McpServer {
 
     /// Every tool the server lists now (paginated, bounded).
     fn list(&self, conn: &Conn, deadline: Instant) -> Result<Vec<Entry>, String> {
-        let mut out = Vec::new();
-        let mut cursor: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let params = match &cursor {
-                Some(c) => json!({"cursor": c}),
-                None => json!({}),
-            };
-            let page = conn.request("tools/list", params, deadline).map_err(|f| describe(&f, "listing its tools"))?;
-            for listed in page["tools"].as_array().into_iter().flatten() {
-                match Entry::from_listed(listed) {
-                    Ok(e) => out.push(e),
-                    Err(why) => log::warn!("MCP server {}: {why}", self.name()),
-                }
-                if out.len() > MAX_TOOLS {
-                    return Err(format!("it lists more than {MAX_TOOLS} tools"));
-                }
-            }
-            cursor = page["nextCursor"].as_str().filter(|c| !c.is_empty() && c.len() <= 1024).map(str::to_owned);
-            if cursor.is_none() {
-                return Ok(out);
-            }
-        }
-        Err(format!("its tool list runs past {MAX_PAGES} pages"))
+        choir_common::mcp::list_all(|params| {
+            conn.request("tools/list", params, deadline).map_err(|f| describe(&f, "listing its tools"))
+        })
     }
 
     /// Compares the live catalog with the pins: drifted or gone tools are
     /// disabled at once; anything new, changed or gone is filed for the
     /// operator (once per content).
     fn verify(&self, st: &mut State, live: &[Entry]) {
-        let by_name: BTreeMap<&str, &Entry> = live.iter().map(|e| (e.name.as_str(), e)).collect();
-        let mut disabled = BTreeMap::new();
-        let mut news: BTreeSet<&str> = by_name.keys().copied().collect();
-        for (tool, pin) in &self.file.tools {
-            news.remove(tool.as_str());
-            match by_name.get(tool.as_str()) {
-                None => {
-                    disabled.insert(tool.clone(), format!("MCP server {} no longer lists {tool}", self.name()));
-                }
-                Some(e) if e.sha256() != pin.sha256 => {
-                    let changes = drift(&pin.entry, e).join("; ");
-                    log::warn!("MCP server {}: tool {tool} changed since its approval: {changes}", self.name());
-                    disabled.insert(
-                        tool.clone(),
-                        format!(
-                            "MCP server {} changed tool {tool} since the operator approved it; it is off until the \
-                             change is approved",
-                            self.name()
-                        ),
-                    );
-                }
-                Some(_) => {}
+        let c = choir_common::mcp::compare(&self.file, live);
+        for tool in c.off.keys() {
+            if let (Some(pin), Some(e)) = (self.file.tools.get(tool), live.iter().find(|e| e.name == *tool)) {
+                log::warn!("MCP server {}: tool {tool} changed: {}", self.name(), drift(&pin.entry, e).join("; "));
             }
         }
-        let changed = !disabled.is_empty() || !news.is_empty();
-        *self.disabled.write() = disabled;
-        if !changed {
+        *self.disabled.write() = c.off.clone();
+        if !c.differs() {
             return;
         }
         let content = catalog_content(self.name(), live);
@@ -350,20 +308,8 @@ impl McpServer {
             return;
         }
         let Some(filer) = &self.filer else { return };
-        let news: Vec<&str> = news.into_iter().collect();
-        let reason = format!(
-            "MCP server {} lists tools that are not approved as they are (new: {}; changed or gone: {})",
-            self.name(),
-            if news.is_empty() { "none".to_owned() } else { news.join(", ") },
-            {
-                let d = self.disabled.read();
-                if d.is_empty() {
-                    "none".to_owned()
-                } else {
-                    d.keys().cloned().collect::<Vec<_>>().join(", ")
-                }
-            }
-        );
+        let reason =
+            format!("MCP server {} lists tools that are not approved as they are: {}", self.name(), c.summary());
         match filer.file(content, reason) {
             Ok(()) => st.filed = Some(sha),
             Err(e) => log::warn!("MCP server {}: its catalog could not be filed for approval: {e}", self.name()),

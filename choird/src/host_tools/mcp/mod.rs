@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use choir_common::commit::canonical_json;
 use choir_common::ids::{wire_tool_name, AgentId};
 use choir_common::manifest::ToolManifest;
-use choir_common::mcp::{catalog_content, content_sha256, Entry, ServerFile, MAX_TOOLS};
+use choir_common::mcp::{catalog_content, content_sha256, Entry, ServerFile};
 use choir_common::rpc::{ApprovalRequest, ProposalKind, ProposalScope};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -37,9 +37,6 @@ use crate::shared::Shared;
 
 /// The longest a call may take when its pin names no timeout.
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Pages of `tools/list` read at most.
-const MAX_PAGES: usize = 16;
 
 #[derive(Default)]
 struct Slot {
@@ -262,66 +259,28 @@ impl McpHttp {
     }
 
     fn open(&self, agent: &AgentId, file: &ServerFile, deadline: Instant) -> Result<http::Session, String> {
-        let raw = file.server.url.clone().unwrap_or_default();
-        let url = choir_common::mcp::check_url(&raw)?;
-        let config = self.shared.config();
-        let web = config.agents.get(agent).and_then(|a| a.web.clone()).unwrap_or_default();
-        let policy = crate::egress::Policy::new(&web);
-        let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
-        let port = url.port_or_known_default().unwrap_or(443);
-        let addr = policy.resolve(&host, port).map_err(|e| e.0)?;
-        let auth = match &file.server.auth_secret {
-            Some(name) => Some(
-                self.shared
-                    .secrets()
-                    .get(name)
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("its credential {name} is not set in secrets.json"))?,
-            ),
-            None => None,
-        };
-        http::Session::open(url, addr, auth, deadline)
+        open_session(&self.shared.config(), &self.shared.secrets(), agent, file, deadline)
     }
 
     /// Compares the live catalog with the pins; files what differs.
     fn verify(&self, agent: &AgentId, file: &ServerFile, st: &mut Slot, live: &[Entry]) {
         let server = &file.server.name;
-        let by_name: BTreeMap<&str, &Entry> = live.iter().map(|e| (e.name.as_str(), e)).collect();
-        let mut disabled = BTreeMap::new();
-        for (tool, pin) in &file.tools {
-            match by_name.get(tool.as_str()) {
-                None => {
-                    disabled.insert(tool.clone(), format!("MCP server {server} no longer lists {tool}"));
-                }
-                Some(e) if e.sha256() != pin.sha256 => {
-                    disabled.insert(
-                        tool.clone(),
-                        format!(
-                            "MCP server {server} changed tool {tool} since the operator approved it; it is off \
-                             until the change is approved"
-                        ),
-                    );
-                }
-                Some(_) => {}
-            }
-        }
-        let new = live.iter().any(|e| !file.tools.contains_key(&e.name));
+        let c = choir_common::mcp::compare(file, live);
         // The relay leaves switched-off tools out of the agent's model requests.
         {
             let mut off = self.shared.mcp_disabled.write();
             let set = off.entry(agent.clone()).or_default();
             for (tool, m) in file.manifests() {
                 let wire = wire_tool_name(&m.llm.name);
-                if disabled.contains_key(&tool) {
+                if c.off.contains_key(&tool) {
                     set.insert(wire);
                 } else {
                     set.remove(&wire);
                 }
             }
         }
-        let changed = new || !disabled.is_empty();
-        st.disabled = disabled;
-        if !changed {
+        st.disabled = c.off.clone();
+        if !c.differs() {
             return;
         }
         let content = catalog_content(server, live);
@@ -420,71 +379,43 @@ pub fn probe(
     agent: &AgentId,
     file: &ServerFile,
 ) -> Result<String, String> {
-    let raw = file.server.url.clone().unwrap_or_default();
-    let url = choir_common::mcp::check_url(&raw)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut session = open_session(config, secrets, agent, file, deadline)?;
+    let live = list(&mut session, deadline)?;
+    Ok(choir_common::mcp::compare(file, &live).summary())
+}
+
+/// A session with `agent`'s HTTP server `file`: its url checked, its host
+/// resolved and checked by the agent's egress policy, its credential from
+/// choird's secrets.
+fn open_session(
+    config: &crate::config::Config,
+    secrets: &crate::secrets::Secrets,
+    agent: &AgentId,
+    file: &ServerFile,
+    deadline: Instant,
+) -> Result<http::Session, String> {
+    let url = choir_common::mcp::check_url(file.server.url.as_deref().unwrap_or_default())?;
     let web = config.agents.get(agent).and_then(|a| a.web.clone()).unwrap_or_default();
     let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
     let addr = crate::egress::Policy::new(&web)
         .resolve(&host, url.port_or_known_default().unwrap_or(443))
         .map_err(|e| format!("the agent's egress policy refuses it: {}", e.0))?;
     let auth = match &file.server.auth_secret {
-        Some(name) => {
-            Some(secrets.get(name).map(str::to_owned).ok_or_else(|| format!("{name} is not in secrets.json"))?)
-        }
+        Some(name) => Some(
+            secrets
+                .get(name)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("its credential {name} is not in secrets.json"))?,
+        ),
         None => None,
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut session = http::Session::open(url, addr, auth, deadline)?;
-    let live = list(&mut session, deadline)?;
-    Ok(compare(file, &live))
-}
-
-/// A line per difference between the live catalog and the pins.
-pub fn compare(file: &ServerFile, live: &[Entry]) -> String {
-    let mut same = Vec::new();
-    let mut notes = Vec::new();
-    for (tool, pin) in &file.tools {
-        match live.iter().find(|e| e.name == *tool) {
-            None => notes.push(format!("{tool}: no longer listed (off)")),
-            Some(e) if e.sha256() != pin.sha256 => notes.push(format!("{tool}: changed since approval (off)")),
-            Some(_) => same.push(tool.as_str()),
-        }
-    }
-    for e in live.iter().filter(|e| !file.tools.contains_key(&e.name)) {
-        notes.push(format!("{}: new, not approved", choir_common::text::clipped(&e.name, 60)));
-    }
-    let mut out = format!("{} of {} pinned tool(s) as approved", same.len(), file.tools.len());
-    if !notes.is_empty() {
-        out.push_str("; ");
-        out.push_str(&notes.join("; "));
-    }
-    out
+    http::Session::open(url, addr, auth, deadline)
 }
 
 /// Every tool the session's server lists (paginated, bounded).
 fn list(session: &mut http::Session, deadline: Instant) -> Result<Vec<Entry>, String> {
-    let mut out = Vec::new();
-    let mut cursor: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let params = match &cursor {
-            Some(c) => json!({"cursor": c}),
-            None => json!({}),
-        };
-        let page = session.request("tools/list", params, deadline)?;
-        for listed in page["tools"].as_array().into_iter().flatten() {
-            if let Ok(e) = Entry::from_listed(listed) {
-                out.push(e);
-            }
-            if out.len() > MAX_TOOLS {
-                return Err(format!("it lists more than {MAX_TOOLS} tools"));
-            }
-        }
-        cursor = page["nextCursor"].as_str().filter(|c| !c.is_empty() && c.len() <= 1024).map(str::to_owned);
-        if cursor.is_none() {
-            return Ok(out);
-        }
-    }
-    Err(format!("its tool list runs past {MAX_PAGES} pages"))
+    choir_common::mcp::list_all(|params| session.request("tools/list", params, deadline))
 }
 
 impl HostTool for McpHttpTool {
