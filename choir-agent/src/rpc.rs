@@ -137,6 +137,7 @@ pub struct Rpc {
     agent: ureq::Agent,
     base: String,
     token: String,
+    endpoint: Endpoint,
 }
 
 impl Rpc {
@@ -153,6 +154,7 @@ impl Rpc {
                 agent: choir_common::unix_http::pooled_agent_for_socket(path, None, idle),
                 base: "http://localhost".to_owned(),
                 token,
+                endpoint: endpoint.clone(),
             },
             Endpoint::Tcp(base) => Rpc {
                 agent: ureq::Agent::new_with_config(
@@ -167,8 +169,67 @@ impl Rpc {
                 ),
                 base: base.clone(),
                 token,
+                endpoint: endpoint.clone(),
             },
         }
+    }
+
+    /// Opens a tunnel through choird (`POST path`, no body): on `200` the
+    /// connection itself, with the bytes that came past the answer's head;
+    /// on anything else, choird's reason.
+    pub fn tunnel(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(Box<dyn choir_common::splice::Duplex>, Vec<u8>), String> {
+        use std::io::{Read, Write};
+        let mut conn: Box<dyn choir_common::splice::Duplex> = match &self.endpoint {
+            Endpoint::Unix(p) => Box::new(std::os::unix::net::UnixStream::connect(p).map_err(|e| e.to_string())?),
+            Endpoint::Tcp(base) => {
+                let hostport = base.trim_start_matches("http://").trim_end_matches('/');
+                Box::new(std::net::TcpStream::connect(hostport).map_err(|e| e.to_string())?)
+            }
+        };
+        conn.read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Length: 0\r\n\r\n",
+            self.token
+        );
+        conn.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let end = loop {
+            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if got.len() > choir_common::unix_http::SOCKET_MAX_HEAD {
+                return Err("choird's answer head is too long".into());
+            }
+            match conn.read(&mut buf) {
+                Ok(0) => return Err("choird closed the tunnel before answering".into()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        let head = String::from_utf8_lossy(&got[..end]).into_owned();
+        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        if status == 200 {
+            conn.read_timeout(None).map_err(|e| e.to_string())?;
+            return Ok((conn, got[end..].to_vec()));
+        }
+        // A refusal: its JSON body says why (read to its length, bounded).
+        let length = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(64 * 1024);
+        let mut body = got[end..].to_vec();
+        if body.len() < length {
+            let _ = conn.take((length - body.len()) as u64).read_to_end(&mut body);
+        }
+        let answer = RawAnswer { status, retry_after: None, fallback: None, body };
+        Err(refusal("tunnel", &answer).to_string())
     }
 
     /// POSTs `body` to `path`, returning whatever choird answered.

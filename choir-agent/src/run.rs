@@ -127,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(crate::tools::McpSetup {
             workspace: workspace.root().to_owned(),
             secrets: secrets.clone(),
-            filer: Some(rpc.clone() as Arc<dyn crate::tools::mcp::CatalogFiler>),
+            host: Some(Arc::new(crate::tools::mcp::AgentHost::new(rpc.clone())) as Arc<dyn crate::tools::mcp::McpHost>),
         }),
     )?;
     // Each MCP server is started and its catalog checked now, so a change

@@ -490,7 +490,32 @@ pub enum McpCmd {
         /// Its calls' default timeout.
         #[arg(long, value_name = "MS")]
         timeout_ms: Option<u64>,
+        /// A host a stdio server may reach (HOST means port 443, or HOST:PORT; names beneath it too), through
+        /// choird and the agent's egress policy; repeatable. Without one it has no network.
+        #[arg(long, value_name = "HOST[:PORT]", conflicts_with = "url")]
+        network: Vec<String>,
+        /// Grant a stdio server resources, prompts or sampling (answered by the agent's core model, charged to
+        /// its budget); repeatable. Without one it has tools only.
+        #[arg(long, value_name = "resources|prompts|sampling", conflicts_with = "url")]
+        grant: Vec<String>,
         /// Into the global layer (every agent).
+        #[arg(long)]
+        global: bool,
+    },
+    /// Set what a stdio server is granted beyond its tools, keeping its pins (an approval you make at once, then
+    /// a rollout): exactly the hosts and grants given (none given: none).
+    Grant {
+        /// The agent.
+        id: String,
+        /// The server.
+        name: String,
+        /// A host it may reach (HOST or HOST:PORT), repeatable.
+        #[arg(long, value_name = "HOST[:PORT]")]
+        network: Vec<String>,
+        /// resources, prompts or sampling, repeatable.
+        #[arg(long, value_name = "resources|prompts|sampling")]
+        grant: Vec<String>,
+        /// In the global layer.
         #[arg(long)]
         global: bool,
     },

@@ -224,13 +224,29 @@ fn real_main() -> anyhow::Result<()> {
             SkillsCmd::Validate { .. } => unreachable!("done offline above"),
         },
         C::Mcp(m) => match m {
-            McpCmd::Add { id, name, command, url, auth_secret, args, env, secret, timeout_ms, global } => {
+            McpCmd::Add {
+                id,
+                name,
+                command,
+                url,
+                auth_secret,
+                args,
+                env,
+                secret,
+                timeout_ms,
+                network,
+                grant,
+                global,
+            } => {
                 let to = match (command, url) {
-                    (Some(c), _) => mcp::Reach::Command(c),
+                    (Some(c), _) => mcp::Reach::Command(c, mcp::Granted { network, grants: grant }),
                     (None, Some(u)) => mcp::Reach::Url(u, auth_secret),
                     (None, None) => anyhow::bail!("give --command (stdio) or --url (HTTP)"),
                 };
                 mcp::add(&ctx, &id, &name, to, args, &env, secret, timeout_ms, global)
+            }
+            McpCmd::Grant { id, name, network, grant, global } => {
+                mcp::grant(&ctx, &id, &name, mcp::Granted { network, grants: grant }, global)
             }
             McpCmd::Rm { id, name, global } => mcp::rm(&ctx, &id, &name, global),
             McpCmd::Check { id, name } => mcp::check(&ctx, &id, &name),

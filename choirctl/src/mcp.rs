@@ -9,10 +9,39 @@ use serde_json::{json, Map, Value};
 
 use crate::ctx::{print_json, Ctx};
 
+/// What a stdio server is granted beyond its tools.
+pub struct Granted {
+    /// Hosts it may reach (`HOST` or `HOST:PORT`).
+    pub network: Vec<String>,
+    /// `resources`, `prompts`, `sampling`.
+    pub grants: Vec<String>,
+}
+
+impl Granted {
+    /// Checked here, so a typo is told before anything is sent.
+    fn set(&self, spec: &mut Value) -> anyhow::Result<()> {
+        for n in &self.network {
+            anyhow::ensure!(
+                choir_common::mcp::parse_network(n).is_some(),
+                "--network {n:?}: a host name, or HOST:PORT"
+            );
+        }
+        for g in &self.grants {
+            anyhow::ensure!(
+                choir_common::mcp::Grant::parse(g).is_some(),
+                "--grant {g:?}: resources, prompts or sampling"
+            );
+        }
+        spec["network"] = json!(self.network);
+        spec["grants"] = json!(self.grants);
+        Ok(())
+    }
+}
+
 /// How a server is reached.
 pub enum Reach {
-    /// A program the agent runs (stdio).
-    Command(String),
+    /// A program the agent runs (stdio), and what it is granted.
+    Command(String, Granted),
     /// An endpoint choird reaches, and the choird secret it gets.
     Url(String, Option<String>),
 }
@@ -38,7 +67,10 @@ pub fn add(
     }
     let mut spec = json!({"name": name, "args": args, "env": vars, "secrets": secrets});
     match to {
-        Reach::Command(c) => spec["command"] = json!(c),
+        Reach::Command(c, granted) => {
+            spec["command"] = json!(c);
+            granted.set(&mut spec)?;
+        }
         Reach::Url(u, auth) => {
             spec["url"] = json!(u);
             if let Some(a) = auth {
@@ -59,6 +91,35 @@ pub fn add(
         "it has no tool yet: when the agent runs on it, it files what the server lists; then\n  choirctl approvals \
          list --agent {id}   and   choirctl approvals show ID"
     );
+    match &a.rollout {
+        Some(_) => crate::proposals::follow_rollout(ctx, a.id),
+        None => {
+            say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
+            Ok(())
+        }
+    }
+}
+
+/// `mcp grant ID NAME [--network H]... [--grant G]... [--global]`: the
+/// server's spec as it is, with exactly these hosts and grants; its pins kept.
+pub fn grant(ctx: &Ctx, id: &str, name: &str, granted: Granted, global: bool) -> anyhow::Result<()> {
+    let r: Value = ctx.client.get(&format!("agents/{id}/mcp"))?;
+    let scope = if global { "global" } else { "agent" };
+    let mut spec = r["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["server"]["name"] == name && s["scope"] == scope)
+        .map(|s| s["server"].clone())
+        .with_context(|| format!("agent {id} has no MCP server {name} in the {scope} layer"))?;
+    anyhow::ensure!(spec.get("url").is_none(), "MCP server {name} is reached over HTTP: grants are for stdio servers");
+    granted.set(&mut spec)?;
+    let add = AddRequest { kind: "mcp".into(), global, content: json!({"spec": spec, "replace": true}) };
+    let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
+    if ctx.json {
+        return print_json(&a);
+    }
+    say!("MCP server {name} changed as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
     match &a.rollout {
         Some(_) => crate::proposals::follow_rollout(ctx, a.id),
         None => {

@@ -100,23 +100,46 @@ pub fn check(
             ));
         }
         let keys: Vec<&String> = content.as_object().map(|o| o.keys().collect()).unwrap_or_default();
-        if keys != ["spec"] {
-            return Err(String::from("a new MCP server is {\"spec\": {...}} and nothing else"));
+        let replace = content.get("replace") == Some(&Value::Bool(true));
+        if keys != ["spec"] && !(replace && keys == ["replace", "spec"]) {
+            return Err(String::from(
+                "an MCP server is {\"spec\": {...}} (and \"replace\": true to change one) and nothing else",
+            ));
         }
         let spec = parse_spec(spec)?;
-        if let Some((_, file)) = server_file(home, agent, &spec.name) {
-            return Err(format!(
-                "MCP server {} already exists ({}); remove it first (choirctl mcp rm)",
-                spec.name,
-                file.display()
-            ));
+        let reach = spec.url.clone().unwrap_or(spec.command.clone());
+        match (server_file(home, agent, &spec.name), replace) {
+            (Some((_, file)), false) => {
+                return Err(format!(
+                    "MCP server {} already exists ({}); remove it first (choirctl mcp rm), or change it (choirctl mcp grant)",
+                    spec.name,
+                    file.display()
+                ))
+            }
+            (Some((at, _)), true) if at != scope => {
+                return Err(format!("MCP server {} is in the {} layer, not this one", spec.name, at.as_str()))
+            }
+            (None, true) => return Err(format!("there is no MCP server {} to change", spec.name)),
+            (Some(_), true) => {
+                let (_, file) = written(home, agent, content, &BTreeMap::new())?;
+                file.validate()?;
+                let grants: Vec<&str> = spec.grants.iter().map(|g| g.as_str()).collect();
+                return Ok(Checked {
+                    subject: format!(
+                        "mcp server {} (changed: {reach}; network: {}; grants: {}; its {} pins kept, checked again)",
+                        spec.name,
+                        if spec.network.is_empty() { "none".to_owned() } else { spec.network.join(", ") },
+                        if grants.is_empty() { "none".to_owned() } else { grants.join(", ") },
+                        file.tools.len()
+                    ),
+                    scope,
+                });
+            }
+            (None, false) => {}
         }
         let file = ServerFile { server: spec.clone(), tools: BTreeMap::new() };
         file.validate()?;
-        return Ok(Checked {
-            subject: format!("mcp server {} (new: {})", spec.name, spec.url.clone().unwrap_or(spec.command.clone())),
-            scope,
-        });
+        return Ok(Checked { subject: format!("mcp server {} (new: {reach})", spec.name), scope });
     }
     let (name, entries) = catalog(content)?;
     let Some((scope, path)) = server_file(home, agent, &name) else {
@@ -267,7 +290,16 @@ pub fn written(
     if let Some(spec) = content.get("spec") {
         let spec = parse_spec(spec)?;
         let rel = format!("mcp/{}.json", spec.name);
-        return Ok((rel, ServerFile { server: spec, tools: BTreeMap::new() }));
+        // A changed server keeps its pins: each is compared with what it
+        // lists again at its next start, as always.
+        let tools = match content.get("replace") == Some(&Value::Bool(true)) {
+            true => server_file(home, agent, &spec.name)
+                .and_then(|(_, p)| load_server_file(&p).ok())
+                .map(|l| l.server.tools)
+                .ok_or_else(|| format!("there is no MCP server {} to change", spec.name))?,
+            false => BTreeMap::new(),
+        };
+        return Ok((rel, ServerFile { server: spec, tools }));
     }
     let (name, entries) = catalog(content)?;
     let (_, path) = server_file(home, agent, &name).ok_or_else(|| format!("there is no MCP server {name} any more"))?;
@@ -341,6 +373,8 @@ pub fn render(home: &Home, agent: &AgentId, content: &Value) -> String {
             env: BTreeMap::new(),
             secrets: Vec::new(),
             timeout_ms: 1,
+            network: Vec::new(),
+            grants: Vec::new(),
         },
         tools: BTreeMap::new(),
     };
@@ -390,7 +424,11 @@ pub fn manifests(home: &Home, agent: &AgentId) -> Vec<(String, choir_common::man
     servers(home, agent)
         .into_iter()
         .filter_map(|(_, f)| f.ok())
-        .flat_map(|f| f.manifests().into_iter().map(move |(_, m)| (f.server.name.clone(), m)))
+        .flat_map(|f| {
+            let granted = f.grant_tools().into_iter().map(|(_, m)| m);
+            let all: Vec<_> = f.manifests().into_iter().map(|(_, m)| m).chain(granted).collect();
+            all.into_iter().map(move |m| (f.server.name.clone(), m))
+        })
         .collect()
 }
 

@@ -28,6 +28,7 @@ pub mod roles;
 pub mod rpc;
 pub mod schedule;
 pub mod skill;
+pub mod splice;
 pub mod text;
 pub mod tool_layers;
 pub mod tool_names;

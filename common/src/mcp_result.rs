@@ -66,6 +66,47 @@ pub fn shape(server: &str, tool: &str, info: &Value, pin_sha256: &str, answer: V
     out
 }
 
+/// The result object of what a grant adds (`resources/list`,
+/// `resources/read`, `prompts/list`, `prompts/get`): the server's answer as
+/// JSON text, binary (`blob`) fields replaced by a note, capped like a
+/// tool's text. Untrusted like any MCP result.
+pub fn shape_granted(server: &str, method: &str, info: &Value, answer: Value) -> Value {
+    fn strip_blobs(v: &mut Value, omitted: &mut usize) {
+        match v {
+            Value::Object(o) => {
+                if let Some(b) = o.get_mut("blob") {
+                    *omitted += 1;
+                    *b = json!(format!("(binary, {} base64 characters, omitted)", b.as_str().map_or(0, str::len)));
+                }
+                o.values_mut().for_each(|x| strip_blobs(x, omitted));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| strip_blobs(x, omitted)),
+            _ => {}
+        }
+    }
+    let mut answer = answer;
+    let mut omitted = 0;
+    strip_blobs(&mut answer, &mut omitted);
+    let text = serde_json::to_string_pretty(&answer).unwrap_or_default();
+    let (text, cut) = crate::text::cap_with_note(&text, MAX_TEXT);
+    let mut out = json!({
+        "summary": format!("mcp.{server}: {method} answered"),
+        "content": text,
+        "mcp": {
+            "server": server,
+            "server_version": crate::text::clipped(info["version"].as_str().unwrap_or_default(), 40),
+            "method": method,
+        },
+    });
+    if cut {
+        out["truncated"] = json!(true);
+    }
+    if omitted > 0 {
+        out["omitted_parts"] = json!(omitted);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

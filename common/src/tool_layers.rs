@@ -29,6 +29,7 @@ pub fn known_tool_names(
         .collect();
     for server in crate::mcp::load_servers(&mcp)? {
         names.extend(server.server.manifests().into_iter().map(|(_, m)| m.llm.name));
+        names.extend(server.server.grant_tools().into_iter().map(|(_, m)| m.llm.name));
     }
     Ok(names)
 }

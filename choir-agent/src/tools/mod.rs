@@ -112,7 +112,7 @@ pub struct McpSetup {
     /// The agent's secrets (each server gets those it declares).
     pub secrets: crate::secrets::SecretStore,
     /// Files what a server lists that is not approved as it is.
-    pub filer: Option<Arc<dyn mcp::CatalogFiler>>,
+    pub host: Option<Arc<dyn mcp::McpHost>>,
 }
 
 impl Registry {
@@ -179,7 +179,7 @@ impl Registry {
             }
         }
         if let Some(setup) = mcp {
-            let (servers, tools) = mcp::load(choir_dir, &setup.workspace, &setup.secrets, setup.filer)
+            let (servers, tools) = mcp::load(choir_dir, &setup.workspace, &setup.secrets, setup.host)
                 .map_err(|e| RegistryError { file: e.file.clone(), reason: e.reason.clone() })?;
             for (source, manifest, tool) in tools {
                 let name = manifest.llm.name.clone();

@@ -10,6 +10,7 @@
 //! take the route as decided and never parse the path again.
 
 pub mod admin;
+pub mod egress;
 pub mod metrics;
 pub mod relay;
 pub mod relay_events;
@@ -37,6 +38,9 @@ pub enum Route {
     Llm { lane: Lane, caller: Caller },
     /// `/admin/v1/...` on the admin socket.
     Admin(AdminRequest),
+    /// `POST /egress/v1?server=&host=&port=` from an authenticated agent:
+    /// a tunnel for one of its MCP servers' network grants.
+    Egress { ask: egress::Ask, caller: Caller },
 }
 
 /// Largest body of an admin request (chat messages, proposals shown back, …).
@@ -80,6 +84,13 @@ impl Router {
                 Lane::parse(lane).ok_or_else(|| Error::NotFound(format!("no lane {lane:?}; use edge or core")))?;
             return Ok((Route::Llm { lane, caller }, relay::MAX_REQUEST));
         }
+        if head.path == "/egress/v1" {
+            let caller = d.authenticate(kind, head.bearer.as_deref(), "EGRESS", RateClass::Verb)?;
+            if head.method != "POST" {
+                return Err(Error::Malformed("a tunnel must be POSTed".into()));
+            }
+            return Ok((Route::Egress { ask: egress::Ask::parse(head)?, caller }, 0));
+        }
         if head.path.starts_with("/admin/") && *kind == ListenerKind::Admin {
             return Ok((Route::Admin(AdminRequest::parse(head)?), MAX_ADMIN_BODY));
         }
@@ -106,11 +117,13 @@ impl Handler for Router {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     headers: Vec::new(),
                     stream: None,
+                    tunnel: None,
                 }
             }
             Route::Rpc { verb, caller } => rpc::handle(d, verb, &caller, &req),
             Route::Llm { lane, caller } => relay::handle(d.shared(), lane, &caller, &req),
             Route::Admin(request) => admin::handle(d, &self.tg, request, &req),
+            Route::Egress { ask, caller } => egress::handle(d.shared(), &caller, &ask),
         };
         result.unwrap_or_else(Response::from)
     }

@@ -290,6 +290,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         content_type: "application/json",
         headers: fell_back.into_iter().collect(),
         stream: None,
+        tunnel: None,
     };
     if edge {
         choir_common::hop::mark("relay.out");

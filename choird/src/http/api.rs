@@ -142,7 +142,14 @@ pub struct Response {
     pub headers: Vec<(String, String)>,
     /// A body streamed to the client as it is produced (chunked), instead of `body`.
     pub stream: Option<Box<dyn Read + Send>>,
+    /// A tunnel: after the head (no body), the connection is handed to it
+    /// with the bytes the client sent past its request, and is never
+    /// read as HTTP again.
+    pub tunnel: Option<Tunnel>,
 }
+
+/// What takes over a connection whose reply opened a tunnel.
+pub type Tunnel = Box<dyn FnOnce(Box<dyn choir_common::splice::Duplex>, Vec<u8>) + Send>;
 
 impl Response {
     /// A streamed plain-text reply (e.g. build progress), status 200.
@@ -153,13 +160,14 @@ impl Response {
             content_type: "text/plain; charset=utf-8",
             headers: Vec::new(),
             stream: Some(Box::new(reader)),
+            tunnel: None,
         }
     }
 
     /// A JSON reply.
     pub fn json<T: Serialize>(status: u16, value: &T) -> Response {
         let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-        Response { status, body, content_type: "application/json", headers: Vec::new(), stream: None }
+        Response { status, body, content_type: "application/json", headers: Vec::new(), stream: None, tunnel: None }
     }
 
     /// 200 with a JSON body.

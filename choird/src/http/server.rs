@@ -413,6 +413,20 @@ fn serve_connection<H: Handler>(mut stream: Stream, ctx: &Ctx<H>) {
                 return;
             }
         };
+        if let Some(tunnel) = response.tunnel {
+            // The head alone, then the connection is the tunnel's.
+            if stream.write_all(b"HTTP/1.1 200 Tunnel open\r\nConnection: close\r\n\r\n").is_err() {
+                return;
+            }
+            let _ = stream.set_write_timeout(None);
+            let early = std::mem::take(&mut pending.buf);
+            let duplex: Box<dyn choir_common::splice::Duplex> = match stream {
+                Stream::Unix(s) => Box::new(s),
+                Stream::Tcp(s) => Box::new(s),
+            };
+            tunnel(duplex, early);
+            return;
+        }
         match write_response(&mut stream, response, keep_alive) {
             Ok(Delivered::Whole) if keep_alive => continue,
             Ok(_) => return,
@@ -755,7 +769,14 @@ mod tests {
                 // Three bytes, then the source fails.
                 return Response::streaming(io::Cursor::new(b"abc".to_vec()).chain(Failing));
             }
-            Response { status: 200, body: req.body, content_type: "text/plain", headers: Vec::new(), stream: None }
+            Response {
+                status: 200,
+                body: req.body,
+                content_type: "text/plain",
+                headers: Vec::new(),
+                stream: None,
+                tunnel: None,
+            }
         }
     }
 

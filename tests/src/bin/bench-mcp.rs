@@ -121,6 +121,8 @@ fn main() {
             env: Default::default(),
             secrets: Vec::new(),
             timeout_ms: 30_000,
+            network: Vec::new(),
+            grants: Vec::new(),
         },
         tools: [("get_current_time".to_owned(), pin)].into_iter().collect(),
     };
@@ -134,7 +136,7 @@ fn main() {
         Arc::new(choir_agent::tools::host::NoHost),
         &[],
         &[],
-        Some(McpSetup { workspace: ws.clone(), secrets: SecretStore::default(), filer: None }),
+        Some(McpSetup { workspace: ws.clone(), secrets: SecretStore::default(), host: None }),
     )
     .unwrap();
     let server = registry.mcp_servers()[0].clone();

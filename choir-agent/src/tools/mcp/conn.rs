@@ -8,9 +8,11 @@
 //! **Invariants.**
 //! - Nothing the server sends is trusted: a line longer than [`MAX_LINE`],
 //!   or more than [`MAX_GARBAGE`] lines that are not JSON-RPC, end the
-//!   connection (the server is killed); its requests (sampling,
-//!   elicitation, roots, anything) are refused with `-32601` — Choir
-//!   declares no client capability — except `ping`.
+//!   connection (the server is killed); its requests (elicitation, roots,
+//!   anything) are refused with `-32601` — Choir declares no client
+//!   capability — except `ping`, and `sampling/createMessage` when the
+//!   operator granted the server sampling ([`Sampler`]): then one at a time,
+//!   on a thread of its own, so the reader never waits for a model.
 //! - A connection that ended ([`Conn::ended`]) is never used again; every
 //!   call waiting on it gets the reason at once.
 //! - The server runs in its own process group, registered with the reaper;
@@ -60,6 +62,9 @@ pub enum Failure {
 
 type Waiters = Arc<Mutex<HashMap<u64, Sender<Result<Value, Failure>>>>>;
 
+/// Answers a server's `sampling/createMessage` params (the result, or why not).
+pub type Sampler = Arc<dyn Fn(&Value) -> Result<Value, String> + Send + Sync>;
+
 /// A running server.
 pub struct Conn {
     child: Mutex<Child>,
@@ -76,7 +81,15 @@ pub struct Conn {
 impl Conn {
     /// Starts `cmd` and shakes hands by `deadline`. `changed` hears of every
     /// `notifications/tools/list_changed` (after [`Conn::stale`] is set).
-    pub fn start(cmd: &mut Cmd, label: &str, changed: Sender<()>, deadline: Instant) -> Result<Conn, String> {
+    /// With `sampler`, the server may ask for samples (the capability is declared).
+    pub fn start(
+        cmd: &mut Cmd,
+        label: &str,
+        changed: Sender<()>,
+        sampler: Option<Sampler>,
+        deadline: Instant,
+    ) -> Result<Conn, String> {
+        let capabilities = if sampler.is_some() { json!({"sampling": {}}) } else { json!({}) };
         let mut child =
             cmd.spawn(Stdio::piped(), Stdio::piped(), Stdio::piped()).map_err(|e| format!("cannot start it: {e}"))?;
         let (stdin, stdout, stderr) = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
@@ -106,7 +119,9 @@ impl Conn {
                 (waiters.clone(), ended.clone(), stale.clone(), to_server.clone(), label.to_owned());
             spawn(
                 "mcp-read",
-                Box::new(move || read_loop(stdout, &waiters, &ended, (&stale, &changed), &replies, &label)),
+                Box::new(move || {
+                    read_loop(stdout, &waiters, &ended, (&stale, &changed), (&replies, sampler.as_ref()), &label)
+                }),
             )?;
         }
         let label_err = label.to_owned();
@@ -124,8 +139,8 @@ impl Conn {
             "initialize",
             json!({
                 "protocolVersion": VERSIONS[0],
-                // No sampling, elicitation or roots: the server may ask Choir for nothing.
-                "capabilities": {},
+                // No elicitation or roots; sampling only when granted.
+                "capabilities": capabilities,
                 "clientInfo": {"name": "choir", "version": env!("CARGO_PKG_VERSION")},
             }),
             deadline,
@@ -264,9 +279,10 @@ fn read_loop(
     waiters: &Waiters,
     ended: &Mutex<Option<String>>,
     (stale, changed): (&AtomicBool, &Sender<()>),
-    replies: &Sender<Vec<u8>>,
+    (replies, sampler): (&Sender<Vec<u8>>, Option<&Sampler>),
     label: &str,
 ) {
+    let sampling = Arc::new(AtomicBool::new(false));
     let mut r = BufReader::with_capacity(64 * 1024, stdout);
     let mut buf = Vec::new();
     let mut garbage = 0usize;
@@ -292,7 +308,30 @@ fn read_loop(
         };
         let id = msg.get("id").filter(|i| !i.is_null());
         match (msg.get("method").and_then(Value::as_str), id) {
-            // A request to Choir: only ping is answered; Choir grants nothing else.
+            // A request to Choir: ping is answered, sampling when granted; nothing else.
+            (Some("sampling/createMessage"), Some(id)) if sampler.is_some() => {
+                let id = id.clone();
+                if sampling.swap(true, Ordering::SeqCst) {
+                    let busy = json!({"jsonrpc": "2.0", "id": id,
+                                      "error": {"code": -1, "message": "one sampling request at a time"}});
+                    let _ = replies.send(line(&busy));
+                    continue;
+                }
+                let (sampler, replies, busy) = (sampler.cloned(), replies.clone(), sampling.clone());
+                let params = msg.get("params").cloned().unwrap_or(Value::Null);
+                let spawned = std::thread::Builder::new().name("mcp-sample".into()).spawn(move || {
+                    let answer = sampler.map_or_else(|| Err("no sampler".to_owned()), |s| s(&params));
+                    let reply = match answer {
+                        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                        Err(why) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -1, "message": why}}),
+                    };
+                    busy.store(false, Ordering::SeqCst);
+                    let _ = replies.send(line(&reply));
+                });
+                if spawned.is_err() {
+                    sampling.store(false, Ordering::SeqCst);
+                }
+            }
             (Some(method), Some(id)) => {
                 let reply = if method == "ping" {
                     json!({"jsonrpc": "2.0", "id": id, "result": {}})
@@ -391,7 +430,7 @@ req = json.loads(sys.stdin.readline())
 
     fn start(then: &str) -> Option<Conn> {
         let (tx, _rx) = bounded(1);
-        Some(Conn::start(&mut server(then)?, "test", tx, Instant::now() + Duration::from_secs(10)).unwrap())
+        Some(Conn::start(&mut server(then)?, "test", tx, None, Instant::now() + Duration::from_secs(10)).unwrap())
     }
 
     fn soon() -> Instant {

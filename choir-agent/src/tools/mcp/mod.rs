@@ -11,32 +11,46 @@
 //! Streamable-HTTP servers are choird's, not these.
 
 pub mod conn;
+pub mod host;
+pub mod proxy;
 pub mod server;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use choir_common::manifest::ToolManifest;
-use choir_common::mcp::load_servers;
+use choir_common::mcp::{load_servers, GrantTool};
 use serde_json::Value;
 
 use super::tool::{ExecContext, Tool, ToolError};
-pub use server::{CatalogFiler, McpServer};
+pub use host::AgentHost;
+pub use server::{McpHost, McpServer};
 
-/// One pinned tool of one server.
+/// One pinned tool of one server, or one its grants add.
 pub struct McpTool {
     server: Arc<McpServer>,
-    tool: String,
+    tool: Which,
+}
+
+enum Which {
+    Pinned(String),
+    Granted(GrantTool),
 }
 
 impl Tool for McpTool {
     fn execute(&self, ctx: &ExecContext<'_>, input: &Value) -> Result<Value, ToolError> {
         // The server holds the secrets it declares; `ctx.secrets` are the same.
-        self.server.call(&self.tool, input, ctx.deadline)
+        match &self.tool {
+            Which::Pinned(tool) => self.server.call(tool, input, ctx.deadline),
+            Which::Granted(tool) => self.server.call_granted(*tool, input, ctx.deadline),
+        }
     }
 
     fn unavailable(&self) -> Option<String> {
-        self.server.disabled(&self.tool)
+        match &self.tool {
+            Which::Pinned(tool) => self.server.disabled(tool),
+            Which::Granted(_) => None,
+        }
     }
 }
 
@@ -49,38 +63,22 @@ pub fn load(
     choir_dir: &Path,
     workspace: &Path,
     secrets: &crate::secrets::SecretStore,
-    filer: Option<Arc<dyn CatalogFiler>>,
+    host: Option<Arc<dyn McpHost>>,
 ) -> Result<(Vec<Arc<McpServer>>, Vec<Pinned>), choir_common::manifest::ToolFileError> {
     let layers = [choir_dir.join("mcp").join("global"), choir_dir.join("mcp").join("agent")];
     let mut servers = Vec::new();
     let mut tools = Vec::new();
     // A server reached over HTTP is choird's: its tools come as host tools.
     for loaded in load_servers(&layers)?.into_iter().filter(|l| !l.server.server.is_http()) {
-        let server = McpServer::new(loaded.server, workspace.to_owned(), secrets, filer.clone());
+        let server = McpServer::new(loaded.server, workspace.to_owned(), secrets, host.clone());
+        let source = format!("{} (MCP server {})", loaded.file.display(), server.name());
         for (tool, manifest) in server.file().manifests() {
-            let source = format!("{} (MCP server {})", loaded.file.display(), server.name());
-            tools.push((source, manifest, McpTool { server: server.clone(), tool }));
+            tools.push((source.clone(), manifest, McpTool { server: server.clone(), tool: Which::Pinned(tool) }));
+        }
+        for (tool, manifest) in server.file().grant_tools() {
+            tools.push((source.clone(), manifest, McpTool { server: server.clone(), tool: Which::Granted(tool) }));
         }
         servers.push(server);
     }
     Ok((servers, tools))
-}
-
-impl CatalogFiler for crate::rpc::Rpc {
-    fn file(&self, content: Value, reason: String) -> Result<(), String> {
-        use choir_common::rpc::{ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope, Verb};
-        let req = ApprovalRequest {
-            kind: ProposalKind::Mcp,
-            scope: ProposalScope::Agent,
-            content,
-            reason,
-            lane: "mcp".into(),
-            skill: None,
-            state: None,
-            conversation: None,
-        };
-        self.call::<_, ApprovalResponse>(Verb::RequestApproval, &req, std::time::Duration::from_secs(30))
-            .map(|r| log::info!("MCP catalog filed for approval as proposal {}", r.approval_id))
-            .map_err(|e| e.to_string())
-    }
 }

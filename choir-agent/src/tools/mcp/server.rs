@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::commit::canonical_json;
-use choir_common::mcp::{catalog_content, drift, Entry, ServerFile};
+use choir_common::mcp::{catalog_content, drift, Entry, GrantTool, ServerFile};
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
@@ -33,11 +33,32 @@ use crate::secrets::SecretStore;
 use crate::tools::external::tool_env;
 use crate::tools::tool::ToolError;
 
-/// Files what a server lists now for the operator to decide (a catalog
-/// proposal to choird); the agent's REQUEST_APPROVAL in production.
-pub trait CatalogFiler: Send + Sync {
-    /// Files `content` ([`catalog_content`]) with `reason`.
+/// What a server needs of choird, through the agent's socket in
+/// production ([`super::host::AgentHost`]): choird decides each of these
+/// for itself.
+pub trait McpHost: Send + Sync {
+    /// Files `content` ([`catalog_content`]) with `reason` for the operator
+    /// to decide (a catalog proposal).
     fn file(&self, content: Value, reason: String) -> Result<(), String>;
+
+    /// Opens a tunnel to `host:port` under `server`'s network grant: the
+    /// stream and the bytes that already came from the site, or why not.
+    fn tunnel(
+        &self,
+        server: &str,
+        host: &str,
+        port: u16,
+        wait: Duration,
+    ) -> Result<(Box<dyn choir_common::splice::Duplex>, Vec<u8>), String> {
+        let _ = (server, host, port, wait);
+        Err("no network here".into())
+    }
+
+    /// Answers `server`'s `sampling/createMessage` with `params`.
+    fn sample(&self, server: &str, params: &Value) -> Result<Value, String> {
+        let _ = (server, params);
+        Err("no model here".into())
+    }
 }
 
 /// The longest wait before a failed server is tried again.
@@ -62,7 +83,7 @@ pub struct McpServer {
     workspace: PathBuf,
     /// The secrets it declares (and only those).
     secrets: SecretStore,
-    filer: Option<Arc<dyn CatalogFiler>>,
+    host: Option<Arc<dyn McpHost>>,
     state: Mutex<State>,
     /// Pinned tools not callable now, with why.
     disabled: RwLock<BTreeMap<String, String>>,
@@ -72,6 +93,8 @@ pub struct McpServer {
     stale: RwLock<Option<Arc<AtomicBool>>>,
     /// Set while a changed list is read and compared.
     checking: AtomicBool,
+    /// Its network grant's proxy, once started.
+    proxy: Mutex<Option<super::proxy::Proxy>>,
 }
 
 impl McpServer {
@@ -82,7 +105,7 @@ impl McpServer {
         file: ServerFile,
         workspace: PathBuf,
         secrets: &SecretStore,
-        filer: Option<Arc<dyn CatalogFiler>>,
+        host: Option<Arc<dyn McpHost>>,
     ) -> Arc<McpServer> {
         let (changes, heard) = bounded::<()>(1);
         let secrets = secrets.subset(&file.server.secrets);
@@ -90,12 +113,13 @@ impl McpServer {
             file,
             workspace,
             secrets,
-            filer,
+            host,
             state: Mutex::default(),
             disabled: RwLock::default(),
             changes,
             stale: RwLock::default(),
             checking: AtomicBool::new(false),
+            proxy: Mutex::new(None),
         });
         let weak = Arc::downgrade(&server);
         let watch = std::thread::Builder::new().name("mcp-watch".into()).spawn(move || {
@@ -252,7 +276,19 @@ impl McpServer {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
-        let started = Conn::start(&mut cmd, &server, self.changes.clone(), deadline).and_then(|conn| {
+        if let Some(url) = self.proxy_url() {
+            cmd.env("HTTPS_PROXY", &url);
+            cmd.env("https_proxy", &url);
+        }
+        let sampler: Option<super::conn::Sampler> =
+            match (spec.grants.contains(&choir_common::mcp::Grant::Sampling), &self.host) {
+                (true, Some(host)) => {
+                    let (host, name) = (host.clone(), server.clone());
+                    Some(Arc::new(move |params: &Value| host.sample(&name, params)))
+                }
+                _ => None,
+            };
+        let started = Conn::start(&mut cmd, &server, self.changes.clone(), sampler, deadline).and_then(|conn| {
             let entries = self.list(&conn, deadline)?;
             Ok((conn, entries))
         });
@@ -268,6 +304,44 @@ impl McpServer {
                 Ok(conn)
             }
             Err(why) => Err(self.failed(&mut st, why)),
+        }
+    }
+
+    /// The proxy URL of its network grant (started on first use), if it has one.
+    fn proxy_url(&self) -> Option<String> {
+        let host = self.host.as_ref().filter(|_| !self.file.server.network.is_empty())?;
+        let mut proxy = self.proxy.lock();
+        if proxy.is_none() {
+            match super::proxy::Proxy::start(self.name(), host.clone()) {
+                Ok(p) => *proxy = Some(p),
+                Err(e) => log::warn!("MCP server {}: its network proxy did not start: {e}", self.name()),
+            }
+        }
+        proxy.as_ref().map(|p| p.url())
+    }
+
+    /// Calls what a grant adds (`resources/read`, `prompts/get`, …) with
+    /// the tool's `input` by `deadline`.
+    pub fn call_granted(&self, tool: GrantTool, input: &Value, deadline: Instant) -> Result<Value, ToolError> {
+        let conn = self.connection(deadline)?;
+        let params = match tool {
+            GrantTool::PromptsGet => {
+                json!({"name": input["name"], "arguments": input.get("arguments").cloned().unwrap_or(json!({}))})
+            }
+            _ => input.clone(),
+        };
+        let answer = conn.request(tool.method(), params, deadline);
+        self.done(&conn);
+        let server = self.name();
+        match answer {
+            Ok(result) => Ok(choir_common::mcp_result::shape_granted(server, tool.method(), &conn.info, result)),
+            Err(f) => {
+                if matches!(f, Failure::Timeout | Failure::Ended(_)) {
+                    self.drop_conn(&conn, &describe(&f, "a call"));
+                }
+                let code = if f == Failure::Timeout { "timeout" } else { "tool_failed" };
+                Err(ToolError::new(code, format!("MCP server {server}: {}", describe(&f, tool.method()))))
+            }
         }
     }
 
@@ -307,10 +381,10 @@ impl McpServer {
         if st.filed.as_deref() == Some(sha.as_str()) {
             return;
         }
-        let Some(filer) = &self.filer else { return };
+        let Some(host) = &self.host else { return };
         let reason =
             format!("MCP server {} lists tools that are not approved as they are: {}", self.name(), c.summary());
-        match filer.file(content, reason) {
+        match host.file(content, reason) {
             Ok(()) => st.filed = Some(sha),
             Err(e) => log::warn!("MCP server {}: its catalog could not be filed for approval: {e}", self.name()),
         }
@@ -326,7 +400,7 @@ mod tests {
     #[derive(Default)]
     struct Filed(Mutex<Vec<Value>>);
 
-    impl CatalogFiler for Filed {
+    impl McpHost for Filed {
         fn file(&self, content: Value, _: String) -> Result<(), String> {
             self.0.lock().push(content);
             Ok(())
@@ -353,6 +427,8 @@ mod tests {
                 env: BTreeMap::new(),
                 secrets: Vec::new(),
                 timeout_ms: 1000,
+                network: Vec::new(),
+                grants: Vec::new(),
             },
             tools: BTreeMap::from([("lookup".to_owned(), Pin::strict(entry("Look a key up.")))]),
         };
