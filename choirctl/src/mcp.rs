@@ -186,6 +186,13 @@ pub fn list(ctx: &Ctx, id: &str, only: Option<&str>) -> anyhow::Result<()> {
             one(spec["command"].as_str().or(spec["url"].as_str()).unwrap_or("?")),
             args.join(" ")
         );
+        for (key, what) in [("network", "may reach (through choird)"), ("grants", "granted")] {
+            let items: Vec<String> =
+                spec[key].as_array().into_iter().flatten().filter_map(|a| a.as_str()).map(one).collect();
+            if !items.is_empty() {
+                say!("  {what}: {}", items.join(", "));
+            }
+        }
         let tools = s["tools"].as_array().cloned().unwrap_or_default();
         if tools.is_empty() {
             say!("  no tool pinned yet");

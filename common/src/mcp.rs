@@ -900,6 +900,44 @@ mod tests {
     }
 
     #[test]
+    fn a_network_grant_covers_its_host_and_names_beneath_it_on_its_port_only() {
+        let grant = vec!["api.example.com".to_owned(), "localhost:8080".to_owned()];
+        assert!(network_allows(&grant, "api.example.com", 443));
+        assert!(network_allows(&grant, "eu.api.example.com.", 443));
+        assert!(network_allows(&grant, "LOCALHOST", 8080));
+        assert!(!network_allows(&grant, "api.example.com", 80), "another port");
+        assert!(!network_allows(&grant, "evilapi.example.com", 443), "not beneath it");
+        assert!(!network_allows(&grant, "example.com", 443), "not above it");
+        assert!(!network_allows(&[], "api.example.com", 443), "no grant, no network");
+        for bad in ["", "a b", "host:0", "host:99999", "*.example.com", "http://x", "-x.com"] {
+            assert!(parse_network(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn grants_and_network_are_for_stdio_servers_and_each_entry_is_checked() {
+        let mut f = file();
+        f.server.network = vec!["api.example.com".into()];
+        f.server.grants = vec![Grant::Resources, Grant::Sampling];
+        f.validate().unwrap();
+        let names: Vec<String> = f.grant_tools().into_iter().map(|(_, m)| m.llm.name).collect();
+        assert_eq!(names, ["mcp.time.resources.list", "mcp.time.resources.read"], "sampling adds no tool");
+        for n in &names {
+            validate_tool_name(n).unwrap();
+        }
+        let mut bad = f.clone();
+        bad.server.network = vec!["not a host".into()];
+        assert!(bad.validate().unwrap_err().contains("network"));
+        let mut http = f.clone();
+        http.server.command = String::new();
+        http.server.args.clear();
+        http.server.url = Some("https://mcp.example.com/mcp".into());
+        assert!(http.validate().unwrap_err().contains("only for a stdio server"));
+        // A server tool cannot take a grant tool's name: its name has one segment.
+        assert_eq!(choir_name("time", "resources.read").unwrap(), "mcp.time.resources_read");
+    }
+
+    #[test]
     fn a_pinned_tool_is_external_and_closed_whatever_its_annotations_say() {
         let f = file();
         f.validate().unwrap();

@@ -14,7 +14,10 @@ per mode (the first argument), served over stdio:
   exit       `lookup` exits the server in the middle of the call
   flood      `lookup` writes a 50 MB line on stdout
   garbage    `lookup` writes lines that are not JSON-RPC, then answers
-  sampling   `lookup` asks Choir for sampling before answering
+  sampling   `lookup` asks Choir for sampling before answering (and answers with what it got)
+  net        `fetch` reaches host:port through HTTPS_PROXY (a CONNECT tunnel, then one
+             plain GET inside it); `direct` tries host:port without the proxy
+  resources  a resource `note://greeting` and a prompt `greet`, beside a tool `noop`
 """
 
 import os
@@ -157,13 +160,67 @@ elif mode == "sampling":
         from mcp.types import SamplingMessage, TextContent
 
         try:
-            await ctx.session.create_message(
+            got = await ctx.session.create_message(
                 messages=[SamplingMessage(role="user", content=TextContent(type="text", text="say hi"))],
                 max_tokens=10,
             )
-            return "sampling was granted"
+            return f"sampling answered: {got.content.text}"
         except Exception as e:  # Choir refuses: the call still answers.
             return f"sampling refused: {type(e).__name__}"
+
+elif mode == "net":
+    import base64
+    import socket
+    from urllib.parse import urlsplit
+
+    @server.tool(description="Fetch / from host:port through the proxy Choir gives.")
+    def fetch(host: str, port: int) -> str:
+        proxy = os.environ.get("HTTPS_PROXY")
+        if not proxy:
+            return "no proxy in my environment"
+        p = urlsplit(proxy)
+        cred = base64.b64encode(f"{p.username}:{p.password}".encode()).decode()
+        with socket.create_connection((p.hostname, p.port), timeout=20) as s:
+            s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nProxy-Authorization: Basic {cred}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            status, _, rest = head.partition(b"\r\n\r\n")
+            if not status.startswith(b"HTTP/1.1 200"):
+                return f"refused: {status.decode(errors='replace')} {rest.decode(errors='replace')}"
+            s.sendall(f"GET / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            body = rest
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                body += chunk
+            return "through the proxy: " + body.decode(errors="replace")
+
+    @server.tool(description="Connect to host:port directly.")
+    def direct(host: str, port: int) -> str:
+        try:
+            with socket.create_connection((host, port), timeout=3):
+                return "connected directly"
+        except OSError as e:
+            return f"no direct route: {type(e).__name__}"
+
+elif mode == "resources":
+
+    @server.tool(description="Do nothing.")
+    def noop() -> str:
+        return "nothing"
+
+    @server.resource("note://greeting", description="A greeting.")
+    def greeting() -> str:
+        return "hello from a resource"
+
+    @server.prompt(description="Greet someone.")
+    def greet(name: str) -> str:
+        return f"Please greet {name} warmly."
 
 else:
     sys.exit(f"unknown mode {mode}")

@@ -420,11 +420,14 @@ fn an_mcp_server_runs_inside_the_agents_container() {
     let Some(servers) = Servers::prepare() else { return };
     let image = choir_tests::mcp::Image::build(&servers);
     let tag = image.tag.clone();
+    let port = site("a site on the host");
     let Some(s) = Scenario::new()
-        .responder(|req, _| {
+        .responder(move |req, _| {
             Some(match last_user_text(req).as_str() {
                 "what time is it in UTC?" => Step::call("mcp.time.get_current_time", json!({"timezone": "Etc/UTC"})),
                 "who are you" => Step::call("mcp.who.whoami", json!({})),
+                "fetch the site" => Step::call("mcp.net.fetch", json!({"host": "localhost", "port": port})),
+                "go around choird" => Step::call("mcp.net.direct", json!({"host": "1.1.1.1", "port": 443})),
                 "TOOL" => Step::Text("done".into()),
                 _ => Step::Text("ok".into()),
             })
@@ -435,6 +438,7 @@ fn an_mcp_server_runs_inside_the_agents_container() {
             c["docker"] = d["docker"].clone();
             c["docker"]["base_image"] = json!(tag);
             c["docker"]["keep_agents_on_shutdown"] = json!(false);
+            c["agents"]["demo"]["web"] = json!({"allow_addresses": ["127.0.0.1/32"]});
         })
         .build()
     else {
@@ -458,6 +462,17 @@ fn an_mcp_server_runs_inside_the_agents_container() {
         .collect();
     let (id, sha, _) = add_and_wait_for_catalog(choird, "who", &who);
     choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "whoami:side_effect=read"]);
+    let net: Vec<String> = python
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(["--arg", "/opt/mcp/hostile.py", "--arg", "net", "--network"].map(String::from))
+        .chain([format!("localhost:{port}")])
+        .collect();
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "net", &net);
+    let pins = ["--pin", "fetch:side_effect=read", "--pin", "direct:side_effect=read"];
+    let mut approve = vec!["approvals", "approve", id.as_str(), "--sha256", sha.as_str()];
+    approve.extend(pins);
+    choird.ctl_ok(&approve);
     choird.wait_running("demo");
 
     assert_eq!(choird.ctl_ok(&["chat", "demo", "what time is it in UTC?"]).trim(), "done");
@@ -468,6 +483,13 @@ fn an_mcp_server_runs_inside_the_agents_container() {
     // In the container: its workspace, its user, nothing of the host's environment.
     assert!(who.contains(r#"\"cwd\": \"/workspace\""#) && who.contains(r#"\"uid\": 10001"#), "{who}");
     assert!(!who.contains("CARGO") && !who.contains("CHOIR_TEST"), "{who}");
+    // The container has no network: its granted host is reached through choird only.
+    choird.ctl_ok(&["chat", "demo", "fetch the site"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("through the proxy") && got.contains("a site on the host"), "{got}");
+    choird.ctl_ok(&["chat", "demo", "go around choird"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("no direct route"), "{got}");
     let mut choird = s.choird;
     choird.stop();
     drop(image);
@@ -623,4 +645,150 @@ fn the_reference_git_server_answers_about_a_repository_in_the_workspace() {
     let result = last_tool_result(&s.llm);
     assert!(result.contains("notes.txt"), "the server read the repository: {result}");
     assert!(!offered_names(&s.llm).contains(&"mcp__git__git_commit".to_owned()));
+}
+
+/// A site on this host's loopback: answers every connection with one line
+/// naming it, until the test ends (at most 64 connections).
+fn site(says: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in l.incoming().take(64) {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = [0u8; 1024];
+            let _ = c.read(&mut head);
+            let _ = c.write_all(format!("HTTP/1.0 200 OK\r\n\r\n{says}").as_bytes());
+        }
+    });
+    port
+}
+
+#[test]
+fn a_stdio_server_reaches_only_the_hosts_granted_to_it_and_only_through_choird() {
+    let (granted, other) = (site("granted site says hello"), site("other site"));
+    let Some((servers, s)) = http_scenario(move |req, _| {
+        Some(match last_user_text(req).as_str() {
+            "fetch the granted site" => Step::call("mcp.net.fetch", json!({"host": "localhost", "port": granted})),
+            "fetch the other site" => Step::call("mcp.net.fetch", json!({"host": "localhost", "port": other})),
+            "fetch past the policy" => Step::call("mcp.net.fetch", json!({"host": "127.0.0.2", "port": granted})),
+            "fetch without a grant" => Step::call("mcp.bare.fetch", json!({"host": "localhost", "port": granted})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let mut args = servers.hostile_args("net");
+    // Granted: the site, and an address the agent's egress policy refuses.
+    args.extend([
+        "--network".into(),
+        format!("localhost:{granted}"),
+        "--network".into(),
+        format!("127.0.0.2:{granted}"),
+    ]);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "net", &args);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "fetch:side_effect=read"]);
+    let shown = choird.ctl_ok(&["--json", "mcp", "show", "demo", "net"]);
+    assert!(shown.contains(&format!("localhost:{granted}")), "the grant is shown: {shown}");
+    choird.wait_running("demo");
+
+    choird.ctl_ok(&["chat", "demo", "fetch the granted site"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("through the proxy") && got.contains("granted site says hello"), "{got}");
+
+    choird.ctl_ok(&["chat", "demo", "fetch the other site"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("refused: HTTP/1.1 403") && got.contains("not granted"), "{got}");
+    assert!(!got.contains("other site\""), "{got}");
+
+    // In the grant, but the agent's egress policy (loopback 127.0.0.1 only) decides too.
+    choird.ctl_ok(&["chat", "demo", "fetch past the policy"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("refused") && got.contains("egress policy"), "{got}");
+
+    let audit = choird.ctl_ok(&["audit", "--agent", "demo"]);
+    assert!(audit.contains("mcp.egress") && audit.contains("opened") && audit.contains("refused"), "{audit}");
+
+    // Negative control: a server with no grant has no proxy at all …
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "bare", &servers.hostile_args("net"));
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha, "--pin", "fetch:side_effect=read"]);
+    choird.wait_running("demo");
+    choird.ctl_ok(&["chat", "demo", "fetch without a grant"]);
+    assert!(last_tool_result(&s.llm).contains("no proxy in my environment"), "{}", last_tool_result(&s.llm));
+    // … until the operator grants it the host: its pins are kept, no new approval.
+    let changed = choird.ctl_ok(&["mcp", "grant", "demo", "bare", "--network", &format!("localhost:{granted}")]);
+    assert!(changed.contains("MCP server bare changed"), "{changed}");
+    choird.wait_running("demo");
+    choird.ctl_ok(&["chat", "demo", "fetch without a grant"]);
+    assert!(last_tool_result(&s.llm).contains("granted site says hello"), "{}", last_tool_result(&s.llm));
+    // A grant of nonsense changes nothing.
+    let err = choird.ctl_err(&["mcp", "grant", "demo", "bare", "--grant", "root"]);
+    assert!(err.contains("resources, prompts or sampling"), "{err}");
+}
+
+#[test]
+fn granted_sampling_resources_and_prompts_work_and_ungranted_ones_do_not_exist() {
+    let Some((servers, s)) = scenario(|req, _| {
+        Some(match last_user_text(req).as_str() {
+            "call sampling" => Step::call("mcp.sampler.lookup", json!({"key": "sampling"})),
+            // The server's sampling request, answered by the agent's model.
+            "say hi" => Step::Text("hi from the model".into()),
+            "read the greeting" => Step::call("mcp.res.resources.read", json!({"uri": "note://greeting"})),
+            "list the resources" => Step::call("mcp.res.resources.list", json!({})),
+            "get the prompt" => {
+                Step::call("mcp.res.prompts.get", json!({"name": "greet", "arguments": {"name": "Ada Lovelace"}}))
+            }
+            "read the bare greeting" => Step::call("mcp.bare.resources.read", json!({"uri": "note://greeting"})),
+            "TOOL" => Step::Text("done".into()),
+            _ => Step::Text("ok".into()),
+        })
+    }) else {
+        return;
+    };
+    let choird = &s.choird;
+    let mut args = servers.hostile_args("sampling");
+    args.extend(["--grant".into(), "sampling".into()]);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "sampler", &args);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha]);
+    let mut args = servers.hostile_args("resources");
+    args.extend(["--grant".into(), "resources".into(), "--grant".into(), "prompts".into()]);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "res", &args);
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha]);
+    let (id, sha, _) = add_and_wait_for_catalog(choird, "bare", &servers.hostile_args("resources"));
+    choird.ctl_ok(&["approvals", "approve", &id, "--sha256", &sha]);
+    choird.wait_running("demo");
+
+    let before = s.llm.requests().len();
+    choird.ctl_ok(&["chat", "demo", "call sampling"]);
+    let got = last_tool_result(&s.llm);
+    assert!(got.contains("sampling answered: hi from the model"), "{got}");
+    let sampled: Vec<_> = s
+        .llm
+        .requests_since(before)
+        .into_iter()
+        .filter(|r| r.body["messages"].to_string().contains("You answer a request from the MCP server sampler"))
+        .collect();
+    assert_eq!(sampled.len(), 1, "one model request for the sampling");
+    assert!(sampled[0].body.get("tools").is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty())), "no tools");
+    assert!(!sampled[0].body["messages"].to_string().contains("call sampling"), "none of the conversation");
+
+    choird.ctl_ok(&["chat", "demo", "read the greeting"]);
+    assert!(last_tool_result(&s.llm).contains("hello from a resource"), "{}", last_tool_result(&s.llm));
+    choird.ctl_ok(&["chat", "demo", "list the resources"]);
+    assert!(last_tool_result(&s.llm).contains("note://greeting"), "{}", last_tool_result(&s.llm));
+    choird.ctl_ok(&["chat", "demo", "get the prompt"]);
+    assert!(last_tool_result(&s.llm).contains("Please greet Ada Lovelace warmly"), "{}", last_tool_result(&s.llm));
+    let names = offered_names(&s.llm);
+    assert!(names.contains(&"mcp__res__resources__read".to_owned()), "{names:?}");
+    assert!(names.contains(&"mcp__bare__noop".to_owned()), "{names:?}");
+    // Negative control: the same server without grants has its tool, and no resources.
+    assert!(!names.iter().any(|n| n.starts_with("mcp__bare__resources")), "{names:?}");
+    choird.ctl_ok(&["chat", "demo", "read the bare greeting"]);
+    let got = last_tool_result(&s.llm);
+    assert!(!got.contains("hello from a resource"), "{got}");
+    let tools = choird.ctl_ok(&["tools", "list", "demo"]);
+    assert!(tools.contains("mcp.res.prompts.get") && !tools.contains("mcp.bare.prompts"), "{tools}");
 }

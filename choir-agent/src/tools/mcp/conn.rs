@@ -491,6 +491,33 @@ send({"jsonrpc": "2.0", "id": req["id"], "result": {"reply": reply}})"#;
     }
 
     #[test]
+    fn granted_sampling_is_declared_answered_one_at_a_time_and_other_requests_still_refused() {
+        // The server reports the capabilities it was offered, asks twice at
+        // once (the second must be refused as busy), then asks for roots.
+        let asks = r#"
+send({"jsonrpc": "2.0", "id": "s1", "method": "sampling/createMessage", "params": {"n": 1}})
+send({"jsonrpc": "2.0", "id": "s2", "method": "sampling/createMessage", "params": {"n": 2}})
+replies = {}
+for _ in range(2):
+    r = json.loads(sys.stdin.readline()); replies[r["id"]] = r
+send({"jsonrpc": "2.0", "id": "r1", "method": "roots/list", "params": {}})
+replies["r1"] = json.loads(sys.stdin.readline())
+send({"jsonrpc": "2.0", "id": req["id"], "result": {"init": init["params"]["capabilities"], "replies": replies}})"#;
+        let Some(mut cmd) = server(asks) else { return };
+        let sampler: Sampler = Arc::new(|p: &Value| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(json!({"answered": p["n"]}))
+        });
+        let (tx, _rx) = bounded(1);
+        let c = Conn::start(&mut cmd, "test", tx, Some(sampler), soon()).unwrap();
+        let got = c.request("tools/call", json!({}), soon()).unwrap();
+        assert_eq!(got["init"], json!({"sampling": {}}), "{got}");
+        assert_eq!(got["replies"]["s1"]["result"]["answered"], 1, "{got}");
+        assert!(got["replies"]["s2"]["error"]["message"].as_str().unwrap().contains("one sampling request"), "{got}");
+        assert_eq!(got["replies"]["r1"]["error"]["code"], -32601, "{got}");
+    }
+
+    #[test]
     fn a_silent_server_costs_the_caller_its_deadline_and_no_more() {
         let Some(c) = start("time.sleep(30)") else { return };
         let t = Instant::now();

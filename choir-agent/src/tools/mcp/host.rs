@@ -81,6 +81,9 @@ impl McpHost for AgentHost {
 /// The chat request a server's `sampling/createMessage` becomes, or why it
 /// is refused.
 pub fn sampling_request(server: &str, params: &Value) -> Result<ChatRequest, String> {
+    if params.get("tools").is_some_and(|t| !t.is_null()) {
+        return Err("sampling: Choir gives a server's sampling no tools".into());
+    }
     let messages = params["messages"].as_array().ok_or("sampling: messages must be a list")?;
     if messages.is_empty() || messages.len() > MAX_MESSAGES {
         return Err(format!("sampling: 1 to {MAX_MESSAGES} messages"));
