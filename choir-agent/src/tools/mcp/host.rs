@@ -16,7 +16,6 @@ use std::time::Duration;
 use choir_common::openai::{ChatMessage, ChatRequest, Role};
 use serde_json::{json, Value};
 
-use super::server::McpHost;
 use crate::lanes::llm::Llm;
 use crate::rpc::Rpc;
 
@@ -26,6 +25,34 @@ pub const MAX_MESSAGES: usize = 32;
 pub const MAX_SAMPLING_TEXT: usize = 64 * 1024;
 /// Characters of an answer sent back to a server at most.
 pub const MAX_ANSWER: usize = 16 * 1024;
+
+/// What a server needs of choird, through the agent's socket in
+/// production ([`AgentHost`]): choird decides each of these
+/// for itself.
+pub trait McpHost: Send + Sync {
+    /// Files `content` (`choir_common::mcp::catalog_content`) with `reason` for the operator
+    /// to decide (a catalog proposal).
+    fn file(&self, content: Value, reason: String) -> Result<(), String>;
+
+    /// Opens a tunnel to `host:port` under `server`'s network grant: the
+    /// stream and the bytes that already came from the site, or why not.
+    fn tunnel(
+        &self,
+        server: &str,
+        host: &str,
+        port: u16,
+        wait: Duration,
+    ) -> Result<(Box<dyn choir_common::splice::Duplex>, Vec<u8>), String> {
+        let _ = (server, host, port, wait);
+        Err("no network here".into())
+    }
+
+    /// Answers `server`'s `sampling/createMessage` with `params`.
+    fn sample(&self, server: &str, params: &Value) -> Result<Value, String> {
+        let _ = (server, params);
+        Err("no model here".into())
+    }
+}
 
 /// choird, reached through the agent's RPC client.
 pub struct AgentHost {

@@ -23,8 +23,8 @@ use choir_common::mcp::{load_servers, GrantTool};
 use serde_json::Value;
 
 use super::tool::{ExecContext, Tool, ToolError};
-pub use host::AgentHost;
-pub use server::{McpHost, McpServer};
+pub use host::{AgentHost, McpHost};
+pub use server::McpServer;
 
 /// One pinned tool of one server, or one its grants add.
 pub struct McpTool {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use base64::Engine;
 use choir_common::splice::{splice, Limits};
 
-use super::server::McpHost;
+use super::host::McpHost;
 
 /// Tunnels a server holds at once.
 pub const MAX_CONNECTIONS: usize = 8;

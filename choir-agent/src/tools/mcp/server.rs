@@ -28,38 +28,11 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use super::conn::{describe, Conn, Failure};
+pub use super::host::McpHost;
 use crate::process::spawn::Cmd;
 use crate::secrets::SecretStore;
 use crate::tools::external::tool_env;
 use crate::tools::tool::ToolError;
-
-/// What a server needs of choird, through the agent's socket in
-/// production ([`super::host::AgentHost`]): choird decides each of these
-/// for itself.
-pub trait McpHost: Send + Sync {
-    /// Files `content` ([`catalog_content`]) with `reason` for the operator
-    /// to decide (a catalog proposal).
-    fn file(&self, content: Value, reason: String) -> Result<(), String>;
-
-    /// Opens a tunnel to `host:port` under `server`'s network grant: the
-    /// stream and the bytes that already came from the site, or why not.
-    fn tunnel(
-        &self,
-        server: &str,
-        host: &str,
-        port: u16,
-        wait: Duration,
-    ) -> Result<(Box<dyn choir_common::splice::Duplex>, Vec<u8>), String> {
-        let _ = (server, host, port, wait);
-        Err("no network here".into())
-    }
-
-    /// Answers `server`'s `sampling/createMessage` with `params`.
-    fn sample(&self, server: &str, params: &Value) -> Result<Value, String> {
-        let _ = (server, params);
-        Err("no model here".into())
-    }
-}
 
 /// The longest wait before a failed server is tried again.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
