@@ -121,6 +121,19 @@ pub enum Command {
     /// MCP servers: add one, list them, show one's pinned tools.
     #[command(subcommand)]
     Mcp(McpCmd),
+    /// Open the operator's console: forwards a loopback port to choird's console socket while it runs and
+    /// prints an address that logs you in once.
+    Console {
+        /// The loopback port to listen on (default: any free one).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Do not forward (you forward the socket yourself, e.g. over SSH, to --port).
+        #[arg(long)]
+        no_forward: bool,
+        /// End every console session instead.
+        #[arg(long)]
+        revoke: bool,
+    },
     /// Send MESSAGE and print the answer; without MESSAGE, one message per line from stdin. Exit 1 when the turn
     /// failed.
     Chat {

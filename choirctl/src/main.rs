@@ -7,6 +7,7 @@ mod term;
 mod backup;
 mod cli;
 mod client;
+mod console;
 mod ctx;
 mod doctor;
 mod logs;
@@ -223,6 +224,7 @@ fn real_main() -> anyhow::Result<()> {
             SkillsCmd::Add { id, file, global } => skills::add(&ctx, "skill", &id, &[file.as_str()], global),
             SkillsCmd::Validate { .. } => unreachable!("done offline above"),
         },
+        C::Console { port, no_forward, revoke } => console::run(&ctx, port, !no_forward, revoke),
         C::Mcp(m) => match m {
             McpCmd::Add {
                 id,

@@ -8,6 +8,7 @@ pub mod arg_policies;
 pub mod backup;
 pub mod budget;
 pub mod config;
+pub mod console;
 pub mod conversations;
 pub mod daemon;
 pub mod db;

@@ -160,6 +160,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let tcp = Tcp {
         http: bind_tcp("http_listen", config.http_listen.as_deref())?,
         metrics: bind_tcp("metrics_listen", config.metrics_listen.as_deref())?,
+        console: bind_tcp("console_listen", config.console_listen.as_deref())?,
     };
 
     let (cluster, url, database) = match &config.database_url {
@@ -222,6 +223,7 @@ struct Runs {
 struct Tcp {
     http: Option<(std::net::TcpListener, String)>,
     metrics: Option<(std::net::TcpListener, String)>,
+    console: Option<(std::net::TcpListener, String)>,
 }
 
 /// Binds `addr` for the config field `field`; an error names both.
@@ -313,7 +315,8 @@ fn serve(
         daemon.hold(why);
     }
     daemon.adopt_containers()?;
-    let router = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone() });
+    let console = Arc::new(crate::console::Console::default());
+    let router = Arc::new(Router { daemon: daemon.clone(), tg: tg.clone(), console: console.clone() });
     let nofile = crate::http::server::raise_nofile_limit();
     log::debug!("open-file limit {nofile}");
 
@@ -333,6 +336,10 @@ fn serve(
     if let Some((tcp, _)) = tcp.http {
         let limits = Limits { max_connections: 128, ..Limits::default() };
         listeners.tcp = Some(Server::start(Socket::Tcp(tcp), ListenerKind::Tcp, router.clone(), limits, "rpc-tcp")?);
+    }
+    if let Some((listener, addr)) = tcp.console {
+        console.listen_on(&daemon, listener)?;
+        log::info!("console on http://{addr}/ (log in with choirctl console)");
     }
     if let Some((metrics, addr)) = tcp.metrics {
         let limits = Limits { max_connections: 8, ..Limits::default() };
@@ -387,6 +394,7 @@ fn serve(
         m.stop();
     }
     listeners.stop_all();
+    console.stop();
     events_stop.store(true, Ordering::SeqCst);
     let _ = events_thread.join();
     keeper_stop.store(true, Ordering::SeqCst);

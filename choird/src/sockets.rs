@@ -163,18 +163,29 @@ fn bind_in(
     owner: Option<(u32, u32)>,
     mode: u32,
 ) -> Result<(UnixListener, PathBuf), SocketError> {
-    let path = dir_path.join(SOCKET_NAME);
-    match rustix::fs::unlinkat(dir, SOCKET_NAME, AtFlags::empty()) {
+    bind_named(dir, dir_path, SOCKET_NAME, owner, mode)
+}
+
+fn bind_named(
+    dir: &OwnedFd,
+    dir_path: &Path,
+    name: &str,
+    owner: Option<(u32, u32)>,
+    mode: u32,
+) -> Result<(UnixListener, PathBuf), SocketError> {
+    let path = dir_path.join(name);
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => remove_tree_at(dir, SOCKET_NAME, 0)
-            .map_err(err(&path, "cannot remove a directory named like the socket"))?,
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
+            remove_tree_at(dir, name, 0).map_err(err(&path, "cannot remove a directory named like the socket"))?
+        }
         Err(e) => return Err(err(&path, "cannot remove the stale socket")(e)),
     }
     // The directory is choird's and verified: nobody else can put an entry
     // here between the unlink and the bind.
     let listener =
         UnixListener::bind(&path).map_err(|e| SocketError { path: path.clone(), what: "cannot listen", source: e })?;
-    let sock = rustix::fs::openat(dir, SOCKET_NAME, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+    let sock = rustix::fs::openat(dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
         .map_err(err(&path, "cannot open the new socket"))?;
     let st = rustix::fs::fstat(&sock).map_err(err(&path, "cannot stat the new socket"))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
@@ -220,6 +231,19 @@ pub fn bind_admin(socks: &Path, group: Option<u32>) -> Result<(UnixListener, Pat
         .map_err(err(socks, "cannot give the directory to the admin group"))?;
     rustix::fs::fchmod(&dir, Mode::from_raw_mode(dir_mode)).map_err(err(socks, "cannot set the mode"))?;
     bind_in(&dir, socks, Some((me, gid)), sock_mode)
+}
+
+/// Binds the console's socket `socks/console.sock` beside the admin socket,
+/// with the admin socket's owner and mode (0600, or 0660 for the admin
+/// group): whoever may run choirctl may open the console, nobody else.
+pub fn bind_console(socks: &Path, group: Option<u32>) -> Result<(UnixListener, PathBuf), SocketError> {
+    let dir = open_own_dir(socks)?;
+    let me = rustix::process::geteuid().as_raw();
+    let (mode, gid) = match group {
+        Some(g) => (0o660, g),
+        None => (0o600, rustix::process::getegid().as_raw()),
+    };
+    bind_named(&dir, socks, "console.sock", Some((me, gid)), mode)
 }
 
 /// The id of system group `name` (from /etc/group).

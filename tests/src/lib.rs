@@ -13,6 +13,8 @@
 
 pub mod agentdojo;
 pub mod bench;
+pub mod browser;
+pub mod console;
 pub mod docker;
 pub mod fake_anthropic;
 pub mod fake_embeddings;

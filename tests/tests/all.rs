@@ -15,6 +15,7 @@ mod cli;
 mod clients;
 mod code_order;
 mod cognition;
+mod console;
 mod decisions;
 mod docker;
 mod doctor;

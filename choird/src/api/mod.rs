@@ -53,6 +53,8 @@ pub struct Router {
     pub daemon: Arc<Daemon>,
     /// The Telegram gateway's handle (status, pairings, metrics).
     pub tg: crate::telegram::Handle,
+    /// The operator's console (opened from the admin API).
+    pub console: Arc<crate::console::Console>,
 }
 
 impl Router {
@@ -122,7 +124,7 @@ impl Handler for Router {
             }
             Route::Rpc { verb, caller } => rpc::handle(d, verb, &caller, &req),
             Route::Llm { lane, caller } => relay::handle(d.shared(), lane, &caller, &req),
-            Route::Admin(request) => admin::handle(d, &self.tg, request, &req),
+            Route::Admin(request) => admin::handle(d, &self.tg, &self.console, request, &req),
             Route::Egress { ask, caller } => egress::handle(d.shared(), &caller, &ask),
         };
         result.unwrap_or_else(Response::from)

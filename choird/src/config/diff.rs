@@ -15,6 +15,7 @@ const AT_CHOIRD_START: &[&str] = &[
     "http_listen",
     "http_allow_non_loopback",
     "metrics_listen",
+    "console_listen",
     "admin_group",
     "memory",
 ];

@@ -92,6 +92,11 @@ pub struct Config {
     /// Allow `metrics_listen` on a non-loopback address.
     #[serde(default)]
     pub metrics_allow_non_loopback: bool,
+    /// A loopback address the operator's console listens on from choird's
+    /// start (`127.0.0.1:PORT`; never another address). Without it the
+    /// console listens only once `choirctl console` opens it, on a socket.
+    #[serde(default)]
+    pub console_listen: Option<String>,
     /// The `choir-agent` binary for the process runtime; default: next to choird,
     /// then `PATH`.
     #[serde(default)]
@@ -240,6 +245,17 @@ impl Config {
                     )
                 }
                 Ok(_) => {}
+            }
+        }
+        if let Some(listen) = &self.console_listen {
+            match listen.parse::<SocketAddr>() {
+                Ok(addr) if addr.ip().is_loopback() => {}
+                _ => {
+                    return e(
+                        "console_listen",
+                        "must be a loopback address like 127.0.0.1:8765 (from elsewhere, forward it over SSH)",
+                    )
+                }
             }
         }
         if let Some(listen) = &self.metrics_listen {

@@ -96,7 +96,8 @@ fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
 
-fn random_token() -> Result<String, Error> {
+/// 256 random bits from the kernel, hex: lease tokens, console codes and sessions.
+pub fn random_token() -> Result<String, Error> {
     let mut buf = [0u8; 32];
     getrandom::fill(&mut buf).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
     Ok(hex::encode(buf))
@@ -431,6 +432,7 @@ impl Daemon {
                 ListenerKind::Agent(id) => format!("agents/{id}"),
                 ListenerKind::Tcp => "tcp".to_owned(),
                 ListenerKind::Metrics => "metrics".to_owned(),
+                ListenerKind::Console => "console".to_owned(),
             };
             // A flood of bad tokens must not flood the audit table.
             if let Some(suppressed) = self.unauth_audit.lock().admit(&listener) {

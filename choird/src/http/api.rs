@@ -22,6 +22,8 @@ pub enum ListenerKind {
     Tcp,
     /// `metrics_listen`: `GET /metrics` only.
     Metrics,
+    /// `socks/console.sock`: the operator's console, when opened.
+    Console,
 }
 
 /// The HTTP status an [`Error`] is answered with: the one place a domain
@@ -189,6 +191,22 @@ pub struct Head {
     pub bearer: Option<String>,
     /// Declared body length.
     pub content_length: usize,
+    /// What a browser sends that the console decides on.
+    pub browser: BrowserHeaders,
+}
+
+/// The headers a browser sends that the console checks (absent on every
+/// other client's request; only the console reads them).
+#[derive(Debug, Clone, Default)]
+pub struct BrowserHeaders {
+    /// `Host`.
+    pub host: Option<String>,
+    /// `Origin`.
+    pub origin: Option<String>,
+    /// `Sec-Fetch-Site`.
+    pub fetch_site: Option<String>,
+    /// `Cookie`.
+    pub cookie: Option<String>,
 }
 
 /// The handler's verdict on a head: read a body of at most `max_body` bytes,

@@ -564,6 +564,7 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
     let mut bearer = None;
     let mut keep_alive = http11;
     let mut expect_continue = false;
+    let mut browser = super::api::BrowserHeaders::default();
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).map_err(|_| bad(format!("header {} is not UTF-8", h.name)))?;
         let name = h.name;
@@ -589,6 +590,19 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
             }
         } else if name.eq_ignore_ascii_case("expect") && value.eq_ignore_ascii_case("100-continue") {
             expect_continue = true;
+        } else if name.eq_ignore_ascii_case("host") {
+            browser.host = Some(value.trim().to_owned());
+        } else if name.eq_ignore_ascii_case("origin") {
+            browser.origin = Some(value.trim().to_owned());
+        } else if name.eq_ignore_ascii_case("sec-fetch-site") {
+            browser.fetch_site = Some(value.trim().to_owned());
+        } else if name.eq_ignore_ascii_case("cookie") {
+            // Several Cookie lines are one list.
+            let c = browser.cookie.get_or_insert_with(String::new);
+            if !c.is_empty() {
+                c.push_str("; ");
+            }
+            c.push_str(value.trim());
         }
     }
     let (path, query) = match target.split_once('?') {
@@ -596,7 +610,7 @@ fn parse_head(bytes: &[u8], limits: &Limits) -> Result<ParsedHead, HeadError> {
         None => (target.to_owned(), Vec::new()),
     };
     Ok(ParsedHead {
-        head: Head { method, path, query, bearer, content_length: content_length.unwrap_or(0) },
+        head: Head { method, path, query, bearer, content_length: content_length.unwrap_or(0), browser },
         keep_alive,
         expect_continue,
     })

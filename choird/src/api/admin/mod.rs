@@ -24,11 +24,26 @@ pub use request::AdminRequest;
 pub fn handle(
     d: &std::sync::Arc<Daemon>,
     tg: &crate::telegram::Handle,
+    console: &std::sync::Arc<crate::console::Console>,
     route: AdminRequest,
     req: &Request,
 ) -> Result<Response, Error> {
     use AdminRequest as R;
     match route {
+        R::ConsoleOpen => {
+            let body: serde_json::Value = req.json()?;
+            let port = body["port"]
+                .as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| *p > 0)
+                .ok_or_else(|| Error::Malformed("send {\"port\": N}, the loopback port you forward".into()))?;
+            Ok(Response::ok(&console.open(d, port)?))
+        }
+        R::ConsoleRevoke => Ok(Response::ok(&serde_json::json!({"ended": console.revoke(d)}))),
+        R::Console => {
+            let (listening, sessions) = console.state();
+            Ok(Response::ok(&serde_json::json!({"listening": listening, "sessions": sessions})))
+        }
         R::Status => Ok(Response::ok(&operations::status(d))),
         R::Prune => Ok(Response::ok(&d.prune()?)),
         R::Resume => Ok(Response::ok(&serde_json::json!({"done": d.resume("admin")?}))),

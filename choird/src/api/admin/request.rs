@@ -129,6 +129,13 @@ pub enum AdminRequest {
     Pairings { all: bool },
     /// `POST telegram/pairings/<bot>/<user>`, body [`choir_common::admin::PairDecision`].
     Pair { bot: String, user: i64 },
+    /// `POST console/open`, body `{"port": N}`: the console's listener
+    /// started and a one-time login code for a forwarder on loopback `port`.
+    ConsoleOpen,
+    /// `POST console/revoke`: every console session ended.
+    ConsoleRevoke,
+    /// `GET console`: whether it listens, and its sessions.
+    Console,
 }
 
 impl AdminRequest {
@@ -211,6 +218,9 @@ impl AdminRequest {
             ("GET", ["approvals", id]) => R::Approval { id: proposal_id(id)? },
             ("POST", ["approvals", id, "approve"]) => R::Approve { id: proposal_id(id)? },
             ("POST", ["approvals", id, "reject"]) => R::Reject { id: proposal_id(id)? },
+            ("POST", ["console", "open"]) => R::ConsoleOpen,
+            ("POST", ["console", "revoke"]) => R::ConsoleRevoke,
+            ("GET", ["console"]) => R::Console,
             ("GET", ["telegram"]) => R::Telegram,
             ("GET", ["telegram", "pairings"]) => R::Pairings { all: q("all") == Some("1") },
             ("POST", ["telegram", "pairings", bot, user]) => R::Pair {
@@ -271,7 +281,14 @@ mod tests {
             .filter(|p| !p.is_empty())
             .map(|p| p.split_once('=').map_or((p.to_owned(), String::new()), |(k, v)| (k.to_owned(), v.to_owned())))
             .collect();
-        Head { method: method.into(), path: path.into(), query, bearer: None, content_length: 0 }
+        Head {
+            method: method.into(),
+            path: path.into(),
+            query,
+            bearer: None,
+            content_length: 0,
+            browser: Default::default(),
+        }
     }
 
     fn refused(method: &str, target: &str) -> (u16, String) {
