@@ -85,12 +85,20 @@ impl Tab<'_> {
     }
 
     /// Waits until the document is complete (after a navigation or a form post).
+    /// A redirect replaces the document under an evaluation, so the page
+    /// counts as settled once it is complete at the same address twice,
+    /// 300 ms apart.
     pub fn settle(&self) {
-        std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
-        while self.eval("document.readyState") != json!("complete") {
+        let mut last = Value::Null;
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = self.eval("document.readyState === 'complete' ? location.href : null");
+            if now.is_string() && now == last {
+                return;
+            }
             assert!(started.elapsed() < T, "the page did not finish loading");
-            std::thread::sleep(Duration::from_millis(100));
+            last = now;
         }
     }
 

@@ -160,6 +160,25 @@ fn the_console_is_closed_until_opened_and_refuses_every_request_it_should() {
     let audit = choird.ctl_ok(&["audit"]);
     assert!(audit.contains("console.login") && audit.contains("console:"), "decisions carry the session: {audit}");
 
+    // Every page draws, each with what it is about.
+    for (path, holds) in [
+        ("/agents/demo", "choir.test.echo_once"),
+        ("/agents/demo/tools", "choir.exec"),
+        ("/approvals?status=approved", "call choir.test.echo_once"),
+        ("/usage?by=day", "<svg"),
+        ("/schedule", "next"),
+        ("/sessions", "process"),
+        ("/logs?agent=demo&level=info", "commit log:"),
+        ("/audit", "console.login"),
+        ("/kill-switch", "I mean it"),
+    ] {
+        let a = send(&socket, "GET", path, &[("Host", HOST), ("Cookie", &cookie)], "");
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        assert!(a.body.contains(holds), "{path} holds {holds:?}: {}", a.body);
+    }
+    let a = send(&socket, "GET", "/usage?by=nonsense", &[("Host", HOST), ("Cookie", &cookie)], "");
+    assert_eq!(a.status, 400, "a bad parameter is said: {}", a.body);
+
     // Revoked: the cookie is dead.
     choird.ctl_ok(&["console", "--revoke"]);
     let a = send(&socket, "GET", "/", &[("Host", HOST), ("Cookie", &cookie)], "");

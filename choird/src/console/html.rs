@@ -43,7 +43,8 @@ pub fn page(title: &str, csrf: &str, kill_switch: bool, body: &str) -> String {
          <link rel=\"stylesheet\" href=\"/static/style.css\">\
          <script src=\"/static/app.js\" defer></script></head>\
          <body><header><nav><a href=\"/\">Agents</a> <a href=\"/approvals\">Approvals</a> \
-         <a href=\"/usage\">Usage</a> <a href=\"/schedule\">Schedule</a> <a href=\"/audit\">Audit</a> \
+         <a href=\"/usage\">Usage</a> <a href=\"/schedule\">Schedule</a> <a href=\"/sessions\">Sessions</a> <a href=\"/logs\">Logs</a> \
+         <a href=\"/audit\">Audit</a> \
          <a href=\"/kill-switch\" class=\"danger\">Kill switch</a></nav>\
          <form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <button>Log out</button></form></header>{banner}<main><h1>{title}</h1>{body}</main></body></html>",

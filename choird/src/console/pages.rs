@@ -112,6 +112,9 @@ fn read(d: &Arc<Daemon>, s: &Session, segs: &[&str], req: &Request) -> Result<Re
         ["approvals", id] => approval(d, s, id)?,
         ["usage"] => usage(d, req.query("by"))?,
         ["schedule"] => schedule(d)?,
+        ["sessions"] => sessions(d)?,
+        ["logs"] => logs(d, req)?,
+        ["agents", id, "tools"] => tools(d, id)?,
         ["audit"] => audit(d)?,
         ["kill-switch"] => kill_switch_page(d, s),
         ["events"] => return super::live::stream(d),
@@ -233,10 +236,11 @@ fn agent(d: &Daemon, id: &str) -> Result<String, Error> {
         })
         .collect();
     Ok(format!(
-        "<p>{} · {} · session {}</p><h2>Commit log (last 50)</h2>{}",
+        "<p>{} · {} · session {} · <a href=\"/agents/{}/tools\">tools</a></p><h2>Commit log (last 50)</h2>{}",
         esc(&a.state),
         esc(&a.runtime),
         a.session_id.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+        esc(&a.id),
         table(&["seq", "lane", "kind", "tool", "input", "outcome"], &rows)
     ))
 }
@@ -283,6 +287,15 @@ fn approval(d: &Daemon, s: &Session, id: &str) -> Result<String, Error> {
         esc(&a.diff),
         esc(&serde_json::to_string_pretty(&a.content).unwrap_or_default()),
     );
+    if let Some(r) = &i.rollout {
+        let lines: Vec<String> = r.lines.iter().map(|l| esc(l)).collect();
+        out.push_str(&format!(
+            "<h2>Rollout: <span id=\"rollout\">{}</span></h2><pre class=\"rollout\">{}</pre>{}",
+            esc(&r.state),
+            lines.join("\n"),
+            r.outcome.as_deref().map(|o| format!("<p>{}</p>", esc(o))).unwrap_or_default()
+        ));
+    }
     if !i.intact {
         out.push_str("<p class=\"error\">Its content no longer matches its sha256: it cannot be approved.</p>");
     }
@@ -352,6 +365,76 @@ fn schedule(d: &Daemon) -> Result<String, Error> {
         })
         .collect();
     Ok(table(&["agent", "job", "when", "next", "paused", "failures in a row"], &rows))
+}
+
+fn sessions(d: &Daemon) -> Result<String, Error> {
+    let rows: Vec<Vec<String>> = d
+        .store
+        .sessions(None, 100)?
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                esc(&r.agent),
+                esc(&r.runtime),
+                esc(&r.started_at),
+                esc(r.ended_at.as_deref().unwrap_or("running")),
+                esc(r.end_reason.as_deref().unwrap_or("")),
+                r.commits.to_string(),
+                r.tokens.to_string(),
+            ]
+        })
+        .collect();
+    Ok(table(&["session", "agent", "runtime", "started", "ended", "why", "commits", "tokens"], &rows))
+}
+
+/// The log, newest last, filtered as the form asks (a GET form: nothing changes).
+fn logs(d: &Daemon, req: &Request) -> Result<String, Error> {
+    let q = |k: &str| req.query(k).filter(|v| !v.is_empty());
+    let query = crate::logs::query::LogQuery::parse(q("agent"), q("since"), q("level"), q("grep"), Some("200"))?;
+    let page = d.log_page(&query);
+    let value = |k: &str| esc(q(k).unwrap_or(""));
+    let mut out = format!(
+        "<form method=\"get\" action=\"/logs\" class=\"filters\">\
+         <input name=\"agent\" placeholder=\"agent\" value=\"{}\" maxlength=\"64\">\
+         <input name=\"level\" placeholder=\"level (warn, info…)\" value=\"{}\" maxlength=\"8\">\
+         <input name=\"since\" placeholder=\"since (1h, 2026-11-28…)\" value=\"{}\" maxlength=\"40\">\
+         <input name=\"grep\" placeholder=\"text\" value=\"{}\" maxlength=\"200\"> <button>Filter</button></form>",
+        value("agent"),
+        value("level"),
+        value("since"),
+        value("grep")
+    );
+    let rows: Vec<Vec<String>> = page
+        .records
+        .iter()
+        .map(|r| vec![esc(&r.ts), esc(&r.level), esc(&r.component), esc(r.agent.as_deref().unwrap_or("")), esc(&r.msg)])
+        .collect();
+    out.push_str(&table(&["at", "level", "from", "agent", "message"], &rows));
+    if page.truncated {
+        out.push_str("<p>The newest 200 shown; narrow the filter for older ones.</p>");
+    }
+    Ok(out)
+}
+
+fn tools(d: &Daemon, id: &str) -> Result<String, Error> {
+    let agent = d.known_agent(id)?;
+    let list = crate::tool_list::list(d.shared(), &d.host_tools, &agent)?;
+    let rows: Vec<Vec<String>> = list
+        .tools
+        .iter()
+        .map(|t| {
+            vec![
+                esc(&t.name),
+                esc(&t.kind),
+                esc(&t.status),
+                esc(t.why.as_deref().unwrap_or("")),
+                esc(&t.runs),
+                esc(&t.source),
+            ]
+        })
+        .collect();
+    Ok(table(&["tool", "kind", "status", "why", "runs", "from"], &rows))
 }
 
 fn audit(d: &Daemon) -> Result<String, Error> {
