@@ -81,16 +81,25 @@ pub fn add(
     if let Some(t) = timeout_ms {
         spec["timeout_ms"] = json!(t);
     }
-    let add = AddRequest { kind: "mcp".into(), global, content: json!({"spec": spec}) };
+    let note = format!(
+        "it has no tool yet: when the agent runs on it, it files what the server lists; then\n  choirctl approvals \
+         list --agent {id}   and   choirctl approvals show ID"
+    );
+    submit(ctx, id, global, json!({"spec": spec}), &format!("MCP server {name} added"), Some(&note))
+}
+
+/// Posts an MCP change as an approval the operator makes at once, says
+/// what happened (`done`, then `note`) and follows its rollout.
+fn submit(ctx: &Ctx, id: &str, global: bool, content: Value, done: &str, note: Option<&str>) -> anyhow::Result<()> {
+    let add = AddRequest { kind: "mcp".into(), global, content };
     let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
     if ctx.json {
         return print_json(&a);
     }
-    say!("MCP server {name} added as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
-    say!(
-        "it has no tool yet: when the agent runs on it, it files what the server lists; then\n  choirctl approvals \
-         list --agent {id}   and   choirctl approvals show ID"
-    );
+    say!("{done} as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
+    if let Some(note) = note {
+        say!("{note}");
+    }
     match &a.rollout {
         Some(_) => crate::proposals::follow_rollout(ctx, a.id),
         None => {
@@ -114,36 +123,12 @@ pub fn grant(ctx: &Ctx, id: &str, name: &str, granted: Granted, global: bool) ->
         .with_context(|| format!("agent {id} has no MCP server {name} in the {scope} layer"))?;
     anyhow::ensure!(spec.get("url").is_none(), "MCP server {name} is reached over HTTP: grants are for stdio servers");
     granted.set(&mut spec)?;
-    let add = AddRequest { kind: "mcp".into(), global, content: json!({"spec": spec, "replace": true}) };
-    let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
-    if ctx.json {
-        return print_json(&a);
-    }
-    say!("MCP server {name} changed as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
-    match &a.rollout {
-        Some(_) => crate::proposals::follow_rollout(ctx, a.id),
-        None => {
-            say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
-            Ok(())
-        }
-    }
+    submit(ctx, id, global, json!({"spec": spec, "replace": true}), &format!("MCP server {name} changed"), None)
 }
 
 /// `mcp rm ID NAME [--global]`.
 pub fn rm(ctx: &Ctx, id: &str, name: &str, global: bool) -> anyhow::Result<()> {
-    let add = AddRequest { kind: "mcp".into(), global, content: json!({"remove": name}) };
-    let a: ApprovalInfo = ctx.client.post(&format!("agents/{id}/repos"), &add)?;
-    if ctx.json {
-        return print_json(&a);
-    }
-    say!("MCP server {name} removed as approval {}: {}", a.id, a.applied.as_deref().unwrap_or("-"));
-    match &a.rollout {
-        Some(_) => crate::proposals::follow_rollout(ctx, a.id),
-        None => {
-            say!("it reaches the agent with its next image: choirctl agent update {}", a.agent);
-            Ok(())
-        }
-    }
+    submit(ctx, id, global, json!({"remove": name}), &format!("MCP server {name} removed"), None)
 }
 
 /// `mcp check ID NAME`: an error (exit 1) when it differs or cannot be reached.
