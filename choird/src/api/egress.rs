@@ -150,3 +150,45 @@ pub fn handle(shared: &Arc<Shared>, who: &Caller, ask: &Ask) -> Result<Response,
     }));
     Ok(resp)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(query: &[(&str, &str)]) -> Head {
+        Head {
+            method: "POST".into(),
+            path: "/egress/v1".into(),
+            query: query.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            bearer: None,
+            content_length: 0,
+            browser: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_tunnel_request_missing_a_field_or_out_of_bounds_is_refused_saying_why() {
+        let ok = Ask::parse(&head(&[("server", "net"), ("host", "api.example.com"), ("port", "443")])).unwrap();
+        assert_eq!((ok.server.as_str(), ok.host.as_str(), ok.port), ("net", "api.example.com", 443));
+        let long = "a".repeat(254);
+        for (q, why) in [
+            (vec![("server", "net"), ("host", "x.example")], "server, host and port"),
+            (vec![("server", "net"), ("host", "x.example"), ("port", "70000")], "port"),
+            (vec![("server", "net"), ("host", "x.example"), ("port", "-1")], "port"),
+            (vec![("server", "net"), ("host", long.as_str()), ("port", "443")], "too long"),
+            (vec![("server", "net"), ("host", ""), ("port", "443")], "too long"),
+        ] {
+            let e = Ask::parse(&head(&q)).unwrap_err().to_string();
+            assert!(e.contains(why), "{q:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_agent_holds_at_most_its_tunnels_and_a_closed_one_frees_its_place() {
+        let agent = AgentId::parse("tunnels_test").unwrap();
+        let held: Vec<Slot> = (0..MAX_TUNNELS).map(|_| Slot::take(&agent).expect("a place")).collect();
+        assert!(Slot::take(&agent).is_none(), "one past the cap is refused");
+        drop(held);
+        assert!(Slot::take(&agent).is_some(), "places come back when tunnels close");
+    }
+}
