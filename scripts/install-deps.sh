@@ -12,7 +12,8 @@
 #            a Rust toolchain check;
 #   test     build, plus the test suites' own servers and tools: dovecot and
 #            python3-aiosmtpd (mail), openssl (their certificates),
-#            python3-venv (the AgentDojo replay's private environment).
+#            python3-venv (the AgentDojo replay's private environment),
+#            firefox-esr (the console is tested in Firefox as in Chromium).
 # Nothing installed here starts a listener: the distribution's PostgreSQL
 # cluster is not created, and dovecot's service is neither started nor left
 # enabled at boot (the tests run their own, unprivileged, on loopback).
@@ -29,7 +30,7 @@ PG_MAJOR=15
 RUNTIME_PACKAGES=(postgresql-${PG_MAJOR} ripgrep git ca-certificates util-linux mount e2fsprogs
                   chromium espeak-ng opus-tools)
 BUILD_PACKAGES=(postgresql-server-dev-${PG_MAJOR} gcc make dpkg-dev curl mmdebstrap)
-TEST_PACKAGES=(dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv openssl)
+TEST_PACKAGES=(dovecot-imapd dovecot-lmtpd python3-aiosmtpd python3-venv openssl firefox-esr)
 PACKAGES=("${RUNTIME_PACKAGES[@]}")
 if [ "$want" != runtime ]; then PACKAGES+=("${BUILD_PACKAGES[@]}"); fi
 if [ "$want" = test ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi

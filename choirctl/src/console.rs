@@ -42,8 +42,12 @@ pub fn run(ctx: &Ctx, port: Option<u16>, forward: bool, revoke: bool) -> anyhow:
     if ctx.json {
         println!("{}", json!({"url": url, "socket": opened["socket"], "listen": opened["listen"]}));
     } else {
-        say!("Console: {url}");
-        say!("(the address logs you in once; it leaves the address bar at once. Ctrl-C closes the forward.)");
+        // One write: a reader that takes the first line and closes the pipe
+        // must not end the forward by making a later write fail.
+        crate::term::out(&format!(
+            "Console: {}\n(the address logs you in once; it leaves the address bar at once. Ctrl-C closes the forward.)\n",
+            crate::term::clean(&url)
+        ));
     }
     let Some(listener) = listener else { return Ok(()) };
     let socket = PathBuf::from(opened["socket"].as_str().context("choird sent no socket")?);

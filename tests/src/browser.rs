@@ -1,13 +1,16 @@
 //! A real Chromium for tests that look at a page as a person would:
 //! Debian's Chromium, started the way choird starts it (its own launcher
 //! and CDP client over a pipe), one tab in a context of its own that
-//! connects directly (loopback included).
+//! connects directly (loopback included). What a test does in it is
+//! [`Page`].
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use choird::config::BrowserConfig;
 use choird::host_tools::browser::launch::{chromium_binary, Process};
 use serde_json::{json, Value};
+
+use crate::page::Page;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -77,52 +80,24 @@ impl Tab<'_> {
             .call(method, params, Some(&self.session), T)
             .unwrap_or_else(|e| panic!("{method}: {e}"))
     }
+}
 
-    /// Goes to `url` and waits until the document is complete.
-    pub fn goto(&self, url: &str) {
+impl Page for Tab<'_> {
+    fn goto(&self, url: &str) {
         self.call("Page.navigate", json!({"url": url}));
         self.settle();
     }
 
-    /// Waits until the document is complete (after a navigation or a form post).
-    /// A redirect replaces the document under an evaluation, so the page
-    /// counts as settled once it is complete at the same address twice,
-    /// 300 ms apart.
-    pub fn settle(&self) {
-        let started = Instant::now();
-        let mut last = Value::Null;
-        loop {
-            std::thread::sleep(Duration::from_millis(300));
-            let now = self.eval("document.readyState === 'complete' ? location.href : null");
-            if now.is_string() && now == last {
-                return;
-            }
-            assert!(started.elapsed() < T, "the page did not finish loading");
-            last = now;
-        }
-    }
-
-    /// Evaluates `js` in the page; its value.
-    pub fn eval(&self, js: &str) -> Value {
+    fn eval(&self, js: &str) -> Value {
         let r = self.call("Runtime.evaluate", json!({"expression": js, "returnByValue": true, "awaitPromise": true}));
         r["result"]["value"].clone()
     }
 
-    /// The page as a PNG.
-    pub fn screenshot(&self) -> Vec<u8> {
+    fn screenshot(&self) -> Vec<u8> {
         use base64::Engine;
         // A tab behind another is not painted: this one comes to the front.
         self.call("Page.bringToFront", json!({}));
         let shot = self.call("Page.captureScreenshot", json!({"format": "png"}));
         base64::engine::general_purpose::STANDARD.decode(shot["data"].as_str().unwrap()).unwrap()
-    }
-
-    /// Waits until `js` is true in the page.
-    pub fn wait_until(&self, what: &str, js: &str, within: Duration) {
-        let started = Instant::now();
-        while self.eval(js) != json!(true) {
-            assert!(started.elapsed() < within, "{what}: not so after {within:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
     }
 }

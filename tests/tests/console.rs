@@ -9,6 +9,7 @@ use std::time::Duration;
 use choir_tests::fake_llm::Step;
 use choir_tests::harness::Choird;
 use choir_tests::observe::wait_for;
+use choir_tests::page::Page;
 use choir_tests::scenario::Scenario;
 use serde_json::{json, Value};
 
@@ -164,6 +165,7 @@ fn the_console_is_closed_until_opened_and_refuses_every_request_it_should() {
     for (path, holds) in [
         ("/agents/demo", "choir.test.echo_once"),
         ("/agents/demo/tools", "choir.exec"),
+        ("/agents/demo/skills", "built-in"),
         ("/approvals?status=approved", "call choir.test.echo_once"),
         ("/usage?by=day", "<svg"),
         ("/schedule", "next"),
@@ -205,7 +207,7 @@ fn console_forward(choird: &Choird) -> (std::process::Child, String) {
 /// Whether a PNG shows more than a few colours (decoded by Chromium itself
 /// on a blank page, where no CSP forbids a `data:` image: the test draws it
 /// on a canvas and counts distinct pixels). Leaves the tab on that page.
-fn not_blank(tab: &choir_tests::browser::Tab<'_>, png: &[u8]) -> bool {
+fn not_blank(tab: &dyn Page, png: &[u8]) -> bool {
     use base64::Engine;
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     tab.goto("about:blank");
@@ -224,10 +226,23 @@ fn not_blank(tab: &choir_tests::browser::Tab<'_>, png: &[u8]) -> bool {
 fn the_console_in_a_real_browser_logs_in_once_shows_a_turn_live_and_decides_a_confirmation() {
     let Some(s) = echo_scenario() else { return };
     let Some(browser) = choir_tests::browser::Browser::open() else { return };
+    let (tab, watch) = (browser.tab(), browser.tab());
+    in_a_browser(&s, &tab, &watch);
+}
+
+#[test]
+fn the_console_in_firefox_logs_in_once_shows_a_turn_live_and_decides_a_confirmation() {
+    let Some(s) = echo_scenario() else { return };
+    let Some(firefox) = choir_tests::firefox::Firefox::open() else { return };
+    let (tab, watch) = (firefox.tab(), firefox.tab());
+    in_a_browser(&s, &tab, &watch);
+}
+
+/// The browser test, in two tabs of one browser (they share its cookies).
+fn in_a_browser(s: &Scenario, tab: &dyn Page, watch: &dyn Page) {
     let choird = &s.choird;
     let (mut forward, url) = console_forward(choird);
     let base = url.split("/login").next().unwrap().to_owned();
-    let tab = browser.tab();
     tab.goto(&url);
     // Logged in; the code left the address bar and the cookie is out of script's reach.
     let href = tab.eval("location.href").as_str().unwrap().to_owned();
@@ -238,13 +253,12 @@ fn the_console_in_a_real_browser_logs_in_once_shows_a_turn_live_and_decides_a_co
     if let Ok(to) = std::env::var("CHOIR_CONSOLE_SCREENSHOT") {
         std::fs::write(to, &agents_png).unwrap();
     }
-    assert!(not_blank(&tab, &agents_png), "the agents page is drawn");
+    assert!(not_blank(tab, &agents_png), "the agents page is drawn");
     // The same address again: used.
     tab.goto(&url);
     assert!(tab.eval("document.body.innerText").as_str().unwrap().contains("used or expired"));
 
     // One tab watches the agents page while a turn runs and waits for a human.
-    let watch = browser.tab();
     watch.goto(&base);
     std::thread::scope(|scope| {
         let chat = scope.spawn(|| choird.ctl_ok(&["chat", "demo", "say something"]));
@@ -266,7 +280,7 @@ fn the_console_in_a_real_browser_logs_in_once_shows_a_turn_live_and_decides_a_co
         tab.settle();
         assert_eq!(chat.join().unwrap().trim(), "done");
         assert!(tab.eval("document.getElementById('status').textContent").as_str().unwrap().contains("approved"));
-        assert!(not_blank(&tab, &approval_png), "the approval page is drawn");
+        assert!(not_blank(tab, &approval_png), "the approval page is drawn");
         // The turn's commit events reach the watching page as they replicate.
         watch.wait_until(
             "the turn's events on the page",
@@ -275,10 +289,27 @@ fn the_console_in_a_real_browser_logs_in_once_shows_a_turn_live_and_decides_a_co
         );
     });
     assert_eq!(runs(choird), "1", "approved once in the page, run once");
+
+    // Another confirmation, rejected from the page with a reason: the call never runs.
+    std::thread::scope(|scope| {
+        let chat = scope.spawn(|| choird.ctl_ok(&["chat", "demo", "say something else"]));
+        wait_for("the second confirmation", Duration::from_secs(30), || pending_call(choird).is_some());
+        let (id, _) = pending_call(choird).unwrap();
+        tab.goto(&format!("{base}/approvals/{id}"));
+        tab.eval("document.querySelector('form[action$=\"/reject\"] input[name=reason]').value = 'not today'; true");
+        tab.eval("document.getElementById('reject').click(); true");
+        tab.settle();
+        chat.join().unwrap();
+        assert!(tab.eval("document.getElementById('status').textContent").as_str().unwrap().contains("rejected"));
+        let shown: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "approvals", "show", &id])).unwrap();
+        assert_eq!(shown["info"]["status"], "rejected", "{shown}");
+        assert_eq!(shown["info"]["decision_reason"], "not today", "the reason is kept: {shown}");
+    });
+    assert_eq!(runs(choird), "1", "rejected in the page: the call did not run");
     tab.goto(&format!("{base}/usage?by=agent"));
     assert!(tab.eval("document.querySelectorAll('svg.plot rect').length").as_u64().unwrap() >= 1, "a usage bar");
     let usage_png = tab.screenshot();
-    assert!(not_blank(&tab, &usage_png));
+    assert!(not_blank(tab, &usage_png));
     assert_ne!(usage_png, agents_png);
     let _ = forward.kill();
     let _ = forward.wait();

@@ -145,6 +145,14 @@ fn a_job_every_minute_fires_once_per_minute_across_a_choird_kill() {
     assert_eq!(runs_of(&fake, "Say catch."), 4);
     let shown = choird.ctl_ok(&["schedule", "show", "demo/catch"]);
     assert!(shown.contains("missed") && shown.contains("run_once") && shown.contains("2026-01-05T08:07:00"), "{shown}");
+
+    // The console's schedule page shows each job's next and last firing.
+    use choir_tests::console::{login, open, send, HOST};
+    let (socket, code) = open(&choird);
+    let cookie = login(&socket, &code);
+    let page = send(&socket, "GET", "/schedule", &[("Host", HOST), ("Cookie", &cookie)], "").body;
+    assert!(page.contains("2026-01-05T08:06:00Z · done"), "the last firing: {page}");
+    assert!(page.contains("2026-01-05T08:07:00Z"), "the next firing: {page}");
 }
 
 #[test]

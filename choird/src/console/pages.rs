@@ -115,6 +115,7 @@ fn read(d: &Arc<Daemon>, s: &Session, segs: &[&str], req: &Request) -> Result<Re
         ["sessions"] => sessions(d)?,
         ["logs"] => logs(d, req)?,
         ["agents", id, "tools"] => tools(d, id)?,
+        ["agents", id, "skills"] => skills(d, id)?,
         ["audit"] => audit(d)?,
         ["kill-switch"] => kill_switch_page(d, s),
         ["events"] => return super::live::stream(d),
@@ -236,12 +237,13 @@ fn agent(d: &Daemon, id: &str) -> Result<String, Error> {
         })
         .collect();
     Ok(format!(
-        "<p>{} · {} · session {} · <a href=\"/agents/{}/tools\">tools</a></p><h2>Commit log (last 50)</h2>{}",
+        "<p>{} · {} · session {} · <a href=\"/agents/{id}/tools\">tools</a> · <a href=\"/agents/{id}/skills\">skills</a></p>\
+         <h2>Commit log (last 50)</h2>{}",
         esc(&a.state),
         esc(&a.runtime),
         a.session_id.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-        esc(&a.id),
-        table(&["seq", "lane", "kind", "tool", "input", "outcome"], &rows)
+        table(&["seq", "lane", "kind", "tool", "input", "outcome"], &rows),
+        id = esc(&a.id),
     ))
 }
 
@@ -339,12 +341,16 @@ fn usage(d: &Daemon, by: Option<&str>) -> Result<String, Error> {
     Ok(out)
 }
 
+/// Each job with its next firing and its last one (state and when).
 fn schedule(d: &Daemon) -> Result<String, Error> {
-    let rows: Vec<Vec<String>> = d
-        .schedule_list(None)?
-        .jobs
-        .iter()
-        .map(|j| {
+    let jobs = d.schedule_list(None)?.jobs;
+    let mut rows = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        let last = match d.store.firings(j.id, 1)?.first() {
+            Some(f) => format!("{} · {}", f.scheduled_for, f.state),
+            None => "never".into(),
+        };
+        rows.push({
             let when = match (&j.spec.cron, j.spec.every_s) {
                 (Some(cron), _) => format!("{cron} ({})", j.spec.tz.as_deref().unwrap_or("UTC")),
                 (None, Some(s)) => format!("every {s} s"),
@@ -355,6 +361,7 @@ fn schedule(d: &Daemon) -> Result<String, Error> {
                 esc(&j.spec.name),
                 esc(&when),
                 esc(j.next_due.as_deref().unwrap_or("-")),
+                esc(&last),
                 if j.paused {
                     format!("paused: {}", esc(j.paused_reason.as_deref().unwrap_or("")))
                 } else {
@@ -362,9 +369,9 @@ fn schedule(d: &Daemon) -> Result<String, Error> {
                 },
                 j.failures.to_string(),
             ]
-        })
-        .collect();
-    Ok(table(&["agent", "job", "when", "next", "paused", "failures in a row"], &rows))
+        });
+    }
+    Ok(table(&["agent", "job", "when", "next", "last", "paused", "failures in a row"], &rows))
 }
 
 fn sessions(d: &Daemon) -> Result<String, Error> {
@@ -435,6 +442,28 @@ fn tools(d: &Daemon, id: &str) -> Result<String, Error> {
         })
         .collect();
     Ok(table(&["tool", "kind", "status", "why", "runs", "from"], &rows))
+}
+
+/// The agent's skills with their status, as `choirctl skills list` shows them.
+fn skills(d: &Daemon, id: &str) -> Result<String, Error> {
+    let agent = d.known_agent(id)?;
+    let (_, list) = crate::skill_list::of_agent(d.shared(), &d.host_tools, &agent)?;
+    let rows: Vec<Vec<String>> = list
+        .skills
+        .iter()
+        .map(|s| {
+            vec![
+                esc(&s.name),
+                esc(&s.status),
+                esc(s.why.as_deref().unwrap_or("")),
+                esc(&s.source),
+                s.states.to_string(),
+                esc(&s.description),
+                esc(&s.file),
+            ]
+        })
+        .collect();
+    Ok(table(&["skill", "status", "why", "from", "states", "what for", "file"], &rows))
 }
 
 fn audit(d: &Daemon) -> Result<String, Error> {
