@@ -159,3 +159,58 @@ macro_rules! report {
         $crate::bench::report(&format!($($arg)*))
     };
 }
+
+/// A number field of `/proc/PID/smaps_rollup` (`"Pss:"`, `"Rss:"`, in kB);
+/// 0 when the process is gone.
+pub fn smaps_rollup(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every process's parent, from `/proc/*/stat` (the field after the
+/// parenthesised name, which may itself hold spaces and parentheses).
+fn parents() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after = stat.rsplit_once(')')?.1;
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// `root` and every process descended from it, now.
+pub fn process_tree(root: u32) -> Vec<u32> {
+    let all = parents();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// Total CPU time (user + system) `pid` has used, from `/proc/PID/stat`;
+/// zero when it is gone.
+pub fn cpu_time(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let f: Vec<u64> =
+                stat.rsplit_once(')')?.1.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
+            Some(f.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    // USER_HZ is 100 on every Linux Choir runs on.
+    Duration::from_millis(ticks * 10)
+}

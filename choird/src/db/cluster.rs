@@ -19,6 +19,37 @@ use crate::spawn::{Cmd, SpawnError};
 
 /// The port number only names the socket file (`.s.PGSQL.<port>`): TCP is off.
 const PORT: u16 = 5432;
+/// The managed cluster's settings for one small host, where it shares a
+/// couple of cores and little memory with choird and its agents. Each is a
+/// choice against PostgreSQL's general-purpose defaults (docs/benchmarks.md
+/// measures what they save):
+/// - `shared_buffers` 16 MB (default 128): Choir's working set — the commit
+///   log's tail, the ledger, memories — fits many times over, and a smaller
+///   pool means fewer shared pages touched and counted to every process.
+/// - no logical replication launcher, no WAL sender, `wal_level = minimal`:
+///   Choir replicates nothing and backs up with `pg_dump`; two processes
+///   fewer, and less WAL for bulk writes.
+/// - no parallel query workers and no JIT: Choir's queries are small and
+///   indexed; a parallel worker is a fork per query and JIT compiles for
+///   longer than these queries run.
+/// - one autovacuum worker, looking every 5 minutes (default 3, every
+///   minute): a few small tables change; an idle host wakes less.
+/// - checkpoints at most every 15 minutes unless WAL grows: fewer writes
+///   when little happens, recovery still bounded by `max_wal_size`.
+///
+/// `max_connections` stays at its default (100): choird's pool opens
+/// connections on demand, and a slot costs only when used.
+const SMALL_HOST: &str = "shared_buffers = 16MB\n\
+     max_logical_replication_workers = 0\n\
+     max_wal_senders = 0\n\
+     wal_level = minimal\n\
+     max_parallel_workers_per_gather = 0\n\
+     max_parallel_maintenance_workers = 0\n\
+     jit = off\n\
+     autovacuum_max_workers = 1\n\
+     autovacuum_naptime = 5min\n\
+     checkpoint_timeout = 15min\n";
+
 /// Database created for choird inside the cluster.
 pub const DATABASE: &str = "choir";
 
@@ -139,7 +170,7 @@ impl ManagedCluster {
         // fresh file in the data dir through a postgres-owned copy is overkill;
         // the data dir is 0700 postgres, so write it as that user when root.
         let settings = format!(
-            "listen_addresses = ''\nport = {PORT}\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nlogging_collector = off\n",
+            "listen_addresses = ''\nport = {PORT}\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nlogging_collector = off\n{SMALL_HOST}",
             run.display()
         );
         write_as_server_user(&data.join("choir.conf"), &settings)?;

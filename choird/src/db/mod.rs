@@ -10,7 +10,7 @@ pub mod keeper;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
@@ -122,14 +122,35 @@ impl DbError {
     }
 }
 
-/// A pool of blocking connections. Connections are created on demand up to
-/// `max`; a broken connection is dropped rather than returned.
+/// Takes out of `idle` (oldest first) the connections unused since
+/// [`IDLE_CLOSE`] before `now`, leaving those newer — so the pool shrinks to
+/// what a quiet choird uses. The caller drops them (closing each) after
+/// releasing the pool's lock.
+fn unused_too_long<C>(idle: &mut Vec<(C, Instant)>, now: Instant) -> Vec<(C, Instant)> {
+    let fresh = idle.iter().position(|(_, at)| now.duration_since(*at) < IDLE_CLOSE).unwrap_or(idle.len());
+    idle.drain(..fresh).collect()
+}
+
+/// A pool of blocking connections. Connections are created on demand; a
+/// broken connection is dropped rather than returned.
+///
+/// **Invariant:** at most [`MAX_IDLE`] connections wait in the pool, and one
+/// unused for [`IDLE_CLOSE`] is closed at the pool's next use — except the
+/// most recently used, which stays open so a quiet choird answers its next
+/// turn without a new server process. Each server process holds its own
+/// catalog caches (a few MB), so a burst's connections do not stay for
+/// ever.
 pub struct Db {
     config: postgres::Config,
     target: String,
-    idle: Mutex<Vec<Conn>>,
-    max_idle: usize,
+    /// Idle connections, the most recently used last, with when each came back.
+    idle: Mutex<Vec<(Conn, Instant)>>,
 }
+
+/// The most connections the pool keeps open while unused.
+pub const MAX_IDLE: usize = 8;
+/// How long an unused connection (other than the newest) stays open.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(60);
 
 /// A pooled connection with the statements prepared on it. Derefs to the
 /// driver's [`Client`], so a statement given as text still works (the
@@ -175,9 +196,9 @@ impl Db {
         let config: postgres::Config = url
             .parse()
             .map_err(|e| DbError::Connect { target: "a connection string that does not parse".into(), source: e })?;
-        let db = Db { target: describe(&config), config, idle: Mutex::new(Vec::new()), max_idle: 8 };
+        let db = Db { target: describe(&config), config, idle: Mutex::new(Vec::new()) };
         let client = db.open()?;
-        db.idle.lock().push(Conn { client, prepared: HashMap::new() });
+        db.idle.lock().push((Conn { client, prepared: HashMap::new() }, Instant::now()));
         Ok(db)
     }
 
@@ -196,7 +217,12 @@ impl Db {
     /// result type", after a table changed under it): the next use opens a
     /// fresh connection instead of failing the same way forever.
     pub fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T, postgres::Error>) -> Result<T, DbError> {
-        let pooled = self.idle.lock().pop();
+        let (pooled, closing) = {
+            let mut idle = self.idle.lock();
+            let pooled = idle.pop().map(|(c, _)| c);
+            (pooled, unused_too_long(&mut idle, Instant::now()))
+        };
+        drop(closing); // closed outside the lock
         let mut client = match pooled {
             Some(c) if !c.is_closed() => c,
             _ => Conn { client: self.open()?, prepared: HashMap::new() },
@@ -205,11 +231,17 @@ impl Db {
         let stale = matches!(&out, Err(e) if e.code() == Some(&postgres::error::SqlState::FEATURE_NOT_SUPPORTED));
         if !client.is_closed() && !stale {
             let mut idle = self.idle.lock();
-            if idle.len() < self.max_idle {
-                idle.push(client);
+            if idle.len() < MAX_IDLE {
+                idle.push((client, Instant::now()));
             }
         }
         Ok(out?)
+    }
+
+    /// How many connections wait in the pool (for the footprint benchmark
+    /// and tests).
+    pub fn idle_connections(&self) -> usize {
+        self.idle.lock().len()
     }
 
     /// Runs `f` on a connection of its own, opened now and closed after:
@@ -343,6 +375,21 @@ fn describe(config: &postgres::Config) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_unused_past_the_idle_limit_are_closed_and_newer_ones_kept() {
+        let now = Instant::now();
+        let ago = |s: u64| now - Duration::from_secs(s);
+        // Oldest first, as the pool keeps them.
+        let mut idle = vec![("a", ago(300)), ("b", ago(61)), ("c", ago(59)), ("d", ago(1))];
+        let closed: Vec<&str> = unused_too_long(&mut idle, now).into_iter().map(|(c, _)| c).collect();
+        assert_eq!(closed, ["a", "b"]);
+        assert_eq!(idle.iter().map(|(c, _)| *c).collect::<Vec<_>>(), ["c", "d"]);
+        // Control: nothing past the limit, nothing closed; an empty pool stays empty.
+        assert!(unused_too_long(&mut idle, now).is_empty());
+        assert_eq!(idle.len(), 2);
+        assert!(unused_too_long(&mut Vec::<(u8, Instant)>::new(), now).is_empty());
+    }
 
     #[test]
     fn passwords_never_reach_messages() {
