@@ -106,6 +106,8 @@ bench: deps base-image release
 	target/release/bench-mcp
 	target/release/bench-console
 	target/release/bench-footprint
+	target/release/bench-start
+	target/release/bench-many
 	target/release/bench-schedule
 	target/release/bench-soak
 	CHOIR_BENCH_N=50000 CHOIR_BENCH_DATA=clustered CHOIR_BENCH_UPSERTS=2000 target/release/bench-memory

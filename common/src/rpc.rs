@@ -243,9 +243,20 @@ pub struct InboundMessage {
 }
 
 /// How many conversations an agent holds in memory at most (the least
-/// recently used is dropped and recalled from choird when it speaks again),
-/// and so how many a recovery snapshot carries.
-pub const HELD_CONVERSATIONS: usize = 32;
+/// recently used is dropped and recalled from choird when it speaks again):
+/// enough that a household's or a team's conversations, alternating, are
+/// answered from memory rather than recalled each turn. Their size is
+/// bounded too ([`HELD_TOKENS`]).
+pub const HELD_CONVERSATIONS: usize = 256;
+
+/// The most history, in estimated tokens (4 characters each), the held
+/// conversations keep together (about 2 MiB of text): past it, the least
+/// recently used are dropped as past [`HELD_CONVERSATIONS`].
+pub const HELD_TOKENS: u64 = 512 * 1024;
+
+/// How many of its most recent conversations a restarted agent gets back
+/// in its recovery snapshot (the others are recalled when they speak).
+pub const RECOVERED_CONVERSATIONS: usize = 32;
 
 /// The longest conversation key: an admin client's longer key is refused
 /// when the message is sent, a longer recall refused too (the keys choird

@@ -297,10 +297,17 @@ impl Choird {
     }
 
     fn respawn(&mut self) {
+        self.spawn_again();
+        self.wait_ready();
+    }
+
+    /// Starts choird again on this home (after [`Choird::stop`]) and returns
+    /// at once, not waiting for its admin socket (the start-up benchmark
+    /// times that itself).
+    pub fn spawn_again(&mut self) {
         let stderr = std::fs::OpenOptions::new().append(true).open(self.home.path().join("choird.stderr")).unwrap();
         let child = choird_command(self.home.path(), stderr).spawn().expect("spawn choird");
         self.child = Some(child);
-        self.wait_ready();
     }
 
     /// The repo directory holding tools of `layer` (`global` or an agent id).

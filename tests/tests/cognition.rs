@@ -674,7 +674,7 @@ fn recalling_a_conversation_and_handing_out_a_message_read_only_their_rows_howev
 #[test]
 fn after_a_restart_the_most_recent_conversations_are_held_and_an_older_one_is_recalled() {
     let Some(pg) = TestPg::start() else { return };
-    let held = choir_common::rpc::HELD_CONVERSATIONS;
+    let recovered = choir_common::rpc::RECOVERED_CONVERSATIONS;
     let edge = FakeLlm::with_responder(|req, _| {
         let last = req["messages"].as_array()?.last()?.clone();
         Some(Step::Text(format!("re: {}", last["content"].as_str().unwrap_or_default())))
@@ -682,8 +682,8 @@ fn after_a_restart_the_most_recent_conversations_are_held_and_an_older_one_is_re
     let config = test_config(&edge.base_url(), Some(&pg.url()), &["demo"]);
     let mut choird = Choird::start(&config, &json!({"llm_key": "k"}));
     choird.ctl_ok(&["agent", "start", "demo"]);
-    // The oldest conversation first, then as many as are held.
-    for i in 0..=held {
+    // The oldest conversation first, then as many as a restart brings back.
+    for i in 0..=recovered {
         assert_eq!(chat_in(&choird, &format!("k{i}"), &format!("I am {i}")), format!("re: I am {i}"));
     }
     choird.ctl_ok(&["agent", "stop", "demo"]);
@@ -691,7 +691,7 @@ fn after_a_restart_the_most_recent_conversations_are_held_and_an_older_one_is_re
     choird.ctl_ok(&["agent", "start", "demo"]);
     // The newest came back in the recovery snapshot, the oldest by a recall:
     // both answer with their earlier exchange in the model's view.
-    for i in [held, 0] {
+    for i in [recovered, 0] {
         assert_eq!(chat_in(&choird, &format!("k{i}"), "who am I?"), "re: who am I?");
         let view = contents(&edge.requests().last().unwrap().body);
         assert_eq!(

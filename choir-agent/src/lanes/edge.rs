@@ -29,7 +29,7 @@ use crate::board::{LaneMachine, LaneState, StatusBoard};
 use crate::commitlog::LogError;
 use crate::lanes::conversation::Conversation;
 use crate::lanes::core::{CoreLimits, CorePool};
-use crate::lanes::held::{Held, Recall, HELD_CONVERSATIONS};
+use crate::lanes::held::{Held, Recall, HELD_CONVERSATIONS, HELD_TOKENS};
 use crate::lanes::inbox::EdgeEvent;
 use crate::lanes::llm::LlmError;
 use crate::lanes::prompt::Identity;
@@ -149,8 +149,12 @@ impl EdgeLane {
     /// commit log cannot be written. The core pool is shut down on the way out.
     pub fn run(mut self, inbox: Receiver<EdgeEvent>) -> Result<(), LogError> {
         let mut machine = LaneMachine::new("edge", choir_common::lane::Lane::Edge, self.board.clone());
-        let mut st =
-            State { held: Held::new(HELD_CONVERSATIONS), deferred: VecDeque::new(), stopping: false, tokens: 0 };
+        let mut st = State {
+            held: Held::new(HELD_CONVERSATIONS, HELD_TOKENS),
+            deferred: VecDeque::new(),
+            stopping: false,
+            tokens: 0,
+        };
         // Completed before any turn, so an interrupted turn is replayed with
         // the outcome, and nothing runs twice.
         for ev in self.mind.arbiter.complete_intents(&std::mem::take(&mut self.interrupted))? {
@@ -545,7 +549,7 @@ mod tests {
                 tx.send(EdgeEvent::Stop).unwrap();
             }
         }
-        let mut st = State { held: Held::new(4), deferred: VecDeque::new(), stopping: false, tokens: 0 };
+        let mut st = State { held: Held::new(4, HELD_TOKENS), deferred: VecDeque::new(), stopping: false, tokens: 0 };
         let mut covers = vec![1]; // the message that began the turn
         inject(&mut st, &rx, "chat", &mut covers);
 

@@ -1,14 +1,15 @@
 //! The conversations the edge lane holds in memory: at most
-//! [`HELD_CONVERSATIONS`]; when another comes in, the least recently used is
-//! dropped. A dropped conversation that speaks again is recalled from choird
+//! [`HELD_CONVERSATIONS`], together at most [`HELD_TOKENS`] of history; when
+//! another comes in past either bound, the least recently used are dropped. A dropped conversation that speaks again is recalled from choird
 //! — its latest compaction summary and last answered exchanges, what a
 //! restarted agent gets — so the agent's memory stays bounded however many
 //! people talk to it. What a recall does not bring back: the tool calls and
 //! results inside its last turns (they stay in the commit log, not in the
 //! history), and the tools `choir.tools.find` had found there.
 //!
-//! **Invariant:** at most `cap` conversations are held, and the one just
-//! opened (the one being answered) is never the one dropped.
+//! **Invariant:** at most `cap` conversations are held, together at most
+//! `budget` estimated tokens unless the one just opened alone is larger;
+//! the one just opened (the one being answered) is never the one dropped.
 //! **Invariant:** a user's message recalls its conversation only when it is
 //! not held and choird said it had earlier messages, so a new conversation
 //! costs no round trip (a note — a decision, a core job's report — always
@@ -19,7 +20,7 @@ use std::collections::HashMap;
 use choir_common::openai::{ChatMessage, Role};
 use choir_common::rpc::ConversationTail;
 
-pub use choir_common::rpc::HELD_CONVERSATIONS;
+pub use choir_common::rpc::{HELD_CONVERSATIONS, HELD_TOKENS};
 
 use crate::lanes::conversation::{self, Conversation};
 use crate::origin::Entry;
@@ -41,12 +42,15 @@ pub struct Held {
     /// Bumped on every use.
     clock: u64,
     cap: usize,
+    /// The estimated tokens the held histories may take together.
+    budget: u64,
 }
 
 impl Held {
-    /// Holds at most `cap` (at least one) conversations.
-    pub fn new(cap: usize) -> Held {
-        Held { map: HashMap::new(), clock: 0, cap: cap.max(1) }
+    /// Holds at most `cap` (at least one) conversations, together at most
+    /// `budget` estimated tokens of history.
+    pub fn new(cap: usize, budget: u64) -> Held {
+        Held { map: HashMap::new(), clock: 0, cap: cap.max(1), budget }
     }
 
     /// How many conversations are held.
@@ -99,7 +103,10 @@ impl Held {
         self.clock += 1;
         self.map.insert(name.to_owned(), (conv, self.clock));
         let mut dropped = Vec::new();
-        while self.map.len() > self.cap {
+        // Measured when a conversation comes in (histories grow in between,
+        // by a turn's worth each: the bound holds from one arrival to the next).
+        let mut tokens: u64 = self.map.values().map(|(c, _)| conversation::estimate("", &c.entries)).sum();
+        while self.map.len() > self.cap || (tokens > self.budget && self.map.len() > 1) {
             let Some(oldest) = self
                 .map
                 .iter()
@@ -109,7 +116,9 @@ impl Held {
             else {
                 break;
             };
-            self.map.remove(&oldest);
+            if let Some((c, _)) = self.map.remove(&oldest) {
+                tokens -= conversation::estimate("", &c.entries);
+            }
             dropped.push(oldest);
         }
         dropped
@@ -184,7 +193,7 @@ mod tests {
     #[test]
     fn at_most_cap_conversations_are_held_however_many_speak() {
         let choird = Choird::default();
-        let mut held = Held::new(3);
+        let mut held = Held::new(3, u64::MAX);
         for i in 0..1000 {
             let name = format!("c{i}");
             held.open(&name, false, &choird);
@@ -198,7 +207,7 @@ mod tests {
     #[test]
     fn the_least_recently_used_is_dropped_and_comes_back_from_its_tail() {
         let choird = Choird::default();
-        let mut held = Held::new(2);
+        let mut held = Held::new(2, u64::MAX);
         assert!(held.open("a", false, &choird).is_empty());
         held.get("a").push_user(1, "my name is Ada");
         held.open("b", false, &choird);
@@ -220,9 +229,38 @@ mod tests {
     }
 
     #[test]
+    fn held_histories_past_the_token_budget_drop_the_least_recently_used() {
+        let choird = Choird::default();
+        // Each conversation: one message of 500 characters, about 129 tokens.
+        let mut held = Held::new(100, 350);
+        let long = "x".repeat(500);
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            assert!(held.open(name, false, &choird).is_empty(), "{name}: three fit");
+            held.get(name).push_user(i as u64, &long);
+        }
+        // A fourth arrives with the three over budget: the oldest goes, however many the cap allows.
+        assert_eq!(held.open("d", false, &choird), vec!["a".to_owned()]);
+        held.get("d").push_user(3, &long);
+        assert_eq!(held.len(), 3);
+        // Control: small histories under the same budget are all kept.
+        let mut small = Held::new(100, 350);
+        for i in 0..20 {
+            let name = format!("s{i}");
+            assert!(small.open(&name, false, &choird).is_empty());
+            small.get(&name).push_user(i, "hi");
+        }
+        assert_eq!(small.len(), 20);
+        // One history larger than the whole budget is still held while it is answered.
+        let mut one = Held::new(100, 10);
+        one.open("big", false, &choird);
+        one.get("big").push_user(1, &long);
+        assert!(one.open("next", false, &choird) == vec!["big".to_owned()] && one.holds("next"));
+    }
+
+    #[test]
     fn a_failed_recall_leaves_a_note_and_the_turn_goes_on() {
         let choird = Choird { down: true, ..Choird::default() };
-        let mut held = Held::new(2);
+        let mut held = Held::new(2, u64::MAX);
         held.open("a", true, &choird);
         let t = texts(held.get("a"));
         assert_eq!(t.len(), 1);

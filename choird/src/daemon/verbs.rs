@@ -12,7 +12,7 @@ use choir_common::ids::AgentId;
 use choir_common::rpc::{
     Bindings, ConversationTail, DynamicConfig, ExecuteHostToolRequest, ExecuteHostToolResponse, HeartbeatRequest,
     HeartbeatResponse, HostToolBinding, InboundMessage, InitHelloRequest, InitHelloResponse, LaneModels, OutboundReply,
-    RecoverySnapshot, ReportStatusRequest, HELD_CONVERSATIONS, MAX_CONVERSATION_KEY,
+    RecoverySnapshot, ReportStatusRequest, MAX_CONVERSATION_KEY, RECOVERED_CONVERSATIONS,
 };
 use serde_json::json;
 
@@ -94,7 +94,7 @@ impl Daemon {
     /// conversations it may hold (the most recently answered), the latest
     /// compaction summary of each, then the answered exchanges after it.
     fn recovered_conversations(&self, agent: &AgentId, processed: u64) -> Result<Vec<ConversationTail>, Error> {
-        let keys = self.store.recent_conversations(agent, processed, HELD_CONVERSATIONS as i64)?;
+        let keys = self.store.recent_conversations(agent, processed, RECOVERED_CONVERSATIONS as i64)?;
         keys.iter().map(|key| self.tail_of(agent, key, processed)).collect()
     }
 

@@ -175,14 +175,10 @@ impl ManagedCluster {
         );
         write_as_server_user(&data.join("choir.conf"), &settings)?;
 
-        if cluster.is_running() {
+        if cluster.postmaster_alive() {
             log::info!("adopting the managed PostgreSQL already running in {}", data.display());
         } else {
-            let logfile = dir.join("postgres.log");
-            Cmd::as_user_if_root(bin.join("pg_ctl"), "postgres")
-                .args(["-D".into(), data.clone().into_os_string(), "-l".into(), logfile.into_os_string()])
-                .args(["-w", "-t", "60", "start"])
-                .run()?;
+            cluster.start_server(60)?;
         }
         cluster.ensure_database()?;
         Ok(cluster)
@@ -216,28 +212,80 @@ impl ManagedCluster {
         format!("host={} port={PORT} user=postgres dbname={dbname}", self.socket_dir().display())
     }
 
-    fn is_running(&self) -> bool {
-        Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
-            .args(["-D".into(), self.data_dir().into_os_string(), "status".into()])
-            .run()
-            .is_ok()
+    /// Creates choird's database unless it is there: one connection to it
+    /// when it is (no `psql` process, as a restart wants), one to
+    /// `postgres` to create it on the first start.
+    fn ensure_database(&self) -> Result<(), ClusterError> {
+        let connect = |db: &str| {
+            let mut config: postgres::Config = self.url_for(db).parse()?;
+            config.connect_timeout(std::time::Duration::from_secs(10));
+            config.connect(postgres::NoTls)
+        };
+        match connect(DATABASE) {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&postgres::error::SqlState::INVALID_CATALOG_NAME) => {
+                let mut admin = connect("postgres").map_err(|e| ClusterError::Start(e.to_string()))?;
+                admin
+                    .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+                    .map_err(|e| ClusterError::Start(format!("creating the {DATABASE} database: {e}")))
+            }
+            Err(e) => Err(ClusterError::Start(e.to_string())),
+        }
     }
 
-    fn ensure_database(&self) -> Result<(), ClusterError> {
-        let psql = self.bin.join("psql");
-        let exists = Cmd::new(&psql)
-            .args(["-h".into(), self.socket_dir().into_os_string()])
-            .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", "postgres", "-tAc"])
-            .arg(format!("SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"))
-            .run()?;
-        if String::from_utf8_lossy(&exists.stdout).trim() != "1" {
-            Cmd::new(&psql)
-                .args(["-h".into(), self.socket_dir().into_os_string()])
-                .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", "postgres", "-c"])
-                .arg(format!("CREATE DATABASE {DATABASE}"))
-                .run()?;
+    /// `pg_ctl start`, waiting at most `timeout_s`. pg_ctl looks whether the
+    /// server is up only every 100 ms; the server's own pid file says
+    /// `ready` the moment it accepts connections, so this reads that file
+    /// every 5 ms while pg_ctl runs on a thread of its own, and returns at
+    /// whichever comes first: the file saying ready (for a server started
+    /// now, not a stale file a crash left), or pg_ctl's verdict — its
+    /// failure carries the last complaints of the server's own log (a full
+    /// disk, a stale lock) after pg_ctl's words.
+    fn start_server(&self, timeout_s: u32) -> Result<(), ClusterError> {
+        let logfile = self.dir.join("postgres.log");
+        let mut pg_ctl = Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres");
+        pg_ctl
+            .args(["-D".into(), self.data_dir().into_os_string(), "-l".into(), logfile.clone().into_os_string()])
+            .args(["-w", "-t", &timeout_s.to_string(), "start"]);
+        let since = std::time::SystemTime::now();
+        let (tx, verdict) = crossbeam_channel::bounded(1);
+        std::thread::Builder::new()
+            .name("pg-start".into())
+            .spawn(move || {
+                let _ = tx.send(pg_ctl.run().map(drop));
+            })
+            .map_err(|e| ClusterError::Start(format!("cannot start a thread: {e}")))?;
+        loop {
+            if self.ready_since(since) {
+                return Ok(());
+            }
+            match verdict.recv_timeout(std::time::Duration::from_millis(5)) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => {
+                    let said = last_complaints(&logfile, 3);
+                    return Err(ClusterError::Start(if said.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{e}; the server said: {said}")
+                    }));
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(ClusterError::Start("pg_ctl ended without a word".into()))
+                }
+            }
         }
-        Ok(())
+    }
+
+    /// Whether the data directory's pid file says a postmaster started at
+    /// or after `since` (less two seconds, as pg_ctl allows for clock
+    /// granularity) accepts connections, and that postmaster is alive.
+    fn ready_since(&self, since: std::time::SystemTime) -> bool {
+        let Ok(text) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else { return false };
+        let lines: Vec<&str> = text.lines().collect();
+        let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let started = lines.get(2).and_then(|l| l.trim().parse::<u64>().ok()).unwrap_or(0);
+        lines.get(7).is_some_and(|s| s.trim() == "ready") && started + 2 >= since && self.postmaster_alive()
     }
 
     /// Stops the server (fast shutdown: active sessions are ended, data is safe).
@@ -278,22 +326,7 @@ impl ManagedCluster {
     /// the error carries the last complaints of the server's own log (a full
     /// disk, a stale lock) after pg_ctl's words.
     pub fn start_again(&self) -> Result<(), ClusterError> {
-        let logfile = self.dir.join("postgres.log");
-        let started = Cmd::as_user_if_root(self.bin.join("pg_ctl"), "postgres")
-            .args(["-D".into(), self.data_dir().into_os_string(), "-l".into(), logfile.clone().into_os_string()])
-            .args(["-w", "-t", "20", "start"])
-            .run();
-        match started {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let said = last_complaints(&logfile, 3);
-                Err(ClusterError::Start(if said.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("{e}; the server said: {said}")
-                }))
-            }
-        }
+        self.start_server(20)
     }
 
     fn pg_ctl_stop(&self, mode: &str) -> Result<(), ClusterError> {

@@ -21,6 +21,11 @@
 //! (the worst case: each core job steps as fast as the machine lets it);
 //! `--core-model-ms N` makes it take N ms a call instead, as a remote model
 //! does (`make bench` runs the default).
+//!
+//! Besides a new conversation per turn (the best case: nothing to recall,
+//! no history), the untraced run answers 1,000 turns round-robin over 50
+//! conversations carrying their history, as a family's or a team's do.
+//! `--conversations-only` runs just the idle and the alternating runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -46,15 +51,26 @@ fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
 type Turns = (Vec<Duration>, Vec<Duration>, Vec<(u128, u128)>);
 
 fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
+    turns_in(choird, edge, n, tag, None)
+}
+
+/// [`turns`], each in a conversation of its own, or — with `alternating`
+/// — round-robin over that many conversations, each carrying its history
+/// (as a family's or a team's do).
+fn turns_in(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str, alternating: Option<usize>) -> Turns {
     let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
     let (mut inbound, mut outbound, mut windows) = (Vec::new(), Vec::new(), Vec::new());
+    let conversation = |i: usize| match alternating {
+        Some(k) => format!("{tag}-{}", i % k),
+        None => format!("{tag}-{i}"),
+    };
     for i in 0..n {
         let before = edge.request_count();
         let w0 = wall_us();
         let t0 = Instant::now();
         let mut resp = admin
             .post("http://localhost/admin/v1/agents/demo/chat")
-            .send_json(json!({"text": format!("turn {i}"), "conversation": format!("{tag}-{i}"), "timeout_s": 60}))
+            .send_json(json!({"text": format!("turn {i}"), "conversation": conversation(i), "timeout_s": 60}))
             .unwrap();
         let body: Value = resp.body_mut().read_json().unwrap();
         let t3 = Instant::now();
@@ -125,6 +141,15 @@ fn main() {
     config["llm"]["core"]["base_url"] = json!(core.base_url());
     config["agents"]["demo"] =
         json!({"max_core_jobs": 8, "core_budget": {"steps": 100000000, "tokens": 1000000000000u64, "wall_s": 36000}});
+    // `--conversations-only`: the idle run and the alternating one, nothing else.
+    if std::env::args().any(|a| a == "--conversations-only") {
+        let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+        start_demo(&choird, &edge);
+        let (inb, outb, _) = turns(&choird, &edge, 1000, "idle");
+        choir_tests::report!("idle agent, 1000 turns: {}", in_out(inb, outb, &floor));
+        alternating(&choird, &edge, &floor);
+        return;
+    }
     // `--breakdown-only`: skip the untraced runs.
     if !std::env::args().any(|a| a == "--breakdown-only") {
         untraced(&config, &edge, &core, &floor);
@@ -161,6 +186,8 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
         in_out(inb, outb, floor)
     );
 
+    alternating(&choird, edge, floor);
+
     choird.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
     let core_before = core.request_count();
@@ -172,6 +199,19 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
     );
     choird.ctl_ok(&["agent", "stop", "demo"]);
     drop(choird);
+}
+
+/// Real conversations: 1,000 turns round-robin over 50 conversations (each
+/// 20 turns deep by the end, its history growing), after one round that
+/// opens them all.
+fn alternating(choird: &Choird, edge: &FakeLlm, floor: &Floor) {
+    const CONVERSATIONS: usize = 50;
+    turns_in(choird, edge, CONVERSATIONS, "people", Some(CONVERSATIONS));
+    let (inb, outb, _) = turns_in(choird, edge, 1000, "people", Some(CONVERSATIONS));
+    choir_tests::report!(
+        "{CONVERSATIONS} alternating conversations with history, 1000 turns: {}",
+        in_out(inb, outb, floor)
+    );
 }
 
 /// Starts the demo agent (its workspace holding the file core jobs read) and

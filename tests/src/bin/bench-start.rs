@@ -1,0 +1,78 @@
+//! `bench-start` (`make bench`): from starting choird to the first answer
+//! of an agent that starts with it (`autostart`), on an empty home (the
+//! managed PostgreSQL cluster initialised, migrations run) and on an
+//! existing one (a restart: the cluster started again, the agent recovered).
+//! The clock starts when choird is spawned and stops when the first chat
+//! message sent to it has its reply — the client retries every 2 ms until
+//! the admin socket answers and the agent is there. Median, min and max of
+//! five each. Goal: a restart answers within 100 ms.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use std::time::{Duration, Instant};
+
+use choir_tests::fake_llm::{FakeLlm, Step};
+use choir_tests::harness::{test_config, Choird, TempHome};
+use choir_tests::report;
+use serde_json::{json, Value};
+
+/// Sends one chat message until it is answered; the time from `t0`.
+fn first_answer(choird: &Choird, t0: Instant) -> Duration {
+    let socket = choird.home.path().join("socks/choird.sock");
+    let deadline = t0 + Duration::from_secs(120);
+    loop {
+        if socket.exists() {
+            let admin = choir_common::unix_http::agent_for_socket(&socket, Some(Duration::from_secs(30)));
+            let sent = admin
+                .post("http://localhost/admin/v1/agents/a1/chat")
+                .send_json(json!({"text": "are you there?", "conversation": "first", "timeout_s": 30}));
+            if let Ok(mut resp) = sent {
+                let body: Value = resp.body_mut().read_json().unwrap_or_default();
+                if body["reply"] == "ok" {
+                    return t0.elapsed();
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no answer after 120 s:\n{}", choird.stderr());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn summary(what: &str, mut v: Vec<Duration>, goal: &str) {
+    v.sort();
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    report!(
+        "{what}: median {:.0} ms (min {:.0}, max {:.0}, n={}){goal}",
+        ms(&v[v.len() / 2]),
+        ms(&v[0]),
+        ms(&v[v.len() - 1]),
+        v.len()
+    );
+}
+
+fn main() {
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("ok".into())));
+    let mut config = test_config(&llm.base_url(), None, &["a1"]);
+    config["agents"]["a1"]["autostart"] = json!(true);
+    let secrets = json!({"llm_key": "k"});
+    let (mut empty, mut again) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let home = TempHome::new(&config, &secrets);
+        let t0 = Instant::now();
+        let mut choird = Choird::spawn_with_env(home, &[]);
+        empty.push(first_answer(&choird, t0));
+        choird.stop();
+        if std::env::var_os("CHOIR_BENCH_SHOW_LOG").is_some() {
+            std::fs::write(choird.home.path().join("test-rust-log"), "debug").unwrap();
+        }
+        let t0 = Instant::now();
+        eprintln!("T0 {}", jiff::Timestamp::now());
+        choird.spawn_again();
+        again.push(first_answer(&choird, t0));
+        if std::env::var_os("CHOIR_BENCH_SHOW_LOG").is_some() {
+            eprintln!("{}", choird.stderr());
+        }
+    }
+    summary("first start on an empty home → first answer", empty, "");
+    summary("restart on an existing home → first answer", again, " (goal ≤ 100 ms)");
+}
