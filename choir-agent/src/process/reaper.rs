@@ -8,7 +8,11 @@
 //! something a tool left behind. Strays (and everything below them) are
 //! stopped and killed when a call's child is reaped ([`sweep`], called by
 //! `spawn::wait_until` before the call's result is committed and its locks
-//! released), and by a background sweep every [`SWEEP_EVERY`] otherwise.
+//! released), and by a background sweep otherwise: every [`SWEEP_EVERY`]
+//! while tools start processes, the pause doubling up to [`SWEEP_IDLE`]
+//! while sweeps find nothing and no tool starts one (an idle agent wakes
+//! for it every few seconds instead of four times a second); starting a
+//! process brings the pace back at once.
 //!
 //! **Invariant:** when a tool call's result is committed, no process it
 //! started is alive: its own process group was killed, and whatever left the
@@ -23,8 +27,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-/// How often strays are looked for between calls.
+/// How often strays are looked for between calls while tools run.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// The longest pause between background sweeps, reached while idle.
+pub const SWEEP_IDLE: Duration = Duration::from_secs(8);
+
+/// Tells the background sweep a process was started (its pace goes back
+/// to [`SWEEP_EVERY`]).
+static STARTED: std::sync::OnceLock<crossbeam_channel::Sender<()>> = std::sync::OnceLock::new();
 
 /// Children the agent started and has not reaped yet.
 static KNOWN: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
@@ -38,11 +48,27 @@ static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 pub fn init() -> std::io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(std::io::Error::from)?;
     ACTIVE.store(true, std::sync::atomic::Ordering::SeqCst);
-    std::thread::Builder::new().name("reaper".into()).spawn(|| loop {
-        std::thread::sleep(SWEEP_EVERY);
-        sweep();
+    let (tx, started) = crossbeam_channel::bounded(1);
+    let _ = STARTED.set(tx);
+    std::thread::Builder::new().name("reaper".into()).spawn(move || {
+        let mut pause = SWEEP_EVERY;
+        loop {
+            let poked = started.recv_timeout(pause).is_ok();
+            pause = next_pause(pause, poked || sweep() > 0);
+        }
     })?;
     Ok(())
+}
+
+/// The pause before the next background sweep: [`SWEEP_EVERY`] after
+/// activity (a process started, a stray killed), else twice the last, at
+/// most [`SWEEP_IDLE`].
+fn next_pause(last: Duration, active: bool) -> Duration {
+    if active {
+        SWEEP_EVERY
+    } else {
+        (last * 2).min(SWEEP_IDLE)
+    }
 }
 
 /// Starts a child through `start` and registers it atomically with respect
@@ -51,6 +77,9 @@ pub fn spawn(start: impl FnOnce() -> std::io::Result<Child>) -> std::io::Result<
     let mut known = KNOWN.lock();
     let child = start()?;
     known.insert(child.id() as i32);
+    if let Some(tx) = STARTED.get() {
+        let _ = tx.try_send(()); // a poke already waiting is enough
+    }
     Ok(child)
 }
 
@@ -106,4 +135,21 @@ pub fn kill_all() {
         }
     }
     KNOWN.lock().clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_background_sweep_slows_while_idle_and_speeds_up_on_activity() {
+        let mut pause = SWEEP_EVERY;
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            pause = next_pause(pause, false);
+            seen.push(pause.as_millis());
+        }
+        assert_eq!(seen, [500, 1000, 2000, 4000, 8000, 8000, 8000, 8000], "doubling to SWEEP_IDLE, no further");
+        assert_eq!(next_pause(SWEEP_IDLE, true), SWEEP_EVERY, "a process started or a stray killed: fast again");
+    }
 }

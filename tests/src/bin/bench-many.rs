@@ -28,6 +28,8 @@ struct Row {
     fds: usize,
     agent_rss_kb: u64,
     idle_cpu: f64,
+    /// Of it: choird, the agents, the cluster.
+    idle_split: [f64; 3],
     p50: Duration,
     p99: Duration,
 }
@@ -70,16 +72,19 @@ fn measure(n: usize, llm: &FakeLlm) -> Row {
     std::thread::sleep(Duration::from_secs(20));
 
     let pid = choird.pid();
-    let everything = || -> Vec<u32> {
-        let mut all = process_tree(pid);
-        all.extend(process_tree(postmaster(&choird)));
-        all
+    // CPU of choird, of its agents and of the cluster, over the window.
+    let parts = || -> [Duration; 3] {
+        let agents: Duration = process_tree(pid).iter().filter(|p| **p != pid).map(|p| cpu_time(*p)).sum();
+        let pg: Duration = process_tree(postmaster(&choird)).iter().map(|p| cpu_time(*p)).sum();
+        [cpu_time(pid), agents, pg]
     };
-    let before: Duration = everything().iter().map(|p| cpu_time(*p)).sum();
+    let before = parts();
     let window = Duration::from_secs(30);
     std::thread::sleep(window);
-    let after: Duration = everything().iter().map(|p| cpu_time(*p)).sum();
-    let idle_cpu = after.saturating_sub(before).as_secs_f64() / window.as_secs_f64() * 100.0;
+    let after = parts();
+    let share = |i: usize| after[i].saturating_sub(before[i]).as_secs_f64() / window.as_secs_f64() * 100.0;
+    let idle_split = [share(0), share(1), share(2)];
+    let idle_cpu = idle_split.iter().sum();
 
     let agents: Vec<u32> = process_tree(pid).into_iter().filter(|p| *p != pid).collect();
     let agent_rss_kb = agents.iter().map(|p| proc_status(*p, "VmRSS:")).sum::<u64>() / n.max(1) as u64;
@@ -90,6 +95,7 @@ fn measure(n: usize, llm: &FakeLlm) -> Row {
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0),
         agent_rss_kb,
         idle_cpu,
+        idle_split,
         p50: Duration::ZERO,
         p99: Duration::ZERO,
     };
@@ -113,7 +119,7 @@ fn main() {
             }
         };
         report!(
-            "{} agents: choird {:.1} MB{}, {} threads{}, {} descriptors{}; each agent {:.1} MB; idle CPU, whole system {:.2} % of a core; a turn p50 {:.2} ms p99 {:.2} ms",
+            "{} agents: choird {:.1} MB{}, {} threads{}, {} descriptors{}; each agent {:.1} MB; idle CPU, whole system {:.2} % of a core (choird {:.2}, agents {:.2}, PostgreSQL {:.2}); a turn p50 {:.2} ms p99 {:.2} ms",
             r.n,
             r.rss_kb as f64 / 1024.0,
             per(r.rss_kb as f64 / 1024.0, first.rss_kb as f64 / 1024.0).replace("per agent", "MB per agent"),
@@ -123,6 +129,9 @@ fn main() {
             per(r.fds as f64, first.fds as f64),
             r.agent_rss_kb as f64 / 1024.0,
             r.idle_cpu,
+            r.idle_split[0],
+            r.idle_split[1],
+            r.idle_split[2],
             r.p50.as_secs_f64() * 1e3,
             r.p99.as_secs_f64() * 1e3
         );
