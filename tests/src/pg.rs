@@ -60,6 +60,15 @@ impl TestPg {
         self.cluster = Some(ManagedCluster::start(&dir, &bin).expect("restart the test cluster"));
     }
 
+    /// The postmaster's pid (0 when it is not running), from its pid file.
+    pub fn postmaster_pid(&self) -> u32 {
+        let Some(dir) = &self.dir else { return 0 };
+        std::fs::read_to_string(dir.path().join("pg/data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
     /// A connected client.
     pub fn client(&self) -> postgres::Client {
         postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect to the test cluster")

@@ -274,10 +274,12 @@ impl Db {
         if !newer.is_empty() {
             return Err(DbError::NewerSchema { newest, newer: newer.join(", ") });
         }
+        // Which are applied, in one round trip (a restart applies none).
+        let done: std::collections::BTreeSet<i32> =
+            tx.query("SELECT version FROM schema_migrations", &[])?.iter().map(|r| r.get(0)).collect();
         let mut applied = Vec::new();
         for (version, name, sql) in MIGRATIONS {
-            let done = tx.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])?;
-            if done.is_some() {
+            if done.contains(version) {
                 continue;
             }
             tx.batch_execute(sql).map_err(|e| {

@@ -25,7 +25,9 @@
 //! Besides a new conversation per turn (the best case: nothing to recall,
 //! no history), the untraced run answers 1,000 turns round-robin over 50
 //! conversations carrying their history, as a family's or a team's do.
-//! `--conversations-only` runs just the idle and the alternating runs.
+//! `--conversations-only` runs just the idle and the alternating runs;
+//! `--pg-defaults` runs on a cluster at PostgreSQL's own defaults instead of
+//! the small-host settings choird's managed cluster uses.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -89,8 +91,38 @@ fn hops() -> Vec<&'static str> {
     choir_tests::hops::path(&["message.in", "message.stored"], &["admin.answer"])
 }
 
+/// The settings choird's managed cluster changes for a small host
+/// (`db::cluster`), each back at PostgreSQL's own default.
+const PG_DEFAULTS: &[(&str, &str)] = &[
+    ("shared_buffers", "128MB"),
+    ("max_logical_replication_workers", "4"),
+    ("max_wal_senders", "10"),
+    ("wal_level", "replica"),
+    ("max_parallel_workers_per_gather", "2"),
+    ("max_parallel_maintenance_workers", "2"),
+    ("jit", "on"),
+    ("autovacuum_max_workers", "3"),
+    ("autovacuum_naptime", "60"),
+    ("checkpoint_timeout", "300"),
+];
+
 fn main() {
-    let pg = TestPg::start().expect("PostgreSQL is needed");
+    let mut pg = TestPg::start().expect("PostgreSQL is needed");
+    // `--pg-defaults`: the cluster at PostgreSQL's defaults instead of the
+    // small-host settings (ALTER SYSTEM outranks the settings file), to
+    // measure what those settings cost a turn.
+    if std::env::args().any(|a| a == "--pg-defaults") {
+        let mut c = pg.client();
+        for (k, v) in PG_DEFAULTS {
+            c.batch_execute(&format!("ALTER SYSTEM SET {k} = '{v}'")).unwrap();
+        }
+        drop(c);
+        pg.stop_immediate();
+        pg.start_again();
+        let shown: String = pg.client().query_one("SHOW wal_level", &[]).unwrap().get(0);
+        assert_eq!(shown, "replica", "the defaults are in force");
+        choir_tests::report!("PostgreSQL at its own defaults, not the small-host settings");
+    }
     // Before choird starts: the machine as quiet as it gets in this run.
     let floor = Floor::measure(&pg);
     choir_tests::report!("{}", floor.describe());
@@ -145,14 +177,19 @@ fn main() {
     if std::env::args().any(|a| a == "--conversations-only") {
         let choird = Choird::start(&config, &json!({"llm_key": "k"}));
         start_demo(&choird, &edge);
+        let before = cpu(&choird, &pg);
         let (inb, outb, _) = turns(&choird, &edge, 1000, "idle");
-        choir_tests::report!("idle agent, 1000 turns: {}", in_out(inb, outb, &floor));
-        alternating(&choird, &edge, &floor);
+        choir_tests::report!(
+            "idle agent, 1000 turns: {}; {}",
+            in_out(inb, outb, &floor),
+            cpu_per_turn(before, cpu(&choird, &pg), 1000)
+        );
+        alternating(&choird, &pg, &edge, &floor);
         return;
     }
     // `--breakdown-only`: skip the untraced runs.
     if !std::env::args().any(|a| a == "--breakdown-only") {
-        untraced(&config, &edge, &core, &floor);
+        untraced(&config, &pg, &edge, &core, &floor);
     }
 
     // The breakdown: the same agent, its processes marking each hop; idle,
@@ -176,17 +213,19 @@ fn main() {
 }
 
 /// The untraced runs: idle, then with 8 busy core jobs.
-fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
+fn untraced(config: &Value, pg: &TestPg, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
     let choird = Choird::start(config, &json!({"llm_key": "k"}));
     start_demo(&choird, edge);
 
+    let before = cpu(&choird, pg);
     let (inb, outb, _) = turns(&choird, edge, 1000, "idle");
     choir_tests::report!(
-        "idle agent, 1000 turns: {} (in: message into choird → model request out of the relay; out: model answer → reply out of choird)",
-        in_out(inb, outb, floor)
+        "idle agent, 1000 turns: {} (in: message into choird → model request out of the relay; out: model answer → reply out of choird); {}",
+        in_out(inb, outb, floor),
+        cpu_per_turn(before, cpu(&choird, pg), 1000)
     );
 
-    alternating(&choird, edge, floor);
+    alternating(&choird, pg, edge, floor);
 
     choird.ctl_ok(&["chat", "demo", "start eight"]);
     std::thread::sleep(Duration::from_secs(2));
@@ -201,16 +240,42 @@ fn untraced(config: &Value, edge: &FakeLlm, core: &FakeLlm, floor: &Floor) {
     drop(choird);
 }
 
+/// CPU time (utime+stime) used so far by choird, by its agents (and what
+/// they run) and by the cluster: every process of the system but the
+/// bench's own (the fake model and the client).
+fn cpu(choird: &Choird, pg: &TestPg) -> [Duration; 3] {
+    use choir_tests::bench::{cpu_time, process_tree};
+    let pid = choird.pid();
+    let agents = process_tree(pid).iter().filter(|p| **p != pid).map(|p| cpu_time(*p)).sum();
+    let postgres = process_tree(pg.postmaster_pid()).iter().map(|p| cpu_time(*p)).sum();
+    [cpu_time(pid), agents, postgres]
+}
+
+/// The CPU a run of `n` turns cost the system, per turn: whole, then
+/// choird, agents and PostgreSQL.
+fn cpu_per_turn(before: [Duration; 3], after: [Duration; 3], n: usize) -> String {
+    let per = |i: usize| after[i].saturating_sub(before[i]).as_secs_f64() * 1e3 / n as f64;
+    format!(
+        "CPU per turn, whole system {:.2} ms (choird {:.2}, agent {:.2}, PostgreSQL {:.2})",
+        per(0) + per(1) + per(2),
+        per(0),
+        per(1),
+        per(2)
+    )
+}
+
 /// Real conversations: 1,000 turns round-robin over 50 conversations (each
 /// 20 turns deep by the end, its history growing), after one round that
 /// opens them all.
-fn alternating(choird: &Choird, edge: &FakeLlm, floor: &Floor) {
+fn alternating(choird: &Choird, pg: &TestPg, edge: &FakeLlm, floor: &Floor) {
     const CONVERSATIONS: usize = 50;
     turns_in(choird, edge, CONVERSATIONS, "people", Some(CONVERSATIONS));
+    let before = cpu(choird, pg);
     let (inb, outb, _) = turns_in(choird, edge, 1000, "people", Some(CONVERSATIONS));
     choir_tests::report!(
-        "{CONVERSATIONS} alternating conversations with history, 1000 turns: {}",
-        in_out(inb, outb, floor)
+        "{CONVERSATIONS} alternating conversations with history, 1000 turns: {}; {}",
+        in_out(inb, outb, floor),
+        cpu_per_turn(before, cpu(choird, pg), 1000)
     );
 }
 
