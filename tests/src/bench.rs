@@ -62,7 +62,13 @@ impl HostToolClient {
 /// the units the kernel gives: kB for sizes); 0 when the process or the
 /// field is gone.
 pub fn proc_status(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    proc_field(pid, "status", key)
+}
+
+/// The number after `key` in `/proc/PID/<file>`; 0 when the process or the
+/// field is gone.
+fn proc_field(pid: u32, file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix(key))
@@ -163,41 +169,32 @@ macro_rules! report {
 /// A number field of `/proc/PID/smaps_rollup` (`"Pss:"`, `"Rss:"`, in kB);
 /// 0 when the process is gone.
 pub fn smaps_rollup(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    proc_field(pid, "smaps_rollup", key)
 }
 
-/// Every process's parent, from `/proc/*/stat` (the field after the
-/// parenthesised name, which may itself hold spaces and parentheses).
-fn parents() -> Vec<(u32, u32)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let after = stat.rsplit_once(')')?.1;
-            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
+/// `root` and every process descended from it, now (none for pid 0, "no
+/// process").
+pub fn process_tree(root: u32) -> Vec<u32> {
+    if root == 0 {
+        return Vec::new();
+    }
+    std::iter::once(root)
+        .chain(choir_common::proc_tree::descendants_of(root as i32, 100_000).into_iter().map(|p| p as u32))
         .collect()
 }
 
-/// `root` and every process descended from it, now.
-pub fn process_tree(root: u32) -> Vec<u32> {
-    let all = parents();
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
+/// The managed cluster's postmaster under a choird home (0 when it is not running).
+pub fn postmaster_of(choird: &crate::harness::Choird) -> u32 {
+    choird::db::cluster::ManagedCluster::postmaster_pid(&choird.home.path().join("pg")).unwrap_or(0)
+}
+
+/// CPU time used so far by choird (`choird_pid`), by everything below it
+/// (its agents and what they run) and by the cluster under `postmaster`:
+/// every process of the system but a benchmark's own.
+pub fn system_cpu(choird_pid: u32, postmaster: u32) -> [Duration; 3] {
+    let below = process_tree(choird_pid).iter().filter(|p| **p != choird_pid).map(|p| cpu_time(*p)).sum();
+    let postgres = process_tree(postmaster).iter().map(|p| cpu_time(*p)).sum();
+    [cpu_time(choird_pid), below, postgres]
 }
 
 /// Total CPU time (user + system) `pid` has used, from `/proc/PID/stat`;

@@ -161,6 +161,12 @@ impl Choird {
         Choird::start_in(home)
     }
 
+    /// The `RUST_LOG` filters choird (and its agents) start with next time
+    /// (as [`Choird::start_logging`] gives them to a new home).
+    pub fn set_log_filters(&self, filters: &str) {
+        std::fs::write(self.home.path().join(RUST_LOG_FILE), filters).unwrap();
+    }
+
     /// Moves the scheduler's clock to `at` (see [`Choird::start_at`]).
     pub fn set_clock(&self, at: &str) {
         let tmp = self.home.path().join("test-clock.new");

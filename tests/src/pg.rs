@@ -62,11 +62,7 @@ impl TestPg {
 
     /// The postmaster's pid (0 when it is not running), from its pid file.
     pub fn postmaster_pid(&self) -> u32 {
-        let Some(dir) = &self.dir else { return 0 };
-        std::fs::read_to_string(dir.path().join("pg/data/postmaster.pid"))
-            .ok()
-            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
-            .unwrap_or(0)
+        self.dir.as_ref().and_then(|d| ManagedCluster::postmaster_pid(&d.path().join("pg"))).unwrap_or(0)
     }
 
     /// A connected client.

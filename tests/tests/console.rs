@@ -178,6 +178,18 @@ fn the_console_is_closed_until_opened_and_refuses_every_request_it_should() {
         assert_eq!(a.status, 200, "{path}: {}", a.body);
         assert!(a.body.contains(holds), "{path} holds {holds:?}: {}", a.body);
     }
+    // A skill file whose name and content are markup: listed (invalid), inert.
+    let skills = choird.home.path().join("repos/agents/demo/skills");
+    std::fs::create_dir_all(&skills).unwrap();
+    std::fs::write(
+        skills.join("<img src=x onerror=alert(3)>.json"),
+        format!("{{\"name\": \"{}\", \"description\": \"{}\"}}", "x</textarea>", "<script>alert(4)</script>"),
+    )
+    .unwrap();
+    let a = send(&socket, "GET", "/agents/demo/skills", &[("Host", HOST), ("Cookie", &cookie)], "");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("&lt;img src=x onerror=alert(3)&gt;") && a.body.contains("invalid"), "{}", a.body);
+    assert!(!a.body.contains("<img") && !a.body.contains("<script>alert(4)") && !a.body.contains("x</textarea>"));
     let a = send(&socket, "GET", "/usage?by=nonsense", &[("Host", HOST), ("Cookie", &cookie)], "");
     assert_eq!(a.status, 400, "a bad parameter is said: {}", a.body);
 

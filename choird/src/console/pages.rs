@@ -344,17 +344,21 @@ fn usage(d: &Daemon, by: Option<&str>) -> Result<String, Error> {
 /// Each job with its next firing and its last one (state and when).
 fn schedule(d: &Daemon) -> Result<String, Error> {
     let jobs = d.schedule_list(None)?.jobs;
-    let mut rows = Vec::with_capacity(jobs.len());
-    for j in &jobs {
-        let last = match d.store.firings(j.id, 1)?.first() {
-            Some(f) => format!("{} · {}", f.scheduled_for, f.state),
-            None => "never".into(),
-        };
-        rows.push({
+    let lasts = d.store.last_firings(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())?;
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
             let when = match (&j.spec.cron, j.spec.every_s) {
                 (Some(cron), _) => format!("{cron} ({})", j.spec.tz.as_deref().unwrap_or("UTC")),
                 (None, Some(s)) => format!("every {s} s"),
                 (None, None) => "-".into(),
+            };
+            let last =
+                lasts.get(&j.id).map_or_else(|| "never".into(), |f| format!("{} · {}", f.scheduled_for, f.state));
+            let paused = if j.paused {
+                format!("paused: {}", esc(j.paused_reason.as_deref().unwrap_or("")))
+            } else {
+                "no".into()
             };
             vec![
                 esc(&j.agent),
@@ -362,15 +366,11 @@ fn schedule(d: &Daemon) -> Result<String, Error> {
                 esc(&when),
                 esc(j.next_due.as_deref().unwrap_or("-")),
                 esc(&last),
-                if j.paused {
-                    format!("paused: {}", esc(j.paused_reason.as_deref().unwrap_or("")))
-                } else {
-                    "no".into()
-                },
+                paused,
                 j.failures.to_string(),
             ]
-        });
-    }
+        })
+        .collect();
     Ok(table(&["agent", "job", "when", "next", "last", "paused", "failures in a row"], &rows))
 }
 

@@ -281,11 +281,9 @@ impl ManagedCluster {
     /// or after `since` (less two seconds, as pg_ctl allows for clock
     /// granularity) accepts connections, and that postmaster is alive.
     fn ready_since(&self, since: std::time::SystemTime) -> bool {
-        let Ok(text) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else { return false };
-        let lines: Vec<&str> = text.lines().collect();
+        let Some(pm) = PidFile::read(&self.dir) else { return false };
         let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let started = lines.get(2).and_then(|l| l.trim().parse::<u64>().ok()).unwrap_or(0);
-        lines.get(7).is_some_and(|s| s.trim() == "ready") && started + 2 >= since && self.postmaster_alive()
+        pm.ready && pm.started + 2 >= since && is_postmaster(pm.pid)
     }
 
     /// Stops the server (fast shutdown: active sessions are ended, data is safe).
@@ -312,13 +310,14 @@ impl ManagedCluster {
     /// Whether the postmaster named in the data directory's pid file runs
     /// (no connection made: a connection forks a backend).
     pub fn postmaster_alive(&self) -> bool {
-        let Ok(text) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else { return false };
-        let Some(pid) = text.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) else { return false };
-        // Alive, not a zombie, and a PostgreSQL process (not a reused pid).
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-        let (head, rest) = stat.rsplit_once(')').unwrap_or_default();
-        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or_default();
-        !rest.trim_start().starts_with('Z') && (comm.starts_with("postgres") || comm.starts_with("postmaster"))
+        PidFile::read(&self.dir).is_some_and(|pm| is_postmaster(pm.pid))
+    }
+
+    /// The pid of the postmaster the pid file of the cluster in `dir`
+    /// names, if that process runs (for benchmarks counting the cluster's
+    /// processes).
+    pub fn postmaster_pid(dir: &Path) -> Option<u32> {
+        PidFile::read(dir).map(|pm| pm.pid).filter(|pid| is_postmaster(*pid))
     }
 
     /// Starts the server again after it stopped under choird (killed, or
@@ -336,6 +335,37 @@ impl ManagedCluster {
             .run()?;
         Ok(())
     }
+}
+
+/// What the data directory's `postmaster.pid` says: the postmaster's pid
+/// (line 1), when it started (line 3, seconds since the epoch) and whether
+/// it accepts connections (line 8, `ready`).
+struct PidFile {
+    pid: u32,
+    started: u64,
+    ready: bool,
+}
+
+impl PidFile {
+    /// The pid file of the cluster in `dir`, if there is one that parses.
+    fn read(dir: &Path) -> Option<PidFile> {
+        let text = fs::read_to_string(dir.join("data").join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = text.lines().collect();
+        Some(PidFile {
+            pid: lines.first()?.trim().parse().ok()?,
+            started: lines.get(2).and_then(|l| l.trim().parse().ok()).unwrap_or(0),
+            ready: lines.get(7).is_some_and(|s| s.trim() == "ready"),
+        })
+    }
+}
+
+/// Whether `pid` is alive, not a zombie, and a PostgreSQL process (not a
+/// reused pid).
+fn is_postmaster(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let (head, rest) = stat.rsplit_once(')').unwrap_or_default();
+    let comm = head.split_once('(').map(|(_, c)| c).unwrap_or_default();
+    !rest.trim_start().starts_with('Z') && (comm.starts_with("postgres") || comm.starts_with("postmaster"))
 }
 
 /// The last `n` FATAL, PANIC or ERROR lines of the server's log (its end

@@ -181,6 +181,26 @@ pub struct Offered {
     pub spec: Value,
 }
 
+/// A firing as `schedule show` lists it, read by [`firing_row`].
+const FIRING_COLUMNS: &str = "id, scheduled_for, state, tokens, detail,
+     (extract(epoch FROM finished_at - started_at) * 1000)::bigint";
+
+fn firing_row(r: &Row) -> FiringRow {
+    firing_row_from(r, 0)
+}
+
+/// [`FIRING_COLUMNS`] starting at column `at`.
+fn firing_row_from(r: &Row, at: usize) -> FiringRow {
+    FiringRow {
+        id: r.get(at),
+        scheduled_for: from_sys(r.get(at + 1)).to_string(),
+        state: r.get(at + 2),
+        tokens: r.get(at + 3),
+        detail: r.get(at + 4),
+        duration_ms: r.get(at + 5),
+    }
+}
+
 const JOB_COLUMNS: &str = "id, agent_id, name, spec, paused, paused_reason, failures, next_due, created_by";
 
 impl Store {
@@ -280,22 +300,28 @@ impl Store {
     pub fn firings(&self, id: i64, limit: i64) -> Result<Vec<FiringRow>, DbError> {
         self.db.with(|c| {
             let rows = c.query(
-                "SELECT id, scheduled_for, state, tokens, detail,
-                        (extract(epoch FROM finished_at - started_at) * 1000)::bigint
-                 FROM schedule_firings WHERE job_id = $1 ORDER BY scheduled_for DESC, id DESC LIMIT $2",
+                &format!(
+                    "SELECT {FIRING_COLUMNS} FROM schedule_firings WHERE job_id = $1
+                     ORDER BY scheduled_for DESC, id DESC LIMIT $2"
+                ),
                 &[&id, &limit],
             )?;
-            Ok(rows
-                .iter()
-                .map(|r| FiringRow {
-                    id: r.get(0),
-                    scheduled_for: from_sys(r.get(1)).to_string(),
-                    state: r.get(2),
-                    tokens: r.get(3),
-                    detail: r.get(4),
-                    duration_ms: r.get(5),
-                })
-                .collect())
+            Ok(rows.iter().map(firing_row).collect())
+        })
+    }
+
+    /// The last firing of each of `jobs` that has fired, in one query (the
+    /// console's schedule page), by job id.
+    pub fn last_firings(&self, jobs: &[i64]) -> Result<std::collections::HashMap<i64, FiringRow>, DbError> {
+        self.db.with(|c| {
+            let rows = c.query(
+                &format!(
+                    "SELECT DISTINCT ON (job_id) job_id, {FIRING_COLUMNS} FROM schedule_firings
+                     WHERE job_id = ANY($1) ORDER BY job_id, scheduled_for DESC, id DESC"
+                ),
+                &[&jobs],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), firing_row_from(r, 1))).collect())
         })
     }
 

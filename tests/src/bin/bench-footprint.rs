@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use choir_tests::bench::{process_tree, smaps_rollup};
+use choir_tests::bench::{postmaster_of, process_tree, smaps_rollup};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::report;
@@ -52,12 +52,8 @@ impl Sample {
 fn sample(choird: &Choird) -> Sample {
     let pid = choird.pid();
     let agents: Vec<u32> = process_tree(pid).into_iter().filter(|p| *p != pid).collect();
-    let postmaster: u32 = std::fs::read_to_string(choird.home.path().join("pg/data/postmaster.pid"))
-        .expect("the managed cluster's postmaster.pid")
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("a pid");
+    let postmaster = postmaster_of(choird);
+    assert_ne!(postmaster, 0, "the managed cluster runs");
     Sample { choird: Part::of(&[pid]), agents: Part::of(&agents), postgres: Part::of(&process_tree(postmaster)) }
 }
 

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use choir_tests::bench::{cpu_time, pct, proc_status, process_tree};
+use choir_tests::bench::{pct, postmaster_of, proc_status, process_tree, system_cpu};
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use choir_tests::observe::wait_for;
@@ -32,15 +32,6 @@ struct Row {
     idle_split: [f64; 3],
     p50: Duration,
     p99: Duration,
-}
-
-fn postmaster(choird: &Choird) -> u32 {
-    std::fs::read_to_string(choird.home.path().join("pg/data/postmaster.pid"))
-        .expect("the managed cluster's pid file")
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("a pid")
 }
 
 fn measure(n: usize, llm: &FakeLlm) -> Row {
@@ -73,15 +64,11 @@ fn measure(n: usize, llm: &FakeLlm) -> Row {
 
     let pid = choird.pid();
     // CPU of choird, of its agents and of the cluster, over the window.
-    let parts = || -> [Duration; 3] {
-        let agents: Duration = process_tree(pid).iter().filter(|p| **p != pid).map(|p| cpu_time(*p)).sum();
-        let pg: Duration = process_tree(postmaster(&choird)).iter().map(|p| cpu_time(*p)).sum();
-        [cpu_time(pid), agents, pg]
-    };
-    let before = parts();
+    let postmaster = postmaster_of(&choird);
+    let before = system_cpu(pid, postmaster);
     let window = Duration::from_secs(30);
     std::thread::sleep(window);
-    let after = parts();
+    let after = system_cpu(pid, postmaster);
     let share = |i: usize| after[i].saturating_sub(before[i]).as_secs_f64() / window.as_secs_f64() * 100.0;
     let idle_split = [share(0), share(1), share(2)];
     let idle_cpu = idle_split.iter().sum();

@@ -240,15 +240,10 @@ fn untraced(config: &Value, pg: &TestPg, edge: &FakeLlm, core: &FakeLlm, floor: 
     drop(choird);
 }
 
-/// CPU time (utime+stime) used so far by choird, by its agents (and what
-/// they run) and by the cluster: every process of the system but the
-/// bench's own (the fake model and the client).
+/// CPU used so far by choird, its agents and the cluster (the bench's own
+/// fake model and client not counted).
 fn cpu(choird: &Choird, pg: &TestPg) -> [Duration; 3] {
-    use choir_tests::bench::{cpu_time, process_tree};
-    let pid = choird.pid();
-    let agents = process_tree(pid).iter().filter(|p| **p != pid).map(|p| cpu_time(*p)).sum();
-    let postgres = process_tree(pg.postmaster_pid()).iter().map(|p| cpu_time(*p)).sum();
-    [cpu_time(pid), agents, postgres]
+    choir_tests::bench::system_cpu(choird.pid(), pg.postmaster_pid())
 }
 
 /// The CPU a run of `n` turns cost the system, per turn: whole, then
