@@ -136,16 +136,19 @@ install:
 	$(BUILT)/choirctl completions bash > $(DESTDIR)$(BASHCOMPDIR)/choirctl
 	$(BUILT)/choirctl completions zsh > $(DESTDIR)$(ZSHCOMPDIR)/_choirctl
 	$(BUILT)/choirctl completions fish > $(DESTDIR)$(FISHCOMPDIR)/choirctl.fish
-	sed 's|@PREFIX@|$(PREFIX)|g' packaging/choird.service > $(DESTDIR)$(UNITDIR)/choird.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/choird.service
+	@# choir-db keeps the managed PostgreSQL across choird restarts (`choird cluster`).
+	for u in choird choir-db; do \
+	  sed 's|@PREFIX@|$(PREFIX)|g' packaging/$$u.service > $(DESTDIR)$(UNITDIR)/$$u.service && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.service || exit 1; \
+	done
 	@if [ -z "$(DESTDIR)" ]; then ./scripts/install-user.sh; fi
-	@echo "installed; start with: systemctl daemon-reload && systemctl enable --now choird"
+	@echo "installed; start with: systemctl daemon-reload && systemctl enable --now choir-db choird"
 
 # What `install` put in place; the home (/var/lib/choir) and the `choir`
 # user stay (they hold the agents' data).
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/choird $(DESTDIR)$(PREFIX)/bin/choir-agent $(DESTDIR)$(PREFIX)/bin/choirctl
-	rm -f $(DESTDIR)$(UNITDIR)/choird.service
+	rm -f $(DESTDIR)$(UNITDIR)/choird.service $(DESTDIR)$(UNITDIR)/choir-db.service
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/choir
 	rm -f $(DESTDIR)$(MANDIR)/choirctl.1 $(DESTDIR)$(BASHCOMPDIR)/choirctl $(DESTDIR)$(ZSHCOMPDIR)/_choirctl $(DESTDIR)$(FISHCOMPDIR)/choirctl.fish
 

@@ -138,6 +138,12 @@ impl Home {
         self.root.join("pg")
     }
 
+    /// The lock held by whichever process keeps the managed cluster running
+    /// (choird, or `choird cluster`: `db::keeping`).
+    pub fn pg_keeper_lock(&self) -> PathBuf {
+        self.root.join("pg-keeper.lock")
+    }
+
     /// Creates the layout: directories, a starter `config.json` and an empty
     /// `secrets.json` (mode 0600) when they do not exist. Existing files are
     /// never rewritten. Returns whether the starter config was written now

@@ -7,6 +7,7 @@ pub mod api;
 pub mod arg_policies;
 pub mod backup;
 pub mod budget;
+pub mod cluster_unit;
 pub mod config;
 pub mod console;
 pub mod conversations;

@@ -8,6 +8,7 @@ usage: choird [--home DIR]
        choird doctor [--home DIR]
        choird restore FILE [--home DIR] [--managed | --database-url-stdin]
        choird workspaces mount|release [--home DIR]
+       choird cluster [--home DIR]
        choird logs [AGENT] [--since T] [--level L] [--grep S] [--limit N] [--home DIR]
 
 Runs the Choir control plane. The state directory is DIR, else $CHOIR_HOME,
@@ -25,6 +26,10 @@ image, making each that is missing, for a choird that runs unprivileged
 (the systemd unit runs it before choird starts and on reload);
 `workspaces release` unmounts them (after choird stops).
 
+`cluster` keeps the home's managed PostgreSQL running in a process of
+its own (the choir-db unit), so a restart of choird leaves the database
+up; choird adopts it. It logs to stderr only.
+
 `logs` reads the home's log files (archives included) with no choird
 running, as `choirctl logs` does then: one JSON object, the page of
 records (T is RFC 3339).";
@@ -41,6 +46,8 @@ enum Mode {
     Workspaces { release: bool },
     /// Read the log files offline.
     Logs(LogArgs),
+    /// Keep the managed cluster running in a process of its own.
+    Cluster,
 }
 
 /// `choird logs`' filters, as given.
@@ -92,6 +99,7 @@ fn real_main() -> anyhow::Result<()> {
                 mode = Mode::Workspaces { release };
             }
             Value(word) if matches!(mode, Mode::Serve) && word == "logs" => mode = Mode::Logs(LogArgs::default()),
+            Value(word) if matches!(mode, Mode::Serve) && word == "cluster" => mode = Mode::Cluster,
             Value(agent) if matches!(&mode, Mode::Logs(a) if a.agent.is_none()) => {
                 if let Mode::Logs(a) = &mut mode {
                     a.agent = Some(agent.string()?);
@@ -143,6 +151,7 @@ fn real_main() -> anyhow::Result<()> {
         Mode::Restore { file, into } => return restore(&home, &file, into),
         Mode::Workspaces { release } => return workspaces(&home, release),
         Mode::Logs(args) => return logs(&home, &args),
+        Mode::Cluster => return cluster(home),
     }
     init_logging(&home);
     let default_agent_binary = std::env::current_exe()
@@ -191,6 +200,18 @@ fn logs(home: &std::path::Path, a: &LogArgs) -> anyhow::Result<()> {
 
 /// Logs to stderr (human) and to `logs/choird.log` (JSON, rotated and
 /// archived by the log manager); level from `RUST_LOG`, default info.
+/// `choird cluster`: the managed cluster kept by a process of its own.
+fn cluster(home: PathBuf) -> anyhow::Result<()> {
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let filters = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
+    if let Err(e) = choird::logs::facade::Facade::install_stderr_only(&filters) {
+        eprintln!("choird: cannot set up logging: {e}");
+    }
+    #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
+    let notify_socket = std::env::var_os("NOTIFY_SOCKET");
+    choird::cluster_unit::run(home, notify_socket)
+}
+
 fn init_logging(home: &std::path::Path) {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     let filters = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());

@@ -22,6 +22,7 @@ use crate::api::Router;
 use crate::config::Config;
 use crate::daemon::{Daemon, Parts};
 use crate::db::cluster::ManagedCluster;
+use crate::db::keeping;
 use crate::db::Db;
 use crate::error::Error;
 use crate::home::Home;
@@ -167,11 +168,26 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         Some(url) => (None, url.clone(), "external".to_owned()),
         None => {
             let bin = ManagedCluster::find_bin_dir(config.postgres_bin_dir.as_deref())?;
-            let cluster = Arc::new(ManagedCluster::start(&home.pg(), &bin)?);
-            let url = cluster.url();
-            (Some(cluster), url, format!("managed ({})", home.pg().display()))
+            let lock = home.pg_keeper_lock();
+            match keeping::claim(&lock).map_err(|e| anyhow::anyhow!("{}: {e}", lock.display()))? {
+                Some(keeping) => {
+                    let cluster = Arc::new(ManagedCluster::start(&home.pg(), &bin)?);
+                    let url = cluster.url();
+                    (Some((cluster, keeping)), url, format!("managed ({})", home.pg().display()))
+                }
+                None => {
+                    let by = keeping::holder(&lock).map(|p| format!(" (pid {p})")).unwrap_or_default();
+                    log::info!(
+                        "the managed PostgreSQL is kept by `choird cluster`{by}: adopting it; a restart of choird leaves it running"
+                    );
+                    let cluster = ManagedCluster::adopt(&home.pg(), &bin, KEPT_CLUSTER_PATIENCE)?;
+                    let url = cluster.url();
+                    (None, url, format!("managed ({}), kept by `choird cluster`{by}", home.pg().display()))
+                }
+            }
         }
     };
+    let (cluster, _keeping) = cluster.unzip();
     let clock: Arc<dyn crate::schedule::clock::Clock> = match opts.clock_file {
         Some(path) => {
             log::warn!("the scheduler reads its time from {} (a test clock), not the system clock", path.display());
@@ -203,6 +219,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     result
 }
+
+/// How long choird waits for a cluster `choird cluster` keeps to accept
+/// connections (it may be running initdb, or recovery after a crash).
+const KEPT_CLUSTER_PATIENCE: Duration = Duration::from_secs(120);
 
 /// What choird runs with besides its files: the agent binary and the
 /// scheduler's clock.
@@ -296,10 +316,10 @@ fn serve(
     };
     // The managed cluster is kept running like an agent; its admins hear
     // of an outage through the Bot API itself (the outbox is in the database).
-    let keeper_stop = Arc::new(AtomicBool::new(false));
+    let (keeper_stop, stop) = crossbeam_channel::bounded::<()>(1);
     let keeper = match (&cluster, &db_health) {
         (Some(cluster), Some(health)) => {
-            let (cluster, health, stop, tg) = (cluster.clone(), health.clone(), keeper_stop.clone(), tg.clone());
+            let (cluster, health, tg) = (cluster.clone(), health.clone(), tg.clone());
             Some(std::thread::Builder::new().name("pg-keeper".into()).spawn(move || {
                 crate::db::keeper::run(cluster.as_ref(), &health, &stop, &|text| {
                     crate::telegram::alert_admins_directly(&tg, text)
@@ -397,7 +417,7 @@ fn serve(
     console.stop();
     events_stop.store(true, Ordering::SeqCst);
     let _ = events_thread.join();
-    keeper_stop.store(true, Ordering::SeqCst);
+    drop(keeper_stop);
     if let Some(k) = keeper {
         let _ = k.join();
     }

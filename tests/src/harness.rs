@@ -457,3 +457,85 @@ pub fn install_shipped_tool(dir: &Path, stem: &str) {
         std::fs::copy(src.join(&name), dir.join(&name)).unwrap();
     }
 }
+
+/// `choird cluster` on a home, as the `choir-db` unit runs it: the managed
+/// cluster kept by a process of its own, which a choird on that home adopts
+/// and leaves running. Dropping it stops it with SIGTERM (it stops the
+/// cluster); a postmaster still alive after that (its home deleted under
+/// it) gets PostgreSQL's immediate shutdown, so no test leaves one behind.
+pub struct ClusterKeeper {
+    child: Child,
+    postmaster: Option<u32>,
+}
+
+impl ClusterKeeper {
+    /// Starts `choird cluster` on `home` and waits (60 s at most) for its
+    /// READY=1, read from a notify socket of the test's own.
+    pub fn start(home: &Path) -> ClusterKeeper {
+        let dir = tempfile::tempdir().unwrap();
+        let notify = dir.path().join("notify");
+        let sock = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let child = ClusterKeeper::command(home)
+            .env("NOTIFY_SOCKET", &notify)
+            .stderr(std::fs::File::create(home.join("cluster.stderr")).unwrap())
+            .spawn()
+            .expect("spawn choird cluster");
+        let mut keeper = ClusterKeeper { child, postmaster: None };
+        let mut buf = [0u8; 256];
+        let n = sock.recv(&mut buf).unwrap_or_else(|e| {
+            let err = std::fs::read_to_string(home.join("cluster.stderr")).unwrap_or_default();
+            panic!("choird cluster said nothing to systemd within 60 s ({e}):\n{err}")
+        });
+        assert_eq!(&buf[..n], b"READY=1", "choird cluster's first word to systemd");
+        keeper.postmaster = choird::db::cluster::ManagedCluster::postmaster_pid(&home.join("pg"));
+        assert!(keeper.postmaster.is_some(), "the cluster runs once choird cluster says READY");
+        keeper
+    }
+
+    /// The command running `choird cluster` on `home`.
+    pub fn command(home: &Path) -> Command {
+        let mut cmd = Command::new(bin("choird"));
+        cmd.arg("cluster").arg("--home").arg(home).stdin(Stdio::null()).stdout(Stdio::null());
+        cmd
+    }
+
+    /// The postmaster's pid when `choird cluster` said READY.
+    pub fn postmaster(&self) -> u32 {
+        self.postmaster.unwrap_or(0)
+    }
+
+    /// Stops it (SIGTERM) and returns its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break self.child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Still there (not a reused pid: it is still PostgreSQL's) only when
+        // the clean stop failed.
+        let left = self
+            .postmaster
+            .take()
+            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("postgres")));
+        if let Some(pid) = left.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::QUIT);
+        }
+        status
+    }
+}
+
+impl Drop for ClusterKeeper {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -57,3 +57,74 @@ fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
     assert!(!pg.join("data/postmaster.pid").exists(), "the managed PostgreSQL was stopped");
     assert!(!choird.home.path().join("socks/choird.sock").exists(), "the admin socket was removed");
 }
+
+/// Runs `cmd` expecting it to exit by itself within 30 s; its status and stderr.
+fn run_to_exit(mut cmd: std::process::Command) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("it did not exit within 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The managed cluster in a unit of its own (`choird cluster`, the choir-db
+/// unit): choird adopts it, a restart of choird leaves the very same server
+/// running, and only one of the two keeps a home's cluster at a time —
+/// whichever comes second is refused and changes nothing. The control: a
+/// choird that keeps the cluster itself stops it when it stops.
+#[test]
+fn a_cluster_kept_by_choird_cluster_outlives_choird_restarts() {
+    use choir_tests::harness::{ClusterKeeper, TempHome};
+    use choird::db::cluster::ManagedCluster;
+    if ManagedCluster::find_bin_dir(None).is_err() {
+        assert!(!choir_tests::services_required(), "PostgreSQL is required");
+        eprintln!("SKIPPED: no PostgreSQL server binaries");
+        return;
+    }
+    let fake = FakeLlm::with_responder(|_, _| Some(Step::Text("ok".into())));
+    let config = test_config(&fake.base_url(), None, &["demo"]);
+    let home = TempHome::new(&config, &json!({"llm_key": "k"}));
+    let (home_dir, pg) = (home.path().to_owned(), home.path().join("pg"));
+
+    // choird alone keeps its cluster: `choird cluster` is refused meanwhile.
+    let mut choird = Choird::start_in(home);
+    let alone = ManagedCluster::postmaster_pid(&pg).expect("choird started its cluster");
+    let (status, err) = run_to_exit(ClusterKeeper::command(&home_dir));
+    assert!(!status.success() && err.contains("kept already by pid"), "{status}: {err}");
+    assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(alone), "the refused keeper changed nothing");
+    // The control: choird stopping stops the cluster it keeps.
+    assert!(choird.stop().unwrap().success(), "{}", choird.stderr());
+    assert_eq!(ManagedCluster::postmaster_pid(&pg), None, "choird stopped the cluster it kept");
+
+    // With `choird cluster` keeping it, choird adopts it and leaves it.
+    let mut keeper = ClusterKeeper::start(&home_dir);
+    let kept = keeper.postmaster();
+    choird.spawn_again();
+    choird.wait_ready();
+    let status = choird.ctl_ok(&["status"]);
+    assert!(status.contains("kept by `choird cluster`"), "{status}");
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "hi"]), "ok\n");
+    for _ in 0..2 {
+        choird.restart();
+        assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(kept), "a choird restart left the same server");
+    }
+    choird.wait_running("demo");
+    assert_eq!(choird.ctl_ok(&["chat", "demo", "after the restarts"]), "ok\n");
+    // A second keeper is refused while the first holds the cluster.
+    let (status, err) = run_to_exit(ClusterKeeper::command(&home_dir));
+    assert!(!status.success() && err.contains("kept already by pid"), "{status}: {err}");
+    assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(kept), "the refused keeper changed nothing");
+    // choird stopped: the cluster stays; the keeper stopped: it goes.
+    assert!(choird.stop().unwrap().success(), "{}", choird.stderr());
+    assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(kept), "choird left the kept cluster running");
+    assert!(keeper.stop().unwrap().success(), "choird cluster stopped cleanly");
+    assert_eq!(ManagedCluster::postmaster_pid(&pg), None, "choird cluster stopped the cluster");
+    assert!(!pg.join("data/postmaster.pid").exists(), "a clean shutdown, not a crash");
+}

@@ -67,6 +67,8 @@ fn make_install_into_destdir_works_without_root_and_uninstall_removes_it() {
     assert!(stage.path().join("usr/share/doc/choir/README.md").is_file());
     let unit = std::fs::read_to_string(stage.path().join("etc/systemd/system/choird.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/bin/choird") && !unit.contains("@PREFIX@"), "{unit}");
+    let db_unit = std::fs::read_to_string(stage.path().join("etc/systemd/system/choir-db.service")).unwrap();
+    assert!(db_unit.contains("ExecStart=/usr/bin/choird cluster") && !db_unit.contains("@PREFIX@"), "{db_unit}");
     let man = std::fs::read_to_string(stage.path().join("usr/share/man/man1/choirctl.1")).unwrap();
     assert!(man.contains(".TH choirctl") && man.contains("reload"), "the man page from the command definitions");
     for (file, says) in [
@@ -82,6 +84,7 @@ fn make_install_into_destdir_works_without_root_and_uninstall_removes_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!stage.path().join("usr/bin/choird").exists());
     assert!(!stage.path().join("etc/systemd/system/choird.service").exists());
+    assert!(!stage.path().join("etc/systemd/system/choir-db.service").exists());
     assert!(!stage.path().join("usr/share/doc/choir").exists());
     assert!(!stage.path().join("usr/share/man/man1/choirctl.1").exists());
     assert!(!stage.path().join("usr/share/zsh/vendor-completions/_choirctl").exists());

@@ -54,6 +54,24 @@ fn the_systemd_unit_bounds_choird() {
     ] {
         assert!(unit.lines().any(|l| l.starts_with(key)), "packaging/choird.service has no {key}");
     }
+    // The database's own unit: choird waits for it, it runs as choird's
+    // user on choird's home, and SIGTERM reaches `choird cluster` alone, so
+    // PostgreSQL stops in order.
+    assert!(
+        unit.lines().any(|l| l.starts_with("After=") && l.contains("choir-db.service")),
+        "choird starts after choir-db"
+    );
+    let db = std::fs::read_to_string(root.join("packaging/choir-db.service")).unwrap();
+    for key in [
+        "Type=notify",
+        "KillMode=mixed",
+        "User=choir",
+        "Environment=CHOIR_HOME=/var/lib/choir",
+        "UMask=0077",
+        "NoNewPrivileges=yes",
+    ] {
+        assert!(db.lines().any(|l| l.starts_with(key)), "packaging/choir-db.service has no {key}");
+    }
 }
 
 /// choirctl is a client: it links none of the daemon (its offline work is

@@ -47,7 +47,8 @@ mod reply;
 
 pub use reply::{RecallThroughReply, WITHHELD_WAIT};
 
-/// Liveness heartbeat period.
+/// The longest link-reply waits before it looks again at a lost lease or a
+/// close.
 const PERIOD: Duration = Duration::from_secs(5);
 /// How long a stopping agent keeps trying to reach choird before it leaves
 /// (its committed events are safe in the local log either way).

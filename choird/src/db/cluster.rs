@@ -184,6 +184,29 @@ impl ManagedCluster {
         Ok(cluster)
     }
 
+    /// Adopts the cluster in `dir` that another process keeps (`choird
+    /// cluster`, a unit of its own): waits at most `timeout` for its pid
+    /// file to say a live postmaster accepts connections (that process may
+    /// be running initdb or recovery), then makes sure the `choir` database
+    /// exists. Never starts or initialises the server itself.
+    pub fn adopt(dir: &Path, bin: &Path, timeout: std::time::Duration) -> Result<ManagedCluster, ClusterError> {
+        let cluster = ManagedCluster { dir: dir.to_owned(), bin: bin.to_owned() };
+        let until = std::time::Instant::now() + timeout;
+        while !PidFile::read(dir).is_some_and(|pm| pm.ready && is_postmaster(pm.pid)) {
+            if std::time::Instant::now() >= until {
+                return Err(ClusterError::Start(format!(
+                    "the managed PostgreSQL in {} is kept by another process (`choird cluster`), but it did not accept connections within {} s; see {}",
+                    dir.display(),
+                    timeout.as_secs(),
+                    dir.join("postgres.log").display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        cluster.ensure_database()?;
+        Ok(cluster)
+    }
+
     /// The directory holding the socket.
     pub fn socket_dir(&self) -> PathBuf {
         self.dir.join("run")

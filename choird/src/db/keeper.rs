@@ -15,7 +15,7 @@
 //! off to [`MAX_BACKOFF`]: a cluster that cannot start (a full disk) is
 //! tried again every half minute until it can, never in a tight loop.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -88,21 +88,18 @@ impl Server for ManagedCluster {
     }
 }
 
-/// Runs until `stop`: looks every [`LOOK_EVERY`], starts the server when it
-/// is down, and calls `alert` once per outage after [`ALERT_AFTER`] failed
-/// starts (and once more when it is back after an alert).
-pub fn run(server: &dyn Server, health: &Health, stop: &AtomicBool, alert: &dyn Fn(&str)) {
+/// Runs until `stop` says so or its sender is gone: looks every
+/// [`LOOK_EVERY`], starts the server when it is down, and calls `alert` once
+/// per outage after [`ALERT_AFTER`] failed starts (and once more when it is
+/// back after an alert). Between looks it sleeps on the channel, so an idle
+/// choird's keeper wakes once a look, not to poll a flag.
+pub fn run(server: &dyn Server, health: &Health, stop: &Receiver<()>, alert: &dyn Fn(&str)) {
     let mut keeper = Keeper::default();
-    while !stop.load(Ordering::SeqCst) {
+    loop {
         keeper.look(server, health, Instant::now(), alert);
-        sleep_unless(stop, LOOK_EVERY);
-    }
-}
-
-fn sleep_unless(stop: &AtomicBool, d: Duration) {
-    let until = Instant::now() + d;
-    while !stop.load(Ordering::SeqCst) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+        if !matches!(stop.recv_timeout(LOOK_EVERY), Err(RecvTimeoutError::Timeout)) {
+            return;
+        }
     }
 }
 

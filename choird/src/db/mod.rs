@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod keeper;
+pub mod keeping;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};

@@ -2,6 +2,8 @@
 //! terminal or the journal) and to `logs/choird.log` as JSON through the
 //! [`LogManager`]. A message that begins `agent <id>` is tagged with that
 //! agent, so `choirctl logs <id>` shows what choird said about it.
+//! `choird cluster`, a second process on the same home, logs to stderr
+//! only: one writer per log file.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -14,12 +16,21 @@ use super::{now, LogManager};
 /// The logger.
 pub struct Facade {
     filter: env_filter::Filter,
-    manager: Arc<LogManager>,
+    manager: Option<Arc<LogManager>>,
 }
 
 impl Facade {
     /// Installs the logger for the process (`filters`: `RUST_LOG` syntax).
     pub fn install(manager: Arc<LogManager>, filters: &str) -> Result<(), log::SetLoggerError> {
+        Facade::install_to(Some(manager), filters)
+    }
+
+    /// Installs a logger writing to stderr alone.
+    pub fn install_stderr_only(filters: &str) -> Result<(), log::SetLoggerError> {
+        Facade::install_to(None, filters)
+    }
+
+    fn install_to(manager: Option<Arc<LogManager>>, filters: &str) -> Result<(), log::SetLoggerError> {
         let filter = env_filter::Builder::new().parse(filters).build();
         let max = filter.filter();
         log::set_boxed_logger(Box::new(Facade { filter, manager }))?;
@@ -55,11 +66,15 @@ impl log::Log for Facade {
             msg,
         };
         let _ = writeln!(std::io::stderr().lock(), "{}", r.human());
-        self.manager.own(r);
+        if let Some(m) = &self.manager {
+            m.own(r);
+        }
     }
 
     fn flush(&self) {
-        self.manager.flush(std::time::Duration::from_secs(2));
+        if let Some(m) = &self.manager {
+            m.flush(std::time::Duration::from_secs(2));
+        }
     }
 }
 

@@ -1,0 +1,68 @@
+//! Who keeps the managed cluster running: choird itself, or `choird
+//! cluster` — a process of its own (the `choir-db` systemd unit), so that
+//! restarting choird does not stop and start PostgreSQL (most of a
+//! restart's time) and every agent finds the database where it was.
+//!
+//! The keeper is whichever process holds the home's `pg-keeper.lock` (an
+//! exclusive `flock`, released by the kernel when the process ends, however
+//! it ends). choird claims it at start: when it gets it, it starts, watches
+//! (`pg-keeper`) and at exit stops the cluster, as it always has; when a
+//! live `choird cluster` holds it, choird only adopts the cluster (waits
+//! for it to accept connections) and leaves it running at exit.
+//!
+//! **Invariant:** at most one process starts, restarts or stops a home's
+//! cluster: the one holding the lock. Two keepers would race `pg_ctl`
+//! (one's start fails on the other's pid file, one's keeper restarts what
+//! the other just stopped).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// The keeping of a home's cluster, held until dropped.
+#[derive(Debug)]
+pub struct KeeperLock {
+    _file: File,
+}
+
+/// Claims the keeping of the cluster whose lock file is `path`: `Ok(Some)`
+/// when this process now keeps it, `Ok(None)` when another live process
+/// does (its pid is in the file, for the log).
+pub fn claim(path: &Path) -> std::io::Result<Option<KeeperLock>> {
+    let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
+    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Ok(None);
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(Some(KeeperLock { _file: file }))
+}
+
+/// The pid the lock file at `path` names (the keeper's, when it is held).
+pub fn holder(path: &Path) -> Option<u32> {
+    let mut text = String::new();
+    File::open(path).ok()?.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_second_claim_on_a_held_lock_is_refused_and_succeeds_once_it_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pg-keeper.lock");
+        let first = claim(&path).unwrap();
+        assert!(first.is_some(), "a free lock is claimed");
+        assert_eq!(holder(&path), Some(std::process::id()));
+        // flock locks belong to the open file description: a second open,
+        // even in this process, is refused while the first is held.
+        assert!(claim(&path).unwrap().is_none(), "a held lock is not claimed twice");
+        drop(first);
+        assert!(claim(&path).unwrap().is_some(), "a released lock is claimed again");
+    }
+}
