@@ -15,7 +15,7 @@ BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/vendor-completions
 FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 
-.PHONY: all deps build-deps runtime-deps base-image base-image-python build release code-order index-trial demo test lint fmt bench bench-memory install uninstall clean
+.PHONY: all deps build-deps runtime-deps base-image base-image-python build release code-order index-trial demo test lint fmt bench bench-memory bench-peers install uninstall clean
 
 all: build
 
@@ -112,6 +112,14 @@ bench: deps base-image release
 	target/release/bench-soak
 	CHOIR_BENCH_N=50000 CHOIR_BENCH_DATA=clustered CHOIR_BENCH_UPSERTS=2000 target/release/bench-memory
 	./scripts/bench-table.sh $(BENCH_TABLE)
+
+# Choir beside nanobot and ZeroClaw (pinned; installed into target/peers by
+# scripts/install-peers.sh, nothing system-wide), one fake model, one
+# interleaved run at 1, 5 and 10 agents: docs/benchmarks.md, "Beside the
+# peers". Not part of `make bench`: the first ZeroClaw build is long.
+bench-peers: deps release
+	./scripts/install-peers.sh target/peers
+	target/release/bench-peers
 
 # The memory store at scale (1,000,000 vectors; about 12 minutes); `make
 # bench` runs it short (50,000 vectors, 2,000 upserts).

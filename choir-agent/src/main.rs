@@ -16,9 +16,6 @@ Started by choird. The lease token is read from the first line of stdin.";
 fn main() {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     choir_common::malloc::limit_arenas(std::env::var_os("MALLOC_ARENA_MAX").is_some());
-    // Faults map about the code that runs (each its 64 KiB neighbourhood),
-    // not whatever else of the binary is cached (code_pages::drop_unmapped_cache).
-    choir_common::code_pages::drop_unmapped_cache();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         // One record, one line: whatever a client or a model put in a
         // message (newlines, escape sequences) is escaped, never a new line.

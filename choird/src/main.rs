@@ -71,9 +71,6 @@ enum Into {
 fn main() {
     #[allow(clippy::disallowed_methods)] // The binary's edge: the only environment reads.
     choir_common::malloc::limit_arenas(std::env::var_os("MALLOC_ARENA_MAX").is_some());
-    // Faults map about the code that runs (each its 64 KiB neighbourhood),
-    // not whatever else of the binary is cached (code_pages::drop_unmapped_cache).
-    choir_common::code_pages::drop_unmapped_cache();
     if let Err(e) = real_main() {
         eprintln!("choird: {}", choir_common::text::causes_once(e.chain()));
         std::process::exit(1);

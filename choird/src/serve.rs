@@ -480,6 +480,8 @@ fn signal_loop(
         if rounds.is_multiple_of(5) {
             daemon.end_frozen_agents();
             daemon.end_silent_agents();
+            // A quiet choird holds no database connection (`db::Db`).
+            daemon.store.db.close_unused();
         }
         for (id, session) in daemon.stale_sessions() {
             log::warn!(

@@ -60,9 +60,6 @@ pub struct GivenBack {
     /// Mappings the kernel refused the advice for (locked ones, say): they
     /// stay resident.
     pub refused: usize,
-    /// Whether the hint to drop the executable's cached pages no process
-    /// maps was given (see [`give_back`]); the kernel may still keep them.
-    pub cache_advised: bool,
 }
 
 /// Why nothing was given back.
@@ -429,32 +426,7 @@ pub fn give_back() -> Result<GivenBack, Error> {
             Err(_) => done.refused += 1,
         }
     }
-    if done.mappings > 0 {
-        done.cache_advised = drop_unmapped_cache();
-    }
     Ok(done)
-}
-
-/// Asks the kernel to drop the executable's cached pages that no process
-/// maps (`POSIX_FADV_DONTNEED`: a hint; a page mapped anywhere, by this
-/// process or another, stays); whether the hint could be given. Called
-/// first thing in `main` and again by [`give_back`]. Why: pages of the binary
-/// already in the page cache (a fresh install or copy, an earlier run) are
-/// mapped by each fault's fault-around whether or not their code runs, so a
-/// process's resident code grows with what happens to be cached; read back
-/// by faults, about the code that runs comes in (each fault still maps its
-/// 64 KiB neighbourhood). Measured (DESIGN.md, "Measurements"), release
-/// builds freshly copied, short soak, three paired runs: with the call
-/// choird 9.5–9.6 MB and agents 5.8–5.9 MB at 4,000 turns, without it
-/// 9.7–9.9 and 5.8–6.0 MB — 0.1–0.4 MB of choird, 0–0.2 MB of an agent:
-/// margin under the agents' 6 MB target. The cost: a start reads the binary
-/// from the disk instead of the cache (a restart too), and another process
-/// running the same binary reads again what it had cached but not mapped.
-#[cfg(target_os = "linux")]
-pub fn drop_unmapped_cache() -> bool {
-    std::fs::File::open("/proc/self/exe")
-        .and_then(|f| Ok(rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?))
-        .is_ok()
 }
 
 /// [`give_back`] with its outcome logged (at debug: an internal of start-up,
@@ -471,21 +443,12 @@ pub fn give_back_logged() {
                 g.mappings,
                 g.library_mappings
             );
-            if !g.cache_advised && g.mappings > 0 {
-                log::debug!("the binary's unmapped cached pages could not be advised away (/proc/self/exe unreadable)");
-            }
             if g.refused > 0 {
                 log::debug!("{} mappings of the binary's code refused MADV_DONTNEED; they stay resident", g.refused);
             }
         }
         Err(e) => log::debug!("start-up's code pages not given back: {e}"),
     }
-}
-
-/// Elsewhere, nothing is dropped.
-#[cfg(not(target_os = "linux"))]
-pub fn drop_unmapped_cache() -> bool {
-    false
 }
 
 /// Elsewhere, nothing is given back.
@@ -894,7 +857,6 @@ Swap:                  0 kB
         assert!(done.mappings >= 1 && done.refused == 0, "{done:?}");
         // libc's read-only segments (its text, at least) among them.
         assert!(done.library_mappings >= 1 && done.library_mappings < done.mappings, "{done:?}");
-        assert!(done.cache_advised, "the hint to drop the unmapped cache is given: {done:?}");
         assert!(done.resident_before >= before / 2, "{done:?} vs {before}");
         assert!(after < before, "resident code {before} -> {after} bytes");
         // Code dropped is faulted in again: parsing (not run since) still works.

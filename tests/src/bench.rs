@@ -200,14 +200,48 @@ pub fn system_cpu(choird_pid: u32, postmaster: u32) -> [Duration; 3] {
 /// Total CPU time (user + system) `pid` has used, from `/proc/PID/stat`;
 /// zero when it is gone.
 pub fn cpu_time(pid: u32) -> Duration {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let f: Vec<u64> =
-                stat.rsplit_once(')')?.1.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
-            Some(f.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
+    stat_cpu(&format!("/proc/{pid}/stat")).map_or(Duration::ZERO, |(_, d)| d)
+}
+
+/// A `stat` file's name field and its utime + stime.
+fn stat_cpu(path: &str) -> Option<(String, Duration)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_owned();
+    let ticks: u64 = rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum();
     // USER_HZ is 100 on every Linux Choir runs on.
-    Duration::from_millis(ticks * 10)
+    Some((name, Duration::from_millis(ticks * 10)))
+}
+
+/// CPU time so far of every thread of `pids`, by "process/thread" name
+/// (threads of the same name summed; a PostgreSQL process named by its
+/// role — `postgres/backend`, `postgres/walwriter` — from its title). A
+/// thread that ended is not counted: compare the sum with [`cpu_time`]'s.
+pub fn thread_cpu(pids: &[u32]) -> std::collections::BTreeMap<String, Duration> {
+    let mut by = std::collections::BTreeMap::new();
+    for pid in pids {
+        let Some((process, _)) = stat_cpu(&format!("/proc/{pid}/stat")) else { continue };
+        let process = if process == "postgres" {
+            let title = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let role = title.trim_end_matches('\0').strip_prefix("postgres: ").unwrap_or("postmaster");
+            // Backends' titles are "user database [local] STATE".
+            if role.contains("[local]") {
+                "postgres/backend".to_owned()
+            } else {
+                format!("postgres/{role}")
+            }
+        } else {
+            process
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for task in tasks.flatten() {
+            let path = task.path().join("stat");
+            if let Some((thread, cpu)) = stat_cpu(&path.to_string_lossy()) {
+                let key =
+                    if process.starts_with("postgres/") { process.clone() } else { format!("{process}/{thread}") };
+                *by.entry(key).or_insert(Duration::ZERO) += cpu;
+            }
+        }
+    }
+    by
 }

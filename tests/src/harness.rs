@@ -505,8 +505,17 @@ impl ClusterKeeper {
         self.postmaster.unwrap_or(0)
     }
 
-    /// Stops it (SIGTERM) and returns its exit status.
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it (SIGTERM) and returns its exit status (at once when it has
+    /// ended already: a reaped pid is never signalled, it may be reused).
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(s)) = self.child.try_wait() {
+            return Some(s);
+        }
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }

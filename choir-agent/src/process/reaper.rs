@@ -11,8 +11,10 @@
 //! released), and by a background sweep otherwise: every [`SWEEP_EVERY`]
 //! while tools start processes, the pause doubling up to [`SWEEP_IDLE`]
 //! while sweeps find nothing and no tool starts one (an idle agent wakes
-//! for it every few seconds instead of four times a second); starting a
-//! process brings the pace back at once.
+//! for it twice a minute instead of four times a second: what a call left
+//! behind is found by the call's own sweep and the fast ones after it, and
+//! only a tool starts processes); starting a process brings the pace back
+//! at once.
 //!
 //! **Invariant:** when a tool call's result is committed, no process it
 //! started is alive: its own process group was killed, and whatever left the
@@ -30,7 +32,7 @@ use parking_lot::Mutex;
 /// How often strays are looked for between calls while tools run.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// The longest pause between background sweeps, reached while idle.
-pub const SWEEP_IDLE: Duration = Duration::from_secs(8);
+pub const SWEEP_IDLE: Duration = Duration::from_secs(32);
 
 /// Tells the background sweep a process was started (its pace goes back
 /// to [`SWEEP_EVERY`]).
@@ -149,7 +151,7 @@ mod tests {
             pause = next_pause(pause, false);
             seen.push(pause.as_millis());
         }
-        assert_eq!(seen, [500, 1000, 2000, 4000, 8000, 8000, 8000, 8000], "doubling to SWEEP_IDLE, no further");
+        assert_eq!(seen, [500, 1000, 2000, 4000, 8000, 16000, 32000, 32000], "doubling to SWEEP_IDLE, no further");
         assert_eq!(next_pause(SWEEP_IDLE, true), SWEEP_EVERY, "a process started or a stray killed: fast again");
     }
 }

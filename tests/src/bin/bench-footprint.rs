@@ -88,6 +88,20 @@ fn measure(n: usize, minutes: u64) {
         samples.push(s);
         std::thread::sleep(Duration::from_secs(10));
     }
+    // What holding no connection while quiet costs: the first turn after
+    // the quiet opens one; the next does not.
+    let timed = |text: &str| {
+        let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
+        let t0 = Instant::now();
+        let mut resp = admin
+            .post("http://localhost/admin/v1/agents/a1/chat")
+            .send_json(json!({"text": text, "conversation": "after", "timeout_s": 60}))
+            .unwrap();
+        let body: serde_json::Value = resp.body_mut().read_json().unwrap();
+        assert_eq!(body["reply"], "ok", "{body}");
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    let (first, next) = (timed("after the quiet"), timed("and again"));
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.sort_by_key(|i| totals[*i]);
     let median = &samples[order[order.len() / 2]];
@@ -101,6 +115,7 @@ fn measure(n: usize, minutes: u64) {
         samples.len(),
         mb(median.choird.rss + median.agents.rss + median.postgres.rss)
     );
+    report!("  the first turn after the quiet {first:.2} ms (opens a database connection), the next {next:.2} ms");
     report!(
         "  choird {} PSS ({} RSS); agents {} PSS in {} process(es) ({} RSS); PostgreSQL {} PSS in {} processes ({} RSS)",
         mb(median.choird.pss),

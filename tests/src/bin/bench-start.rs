@@ -91,9 +91,16 @@ fn main() {
     first_answer(&choird, t0);
     for _ in 0..5 {
         choird.stop();
+        if show_log {
+            choird.set_log_filters("debug");
+            eprintln!("restarting (the cluster kept) at {}", jiff::Timestamp::now());
+        }
         let t0 = Instant::now();
         choird.spawn_again();
         kept.push(first_answer(&choird, t0));
+        if show_log {
+            eprintln!("{}", choird.stderr());
+        }
     }
     choird.stop();
     drop(keeper);

@@ -241,17 +241,48 @@ fn untraced(config: &Value, pg: &TestPg, edge: &FakeLlm, core: &FakeLlm, floor: 
 }
 
 /// CPU used so far by choird, its agents and the cluster (the bench's own
-/// fake model and client not counted).
-fn cpu(choird: &Choird, pg: &TestPg) -> [Duration; 3] {
-    choir_tests::bench::system_cpu(choird.pid(), pg.postmaster_pid())
+/// fake model and client not counted), in all and by thread.
+struct Cpu {
+    parts: [Duration; 3],
+    threads: std::collections::BTreeMap<String, Duration>,
+}
+
+fn cpu(choird: &Choird, pg: &TestPg) -> Cpu {
+    let mut pids = choir_tests::bench::process_tree(choird.pid());
+    pids.extend(choir_tests::bench::process_tree(pg.postmaster_pid()));
+    Cpu {
+        parts: choir_tests::bench::system_cpu(choird.pid(), pg.postmaster_pid()),
+        threads: choir_tests::bench::thread_cpu(&pids),
+    }
+}
+
+/// Where a run's CPU went, per turn, by "process/thread" (the per-hop
+/// breakdown: each hop of a turn runs on a thread of its own), largest
+/// first, with what threads that ended meanwhile used.
+fn cpu_by_thread(before: &Cpu, after: &Cpu, n: usize) -> String {
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
+    let mut used: Vec<(String, Duration)> = after
+        .threads
+        .iter()
+        .map(|(k, v)| (k.clone(), v.saturating_sub(before.threads.get(k).copied().unwrap_or_default())))
+        .filter(|(_, d)| !d.is_zero())
+        .collect();
+    used.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    let counted: Duration = used.iter().map(|(_, d)| *d).sum();
+    let total: Duration = (0..3).map(|i| after.parts[i].saturating_sub(before.parts[i])).sum();
+    let mut out: Vec<String> = used.iter().map(|(k, d)| format!("{k} {:.3}", per(*d))).collect();
+    out.push(format!("threads that ended {:.3}", per(total.saturating_sub(counted))));
+    format!("CPU per turn by thread, ms: {}", out.join(", "))
 }
 
 /// The CPU a run of `n` turns cost the system, per turn: whole, then
-/// choird, agents and PostgreSQL.
-fn cpu_per_turn(before: [Duration; 3], after: [Duration; 3], n: usize) -> String {
+/// choird, agents and PostgreSQL; then by thread.
+fn cpu_per_turn(before: Cpu, after: Cpu, n: usize) -> String {
+    let by_thread = cpu_by_thread(&before, &after, n);
+    let (before, after) = (before.parts, after.parts);
     let per = |i: usize| after[i].saturating_sub(before[i]).as_secs_f64() * 1e3 / n as f64;
     format!(
-        "CPU per turn, whole system {:.2} ms (choird {:.2}, agent {:.2}, PostgreSQL {:.2})",
+        "CPU per turn, whole system {:.2} ms (choird {:.2}, agent {:.2}, PostgreSQL {:.2}); {by_thread}",
         per(0) + per(1) + per(2),
         per(0),
         per(1),
