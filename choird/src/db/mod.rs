@@ -137,11 +137,12 @@ fn unused_too_long<C>(idle: &mut Vec<(C, Instant)>, now: Instant) -> Vec<(C, Ins
 ///
 /// **Invariant:** at most [`MAX_IDLE`] connections wait in the pool, and one
 /// unused for [`IDLE_CLOSE`] is closed — at the pool's next use, or by
-/// [`Db::close_unused`], which choird's main loop calls every second, so a
-/// quiet choird holds no server process at all. Each server process holds
-/// its own catalog caches (the one a quiet choird kept was about 9 MB of
-/// the whole system's PSS); the first turn after a quiet minute opens a
-/// connection again (a few ms, `bench-footprint` measures it).
+/// [`Db::close_unused`], which choird's main loop calls every second. Each
+/// server process holds its own catalog caches (the one a quiet choird
+/// keeps is about 9 MB of the whole system's PSS). Today the scheduler's
+/// look every 5 s keeps one connection in use, so a quiet choird still
+/// holds one; a scheduler that asks the database only when something is
+/// due or changed would let it go.
 pub struct Db {
     config: postgres::Config,
     target: String,

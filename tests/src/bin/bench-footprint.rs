@@ -88,8 +88,8 @@ fn measure(n: usize, minutes: u64) {
         samples.push(s);
         std::thread::sleep(Duration::from_secs(10));
     }
-    // What holding no connection while quiet costs: the first turn after
-    // the quiet opens one; the next does not.
+    // The first turn after the quiet and the next (a turn after a quiet
+    // minute pays for whatever the quiet let go: connections, code pages).
     let timed = |text: &str| {
         let admin = choir_common::unix_http::agent_for_socket(&choird.home.path().join("socks/choird.sock"), None);
         let t0 = Instant::now();
@@ -115,7 +115,7 @@ fn measure(n: usize, minutes: u64) {
         samples.len(),
         mb(median.choird.rss + median.agents.rss + median.postgres.rss)
     );
-    report!("  the first turn after the quiet {first:.2} ms (opens a database connection), the next {next:.2} ms");
+    report!("  the first turn after the quiet {first:.2} ms, the next {next:.2} ms (client included)");
     report!(
         "  choird {} PSS ({} RSS); agents {} PSS in {} process(es) ({} RSS); PostgreSQL {} PSS in {} processes ({} RSS)",
         mb(median.choird.pss),

@@ -531,18 +531,21 @@ fn main() {
     print_table(&table);
 }
 
+/// One row of the table: a figure of a system's [`Row`] (none: not measured).
+type Metric = fn(&Row) -> Option<f64>;
+
 /// The markdown table, each peer's figure with Choir's ratio to it.
 fn print_table(table: &[(usize, Vec<(&'static str, Row)>)]) {
     let ratio = |c: f64, p: f64| if p > 0.0 { format!("{:.2}×", c / p) } else { "–".into() };
     println!("\n| agents | metric | Choir | nanobot (Choir ÷) | ZeroClaw (Choir ÷) |\n|---|---|---|---|---|");
     for (n, rows) in table {
         let [c, nb, zc] = [&rows[0].1, &rows[1].1, &rows[2].1];
-        let metrics: Vec<(&str, Box<dyn Fn(&Row) -> Option<f64>>, &str)> = vec![
-            ("idle, whole system PSS", Box::new(|r: &Row| Some(r.mb())), "MB"),
-            ("overhead per turn p50", Box::new(|r: &Row| Some(r.p(0.5))), "ms"),
-            ("overhead per turn p99", Box::new(|r: &Row| Some(r.p(0.99))), "ms"),
-            ("CPU per turn, all processes", Box::new(|r: &Row| Some(r.cpu_ms())), "ms"),
-            ("restart → first answer", Box::new(|r: &Row| r.restart_ms()), "ms"),
+        let metrics: [(&str, Metric, &str); 5] = [
+            ("idle, whole system PSS", |r| Some(r.mb()), "MB"),
+            ("overhead per turn p50", |r| Some(r.p(0.5)), "ms"),
+            ("overhead per turn p99", |r| Some(r.p(0.99)), "ms"),
+            ("CPU per turn, all processes", |r| Some(r.cpu_ms()), "ms"),
+            ("restart → first answer", Row::restart_ms, "ms"),
         ];
         for (what, f, unit) in metrics {
             let (Some(cv), Some(nv), Some(zv)) = (f(c), f(nb), f(zc)) else { continue };
