@@ -21,6 +21,11 @@ const MAX_FIRING_REPORTS: usize = 64;
 /// system's idle CPU). Events, firings and status go at once, not at a beat.
 const BEAT_EVERY: Duration = Duration::from_secs(20);
 
+/// While events or firing reports wait for choird and the last try failed,
+/// it is tried again at least this often (after each failure's backoff):
+/// a withheld result waits on it, so not at the idle beat's pace.
+const RETRY_EVERY: Duration = Duration::from_secs(5);
+
 /// Events per replication HEARTBEAT.
 const MAX_BATCH_EVENTS: usize = 512;
 
@@ -55,7 +60,8 @@ impl Link {
                 } else if status_due {
                     STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
                 } else {
-                    BEAT_EVERY.saturating_sub(last_beat.elapsed())
+                    let every = if self.log.all_acked() && reports.is_empty() { BEAT_EVERY } else { RETRY_EVERY };
+                    every.saturating_sub(last_beat.elapsed())
                 };
                 select! {
                     recv(firings) -> m => match m {
