@@ -188,29 +188,52 @@ impl Home {
     /// Takes the instance lock (`choird.lock`, `flock`), recording our pid in it.
     pub fn lock(&self) -> Result<HomeLock, HomeError> {
         let path = self.root.join("choird.lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            let pid = pid.trim();
-            return Err(HomeError::AlreadyRunning {
+        match pid_lock(&path).map_err(io_err(&path))? {
+            Some(file) => Ok(HomeLock { _file: file }),
+            None => Err(HomeError::AlreadyRunning {
                 home: self.root.clone(),
+                pid: lock_holder(&path).map(|p| format!(", by pid {p}")).unwrap_or_default(),
                 lock: path,
-                pid: if pid.is_empty() { String::new() } else { format!(", by pid {pid}") },
-            });
+            }),
         }
-        file.set_len(0).map_err(io_err(&path))?;
-        file.rewind().map_err(io_err(&path))?;
-        writeln!(file, "{}", std::process::id()).map_err(io_err(&path))?;
-        Ok(HomeLock { _file: file })
     }
+}
+
+/// Takes an exclusive `flock` on the file at `path` (made 0600 when
+/// missing) and writes this process's pid into it: `Some(file)`, held
+/// until the file closes (the kernel releases it however the process
+/// ends), or `None` when another open of it holds the lock. A link at
+/// `path` is refused, never followed.
+pub fn pid_lock(path: &Path) -> std::io::Result<Option<File>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)?;
+    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Ok(None);
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(Some(file))
+}
+
+/// The pid a [`pid_lock`] file names (its holder's, while it is held).
+pub fn lock_holder(path: &Path) -> Option<u32> {
+    let mut text = String::new();
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .ok()?
+        .take(32)
+        .read_to_string(&mut text)
+        .ok()?;
+    text.trim().parse().ok()
 }
 
 /// Bytes of the regular files directly in `dir` (0 when it is missing).

@@ -59,29 +59,59 @@ impl TempHome {
     /// Runs choird on this home expecting it to exit by itself (start-up
     /// failures); returns its status and stderr.
     pub fn run_choird_to_exit(&self, timeout: Duration) -> (std::process::ExitStatus, String) {
-        let mut child = Command::new(bin("choird"))
-            .arg("--home")
-            .arg(&self.path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn choird");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                return (status, err);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("choird did not exit within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let mut cmd = Command::new(bin("choird"));
+        cmd.arg("--home").arg(&self.path).stdin(Stdio::null()).stdout(Stdio::null());
+        run_to_exit(cmd, timeout)
+    }
+}
+
+/// Runs `cmd` to its end with stderr captured; returns its status and
+/// stderr. Panics (after killing it) when it runs past `timeout`.
+pub fn run_to_exit(mut cmd: Command, timeout: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    // Read stderr on the side: a chatty child must not block on a full pipe.
+    let mut pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut err);
+        err
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
         }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap_or_default())
+}
+
+/// Sends SIGTERM to `child` and waits for it, SIGKILL after `patience`;
+/// returns its status. A child that has ended already is not signalled
+/// (its reaped pid may belong to another process by now).
+pub fn terminate(child: &mut std::process::Child, patience: Duration) -> Option<std::process::ExitStatus> {
+    if let Ok(Some(s)) = child.try_wait() {
+        return Some(s);
+    }
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let deadline = Instant::now() + patience;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            eprintln!("pid {} ignored SIGTERM for {patience:?}; killing it", child.id());
+            let _ = child.kill();
+            return child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -353,22 +383,7 @@ impl Choird {
 
     /// Stops choird with SIGTERM and waits (SIGKILL after 30 s); returns its status.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                eprintln!("choird ignored SIGTERM for 30 s; killing it");
-                let _ = child.kill();
-                return child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        terminate(&mut self.child.take()?, Duration::from_secs(30))
     }
 }
 
@@ -513,23 +528,7 @@ impl ClusterKeeper {
     /// Stops it (SIGTERM) and returns its exit status (at once when it has
     /// ended already: a reaped pid is never signalled, it may be reused).
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
-        if let Ok(Some(s)) = self.child.try_wait() {
-            return Some(s);
-        }
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break self.child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = terminate(&mut self.child, Duration::from_secs(30));
         // Still there (not a reused pid: it is still PostgreSQL's) only when
         // the clean stop failed.
         let left = self

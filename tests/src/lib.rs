@@ -32,6 +32,7 @@ pub mod mcp;
 pub mod observe;
 pub mod page;
 pub mod pg;
+pub mod ports;
 pub mod scenario;
 pub mod tool_calls;
 

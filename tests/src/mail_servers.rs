@@ -6,6 +6,7 @@
 //! made with openssl; the tests trust it through the account's CA file.
 //! As root, both servers run as `nobody`.
 
+use crate::ports::unused_port;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -31,10 +32,6 @@ pub struct MailServers {
     pub smtps_port: u16,
     /// LMTP (delivery).
     pub lmtp_port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn run(cmd: &mut Command) {
@@ -149,7 +146,7 @@ impl MailServers {
             "ext.cnf",
         ]));
         let (imap_port, imaps_port, smtp_port, smtps_port, lmtp_port) =
-            (free_port(), free_port(), free_port(), free_port(), free_port());
+            (unused_port(), unused_port(), unused_port(), unused_port(), unused_port());
         for sub in ["run", "state", "home"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }

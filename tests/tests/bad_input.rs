@@ -120,7 +120,7 @@ fn paths_outside_the_workspace_are_refused() {
 #[test]
 fn an_rpc_with_a_wrong_token_gets_401_and_is_audited() {
     let Some(pg) = TestPg::start() else { return };
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = choir_tests::ports::unused_port();
     let mut config = test_config("http://127.0.0.1:9/v1", Some(&pg.url()), &["demo"]);
     config["http_listen"] = json!(format!("127.0.0.1:{port}"));
     let choird = Choird::start(&config, &json!({}));

@@ -218,7 +218,7 @@ fn logs_follow_sees_a_docker_agents_output_while_it_runs() {
 
 #[test]
 fn a_process_agent_configured_for_http_talks_to_choird_over_http_listen() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = choir_tests::ports::unused_port();
     let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
         .model(vec![
             Step::call("choir.fs.write", json!({"path": "h.txt", "content": "over http"})),

@@ -5,6 +5,7 @@ use choir_tests::fake_embeddings::FakeEmbeddings;
 use choir_tests::fake_llm::{FakeLlm, Step};
 use choir_tests::harness::{test_config, Choird};
 use serde_json::json;
+use std::time::Duration;
 
 #[test]
 fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
@@ -58,21 +59,6 @@ fn choird_runs_and_stops_its_own_postgres_with_pgvector() {
     assert!(!choird.home.path().join("socks/choird.sock").exists(), "the admin socket was removed");
 }
 
-/// Runs `cmd` expecting it to exit by itself within 30 s; its status and stderr.
-fn run_to_exit(mut cmd: std::process::Command) -> (std::process::ExitStatus, String) {
-    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("it did not exit within 30 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 /// The managed cluster in a unit of its own (`choird cluster`, the choir-db
 /// unit): choird adopts it, a restart of choird leaves the very same server
 /// running, and only one of the two keeps a home's cluster at a time —
@@ -95,7 +81,7 @@ fn a_cluster_kept_by_choird_cluster_outlives_choird_restarts() {
     // choird alone keeps its cluster: `choird cluster` is refused meanwhile.
     let mut choird = Choird::start_in(home);
     let alone = ManagedCluster::postmaster_pid(&pg).expect("choird started its cluster");
-    let (status, err) = run_to_exit(ClusterKeeper::command(&home_dir));
+    let (status, err) = choir_tests::harness::run_to_exit(ClusterKeeper::command(&home_dir), Duration::from_secs(30));
     assert!(!status.success() && err.contains("kept already by pid"), "{status}: {err}");
     assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(alone), "the refused keeper changed nothing");
     // The control: choird stopping stops the cluster it keeps.
@@ -118,7 +104,7 @@ fn a_cluster_kept_by_choird_cluster_outlives_choird_restarts() {
     choird.wait_running("demo");
     assert_eq!(choird.ctl_ok(&["chat", "demo", "after the restarts"]), "ok\n");
     // A second keeper is refused while the first holds the cluster.
-    let (status, err) = run_to_exit(ClusterKeeper::command(&home_dir));
+    let (status, err) = choir_tests::harness::run_to_exit(ClusterKeeper::command(&home_dir), Duration::from_secs(30));
     assert!(!status.success() && err.contains("kept already by pid"), "{status}: {err}");
     assert_eq!(ManagedCluster::postmaster_pid(&pg), Some(kept), "the refused keeper changed nothing");
     // choird stopped: the cluster stays; the keeper stopped: it goes.

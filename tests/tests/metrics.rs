@@ -20,7 +20,7 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)])
 
 #[test]
 fn a_scrape_parses_and_counts_agents_turns_tool_calls_and_tokens() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = choir_tests::ports::unused_port();
     let Some(Scenario { pg: _pg, llm: _fake, choird }) = Scenario::new()
         .model(vec![
             Step::call("choir.fs.write", json!({"path": "m.txt", "content": "m"})),

@@ -187,8 +187,9 @@ impl ManagedCluster {
     /// Adopts the cluster in `dir` that another process keeps (`choird
     /// cluster`, a unit of its own): waits at most `timeout` for its pid
     /// file to say a live postmaster accepts connections (that process may
-    /// be running initdb or recovery), then makes sure the `choir` database
-    /// exists. Never starts or initialises the server itself.
+    /// be running initdb or recovery). Never starts or initialises the
+    /// server itself, and never connects: the keeper made the `choir`
+    /// database before it said READY.
     pub fn adopt(dir: &Path, bin: &Path, timeout: std::time::Duration) -> Result<ManagedCluster, ClusterError> {
         let cluster = ManagedCluster { dir: dir.to_owned(), bin: bin.to_owned() };
         let until = std::time::Instant::now() + timeout;
@@ -203,7 +204,8 @@ impl ManagedCluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        cluster.ensure_database()?;
+        // No connection here: the keeper made the database before it said
+        // READY, and choird's pool connects next (one connection, not two).
         Ok(cluster)
     }
 

@@ -15,10 +15,10 @@
 //! (one's start fails on the other's pid file, one's keeper restarts what
 //! the other just stopped).
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::Path;
+
+use crate::home::{lock_holder, pid_lock};
 
 /// The keeping of a home's cluster, held until dropped.
 #[derive(Debug)]
@@ -30,21 +30,12 @@ pub struct KeeperLock {
 /// when this process now keeps it, `Ok(None)` when another live process
 /// does (its pid is in the file, for the log).
 pub fn claim(path: &Path) -> std::io::Result<Option<KeeperLock>> {
-    let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
-    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        return Ok(None);
-    }
-    file.set_len(0)?;
-    file.rewind()?;
-    writeln!(file, "{}", std::process::id())?;
-    Ok(Some(KeeperLock { _file: file }))
+    Ok(pid_lock(path)?.map(|file| KeeperLock { _file: file }))
 }
 
 /// The pid the lock file at `path` names (the keeper's, when it is held).
 pub fn holder(path: &Path) -> Option<u32> {
-    let mut text = String::new();
-    File::open(path).ok()?.take(32).read_to_string(&mut text).ok()?;
-    text.trim().parse().ok()
+    lock_holder(path)
 }
 
 #[cfg(test)]
@@ -64,5 +55,20 @@ mod tests {
         assert!(claim(&path).unwrap().is_none(), "a held lock is not claimed twice");
         drop(first);
         assert!(claim(&path).unwrap().is_some(), "a released lock is claimed again");
+    }
+
+    #[test]
+    fn a_lock_path_that_is_a_link_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "keep me").unwrap();
+        let path = dir.path().join("pg-keeper.lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(claim(&path).is_err(), "a link is not followed");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+        assert_eq!(holder(&path), None);
+        // The control: the same claim on a plain file takes it.
+        std::fs::remove_file(&path).unwrap();
+        assert!(claim(&path).unwrap().is_some());
     }
 }

@@ -95,30 +95,6 @@ fn post(http: &ureq::Agent, url: &str, auth: Option<&str>, body: Value) -> Resul
     Ok(body)
 }
 
-/// A free loopback port (bound and let go: the peers take a port number).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Sends SIGTERM to `child` and waits (30 s, then SIGKILL).
-fn terminate(child: &mut Child) {
-    if child.try_wait().ok().flatten().is_some() {
-        return;
-    }
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().ok().flatten().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Choir: choird, its agents, `choird cluster` and its PostgreSQL.
 struct Choir {
     choird: Choird,
@@ -209,7 +185,7 @@ impl Peer {
         let dir = tempfile::Builder::new().prefix("choir-peer-").tempdir().unwrap();
         let mut peer = Peer { name, dir, command, request, reply, agents: Vec::new(), http: http() };
         for i in 0..n {
-            let port = free_port();
+            let port = choir_tests::ports::unused_port();
             setup(peer.dir.path(), i, port);
             let child = peer.spawn(i, port);
             peer.agents.push((child, port));
@@ -264,7 +240,7 @@ impl System for Peer {
     }
     fn restart(&mut self) {
         let port = self.agents[0].1;
-        terminate(&mut self.agents[0].0);
+        choir_tests::harness::terminate(&mut self.agents[0].0, Duration::from_secs(30));
         self.agents[0].0 = self.spawn(0, port);
     }
 }
@@ -276,7 +252,7 @@ impl Drop for Peer {
             if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);
             }
-            terminate(c);
+            choir_tests::harness::terminate(c, Duration::from_secs(30));
         }
     }
 }

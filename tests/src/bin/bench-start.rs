@@ -58,6 +58,23 @@ fn summary(what: &str, mut v: Vec<Duration>, goal: &str) {
     );
 }
 
+/// Stops choird and starts it again on the same home; the time from the
+/// start to the first answer. With `show_log`, its debug log follows.
+fn restart(choird: &mut Choird, show_log: bool, what: &str) -> Duration {
+    choird.stop();
+    if show_log {
+        choird.set_log_filters("debug");
+        eprintln!("{what} at {}", jiff::Timestamp::now());
+    }
+    let t0 = Instant::now();
+    choird.spawn_again();
+    let took = first_answer(choird, t0);
+    if show_log {
+        eprintln!("{}", choird.stderr());
+    }
+    took
+}
+
 fn main() {
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("ok".into())));
     let mut config = test_config(&llm.base_url(), None, &["a1"]);
@@ -70,17 +87,7 @@ fn main() {
         let t0 = Instant::now();
         let mut choird = Choird::spawn_with_env(home, &[]);
         empty.push(first_answer(&choird, t0));
-        choird.stop();
-        if show_log {
-            choird.set_log_filters("debug");
-            eprintln!("restarting at {}", jiff::Timestamp::now());
-        }
-        let t0 = Instant::now();
-        choird.spawn_again();
-        again.push(first_answer(&choird, t0));
-        if show_log {
-            eprintln!("{}", choird.stderr());
-        }
+        again.push(restart(&mut choird, show_log, "restarting"));
     }
     // The cluster in a unit of its own: started once, kept across restarts.
     let mut kept = Vec::new();
@@ -90,17 +97,7 @@ fn main() {
     let mut choird = Choird::spawn_with_env(home, &[]);
     first_answer(&choird, t0);
     for _ in 0..5 {
-        choird.stop();
-        if show_log {
-            choird.set_log_filters("debug");
-            eprintln!("restarting (the cluster kept) at {}", jiff::Timestamp::now());
-        }
-        let t0 = Instant::now();
-        choird.spawn_again();
-        kept.push(first_answer(&choird, t0));
-        if show_log {
-            eprintln!("{}", choird.stderr());
-        }
+        kept.push(restart(&mut choird, show_log, "restarting (the cluster kept)"));
     }
     choird.stop();
     drop(keeper);
