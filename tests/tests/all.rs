@@ -22,6 +22,7 @@ mod doctor;
 mod e2e;
 mod faults;
 mod hostile;
+mod idle;
 mod lanes;
 mod logs;
 mod mail;

@@ -807,8 +807,9 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
         &[&ids[1]],
     )
     .unwrap();
-    let (ended, _) = store.sweep_firings().unwrap();
-    let mut interrupted: Vec<i64> = ended.iter().map(|e| e.id).collect();
+    let swept = store.sweep_firings().unwrap();
+    assert!(swept.moving, "a firing still runs: the sweep goes on watching");
+    let mut interrupted: Vec<i64> = swept.interrupted.iter().map(|e| e.id).collect();
     interrupted.sort();
     assert_eq!(interrupted, [ids[0], ids[2]], "past 1,800 + 120 s, and past the job's own 300 + 120 s");
     assert_eq!(
@@ -836,6 +837,49 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
         .collect();
     assert_eq!(offered.len(), 2);
     assert_eq!(walls, [("j1".to_owned(), 1_800.0), ("j2".to_owned(), 300.0)]);
+}
+
+/// The sweep says whether it has anything to watch — a firing offered or
+/// running, or due for an agent whose session is live — so an idle
+/// scheduler stops touching the database and choird's connection closes;
+/// a firing due for an agent that is not running waits for its hello.
+#[test]
+fn the_sweep_watches_on_only_while_a_firing_is_offered_running_or_due_to_a_running_agent() {
+    let Some(pg) = TestPg::start() else { return };
+    let db = choird::db::Db::connect(&pg.url()).unwrap();
+    db.migrate().unwrap();
+    let store = choird::store::Store::new(db);
+    let agent = choir_common::ids::AgentId::parse("demo").unwrap();
+    let mut c = pg.client();
+    assert!(!store.sweep_firings().unwrap().moving, "no firing at all");
+    let job: i64 = c
+        .query_one(
+            "INSERT INTO schedule_jobs (agent_id, name, spec, created_by) VALUES ('demo', 'j', '{}', 'op') RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let firing: i64 = c
+        .query_one(
+            "INSERT INTO schedule_firings (job_id, scheduled_for, state) VALUES ($1, now(), 'due') RETURNING id",
+            &[&job],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!store.sweep_firings().unwrap().moving, "due, but its agent is not running");
+    let session = store.create_session(&agent, "process", b"digest").unwrap();
+    let swept = store.sweep_firings().unwrap();
+    assert!(swept.moving, "due to a running agent");
+    assert_eq!(swept.wake, ["demo"]);
+    assert_eq!(store.offer_firings(&agent, session, 1_800).unwrap().len(), 1);
+    assert!(store.sweep_firings().unwrap().moving, "offered");
+    c.execute("UPDATE schedule_firings SET state = 'running', started_at = now() WHERE id = $1", &[&firing]).unwrap();
+    assert!(store.sweep_firings().unwrap().moving, "running");
+    // Its agent stops: the sweep ends the firing and has nothing left to watch.
+    c.execute("UPDATE sessions SET ended_at = now() WHERE id = $1", &[&session]).unwrap();
+    let swept = store.sweep_firings().unwrap();
+    assert_eq!(swept.interrupted.len(), 1);
+    assert!(!swept.moving, "nothing moves once it ended");
 }
 
 /// A job whose stored spec stops reading between the claim of its firing

@@ -622,7 +622,11 @@ impl Daemon {
         }
         choir_common::hop::mark("message.in");
         let replies_begun = self.sessions.replies_begun(&id);
-        let message_id = self.store.insert_message(&id, conversation, sender, text)?;
+        let message_id = self.store.insert_message(&id, conversation, sender, text).inspect_err(|_| {
+            // It may have been stored all the same (its commit's answer
+            // lost): the agent looks (see `Session::looked`).
+            self.sessions.wake(&id);
+        })?;
         choir_common::hop::mark("message.stored");
         // Unbounded: a handful of throttled partials, then one answer (the
         // agent's partials are coalesced to a few a second).

@@ -30,10 +30,15 @@ use crate::store::schedule::{DueJob, Ended, Plan, MAX_MISSED_ROWS};
 pub const GRACE_S: i64 = 30;
 /// Jobs claimed per look.
 const CLAIM_BATCH: i64 = 500;
-/// Firings whose session is gone are tidied this often.
+/// While a firing moves (offered, running, or due to a running agent), the
+/// firings whose session is gone or whose time ran out are tidied this
+/// often; a precondition look that could not be recorded is retried so.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// Longest sleep of the scheduler thread.
-const MAX_NAP: Duration = Duration::from_secs(5);
+/// With nothing moving and nothing due, the scheduler reads the schedule
+/// only this often (a backstop: every change to a job or a firing wakes
+/// it at once), so an idle choird leaves the database alone and its pooled
+/// connection closes after [`crate::db::IDLE_CLOSE`].
+pub const QUIET_LOOK: Duration = Duration::from_secs(300);
 /// Days the firings' record is kept.
 pub const KEEP_FIRINGS_DAYS: i64 = 90;
 /// How often old firings are forgotten.
@@ -199,23 +204,35 @@ impl Daemon {
         }
         self.audit("admin", Some(&agent), "schedule.run_now", "due", json!({"job": name}));
         self.sessions.firing_due(&agent);
+        // A firing moves: the scheduler's sweep watches it.
+        self.schedule.poke();
         Ok(())
     }
 
     /// The scheduler thread: until shutdown, claims what is due, looks at
     /// preconditions, tidies firings, and sleeps until the next due time
-    /// (at most [`MAX_NAP`], or until poked).
+    /// or until poked. It reads the database only when woken by a change,
+    /// when a due time it knows of has come, every [`SWEEP_EVERY`] while a
+    /// firing moves, and every [`QUIET_LOOK`] otherwise.
     pub fn run_scheduler(&self) {
         // Preconditions are looked at on their own thread: a slow look (a
         // URL or a mail server taking its time) never delays a claim.
         std::thread::scope(|s| {
             let looker = std::thread::Builder::new().name("schedule-looks".into()).spawn_scoped(s, || {
+                // Looks when poked (a claim made a firing wait for its
+                // look), every SWEEP_EVERY while the last pass found some
+                // (one whose outcome could not be recorded is retried), and
+                // every QUIET_LOOK else; a nap ends early on a clock's cap.
+                let (mut poked, mut found, mut last) = (true, true, Instant::now());
                 while !self.schedule.stopping() {
-                    let now = self.schedule.clock.now();
-                    if self.held().is_none() {
-                        guarded("precondition looks", || self.look_at_preconditions(now));
+                    let pace = if found { SWEEP_EVERY } else { QUIET_LOOK };
+                    if self.held().is_none() && (poked || last.elapsed() >= pace) {
+                        let now = self.schedule.clock.now();
+                        found = guarded("precondition looks", || self.look_at_preconditions(now)).unwrap_or(true);
+                        last = Instant::now();
                     }
-                    self.schedule.nap_looks(MAX_NAP);
+                    let pace = if found { SWEEP_EVERY } else { QUIET_LOOK };
+                    poked = self.schedule.nap_looks(pace.saturating_sub(last.elapsed()));
                 }
             });
             if let Err(e) = looker {
@@ -228,27 +245,47 @@ impl Daemon {
     fn claim_loop(&self) {
         let mut last_sweep: Option<Instant> = None;
         let mut last_prune: Option<Instant> = None;
+        // What the last read of the schedule found, and when it was made.
+        let mut next_due: Option<Timestamp> = None;
+        let mut last_read: Option<Instant> = None;
+        // Whether the last sweep found a firing to watch (at start: look).
+        let mut moving = true;
+        let mut poked = true;
         while !self.schedule.stopping() {
             let now = self.schedule.clock.now();
             // Held after a restore: nothing fires until `choirctl resume`
             // (firings missed meanwhile follow each job's `missed` rule).
             if self.held().is_some() {
-                self.schedule.nap(MAX_NAP);
+                poked |= self.schedule.nap(SWEEP_EVERY);
                 continue;
             }
-            guarded("claim", || {
-                if let Err(e) = self.claim_due(now) {
-                    log::warn!("scheduler: claiming due firings failed (will retry): {e}");
+            let due = next_due.is_some_and(|t| t <= now);
+            if poked || due || last_read.is_none_or(|t| t.elapsed() >= QUIET_LOOK) {
+                guarded("claim", || {
+                    if let Err(e) = self.claim_due(now) {
+                        log::warn!("scheduler: claiming due firings failed (will retry): {e}");
+                    }
+                });
+                // A claim may have made firings due: the sweep watches them.
+                moving = true;
+                match self.store.next_due_any() {
+                    Ok(t) => (next_due, last_read) = (t, Some(Instant::now())),
+                    Err(e) => {
+                        log::warn!("scheduler: reading the next due time failed (will retry): {e}");
+                        (next_due, last_read) = (Some(now), None);
+                    }
                 }
-            });
-            if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            }
+            let sweep_every = if moving { SWEEP_EVERY } else { QUIET_LOOK };
+            if poked || last_sweep.is_none_or(|t| t.elapsed() >= sweep_every) {
                 last_sweep = Some(Instant::now());
                 match self.store.sweep_firings() {
-                    Ok((ended, again)) => {
-                        ended.iter().for_each(|e| self.firing_ended(e));
-                        for agent in again.iter().filter_map(|a| AgentId::parse(a).ok()) {
+                    Ok(swept) => {
+                        swept.interrupted.iter().for_each(|e| self.firing_ended(e));
+                        for agent in swept.wake.iter().filter_map(|a| AgentId::parse(a).ok()) {
                             self.sessions.firing_due(&agent);
                         }
+                        moving = swept.moving;
                     }
                     Err(e) => log::warn!("scheduler: tidying firings failed: {e}"),
                 }
@@ -262,12 +299,13 @@ impl Daemon {
                     Err(e) => log::warn!("scheduler: forgetting old firings failed: {e}"),
                 }
             }
-            let until = match self.store.next_due_any() {
-                Ok(Some(t)) => When::until(self.schedule.clock.now(), t),
-                Ok(None) => MAX_NAP,
-                Err(_) => Duration::from_secs(1),
+            let until = match (next_due, last_read) {
+                (Some(t), Some(_)) => When::until(self.schedule.clock.now(), t),
+                (None, Some(_)) => QUIET_LOOK,
+                (_, None) => Duration::from_secs(1),
             };
-            self.schedule.nap(self.schedule.clock.nap(until).min(MAX_NAP));
+            let until = until.min(if moving { SWEEP_EVERY } else { QUIET_LOOK });
+            poked = self.schedule.nap(self.schedule.clock.nap(until));
         }
     }
 
@@ -332,15 +370,18 @@ impl Daemon {
         }
     }
 
-    /// Looks at the preconditions of firings claimed with one.
-    fn look_at_preconditions(&self, now: Timestamp) {
+    /// Looks at the preconditions of firings claimed with one; whether
+    /// there were any (or they could not be listed): then it looks again
+    /// soon.
+    fn look_at_preconditions(&self, now: Timestamp) -> bool {
         let pending = match self.store.checking() {
             Ok(p) => p,
             Err(e) => {
                 log::warn!("scheduler: cannot list firings to check: {e}");
-                return;
+                return true;
             }
         };
+        let found = !pending.is_empty();
         for crate::store::schedule::Checking { id, agent, spec, last } in pending {
             let (Ok(agent), Ok(spec)) = (AgentId::parse(&agent), serde_json::from_value::<JobSpec>(spec)) else {
                 let _ = self.store.checked(id, false, None, "the job's agent or spec no longer reads");
@@ -349,6 +390,7 @@ impl Daemon {
             let Some(pre) = &spec.precondition else {
                 let _ = self.store.checked(id, true, None, "");
                 self.sessions.firing_due(&agent);
+                self.schedule.poke();
                 continue;
             };
             let result = precondition::look(self.shared(), &agent, pre, last.as_deref(), now);
@@ -359,7 +401,11 @@ impl Daemon {
             };
             match (recorded, result) {
                 (Err(e), _) => log::warn!("scheduler: firing {id}: cannot record its precondition: {e}"),
-                (Ok(_), Ok(look)) if look.run => self.sessions.firing_due(&agent),
+                (Ok(_), Ok(look)) if look.run => {
+                    self.sessions.firing_due(&agent);
+                    // Due now: the scheduler's sweep watches it on.
+                    self.schedule.poke();
+                }
                 (Ok(_), Ok(look)) => log::debug!("agent {agent}: job {}: {}", spec.name, look.detail),
                 (Ok(ended), Err(why)) => {
                     log::warn!("agent {agent}: job {}: precondition failed: {why}", spec.name);
@@ -369,6 +415,7 @@ impl Daemon {
                 }
             }
         }
+        found
     }
 
     /// The HEARTBEAT's firing reports: `starting` asks to start (the ids
@@ -516,14 +563,18 @@ impl Daemon {
 
 /// Runs one pass of the scheduler; a panic in it is logged and the thread
 /// goes on (scheduling must not stop silently while choird serves).
-fn guarded(what: &str, pass: impl FnOnce()) {
-    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(pass)) {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        log::error!("scheduler: the {what} pass panicked ({why}); going on");
+fn guarded<T>(what: &str, pass: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(pass)) {
+        Ok(out) => Some(out),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            log::error!("scheduler: the {what} pass panicked ({why}); going on");
+            None
+        }
     }
 }
 

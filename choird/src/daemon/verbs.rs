@@ -294,9 +294,9 @@ impl Daemon {
                 return Ok(reply);
             }
             if Instant::now() >= deadline || self.shutting_down.load(Ordering::SeqCst) {
-                // Nothing came this period: the next poll asks PostgreSQL
-                // again, in case a message's wake was lost.
-                self.sessions.look_again(&who.agent, who.session);
+                // Nothing came this period: now and then the next poll
+                // asks PostgreSQL again, in case a message's wake was lost.
+                self.sessions.look_again(&who.agent, who.session, Instant::now());
                 let mut reply = self.heartbeat_reply(acked_seq, Vec::new(), false);
                 reply.accepted = accepted;
                 return Ok(reply);

@@ -219,7 +219,9 @@ impl Db {
     /// longer fit the tables (SQLSTATE 0A000, "cached plan must not change
     /// result type", after a table changed under it): the next use opens a
     /// fresh connection instead of failing the same way forever.
+    #[track_caller]
     pub fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T, postgres::Error>) -> Result<T, DbError> {
+        log::trace!(target: "choird::db::uses", "{}", std::panic::Location::caller());
         let (pooled, closing) = {
             let mut idle = self.idle.lock();
             let pooled = idle.pop().map(|(c, _)| c);

@@ -41,9 +41,10 @@ impl Scheduling {
         let _ = self.looks_tx.try_send(());
     }
 
-    /// The precondition thread sleeps up to `d`, or until poked.
-    pub fn nap_looks(&self, d: Duration) {
-        let _ = self.looks_rx.recv_timeout(self.clock.nap(d));
+    /// The precondition thread sleeps up to `d`, or until poked; whether
+    /// it was poked.
+    pub fn nap_looks(&self, d: Duration) -> bool {
+        self.looks_rx.recv_timeout(self.clock.nap(d)).is_ok()
     }
 
     /// Wakes the scheduler thread (never blocks).
@@ -51,9 +52,9 @@ impl Scheduling {
         let _ = self.tx.try_send(());
     }
 
-    /// Sleeps up to `d`, or until poked.
-    pub fn nap(&self, d: Duration) {
-        let _ = self.rx.recv_timeout(d);
+    /// Sleeps up to `d`, or until poked; whether it was poked.
+    pub fn nap(&self, d: Duration) -> bool {
+        self.rx.recv_timeout(d).is_ok()
     }
 
     /// Asks the thread to end, and wakes it.

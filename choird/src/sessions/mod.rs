@@ -157,6 +157,10 @@ impl Instance {
 }
 
 /// A live lease.
+/// How old a long-poll's "nothing pending" mark may grow before a
+/// long-poll that ended without news asks PostgreSQL again.
+pub const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(300);
+
 struct Session {
     id: i64,
     token_sha256: [u8; 32],
@@ -169,11 +173,14 @@ struct Session {
     /// query last found every pending message and they were handed out:
     /// while both are unchanged no message can be pending (every message
     /// is stored before the wake it causes), so a long-poll waits without
-    /// asking PostgreSQL again. Cleared when a long-poll ends without
-    /// news ([`Sessions::look_again`]): a message whose wake never came
-    /// (its commit's acknowledgement lost, so its sender never woke the
-    /// agent) is still found within one long-poll period.
-    looked: Option<(u64, u64)>,
+    /// asking PostgreSQL again; with when it was set. Cleared when a
+    /// long-poll ends without news and the mark is [`LOOK_AGAIN_AFTER`]
+    /// old ([`Sessions::look_again`]): a backstop for a wake that never
+    /// came. Every store of a message wakes its agent, also one that
+    /// failed (its commit may have happened, its acknowledgement lost), so
+    /// the backstop is for what nothing foresaw; an idle agent's long-polls
+    /// leave PostgreSQL alone (and choird's connection closes).
+    looked: Option<(u64, u64, Instant)>,
     /// How many long-polls said the agent had not received messages handed
     /// out (logged at the 1st, 2nd, 4th, 8th …: a hostile agent that says
     /// so on every poll does not flood the log).
@@ -483,13 +490,16 @@ mod tests {
         assert!(sessions.poll(&a, 7, true, None).nothing_new);
         sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
         assert!(!sessions.poll(&a, 7, true, None).nothing_new);
-        // A long-poll that ended without news clears the mark: a message
-        // whose wake was lost is found by the next poll.
+        // A long-poll that ended without news keeps a young mark (an idle
+        // agent's polls leave PostgreSQL alone) and clears an old one: a
+        // message whose wake was lost is found by the next poll.
         let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         assert!(sessions.poll(&a, 7, true, None).nothing_new);
-        sessions.look_again(&a, 7);
-        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        sessions.look_again(&a, 7, Instant::now());
+        assert!(sessions.poll(&a, 7, true, None).nothing_new, "a young mark holds");
+        sessions.look_again(&a, 7, Instant::now() + LOOK_AGAIN_AFTER);
+        assert!(!sessions.poll(&a, 7, true, None).nothing_new, "an old mark is cleared");
         // A new session (a restart) starts without a mark.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         sessions.open(&a, 8, [0; 32], 5);

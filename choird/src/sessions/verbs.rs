@@ -88,7 +88,7 @@ impl Sessions {
             ended: false,
             stop,
             after,
-            nothing_new: s.looked == Some((wake, after)),
+            nothing_new: s.looked.is_some_and(|(w, a, _)| (w, a) == (wake, after)),
             decisions_due: std::mem::take(&mut slot.decisions_due),
             firings_due: std::mem::take(&mut slot.firings_due),
             cancels: std::mem::take(&mut slot.cancels),
@@ -139,18 +139,21 @@ impl Sessions {
             s.delivered_upto = last.id;
         }
         if let Some(wake) = every_one_at {
-            s.looked = Some((wake, s.delivered_upto));
+            s.looked = Some((wake, s.delivered_upto, Instant::now()));
         }
         Some(messages)
     }
 
-    /// A long-poll of `session` ended without news: the next one queries
-    /// again whatever the wake count (see `Session::looked`).
-    pub fn look_again(&self, id: &AgentId, session: i64) {
+    /// A long-poll of `session` ended without news at `now`: when its mark
+    /// is [`LOOK_AGAIN_AFTER`] old, the next one queries again whatever
+    /// the wake count (see `Session::looked`).
+    pub fn look_again(&self, id: &AgentId, session: i64, now: Instant) {
         if let Some(s) =
             self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()).filter(|s| s.id == session)
         {
-            s.looked = None;
+            if s.looked.is_some_and(|(_, _, at)| now.saturating_duration_since(at) >= LOOK_AGAIN_AFTER) {
+                s.looked = None;
+            }
         }
     }
 

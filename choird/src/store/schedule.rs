@@ -554,8 +554,9 @@ impl Store {
     /// [`OVERRUN_GRACE_S`]) are `interrupted`: the wall time a firing was
     /// offered with (see [`Store::offer_firings`]; for one offered before
     /// that was recorded, its job's own, else a day). Returns those
-    /// interrupted, and the agents with firings to offer again.
-    pub fn sweep_firings(&self) -> Result<(Vec<Ended>, Vec<String>), DbError> {
+    /// interrupted, the agents with firings to offer again, and whether a
+    /// firing is still moving (see [`Swept::moving`]).
+    pub fn sweep_firings(&self) -> Result<Swept, DbError> {
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.execute(
@@ -596,10 +597,32 @@ impl Store {
                 let detail: String = r.get(2);
                 out.push(settle(&mut tx, r.get(1), r.get(0), "interrupted", &detail)?);
             }
+            let moving: bool = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM schedule_firings WHERE state IN ('offered', 'running'))
+                         OR EXISTS (SELECT 1 FROM schedule_firings f JOIN schedule_jobs j ON j.id = f.job_id
+                                    JOIN sessions s ON s.agent_id = j.agent_id AND s.ended_at IS NULL
+                                    WHERE f.state = 'due' AND NOT j.paused)",
+                    &[],
+                )?
+                .get(0);
             tx.commit()?;
-            Ok((out, agents))
+            Ok(Swept { interrupted: out, wake: agents, moving })
         })
     }
+}
+
+/// What a sweep of the firings did and found.
+#[derive(Debug)]
+pub struct Swept {
+    /// Firings it ended `interrupted`.
+    pub interrupted: Vec<Ended>,
+    /// Agents with firings due to offer them.
+    pub wake: Vec<String>,
+    /// Whether a firing is offered or running, or due for an agent that
+    /// runs: the next sweep has something to watch. When none is, nothing
+    /// changes until something new is claimed or offered.
+    pub moving: bool,
 }
 
 /// Pauses job `job_id` with `reason`, by the scheduler (its breaker, or a

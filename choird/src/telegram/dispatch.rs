@@ -188,7 +188,12 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     }
     let origin = origin(bot, update_id, chat, user, m.message_id);
     let sender = format!("telegram:{user}");
-    if d.store.telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)?.is_some() {
+    let stored = d
+        .store
+        .telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)
+        // It may have been stored all the same (the commit's answer lost): the agent looks.
+        .inspect_err(|_| d.control.wake_agent(&agent))?;
+    if stored.is_some() {
         choir_common::hop::mark("message.stored");
         d.control.wake_agent(&agent);
     }

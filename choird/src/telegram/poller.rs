@@ -89,7 +89,12 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                         }
                     }
                     Err(e) => {
-                        // Not stored: not confirmed either; Telegram sends them again.
+                        // Not confirmed: Telegram sends them again. They may
+                        // have been stored all the same (the commit's answer
+                        // lost): their agents look.
+                        for p in &plain {
+                            d.control.wake_agent(&p.agent);
+                        }
                         failures += 1;
                         log::warn!("telegram {}: cannot store {} update(s) ({e}); retrying", spec.name, batch.len());
                         nap(backoff(failures), stop);
