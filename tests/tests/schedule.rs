@@ -528,6 +528,32 @@ fn a_firing_whose_agent_dies_while_it_runs_is_recorded_interrupted_and_not_run_a
     wait_state(&choird, "demo/slow", "2026-07-01T00:02:00Z", "done");
 }
 
+/// A firing claimed while its agent was stopped waits, due, without the
+/// scheduler watching it (nothing moves); the agent starts, takes it, and
+/// dies while it runs: the offer woke the scheduler, whose sweep records
+/// the firing interrupted within seconds, not at its quiet backstop
+/// (5 minutes; the wait below is 30 s).
+#[test]
+fn a_firing_taken_by_an_agent_started_after_its_claim_is_watched_and_recorded_interrupted_when_it_dies() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = core_answers_after(Duration::from_secs(20), "finished");
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let choird = Choird::start_at(&config, &json!({"llm_key": "k"}), "2026-07-01T00:00:00Z");
+    choird.ctl_ok(&["schedule", "add", "demo", "late", "--every", "1h", "--prompt", "Started late."]);
+    choird.set_clock("2026-07-01T01:00:00Z");
+    wait_state(&choird, "demo/late", "2026-07-01T01:00:00Z", "due");
+    // Long enough for the scheduler to have settled into its quiet pace.
+    std::thread::sleep(Duration::from_secs(6));
+    choird.ctl_ok(&["agent", "start", "demo"]);
+    wait_state(&choird, "demo/late", "2026-07-01T01:00:00Z", "running");
+    wait_for("the core job's model request", WAIT, || runs_of(&fake, "Started late.") == 1);
+    let status: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "demo"])).unwrap();
+    let pid = status["pid"].as_i64().unwrap_or_else(|| panic!("no pid in {status}")) as i32;
+    // Killed (choird restarts it; its hello wakes no scheduler).
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    wait_state(&choird, "demo/late", "2026-07-01T01:00:00Z", "interrupted");
+}
+
 /// Adds demo's job `name`, every minute, firing `prompt` when its
 /// precondition `pre` sees something new.
 fn add_looking(choird: &Choird, name: &str, pre: &str, prompt: &str) {

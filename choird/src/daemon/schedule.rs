@@ -225,8 +225,12 @@ impl Daemon {
                 // every QUIET_LOOK else; a nap ends early on a clock's cap.
                 let (mut poked, mut found, mut last) = (true, true, Instant::now());
                 while !self.schedule.stopping() {
+                    if self.held().is_some() {
+                        poked |= self.schedule.nap_looks(SWEEP_EVERY);
+                        continue;
+                    }
                     let pace = if found { SWEEP_EVERY } else { QUIET_LOOK };
-                    if self.held().is_none() && (poked || last.elapsed() >= pace) {
+                    if poked || last.elapsed() >= pace {
                         let now = self.schedule.clock.now();
                         found = guarded("precondition looks", || self.look_at_preconditions(now)).unwrap_or(true);
                         last = Instant::now();
@@ -260,12 +264,15 @@ impl Daemon {
                 continue;
             }
             let due = next_due.is_some_and(|t| t <= now);
+            // A failed claim or read is tried again in a second, not at once.
+            let mut failed = false;
             if poked || due || last_read.is_none_or(|t| t.elapsed() >= QUIET_LOOK) {
-                guarded("claim", || {
-                    if let Err(e) = self.claim_due(now) {
-                        log::warn!("scheduler: claiming due firings failed (will retry): {e}");
-                    }
-                });
+                failed = guarded("claim", || {
+                    self.claim_due(now)
+                        .inspect_err(|e| log::warn!("scheduler: claiming due firings failed (will retry): {e}"))
+                        .is_err()
+                })
+                .unwrap_or(true);
                 // A claim may have made firings due: the sweep watches them.
                 moving = true;
                 match self.store.next_due_any() {
@@ -300,6 +307,7 @@ impl Daemon {
                 }
             }
             let until = match (next_due, last_read) {
+                _ if failed => Duration::from_secs(1),
                 (Some(t), Some(_)) => When::until(self.schedule.clock.now(), t),
                 (None, Some(_)) => QUIET_LOOK,
                 (_, None) => Duration::from_secs(1),
@@ -450,6 +458,11 @@ impl Daemon {
         let config = self.config();
         let core = config.agents.get(&who.agent).map(|a| a.core_budget).unwrap_or_default();
         let offered = self.store.offer_firings(&who.agent, who.session, core.wall_s)?;
+        if !offered.is_empty() {
+            // Offered firings move: the scheduler's sweep watches them
+            // (a session that ends before their outcome, an offer not taken).
+            self.schedule.poke();
+        }
         if offered.len() >= crate::store::schedule::MAX_OFFERED {
             // More wait: the next poll takes them.
             self.sessions.firings_still_due(&who.agent);
