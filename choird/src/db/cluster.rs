@@ -32,8 +32,11 @@ const PORT: u16 = 5432;
 /// - no parallel query workers and no JIT: Choir's queries are small and
 ///   indexed; a parallel worker is a fork per query and JIT compiles for
 ///   longer than these queries run.
-/// - one autovacuum worker, looking every 5 minutes (default 3, every
-///   minute): a few small tables change; an idle host wakes less.
+/// - no autovacuum launcher (`autovacuum = off`; one worker at most, for
+///   the wraparound protection the postmaster still starts on its own):
+///   an always-running process (3.3 MB idle) for a few tables that change
+///   little; the cluster's keeper tends them every 5 minutes (the old
+///   naptime) by autovacuum's own rules instead (`db/upkeep.rs`).
 /// - checkpoints at most every 15 minutes unless WAL grows: fewer writes
 ///   when little happens, recovery still bounded by `max_wal_size`.
 ///
@@ -46,8 +49,8 @@ const SMALL_HOST: &str = "shared_buffers = 16MB\n\
      max_parallel_workers_per_gather = 0\n\
      max_parallel_maintenance_workers = 0\n\
      jit = off\n\
+     autovacuum = off\n\
      autovacuum_max_workers = 1\n\
-     autovacuum_naptime = 5min\n\
      checkpoint_timeout = 15min\n";
 
 /// Database created for choird inside the cluster.

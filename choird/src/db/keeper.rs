@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use super::cluster::ManagedCluster;
+use super::upkeep::UPKEEP_EVERY;
 
 /// How often the server is looked at.
 pub const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -77,6 +78,10 @@ pub trait Server {
     fn running(&self) -> bool;
     /// Starts the server; the error says why it did not start.
     fn start(&self) -> Result<(), String>;
+    /// Where [`super::upkeep::tend`] connects (`None`: no upkeep).
+    fn upkeep_url(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Server for ManagedCluster {
@@ -86,6 +91,9 @@ impl Server for ManagedCluster {
     fn start(&self) -> Result<(), String> {
         self.start_again().map_err(|e| e.to_string())
     }
+    fn upkeep_url(&self) -> Option<String> {
+        Some(self.url())
+    }
 }
 
 /// Runs until `stop` says so or its sender is gone: looks every
@@ -93,13 +101,54 @@ impl Server for ManagedCluster {
 /// per outage after [`ALERT_AFTER`] failed starts (and once more when it is
 /// back after an alert). Between looks it sleeps on the channel, so an idle
 /// choird's keeper wakes once a look, not to poll a flag.
+///
+/// Every [`UPKEEP_EVERY`] of a running server it tends the tables
+/// ([`super::upkeep`]) on a thread of its own, so a long vacuum never
+/// delays a look; one pass at a time, none before the first
+/// [`UPKEEP_EVERY`] (a restart stays quick). A pass still running at the end is left to finish or fail
+/// with the server's stop: it holds nothing but its connection.
 pub fn run(server: &dyn Server, health: &Health, stop: &Receiver<()>, alert: &dyn Fn(&str)) {
     let mut keeper = Keeper::default();
+    let mut pace = UpkeepPace { last: Instant::now() };
+    let mut upkeep: Option<std::thread::JoinHandle<()>> = None;
     loop {
         keeper.look(server, health, Instant::now(), alert);
+        let idle = upkeep.as_ref().is_none_or(std::thread::JoinHandle::is_finished);
+        if pace.due(Instant::now(), health.up(), idle) {
+            upkeep = server.upkeep_url().and_then(|url| {
+                std::thread::Builder::new().name("pg-upkeep".into()).spawn(move || tend_logged(&url)).ok()
+            });
+        }
         if !matches!(stop.recv_timeout(LOOK_EVERY), Err(RecvTimeoutError::Timeout)) {
             return;
         }
+    }
+}
+
+/// When the next upkeep pass runs: [`UPKEEP_EVERY`] after the last one
+/// began (or the keeper started), with the server up and no pass running.
+#[derive(Debug)]
+struct UpkeepPace {
+    last: Instant,
+}
+
+impl UpkeepPace {
+    /// Whether a pass starts now (it is then counted as begun).
+    fn due(&mut self, now: Instant, up: bool, idle: bool) -> bool {
+        let due = up && idle && now.saturating_duration_since(self.last) >= UPKEEP_EVERY;
+        if due {
+            self.last = now;
+        }
+        due
+    }
+}
+
+/// One upkeep pass, its outcome logged.
+fn tend_logged(url: &str) {
+    match super::upkeep::tend(url) {
+        Ok(t) if t.vacuumed.is_empty() && t.analyzed.is_empty() => log::debug!("upkeep: no table was due"),
+        Ok(t) => log::info!("upkeep: vacuumed {:?}, analyzed {:?}", t.vacuumed, t.analyzed),
+        Err(e) => log::warn!("upkeep: the tables were not tended (next pass in {UPKEEP_EVERY:?}): {e}"),
     }
 }
 
@@ -178,6 +227,19 @@ impl Keeper {
 mod tests {
     use super::*;
     use std::cell::{Cell, RefCell};
+
+    #[test]
+    fn upkeep_runs_every_upkeep_every_with_the_server_up_and_never_two_passes_at_once() {
+        let t0 = Instant::now();
+        let mut pace = UpkeepPace { last: t0 };
+        assert!(!pace.due(t0 + UPKEEP_EVERY / 2, true, true), "not before the first period ends");
+        let period = t0 + UPKEEP_EVERY;
+        assert!(!pace.due(period, false, true), "not while the server is down");
+        assert!(!pace.due(period, true, false), "not while a pass runs");
+        assert!(pace.due(period, true, true), "a period on, up and idle: a pass");
+        assert!(!pace.due(period + Duration::from_secs(1), true, true), "counted from the pass that began");
+        assert!(pace.due(period + UPKEEP_EVERY, true, true));
+    }
 
     /// A server that is down until it has been started `works_after` times.
     struct Fake {

@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod keeper;
 pub mod keeping;
+pub mod upkeep;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};

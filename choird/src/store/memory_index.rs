@@ -128,8 +128,9 @@ pub enum Settled {
 impl Store {
     /// The index `agent`'s `items.embedding` has, and the rows of its table
     /// that have a vector there: the planner's estimate of its rows times
-    /// the share with a vector, both as ANALYZE (autovacuum's, after a tenth
-    /// of the table changed) last saw them; 0 for a table never analyzed.
+    /// the share with a vector, both as ANALYZE (the keeper's upkeep's, or
+    /// autovacuum's on a server choird does not manage, after a tenth of
+    /// the table changed) last saw them; 0 for a table never analyzed.
     /// No `count(*)`: this runs every minute. (Not the statistics' live
     /// rows: an ANALYZE racing the flush of a backend's insert counts makes
     /// them count those rows twice, until the next ANALYZE.)
