@@ -156,11 +156,11 @@ impl Instance {
     }
 }
 
-/// A live lease.
 /// How old a long-poll's "nothing pending" mark may grow before a
 /// long-poll that ended without news asks PostgreSQL again.
 pub const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(300);
 
+/// A live lease.
 struct Session {
     id: i64,
     token_sha256: [u8; 32],
