@@ -41,7 +41,7 @@ pub fn run(home: PathBuf, notify_socket: Option<std::ffi::OsString>) -> anyhow::
     }
     let lock = home.pg_keeper_lock();
     let Some(_keeping) = keeping::claim(&lock).with_context(|| lock.display().to_string())? else {
-        let by = keeping::holder(&lock).map(|p| format!(" by pid {p}")).unwrap_or_default();
+        let by = crate::home::lock_holder(&lock).map(|p| format!(" by pid {p}")).unwrap_or_default();
         anyhow::bail!(
             "the managed PostgreSQL of {} is kept already{by} (choird keeps it itself when it starts without \
              `choird cluster` running): stop that first",

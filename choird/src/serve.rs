@@ -176,7 +176,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
                     (Some((cluster, keeping)), url, format!("managed ({})", home.pg().display()))
                 }
                 None => {
-                    let by = keeping::holder(&lock).map(|p| format!(" (pid {p})")).unwrap_or_default();
+                    let by = crate::home::lock_holder(&lock).map(|p| format!(" (pid {p})")).unwrap_or_default();
                     log::info!(
                         "the managed PostgreSQL is kept by `choird cluster`{by}: adopting it; a restart of choird leaves it running"
                     );

@@ -65,6 +65,13 @@ impl TestPg {
         self.dir.as_ref().and_then(|d| ManagedCluster::postmaster_pid(&d.path().join("pg"))).unwrap_or(0)
     }
 
+    /// choird's store on the `choir` database, migrated.
+    pub fn store(&self) -> choird::store::Store {
+        let db = choird::db::Db::connect(&self.url()).expect("connect to the test cluster");
+        db.migrate().expect("migrate the test database");
+        choird::store::Store::new(db)
+    }
+
     /// A connected client.
     pub fn client(&self) -> postgres::Client {
         postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect to the test cluster")

@@ -740,9 +740,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
 
 /// A migrated store on `pg` with a session of agent `demo`.
 fn store_with_session(pg: &TestPg) -> (choird::store::Store, choir_common::ids::AgentId, i64) {
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let store = choird::store::Store::new(db);
+    let store = pg.store();
     let agent = choir_common::ids::AgentId::parse("demo").unwrap();
     let session = store.create_session(&agent, "process", b"digest").unwrap();
     (store, agent, session)

@@ -502,13 +502,8 @@ fn an_embedding_batch_spanning_agents_is_stored_whole_and_stale_outbox_rows_are_
     use choir_common::ids::AgentId;
     use choird::store::memory::NewItem;
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
     let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
-    for agent in [&a, &b] {
-        db.migrate_agent(agent, 3).unwrap();
-    }
-    let store = choird::store::Store::new(db);
+    let store = memory_store(&pg, &[(&a, 3), (&b, 3)]);
     let item = |text: &str| NewItem {
         tier: "session".into(),
         content: text.into(),

@@ -797,9 +797,7 @@ fn a_memory_precondition_ignores_due_dates_that_are_not_times() {
 #[test]
 fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_after_a_day() {
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let store = choird::store::Store::new(db);
+    let store = pg.store();
     let agent = choir_common::ids::AgentId::parse("demo").unwrap();
     let session = store.create_session(&agent, "process", b"digest").unwrap();
     let mut c = pg.client();
@@ -872,9 +870,7 @@ fn a_firing_without_a_wall_time_of_its_own_is_interrupted_past_its_agents_not_af
 #[test]
 fn the_sweep_watches_on_only_while_a_firing_is_offered_running_or_due_to_a_running_agent() {
     let Some(pg) = TestPg::start() else { return };
-    let db = choird::db::Db::connect(&pg.url()).unwrap();
-    db.migrate().unwrap();
-    let store = choird::store::Store::new(db);
+    let store = pg.store();
     let agent = choir_common::ids::AgentId::parse("demo").unwrap();
     let mut c = pg.client();
     assert!(!store.sweep_firings().unwrap().moving, "no firing at all");

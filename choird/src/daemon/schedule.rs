@@ -249,7 +249,8 @@ impl Daemon {
     fn claim_loop(&self) {
         let mut last_sweep: Option<Instant> = None;
         let mut last_prune: Option<Instant> = None;
-        // What the last read of the schedule found, and when it was made.
+        // What the last read of the schedule found, and when it was made
+        // (`None`: read at the next turn).
         let mut next_due: Option<Timestamp> = None;
         let mut last_read: Option<Instant> = None;
         // Whether the last sweep found a firing to watch (at start: look).
@@ -279,7 +280,7 @@ impl Daemon {
                     Ok(t) => (next_due, last_read) = (t, Some(Instant::now())),
                     Err(e) => {
                         log::warn!("scheduler: reading the next due time failed (will retry): {e}");
-                        (next_due, last_read) = (Some(now), None);
+                        (failed, last_read) = (true, None);
                     }
                 }
             }
@@ -306,11 +307,10 @@ impl Daemon {
                     Err(e) => log::warn!("scheduler: forgetting old firings failed: {e}"),
                 }
             }
-            let until = match (next_due, last_read) {
-                _ if failed => Duration::from_secs(1),
-                (Some(t), Some(_)) => When::until(self.schedule.clock.now(), t),
-                (None, Some(_)) => QUIET_LOOK,
-                (_, None) => Duration::from_secs(1),
+            let until = if failed {
+                Duration::from_secs(1)
+            } else {
+                next_due.map_or(QUIET_LOOK, |t| When::until(self.schedule.clock.now(), t))
             };
             let until = until.min(if moving { SWEEP_EVERY } else { QUIET_LOOK });
             poked = self.schedule.nap(self.schedule.clock.nap(until));

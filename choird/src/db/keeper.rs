@@ -105,8 +105,9 @@ impl Server for ManagedCluster {
 /// Every [`UPKEEP_EVERY`] of a running server it tends the tables
 /// ([`super::upkeep`]) on a thread of its own, so a long vacuum never
 /// delays a look; one pass at a time, none before the first
-/// [`UPKEEP_EVERY`] (a restart stays quick). A pass still running at the end is left to finish or fail
-/// with the server's stop: it holds nothing but its connection.
+/// [`UPKEEP_EVERY`] (a restart stays quick). A pass still running at the
+/// end is left to finish or fail with the server's stop: it holds nothing
+/// but its connection.
 pub fn run(server: &dyn Server, health: &Health, stop: &Receiver<()>, alert: &dyn Fn(&str)) {
     let mut keeper = Keeper::default();
     let mut pace = UpkeepPace { last: Instant::now() };

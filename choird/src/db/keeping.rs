@@ -18,7 +18,7 @@
 use std::fs::File;
 use std::path::Path;
 
-use crate::home::{lock_holder, pid_lock};
+use crate::home::pid_lock;
 
 /// The keeping of a home's cluster, held until dropped.
 #[derive(Debug)]
@@ -33,11 +33,6 @@ pub fn claim(path: &Path) -> std::io::Result<Option<KeeperLock>> {
     Ok(pid_lock(path)?.map(|file| KeeperLock { _file: file }))
 }
 
-/// The pid the lock file at `path` names (the keeper's, when it is held).
-pub fn holder(path: &Path) -> Option<u32> {
-    lock_holder(path)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -49,7 +44,7 @@ mod tests {
         let path = dir.path().join("pg-keeper.lock");
         let first = claim(&path).unwrap();
         assert!(first.is_some(), "a free lock is claimed");
-        assert_eq!(holder(&path), Some(std::process::id()));
+        assert_eq!(crate::home::lock_holder(&path), Some(std::process::id()));
         // flock locks belong to the open file description: a second open,
         // even in this process, is refused while the first is held.
         assert!(claim(&path).unwrap().is_none(), "a held lock is not claimed twice");
@@ -66,7 +61,7 @@ mod tests {
         std::os::unix::fs::symlink(&target, &path).unwrap();
         assert!(claim(&path).is_err(), "a link is not followed");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
-        assert_eq!(holder(&path), None);
+        assert_eq!(crate::home::lock_holder(&path), None);
         // The control: the same claim on a plain file takes it.
         std::fs::remove_file(&path).unwrap();
         assert!(claim(&path).unwrap().is_some());
