@@ -31,6 +31,13 @@ pub const MAX_REQUEST: usize = 16 * 1024 * 1024;
 const MAX_ANSWER: u64 = 32 * 1024 * 1024;
 /// Largest refusal read from a provider (its words are cut far shorter).
 const MAX_REFUSAL: u64 = 1024 * 1024;
+/// What is read of an upstream stream past its `[DONE]`, after the agent
+/// has its end: a provider's body ends right after it (its chunked
+/// terminator), and read to that end its connection goes back to the
+/// client's pool for the next call — otherwise every call would pay a new
+/// TCP connection and, to a real provider, a TLS handshake. An upstream
+/// still talking past this much loses its connection instead.
+const STREAM_TAIL: u64 = 64 * 1024;
 
 /// The request fields forwarded upstream; every other field an agent sends
 /// (`n`, `service_tier`, provider routing lists, extra headers or bodies …)
@@ -194,6 +201,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
             usage: None,
             bytes: 0,
             done: false,
+            tail: false,
             broke: None,
             silence: format!(
                 "the {} model's endpoint was silent for more than {} s (its timeout_s) in the middle of its answer",
@@ -369,6 +377,9 @@ struct UsageTap<R: Read> {
     usage: Option<Tokens>,
     bytes: u64,
     done: bool,
+    /// `[DONE]` came: what is left upstream is the body's tail, read to
+    /// its end when the tap is dropped ([`STREAM_TAIL`]).
+    tail: bool,
     /// An error event still to go out (the upstream broke off between events).
     broke: Option<Vec<u8>>,
     /// What a silence past the endpoint's `timeout_s` is called.
@@ -399,6 +410,7 @@ impl<R: Read> UsageTap<R> {
                 // The end of the stream: recorded once it has gone out (when
                 // the tap is dropped), so the record is not in the agent's way.
                 self.done = true;
+                self.tail = true;
                 continue;
             }
             let Ok(v) = serde_json::from_slice::<Value>(data) else { continue };
@@ -460,6 +472,12 @@ impl<R: Read> Read for UsageTap<R> {
 impl<R: Read> Drop for UsageTap<R> {
     fn drop(&mut self) {
         self.finish();
+        // After `[DONE]` only: the rest of the upstream's body, bounded, so
+        // its connection is reused. Broken off, or dropped mid-stream (the
+        // agent went away), the connection is dropped with it.
+        if self.tail {
+            let _ = std::io::copy(&mut (&mut self.inner).take(STREAM_TAIL), &mut std::io::sink());
+        }
     }
 }
 
@@ -602,6 +620,7 @@ mod tests {
             usage: None,
             bytes: 0,
             done: false,
+            tail: false,
             broke: None,
             silence: "silent".into(),
             record: Some(Box::new({
@@ -621,5 +640,129 @@ mod tests {
         assert!(recorded.lock().unwrap().is_empty(), "recorded before the stream's end went out");
         drop(tap);
         assert_eq!(*recorded.lock().unwrap(), [(Some(Tokens::plain(7, 2)), stream.len() as u64)]);
+    }
+
+    /// A provider streaming as OpenAI's API does (chunked, kept alive): one
+    /// event, `[DONE]`, then `after_done` as raw bytes (the chunked
+    /// terminator, or more); answers every request on a connection until
+    /// its client closes it. Counts the connections it accepted.
+    fn provider(after_done: Vec<u8>) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/chat/completions", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let after_done = after_done.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut conn = conn;
+                    loop {
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let mut out =
+                            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                .to_vec();
+                        for event in ["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", "data: [DONE]\n\n"]
+                        {
+                            out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+                        }
+                        if conn.write_all(&out).and_then(|()| conn.write_all(&after_done)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    /// One streamed call through a tap, as the relay makes it: read by the
+    /// server until it ends (`reads` reads at most), then dropped.
+    fn relayed(agent: &ureq::Agent, url: &str, reads: usize) -> String {
+        let answer = agent
+            .post(url)
+            .config()
+            .timeout_per_read(Some(std::time::Duration::from_millis(500)))
+            .build()
+            .send(&b"{}"[..])
+            .unwrap();
+        let mut tap = UsageTap {
+            inner: answer.into_body().into_reader(),
+            line: Vec::new(),
+            usage: None,
+            bytes: 0,
+            done: false,
+            tail: false,
+            broke: None,
+            silence: "silent".into(),
+            record: None,
+        };
+        let (mut out, mut buf) = (Vec::new(), [0u8; 8]);
+        for _ in 0..reads {
+            match tap.read(&mut buf).unwrap() {
+                0 => break,
+                n => out.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_streamed_model_call_leaves_its_upstream_connection_for_the_next_call() {
+        use std::sync::atomic::Ordering;
+        let agent = crate::resolver::agent(ureq::config::Config::builder().http_status_as_error(false));
+        let (url, accepted) = provider(b"0\r\n\r\n".to_vec());
+        for _ in 0..3 {
+            assert!(relayed(&agent, &url, usize::MAX).ends_with("data: [DONE]\n\n"));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "three calls over one kept connection");
+        // The control: a call dropped before its end (its agent went away)
+        // takes its connection with it, and the next call opens another.
+        assert!(!relayed(&agent, &url, 2).contains("[DONE]"));
+        relayed(&agent, &url, usize::MAX);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "the cut call's connection was not reused");
+
+        // A provider talking on past [DONE] (here 1 MiB of events, never
+        // ending) is read STREAM_TAIL bytes at most; its connection goes.
+        let mut flood = Vec::new();
+        let event = format!("data: {}\n\n", "x".repeat(1000));
+        for _ in 0..1024 {
+            flood.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+        }
+        let (url, accepted) = provider(flood);
+        for _ in 0..2 {
+            let out = relayed(&agent, &url, usize::MAX);
+            assert!(
+                out.contains("data: [DONE]\n") && out.len() < 200,
+                "the read that took [DONE] ends the stream: {out}"
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // One that never ends its body after [DONE] costs one read timeout, then its connection.
+        let (url, accepted) = provider(Vec::new());
+        for _ in 0..2 {
+            assert!(relayed(&agent, &url, usize::MAX).contains("data: [DONE]\n"));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

@@ -238,6 +238,9 @@ pub struct Events<R: BufRead> {
     out: Vec<u8>,
     at: usize,
     ended: bool,
+    /// `message_stop` came: past the output, the body's tail is read to its
+    /// end once ([`TAIL`]), so the provider's connection is reused.
+    stopped: bool,
     id: Value,
     model: Value,
     /// Input usage from `message_start`.
@@ -258,6 +261,7 @@ impl<R: BufRead> Events<R> {
             out: Vec::new(),
             at: 0,
             ended: false,
+            stopped: false,
             id: Value::Null,
             model: Value::Null,
             started_usage: json!({}),
@@ -362,6 +366,7 @@ impl<R: BufRead> Events<R> {
             Some("message_stop") => {
                 self.out.extend_from_slice(b"data: [DONE]\n\n");
                 self.ended = true;
+                self.stopped = true;
             }
             Some("error") => {
                 let e = &data["error"];
@@ -397,9 +402,18 @@ impl<R: BufRead> Events<R> {
     }
 }
 
+/// The most read of a stream's body past its `message_stop`.
+const TAIL: u64 = 64 * 1024;
+
 impl<R: BufRead> Read for Events<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.fill()?;
+        if self.out.len() == self.at && self.stopped {
+            // Once: what a provider sends after its last event is its
+            // body's end; read, the connection goes back to the pool.
+            self.stopped = false;
+            std::io::copy(&mut self.inner.by_ref().take(TAIL), &mut std::io::sink())?;
+        }
         let n = (self.out.len() - self.at).min(buf.len());
         buf[..n].copy_from_slice(&self.out[self.at..self.at + n]);
         self.at += n;
@@ -480,8 +494,14 @@ mod tests {
                 format!("event: {}\ndata: {e}\n\n", serde_json::from_str::<Value>(e).unwrap()["type"].as_str().unwrap())
             })
             .collect();
+        // What a provider sends past its last event (here a ping) is read
+        // to the body's end, so its connection is reused.
+        let text = format!("{text}event: ping\ndata: {{\"type\": \"ping\"}}\n\n");
         let mut out = String::new();
-        Events::new(std::io::Cursor::new(text)).read_to_string(&mut out).unwrap();
+        let mut events = Events::new(std::io::Cursor::new(text.clone()));
+        events.read_to_string(&mut out).unwrap();
+        assert_eq!(events.inner.position(), text.len() as u64, "the body's tail was read");
+        assert!(!out.contains("ping"), "nothing past message_stop goes out");
         let chunks: Vec<Value> = out
             .split("\n\n")
             .filter_map(|e| e.strip_prefix("data: "))
