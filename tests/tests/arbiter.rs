@@ -349,6 +349,59 @@ fn choird_refuses_forked_and_gapped_chains() {
     assert_eq!(n, 2);
 }
 
+/// Events alone that extend the stored head are stored in one statement;
+/// anything else (an agent's first events, a resend, a fork, a gap, a bad
+/// hash, an action on the outside world) writes nothing there and is left
+/// to the turn's transaction, which decides as it always did.
+#[test]
+fn events_alone_extending_the_head_are_stored_in_one_statement_and_nothing_else_is() {
+    let Some(pg) = TestPg::start() else { return };
+    let (store, agent, session) = store_with_session(&pg);
+    let count = || -> i64 { pg.client().query_one("SELECT count(*) FROM commit_events", &[]).unwrap().get(0) };
+    let head = || -> (i64, String) {
+        let row = pg.client().query_one("SELECT head_seq, head_hash FROM agent_state", &[]).unwrap();
+        (row.get(0), row.get(1))
+    };
+    let e1 = sealed(1, choir_common::commit::GENESIS_HASH, "a.b");
+    let e2 = sealed(2, &e1.hash, "a.c");
+    // No head row yet: the transaction makes it.
+    assert_eq!(store.events_at_once(&agent, session, &[e1.clone(), e2.clone()]).unwrap(), None);
+    assert_eq!(count(), 0);
+    assert_eq!(store.append_events(&agent, session, &[e1.clone(), e2.clone()]).unwrap(), 2);
+    // Extending the head: stored, and the head moved, in the one statement.
+    let e3 = sealed(3, &e2.hash, "a.d");
+    let e4 = sealed(4, &e3.hash, "a.e");
+    assert_eq!(store.events_at_once(&agent, session, &[e3.clone(), e4.clone()]).unwrap(), Some(4));
+    assert_eq!((count(), head()), (4, (4, e4.hash.clone())));
+    // Not extending it: nothing written, whatever is wrong.
+    let e5 = sealed(5, &e4.hash, "a.f");
+    let mut tampered = e5.clone();
+    tampered.tool = "a.z".into();
+    let mut external = e5.clone();
+    external.external = true;
+    let external = external.seal();
+    for (what, events) in [
+        ("a resend", vec![e4.clone()]),
+        ("a resend running on", vec![e4.clone(), e5.clone()]),
+        ("a fork", vec![sealed(4, &e3.hash, "a.x")]),
+        ("a gap", vec![sealed(6, &e5.hash, "a.g")]),
+        ("a bad hash", vec![tampered]),
+        ("an action on the outside world", vec![external.clone()]),
+    ] {
+        assert_eq!(store.events_at_once(&agent, session, &events).unwrap(), None, "{what}");
+        assert_eq!((count(), head()), (4, (4, e4.hash.clone())), "{what} wrote nothing");
+    }
+    // The transaction takes the resend that runs on, and audits the action.
+    assert_eq!(store.append_events(&agent, session, &[e4.clone(), e5.clone()]).unwrap(), 5);
+    let e6 = sealed(6, &e5.hash, "a.g");
+    let mut external = e6.clone();
+    external.external = true;
+    assert_eq!(store.append_events(&agent, session, &[external.seal()]).unwrap(), 6);
+    let audited: i64 =
+        pg.client().query_one("SELECT count(*) FROM audit WHERE action = 'tool.external'", &[]).unwrap().get(0);
+    assert_eq!((count(), audited), (6, 1));
+}
+
 /// A HEARTBEAT's events and replies are one transaction: when the reply
 /// cannot be stored the events are not either (and the failure is not
 /// blamed on an event, which the agent would quarantine); a forked chain

@@ -31,6 +31,24 @@ const STORED_HASH: &str = "SELECT hash FROM commit_events WHERE agent_id = $1 AN
 /// many core steps they record), in order.
 const INSERT_EVENTS: &str = "INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
      SELECT $1, s, p, h, $2, e FROM unnest($3::bigint[], $4::text[], $5::text[], $6::jsonb[]) AS u(s, p, h, e)";
+/// A HEARTBEAT of events and nothing else, whole in **one statement** (its
+/// own commit: one round trip against the transaction's five, BEGIN to
+/// COMMIT), when the events are new and extend the stored head as the
+/// agent sent them: `$7`/`$8` the head they say they follow (the first
+/// event's `seq - 1` and `prev_hash`), `$9`/`$10` the head they make. The
+/// head's row is locked and checked in the statement; when it is missing
+/// (an agent's first events) or elsewhere (a resend, a fork, a gap, a
+/// concurrent HEARTBEAT's events), nothing is written and the turn's
+/// transaction decides, as for every HEARTBEAT before this statement. One
+/// row: whether it stored.
+const EVENTS_AT_ONCE: &str = "WITH head AS (SELECT 1 FROM agent_state
+                   WHERE agent_id = $1 AND head_seq = $7 AND head_hash = $8 FOR UPDATE),
+     stored AS (INSERT INTO commit_events (agent_id, seq, prev_hash, hash, session_id, event)
+                SELECT $1, s, p, h, $2, e FROM unnest($3::bigint[], $4::text[], $5::text[], $6::jsonb[]) AS u(s, p, h, e)
+                WHERE EXISTS (SELECT 1 FROM head)),
+     moved AS (UPDATE agent_state SET head_seq = $9, head_hash = $10
+               WHERE agent_id = $1 AND EXISTS (SELECT 1 FROM head))
+     SELECT EXISTS (SELECT 1 FROM head)";
 const AUDIT_EXTERNAL: &str = "INSERT INTO audit (actor, agent_id, action, outcome, detail)
      VALUES ('agent-rpc', $1, 'tool.external', $2, $3)";
 /// The agent's chain head, when events moved it, at the end of the
@@ -239,6 +257,11 @@ impl Store {
                 return Ok((None, recorded));
             }
         }
+        if replies.is_none() && !events.is_empty() {
+            if let Some(head) = self.events_at_once(agent, session, events).map_err(ReplicationError::Db)? {
+                return Ok((Some(head), Recorded::default()));
+            }
+        }
         let mut part = Part::Setup;
         let mut chain = None;
         let out = self.db.with(|c| {
@@ -290,6 +313,50 @@ impl Store {
 }
 
 impl Store {
+    /// A HEARTBEAT of events alone, stored by [`EVENTS_AT_ONCE`] when they
+    /// are new, whole (each links to the one before and hashes right) and
+    /// extend the stored head, and none is an action on the outside world
+    /// (those are audited in the turn's transaction): the new head. `None`,
+    /// with nothing written, when they are not; the caller's transaction
+    /// then stores or refuses them. Public for the test that shows which.
+    pub fn events_at_once(
+        &self,
+        agent: &AgentId,
+        session: i64,
+        events: &[CommitEvent],
+    ) -> Result<Option<u64>, DbError> {
+        let Some(first) = events.first() else { return Ok(None) };
+        if events.iter().any(|ev| ev.external) || first.seq == 0 {
+            return Ok(None);
+        }
+        let base = ChainHead { seq: first.seq - 1, hash: first.prev_hash.clone() };
+        let Ok(head) = verify_extension(&base, events) else { return Ok(None) };
+        let (Ok(base_seq), Ok(head_seq)) = (i64::try_from(base.seq), i64::try_from(head.seq)) else { return Ok(None) };
+        let seqs: Vec<i64> = events.iter().map(|ev| ev.seq as i64).collect();
+        let prevs: Vec<&str> = events.iter().map(|ev| ev.prev_hash.as_str()).collect();
+        let hashes: Vec<&str> = events.iter().map(|ev| ev.hash.as_str()).collect();
+        let json: Vec<Value> = events.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect();
+        self.db.with(|c| {
+            let at_once = c.prepared(EVENTS_AT_ONCE)?;
+            let row = c.query_one(
+                &at_once,
+                &[
+                    &agent.as_str(),
+                    &session,
+                    &seqs,
+                    &prevs,
+                    &hashes,
+                    &json,
+                    &base_seq,
+                    &base.hash,
+                    &head_seq,
+                    &head.hash,
+                ],
+            )?;
+            Ok(row.get::<_, bool>(0).then_some(head.seq))
+        })
+    }
+
     /// A HEARTBEAT of one answer to one message and nothing else, stored
     /// by [`ANSWER_AT_ONCE`] with the outbox rows of the conversation the
     /// agent named; `None` (nothing written) when it is not one, or when
