@@ -9,7 +9,8 @@
 //! A call runs on a thread of its own while the lane waits for it, so a lane
 //! cancelled while its model thinks stops waiting at once (the call's thread
 //! stops at the stream's next byte and closes the connection, which ends the
-//! relay's upstream request).
+//! relay's upstream request); a call's thread waits a while for the lane's
+//! next call ([`callers`]).
 //!
 //! **Invariant:** a streamed answer is used only once it is complete (a
 //! `finish_reason` or `[DONE]` arrived) and clean (no provider error in it);
@@ -18,6 +19,7 @@
 //! `tool_calls` field, never from text.
 
 mod answer;
+mod callers;
 mod error;
 mod retry;
 mod stream;
@@ -74,12 +76,14 @@ enum Msg {
 /// The client.
 pub struct Llm {
     rpc: Arc<Rpc>,
+    /// The threads its calls run on.
+    callers: callers::Callers,
 }
 
 impl Llm {
     /// A client over the agent's RPC connection.
     pub fn new(rpc: Arc<Rpc>) -> Llm {
-        Llm { rpc }
+        Llm { rpc, callers: callers::Callers::default() }
     }
 
     /// One completion for `lane` (`edge` or `core`), for core job `job`;
@@ -137,12 +141,16 @@ impl Llm {
         let (tx, rx) = crossbeam_channel::bounded::<Msg>(256);
         let abandoned = Arc::new(AtomicBool::new(false));
         let (rpc, path, gone) = (self.rpc.clone(), path(lane, job), abandoned.clone());
-        let spawned = std::thread::Builder::new().name(format!("model-{lane}")).spawn(move || {
-            let text_tx = tx.clone();
-            let mut on_text = |t: &str| !gone.load(Ordering::SeqCst) && text_tx.send(Msg::Text(t.to_owned())).is_ok();
-            let answer = retrying(&gone, || attempt(&rpc, &path, &body, streamed, &mut on_text));
-            let _ = tx.send(Msg::Done(answer));
-        });
+        let spawned = self.callers.run(
+            lane,
+            Box::new(move || {
+                let text_tx = tx.clone();
+                let mut on_text =
+                    |t: &str| !gone.load(Ordering::SeqCst) && text_tx.send(Msg::Text(t.to_owned())).is_ok();
+                let answer = retrying(&gone, || attempt(&rpc, &path, &body, streamed, &mut on_text));
+                let _ = tx.send(Msg::Done(answer));
+            }),
+        );
         if let Err(e) = spawned {
             return Err(LlmError::Rpc(RpcError::Transport(format!("cannot start the model call: {e}"))));
         }
