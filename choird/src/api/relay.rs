@@ -36,10 +36,12 @@ const MAX_REFUSAL: u64 = 1024 * 1024;
 /// terminator), and read to that end its connection goes back to the
 /// client's pool for the next call — otherwise every call would pay a new
 /// TCP connection and, to a real provider, a TLS handshake. An upstream
-/// still talking past this much loses its connection instead; one silent
-/// after `[DONE]` without ending its body costs this connection's thread
-/// one read timeout (the endpoint's `timeout_s`), the agent's next call
-/// going over another of its connections meanwhile.
+/// still talking past this much loses its connection instead. One silent
+/// after `[DONE]` without ending its body holds this agent connection's
+/// thread for one read timeout (the endpoint's `timeout_s`): a next call
+/// the agent sends over the same connection meanwhile waits for it (the
+/// agent's pool hands out its oldest idle connection). Every provider
+/// Choir speaks to ends its body with its last event.
 const STREAM_TAIL: u64 = 64 * 1024;
 
 /// The request fields forwarded upstream; every other field an agent sends

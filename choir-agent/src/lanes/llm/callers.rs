@@ -2,7 +2,7 @@
 //! while for the next call instead of ending, so a lane's turn does not pay
 //! a thread's start and end (its stack mapped and unmapped, its wake-ups)
 //! for every call. Idle threads past [`MAX_IDLE`] end at once; an idle one
-//! ends after its idle time.
+//! ends after its idle time, or at once when its client is dropped.
 //!
 //! **Invariant:** a call handed to a thread runs. A thread takes itself off
 //! the idle list (under its lock) before it ends, so a call is only ever
@@ -14,7 +14,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 /// A model call's work.
@@ -73,7 +73,6 @@ impl Callers {
                 Err(back) => call = back.0,
             }
         }
-        let (calls, inbox) = crossbeam_channel::bounded::<Call>(1);
         let id = {
             let mut list = self.list.lock();
             list.next_id += 1;
@@ -82,7 +81,7 @@ impl Callers {
         let (list, lane_name, idle_for) = (Arc::downgrade(&self.list), lane.to_owned(), self.idle_for);
         std::thread::Builder::new()
             .name(format!("model-{lane}"))
-            .spawn(move || serve(id, lane_name, call, calls, inbox, list, idle_for))
+            .spawn(move || serve(id, lane_name, call, list, idle_for))
             .map(drop)
     }
 
@@ -94,32 +93,29 @@ impl Callers {
 }
 
 /// A thread's life: its first call, then each call handed to it while it
-/// waits on the idle list.
-fn serve(
-    id: u64,
-    lane: String,
-    first: Call,
-    calls: Sender<Call>,
-    inbox: Receiver<Call>,
-    list: Weak<Mutex<List>>,
-    idle_for: Duration,
-) {
+/// waits on the idle list. Only the list holds the sender of its next
+/// call, so a client dropped (its list with it) ends its idle threads at
+/// once.
+fn serve(id: u64, lane: String, first: Call, list: Weak<Mutex<List>>, idle_for: Duration) {
     first();
     loop {
-        {
+        let inbox = {
             let Some(list) = list.upgrade() else { return };
             let mut list = list.lock();
             if list.idle.len() >= MAX_IDLE {
                 return;
             }
-            list.idle.push(Idle { id, lane: lane.clone(), calls: calls.clone() });
-        }
+            let (calls, inbox) = crossbeam_channel::bounded::<Call>(1);
+            list.idle.push(Idle { id, lane: lane.clone(), calls });
+            inbox
+        };
         loop {
             match inbox.recv_timeout(idle_for) {
                 Ok(call) => {
                     call();
                     break;
                 }
+                // The client is gone, and its list with the sender.
                 Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {
                     let Some(list) = list.upgrade() else { return };
@@ -194,6 +190,31 @@ mod tests {
         until_idle(&callers, MAX_IDLE);
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(callers.idle(), MAX_IDLE, "the others ended");
+    }
+
+    /// The threads of this process named `name` now.
+    fn named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn a_dropped_clients_idle_threads_end_at_once() {
+        // A client made per call (as one for a single completion) leaves no
+        // thread behind for its idle time.
+        let callers = Callers::with_idle_time(Duration::from_secs(3600));
+        on_thread(&callers, "dropped");
+        until_idle(&callers, 1);
+        assert_eq!(named("model-dropped"), 1, "the idle thread waits");
+        drop(callers);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while named("model-dropped") > 0 {
+            assert!(std::time::Instant::now() < deadline, "the idle thread outlived its client");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
