@@ -387,6 +387,10 @@ fn events_alone_extending_the_head_are_stored_in_one_statement_and_nothing_else_
         ("a gap", vec![sealed(6, &e5.hash, "a.g")]),
         ("a bad hash", vec![tampered]),
         ("an action on the outside world", vec![external.clone()]),
+        // A hostile agent's numbers: none before the first, none past the
+        // database's bigint (its head would wrap to a negative number).
+        ("an event numbered 0", vec![sealed(0, &e4.hash, "a.f")]),
+        ("a sequence number past i64", vec![sealed(u64::MAX, &e4.hash, "a.f")]),
     ] {
         assert_eq!(store.events_at_once(&agent, session, &events).unwrap(), None, "{what}");
         assert_eq!((count(), head()), (4, (4, e4.hash.clone())), "{what} wrote nothing");

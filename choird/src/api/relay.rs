@@ -200,20 +200,14 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
     let prompt_estimate = payload.len() as u64 / crate::budget::BYTES_PER_TOKEN;
     if upstream_streams && status == 200 {
         // Server-sent events pass through as they come; usage is read on the way.
-        let tap = UsageTap {
-            inner: answer.body,
-            line: Vec::new(),
-            usage: None,
-            bytes: 0,
-            done: false,
-            tail: false,
-            broke: None,
-            silence: format!(
+        let tap = UsageTap::new(
+            answer.body,
+            format!(
                 "the {} model's endpoint was silent for more than {} s (its timeout_s) in the middle of its answer",
                 lane.as_str(),
                 endpoint.timeout_s
             ),
-            record: Some(Box::new({
+            Some(Box::new({
                 let (d, who, model, job) = (d.clone(), who.clone(), model.clone(), job.clone());
                 let lane = lane.as_str();
                 move |usage: Option<Tokens>, bytes: u64| {
@@ -239,7 +233,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                     warn_budget(&d, &who.agent, reservation.settle(prompt + completion));
                 }
             })),
-        };
+        );
         let mut resp = Response::streaming(tap);
         resp.content_type = "text/event-stream";
         resp.headers.extend(fell_back);
@@ -393,6 +387,22 @@ struct UsageTap<R: Read> {
 }
 
 impl<R: Read> UsageTap<R> {
+    /// A tap on `inner` calling a silence past the read timeout `silence`,
+    /// recording the call with `record` once it ends.
+    fn new(inner: R, silence: String, record: Option<RecordUsage>) -> UsageTap<R> {
+        UsageTap {
+            inner,
+            line: Vec::new(),
+            usage: None,
+            bytes: 0,
+            done: false,
+            tail: false,
+            broke: None,
+            silence,
+            record,
+        }
+    }
+
     fn finish(&mut self) {
         if let Some(record) = self.record.take() {
             record(self.usage, self.bytes);
@@ -619,20 +629,14 @@ mod tests {
                       data: [DONE]\n\ndata: {\"after\":\"the end\"}\n\n";
         type Records = Vec<(Option<Tokens>, u64)>;
         let recorded: Arc<Mutex<Records>> = Arc::default();
-        let mut tap = UsageTap {
-            inner: std::io::Cursor::new(stream.as_bytes().to_vec()),
-            line: Vec::new(),
-            usage: None,
-            bytes: 0,
-            done: false,
-            tail: false,
-            broke: None,
-            silence: "silent".into(),
-            record: Some(Box::new({
+        let mut tap = UsageTap::new(
+            std::io::Cursor::new(stream.as_bytes().to_vec()),
+            "silent".into(),
+            Some(Box::new({
                 let recorded = recorded.clone();
                 move |usage, bytes| recorded.lock().unwrap().push((usage, bytes))
             })),
-        };
+        );
         // The whole stream up to [DONE] goes out before anything is recorded.
         let mut out = vec![0u8; 4096];
         let n = tap.read(&mut out).unwrap();
@@ -711,17 +715,7 @@ mod tests {
             .build()
             .send(&b"{}"[..])
             .unwrap();
-        let mut tap = UsageTap {
-            inner: answer.into_body().into_reader(),
-            line: Vec::new(),
-            usage: None,
-            bytes: 0,
-            done: false,
-            tail: false,
-            broke: None,
-            silence: "silent".into(),
-            record: None,
-        };
+        let mut tap = UsageTap::new(answer.into_body().into_reader(), "silent".into(), None);
         let (mut out, mut buf) = (Vec::new(), [0u8; 8]);
         for _ in 0..reads {
             match tap.read(&mut buf).unwrap() {

@@ -332,10 +332,7 @@ impl Store {
         let base = ChainHead { seq: first.seq - 1, hash: first.prev_hash.clone() };
         let Ok(head) = verify_extension(&base, events) else { return Ok(None) };
         let (Ok(base_seq), Ok(head_seq)) = (i64::try_from(base.seq), i64::try_from(head.seq)) else { return Ok(None) };
-        let seqs: Vec<i64> = events.iter().map(|ev| ev.seq as i64).collect();
-        let prevs: Vec<&str> = events.iter().map(|ev| ev.prev_hash.as_str()).collect();
-        let hashes: Vec<&str> = events.iter().map(|ev| ev.hash.as_str()).collect();
-        let json: Vec<Value> = events.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect();
+        let Columns { seqs, prevs, hashes, json } = Columns::of(events);
         self.db.with(|c| {
             let at_once = c.prepared(EVENTS_AT_ONCE)?;
             let row = c.query_one(
@@ -421,6 +418,26 @@ fn in_reply_order(reply: &OutboundReply, mut answered: HashMap<u64, String>) -> 
     (new, conversation)
 }
 
+/// A batch of events as the columns [`INSERT_EVENTS`] and
+/// [`EVENTS_AT_ONCE`] unnest, in the batch's order.
+struct Columns<'a> {
+    seqs: Vec<i64>,
+    prevs: Vec<&'a str>,
+    hashes: Vec<&'a str>,
+    json: Vec<Value>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(events: &'a [CommitEvent]) -> Columns<'a> {
+        Columns {
+            seqs: events.iter().map(|ev| ev.seq as i64).collect(),
+            prevs: events.iter().map(|ev| ev.prev_hash.as_str()).collect(),
+            hashes: events.iter().map(|ev| ev.hash.as_str()).collect(),
+            json: events.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect(),
+        }
+    }
+}
+
 /// What [`append`] stored: the new head, and whether it moved (the caller
 /// writes it to `agent_state`).
 struct Appended {
@@ -455,11 +472,8 @@ fn append(
         Err(e) => return Ok(Err(e)),
     };
     let moved = new_head.seq != head.seq;
-    let json: Vec<Value> = fresh.iter().map(|ev| serde_json::to_value(ev).unwrap_or(Value::Null)).collect();
+    let Columns { seqs, prevs, hashes, json } = Columns::of(&fresh);
     if !fresh.is_empty() {
-        let seqs: Vec<i64> = fresh.iter().map(|ev| ev.seq as i64).collect();
-        let prevs: Vec<&str> = fresh.iter().map(|ev| ev.prev_hash.as_str()).collect();
-        let hashes: Vec<&str> = fresh.iter().map(|ev| ev.hash.as_str()).collect();
         tx.execute(&p.insert_events, &[&agent.as_str(), &session, &seqs, &prevs, &hashes, &json])?;
     }
     for (ev, json) in fresh.iter().zip(&json).filter(|(ev, _)| ev.external) {
