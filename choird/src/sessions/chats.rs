@@ -17,12 +17,11 @@ impl Sessions {
         let missed = match self.table.lock().get_mut(id) {
             Some(slot) => {
                 slot.waiters.insert(message, tx);
-                slot.wake += 1;
+                slot.wake_poll();
                 seen != Some(slot.replies_begun)
             }
             None => true,
         };
-        self.notify();
         missed
     }
 

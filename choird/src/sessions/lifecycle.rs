@@ -210,7 +210,7 @@ impl Sessions {
                             "agent {id} stopped before answering ({reason}){later}"
                         ))));
                     }
-                    slot.wake += 1;
+                    slot.wake_poll();
                     true
                 }
                 _ => false,
@@ -231,7 +231,7 @@ impl Sessions {
                 Some(session) => {
                     session.stop = true;
                     slot.phase = Phase::Stopping;
-                    slot.wake += 1;
+                    slot.wake_poll();
                     true
                 }
                 None if was_desired => {
@@ -259,7 +259,7 @@ impl Sessions {
                             s.terminated = true;
                             s.stop = true;
                             slot.phase = Phase::Stopping;
-                            slot.wake += 1;
+                            slot.wake_poll();
                             true
                         }
                         None => false,

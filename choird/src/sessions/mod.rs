@@ -1,8 +1,11 @@
 //! Agent slots, leases and rate buckets: which agents run, their sessions,
 //! what has been handed to them, and who waits for their answers.
 //!
-//! Everything here sits behind one mutex with one condition variable
-//! (`changed`, which long-polling HEARTBEATs and stopping admins wait on).
+//! Everything here sits behind one mutex. Two kinds of condition variable
+//! go with it: each slot's own `woken`, signalled only when that agent's
+//! wake counter moves (its long-polling HEARTBEAT waits on it), and the
+//! table's `changed`, signalled on the rarer changes that starts, stops and
+//! restart back-offs wait for.
 //! The table and its types are here; its operations are in one file per
 //! facet: [`auth`] (tokens and rate buckets), [`lifecycle`] (start, stop,
 //! supervise), [`verbs`] (what the agent's verbs change), [`chats`] (who
@@ -15,9 +18,14 @@
 //! another agent.
 //! **Invariant (11):** at most one session per agent is live; a start while
 //! one is live is refused ([`Sessions::begin_start`]).
+//! **Invariant:** one agent's events wake no other agent's long-poll, and
+//! nothing wakes a long-poll but a move of its own agent's wake counter
+//! (`AgentSlot::wake_poll`, the only place it moves): a turn costs the same
+//! thread wake-ups whether one agent runs or a hundred.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::admin::AgentSummary;
@@ -275,8 +283,13 @@ struct AgentSlot {
     /// stored and when its waiter is registered knows no answer to it can
     /// have been stored unseen (`Sessions::wait_for_answer`).
     replies_begun: u64,
-    /// Bumped whenever a long-poll of this agent should look again.
+    /// Bumped whenever a long-poll of this agent should look again (only by
+    /// [`AgentSlot::wake_poll`]).
     wake: u64,
+    /// Signalled when `wake` moves; what the agent's long-poll waits on.
+    /// Shared out so a waiter holds it while the table's guard is lent to
+    /// the wait (slots are never removed, so it is always this slot's).
+    woken: Arc<Condvar>,
     /// Decisions on its proposals wait to be handed over.
     decisions_due: bool,
     /// Scheduled firings may wait to be offered.
@@ -285,6 +298,15 @@ struct AgentSlot {
     cancels: Vec<String>,
     /// The config version its last HEARTBEAT said it runs with.
     config_version: Option<u64>,
+}
+
+impl AgentSlot {
+    /// Moves the wake counter and wakes this agent's long-poll, and no
+    /// other thread.
+    fn wake_poll(&mut self) {
+        self.wake += 1;
+        self.woken.notify_all();
+    }
 }
 
 /// Why an RPC was not authenticated.
@@ -355,6 +377,7 @@ pub struct PollState {
 #[derive(Default)]
 pub struct Sessions {
     table: Mutex<BTreeMap<AgentId, AgentSlot>>,
+    /// Starts, stops and back-offs wait on it; long-polls do not.
     changed: Condvar,
 }
 
@@ -405,6 +428,73 @@ mod tests {
         assert!(sessions.wait_for_answer(&b, 3, tx.clone(), sessions.replies_begun(&b)));
         sessions.ensure([&b]);
         assert!(sessions.wait_for_answer(&b, 4, tx, None));
+    }
+
+    /// How often a thread of this process was switched out because it
+    /// waited (`voluntary_ctxt_switches`): a thread asleep on a condition
+    /// variable adds one each time something wakes it.
+    fn waits_of(tid: i32) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Whether the thread is asleep (`S` in its stat).
+    fn asleep(tid: i32) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S'))
+    }
+
+    /// With one condition variable for the whole table, every wake of any
+    /// agent (a message, a chat, a decision, a firing, a cancel) woke every
+    /// agent's waiting long-poll, so a turn cost a thread wake-up per agent
+    /// running: at 100 agents a turn's p50 was twice that at 10. Agent b's
+    /// long-poll sleeps through 200 of each of agent a's wakes without once
+    /// being switched in (a thread woken for nothing sleeps again, and each
+    /// sleep counts); its own wake ends its sleep (the controls: the wait
+    /// returns, and its next sleep is counted).
+    #[test]
+    fn a_wake_of_one_agent_leaves_every_other_agents_long_poll_asleep() {
+        let (a, b) = (AgentId::parse("alpha").unwrap(), AgentId::parse("beta").unwrap());
+        let sessions = Sessions::new([&a, &b]);
+        sessions.open(&a, 1, [0; 32], 0);
+        sessions.open(&b, 2, [0; 32], 0);
+        let seen = sessions.poll(&b, 2, true, None).wake;
+        let (tid_tx, tid_rx) = crossbeam_channel::bounded(1);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get()).unwrap();
+                sessions.wait_wake(&b, seen, Instant::now() + Duration::from_secs(10));
+                // One more sleep, which the count must show (the control
+                // that it counts this thread's sleeps at all).
+                sessions.wait_wake(&b, seen + 1, Instant::now() + Duration::from_millis(20));
+                let tid = rustix::thread::gettid().as_raw_nonzero().get();
+                done_tx.send(waits_of(tid)).unwrap();
+            });
+            let tid = tid_rx.recv().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !asleep(tid) {
+                assert!(Instant::now() < deadline, "the long-poll never went to sleep");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let before = waits_of(tid);
+            let (tx, _rx) = crossbeam_channel::unbounded();
+            for i in 0..200 {
+                sessions.wake(&a);
+                sessions.wait_for_answer(&a, i, tx.clone(), None);
+                sessions.decision_due(&a);
+                sessions.firing_due(&a);
+                sessions.cancel(&a, "edge");
+                // Time for a woken thread to run before the next wake.
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            assert_eq!(waits_of(tid), before, "agent b's long-poll was woken by agent a's events");
+            assert!(done_rx.try_recv().is_err(), "agent b's long-poll ended without a wake of its own");
+            sessions.wake(&b);
+            let after = done_rx.recv_timeout(Duration::from_secs(10)).expect("agent b's own wake ended its long-poll");
+            assert!(after > before, "the count of b's wake-ups did not move when it was woken");
+        });
     }
 
     /// Hostile: the reason an agent gives in TERMINATE_SELF is its own

@@ -100,9 +100,8 @@ impl Sessions {
     pub fn firing_due(&self, id: &AgentId) {
         if let Some(slot) = self.table.lock().get_mut(id) {
             slot.firings_due = true;
-            slot.wake += 1;
+            slot.wake_poll();
         }
-        self.notify();
     }
 
     /// Gives back a firings flag that could not be served.
@@ -158,10 +157,13 @@ impl Sessions {
     }
 
     /// Waits until the agent's wake counter moves past `seen`, or `deadline`.
+    /// Sleeps on the agent's own `woken`: no other agent's event, and no
+    /// change but a wake of this one, ends the sleep.
     pub fn wait_wake(&self, id: &AgentId, seen: u64, deadline: Instant) {
         let mut t = self.table.lock();
+        let Some(woken) = t.get(id).map(|s| Arc::clone(&s.woken)) else { return };
         while t.get(id).is_some_and(|s| s.wake == seen) && Instant::now() < deadline {
-            if self.changed.wait_until(&mut t, deadline).timed_out() {
+            if woken.wait_until(&mut t, deadline).timed_out() {
                 break;
             }
         }
@@ -170,28 +172,36 @@ impl Sessions {
     /// REPORT_STATUS: keeps the latest report; the first RUNNING report of
     /// the current session marks it running.
     pub fn report(&self, id: &AgentId, session: i64, req: ReportStatusRequest) {
-        if let Some(slot) = self.table.lock().get_mut(id) {
-            let current = slot.session.as_ref().is_some_and(|s| s.id == session);
-            if current && slot.phase == Phase::Starting && req.session_state == "RUNNING" {
-                slot.phase = Phase::Running;
+        let running = match self.table.lock().get_mut(id) {
+            Some(slot) => {
+                let current = slot.session.as_ref().is_some_and(|s| s.id == session);
+                let running = current && slot.phase == Phase::Starting && req.session_state == "RUNNING";
+                if running {
+                    slot.phase = Phase::Running;
+                }
+                slot.status = Some(req);
+                running
             }
-            slot.status = Some(req);
+            None => false,
+        };
+        // A start waits for this; nothing waits for a status alone.
+        if running {
+            self.notify();
         }
-        self.notify();
     }
 
     /// Wakes the agent's long-poll (a message, a decision or a cancel waits).
     pub fn wake(&self, id: &AgentId) {
         if let Some(slot) = self.table.lock().get_mut(id) {
-            slot.wake += 1;
+            slot.wake_poll();
         }
-        self.notify();
     }
 
-    /// Wakes every long-poll (shutdown, a new config version).
+    /// Wakes every long-poll (shutdown, a new config version), and whoever
+    /// waits on the table (a restart's back-off looks at shutdown).
     pub fn wake_all(&self) {
         for slot in self.table.lock().values_mut() {
-            slot.wake += 1;
+            slot.wake_poll();
         }
         self.notify();
     }
@@ -200,25 +210,19 @@ impl Sessions {
     pub fn decision_due(&self, id: &AgentId) {
         if let Some(slot) = self.table.lock().get_mut(id) {
             slot.decisions_due = true;
-            slot.wake += 1;
+            slot.wake_poll();
         }
-        self.notify();
     }
 
     /// Queues a cancel request for a running agent; `false` when it is not running.
     pub fn cancel(&self, id: &AgentId, lane: &str) -> Option<bool> {
-        let r = {
-            let mut t = self.table.lock();
-            let slot = t.get_mut(id)?;
-            if slot.session.is_none() {
-                Some(false)
-            } else {
-                slot.cancels.push(lane.to_owned());
-                slot.wake += 1;
-                Some(true)
-            }
-        };
-        self.notify();
-        r
+        let mut t = self.table.lock();
+        let slot = t.get_mut(id)?;
+        if slot.session.is_none() {
+            return Some(false);
+        }
+        slot.cancels.push(lane.to_owned());
+        slot.wake_poll();
+        Some(true)
     }
 }

@@ -6,8 +6,11 @@
 //! agents' own resident memory, the whole system's idle CPU (choird, agents
 //! and the cluster, utime+stime over 30 s) and the turn latency through
 //! the admin API round-robin over all agents (a fake model answering at
-//! once). Goal: choird's per-agent cost constant, idle CPU at 100 agents
-//! ≤ 1 % of a core. `bench-many 10 20` measures other counts.
+//! once) with the whole system's CPU per turn over them (utime+stime of
+//! choird, the agents and the cluster). Goal: choird's per-agent cost
+//! constant, idle CPU at 100 agents ≤ 1 % of a core, a turn's latency and
+//! CPU the same whatever the count. `bench-many 10 20` measures other
+//! counts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -32,6 +35,8 @@ struct Row {
     idle_split: [f64; 3],
     p50: Duration,
     p99: Duration,
+    /// The whole system's CPU per turn over the turns.
+    turn_cpu: Duration,
 }
 
 fn measure(n: usize, llm: &FakeLlm) -> Row {
@@ -85,9 +90,14 @@ fn measure(n: usize, llm: &FakeLlm) -> Row {
         idle_split,
         p50: Duration::ZERO,
         p99: Duration::ZERO,
+        turn_cpu: Duration::ZERO,
     };
-    let mut latencies: Vec<Duration> = (0..500).map(|i| turn(refs[i % n], i)).collect();
-    Row { p50: pct(&mut latencies, 0.5), p99: pct(&mut latencies, 0.99), ..row }
+    const TURNS: usize = 500;
+    let before = system_cpu(pid, postmaster);
+    let mut latencies: Vec<Duration> = (0..TURNS).map(|i| turn(refs[i % n], i)).collect();
+    let after = system_cpu(pid, postmaster);
+    let spent: Duration = (0..3).map(|i| after[i].saturating_sub(before[i])).sum();
+    Row { p50: pct(&mut latencies, 0.5), p99: pct(&mut latencies, 0.99), turn_cpu: spent / TURNS as u32, ..row }
 }
 
 fn main() {
@@ -106,7 +116,7 @@ fn main() {
             }
         };
         report!(
-            "{} agents: choird {:.1} MB{}, {} threads{}, {} descriptors{}; each agent {:.1} MB; idle CPU, whole system {:.2} % of a core (choird {:.2}, agents {:.2}, PostgreSQL {:.2}); a turn p50 {:.2} ms p99 {:.2} ms",
+            "{} agents: choird {:.1} MB{}, {} threads{}, {} descriptors{}; each agent {:.1} MB; idle CPU, whole system {:.2} % of a core (choird {:.2}, agents {:.2}, PostgreSQL {:.2}); a turn p50 {:.2} ms p99 {:.2} ms, CPU {:.2} ms",
             r.n,
             r.rss_kb as f64 / 1024.0,
             per(r.rss_kb as f64 / 1024.0, first.rss_kb as f64 / 1024.0).replace("per agent", "MB per agent"),
@@ -120,7 +130,8 @@ fn main() {
             r.idle_split[1],
             r.idle_split[2],
             r.p50.as_secs_f64() * 1e3,
-            r.p99.as_secs_f64() * 1e3
+            r.p99.as_secs_f64() * 1e3,
+            r.turn_cpu.as_secs_f64() * 1e3
         );
     }
 }
