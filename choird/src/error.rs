@@ -123,6 +123,12 @@ impl From<DbError> for Error {
         if let DbError::Dimensions { .. } = e {
             return Error::Conflict(e.to_string());
         }
+        if let DbError::Busy { .. } = e {
+            // Said as it is (no detail of the database in it); not logged
+            // per request: a flooding agent would flood the journal.
+            log::debug!("{e}");
+            return Error::Unavailable(e.to_string());
+        }
         // The detail (hosts, sockets, SQL) stays in choird's log: an agent or a
         // client learns only that it may try again.
         log::error!("{e}");

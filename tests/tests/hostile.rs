@@ -959,6 +959,83 @@ fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     assert_eq!(evil.rpc("FETCH_DYNAMIC_CONFIG", &json!({})).0, 200);
 }
 
+/// Hostile: one agent floods its socket with 48 requests at once, each of
+/// which takes a database connection (a HEARTBEAT resending stored events
+/// locks the chain head). Before, each opened a connection of its own,
+/// past the cluster's `max_connections`, and every agent's turns failed
+/// with it. Now its requests hold at most their share (`db::slots`): choird's
+/// connections stay within its bound all along, the flood is answered
+/// (stored, or "busy, try again"), another agent answers meanwhile, and the
+/// events were stored once.
+#[test]
+fn t2_a_flood_of_one_agents_requests_holds_only_its_share_of_database_connections() {
+    let Some(pg) = TestPg::start() else { return };
+    let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("good answers".into())));
+    let config = hostile_config(&llm, &pg, &["evil", "good"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "good"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    assert_eq!(choird.ctl_ok(&["chat", "good", "warm up"]), "good answers\n");
+    let first = event(1, GENESIS_HASH, json!({"path": "a.txt"}));
+    assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![first.clone()], json!([]))).0, 200);
+
+    let flooding = AtomicBool::new(true);
+    let most = std::sync::atomic::AtomicI64::new(0);
+    let statuses = parking_lot::Mutex::new(std::collections::BTreeMap::<u16, u64>::new());
+    let answered = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut c = pg.client();
+            while flooding.load(Ordering::SeqCst) {
+                let n: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        for _ in 0..48 {
+            scope.spawn(|| {
+                let body = heartbeat(vec![first.clone()], json!([]));
+                while flooding.load(Ordering::SeqCst) {
+                    let (status, _) = evil.rpc("HEARTBEAT", &body);
+                    *statuses.lock().entry(status).or_default() += 1;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let answered = choird.ctl(&["chat", "good", "still there?"]);
+        std::thread::sleep(Duration::from_secs(1));
+        flooding.store(false, Ordering::SeqCst);
+        answered
+    });
+    let statuses = statuses.into_inner();
+    assert_eq!(
+        String::from_utf8_lossy(&answered.stdout),
+        "good answers\n",
+        "another agent's turn failed during the flood: {}",
+        String::from_utf8_lossy(&answered.stderr)
+    );
+    let most = most.load(Ordering::SeqCst) as usize;
+    eprintln!("the flood: at most {most} of choird's connections at once; its answers by status {statuses:?}");
+    assert!(
+        most <= choird::db::slots::MAX_OPEN,
+        "choird held {most} connections at once (its bound: {})",
+        choird::db::slots::MAX_OPEN
+    );
+    assert!(statuses.keys().all(|s| [200, 429, 503].contains(s)), "the flood was answered {statuses:?}");
+    assert!(statuses.get(&200).copied().unwrap_or(0) > 0, "no request of the flood was served: {statuses:?}");
+    let stored: i64 =
+        pg.client().query_one("SELECT count(*) FROM commit_events WHERE agent_id = 'evil'", &[]).unwrap().get(0);
+    assert_eq!(stored, 1, "the resent event was stored more than once");
+    assert_eq!(choird.ctl_ok(&["chat", "good", "after"]), "good answers\n");
+}
+
 /// Whether any process's command line is exactly `words` (NUL-separated).
 fn process_running(words: &[&str]) -> bool {
     let want: Vec<u8> = words.iter().flat_map(|w| w.bytes().chain(std::iter::once(0))).collect();

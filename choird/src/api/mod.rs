@@ -111,6 +111,14 @@ impl Handler for Router {
 
     fn handle(&self, _kind: &ListenerKind, route: Route, req: Request) -> Response {
         let d = &self.daemon;
+        // The database connections an agent's request takes count against
+        // the agent (`db::slots`): a flood of its requests waits for its own.
+        let _acting = match &route {
+            Route::Rpc { caller, .. } | Route::Llm { caller, .. } | Route::Egress { caller, .. } => {
+                Some(crate::db::slots::acting_for(&caller.agent))
+            }
+            Route::Metrics | Route::Admin(_) => None,
+        };
         let result = match route {
             Route::Metrics => {
                 return Response {

@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod keeper;
 pub mod keeping;
+pub mod slots;
 pub mod upkeep;
 
 use std::collections::HashMap;
@@ -97,6 +98,16 @@ pub enum DbError {
         /// The configured dimension.
         configured: u32,
     },
+    /// Every connection choird may hold, or every one the agent's requests
+    /// may, was in use for longer than a request waits ([`slots`]).
+    #[error("{}", match agent {
+        Some(a) => format!("agent {a}'s requests hold all the database connections they may; try again"),
+        None => "all of choird's database connections are in use; try again".to_owned(),
+    })]
+    Busy {
+        /// The agent whose share was full (none: all of choird's).
+        agent: Option<String>,
+    },
     /// Work stopped because choird is stopping (a cancelled index build).
     #[error("stopped: choird is shutting down")]
     Stopped,
@@ -136,6 +147,10 @@ fn unused_too_long<C>(idle: &mut Vec<(C, Instant)>, now: Instant) -> Vec<(C, Ins
 /// A pool of blocking connections. Connections are created on demand; a
 /// broken connection is dropped rather than returned.
 ///
+/// **Invariant:** every connection is used under a slot ([`slots`]): at most
+/// [`slots::MAX_OPEN`] are open at once (a new one is opened only when
+/// none waits in the pool), and one agent's requests hold at most
+/// [`slots::PER_AGENT`].
 /// **Invariant:** at most [`MAX_IDLE`] connections wait in the pool, and one
 /// unused for [`IDLE_CLOSE`] is closed — at the pool's next use, or by
 /// [`Db::close_unused`], which choird's main loop calls every second. Each
@@ -149,6 +164,8 @@ pub struct Db {
     target: String,
     /// Idle connections, the most recently used last, with when each came back.
     idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Who may hold how many connections.
+    slots: slots::Slots,
 }
 
 /// The most connections the pool keeps open while unused.
@@ -200,7 +217,7 @@ impl Db {
         let config: postgres::Config = url
             .parse()
             .map_err(|e| DbError::Connect { target: "a connection string that does not parse".into(), source: e })?;
-        let db = Db { target: describe(&config), config, idle: Mutex::new(Vec::new()) };
+        let db = Db { target: describe(&config), config, idle: Mutex::new(Vec::new()), slots: slots::Slots::default() };
         let client = db.open()?;
         db.idle.lock().push((Conn { client, prepared: HashMap::new() }, Instant::now()));
         Ok(db)
@@ -223,6 +240,8 @@ impl Db {
     #[track_caller]
     pub fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T, postgres::Error>) -> Result<T, DbError> {
         log::trace!(target: "choird::db::uses", "{}", std::panic::Location::caller());
+        // Taken first and given back last (declared before the connection).
+        let _slot = self.slot()?;
         let (pooled, closing) = {
             let mut idle = self.idle.lock();
             let pooled = idle.pop().map(|(c, _)| c);
@@ -265,8 +284,19 @@ impl Db {
     /// for work that sets session state (settings, session advisory locks)
     /// or runs long, so none of it reaches a pooled connection.
     pub fn dedicated<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, DbError>) -> Result<T, DbError> {
+        let _slot = self.slot()?;
         let mut client = self.open()?;
         f(&mut client)
+    }
+
+    /// A slot for a connection ([`slots`]), or why there is none.
+    fn slot(&self) -> Result<slots::Slot<'_>, DbError> {
+        self.slots.take().map_err(|busy| DbError::Busy { agent: busy.agent.map(|a| a.to_string()) })
+    }
+
+    /// Connections held now: of all, and by `agent`'s requests.
+    pub fn held(&self, agent: &choir_common::ids::AgentId) -> (usize, usize) {
+        self.slots.held(agent)
     }
 
     /// Applies pending migrations; returns the names applied now.
