@@ -40,13 +40,8 @@ const PORT: u16 = 5432;
 /// - checkpoints at most every 15 minutes unless WAL grows: fewer writes
 ///   when little happens, recovery still bounded by `max_wal_size`.
 ///
-/// - `max_connections` 30 (default 100): choird holds at most
-///   `db::slots::MAX_OPEN` (20) at once, and the rest is room for the
-///   keeper's upkeep, a backup's `pg_dump` and an operator's `psql`. Each
-///   connection allowed is shared memory the postmaster sets up and
-///   touches (2.2 MB of the whole system's PSS between 100 and 30).
+/// - `max_connections` 30 (default 100; [`max_connections`]).
 const SMALL_HOST: &str = "shared_buffers = 16MB\n\
-     max_connections = 30\n\
      max_logical_replication_workers = 0\n\
      max_wal_senders = 0\n\
      wal_level = minimal\n\
@@ -56,6 +51,16 @@ const SMALL_HOST: &str = "shared_buffers = 16MB\n\
      autovacuum = off\n\
      autovacuum_max_workers = 1\n\
      checkpoint_timeout = 15min\n";
+
+/// The managed cluster's `max_connections`: the most choird holds at once
+/// ([`crate::db::slots::MAX_OPEN`], 20) and room for the keeper's upkeep, a
+/// backup's `pg_dump` and an operator's `psql` (of which PostgreSQL keeps
+/// three for superusers). Each connection allowed is shared memory the
+/// postmaster sets up and touches: 2.2 MB of the whole system's PSS
+/// between PostgreSQL's default of 100 and 30.
+pub fn max_connections() -> usize {
+    crate::db::slots::MAX_OPEN + 10
+}
 
 /// Database created for choird inside the cluster.
 pub const DATABASE: &str = "choir";
@@ -177,8 +182,9 @@ impl ManagedCluster {
         // fresh file in the data dir through a postgres-owned copy is overkill;
         // the data dir is 0700 postgres, so write it as that user when root.
         let settings = format!(
-            "listen_addresses = ''\nport = {PORT}\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nlogging_collector = off\n{SMALL_HOST}",
-            run.display()
+            "listen_addresses = ''\nport = {PORT}\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nlogging_collector = off\nmax_connections = {}\n{SMALL_HOST}",
+            run.display(),
+            max_connections()
         );
         write_as_server_user(&data.join("choir.conf"), &settings)?;
 

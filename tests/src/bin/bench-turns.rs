@@ -95,6 +95,7 @@ fn hops() -> Vec<&'static str> {
 /// (`db::cluster`), each back at PostgreSQL's own default.
 const PG_DEFAULTS: &[(&str, &str)] = &[
     ("shared_buffers", "128MB"),
+    ("max_connections", "100"),
     ("max_logical_replication_workers", "4"),
     ("max_wal_senders", "10"),
     ("wal_level", "replica"),
