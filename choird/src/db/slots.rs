@@ -10,9 +10,11 @@
 //! `max_connections` leaves it), and at most `per_agent` of them by threads
 //! acting for one agent. A hostile agent filling its socket with requests
 //! (64 connections a socket) waits for its own slots and leaves the rest
-//! to choird and the other agents; before, each of its requests opened a
-//! connection of its own, and two such agents used up the cluster's and
-//! every agent's turns failed.
+//! to choird and the other agents. Before, each of its requests opened a
+//! connection of its own (48 requests at once held 50 connections in
+//! `hostile::t2_a_flood_of_one_agents_requests_holds_only_its_share_of_database_connections`),
+//! so two such agents could use up PostgreSQL's default 100, after which
+//! every connection choird opened for anyone was refused.
 //! **Invariant:** a thread that holds a slot takes another without waiting,
 //! so work that takes a connection inside another's never deadlocks on the
 //! bound (it may exceed it by that nesting, which code bounds).
