@@ -153,6 +153,19 @@ fn hostile_config(llm: &FakeLlm, pg: &TestPg, agents: &[&str]) -> Value {
     c
 }
 
+/// choird with the hostile `evil` and a real `good` agent (answering "good
+/// answers"), both started, `good` having answered once; the attacker's end
+/// of `evil`'s socket.
+fn evil_beside_good(llm: &FakeLlm, pg: &TestPg) -> (Choird, Evil) {
+    let config = hostile_config(llm, pg, &["evil", "good"]);
+    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    choird.ctl_ok(&["agent", "start", "good"]);
+    choird.ctl_ok(&["agent", "start", "evil"]);
+    let evil = Evil::of(&choird, "evil");
+    assert_eq!(choird.ctl_ok(&["chat", "good", "warm up"]), "good answers\n");
+    (choird, evil)
+}
+
 /// The config of the T2 tests: `evil` (the hostile agent) and `good` (a
 /// real agent) on one choird, a Telegram bot serving one user of each, and
 /// memory.
@@ -907,12 +920,7 @@ fn a_reply_covering_more_than_max_covers_messages_is_refused_and_changes_nothing
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("good answers".into())));
-    let config = hostile_config(&llm, &pg, &["evil", "good"]);
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "good"]);
-    choird.ctl_ok(&["agent", "start", "evil"]);
-    let evil = Evil::of(&choird, "evil");
-    assert_eq!(choird.ctl_ok(&["chat", "good", "warm up"]), "good answers\n");
+    let (choird, evil) = evil_beside_good(&llm, &pg);
     let pid = choird.pid();
     let (threads0, rss0) = (proc_status(pid, "Threads:"), proc_status(pid, "VmRSS:"));
 
@@ -961,9 +969,9 @@ fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
 
 /// Hostile: one agent floods its socket with 48 requests at once, each of
 /// which takes a database connection (a HEARTBEAT resending stored events
-/// locks the chain head). Before, each opened a connection of its own,
-/// past the cluster's `max_connections`, and every agent's turns failed
-/// with it. Now its requests hold at most their share (`db::slots`): choird's
+/// locks the chain head). Before, each opened a connection of its own (50
+/// at once here, half of PostgreSQL's default 100 and past the managed
+/// cluster's 30). Now its requests hold at most their share (`db::slots`): choird's
 /// connections stay within its bound all along, the flood is answered
 /// (stored, or "busy, try again"), another agent answers meanwhile, and the
 /// events were stored once.
@@ -971,12 +979,7 @@ fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
 fn t2_a_flood_of_one_agents_requests_holds_only_its_share_of_database_connections() {
     let Some(pg) = TestPg::start() else { return };
     let llm = FakeLlm::with_responder(|_, _| Some(Step::Text("good answers".into())));
-    let config = hostile_config(&llm, &pg, &["evil", "good"]);
-    let choird = Choird::start(&config, &json!({"llm_key": "k"}));
-    choird.ctl_ok(&["agent", "start", "good"]);
-    choird.ctl_ok(&["agent", "start", "evil"]);
-    let evil = Evil::of(&choird, "evil");
-    assert_eq!(choird.ctl_ok(&["chat", "good", "warm up"]), "good answers\n");
+    let (choird, evil) = evil_beside_good(&llm, &pg);
     let first = event(1, GENESIS_HASH, json!({"path": "a.txt"}));
     assert_eq!(evil.rpc("HEARTBEAT", &heartbeat(vec![first.clone()], json!([]))).0, 200);
 

@@ -294,11 +294,6 @@ impl Db {
         self.slots.take().map_err(|busy| DbError::Busy { agent: busy.agent.map(|a| a.to_string()) })
     }
 
-    /// Connections held now: of all, and by `agent`'s requests.
-    pub fn held(&self, agent: &choir_common::ids::AgentId) -> (usize, usize) {
-        self.slots.held(agent)
-    }
-
     /// Applies pending migrations; returns the names applied now.
     pub fn migrate(&self) -> Result<Vec<String>, DbError> {
         let mut client = self.open()?;
