@@ -30,6 +30,7 @@ use crate::http::server::{Limits, Server, Socket};
 use crate::http::ListenerKind;
 use crate::secrets::Secrets;
 use crate::shared::Shared;
+use crate::store::Queued;
 use crate::store::Store;
 use std::sync::atomic::AtomicBool;
 
@@ -53,6 +54,9 @@ struct DaemonControl(Arc<Daemon>);
 impl crate::telegram::Control for DaemonControl {
     fn wake_agent(&self, agent: &AgentId) {
         self.0.wake_agent(agent);
+    }
+    fn message_stored(&self, agent: &AgentId, queued: Queued, conversation: &str, sender: &str, text: &str) {
+        self.0.message_stored(agent, queued, conversation, sender, text);
     }
     fn summary(&self, agent: &str) -> Result<choir_common::admin::AgentSummary, Error> {
         self.0.summary(agent)

@@ -414,7 +414,7 @@ fn events_alone_extending_the_head_are_stored_in_one_statement_and_nothing_else_
 fn a_turns_events_and_reply_are_stored_together_or_not_at_all() {
     let Some(pg) = TestPg::start() else { return };
     let (store, agent, session) = store_with_session(&pg);
-    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap().id;
     let e1 = sealed(1, choir_common::commit::GENESIS_HASH, "a.b");
     let e2 = sealed(2, &e1.hash, "a.c");
     let reply = |text: &str| choir_common::rpc::OutboundReply {
@@ -502,7 +502,7 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
     store.agent_position(&agent).unwrap();
     let row = processed_row;
     store.insert_message(&agent, "c1", "admin", "hello").unwrap();
-    let m = store.insert_message(&agent, "c1", "admin", "again").unwrap();
+    let m = store.insert_message(&agent, "c1", "admin", "again").unwrap().id;
     store.record_replies(&agent, &[], m, &choird::store::Nowhere).unwrap();
     let (version, upto) = row(&pg);
     assert_eq!(upto, m as i64);
@@ -510,7 +510,7 @@ fn a_heartbeat_whose_position_does_not_move_writes_nothing() {
         store.record_replies(&agent, &[], at, &choird::store::Nowhere).unwrap();
         assert_eq!(row(&pg), (version.clone(), m as i64), "position {at} rewrote the row");
     }
-    let later = store.insert_message(&agent, "c1", "admin", "later").unwrap();
+    let later = store.insert_message(&agent, "c1", "admin", "later").unwrap().id;
     store.record_replies(&agent, &[], later, &choird::store::Nowhere).unwrap();
     let (moved, upto) = row(&pg);
     assert_eq!(upto, later as i64);
@@ -526,13 +526,13 @@ fn regression_a_position_past_every_message_would_have_silenced_the_agent_for_go
     let Some(pg) = TestPg::start() else { return };
     let (store, agent, _session) = store_with_session(&pg);
     store.agent_position(&agent).unwrap();
-    let m = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let m = store.insert_message(&agent, "c1", "admin", "hello").unwrap().id;
     for hostile in [m + 1_000_000, i64::MAX as u64, u64::MAX] {
         store.record_replies(&agent, &[], hostile, &choird::store::Nowhere).unwrap();
         assert_eq!(store.agent_position(&agent).unwrap().processed, m, "position {hostile}");
     }
     // The next message is handed out to a restarted agent (above its position).
-    let next = store.insert_message(&agent, "c1", "admin", "still there?").unwrap();
+    let next = store.insert_message(&agent, "c1", "admin", "still there?").unwrap().id;
     let position = store.agent_position(&agent).unwrap().processed;
     let pending = store.pending_messages(&agent, position, 32).unwrap();
     assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), vec![next]);
@@ -548,9 +548,9 @@ fn regression_a_message_passed_over_by_another_conversations_answer_is_handed_ou
     let Some(pg) = TestPg::start() else { return };
     let (store, agent, _session) = store_with_session(&pg);
     store.agent_position(&agent).unwrap();
-    let b1 = store.insert_message(&agent, "b", "admin", "B1").unwrap();
-    let a1 = store.insert_message(&agent, "a", "admin", "A1").unwrap();
-    let b2 = store.insert_message(&agent, "b", "admin", "B2").unwrap();
+    let b1 = store.insert_message(&agent, "b", "admin", "B1").unwrap().id;
+    let a1 = store.insert_message(&agent, "a", "admin", "A1").unwrap().id;
+    let b2 = store.insert_message(&agent, "b", "admin", "B2").unwrap().id;
     let answer = choir_common::rpc::OutboundReply {
         in_reply_to: b2,
         covers: vec![b1, b2],
@@ -629,7 +629,7 @@ fn an_answer_is_stored_while_a_heartbeat_of_events_holds_the_chain_head() {
     let Some(pg) = TestPg::start() else { return };
     let (store, agent, _session) = store_with_session(&pg);
     store.agent_position(&agent).unwrap();
-    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
+    let message = store.insert_message(&agent, "c1", "admin", "hello").unwrap().id;
     // A core HEARTBEAT's transaction, between its head lock and its commit.
     let mut holder = pg.client();
     let mut events = holder.transaction().unwrap();
@@ -672,9 +672,9 @@ fn a_lone_answer_is_stored_at_once_whole_or_not_at_all_and_a_resend_changes_noth
     let (store, agent, _session) = store_with_session(&pg);
     store.agent_position(&agent).unwrap();
     let other = choir_common::ids::AgentId::parse("other").unwrap();
-    let theirs = store.insert_message(&other, "c1", "admin", "not yours").unwrap();
-    let m1 = store.insert_message(&agent, "c1", "admin", "hello").unwrap();
-    let m2 = store.insert_message(&agent, "c2", "admin", "and you?").unwrap();
+    let theirs = store.insert_message(&other, "c1", "admin", "not yours").unwrap().id;
+    let m1 = store.insert_message(&agent, "c1", "admin", "hello").unwrap().id;
+    let m2 = store.insert_message(&agent, "c2", "admin", "and you?").unwrap().id;
     let answer = |covers: Vec<u64>, text: &str| choir_common::rpc::OutboundReply {
         in_reply_to: *covers.last().unwrap(),
         covers: if covers.len() > 1 { covers } else { Vec::new() },
@@ -757,7 +757,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
     };
     let elsewhere = choird::conversations::telegram("main", 99);
     for (n, named) in [tg.as_str(), "cli", elsewhere.as_str(), "tg:other:42"].into_iter().enumerate() {
-        let m = store.insert_message(&agent, &tg, "7", "hi").unwrap();
+        let m = store.insert_message(&agent, &tg, "7", "hi").unwrap().id;
         let text = format!("answer {n}");
         let recorded = store.record_replies(&agent, &[answer(vec![m], named, &text)], m, delivery).unwrap();
         assert_eq!(recorded.new, vec![(m, text.clone())], "named {named}");
@@ -772,8 +772,8 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
     }
     // A plain message and a Telegram one under one answer, the Telegram
     // one first: queued once, to its chat.
-    let plain = store.insert_message(&agent, "cli", "admin", "and here").unwrap();
-    let m = store.insert_message(&agent, &tg, "7", "there").unwrap();
+    let plain = store.insert_message(&agent, "cli", "admin", "and here").unwrap().id;
+    let m = store.insert_message(&agent, &tg, "7", "there").unwrap().id;
     let recorded = store.record_replies(&agent, &[answer(vec![m, plain], "cli", "to both")], m, delivery).unwrap();
     assert_eq!(recorded.new, vec![(m, "to both".to_owned()), (plain, "to both".to_owned())]);
     assert_eq!(recorded.delivered, vec![tg.clone()]);
@@ -781,7 +781,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
     assert_eq!(outbox(&pg).last(), Some(&("main".to_owned(), 42, "to both".to_owned())));
     // A plain message, named right or as a Telegram chat: stored, no row.
     for named in ["cli", tg.as_str()] {
-        let plain = store.insert_message(&agent, "cli", "admin", "plain").unwrap();
+        let plain = store.insert_message(&agent, "cli", "admin", "plain").unwrap().id;
         let recorded = store.record_replies(&agent, &[answer(vec![plain], named, "plain")], plain, delivery).unwrap();
         assert_eq!(recorded.new, vec![(plain, "plain".to_owned())], "named {named}");
         assert!(recorded.delivered.is_empty(), "named {named}");
@@ -789,7 +789,7 @@ fn an_answer_to_a_telegram_message_is_queued_to_its_chat_whatever_conversation_t
     }
     // Another agent's Telegram message, named right: nothing answered, no row.
     let other = choir_common::ids::AgentId::parse("other").unwrap();
-    let theirs = store.insert_message(&other, &tg, "7", "not yours").unwrap();
+    let theirs = store.insert_message(&other, &tg, "7", "not yours").unwrap().id;
     let recorded = store.record_replies(&agent, &[answer(vec![theirs], &tg, "mine")], m, delivery).unwrap();
     assert!(recorded.new.is_empty() && recorded.delivered.is_empty());
     assert_eq!(outbox(&pg).len(), 5);

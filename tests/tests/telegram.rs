@@ -777,3 +777,63 @@ fn regression_a_message_committing_after_a_later_one_of_its_agent_was_passed_ove
     assert_eq!(ids.len(), 4, "{ids:?}");
     assert_eq!(ids[0], (first_id, "first".to_owned()), "the first message has the lowest id: {ids:?}");
 }
+
+/// A queued message says what came before it — the highest id of its
+/// agent's messages still unanswered, and whether its conversation had
+/// messages — as read once every earlier message of its agent committed,
+/// not as the statement saw the table when it began and then waited: choird
+/// hands the message to the agent's long-poll from memory on that word, and
+/// a message it did not know of would be passed over.
+#[test]
+fn a_queued_message_reports_the_earlier_messages_that_committed_while_it_waited() {
+    let Some(pg) = TestPg::start() else { return };
+    choird::db::Db::connect(&pg.url()).unwrap().migrate().unwrap();
+    let report = |r: &postgres::Row| -> (Option<i64>, bool) { (r.get(1), r.get(2)) };
+    let mut held = pg.client();
+    let mut first = held.transaction().unwrap();
+    let row = first.query_one(choird::store::INSERT_MESSAGE, &[&"alpha", &"c", &"u", &"first"]).unwrap();
+    let first_id: i64 = row.get(0);
+    assert_eq!(report(&row), (None, false), "the agent's first message follows nothing");
+    let url = pg.url();
+    let queue = move |statement: &'static str, params: Vec<Box<dyn postgres::types::ToSql + Sync + Send>>| {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
+            let row = c.query_one(statement, &params).unwrap();
+            (row.get::<_, i64>(0), row.get::<_, Option<i64>>(1), row.get::<_, bool>(2))
+        })
+    };
+    let chat =
+        queue(choird::store::INSERT_MESSAGE, vec![Box::new("alpha"), Box::new("c"), Box::new("u"), Box::new("chat")]);
+    let dispatched = queue(
+        choird::store::telegram::INSERT_TELEGRAM_MESSAGE,
+        vec![
+            Box::new("alpha"),
+            Box::new("tg:a:1"),
+            Box::new("telegram:1"),
+            Box::new("dispatched"),
+            Box::new(json!({"bot": "a", "update_id": "7"})),
+        ],
+    );
+    // Both began (their statements' snapshots taken) before the first
+    // message committed, and wait for it.
+    wait_for("the two to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 2);
+    first.commit().unwrap();
+    let (chat, dispatched) = (chat.join().unwrap(), dispatched.join().unwrap());
+    // Whichever took the lock first follows the first message; the other
+    // follows it.
+    let (sooner, later) = if chat.0 < dispatched.0 { (chat, dispatched) } else { (dispatched, chat) };
+    assert_eq!(sooner.1, Some(first_id), "the message that committed while it waited is pending before it");
+    assert_eq!(later.1, Some(sooner.0));
+    assert!(chat.2, "the chat's conversation had the first message before it");
+    assert!(!dispatched.2, "a new conversation had no messages before");
+    // Answered messages are not pending: what follows them follows nothing.
+    pg.client().execute("UPDATE messages SET reply = 'ok', replied_at = now()", &[]).unwrap();
+    let row = pg.client().query_one(choird::store::INSERT_MESSAGE, &[&"alpha", &"c", &"u", &"later"]).unwrap();
+    assert_eq!(report(&row), (None, true));
+    // Another agent's messages are not its.
+    let row = pg.client().query_one(choird::store::INSERT_MESSAGE, &[&"beta", &"c", &"u", &"other"]).unwrap();
+    assert_eq!(report(&row), (None, false));
+}

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use choir_common::admin::{AgentSummary, AgentUsage, ChatResponse, ReloadReport, Use};
 use choir_common::ids::AgentId;
+use choir_common::rpc::InboundMessage;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -43,7 +44,7 @@ use crate::secrets::Secrets;
 use crate::sessions::{AuthFailure, Sessions};
 pub use crate::sessions::{ChatUpdate, RateClass, LEASE_TTL};
 use crate::shared::Shared;
-use crate::store::Delivery;
+use crate::store::{Delivery, Queued};
 
 /// A HEARTBEAT may be held at most this long waiting for messages.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -559,6 +560,20 @@ impl Daemon {
         self.sessions.wake(id);
     }
 
+    /// Wakes the agent's long-poll for a message just queued, and hands
+    /// it over from memory when nothing earlier is unknown
+    /// ([`crate::sessions::Sessions::stored`]).
+    pub fn message_stored(&self, id: &AgentId, queued: Queued, conversation: &str, sender: &str, text: &str) {
+        let message = InboundMessage {
+            id: queued.id,
+            conversation: conversation.to_owned(),
+            sender: sender.to_owned(),
+            text: text.to_owned(),
+            earlier: queued.earlier,
+        };
+        self.sessions.stored(id, message, queued.pending_before);
+    }
+
     /// Wakes every long-poll (shutdown).
     pub fn wake_all(&self) {
         self.sessions.wake_all();
@@ -622,18 +637,21 @@ impl Daemon {
         }
         choir_common::hop::mark("message.in");
         let replies_begun = self.sessions.replies_begun(&id);
-        let message_id = self.store.insert_message(&id, conversation, sender, text).inspect_err(|_| {
+        let queued = self.store.insert_message(&id, conversation, sender, text).inspect_err(|_| {
             // It may have been stored all the same (its commit's answer
             // lost): the agent looks (see `Session::looked`).
             self.sessions.wake(&id);
         })?;
         choir_common::hop::mark("message.stored");
+        let message_id = queued.id;
         // Unbounded: a handful of throttled partials, then one answer (the
         // agent's partials are coalesced to a few a second).
         let (tx, rx) = unbounded();
         // The answer may have been recorded before the waiter was
         // registered: only possible if replies began storing meanwhile.
-        if self.sessions.wait_for_answer(&id, message_id, tx.clone(), replies_begun) {
+        let missed = self.sessions.wait_for_answer(&id, message_id, tx.clone(), replies_begun);
+        self.message_stored(&id, queued, conversation, sender, text);
+        if missed {
             if let Some(reply) = self.store.reply_of(&id, message_id)? {
                 self.sessions.forget_waiter(&id, message_id);
                 let _ = tx.send(ChatUpdate::Done(Ok(reply)));

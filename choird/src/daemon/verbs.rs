@@ -20,12 +20,11 @@ use super::{Authed, Daemon, LEASE_TTL, MAX_WAIT};
 use crate::config::Lane;
 use crate::error::Error;
 use crate::events::Event;
+use crate::sessions::HAND_OUT_AT_ONCE;
 use crate::shared::{clip, Hourly};
 use crate::store::turns::{Replies, TurnError};
 use crate::store::{Recorded, ReplicationError};
 
-/// Messages handed out per HEARTBEAT.
-const BATCH: i64 = 32;
 /// Answered exchanges per conversation handed to a (re)started agent.
 const RECOVERED_EXCHANGES: i64 = 10;
 
@@ -242,15 +241,18 @@ impl Daemon {
                 reply.accepted = accepted;
                 return Ok(reply);
             }
-            // The query is skipped when nothing woke the agent since every
-            // pending message was handed out (its re-poll after a message,
-            // while its edge works on it: one round trip less then).
-            let (messages, every_one) = if poll.nothing_new {
-                (Vec::new(), false)
-            } else {
-                let m = self.store.pending_messages(&who.agent, poll.after, BATCH)?;
-                let every_one = (m.len() as i64) < BATCH;
-                (m, every_one)
+            // The query is skipped when every pending message is known: none
+            // woke the agent since every one was handed out but messages
+            // whose store told what they followed (a message handed out as
+            // its chat stored it, and the re-poll after it while the edge
+            // works on it: one round trip less each).
+            let (messages, every_one) = match poll.known {
+                Some(known) => (known, true),
+                None => {
+                    let m = self.store.pending_messages(&who.agent, poll.after, HAND_OUT_AT_ONCE as i64)?;
+                    let every_one = m.len() < HAND_OUT_AT_ONCE;
+                    (m, every_one)
+                }
             };
             let decisions = if poll.decisions_due {
                 match self.store.take_decisions(&who.agent) {

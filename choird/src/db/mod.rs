@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (18, "0018_message_order.sql", include_str!("../../../sql/0018_message_order.sql")),
     (19, "0019_cache_tokens.sql", include_str!("../../../sql/0019_cache_tokens.sql")),
     (20, "0020_mcp_proposals.sql", include_str!("../../../sql/0020_mcp_proposals.sql")),
+    (21, "0021_messages_before.sql", include_str!("../../../sql/0021_messages_before.sql")),
 ];
 
 /// Per-agent migrations (templates with `{schema}` and `{dims}`), applied to

@@ -4,8 +4,8 @@
 use super::*;
 
 impl Sessions {
-    /// Registers a chat waiting for the answer to `message` and wakes the
-    /// agent. `seen` is [`Sessions::replies_begun`] read before the message
+    /// Registers a chat waiting for the answer to `message` (its store wakes
+    /// the agent, [`Sessions::stored`]). `seen` is [`Sessions::replies_begun`] read before the message
     /// was stored. Returns whether the answer may already be stored, unseen
     /// by [`Sessions::replicated`] (the caller then reads it from the store):
     /// true when a HEARTBEAT with replies began storing since `seen`, or the
@@ -17,7 +17,6 @@ impl Sessions {
         let missed = match self.table.lock().get_mut(id) {
             Some(slot) => {
                 slot.waiters.insert(message, tx);
-                slot.wake_poll();
                 seen != Some(slot.replies_begun)
             }
             None => true,

@@ -22,6 +22,13 @@
 //! nothing wakes a long-poll but a move of its own agent's wake counter
 //! (`AgentSlot::wake_poll`, the only place it moves): a turn costs the same
 //! thread wake-ups whether one agent runs or a hundred.
+//! **Invariant:** a long-poll hands out from memory only what it can prove
+//! is every pending message (`Looked`): what a query found, plus messages
+//! whose store read, under the agent's message lock, that nothing pending
+//! came before them but what is known ([`Sessions::stored`]). The proof
+//! rests on choird's own statements, never on the agent's word; any other
+//! wake, a session change or the agent saying it missed a hand-out makes
+//! the next poll ask PostgreSQL.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,18 +184,15 @@ struct Session {
     last_seen: Instant,
     /// Highest message id handed to this session.
     delivered_upto: u64,
-    /// The agent's wake count and `delivered_upto` when a pending-messages
-    /// query last found every pending message and they were handed out:
-    /// while both are unchanged no message can be pending (every message
-    /// is stored before the wake it causes), so a long-poll waits without
-    /// asking PostgreSQL again; with when it was set. Cleared when a
-    /// long-poll ends without news and the mark is [`LOOK_AGAIN_AFTER`]
-    /// old ([`Sessions::look_again`]): a backstop for a wake that never
-    /// came. Every store of a message wakes its agent, also one that
-    /// failed (its commit may have happened, its acknowledgement lost), so
-    /// the backstop is for what nothing foresaw; an idle agent's long-polls
-    /// leave PostgreSQL alone (and choird's connection closes).
-    looked: Option<(u64, u64, Instant)>,
+    /// What choird knows of the agent's pending messages without asking
+    /// PostgreSQL ([`Looked`]): a backstop clears it when a long-poll ends
+    /// without news and it is [`LOOK_AGAIN_AFTER`] old
+    /// ([`Sessions::look_again`]), for a wake that never came. Every store
+    /// of a message wakes its agent, also one that failed (its commit may
+    /// have happened, its acknowledgement lost), so the backstop is for
+    /// what nothing foresaw; an idle agent's long-polls leave PostgreSQL
+    /// alone (and choird's connection closes).
+    looked: Option<Looked>,
     /// How many long-polls said the agent had not received messages handed
     /// out (logged at the 1st, 2nd, 4th, 8th …: a hostile agent that says
     /// so on every poll does not flood the log).
@@ -211,6 +215,27 @@ struct Session {
     silenced: bool,
     buckets: [Bucket; 4],
 }
+
+/// A long-poll's knowledge of the agent's pending messages: at wake count
+/// `wake` and hand-out position `after`, the messages past `after` still
+/// waiting for an answer are exactly `known` (none, after a query found
+/// every pending message and they were handed out). While both are
+/// unchanged a long-poll hands out `known` without a query: every message
+/// is stored before the wake it causes, so one stored since moved the
+/// count, unless its store said it followed only what this knew
+/// ([`Sessions::stored`], which then adds it and moves `wake` along).
+#[derive(Debug)]
+struct Looked {
+    wake: u64,
+    after: u64,
+    /// When a query or a hand-out set it.
+    at: Instant,
+    known: Vec<InboundMessage>,
+}
+
+/// The most messages a long-poll is handed from memory at once; past it
+/// the poll queries (and its query's limit is this too).
+pub const HAND_OUT_AT_ONCE: usize = 32;
 
 impl Session {
     fn new(id: i64, token_sha256: [u8; 32], instance: Option<Instance>, delivered_upto: u64) -> Session {
@@ -368,9 +393,11 @@ pub struct PollState {
     pub cancels: Vec<String>,
     /// The wake counter seen (to wait for a change).
     pub wake: u64,
-    /// Nothing woke this agent since every pending message was handed out:
-    /// no message can be pending, the query may be skipped.
-    pub nothing_new: bool,
+    /// Every message pending past `after`, known without a query: nothing
+    /// woke this agent since every pending message was handed out but
+    /// stores that reported what they stored ([`Sessions::stored`]). The
+    /// query is skipped; `Some` of nothing: no message can be pending.
+    pub known: Option<Vec<InboundMessage>>,
 }
 
 /// The table of agent slots.
@@ -483,6 +510,7 @@ mod tests {
             for i in 0..200 {
                 sessions.wake(&a);
                 sessions.wait_for_answer(&a, i, tx.clone(), None);
+                sessions.stored(&a, message(i), None);
                 sessions.decision_due(&a);
                 sessions.firing_due(&a);
                 sessions.cancel(&a, "edge");
@@ -559,41 +587,127 @@ mod tests {
         sessions.open(&a, 7, [0; 32], 0);
         // A new session has never looked: it queries.
         let poll = sessions.poll(&a, 7, true, None);
-        assert!(!poll.nothing_new);
+        assert!(poll.known.is_none());
         // The query found every pending message (fewer than its limit):
         // until something wakes the agent, its next poll need not ask.
         let out = sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
         assert_eq!(out.len(), 1);
         let again = sessions.poll(&a, 7, true, None);
-        assert!(again.nothing_new);
+        assert!(again.known.is_some());
         assert_eq!(again.after, 3);
         // A message stored since wakes the agent: the next poll queries.
         sessions.wake(&a);
-        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).known.is_none());
         // A query that hit its limit (more may wait) sets no mark.
         let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, vec![message(4)], None).unwrap();
-        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).known.is_none());
         // The mark holds the hand-out position too: a concurrent poll
         // handing out more after the mark was set means look again.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
-        assert!(sessions.poll(&a, 7, true, None).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).known.is_some());
         sessions.hand_out(&a, 7, vec![message(5)], None).unwrap();
-        assert!(!sessions.poll(&a, 7, true, None).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).known.is_none());
         // A long-poll that ended without news keeps a young mark (an idle
         // agent's polls leave PostgreSQL alone) and clears an old one: a
         // message whose wake was lost is found by the next poll.
         let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
-        assert!(sessions.poll(&a, 7, true, None).nothing_new);
+        assert!(sessions.poll(&a, 7, true, None).known.is_some());
         sessions.look_again(&a, 7, Instant::now());
-        assert!(sessions.poll(&a, 7, true, None).nothing_new, "a young mark holds");
+        assert!(sessions.poll(&a, 7, true, None).known.is_some(), "a young mark holds");
         sessions.look_again(&a, 7, Instant::now() + LOOK_AGAIN_AFTER);
-        assert!(!sessions.poll(&a, 7, true, None).nothing_new, "an old mark is cleared");
+        assert!(sessions.poll(&a, 7, true, None).known.is_none(), "an old mark is cleared");
         // A new session (a restart) starts without a mark.
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         sessions.open(&a, 8, [0; 32], 5);
-        assert!(!sessions.poll(&a, 8, true, None).nothing_new);
+        assert!(sessions.poll(&a, 8, true, None).known.is_none());
+    }
+
+    fn stored_as(id: u64, conversation: &str) -> InboundMessage {
+        InboundMessage { conversation: conversation.into(), ..message(id) }
+    }
+
+    fn known_ids(poll: &PollState) -> Option<Vec<u64>> {
+        poll.known.as_ref().map(|k| k.iter().map(|m| m.id).collect())
+    }
+
+    #[test]
+    fn a_stored_message_is_handed_out_from_memory_only_when_nothing_before_it_is_unknown() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 0);
+        // Before the poll has looked, a store's word does not suffice: the
+        // poll has never seen what was pending before.
+        sessions.stored(&a, message(1), None);
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(1)], Some(poll.wake)).unwrap();
+        // Every pending message handed out; a store that followed only
+        // them (the highest pending before it: 1) is handed over at once,
+        // and the next one after it, in order.
+        sessions.stored(&a, stored_as(2, "x"), Some(1));
+        sessions.stored(&a, stored_as(3, "y"), Some(2));
+        let poll = sessions.poll(&a, 7, true, None);
+        assert_eq!(known_ids(&poll), Some(vec![2, 3]));
+        assert_eq!(poll.known.as_ref().unwrap()[1].conversation, "y");
+        let out = sessions.hand_out(&a, 7, poll.known.unwrap(), Some(poll.wake)).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), Some(vec![]));
+        // Hostile orders of events, each of which makes the poll ask
+        // PostgreSQL instead:
+        // - a message before it not reported yet (5 committed first, its
+        //   store has not told; 6 says 5 was pending before it);
+        sessions.stored(&a, message(6), Some(5));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        // - and 5's report, arriving after, cannot mend it;
+        sessions.stored(&a, message(5), Some(3));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(5), message(6)], Some(poll.wake)).unwrap();
+        // - a wake that said nothing of what it stored (a Telegram batch,
+        //   or a store whose acknowledgement was lost), before or after a
+        //   reporting store;
+        sessions.wake(&a);
+        sessions.stored(&a, message(8), Some(6));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(7), message(8)], Some(poll.wake)).unwrap();
+        sessions.stored(&a, message(9), Some(8));
+        sessions.wake(&a);
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(9)], Some(poll.wake)).unwrap();
+        // - a store whose id is not past what is known (a resend);
+        sessions.stored(&a, message(9), Some(8));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
+        // - more than a poll hands out at once: the rest is queried.
+        for id in 10..10 + HAND_OUT_AT_ONCE as u64 + 1 {
+            sessions.stored(&a, message(id), Some(id - 1).filter(|p| *p > 9));
+        }
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), None);
+        // - the agent says it did not receive what was handed out: the
+        //   position goes back, and so does the knowledge.
+        let poll = sessions.poll(&a, 7, true, None);
+        let all: Vec<InboundMessage> = (10..10 + HAND_OUT_AT_ONCE as u64 + 1).map(message).collect();
+        sessions.hand_out(&a, 7, all, Some(poll.wake)).unwrap();
+        let top = 10 + HAND_OUT_AT_ONCE as u64;
+        sessions.stored(&a, message(top + 1), Some(top));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), Some(vec![top + 1]));
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, Some(top - 1))), None);
+        // - another agent's store tells this one nothing.
+        let b = AgentId::parse("beta").unwrap();
+        sessions.stored(&b, message(99), None);
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(top), message(top + 1)], Some(poll.wake)).unwrap();
+        sessions.stored(&b, message(100), None);
+        assert_eq!(known_ids(&sessions.poll(&a, 7, true, None)), Some(vec![]));
+        // A new session starts knowing nothing.
+        sessions.stored(&a, message(top + 2), Some(top + 1));
+        sessions.open(&a, 8, [0; 32], top + 1);
+        assert_eq!(known_ids(&sessions.poll(&a, 8, true, None)), None);
     }
 
     #[test]
@@ -607,12 +721,12 @@ mod tests {
         // The agent took delivery: the next poll goes on after them, and
         // need not ask PostgreSQL.
         let poll = sessions.poll(&a, 7, true, Some(4));
-        assert_eq!((poll.after, poll.nothing_new), (4, true));
+        assert_eq!((poll.after, poll.known.is_some()), (4, true));
         // The answer to the poll that handed out 5 was lost: the agent
         // still says 4, so 5 is looked for and handed out again.
         sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
         let poll = sessions.poll(&a, 7, true, Some(4));
-        assert_eq!((poll.after, poll.nothing_new), (4, false));
+        assert_eq!((poll.after, poll.known.is_some()), (4, false));
         let again = sessions.hand_out(&a, 7, vec![message(5)], Some(poll.wake)).unwrap();
         assert_eq!(again.iter().map(|m| m.id).collect::<Vec<_>>(), [5]);
         // Not said, or said by a HEARTBEAT that takes no delivery: the
@@ -626,7 +740,7 @@ mod tests {
         // the 1st, 2nd, 4th … time only.
         for _ in 0..1000 {
             let poll = sessions.poll(&a, 7, true, Some(2));
-            assert_eq!((poll.after, poll.nothing_new), (2, false));
+            assert_eq!((poll.after, poll.known.is_some()), (2, false));
             sessions.hand_out(&a, 7, vec![message(3), message(4), message(5)], Some(poll.wake)).unwrap();
         }
         let again = sessions.table.lock().get(&a).and_then(|slot| slot.session.as_ref()).map(|s| s.handed_again);

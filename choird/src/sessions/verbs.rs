@@ -88,7 +88,7 @@ impl Sessions {
             ended: false,
             stop,
             after,
-            nothing_new: s.looked.is_some_and(|(w, a, _)| (w, a) == (wake, after)),
+            known: s.looked.as_ref().filter(|l| (l.wake, l.after) == (wake, after)).map(|l| l.known.clone()),
             decisions_due: std::mem::take(&mut slot.decisions_due),
             firings_due: std::mem::take(&mut slot.firings_due),
             cancels: std::mem::take(&mut slot.cancels),
@@ -122,7 +122,7 @@ impl Sessions {
     /// concurrent poll may have taken some) and moves the mark past them.
     /// `every_one_at`: the wake count read before the query that found
     /// them, when it found every pending message (fewer than its limit);
-    /// until the count moves, [`PollState::nothing_new`] tells polls no
+    /// until the count moves, [`PollState::known`] tells polls no
     /// message can be pending.
     pub fn hand_out(
         &self,
@@ -138,7 +138,7 @@ impl Sessions {
             s.delivered_upto = last.id;
         }
         if let Some(wake) = every_one_at {
-            s.looked = Some((wake, s.delivered_upto, Instant::now()));
+            s.looked = Some(Looked { wake, after: s.delivered_upto, at: Instant::now(), known: Vec::new() });
         }
         Some(messages)
     }
@@ -150,7 +150,7 @@ impl Sessions {
         if let Some(s) =
             self.table.lock().get_mut(id).and_then(|slot| slot.session.as_mut()).filter(|s| s.id == session)
         {
-            if s.looked.is_some_and(|(_, _, at)| now.saturating_duration_since(at) >= LOOK_AGAIN_AFTER) {
+            if s.looked.as_ref().is_some_and(|l| now.saturating_duration_since(l.at) >= LOOK_AGAIN_AFTER) {
                 s.looked = None;
             }
         }
@@ -188,6 +188,31 @@ impl Sessions {
         if running {
             self.notify();
         }
+    }
+
+    /// A message of the agent committed (`pending_before`: the highest id
+    /// of its messages still unanswered before it, read once every earlier
+    /// one had committed): wakes its long-poll, and when every pending
+    /// message before it is known or handed out already, the poll is
+    /// handed it from memory instead of asking PostgreSQL. Otherwise (an
+    /// earlier message not reported yet, another wake since, a poll that
+    /// has not looked, [`HAND_OUT_AT_ONCE`] known already) the wake alone
+    /// makes the poll query, as [`Sessions::wake`] does.
+    pub fn stored(&self, id: &AgentId, message: InboundMessage, pending_before: Option<u64>) {
+        let mut t = self.table.lock();
+        let Some(slot) = t.get_mut(id) else { return };
+        let wake = slot.wake;
+        if let Some(s) = slot.session.as_mut() {
+            let after = s.delivered_upto;
+            if let Some(l) = s.looked.as_mut().filter(|l| (l.wake, l.after) == (wake, after)) {
+                let last = l.known.last().map_or(after, |m| m.id);
+                if pending_before.is_none_or(|p| p <= last) && message.id > last && l.known.len() < HAND_OUT_AT_ONCE {
+                    l.known.push(message);
+                    l.wake = wake + 1;
+                }
+            }
+        }
+        slot.wake_poll();
     }
 
     /// Wakes the agent's long-poll (a message, a decision or a cancel waits).

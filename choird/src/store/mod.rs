@@ -97,12 +97,40 @@ pub struct Store {
 
 /// Queues message `$4` from `$3` in conversation `$2` for agent `$1`,
 /// once every earlier message of the agent has committed
-/// (`lock_agent_messages`, migration 0018: the agent is handed its messages
-/// past a position, so one committing after a later one would be passed
-/// over); returns its id. Public for the test of that order.
-pub const INSERT_MESSAGE: &str = "WITH turn AS (SELECT lock_agent_messages($1::text))
+/// (`agent_messages_before` takes `lock_agent_messages`, migration 0018:
+/// the agent is handed its messages past a position, so one committing
+/// after a later one would be passed over); returns its id, then what was
+/// read under that lock ([`Queued`]). Public for the test of that order.
+pub const INSERT_MESSAGE: &str = "WITH turn AS (SELECT * FROM agent_messages_before($1::text, $2::text))
      INSERT INTO messages (agent_id, conversation, sender, text)
-     SELECT $1::text, $2::text, $3::text, $4::text FROM turn RETURNING id";
+     SELECT $1::text, $2::text, $3::text, $4::text FROM turn
+     RETURNING id, (SELECT pending FROM turn), (SELECT earlier FROM turn)";
+
+/// A message just queued, as its statement committed it: its id, and what
+/// the statement read of the agent's messages once every earlier one had
+/// committed (migration 0021): the highest id still unanswered before it,
+/// and whether its conversation had messages before. Enough to hand it to
+/// the agent's long-poll without reading it back (`Sessions::stored`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    /// The message's id.
+    pub id: u64,
+    /// The highest id of the agent's messages still unanswered before it.
+    pub pending_before: Option<u64>,
+    /// Its conversation had messages before it.
+    pub earlier: bool,
+}
+
+impl Queued {
+    /// From a row of `id, pending, earlier`.
+    fn from_row(row: &postgres::Row) -> Queued {
+        Queued {
+            id: row.get::<_, i64>(0) as u64,
+            pending_before: row.get::<_, Option<i64>>(1).map(|p| p as u64),
+            earlier: row.get(2),
+        }
+    }
+}
 
 /// An agent's unanswered messages after a position (`$1` agent, `$2` after,
 /// `$3` limit), each with `earlier`: one probe of `messages_conversation`
@@ -373,18 +401,18 @@ impl Store {
         })
     }
 
-    /// Queues a user message; returns its id.
+    /// Queues a user message.
     pub fn insert_message(
         &self,
         agent: &AgentId,
         conversation: &str,
         sender: &str,
         text: &str,
-    ) -> Result<u64, DbError> {
+    ) -> Result<Queued, DbError> {
         self.db.with(|c| {
             let insert = c.prepared(INSERT_MESSAGE)?;
             let row = c.query_one(&insert, &[&agent.as_str(), &conversation, &sender, &text])?;
-            Ok(row.get::<_, i64>(0) as u64)
+            Ok(Queued::from_row(&row))
         })
     }
 

@@ -12,7 +12,7 @@
 use choir_common::ids::AgentId;
 use serde_json::Value;
 
-use super::Store;
+use super::{Queued, Store};
 use crate::db::DbError;
 
 /// One row of the outbox.
@@ -117,11 +117,11 @@ pub const STORE_BATCH: &str = "WITH batch AS (
 /// message of the agent has committed (see [`super::INSERT_MESSAGE`]);
 /// nothing if the update's message is queued already. Public for the test
 /// of that order.
-pub const INSERT_TELEGRAM_MESSAGE: &str = "WITH turn AS (SELECT lock_agent_messages($1::text))
+pub const INSERT_TELEGRAM_MESSAGE: &str = "WITH turn AS (SELECT * FROM agent_messages_before($1::text, $2::text))
      INSERT INTO messages (agent_id, conversation, sender, text, origin)
      SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb FROM turn
      ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
-     RETURNING id";
+     RETURNING id, (SELECT pending FROM turn), (SELECT earlier FROM turn)";
 // The sender's statements, prepared once per connection: a statement sent
 // as text costs a Parse round trip, and its Close rides on the connection's
 // next use — another thread's turn.
@@ -232,7 +232,7 @@ impl Store {
         sender: &str,
         text: &str,
         origin: &Value,
-    ) -> Result<Option<u64>, DbError> {
+    ) -> Result<Option<Queued>, DbError> {
         self.db.with(|c| {
             let message = c.prepared(INSERT_TELEGRAM_MESSAGE)?;
             let queued = c.prepared(MARK_QUEUED)?;
@@ -240,7 +240,7 @@ impl Store {
             let row = tx.query_opt(&message, &[&agent.as_str(), &conversation, &sender, &text, origin])?;
             tx.execute(&queued, &[&bot, &update_id])?;
             tx.commit()?;
-            Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+            Ok(row.as_ref().map(Queued::from_row))
         })
     }
 

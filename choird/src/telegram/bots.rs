@@ -17,6 +17,7 @@ use super::text;
 use crate::config::BotConfig;
 use crate::error::Error;
 use crate::shared::Shared;
+use crate::store::Queued;
 
 /// What the gateway knows of one bot, for `choirctl telegram status`.
 #[derive(Debug, Default, Clone)]
@@ -39,8 +40,11 @@ pub type ConfigEdit<'a> = Box<dyn FnOnce(&str) -> Result<String, String> + 'a>;
 /// What the gateway asks of the control plane. The daemon implements it
 /// (see `serve.rs`); the gateway never holds the daemon itself.
 pub trait Control: Send + Sync {
-    /// Wakes the agent's long-poll: a message for it was queued.
+    /// Wakes the agent's long-poll: a message for it may have been queued.
     fn wake_agent(&self, agent: &AgentId);
+    /// Wakes the agent's long-poll for a message queued as `queued` said
+    /// (handed over from memory when nothing earlier is unknown).
+    fn message_stored(&self, agent: &AgentId, queued: Queued, conversation: &str, sender: &str, text: &str);
     /// The agent's state (for `/status`).
     fn summary(&self, agent: &str) -> Result<AgentSummary, Error>;
     /// Cancels the agent's current work (for `/stop`).

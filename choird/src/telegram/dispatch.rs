@@ -188,14 +188,15 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     }
     let origin = origin(bot, update_id, chat, user, m.message_id);
     let sender = format!("telegram:{user}");
+    let conversation = conversation(bot, chat);
     let stored = d
         .store
-        .telegram_message(bot, update_id, &agent, &conversation(bot, chat), &sender, &text, &origin)
+        .telegram_message(bot, update_id, &agent, &conversation, &sender, &text, &origin)
         // It may have been stored all the same (the commit's answer lost): the agent looks.
         .inspect_err(|_| d.control.wake_agent(&agent))?;
-    if stored.is_some() {
+    if let Some(queued) = stored {
         choir_common::hop::mark("message.stored");
-        d.control.wake_agent(&agent);
+        d.control.message_stored(&agent, queued, &conversation, &sender, &text);
     }
     Ok(())
 }
