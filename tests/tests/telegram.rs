@@ -817,16 +817,45 @@ fn a_queued_message_reports_the_earlier_messages_that_committed_while_it_waited(
             Box::new(json!({"bot": "a", "update_id": "7"})),
         ],
     );
-    // Both began (their statements' snapshots taken) before the first
+    let url = pg.url();
+    let batch = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let row = c
+            .query_one(
+                choird::store::telegram::STORE_BATCH,
+                &[
+                    &"a",
+                    &vec![8i64],
+                    &vec![json!({})],
+                    &vec!["alpha"],
+                    &vec!["c"],
+                    &vec!["telegram:1"],
+                    &vec!["batched"],
+                    &vec![json!({"bot": "a", "update_id": "8"})],
+                    &9i64,
+                ],
+            )
+            .unwrap();
+        let id: Vec<i64> = row.get(2);
+        let pending: Vec<Option<i64>> = row.get(8);
+        let earlier: Vec<bool> = row.get(9);
+        (id[0], pending[0], earlier[0])
+    });
+    // All three began (their statements' snapshots taken) before the first
     // message committed, and wait for it.
-    wait_for("the two to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 2);
+    wait_for("the three to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 3);
     first.commit().unwrap();
+    let batch = batch.join().unwrap();
+    assert!(batch.1.is_some_and(|p| p >= first_id && p < batch.0), "{batch:?} after {first_id}");
+    assert!(batch.2, "the batch's conversation had the first message before it");
     let (chat, dispatched) = (chat.join().unwrap(), dispatched.join().unwrap());
-    // Whichever took the lock first follows the first message; the other
-    // follows it.
-    let (sooner, later) = if chat.0 < dispatched.0 { (chat, dispatched) } else { (dispatched, chat) };
-    assert_eq!(sooner.1, Some(first_id), "the message that committed while it waited is pending before it");
-    assert_eq!(later.1, Some(sooner.0));
+    // Each follows the message of its agent that took the lock before it:
+    // the first, or one of the others.
+    let mut order = [(first_id, None), (chat.0, chat.1), (dispatched.0, dispatched.1), (batch.0, batch.1)];
+    order.sort();
+    for pair in order.windows(2) {
+        assert_eq!(pair[1].1, Some(pair[0].0), "each follows the one committed before it: {order:?}");
+    }
     assert!(chat.2, "the chat's conversation had the first message before it");
     assert!(!dispatched.2, "a new conversation had no messages before");
     // Answered messages are not pending: what follows them follows nothing.

@@ -55,8 +55,9 @@ pub struct Plain {
 pub struct StoredUpdates {
     /// The offset to ask for next.
     pub next_offset: i64,
-    /// Agents given a message (to wake).
-    pub queued: Vec<AgentId>,
+    /// The messages queued, in the order of their ids: each one's plain
+    /// update (an index into the `plain` given) and what was before it.
+    pub queued: Vec<(usize, Queued)>,
     /// Updates left to the dispatcher.
     pub for_dispatch: usize,
 }
@@ -70,9 +71,14 @@ pub struct StoredUpdates {
 /// follow `ORDER BY`), it and the rest are stored for the dispatcher. The
 /// messages' agents are locked first, in the order of their names, so each
 /// message commits after every earlier one of its agent (see
-/// [`super::INSERT_MESSAGE`]).
-/// Returns the next offset, how many were left to the dispatcher, and the
-/// agents given a message.
+/// [`super::INSERT_MESSAGE`]); under the lock, before any message of the
+/// batch is inserted, each (agent, conversation) of the batch reads what
+/// came before it (`agent_messages_before`, whose lock an agent's second
+/// conversation takes again at once).
+/// Returns the next offset, how many were left to the dispatcher, the
+/// messages queued (ids, agents, conversations, update ids; in the order
+/// of their ids) and what was read before them (agents, conversations,
+/// the highest pending id, whether the conversation had messages).
 pub const STORE_BATCH: &str = "WITH batch AS (
          SELECT b.id, b.payload, b.ord
          FROM unnest($2::bigint[], $3::jsonb[]) WITH ORDINALITY AS b(id, payload, ord)),
@@ -92,15 +98,17 @@ pub const STORE_BATCH: &str = "WITH batch AS (
          ON CONFLICT (bot, update_id) DO NOTHING
          RETURNING update_id),
      turns AS (
-         SELECT count(lock_agent_messages(a.agent)) AS agents
-         FROM (SELECT DISTINCT agent FROM plain ORDER BY agent) a),
+         SELECT array_agg(pc.agent) AS agents, array_agg(pc.conversation) AS conversations,
+                array_agg(h.pending) AS pending, array_agg(h.earlier) AS earlier
+         FROM (SELECT DISTINCT agent, conversation FROM plain ORDER BY agent, conversation) pc,
+              LATERAL agent_messages_before(pc.agent, pc.conversation) h),
      queued AS (
          INSERT INTO messages (agent_id, conversation, sender, text, origin)
          SELECT p.agent, p.conversation, p.sender, p.text, p.origin
          FROM plain p JOIN batch b USING (ord) JOIN fast f ON f.update_id = b.id CROSS JOIN turns
          ORDER BY p.ord
          ON CONFLICT ((origin->>'bot'), (origin->>'update_id')) WHERE origin IS NOT NULL DO NOTHING
-         RETURNING agent_id),
+         RETURNING id, agent_id, conversation, (origin->>'update_id')::bigint AS update_id),
      rest AS (
          INSERT INTO telegram_updates (bot, update_id, payload)
          SELECT $1::text, b.id, b.payload FROM batch b, blocked k WHERE b.ord >= k.ord
@@ -112,7 +120,54 @@ pub const STORE_BATCH: &str = "WITH batch AS (
                                          updated_at = now()
          RETURNING next_offset)
      SELECT (SELECT next_offset FROM next), (SELECT count(*) FROM rest),
-            (SELECT array_agg(DISTINCT agent_id) FROM queued)";
+            (SELECT array_agg(id ORDER BY id) FROM queued), (SELECT array_agg(agent_id ORDER BY id) FROM queued),
+            (SELECT array_agg(conversation ORDER BY id) FROM queued),
+            (SELECT array_agg(update_id ORDER BY id) FROM queued),
+            t.agents, t.conversations, t.pending, t.earlier
+     FROM turns t";
+/// A message a batch inserted (a row of its `queued`).
+#[derive(Debug, Clone)]
+struct Inserted {
+    id: u64,
+    agent: String,
+    conversation: String,
+    update: i64,
+}
+
+/// What a batch read of an (agent, conversation) under the agent's lock,
+/// before inserting any of its messages.
+#[derive(Debug, Clone)]
+struct Before {
+    agent: String,
+    conversation: String,
+    pending: Option<u64>,
+    earlier: bool,
+}
+
+/// Each inserted message's update and [`Queued`] report, in id order: what
+/// was read before the batch, moved along by the batch's own earlier
+/// messages (the statement's reads could not see them). A message whose
+/// (agent, conversation) was not read is reported as following an unknown
+/// pending message, so its poll queries.
+fn batch_reports(inserted: &[Inserted], before: &[Before]) -> Vec<(i64, Queued)> {
+    let mut sorted: Vec<&Inserted> = inserted.iter().collect();
+    sorted.sort_by_key(|m| m.id);
+    let mut out: Vec<(i64, Queued)> = Vec::with_capacity(sorted.len());
+    for (n, m) in sorted.iter().enumerate() {
+        let read = before.iter().find(|b| b.agent == m.agent && b.conversation == m.conversation);
+        let earlier_in_batch = sorted[..n].iter().rev().find(|e| e.agent == m.agent);
+        let pending_before = match (earlier_in_batch, read) {
+            (Some(e), _) => Some(e.id),
+            (None, Some(b)) => b.pending,
+            (None, None) => Some(u64::MAX),
+        };
+        let earlier = read.is_none_or(|b| b.earlier)
+            || sorted[..n].iter().any(|e| e.agent == m.agent && e.conversation == m.conversation);
+        out.push((m.update, Queued { id: m.id, pending_before, earlier }));
+    }
+    out
+}
+
 /// The dispatcher's message (`$1` agent … `$5` origin), once every earlier
 /// message of the agent has committed (see [`super::INSERT_MESSAGE`]);
 /// nothing if the update's message is queued already. Public for the test
@@ -185,13 +240,34 @@ impl Store {
                 &store,
                 &[&bot, &ids, &payloads, &agents, &conversations, &senders, &texts, &origins, &next],
             )?;
-            let named: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();
-            let mut queued: Vec<AgentId> = Vec::new();
-            for p in &prefix {
-                if named.iter().any(|n| n == p.agent.as_str()) && !queued.contains(&p.agent) {
-                    queued.push(p.agent.clone());
-                }
-            }
+            let list = |i: usize| row.get::<_, Option<Vec<String>>>(i).unwrap_or_default();
+            let ids = row.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+            let updates = row.get::<_, Option<Vec<i64>>>(5).unwrap_or_default();
+            let inserted: Vec<Inserted> = ids
+                .iter()
+                .zip(list(3))
+                .zip(list(4))
+                .zip(updates)
+                .map(|(((id, agent), conversation), update)| Inserted { id: *id as u64, agent, conversation, update })
+                .collect();
+            let pending = row.get::<_, Option<Vec<Option<i64>>>>(8).unwrap_or_default();
+            let earlier = row.get::<_, Option<Vec<bool>>>(9).unwrap_or_default();
+            let before: Vec<Before> = list(6)
+                .into_iter()
+                .zip(list(7))
+                .zip(pending)
+                .zip(earlier)
+                .map(|(((agent, conversation), pending), earlier)| Before {
+                    agent,
+                    conversation,
+                    pending: pending.map(|p| p as u64),
+                    earlier,
+                })
+                .collect();
+            let queued = batch_reports(&inserted, &before)
+                .into_iter()
+                .filter_map(|(update, q)| plain.iter().position(|p| p.update_id == update).map(|i| (i, q)))
+                .collect();
             Ok(StoredUpdates { next_offset: row.get(0), for_dispatch: row.get::<_, i64>(1) as usize, queued })
         })
     }
@@ -416,5 +492,46 @@ impl Store {
                 })
                 .collect())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inserted(id: u64, agent: &str, conversation: &str) -> Inserted {
+        Inserted { id, agent: agent.into(), conversation: conversation.into(), update: id as i64 + 1000 }
+    }
+
+    fn before(agent: &str, conversation: &str, pending: Option<u64>, earlier: bool) -> Before {
+        Before { agent: agent.into(), conversation: conversation.into(), pending, earlier }
+    }
+
+    /// A batch's reads happen before it inserts anything: its own earlier
+    /// messages are added in, agent by agent, conversation by conversation.
+    #[test]
+    fn a_batch_reports_each_message_as_following_what_was_read_and_the_batchs_own_earlier_messages() {
+        let reads = [before("a", "x", Some(3), true), before("a", "y", Some(3), false), before("b", "x", None, false)];
+        // Returned out of order: reported in the order of the ids.
+        let rows = [inserted(12, "a", "x"), inserted(10, "a", "y"), inserted(11, "b", "x"), inserted(13, "a", "y")];
+        let got: Vec<(i64, Option<u64>, bool)> =
+            batch_reports(&rows, &reads).into_iter().map(|(u, q)| (u - 1000, q.pending_before, q.earlier)).collect();
+        assert_eq!(
+            got,
+            [
+                // a's first follows a's pending message read (3); y had none before.
+                (10, Some(3), false),
+                // b's first follows nothing.
+                (11, None, false),
+                // a's second follows a's first, in another conversation.
+                (12, Some(10), true),
+                // a's third follows its second; y has the batch's 10 before it.
+                (13, Some(12), true),
+            ]
+        );
+        // A message whose (agent, conversation) was not read (not
+        // expected) is reported as following something unknown.
+        let got = batch_reports(&[inserted(20, "c", "z")], &reads);
+        assert_eq!((got[0].1.pending_before, got[0].1.earlier), (Some(u64::MAX), true));
     }
 }

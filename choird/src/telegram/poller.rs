@@ -81,8 +81,9 @@ pub fn run(d: &Handle, tg: &TelegramConfig, spec: &BotSpec, stop: &AtomicBool, d
                         failures = 0;
                         offset = Some(stored.next_offset);
                         d.link.count(&spec.name, |c| c.updates += batch.len() as u64);
-                        for agent in &stored.queued {
-                            d.control.wake_agent(agent);
+                        for (i, queued) in stored.queued {
+                            let p = &plain[i];
+                            d.control.message_stored(&p.agent, queued, &p.conversation, &p.sender, &p.text);
                         }
                         if stored.for_dispatch > 0 {
                             let _ = dispatch.try_send(());
