@@ -27,7 +27,9 @@
 //! conversations carrying their history, as a family's or a team's do.
 //! `--conversations-only` runs just the idle and the alternating runs;
 //! `--pg-defaults` runs on a cluster at PostgreSQL's own defaults instead of
-//! the small-host settings choird's managed cluster uses.
+//! the small-host settings choird's managed cluster uses; `--answer-chars N`
+//! makes the model's answer N characters long instead of "ok" (streamed in
+//! 8-character events, as providers stream a token or a few an event).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -51,6 +53,9 @@ fn pct(mut v: Vec<Duration>, q: f64) -> f64 {
 /// Per turn: message in → model request out, model answer → reply out, and
 /// the turn's wall-clock window (for the marks).
 type Turns = (Vec<Duration>, Vec<Duration>, Vec<(u128, u128)>);
+
+/// What the model answers every turn (`--answer-chars`).
+static ANSWER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
     turns_in(choird, edge, n, tag, None)
@@ -77,7 +82,7 @@ fn turns_in(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str, alternating: O
         let body: Value = resp.body_mut().read_json().unwrap();
         let t3 = Instant::now();
         windows.push((w0, wall_us()));
-        assert_eq!(body["reply"], "ok", "{body}");
+        assert_eq!(body["reply"].as_str(), ANSWER.get().map(String::as_str), "{body}");
         let reqs = edge.requests_since(before);
         let r = &reqs[0];
         inbound.push(r.at - t0);
@@ -127,7 +132,20 @@ fn main() {
     // Before choird starts: the machine as quiet as it gets in this run.
     let floor = Floor::measure(&pg);
     choir_tests::report!("{}", floor.describe());
-    let edge = FakeLlm::with_responder(|req, _| {
+    let args: Vec<String> = std::env::args().collect();
+    let answer_chars: usize = args
+        .iter()
+        .position(|a| a == "--answer-chars")
+        .map(|i| args.get(i + 1).and_then(|n| n.parse().ok()).expect("--answer-chars takes a number of characters"))
+        .unwrap_or(0);
+    let answer: String = if answer_chars == 0 {
+        "ok".into()
+    } else {
+        choir_tests::report!("the model answers {answer_chars} characters a turn");
+        "the answer ".chars().cycle().take(answer_chars).collect::<String>().trim_end().to_owned()
+    };
+    ANSWER.set(answer.clone()).expect("set once");
+    let edge = FakeLlm::with_responder(move |req, _| {
         let last = req["messages"].as_array()?.last()?.clone();
         if last["content"] == "start eight" {
             let calls = (0..8)
@@ -140,9 +158,8 @@ fn main() {
                 .collect();
             return Some(Step::ToolCalls(calls));
         }
-        Some(Step::Text("ok".into()))
+        Some(Step::Text(answer.clone()))
     });
-    let args: Vec<String> = std::env::args().collect();
     let core_model = args
         .iter()
         .position(|a| a == "--core-model-ms")

@@ -29,7 +29,7 @@ pub use error::{LlmError, CUT_PREFIX, PROVIDER_CODE};
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use choir_common::openai::{ChatRequest, ChatResponse};
 use serde_json::json;
@@ -49,6 +49,12 @@ const CALL_PATIENCE: Patience =
 const STREAM_TAIL: u64 = 64 * 1024;
 /// How often a lane waiting for its model looks whether it was cancelled.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
+/// Streamed text reaches the lane at most this often; what streams in
+/// meanwhile waits on the call's thread. A provider sends a token or a few
+/// per event, and each hand-over wakes the lane: coalesced, a 500-character
+/// answer wakes it a few times instead of a hundred. The lane sends a
+/// partial answer every 150 ms at most anyway (`edge::PARTIAL_EVERY`).
+const TEXT_EVERY: Duration = Duration::from_millis(50);
 
 /// The relay's path for `lane`, naming the core job (for choird's ledger)
 /// when its name is safe in a query as it is.
@@ -144,10 +150,24 @@ impl Llm {
         let spawned = self.callers.run(
             lane,
             Box::new(move || {
-                let text_tx = tx.clone();
-                let mut on_text =
-                    |t: &str| !gone.load(Ordering::SeqCst) && text_tx.send(Msg::Text(t.to_owned())).is_ok();
-                let answer = retrying(&gone, || attempt(&rpc, &path, &body, streamed, &mut on_text));
+                let (mut held, mut handed) = (String::new(), Instant::now());
+                let answer = {
+                    let mut on_text = |t: &str| {
+                        if gone.load(Ordering::SeqCst) {
+                            return false;
+                        }
+                        held.push_str(t);
+                        if handed.elapsed() < TEXT_EVERY {
+                            return true;
+                        }
+                        handed = Instant::now();
+                        tx.send(Msg::Text(std::mem::take(&mut held))).is_ok()
+                    };
+                    retrying(&gone, || attempt(&rpc, &path, &body, streamed, &mut on_text))
+                };
+                if !held.is_empty() {
+                    let _ = tx.send(Msg::Text(held));
+                }
                 let _ = tx.send(Msg::Done(answer));
             }),
         );

@@ -446,3 +446,80 @@ fn a_tool_turns_reasoning_content_is_kept_to_go_back_and_never_shown() {
     ]));
     assert_eq!(plain.choices[0].message.content.as_deref(), Some("Hi"));
 }
+
+/// A stand-in for choird's agent socket that streams `deltas` (each its own
+/// event and chunk, `gap` apart) and ends the answer.
+fn delta_socket(dir: &std::path::Path, deltas: Vec<String>, gap: Duration) -> std::path::PathBuf {
+    use std::io::{BufReader, Write};
+    let path = dir.join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let Some(Ok(conn)) = listener.incoming().next() else { return };
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut conn = conn;
+        if crate::rpc::read_request(&mut reader).is_none() {
+            return;
+        }
+        let chunk = |w: &mut std::os::unix::net::UnixStream, event: &str| {
+            let _ = write!(w, "{:x}\r\n{event}\r\n", event.len());
+        };
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        );
+        for d in &deltas {
+            let event = serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {"content": d}, "finish_reason": null}]});
+            chunk(&mut conn, &format!("data: {event}\n\n"));
+            std::thread::sleep(gap);
+        }
+        let end = serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        chunk(&mut conn, &format!("data: {end}\n\ndata: [DONE]\n\n"));
+        let _ = write!(conn, "0\r\n\r\n");
+    });
+    path
+}
+
+/// Streams `deltas` `gap` apart through the client: the lane's text
+/// hand-overs (each one a wake-up of the lane), their text joined, the
+/// answer's content and how long the call took.
+fn stream_deltas(deltas: Vec<String>, gap: Duration) -> (usize, String, Option<String>, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = delta_socket(dir.path(), deltas, gap);
+    let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
+    let (mut handed, mut text) = (0, String::new());
+    let started = std::time::Instant::now();
+    let answer = llm
+        .stream(
+            "edge",
+            None,
+            &hello(),
+            &mut |t| {
+                handed += 1;
+                text.push_str(t);
+            },
+            None,
+        )
+        .unwrap();
+    (handed, text, answer.choices[0].message.content.clone(), started.elapsed())
+}
+
+/// A provider streams a token or a few per event; each event's text used
+/// to be handed to the lane on its own, a wake-up of the lane thread per
+/// event (300 for this answer). Now what arrives within `TEXT_EVERY` goes
+/// over at once, and all of it arrives, in order.
+#[test]
+fn streamed_text_reaches_the_lane_a_few_times_an_answer_not_once_an_event() {
+    let deltas: Vec<String> = (0..300).map(|i| format!("w{i} ")).collect();
+    let whole: String = deltas.concat();
+    let (handed, text, content, took) = stream_deltas(deltas, Duration::ZERO);
+    assert_eq!(content.as_deref(), Some(whole.as_str()));
+    assert_eq!(text, whole, "the lane was handed every piece, in order");
+    let bound = 2 + (took.as_millis() / TEXT_EVERY.as_millis()) as usize;
+    assert!(handed <= bound, "{handed} hand-overs for 300 events in {took:?} (at most {bound})");
+    // The control: text that streams slowly still reaches the lane while
+    // the model writes, not only at the end.
+    let slow: Vec<String> = (0..4).map(|i| format!("s{i} ")).collect();
+    let (handed, text, _, _) = stream_deltas(slow, TEXT_EVERY * 2);
+    assert_eq!(text, "s0 s1 s2 s3 ");
+    assert!(handed >= 3, "slow text was held back until the end: {handed} hand-over(s)");
+}
