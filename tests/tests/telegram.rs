@@ -3,6 +3,7 @@
 //! rate limits, approvals from inline buttons, files both ways, exactly-once
 //! across a SIGKILL of choird, and recovery from the Bot API's failures.
 
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use choir_tests::fake_llm::{FakeLlm, Step};
@@ -697,6 +698,49 @@ fn storing_a_batch_reads_only_its_own_updates_however_many_the_bot_has() {
     assert_eq!(queued, 2, "both batches' messages queued");
 }
 
+/// Agent alpha's message stored the three ways choird stores one — a
+/// chat's, the dispatcher's and a poller batch's (its conversation
+/// `batch_conversation`) — each on a connection and a thread of its own
+/// (it may wait for another transaction's lock): the row each returns.
+fn queue_for_alpha_three_ways(url: &str, batch_conversation: &'static str) -> [JoinHandle<postgres::Row>; 3] {
+    let run = |statement: &'static str, params: Vec<Box<dyn postgres::types::ToSql + Sync + Send>>| {
+        let url = url.to_owned();
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
+            c.query_one(statement, &params).unwrap()
+        })
+    };
+    let chat =
+        run(choird::store::INSERT_MESSAGE, vec![Box::new("alpha"), Box::new("c"), Box::new("u"), Box::new("chat")]);
+    let dispatched = run(
+        choird::store::telegram::INSERT_TELEGRAM_MESSAGE,
+        vec![
+            Box::new("alpha"),
+            Box::new("tg:a:1"),
+            Box::new("telegram:1"),
+            Box::new("dispatched"),
+            Box::new(json!({"bot": "a", "update_id": "7"})),
+        ],
+    );
+    let batch = run(
+        choird::store::telegram::STORE_BATCH,
+        vec![
+            Box::new("a"),
+            Box::new(vec![8i64]),
+            Box::new(vec![json!({})]),
+            Box::new(vec!["alpha"]),
+            Box::new(vec![batch_conversation]),
+            Box::new(vec!["telegram:1"]),
+            Box::new(vec!["batched"]),
+            Box::new(vec![json!({"bot": "a", "update_id": "8"})]),
+            Box::new(9i64),
+        ],
+    );
+    [chat, dispatched, batch]
+}
+
 /// How many advisory locks are waited for right now.
 fn lock_waiters(pg: &TestPg) -> i64 {
     pg.client()
@@ -723,49 +767,15 @@ fn regression_a_message_committing_after_a_later_one_of_its_agent_was_passed_ove
     let other: i64 =
         pg.client().query_one(choird::store::INSERT_MESSAGE, &[&"beta", &"c", &"u", &"other"]).unwrap().get(0);
     assert!(other > first_id);
-    let url = pg.url();
-    let queue = |statement: &'static str, params: Vec<Box<dyn postgres::types::ToSql + Sync + Send>>| {
-        let url = url.clone();
-        std::thread::spawn(move || {
-            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
-            c.execute(statement, &params).unwrap()
-        })
-    };
-    let chat =
-        queue(choird::store::INSERT_MESSAGE, vec![Box::new("alpha"), Box::new("c"), Box::new("u"), Box::new("chat")]);
-    let dispatched = queue(
-        choird::store::telegram::INSERT_TELEGRAM_MESSAGE,
-        vec![
-            Box::new("alpha"),
-            Box::new("tg:a:1"),
-            Box::new("telegram:1"),
-            Box::new("dispatched"),
-            Box::new(json!({"bot": "a", "update_id": "7"})),
-        ],
-    );
-    let batch = queue(
-        choird::store::telegram::STORE_BATCH,
-        vec![
-            Box::new("a"),
-            Box::new(vec![8i64]),
-            Box::new(vec![json!({})]),
-            Box::new(vec!["alpha"]),
-            Box::new(vec!["tg:a:1"]),
-            Box::new(vec!["telegram:1"]),
-            Box::new(vec!["batched"]),
-            Box::new(vec![json!({"bot": "a", "update_id": "8"})]),
-            Box::new(9i64),
-        ],
-    );
+    let [chat, dispatched, batch] = queue_for_alpha_three_ways(&pg.url(), "tg:a:1");
     wait_for("the three to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 3);
     let visible: i64 =
         pg.client().query_one("SELECT count(*) FROM messages WHERE agent_id = 'alpha'", &[]).unwrap().get(0);
     assert_eq!(visible, 0, "no later message of alpha committed before the first");
     first.commit().unwrap();
+    // Each stored its message (one row: its id, or the batch's arrays).
     for t in [chat, dispatched, batch] {
-        assert_eq!(t.join().unwrap(), 1);
+        t.join().unwrap();
     }
     let ids: Vec<(i64, String)> = pg
         .client()
@@ -794,61 +804,21 @@ fn a_queued_message_reports_the_earlier_messages_that_committed_while_it_waited(
     let row = first.query_one(choird::store::INSERT_MESSAGE, &[&"alpha", &"c", &"u", &"first"]).unwrap();
     let first_id: i64 = row.get(0);
     assert_eq!(report(&row), (None, false), "the agent's first message follows nothing");
-    let url = pg.url();
-    let queue = move |statement: &'static str, params: Vec<Box<dyn postgres::types::ToSql + Sync + Send>>| {
-        let url = url.clone();
-        std::thread::spawn(move || {
-            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
-            let row = c.query_one(statement, &params).unwrap();
-            (row.get::<_, i64>(0), row.get::<_, Option<i64>>(1), row.get::<_, bool>(2))
-        })
-    };
-    let chat =
-        queue(choird::store::INSERT_MESSAGE, vec![Box::new("alpha"), Box::new("c"), Box::new("u"), Box::new("chat")]);
-    let dispatched = queue(
-        choird::store::telegram::INSERT_TELEGRAM_MESSAGE,
-        vec![
-            Box::new("alpha"),
-            Box::new("tg:a:1"),
-            Box::new("telegram:1"),
-            Box::new("dispatched"),
-            Box::new(json!({"bot": "a", "update_id": "7"})),
-        ],
-    );
-    let url = pg.url();
-    let batch = std::thread::spawn(move || {
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        let row = c
-            .query_one(
-                choird::store::telegram::STORE_BATCH,
-                &[
-                    &"a",
-                    &vec![8i64],
-                    &vec![json!({})],
-                    &vec!["alpha"],
-                    &vec!["c"],
-                    &vec!["telegram:1"],
-                    &vec!["batched"],
-                    &vec![json!({"bot": "a", "update_id": "8"})],
-                    &9i64,
-                ],
-            )
-            .unwrap();
-        let id: Vec<i64> = row.get(2);
-        let pending: Vec<Option<i64>> = row.get(8);
-        let earlier: Vec<bool> = row.get(9);
-        (id[0], pending[0], earlier[0])
-    });
+    let [chat, dispatched, batch] = queue_for_alpha_three_ways(&pg.url(), "c");
     // All three began (their statements' snapshots taken) before the first
     // message committed, and wait for it.
     wait_for("the three to wait for the first message's commit", Duration::from_secs(30), || lock_waiters(&pg) == 3);
     first.commit().unwrap();
-    let batch = batch.join().unwrap();
+    let reported = |r: postgres::Row| {
+        let (pending, earlier) = report(&r);
+        (r.get::<_, i64>(0), pending, earlier)
+    };
+    let row = batch.join().unwrap();
+    let (ids, pending, earlier): (Vec<i64>, Vec<Option<i64>>, Vec<bool>) = (row.get(2), row.get(8), row.get(9));
+    let batch = (ids[0], pending[0], earlier[0]);
     assert!(batch.1.is_some_and(|p| p >= first_id && p < batch.0), "{batch:?} after {first_id}");
     assert!(batch.2, "the batch's conversation had the first message before it");
-    let (chat, dispatched) = (chat.join().unwrap(), dispatched.join().unwrap());
+    let (chat, dispatched) = (reported(chat.join().unwrap()), reported(dispatched.join().unwrap()));
     // Each follows the message of its agent that took the lock before it:
     // the first, or one of the others.
     let mut order = [(first_id, None), (chat.0, chat.1), (dispatched.0, dispatched.1), (batch.0, batch.1)];
