@@ -4,6 +4,7 @@
 
 pub mod arbiter;
 pub mod board;
+pub mod cancel;
 pub mod commitlog;
 pub mod failpoints;
 pub mod lanes;

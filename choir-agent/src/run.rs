@@ -217,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         limits,
     ));
-    let edge_cancel = Arc::new(AtomicBool::new(false));
+    let edge_cancel = Arc::new(crate::cancel::Cancel::new());
     let link = Arc::new(Link {
         rpc: rpc.clone(),
         log,

@@ -213,11 +213,38 @@ fn stat_cpu(path: &str) -> Option<(String, Duration)> {
     Some((name, Duration::from_millis(ticks * 10)))
 }
 
-/// CPU time so far of every thread of `pids`, by "process/thread" name
-/// (threads of the same name summed; a PostgreSQL process named by its
+/// A thread's time on a CPU so far and how many times it was put on one
+/// (woken, or resumed after being preempted), from its `schedstat`:
+/// nanoseconds, where `stat` counts 10 ms ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ran {
+    /// Time on a CPU.
+    pub cpu: Duration,
+    /// Times put on a CPU.
+    pub runs: u64,
+}
+
+impl Ran {
+    /// What ran since `before`.
+    pub fn since(self, before: Ran) -> Ran {
+        Ran { cpu: self.cpu.saturating_sub(before.cpu), runs: self.runs.saturating_sub(before.runs) }
+    }
+}
+
+/// A `schedstat` file: time on a CPU (ns), time waiting for one, runs.
+fn schedstat(path: &std::path::Path) -> Option<Ran> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut f = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    let cpu = f.next()??;
+    let runs = f.nth(1)??;
+    Some(Ran { cpu: Duration::from_nanos(cpu), runs })
+}
+
+/// What every thread of `pids` ran so far ([`Ran`]), by "process/thread"
+/// name (threads of the same name summed; a PostgreSQL process named by its
 /// role — `postgres/backend`, `postgres/walwriter` — from its title). A
 /// thread that ended is not counted: compare the sum with [`cpu_time`]'s.
-pub fn thread_cpu(pids: &[u32]) -> std::collections::BTreeMap<String, Duration> {
+pub fn thread_cpu(pids: &[u32]) -> std::collections::BTreeMap<String, Ran> {
     let mut by = std::collections::BTreeMap::new();
     for pid in pids {
         let Some((process, _)) = stat_cpu(&format!("/proc/{pid}/stat")) else { continue };
@@ -236,11 +263,14 @@ pub fn thread_cpu(pids: &[u32]) -> std::collections::BTreeMap<String, Duration> 
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
         for task in tasks.flatten() {
             let path = task.path().join("stat");
-            if let Some((thread, cpu)) = stat_cpu(&path.to_string_lossy()) {
-                let key =
-                    if process.starts_with("postgres/") { process.clone() } else { format!("{process}/{thread}") };
-                *by.entry(key).or_insert(Duration::ZERO) += cpu;
-            }
+            let (Some((thread, _)), Some(ran)) =
+                (stat_cpu(&path.to_string_lossy()), schedstat(&task.path().join("schedstat")))
+            else {
+                continue;
+            };
+            let key = if process.starts_with("postgres/") { process.clone() } else { format!("{process}/{thread}") };
+            let sum: &mut Ran = by.entry(key).or_default();
+            (sum.cpu, sum.runs) = (sum.cpu + ran.cpu, sum.runs + ran.runs);
         }
     }
     by

@@ -8,13 +8,14 @@
 //! registered when the proposal was stored, else to the edge.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ApprovalResponse, Verb};
 use parking_lot::{Condvar, Mutex};
 
+use crate::cancel::Cancel;
 use crate::rpc::{Rpc, RpcError};
 use crate::tools::propose::{Awaited, ProposalError, ProposalSink};
 
@@ -58,7 +59,7 @@ impl Approvals {
 
     /// Waits for the decision on proposal `id` (submitted with `wait`);
     /// `None` if `cancel` was set first (the decision then goes to the edge).
-    pub fn wait(&self, id: i64, cancel: Option<&AtomicBool>) -> Option<ApprovalDecision> {
+    pub fn wait(&self, id: i64, cancel: Option<&Cancel>) -> Option<ApprovalDecision> {
         match self.wait_until(id, cancel, None) {
             Awaited::Decided(d) => Some(d),
             Awaited::Cancelled | Awaited::TimedOut => None,
@@ -68,7 +69,7 @@ impl Approvals {
     /// Waits for the decision on proposal `id` until `cancel` is set or
     /// `until` (if any) passes. Afterwards no lane waits for it: a later
     /// decision goes to the edge.
-    fn wait_until(&self, id: i64, cancel: Option<&AtomicBool>, until: Option<Instant>) -> Awaited {
+    fn wait_until(&self, id: i64, cancel: Option<&Cancel>, until: Option<Instant>) -> Awaited {
         let mut desk = self.desk.lock();
         desk.waiting.insert(id);
         loop {
@@ -76,7 +77,7 @@ impl Approvals {
                 desk.waiting.remove(&id);
                 return Awaited::Decided(d);
             }
-            if cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+            if cancel.is_some_and(Cancel::is_set) {
                 desk.waiting.remove(&id);
                 return Awaited::Cancelled;
             }
@@ -110,7 +111,7 @@ impl ProposalSink for Approvals {
         }
     }
 
-    fn await_decision(&self, id: i64, cancel: Option<&AtomicBool>, until: Instant) -> Awaited {
+    fn await_decision(&self, id: i64, cancel: Option<&Cancel>, until: Instant) -> Awaited {
         self.wait_until(id, cancel, Some(until))
     }
 }

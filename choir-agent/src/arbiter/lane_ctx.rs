@@ -6,7 +6,6 @@
 
 use choir_common::lane::Lane;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::origin::Entry;
@@ -27,7 +26,7 @@ pub struct LaneCtx {
     pub hooks: Option<Arc<dyn LaneHooks>>,
     /// Set when the lane is cancelled: every later call is refused (also
     /// after waiting for locks). `None` while a non-interruptible skill runs.
-    pub cancel: Option<Arc<AtomicBool>>,
+    pub cancel: Option<Arc<crate::cancel::Cancel>>,
     /// The skill and state the lane is in, if any (recorded in every event).
     pub skill: Option<SkillAt>,
     /// The user conversation this work is for (proposals carry it, so the
@@ -76,7 +75,7 @@ impl LaneCtx {
 
     /// Whether the lane has been cancelled (nothing more may run).
     pub fn cancelled(&self) -> bool {
-        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
+        self.cancel.as_ref().is_some_and(|c| c.is_set())
     }
 }
 

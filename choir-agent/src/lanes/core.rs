@@ -31,6 +31,7 @@ use crate::arbiter::invocation::{Invocation, Status};
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::arbiter::Arbiter;
 use crate::board::{LaneMachine, LaneState, StatusBoard};
+use crate::cancel::Cancel;
 use crate::lanes::conversation::Conversation;
 use crate::lanes::inbox::EdgeEvent;
 use crate::lanes::llm::Llm;
@@ -100,7 +101,7 @@ impl CoreLimits {
 }
 
 struct Job {
-    cancel: Arc<AtomicBool>,
+    cancel: Arc<Cancel>,
     /// Cancelled by the edge itself: it knows, so no report is sent back.
     quiet: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
@@ -210,7 +211,7 @@ impl CorePool {
                 let _ = h.join();
             }
         }
-        let cancel = Arc::new(AtomicBool::new(false));
+        let cancel = Arc::new(Cancel::new());
         let quiet = Arc::new(AtomicBool::new(false));
         let status = Arc::new(Mutex::new(JobStatus {
             state: LaneState::Idle,
@@ -290,7 +291,7 @@ impl CorePool {
     /// Cancels every job, reporting each.
     pub fn cancel_all(&self) {
         for j in self.jobs.lock().values() {
-            j.cancel.store(true, Ordering::SeqCst);
+            j.cancel.set();
         }
     }
 
@@ -301,7 +302,7 @@ impl CorePool {
         if quiet {
             j.quiet.store(true, Ordering::SeqCst);
         }
-        j.cancel.store(true, Ordering::SeqCst);
+        j.cancel.set();
         Ok(json!({"summary": format!("core job {name} is cancelled; it stops at its next step"), "job": name}))
     }
 
@@ -312,7 +313,7 @@ impl CorePool {
         for j in jobs.values() {
             running += usize::from(j.handle.as_ref().is_some_and(|h| !h.is_finished()));
             j.quiet.store(true, Ordering::SeqCst);
-            j.cancel.store(true, Ordering::SeqCst);
+            j.cancel.set();
         }
         for (name, j) in jobs.iter_mut() {
             if let Some(h) = j.handle.take() {
@@ -347,7 +348,7 @@ struct JobRun {
     conversation: String,
     /// The scheduled firing this job runs, if any: its outcome goes to choird.
     firing: Option<i64>,
-    cancel: Arc<AtomicBool>,
+    cancel: Arc<Cancel>,
     quiet: Arc<AtomicBool>,
     status: Arc<Mutex<JobStatus>>,
 }
@@ -431,7 +432,7 @@ impl JobRun {
         // Every call's outcome, as it happens: the workflow summary is built from these.
         let mut actions: Vec<Action> = Vec::new();
         let (end, outcome): (LaneState, Result<String, String>) = loop {
-            if self.cancel.load(Ordering::SeqCst) {
+            if self.cancel.is_set() {
                 break (LaneState::Cancelled, Err("cancelled".into()));
             }
             if steps >= budget.steps {

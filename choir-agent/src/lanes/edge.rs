@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use crate::arbiter::lane_ctx::LaneCtx;
 use crate::board::{LaneMachine, LaneState, StatusBoard};
+use crate::cancel::Cancel;
 use crate::commitlog::LogError;
 use crate::lanes::conversation::Conversation;
 use crate::lanes::core::{CoreLimits, CorePool};
@@ -86,7 +87,7 @@ pub struct EdgeLane {
     pub skills: Arc<SkillBook>,
     /// Set (by the link) when the operator or user asks the edge to stop its
     /// current turn or skill; cleared when a turn begins.
-    pub cancel: Arc<AtomicBool>,
+    pub cancel: Arc<Cancel>,
     /// Tools `choir.tools.find` found, per conversation (offered with
     /// `tool_exposure: find`); dropped with the conversation's history.
     pub discovered: Arc<Mutex<HashMap<String, std::collections::BTreeSet<String>>>>,
@@ -273,7 +274,7 @@ impl EdgeLane {
             discovered: self.discovered.clone(),
         });
         // A cancel asked for while the lane was idle has nothing to stop.
-        self.cancel.store(false, Ordering::SeqCst);
+        self.cancel.clear();
         self.mind.fallback.lock().take();
         let mut lane = LaneCtx::new("edge", Lane::Edge);
         lane.turn = turn_id;
@@ -298,7 +299,7 @@ impl EdgeLane {
             if step > 1 {
                 inject(st, inbox, conv_name, &mut covers);
             }
-            if self.cancel.load(Ordering::SeqCst) {
+            if self.cancel.is_set() {
                 let _ = machine.go(LaneState::Cancelled);
                 text = Some("Stopped, as asked.".to_owned());
                 break;
@@ -368,7 +369,7 @@ impl EdgeLane {
                 }
                 Step::ModelDown(e) => {
                     log::error!("edge: {e}");
-                    let cancelled = matches!(e, LlmError::Cancelled) || self.cancel.load(Ordering::SeqCst);
+                    let cancelled = matches!(e, LlmError::Cancelled) || self.cancel.is_set();
                     let _ = machine.go(if cancelled { LaneState::Cancelled } else { LaneState::Failed });
                     text = Some(if cancelled { "Stopped, as asked.".to_owned() } else { e.user_words() });
                     break;
@@ -441,7 +442,7 @@ impl EdgeLane {
         self.board.skill("edge", Some(run.progress()));
         let outcome = loop {
             inject(st, inbox, conv_name, covers);
-            if st.stopping || self.cancel.load(Ordering::SeqCst) {
+            if st.stopping || self.cancel.is_set() {
                 break SkillOutcome::Cancelled;
             }
             let conv = st.held.get(conv_name);

@@ -117,7 +117,7 @@ impl Mind {
         history: &[Entry],
         tools: Vec<ToolSpec>,
         on_text: Option<&mut dyn FnMut(&str)>,
-        cancel: Option<&std::sync::atomic::AtomicBool>,
+        cancel: Option<&crate::cancel::Cancel>,
     ) -> Result<ChatResponse, crate::lanes::llm::LlmError> {
         let mut messages = vec![ChatMessage::text(Role::System, system)];
         messages.extend(conversation::messages(history));

@@ -77,7 +77,7 @@ pub struct Link {
     /// Where human decisions on proposals go.
     pub approvals: Arc<Approvals>,
     /// The edge lane's cancel flag (its current turn or skill).
-    pub edge_cancel: Arc<AtomicBool>,
+    pub edge_cancel: Arc<crate::cancel::Cancel>,
     /// The edge's core pool (owned by the edge lane; not kept alive by us).
     pub pool: Weak<CorePool>,
     /// The argument policy the arbiter asks (replaced with each config).
@@ -315,7 +315,7 @@ mod tests {
             config: Arc::new(parking_lot::RwLock::new(config)),
             board: crate::board::StatusBoard::new(),
             approvals: Arc::new(crate::arbiter::approvals::Approvals::new(None)),
-            edge_cancel: Arc::new(AtomicBool::new(false)),
+            edge_cancel: Arc::new(crate::cancel::Cancel::new()),
             pool: Weak::new(),
             arguments: Arc::new(crate::arbiter::arg_check::ArgumentPolicy::default()),
             floor: Arc::default(),

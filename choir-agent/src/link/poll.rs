@@ -137,7 +137,7 @@ impl Link {
         log::info!("cancel requested for {lane}");
         let pool = self.pool.upgrade();
         if lane == "edge" || lane == "all" {
-            self.edge_cancel.store(true, Ordering::SeqCst);
+            self.edge_cancel.set();
         }
         if let Some(pool) = &pool {
             if lane == "all" {

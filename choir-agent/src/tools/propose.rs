@@ -8,7 +8,7 @@
 //! changed until a human approves that exact content (its sha256).
 
 use choir_common::manifest::ToolManifest;
-use std::sync::atomic::AtomicBool;
+
 use std::time::Instant;
 
 use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ApprovalResponse, ProposalKind, ProposalScope};
@@ -46,7 +46,7 @@ pub trait ProposalSink: Send + Sync {
 
     /// Waits for the decision on proposal `id` (submitted with `wait`)
     /// until `cancel` is set or `until` passes, whichever comes first.
-    fn await_decision(&self, id: i64, cancel: Option<&AtomicBool>, until: Instant) -> Awaited;
+    fn await_decision(&self, id: i64, cancel: Option<&crate::cancel::Cancel>, until: Instant) -> Awaited;
 }
 
 /// The kind of proposal a meta-tool makes.

@@ -29,7 +29,10 @@
 //! `--pg-defaults` runs on a cluster at PostgreSQL's own defaults instead of
 //! the small-host settings choird's managed cluster uses; `--answer-chars N`
 //! makes the model's answer N characters long instead of "ok" (streamed in
-//! 8-character events, as providers stream a token or a few an event).
+//! 8-character events, as providers stream a token or a few an event);
+//! `--model-ms N` makes the model think N ms before each answer, as a real
+//! one does (what a turn costs while its model thinks), and `--turns N`
+//! sets the turns of the `--conversations-only` runs (default 1,000).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -56,6 +59,20 @@ type Turns = (Vec<Duration>, Vec<Duration>, Vec<(u128, u128)>);
 
 /// What the model answers every turn (`--answer-chars`).
 static ANSWER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Turns of each `--conversations-only` run (`--turns`).
+static TURNS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The turns of a `--conversations-only` run.
+fn measured_turns() -> usize {
+    *TURNS.get().unwrap_or(&1000)
+}
+
+/// The value after `flag` on the command line, as a number.
+fn number_after(args: &[String], flag: &str) -> Option<u64> {
+    let i = args.iter().position(|a| a == flag)?;
+    Some(args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{flag} takes a number")))
+}
 
 fn turns(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str) -> Turns {
     turns_in(choird, edge, n, tag, None)
@@ -133,11 +150,14 @@ fn main() {
     let floor = Floor::measure(&pg);
     choir_tests::report!("{}", floor.describe());
     let args: Vec<String> = std::env::args().collect();
-    let answer_chars: usize = args
-        .iter()
-        .position(|a| a == "--answer-chars")
-        .map(|i| args.get(i + 1).and_then(|n| n.parse().ok()).expect("--answer-chars takes a number of characters"))
-        .unwrap_or(0);
+    let answer_chars = number_after(&args, "--answer-chars").unwrap_or(0) as usize;
+    let think = Duration::from_millis(number_after(&args, "--model-ms").unwrap_or(0));
+    if !think.is_zero() {
+        choir_tests::report!("the model thinks {} ms before each answer", think.as_millis());
+    }
+    if let Some(n) = number_after(&args, "--turns") {
+        TURNS.set(n as usize).expect("set once");
+    }
     let answer: String = if answer_chars == 0 {
         "ok".into()
     } else {
@@ -146,6 +166,7 @@ fn main() {
     };
     ANSWER.set(answer.clone()).expect("set once");
     let edge = FakeLlm::with_responder(move |req, _| {
+        std::thread::sleep(think);
         let last = req["messages"].as_array()?.last()?.clone();
         if last["content"] == "start eight" {
             let calls = (0..8)
@@ -160,14 +181,7 @@ fn main() {
         }
         Some(Step::Text(answer.clone()))
     });
-    let core_model = args
-        .iter()
-        .position(|a| a == "--core-model-ms")
-        .map(|i| {
-            args.get(i + 1).and_then(|ms| ms.parse().ok()).expect("--core-model-ms takes a number of milliseconds")
-        })
-        .map(Duration::from_millis)
-        .unwrap_or_default();
+    let core_model = Duration::from_millis(number_after(&args, "--core-model-ms").unwrap_or(0));
     if !core_model.is_zero() {
         choir_tests::report!("the core model takes {} ms a call", core_model.as_millis());
     }
@@ -196,11 +210,12 @@ fn main() {
         let choird = Choird::start(&config, &json!({"llm_key": "k"}));
         start_demo(&choird, &edge);
         let before = cpu(&choird, &pg);
-        let (inb, outb, _) = turns(&choird, &edge, 1000, "idle");
+        let n = measured_turns();
+        let (inb, outb, _) = turns(&choird, &edge, n, "idle");
         choir_tests::report!(
-            "idle agent, 1000 turns: {}; {}",
+            "idle agent, {n} turns: {}; {}",
             in_out(inb, outb, &floor),
-            cpu_per_turn(before, cpu(&choird, &pg), 1000)
+            cpu_per_turn(before, cpu(&choird, &pg), n)
         );
         alternating(&choird, &pg, &edge, &floor);
         return;
@@ -262,7 +277,7 @@ fn untraced(config: &Value, pg: &TestPg, edge: &FakeLlm, core: &FakeLlm, floor: 
 /// fake model and client not counted), in all and by thread.
 struct Cpu {
     parts: [Duration; 3],
-    threads: std::collections::BTreeMap<String, Duration>,
+    threads: std::collections::BTreeMap<String, choir_tests::bench::Ran>,
 }
 
 fn cpu(choird: &Choird, pg: &TestPg) -> Cpu {
@@ -276,21 +291,29 @@ fn cpu(choird: &Choird, pg: &TestPg) -> Cpu {
 
 /// Where a run's CPU went, per turn, by "process/thread" (the per-hop
 /// breakdown: each hop of a turn runs on a thread of its own), largest
-/// first, with what threads that ended meanwhile used.
+/// first, each with the times it was put on a CPU per turn (its wake-ups,
+/// and its resumptions after preemption), and what threads that ended
+/// meanwhile used.
 fn cpu_by_thread(before: &Cpu, after: &Cpu, n: usize) -> String {
     let per = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
-    let mut used: Vec<(String, Duration)> = after
+    let mut used: Vec<(String, choir_tests::bench::Ran)> = after
         .threads
         .iter()
-        .map(|(k, v)| (k.clone(), v.saturating_sub(before.threads.get(k).copied().unwrap_or_default())))
-        .filter(|(_, d)| !d.is_zero())
+        .map(|(k, v)| (k.clone(), v.since(before.threads.get(k).copied().unwrap_or_default())))
+        .filter(|(_, r)| !r.cpu.is_zero())
         .collect();
-    used.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
-    let counted: Duration = used.iter().map(|(_, d)| *d).sum();
+    used.sort_by_key(|(_, r)| std::cmp::Reverse(r.cpu));
+    let counted: Duration = used.iter().map(|(_, r)| r.cpu).sum();
     let total: Duration = (0..3).map(|i| after.parts[i].saturating_sub(before.parts[i])).sum();
-    let mut out: Vec<String> = used.iter().map(|(k, d)| format!("{k} {:.3}", per(*d))).collect();
+    let runs: u64 = used.iter().map(|(_, r)| r.runs).sum();
+    let mut out: Vec<String> =
+        used.iter().map(|(k, r)| format!("{k} {:.3} ({:.1})", per(r.cpu), r.runs as f64 / n as f64)).collect();
     out.push(format!("threads that ended {:.3}", per(total.saturating_sub(counted))));
-    format!("CPU per turn by thread, ms: {}", out.join(", "))
+    format!(
+        "CPU per turn by thread, ms (times on a CPU per turn): {}; {:.1} times on a CPU per turn in all",
+        out.join(", "),
+        runs as f64 / n as f64
+    )
 }
 
 /// The CPU a run of `n` turns cost the system, per turn: whole, then
@@ -315,11 +338,12 @@ fn alternating(choird: &Choird, pg: &TestPg, edge: &FakeLlm, floor: &Floor) {
     const CONVERSATIONS: usize = 50;
     turns_in(choird, edge, CONVERSATIONS, "people", Some(CONVERSATIONS));
     let before = cpu(choird, pg);
-    let (inb, outb, _) = turns_in(choird, edge, 1000, "people", Some(CONVERSATIONS));
+    let n = measured_turns();
+    let (inb, outb, _) = turns_in(choird, edge, n, "people", Some(CONVERSATIONS));
     choir_tests::report!(
-        "{CONVERSATIONS} alternating conversations with history, 1000 turns: {}; {}",
+        "{CONVERSATIONS} alternating conversations with history, {n} turns: {}; {}",
         in_out(inb, outb, floor),
-        cpu_per_turn(before, cpu(choird, pg), 1000)
+        cpu_per_turn(before, cpu(choird, pg), n)
     );
 }
 

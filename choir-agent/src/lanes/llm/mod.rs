@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use choir_common::openai::{ChatRequest, ChatResponse};
 use serde_json::json;
 
+use crate::cancel::Cancel;
 use crate::rpc::{refusal, Patience, RawAnswer, Rpc, RpcError};
 
 use answer::Verdict;
@@ -47,8 +48,6 @@ const CALL_PATIENCE: Patience =
 /// Bytes after a streamed answer's end read to reach the end of its body;
 /// a longer tail is left unread and its connection dropped.
 const STREAM_TAIL: u64 = 64 * 1024;
-/// How often a lane waiting for its model looks whether it was cancelled.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
 /// Streamed text reaches the lane at most this often; what streams in
 /// meanwhile waits on the call's thread. A provider sends a token or a few
 /// per event, and each hand-over wakes the lane: coalesced, a 500-character
@@ -99,7 +98,7 @@ impl Llm {
         lane: &str,
         job: Option<&str>,
         req: &ChatRequest,
-        cancel: Option<&AtomicBool>,
+        cancel: Option<&Cancel>,
     ) -> Result<ChatResponse, LlmError> {
         let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
         self.call(lane, job, body, false, &mut |_| {}, cancel)
@@ -115,7 +114,7 @@ impl Llm {
         job: Option<&str>,
         req: &ChatRequest,
         on_text: &mut dyn FnMut(&str),
-        cancel: Option<&AtomicBool>,
+        cancel: Option<&Cancel>,
     ) -> Result<ChatResponse, LlmError> {
         let body = if req.stream == Some(true) && req.stream_options == Some(stream_options()) {
             serde_json::to_vec(req)
@@ -138,7 +137,7 @@ impl Llm {
         body: Vec<u8>,
         streamed: bool,
         on_text: &mut dyn FnMut(&str),
-        cancel: Option<&AtomicBool>,
+        cancel: Option<&Cancel>,
     ) -> Result<ChatResponse, LlmError> {
         let edge = lane == "edge";
         if edge {
@@ -174,17 +173,18 @@ impl Llm {
         if let Err(e) = spawned {
             return Err(LlmError::Rpc(RpcError::Transport(format!("cannot start the model call: {e}"))));
         }
+        // Woken by the call's thread or by a cancel, never by a clock: a
+        // model thinking for seconds costs this thread no wake-ups.
+        let listening = cancel.map(|c| (c, c.listen()));
         let answer = loop {
-            let msg = match cancel {
-                Some(cancel) => crossbeam_channel::select! {
+            let msg = match &listening {
+                Some((cancel, _)) if cancel.is_set() => {
+                    abandoned.store(true, Ordering::SeqCst);
+                    break Err(LlmError::Cancelled);
+                }
+                Some((_, woken)) => crossbeam_channel::select! {
                     recv(rx) -> m => m,
-                    default(CANCEL_POLL) => {
-                        if cancel.load(Ordering::SeqCst) {
-                            abandoned.store(true, Ordering::SeqCst);
-                            break Err(LlmError::Cancelled);
-                        }
-                        continue;
-                    }
+                    recv(woken.woken()) -> _ => continue,
                 },
                 None => rx.recv(),
             };

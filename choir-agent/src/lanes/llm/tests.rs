@@ -383,11 +383,11 @@ fn regression_a_cancel_did_not_stop_a_lane_waiting_for_its_model() {
     let dir = tempfile::tempdir().unwrap();
     let path = slow_socket(dir.path(), Duration::from_secs(20));
     let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
-    let cancel = Arc::new(AtomicBool::new(false));
+    let cancel = Arc::new(Cancel::new());
     let setter = cancel.clone();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        setter.store(true, Ordering::SeqCst);
+        setter.set();
     });
     let started = std::time::Instant::now();
     let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&cancel));
@@ -397,8 +397,49 @@ fn regression_a_cancel_did_not_stop_a_lane_waiting_for_its_model() {
     let dir = tempfile::tempdir().unwrap();
     let path = slow_socket(dir.path(), Duration::from_millis(300));
     let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
-    let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&AtomicBool::new(false))).unwrap();
+    let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&Cancel::new())).unwrap();
     assert_eq!(r.choices[0].message.content.as_deref(), Some("late"));
+}
+
+/// How often this thread has slept and been woken (`voluntary_ctxt_switches`).
+fn wake_ups() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A lane waiting for its model used to wake every 50 ms to look at its
+/// cancel flag: twenty wake-ups a second of thinking, on every turn and
+/// every core job's step. Now it sleeps until the answer or a cancel comes.
+#[test]
+fn regression_a_lane_woke_every_50_ms_while_its_model_thought() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = slow_socket(dir.path(), Duration::from_millis(1_000));
+    let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
+    let cancel = Cancel::new();
+    let before = wake_ups();
+    let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&cancel)).unwrap();
+    let woke = wake_ups() - before;
+    assert_eq!(r.choices[0].message.content.as_deref(), Some("late"));
+    // The answer's hand-overs (its text, its end) and the start of the
+    // call's thread; with a look every 50 ms it was twenty more.
+    assert!(woke <= 6, "the waiting lane woke {woke} times in a second of thinking");
+    // A cancel still ends the wait at once: woken by it, not by a clock.
+    let dir = tempfile::tempdir().unwrap();
+    let path = slow_socket(dir.path(), Duration::from_secs(20));
+    let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
+    let cancel = Arc::new(Cancel::new());
+    let setter = cancel.clone();
+    let before = wake_ups();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        setter.set();
+    });
+    let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&cancel));
+    let woke = wake_ups() - before;
+    t.join().unwrap();
+    assert!(matches!(r, Err(LlmError::Cancelled)), "{r:?}");
+    assert!(woke <= 6, "the waiting lane woke {woke} times before its cancel");
 }
 
 /// A stream that ends on an error event (choird's own, when the endpoint
