@@ -131,7 +131,8 @@ struct Entry {
 #[derive(Default)]
 pub struct StatusBoard {
     inner: Mutex<Board>,
-    /// Pokes the reporter after a change (bounded(1): one pending poke is enough).
+    /// Pokes the reporter after the first change since its last snapshot
+    /// (bounded(1): one pending poke is enough).
     poke: Option<crossbeam_channel::Sender<()>>,
 }
 
@@ -140,6 +141,8 @@ struct Board {
     session: Option<SessionState>,
     lanes: BTreeMap<String, Entry>,
     version: u64,
+    /// The version the last [`StatusBoard::snapshot`] saw.
+    snapped: u64,
 }
 
 impl StatusBoard {
@@ -148,14 +151,21 @@ impl StatusBoard {
         Arc::new(StatusBoard::default())
     }
 
-    /// A new board that pokes `poke` after every change.
+    /// A new board that pokes `poke` when a change makes it differ from
+    /// its last snapshot.
+    ///
+    /// **Invariant:** the reporter is poked by the first change after each
+    /// snapshot; the changes after it find a report already due, which the
+    /// reporter, once poked, sends on its own clock (at most every 250 ms),
+    /// so a turn's three or four lane changes wake it once, not each.
     pub fn with_poke(poke: crossbeam_channel::Sender<()>) -> Arc<StatusBoard> {
         Arc::new(StatusBoard { inner: Mutex::default(), poke: Some(poke) })
     }
 
     fn changed(&self, b: &mut Board) {
+        let was_reported = b.version == b.snapped;
         b.version += 1;
-        if let Some(p) = &self.poke {
+        if let Some(p) = self.poke.as_ref().filter(|_| was_reported) {
             let _ = p.try_send(());
         }
     }
@@ -248,7 +258,8 @@ impl StatusBoard {
 
     /// The session state and every lane, as REPORT_STATUS carries them.
     pub fn snapshot(&self) -> (String, Vec<LaneStatus>) {
-        let b = self.inner.lock();
+        let mut b = self.inner.lock();
+        b.snapped = b.version;
         let lanes = b
             .lanes
             .iter()
@@ -366,5 +377,30 @@ mod tests {
         let err = m.go(Reasoning).unwrap_err();
         assert_eq!(err.to_string(), "lane core-x: illegal transition DONE -> REASONING");
         assert_eq!(board.snapshot().1[0].state, "DONE");
+    }
+
+    /// Every lane change used to poke the status reporter, which woke,
+    /// found its report due but held back (one per 250 ms at most) and
+    /// slept again: two or three wake-ups of link-push a turn for nothing.
+    #[test]
+    fn regression_every_lane_change_woke_the_reporter_not_just_the_first_since_its_report() {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let board = StatusBoard::with_poke(tx);
+        let pokes = || rx.try_iter().count();
+        board.add_lane("edge", None, None, None);
+        assert_eq!(pokes(), 1, "the first change since the last report pokes");
+        let mut m = LaneMachine::new("edge", Lane::Edge, board.clone());
+        m.go(Reasoning).unwrap();
+        board.usage("edge", 1, 10);
+        m.go(Idle).unwrap();
+        assert_eq!(pokes(), 0, "a report is already due: no poke for each change after it");
+        let (_, lanes) = board.snapshot();
+        assert_eq!(lanes[0].state, "IDLE", "the report carries the latest state");
+        m.go(Reasoning).unwrap();
+        assert_eq!(pokes(), 1, "after the report, the next change pokes again");
+        // A board without a reporter keeps counting versions.
+        let quiet = StatusBoard::new();
+        quiet.add_lane("edge", None, None, None);
+        assert_eq!(quiet.version(), 1);
     }
 }
