@@ -216,7 +216,7 @@ fn stat_cpu(path: &str) -> Option<(String, Duration)> {
 /// A thread's time on a CPU so far and how many times it was put on one
 /// (woken, or resumed after being preempted), from its `schedstat`:
 /// nanoseconds, where `stat` counts 10 ms ticks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ran {
     /// Time on a CPU.
     pub cpu: Duration,

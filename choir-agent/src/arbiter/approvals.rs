@@ -7,53 +7,52 @@
 //! **Invariant:** a decision is handed over once: to its waiting lane if one
 //! registered when the proposal was stored, else to the edge.
 
-use std::collections::{HashMap, HashSet};
-
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choir_common::rpc::{ApprovalDecision, ApprovalRequest, ApprovalResponse, Verb};
-use parking_lot::{Condvar, Mutex};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 
 use crate::cancel::Cancel;
 use crate::rpc::{Rpc, RpcError};
 use crate::tools::propose::{Awaited, ProposalError, ProposalSink};
 
-/// How often a waiting lane looks at its cancel flag.
-const CANCEL_CHECK: Duration = Duration::from_millis(200);
-
-#[derive(Default)]
-struct Desk {
-    /// Proposals a lane waits for.
-    waiting: HashSet<i64>,
-    /// Decisions for those, not yet taken.
-    decided: HashMap<i64, ApprovalDecision>,
-}
+/// Where the decision on a proposal a lane waits for arrives (bounded(1):
+/// choird decides a proposal once); it holds a decision that came before
+/// the lane began to wait.
+type Slot = (Sender<ApprovalDecision>, Receiver<ApprovalDecision>);
 
 /// Submits proposals and routes decisions.
+///
+/// **Invariant:** a decision on a proposal a lane waits for goes to that
+/// lane, never to the edge too; once the lane's wait has ended without it
+/// (cancelled, timed out), a later one goes to the edge. The waiting lane
+/// sleeps until the decision, its cancel or its deadline wakes it.
 pub struct Approvals {
     rpc: Option<Arc<Rpc>>,
-    desk: Mutex<Desk>,
-    changed: Condvar,
+    /// The proposals a lane waits for, by id.
+    desk: Mutex<HashMap<i64, Slot>>,
 }
 
 impl Approvals {
     /// A desk that submits through `rpc` (`None`: proposals are refused, for
     /// tests without choird).
     pub fn new(rpc: Option<Arc<Rpc>>) -> Approvals {
-        Approvals { rpc, desk: Mutex::new(Desk::default()), changed: Condvar::new() }
+        Approvals { rpc, desk: Mutex::new(HashMap::new()) }
     }
 
     /// A decision from choird: kept for the lane that waits for it (then
     /// `None`), or returned for the edge to tell the user.
     pub fn deliver(&self, d: ApprovalDecision) -> Option<ApprovalDecision> {
-        let mut desk = self.desk.lock();
-        if desk.waiting.contains(&d.approval_id) {
-            desk.decided.insert(d.approval_id, d);
-            self.changed.notify_all();
-            None
-        } else {
-            Some(d)
+        match self.desk.lock().get(&d.approval_id) {
+            Some((tx, _)) => {
+                // Full: it was decided already (choird decides once).
+                let _ = tx.try_send(d);
+                None
+            }
+            None => Some(d),
         }
     }
 
@@ -70,24 +69,30 @@ impl Approvals {
     /// `until` (if any) passes. Afterwards no lane waits for it: a later
     /// decision goes to the edge.
     fn wait_until(&self, id: i64, cancel: Option<&Cancel>, until: Option<Instant>) -> Awaited {
-        let mut desk = self.desk.lock();
-        desk.waiting.insert(id);
-        loop {
-            if let Some(d) = desk.decided.remove(&id) {
-                desk.waiting.remove(&id);
-                return Awaited::Decided(d);
+        let decided = self.desk.lock().entry(id).or_insert_with(|| crossbeam_channel::bounded(1)).1.clone();
+        let listening = cancel.map(Cancel::listen);
+        let (never, deadline) =
+            (crossbeam_channel::never(), until.map_or_else(crossbeam_channel::never, crossbeam_channel::at));
+        let woken = listening.as_ref().map_or(&never, |l| l.woken());
+        let out = loop {
+            if let Ok(d) = decided.try_recv() {
+                break Awaited::Decided(d);
             }
             if cancel.is_some_and(Cancel::is_set) {
-                desk.waiting.remove(&id);
-                return Awaited::Cancelled;
+                break Awaited::Cancelled;
             }
-            let now = Instant::now();
-            if until.is_some_and(|u| now >= u) {
-                desk.waiting.remove(&id);
-                return Awaited::TimedOut;
+            crossbeam_channel::select! {
+                recv(decided) -> d => if let Ok(d) = d { break Awaited::Decided(d) },
+                recv(woken) -> _ => {}
+                recv(deadline) -> _ => break Awaited::TimedOut,
             }
-            let slice = until.map_or(CANCEL_CHECK, |u| (u - now).min(CANCEL_CHECK));
-            self.changed.wait_for(&mut desk, slice);
+        };
+        // No lane waits for it any more: a later decision goes to the edge,
+        // and one that came meanwhile is still this lane's.
+        self.desk.lock().remove(&id);
+        match (out, decided.try_recv()) {
+            (Awaited::Cancelled | Awaited::TimedOut, Ok(d)) => Awaited::Decided(d),
+            (out, _) => out,
         }
     }
 }
@@ -100,7 +105,7 @@ impl ProposalSink for Approvals {
         match rpc.call::<_, ApprovalResponse>(Verb::RequestApproval, req, Duration::from_secs(30)) {
             Ok(r) => {
                 if wait && r.status == "pending" {
-                    desk.waiting.insert(r.approval_id);
+                    desk.entry(r.approval_id).or_insert_with(|| crossbeam_channel::bounded(1));
                 }
                 Ok(r)
             }
@@ -113,5 +118,81 @@ impl ProposalSink for Approvals {
 
     fn await_decision(&self, id: i64, cancel: Option<&Cancel>, until: Instant) -> Awaited {
         self.wait_until(id, cancel, Some(until))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(id: i64) -> ApprovalDecision {
+        ApprovalDecision {
+            approval_id: id,
+            status: "approved".into(),
+            subject: "tool x".into(),
+            decided_by: "admin".into(),
+            reason: None,
+            conversation: None,
+            sha256: None,
+        }
+    }
+
+    /// How often this thread has slept and been woken (`voluntary_ctxt_switches`).
+    fn wake_ups() -> u64 {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// A lane waiting for a human's decision used to wake every 200 ms to
+    /// look at its cancel flag, however long the human took.
+    #[test]
+    fn regression_a_lane_waiting_for_a_decision_woke_every_200_ms() {
+        let desk = Arc::new(Approvals::new(None));
+        let cancel = Cancel::new();
+        let giver = desk.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1_200));
+            assert_eq!(giver.deliver(decision(7)), None, "the waiting lane takes it");
+        });
+        let before = wake_ups();
+        let got = desk.wait(7, Some(&cancel));
+        let woke = wake_ups() - before;
+        t.join().unwrap();
+        assert_eq!(got, Some(decision(7)));
+        assert!(woke <= 2, "the waiting lane woke {woke} times in 1.2 s");
+    }
+
+    #[test]
+    fn a_decision_goes_to_its_waiting_lane_else_to_the_edge_and_a_cancel_ends_the_wait() {
+        let desk = Arc::new(Approvals::new(None));
+        // Nobody waits: the edge gets it.
+        assert_eq!(desk.deliver(decision(1)), Some(decision(1)));
+        // Decided before the lane began to wait (registered at submit): kept for it.
+        desk.desk.lock().entry(2).or_insert_with(|| crossbeam_channel::bounded(1));
+        assert_eq!(desk.deliver(decision(2)), None);
+        assert_eq!(desk.wait(2, None), Some(decision(2)));
+        // A cancel wakes the wait at once; afterwards a decision goes to the edge.
+        let cancel = Arc::new(Cancel::new());
+        let setter = cancel.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            setter.set();
+        });
+        let before = wake_ups();
+        assert_eq!(desk.wait(3, Some(&cancel)), None);
+        assert!(wake_ups() - before <= 2, "woken by the cancel, not by a clock");
+        t.join().unwrap();
+        assert_eq!(desk.deliver(decision(3)), Some(decision(3)), "no lane waits for it any more");
+        // A deadline ends it too, and a decision that came first still counts.
+        let until = Instant::now() + Duration::from_millis(100);
+        assert_eq!(desk.await_decision(4, None, until), Awaited::TimedOut);
+        assert_eq!(desk.deliver(decision(4)), Some(decision(4)));
+        desk.desk.lock().entry(5).or_insert_with(|| crossbeam_channel::bounded(1));
+        desk.deliver(decision(5));
+        let set = Cancel::new();
+        set.set();
+        assert_eq!(desk.await_decision(5, Some(&set), Instant::now()), Awaited::Decided(decision(5)));
+        assert!(desk.desk.lock().is_empty(), "no wait is left registered");
     }
 }
