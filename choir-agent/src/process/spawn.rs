@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// The fixed minimum environment of every child.
 pub const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
+/// How long a start refused with `ETXTBSY` is tried again.
+pub const EXEC_BUSY_WAIT: Duration = Duration::from_millis(500);
+
 /// A command about to run.
 pub struct Cmd {
     inner: Command,
@@ -52,9 +55,26 @@ impl Cmd {
 
     /// Starts the child (registered with the reaper, so no sweep takes it
     /// for a stray).
+    ///
+    /// An exec refused because the program is open for writing (`ETXTBSY`)
+    /// is tried again for a bounded time ([`EXEC_BUSY_WAIT`]): another
+    /// thread's fork between its `fork` and `exec` holds every descriptor
+    /// of this process, a just-written program's included, so the refusal
+    /// is transient. A program held open for writing longer than that is
+    /// still refused, with the system's error.
     pub fn spawn(&mut self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
         let inner = self.inner.stdin(stdin).stdout(stdout).stderr(stderr);
-        crate::process::reaper::spawn(|| inner.spawn())
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match crate::process::reaper::spawn(|| inner.spawn()) {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && started.elapsed() < EXEC_BUSY_WAIT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                ended => return ended,
+            }
+        }
     }
 }
 
@@ -143,4 +163,49 @@ pub fn capture(
         }
         (kept, dropped)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn script(dir: &Path) -> (std::path::PathBuf, std::fs::File) {
+        let p = dir.join("busy.sh");
+        let mut f = std::fs::File::create(&p).unwrap();
+        std::io::Write::write_all(&mut f, b"#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (p, f)
+    }
+
+    /// A program written a moment ago is open for writing in a sibling
+    /// thread's fork until that fork execs: the start must wait it out,
+    /// not fail the tool call (`tool_failed` for a tool that did nothing).
+    #[test]
+    fn regression_a_just_written_program_failed_to_start_when_another_thread_forked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, writer) = script(dir.path());
+        // The writer stays open for 100 ms, as a fork that has not exec'd yet holds it.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(writer);
+        });
+        let mut child = Cmd::new(&p)
+            .spawn(Stdio::null(), Stdio::null(), Stdio::null())
+            .expect("the start waits until the program is no longer open for writing");
+        assert!(reap(&mut child).unwrap().success());
+        closer.join().unwrap();
+    }
+
+    /// Negative control: a program held open for writing past the bound
+    /// is refused with the system's error, after about the bound.
+    #[test]
+    fn a_program_held_open_for_writing_is_refused_after_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, _writer) = script(dir.path());
+        let started = Instant::now();
+        let e = Cmd::new(&p).spawn(Stdio::null(), Stdio::null(), Stdio::null()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ExecutableFileBusy, "{e}");
+        assert!(started.elapsed() >= EXEC_BUSY_WAIT, "gave up after {:?}", started.elapsed());
+    }
 }
