@@ -77,6 +77,15 @@ impl Drop for Listening<'_> {
     }
 }
 
+/// How often this thread has slept and been woken
+/// (`voluntary_ctxt_switches`): what the tests of a wait count.
+#[cfg(test)]
+pub(crate) fn wake_ups() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

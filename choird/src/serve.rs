@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use choir_common::admin::ReloadReport;
@@ -432,8 +432,16 @@ fn serve(
     outcome
 }
 
-/// Waits for signals; also reaps lapsed leases, and ends agents a signal
-/// froze, every second.
+/// How often the signal loop does its duties of the clock: ends agents a
+/// signal froze or that stopped answering, reaps lapsed leases, closes
+/// unused database connections.
+const ROUND: Duration = Duration::from_secs(1);
+
+/// Waits for signals, reloads and resumes, and acts on each at once; does
+/// its duties of the clock every [`ROUND`]. It sleeps until one of them
+/// wakes it (a thread forwards the signals; a reload or resume asked
+/// through the admin API pokes [`Daemon::wake_main`]): once a second at
+/// rest, not five times.
 fn signal_loop(
     daemon: &Arc<Daemon>,
     tg: &crate::telegram::Handle,
@@ -441,12 +449,42 @@ fn signal_loop(
     gateway: &mut Option<crate::telegram::Gateway>,
     listeners: &mut Listeners,
 ) -> anyhow::Result<()> {
+    let (forward, received) = crossbeam_channel::bounded::<i32>(8);
+    let closer = signals.handle();
+    let forwarder = std::thread::Builder::new().name("signals".into()).spawn(move || {
+        for sig in signals.forever() {
+            if forward.send(sig).is_err() {
+                break;
+            }
+        }
+    })?;
+    let outcome = serve_rounds(daemon, tg, &received, gateway, listeners);
+    // The forwarder ends with the loop, whichever way it returned.
+    closer.close();
+    let _ = forwarder.join();
+    outcome
+}
+
+/// The signal loop's body (see [`signal_loop`]), until SIGTERM or SIGINT.
+fn serve_rounds(
+    daemon: &Arc<Daemon>,
+    tg: &crate::telegram::Handle,
+    received: &crossbeam_channel::Receiver<i32>,
+    gateway: &mut Option<crate::telegram::Gateway>,
+    listeners: &mut Listeners,
+) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut rounds: u64 = 0;
+    let mut next_round = Instant::now() + ROUND;
     loop {
-        rounds += 1;
+        let mut got = Vec::new();
+        crossbeam_channel::select! {
+            recv(received) -> sig => got.extend(sig.ok()),
+            recv(daemon.woken()) -> _ => {}
+            recv(crossbeam_channel::at(next_round)) -> _ => {}
+        }
+        got.extend(received.try_iter());
         let mut reloads: Vec<Option<crossbeam_channel::Sender<ReloadReport>>> = Vec::new();
-        for sig in signals.pending() {
+        for sig in got {
             match sig {
                 SIGHUP => reloads.push(None),
                 SIGTERM | SIGINT => return Ok(()),
@@ -479,14 +517,16 @@ fn signal_loop(
             }
             choir_common::code_pages::give_back_logged();
         }
+        if Instant::now() < next_round {
+            continue;
+        }
+        next_round = Instant::now() + ROUND;
         // A frozen process-runtime agent is ended within a second, an agent
         // that stopped answering within SILENT_AFTER and a second.
-        if rounds.is_multiple_of(5) {
-            daemon.end_frozen_agents();
-            daemon.end_silent_agents();
-            // A quiet choird holds no database connection (`db::Db`).
-            daemon.store.db.close_unused();
-        }
+        daemon.end_frozen_agents();
+        daemon.end_silent_agents();
+        // A quiet choird holds no database connection (`db::Db`).
+        daemon.store.db.close_unused();
         for (id, session) in daemon.stale_sessions() {
             log::warn!(
                 "agent {id}: no HEARTBEAT for {:?}; the lease of session {session} lapsed, stopping it",
@@ -497,7 +537,6 @@ fn signal_loop(
                 let _ = d.stop_agent(id.as_str(), "choird");
             });
         }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

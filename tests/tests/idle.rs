@@ -37,3 +37,45 @@ fn an_idle_choird_with_a_running_agent_and_a_job_leaves_the_database_alone() {
     choird.ctl_ok(&["schedule", "add", "demo", "evening", "--cron", "0 18 * * *", "--prompt", "Evening."]);
     assert!(uses(&choird) > before, "a change is read, so the count can move");
 }
+
+/// The times choird's main thread (the signal loop) has given up its CPU.
+fn main_thread_wakes(choird: &Choird) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{0}/task/{0}/status", choird.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in the main thread's status")
+}
+
+/// choird's signal loop slept 200 ms between looks at signals, reloads and
+/// resumes: five wake-ups a second, for ever, on an idle machine. Now it
+/// sleeps until a signal, a reload or a resume wakes it, or its duties of
+/// the clock come (once a second). The control: a reload asked through the
+/// admin API and a SIGHUP are still acted on, and SIGTERM still stops it.
+#[test]
+fn regression_choirds_main_thread_woke_five_times_a_second_at_rest() {
+    let Some(pg) = TestPg::start() else { return };
+    let fake = FakeLlm::with_responder(|_, _| Some(Step::Text("ok".into())));
+    let config = test_config(&fake.base_url(), Some(&pg.url()), &["demo"]);
+    let mut choird = Choird::start(&config, &json!({"llm_key": "k"}));
+    std::thread::sleep(Duration::from_secs(1));
+    let before = main_thread_wakes(&choird);
+    std::thread::sleep(Duration::from_secs(4));
+    let woke = main_thread_wakes(&choird) - before;
+    assert!(woke <= 8, "choird's main thread woke {woke} times in 4 s at rest (its clock is once a second)");
+    let reloads = |c: &Choird| c.stderr().matches("reloaded config.json").count();
+    choird.ctl_ok(&["reload"]);
+    assert_eq!(reloads(&choird), 1, "a reload through the admin API is done:\n{}", choird.stderr());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(choird.pid() as i32).unwrap(),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reloads(&choird) < 2 {
+        assert!(std::time::Instant::now() < deadline, "SIGHUP not acted on:\n{}", choird.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(choird.stop().is_some_and(|s| s.success()), "SIGTERM stops choird cleanly");
+}

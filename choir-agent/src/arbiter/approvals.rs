@@ -124,6 +124,7 @@ impl ProposalSink for Approvals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cancel::wake_ups;
 
     fn decision(id: i64) -> ApprovalDecision {
         ApprovalDecision {
@@ -135,13 +136,6 @@ mod tests {
             conversation: None,
             sha256: None,
         }
-    }
-
-    /// How often this thread has slept and been woken (`voluntary_ctxt_switches`).
-    fn wake_ups() -> u64 {
-        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 
     /// A lane waiting for a human's decision used to wake every 200 ms to

@@ -168,6 +168,9 @@ pub struct Daemon {
     held: Mutex<Option<String>>,
     /// Set by a resume: the signal loop starts the gateway.
     pub resumed: AtomicBool,
+    /// The signal loop's wake-up: a reload or a resume asked through the
+    /// admin API pokes it, so the loop acts at once and otherwise sleeps.
+    wake: (Sender<()>, Receiver<()>),
     /// When the backup being taken began (none: no backup runs).
     backup_since: Mutex<Option<jiff::Timestamp>>,
 }
@@ -215,6 +218,7 @@ impl Daemon {
             reloads: crossbeam_channel::bounded(4),
             held: Mutex::new(None),
             resumed: AtomicBool::new(false),
+            wake: crossbeam_channel::bounded(1),
             backup_since: Mutex::new(None),
         }
     }
@@ -267,6 +271,7 @@ impl Daemon {
             }
         }
         self.resumed.store(true, Ordering::SeqCst);
+        self.wake_main();
         self.schedule.poke();
         self.schedule.poke_looks();
         self.audit(actor, None, "choird.resume", "ok", json!({"was": why.trim()}));
@@ -279,8 +284,19 @@ impl Daemon {
     pub fn request_reload(&self) -> Result<ReloadReport, Error> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.reloads.0.try_send(tx).map_err(|_| Error::Unavailable("reloads are already queued; try again".into()))?;
+        self.wake_main();
         rx.recv_timeout(Duration::from_secs(120))
             .map_err(|_| Error::Timeout("the reload did not finish within 120 s; see choirctl logs".into()))
+    }
+
+    /// Wakes the signal loop to look at reloads and resumes now.
+    pub fn wake_main(&self) {
+        let _ = self.wake.0.try_send(()); // a wake-up already waiting is enough
+    }
+
+    /// What wakes the signal loop besides signals and its clock.
+    pub fn woken(&self) -> &Receiver<()> {
+        &self.wake.1
     }
 
     /// A reload asked through the admin API, if one waits.

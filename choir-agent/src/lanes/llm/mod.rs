@@ -27,7 +27,6 @@ mod stream;
 pub use error::{LlmError, CUT_PREFIX, PROVIDER_CODE};
 
 use std::io::BufRead;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,7 +143,7 @@ impl Llm {
             choir_common::hop::mark("agent.request");
         }
         let (tx, rx) = crossbeam_channel::bounded::<Msg>(256);
-        let abandoned = Arc::new(AtomicBool::new(false));
+        let abandoned = Arc::new(Cancel::new());
         let (rpc, path, gone) = (self.rpc.clone(), path(lane, job), abandoned.clone());
         let spawned = self.callers.run(
             lane,
@@ -152,7 +151,7 @@ impl Llm {
                 let (mut held, mut handed) = (String::new(), Instant::now());
                 let answer = {
                     let mut on_text = |t: &str| {
-                        if gone.load(Ordering::SeqCst) {
+                        if gone.is_set() {
                             return false;
                         }
                         held.push_str(t);
@@ -179,7 +178,7 @@ impl Llm {
         let answer = loop {
             let msg = match &listening {
                 Some((cancel, _)) if cancel.is_set() => {
-                    abandoned.store(true, Ordering::SeqCst);
+                    abandoned.set();
                     break Err(LlmError::Cancelled);
                 }
                 Some((_, woken)) => crossbeam_channel::select! {

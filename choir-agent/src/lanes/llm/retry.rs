@@ -9,9 +9,9 @@
 //! **Invariant:** every wait ends early once the call is abandoned, and the
 //! time spent waiting in one call is at most [`PATIENCE`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cancel::Cancel;
 use crate::rpc::RpcError;
 
 use super::error::LlmError;
@@ -49,7 +49,7 @@ impl From<RpcError> for Attempt {
 
 /// Runs `f` until it succeeds, fails for good, or the attempts or the
 /// patience run out; gives up at once when `abandoned` is set.
-pub fn retrying<T>(abandoned: &AtomicBool, mut f: impl FnMut() -> Result<T, Attempt>) -> Result<T, LlmError> {
+pub fn retrying<T>(abandoned: &Cancel, mut f: impl FnMut() -> Result<T, Attempt>) -> Result<T, LlmError> {
     let mut attempt = 0;
     let started = Instant::now();
     let mut waited = Duration::ZERO;
@@ -63,7 +63,7 @@ pub fn retrying<T>(abandoned: &AtomicBool, mut f: impl FnMut() -> Result<T, Atte
             Err(Attempt::Failed(e, asked)) => (e, asked),
             Err(Attempt::Cut(why)) => (LlmError::Cut { attempts: attempt, why }, None),
         };
-        if abandoned.load(Ordering::SeqCst) {
+        if abandoned.is_set() {
             return Err(LlmError::Cancelled);
         }
         let left = PATIENCE.saturating_sub(waited);
@@ -81,18 +81,16 @@ pub fn retrying<T>(abandoned: &AtomicBool, mut f: impl FnMut() -> Result<T, Atte
     }
 }
 
-/// Sleeps `wait`, in slices, unless abandoned first (`false` then).
-fn sleep(wait: Duration, abandoned: &AtomicBool) -> bool {
-    let until = Instant::now() + wait;
-    loop {
-        if abandoned.load(Ordering::SeqCst) {
-            return false;
-        }
-        let now = Instant::now();
-        if now >= until {
-            return true;
-        }
-        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+/// Sleeps `wait` unless abandoned first (`false` then): woken by the
+/// abandonment or the deadline, never by a clock in between.
+fn sleep(wait: Duration, abandoned: &Cancel) -> bool {
+    let listening = abandoned.listen();
+    if abandoned.is_set() {
+        return false;
+    }
+    crossbeam_channel::select! {
+        recv(listening.woken()) -> _ => false,
+        recv(crossbeam_channel::at(Instant::now() + wait)) -> _ => true,
     }
 }
 
@@ -124,7 +122,7 @@ mod tests {
     #[test]
     fn a_call_whose_every_attempt_is_cut_fails_as_cut_after_the_attempts() {
         let mut tries = 0;
-        let r: Result<(), LlmError> = retrying(&AtomicBool::new(false), || {
+        let r: Result<(), LlmError> = retrying(&Cancel::new(), || {
             tries += 1;
             Err(Attempt::Cut("the stream ended inside a chunk".into()))
         });
@@ -139,7 +137,7 @@ mod tests {
     fn regression_a_wait_longer_than_anyone_waits_is_said_at_once() {
         let mut tries = 0;
         let started = Instant::now();
-        let r: Result<(), LlmError> = retrying(&AtomicBool::new(false), || {
+        let r: Result<(), LlmError> = retrying(&Cancel::new(), || {
             tries += 1;
             Err(provider(Some(Duration::from_secs(3600))))
         });
@@ -149,7 +147,7 @@ mod tests {
         assert!(words.contains("1 h") && words.contains("slow down"), "{words}");
         // Negative control: a short wait asked for is waited, and tried again.
         let mut tries = 0;
-        let r: Result<(), LlmError> = retrying(&AtomicBool::new(false), || {
+        let r: Result<(), LlmError> = retrying(&Cancel::new(), || {
             tries += 1;
             if tries < 2 {
                 Err(provider(Some(Duration::from_millis(20))))
@@ -162,16 +160,36 @@ mod tests {
 
     #[test]
     fn an_abandoned_call_stops_waiting() {
-        let abandoned = AtomicBool::new(false);
+        let abandoned = Cancel::new();
         let started = Instant::now();
         let r: Result<(), LlmError> = std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(100));
-                abandoned.store(true, Ordering::SeqCst);
+                abandoned.set();
             });
             retrying(&abandoned, || Err(provider(Some(Duration::from_secs(30)))))
         });
         assert!(matches!(r, Err(LlmError::Cancelled)), "{r:?}");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    /// The wait between attempts slept in 50 ms slices to look at the
+    /// abandonment: twenty wake-ups a second of a provider's asked wait.
+    /// Now the deadline or the abandonment wakes it, nothing between.
+    #[test]
+    fn regression_the_wait_between_attempts_woke_every_50_ms() {
+        let mut tries = 0;
+        let before = crate::cancel::wake_ups();
+        let r: Result<(), LlmError> = retrying(&Cancel::new(), || {
+            tries += 1;
+            if tries == 1 {
+                Err(provider(Some(Duration::from_secs(1))))
+            } else {
+                Ok(())
+            }
+        });
+        let woke = crate::cancel::wake_ups() - before;
+        assert!(r.is_ok() && tries == 2);
+        assert!(woke <= 4, "the wait of 1 s woke its thread {woke} times");
     }
 }

@@ -3,6 +3,7 @@
 //! (with the source of each quirk) read as that provider means them.
 
 use super::*;
+use crate::cancel::wake_ups;
 use choir_common::openai::{ChatMessage, Role};
 
 /// A stand-in for choird's agent socket: answers every request on a
@@ -399,13 +400,6 @@ fn regression_a_cancel_did_not_stop_a_lane_waiting_for_its_model() {
     let llm = Llm::new(Arc::new(Rpc::new(&crate::rpc::Endpoint::Unix(path), "t".into())));
     let r = llm.stream("edge", None, &hello(), &mut |_| {}, Some(&Cancel::new())).unwrap();
     assert_eq!(r.choices[0].message.content.as_deref(), Some("late"));
-}
-
-/// How often this thread has slept and been woken (`voluntary_ctxt_switches`).
-fn wake_ups() -> u64 {
-    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// A lane waiting for its model used to wake every 50 ms to look at its
