@@ -413,6 +413,10 @@ fn serve(
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();
+    // The agents are stopped: the model calls' ledger rows still waiting.
+    if let Err(e) = daemon.store.flush_ledger() {
+        log::error!("the cost ledger's waiting rows were not written at the stop: {e}");
+    }
     daemon.host_tools.stop_all();
     if let Some(m) = &daemon.memory {
         m.stop();
@@ -474,6 +478,7 @@ fn serve_rounds(
     listeners: &mut Listeners,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let ledger_writing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut next_round = Instant::now() + ROUND;
     loop {
         let mut got = Vec::new();
@@ -527,6 +532,20 @@ fn serve_rounds(
         daemon.end_silent_agents();
         // A quiet choird holds no database connection (`db::Db`).
         daemon.store.db.close_unused();
+        // Ledger rows no answer carried, written within a second, off this
+        // thread (a database that does not answer must not hold signals up).
+        if daemon.store.ledger.waiting() > 0 && !ledger_writing.swap(true, Ordering::SeqCst) {
+            let (d, writing) = (daemon.clone(), ledger_writing.clone());
+            let spawned = daemon.tasks.spawn("ledger".into(), move || {
+                if let Err(e) = d.store.flush_ledger() {
+                    log::error!("the cost ledger's waiting rows were not written: {e}");
+                }
+                writing.store(false, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                ledger_writing.store(false, Ordering::SeqCst);
+            }
+        }
         for (id, session) in daemon.stale_sessions() {
             log::warn!(
                 "agent {id}: no HEARTBEAT for {:?}; the lease of session {session} lapsed, stopping it",

@@ -166,3 +166,113 @@ fn the_hosts_budget_bounds_all_agents_together() {
         .get(0);
     assert_eq!(calls, 3, "the refused call never went upstream");
 }
+
+/// A model call of `tokens` prompt tokens for `agent` in `session`.
+fn call(store: &choird::store::Store, agent: &str, session: i64, tokens: u64) {
+    let agent = choir_common::ids::AgentId::parse(agent).unwrap();
+    let used = choird::store::Tokens::plain(tokens, 1);
+    store.record_llm_call(&agent, session, "edge", None, "m", 200, used, 3, false, Some(0.5)).unwrap();
+}
+
+/// Every relayed model call wrote its ledger row in a statement and a
+/// commit of its own: on a plain turn a third of PostgreSQL's work
+/// (`docs/benchmarks.md`). Now the row goes with the next answer's
+/// statement: the same transaction as the answer (the same `xmin`), and
+/// nothing waits after it. Reads of the ledger through the store see a
+/// call recorded before them (they write what waits first); past
+/// `MAX_WAITING` rows the call writes them at once; a row keeps the time it
+/// was recorded at.
+#[test]
+fn regression_a_model_calls_ledger_row_was_a_statement_and_a_commit_of_its_own() {
+    use choird::store::ledger::MAX_WAITING;
+    let Some(pg) = TestPg::start() else { return };
+    let store = pg.store();
+    let mut db = pg.client();
+    let demo = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&demo, "process", b"t").unwrap();
+    let rows =
+        |db: &mut postgres::Client| -> i64 { db.query_one("SELECT count(*) FROM llm_calls", &[]).unwrap().get(0) };
+
+    // Carried by the answer: one transaction.
+    let queued = store.insert_message(&demo, "c1", "op", "hi").unwrap();
+    let before = std::time::SystemTime::now();
+    call(&store, "demo", session, 10);
+    assert_eq!(store.ledger_waiting(), 1);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let reply = choir_common::rpc::OutboundReply {
+        in_reply_to: queued.id,
+        covers: vec![],
+        key: String::new(),
+        conversation: "c1".into(),
+        text: "hello".into(),
+        failed: false,
+    };
+    let recorded = store.record_replies(&demo, &[reply], queued.id, &choird::store::Nowhere).unwrap();
+    assert_eq!(recorded.new.len(), 1, "the answer is stored");
+    assert_eq!(store.ledger_waiting(), 0, "the answer took the waiting row");
+    let same: bool = db
+        .query_one(
+            "SELECT l.xmin::text = m.xmin::text FROM llm_calls l, messages m WHERE m.id = $1",
+            &[&(queued.id as i64)],
+        )
+        .unwrap()
+        .get(0);
+    assert!(same, "the row was written by the answer's own statement");
+    // Its time is when it was recorded, not when it was written.
+    let at: f64 = db.query_one("SELECT extract(epoch FROM at)::float8 FROM llm_calls", &[]).unwrap().get(0);
+    let recorded_at = before.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!((at - recorded_at).abs() < 0.2, "recorded at {recorded_at}, stored as {at}");
+    let day: i64 = db.query_one("SELECT tokens FROM token_usage WHERE agent_id = 'demo'", &[]).unwrap().get(0);
+    assert_eq!(day, 11, "the day's sum moved with it");
+
+    // A read through the store writes what waits first.
+    call(&store, "demo", session, 20);
+    assert_eq!(rows(&mut db), 1, "it waits for a carrier");
+    assert_eq!(store.token_usage(&demo).unwrap().0, 32);
+    assert_eq!(rows(&mut db), 2);
+    call(&store, "demo", session, 30);
+    let report = store.usage(Some("demo"), None, choird::store::usage::UsageBy::Agent).unwrap();
+    assert_eq!(report.rows[0].calls, 3, "{report:?}");
+
+    // Bounded: the call that fills the queue writes it.
+    for _ in 0..MAX_WAITING {
+        call(&store, "demo", session, 1);
+    }
+    assert_eq!(store.ledger_waiting(), 0);
+    assert_eq!(rows(&mut db), 3 + MAX_WAITING as i64);
+}
+
+/// A ledger row the database refuses (here a session it does not know)
+/// must not cost an answer or the other rows: the carrier's statement
+/// fails, the rows are written alone, the refused one is dropped, and the
+/// answer is stored without them.
+#[test]
+fn a_ledger_row_the_database_refuses_costs_neither_the_answer_nor_the_other_rows() {
+    let Some(pg) = TestPg::start() else { return };
+    let store = pg.store();
+    let mut db = pg.client();
+    let demo = choir_common::ids::AgentId::parse("demo").unwrap();
+    let session = store.create_session(&demo, "process", b"t").unwrap();
+    let queued = store.insert_message(&demo, "c1", "op", "hi").unwrap();
+    call(&store, "demo", session, 10);
+    call(&store, "demo", session + 1_000, 20); // no such session
+    call(&store, "demo", session, 30);
+    let reply = choir_common::rpc::OutboundReply {
+        in_reply_to: queued.id,
+        covers: vec![],
+        key: String::new(),
+        conversation: "c1".into(),
+        text: "hello".into(),
+        failed: false,
+    };
+    let recorded = store.record_replies(&demo, &[reply], queued.id, &choird::store::Nowhere).unwrap();
+    assert_eq!(recorded.new.len(), 1, "the answer is stored");
+    assert_eq!(store.reply_of(&demo, queued.id).unwrap().as_deref(), Some("hello"));
+    assert_eq!(store.ledger_waiting(), 0, "nothing is left to fail the next answer");
+    let kept: Vec<i64> =
+        db.query("SELECT prompt_tokens FROM llm_calls ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(kept, vec![10, 30], "the good rows in their order; the refused one dropped");
+    // Bad input changes nothing else: the day's sum counts the stored rows only.
+    let day: i64 = db.query_one("SELECT tokens FROM token_usage WHERE agent_id = 'demo'", &[]).unwrap().get(0);
+    assert_eq!(day, 42);
+}

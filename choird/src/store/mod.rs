@@ -10,6 +10,7 @@ use crate::db::{Db, DbError};
 
 mod approvals;
 pub mod host_calls;
+pub mod ledger;
 pub mod memory;
 pub mod memory_index;
 pub mod schedule;
@@ -93,6 +94,8 @@ pub(crate) const ENQUEUE: &str =
 /// The store, a thin layer over the pool.
 pub struct Store {
     pub(crate) db: Db,
+    /// Cost ledger rows waiting for the next answer's statement.
+    pub(crate) ledger: ledger::Ledger,
 }
 
 /// Queues message `$4` from `$3` in conversation `$2` for agent `$1`,
@@ -213,7 +216,7 @@ pub const AGENT_POSITION: &str = "SELECT s.head_seq, s.head_hash, p.processed_up
 impl Store {
     /// Wraps a migrated database.
     pub fn new(db: Db) -> Store {
-        Store { db }
+        Store { db, ledger: ledger::Ledger::default() }
     }
 
     /// Sets a policy value (e.g. `kill_switch`).
@@ -481,6 +484,7 @@ impl Store {
     /// Counters for the metrics page: replied messages per agent, committed
     /// events per agent and outcome, relayed tokens per agent and kind.
     pub fn metric_counts(&self) -> Result<MetricCounts, DbError> {
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let mut m = MetricCounts::default();
             for r in c.query("SELECT agent_id, count(*) FROM messages WHERE replied_at IS NOT NULL GROUP BY 1", &[])? {
@@ -505,73 +509,9 @@ impl Store {
         })
     }
 
-    /// Records one relayed LLM call and adds its tokens to the agent's
-    /// usage of the day (UTC), in one statement (one transaction).
-    ///
-    /// Committed without waiting for its WAL flush (`synchronous_commit =
-    /// off` for this transaction only): every model call
-    /// writes one, and its fsync queued with the turn's own commits (the
-    /// message, the reply and its events), which must wait for theirs. A
-    /// crash of PostgreSQL or the host may lose the last fraction of a second
-    /// of these rows — a call's tokens not counted in the ledger, never a
-    /// half-written row; the next synchronous commit flushes them with its own.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_llm_call(
-        &self,
-        agent: &AgentId,
-        session: i64,
-        lane: &str,
-        job: Option<&str>,
-        model: &str,
-        status: u16,
-        used: Tokens,
-        duration_ms: u64,
-        estimated: bool,
-        cost_usd: Option<f64>,
-    ) -> Result<(), DbError> {
-        let Tokens { prompt: prompt_tokens, completion: completion_tokens, cache_read, cache_write } = used;
-        let tokens = (prompt_tokens + completion_tokens) as i64;
-        self.db.with(|c| {
-            // One statement, so one round trip and its implicit commit,
-            // made asynchronous by `set_config(…, true)`: local to this
-            // statement's transaction, read when it commits.
-            let record = c.prepared(
-                "WITH call AS (
-                     INSERT INTO llm_calls (agent_id, session_id, lane, model, status, prompt_tokens,
-                                            completion_tokens, duration_ms, estimated, cost_usd, job,
-                                            cache_read_tokens, cache_write_tokens)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13, $14)),
-                 usage AS (
-                     INSERT INTO token_usage (agent_id, day, tokens)
-                     SELECT $1::text, (now() AT TIME ZONE 'UTC')::date, $12::bigint WHERE $12::bigint > 0
-                     ON CONFLICT (agent_id, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens)
-                 SELECT set_config('synchronous_commit', 'off', true)",
-            )?;
-            c.query_one(
-                &record,
-                &[
-                    &agent.as_str(),
-                    &session,
-                    &lane,
-                    &model,
-                    &(status as i32),
-                    &(prompt_tokens as i64),
-                    &(completion_tokens as i64),
-                    &(duration_ms as i64),
-                    &estimated,
-                    &cost_usd,
-                    &job,
-                    &tokens,
-                    &(cache_read as i64),
-                    &(cache_write as i64),
-                ],
-            )
-            .map(drop)
-        })
-    }
-
     /// All agents' tokens together, spent today (UTC) and in total.
     pub fn token_usage_all(&self) -> Result<(u64, u64), DbError> {
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let row = c.query_one(
                 "SELECT COALESCE(sum(tokens) FILTER (WHERE day = (now() AT TIME ZONE 'UTC')::date), 0)::bigint,
@@ -585,6 +525,7 @@ impl Store {
 
     /// An agent's tokens spent today (UTC) and in total.
     pub fn token_usage(&self, agent: &AgentId) -> Result<(u64, u64), DbError> {
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let row = c.query_one(
                 "SELECT COALESCE(sum(tokens) FILTER (WHERE day = (now() AT TIME ZONE 'UTC')::date), 0)::bigint,

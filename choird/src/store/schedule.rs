@@ -517,6 +517,8 @@ impl Store {
     /// relay's count under the job's name while it ran). `None` if the
     /// firing is not a running one of this agent (a repeat, or forged).
     pub fn end_firing(&self, agent: &AgentId, id: i64, state: &str, detail: &str) -> Result<Option<Ended>, DbError> {
+        // The tokens come from the ledger: its waiting rows first.
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             let row = tx.query_opt(
@@ -557,6 +559,8 @@ impl Store {
     /// interrupted, the agents with firings to offer again, and whether a
     /// firing is still moving (see [`Swept::moving`]).
     pub fn sweep_firings(&self) -> Result<Swept, DbError> {
+        // The tokens come from the ledger: its waiting rows first.
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let mut tx = c.transaction()?;
             tx.execute(

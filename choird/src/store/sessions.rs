@@ -16,6 +16,7 @@ impl Store {
     /// their commits and model tokens.
     pub fn sessions(&self, agent: Option<&AgentId>, limit: i64) -> Result<Vec<SessionRow>, DbError> {
         let agent = agent.map(AgentId::as_str);
+        self.flush_ledger_for_read();
         self.db.with(|c| {
             let rows = c.query(
                 "SELECT s.id, s.agent_id, s.runtime, s.started_at::text, s.ended_at::text, s.end_reason, s.instance,

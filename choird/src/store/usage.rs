@@ -50,6 +50,7 @@ impl Store {
     /// (RFC 3339; none: all time), grouped `by`. A group's cost is `None`
     /// when one of its calls had no price.
     pub fn usage(&self, agent: Option<&str>, since: Option<&str>, by: UsageBy) -> Result<UsageReport, DbError> {
+        self.flush_ledger_for_read();
         let sql = format!(
             "SELECT {key}, count(*), coalesce(sum(prompt_tokens), 0)::bigint, coalesce(sum(completion_tokens), 0)::bigint,
                     sum(cost_usd), count(*) FILTER (WHERE cost_usd IS NULL),
