@@ -276,3 +276,44 @@ fn a_ledger_row_the_database_refuses_costs_neither_the_answer_nor_the_other_rows
     let day: i64 = db.query_one("SELECT tokens FROM token_usage WHERE agent_id = 'demo'", &[]).unwrap().get(0);
     assert_eq!(day, 42);
 }
+
+/// A ledger row no answer carries is written by the signal loop's round
+/// within a second. Here the model answers 429 with a Retry-After of 5 s:
+/// its row is recorded and no answer follows for 5 s, yet the row is in
+/// the table well before (the negative control, without the round, waited
+/// the 5 s for the answer to carry it, past this test's 3 s).
+#[test]
+fn a_ledger_row_no_answer_carries_is_written_within_a_second() {
+    let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
+        .model(vec![
+            Step::Raw {
+                status: 429,
+                body: json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}})
+                    .to_string(),
+                headers: vec![("Retry-After".into(), "5".into())],
+            },
+            Step::Text("after the wait".into()),
+        ])
+        .secrets(json!({"llm_key": "k"}))
+        .running()
+        .build()
+    else {
+        return;
+    };
+    let statuses = || -> Vec<i32> {
+        pg.client().query("SELECT status FROM llm_calls ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    std::thread::scope(|s| {
+        let chat = s.spawn(|| choird.ctl_ok(&["chat", "demo", "hi"]));
+        choir_tests::observe::wait_for("the model's refusal", std::time::Duration::from_secs(10), || {
+            fake.requests().len() == 1
+        });
+        let refused = std::time::Instant::now();
+        choir_tests::observe::wait_for("its row, before any answer", std::time::Duration::from_secs(3), || {
+            !statuses().is_empty()
+        });
+        assert!(!chat.is_finished() && refused.elapsed() < std::time::Duration::from_secs(4), "no answer carried it");
+        assert_eq!(statuses(), vec![429]);
+        assert_eq!(chat.join().unwrap(), "after the wait\n");
+    });
+}
