@@ -223,7 +223,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         log,
         processed: AtomicU64::new(hello.recovery.processed_upto),
         config_version: AtomicU64::new(hello.config.version),
-        lease_lost: AtomicBool::new(false),
+        lease_lost: crate::cancel::Cancel::new(),
         closing: AtomicBool::new(false),
         arbiter: arbiter.clone(),
         config: config.clone(),
@@ -309,7 +309,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let lane_result = edge.join();
     board.set_session(SessionState::Draining);
     let reason = match &lane_result {
-        Ok(Ok(())) if link.lease_lost.load(Ordering::SeqCst) => "lease lost".to_owned(),
+        Ok(Ok(())) if link.lease_lost.is_set() => "lease lost".to_owned(),
         Ok(Ok(())) => "stopped".to_owned(),
         Ok(Err(e)) => format!("commit log failure: {e}"),
         Err(_) => "edge lane panicked".to_owned(),
@@ -319,7 +319,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = speak.join();
     let _ = push.join();
     link.closing.store(true, Ordering::SeqCst);
-    if !link.lease_lost.load(Ordering::SeqCst) {
+    if !link.lease_lost.is_set() {
         let bye = TerminateSelfRequest { reason: reason.clone() };
         if let Err(e) = rpc.call::<_, Ack>(Verb::TerminateSelf, &bye, Duration::from_secs(10)) {
             log::warn!("TERMINATE_SELF failed: {e}");

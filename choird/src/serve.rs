@@ -32,7 +32,6 @@ use crate::secrets::Secrets;
 use crate::shared::Shared;
 use crate::store::Queued;
 use crate::store::Store;
-use std::sync::atomic::AtomicBool;
 
 /// What `choird` was asked to do.
 #[derive(Debug, Clone)]
@@ -311,9 +310,10 @@ fn serve(
         control: Arc::new(DaemonControl(daemon.clone())),
         link: Arc::default(),
     };
-    let events_stop = Arc::new(AtomicBool::new(false));
+    // Dropped to stop `tg-events`, which sleeps until an event or this.
+    let (events_stop, stop) = crossbeam_channel::bounded::<()>(0);
     let events_thread = {
-        let (tg, stop) = (tg.clone(), events_stop.clone());
+        let tg = tg.clone();
         std::thread::Builder::new()
             .name("tg-events".into())
             .spawn(move || crate::telegram::run_events(&tg, &events_rx, &stop))?
@@ -423,7 +423,7 @@ fn serve(
     }
     listeners.stop_all();
     console.stop();
-    events_stop.store(true, Ordering::SeqCst);
+    drop(events_stop);
     let _ = events_thread.join();
     drop(keeper_stop);
     if let Some(k) = keeper {

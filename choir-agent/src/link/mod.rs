@@ -30,7 +30,7 @@ use choir_common::rpc::{
     OutboundReply, PartialReply, ReportStatusRequest, Verb,
 };
 use choir_common::rpc::{FiringOffer, FiringReport};
-use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
 
 use crate::arbiter::approvals::Approvals;
 use crate::arbiter::Arbiter;
@@ -64,8 +64,9 @@ pub struct Link {
     pub processed: AtomicU64,
     /// Config version in use.
     pub config_version: AtomicU64,
-    /// Set when choird no longer accepts our lease.
-    pub lease_lost: AtomicBool,
+    /// Set when choird no longer accepts our lease; wakes link-reply, which
+    /// sleeps until the edge says something or this.
+    pub lease_lost: crate::cancel::Cancel,
     /// Set when the agent is shutting down.
     pub closing: AtomicBool,
     /// Where the kill switch is applied.
@@ -144,7 +145,7 @@ impl Link {
     /// closes, and the lanes end.
     fn lose_lease(&self, msg: &str) {
         log::error!("lease lost: {msg}");
-        self.lease_lost.store(true, Ordering::SeqCst);
+        self.lease_lost.set();
         self.arbiter.set_lease_lost();
         self.log.close_replication("choird no longer accepts this agent's lease");
     }
@@ -309,7 +310,7 @@ mod tests {
             log,
             processed: AtomicU64::new(0),
             config_version: AtomicU64::new(0),
-            lease_lost: AtomicBool::new(false),
+            lease_lost: crate::cancel::Cancel::new(),
             closing: AtomicBool::new(false),
             arbiter,
             config: Arc::new(parking_lot::RwLock::new(config)),
@@ -321,6 +322,35 @@ mod tests {
             floor: Arc::default(),
             withheld_wait: super::WITHHELD_WAIT,
         })
+    }
+
+    /// link-reply woke every 5 s, for ever, to look at the lease (an idle
+    /// agent's link-reply was on a CPU 12 times a minute), and noticed a
+    /// lost lease only at that look. Now it sleeps until the edge says
+    /// something or the lease is lost, and a lost lease ends it at once.
+    #[test]
+    fn regression_link_reply_woke_every_5_s_to_look_at_the_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = link(dir.path());
+        let (_said, queue) = crossbeam_channel::unbounded();
+        let speaker = {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                let before = crate::cancel::wake_ups();
+                link.speak(queue);
+                crate::cancel::wake_ups() - before
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(5_500));
+        let lost = std::time::Instant::now();
+        link.lose_lease("test");
+        let woke = speaker.join().unwrap();
+        assert!(
+            lost.elapsed() < std::time::Duration::from_secs(2),
+            "a lost lease ended link-reply after {:?}",
+            lost.elapsed()
+        );
+        assert!(woke <= 2, "link-reply woke {woke} times in 5.5 s with nothing to say");
     }
 
     #[test]

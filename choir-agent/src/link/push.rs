@@ -73,7 +73,7 @@ impl Link {
                 }
                 reports.extend(firings.try_iter());
             }
-            if self.lease_lost.load(Ordering::SeqCst) {
+            if self.lease_lost.is_set() {
                 return;
             }
             let events = self.log.unacked_batch(MAX_BATCH_EVENTS, MAX_BATCH_BYTES);

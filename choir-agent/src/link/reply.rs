@@ -213,12 +213,18 @@ impl Link {
         let mut held = WithheldWait::new(self.withheld_wait);
         loop {
             if open && out.is_empty() {
-                // Awake now and then to notice a lost lease (the receiver
-                // is dropped on return, so the edge's next answer fails).
-                match said.recv_timeout(PERIOD) {
-                    Ok(m) => out.take(m),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => open = false,
+                // Until the edge says something or the lease is lost (the
+                // receiver is dropped on return, so the edge's next answer
+                // fails): woken by either, never by a clock.
+                let lost = self.lease_lost.listen();
+                if !self.lease_lost.is_set() {
+                    select! {
+                        recv(said) -> m => match m {
+                            Ok(m) => out.take(m),
+                            Err(_) => open = false,
+                        },
+                        recv(lost.woken()) -> _ => {}
+                    }
                 }
             }
             // Drained to the end, noticing the close: an answer that keeps
@@ -233,7 +239,7 @@ impl Link {
             if !open && closed_at.is_none() {
                 closed_at = Some(Instant::now());
             }
-            if self.lease_lost.load(Ordering::SeqCst) {
+            if self.lease_lost.is_set() {
                 return;
             }
             if !out.replies.is_empty() || !out.partials.is_empty() {

@@ -216,10 +216,17 @@ impl Delivery for TelegramDelivery {
 }
 
 /// `tg-events`: acts on the daemon's events until the channel closes or
-/// `stop` is set.
-pub fn run_events(d: &Handle, events: &crate::events::Inbox, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
-        let Ok(event) = events.recv_timeout(Duration::from_millis(500)) else { continue };
+/// `stop` does (its sender dropped); it sleeps until one of them, never
+/// woken by a clock.
+pub fn run_events(d: &Handle, events: &crate::events::Inbox, stop: &crossbeam_channel::Receiver<()>) {
+    loop {
+        let event = crossbeam_channel::select! {
+            recv(events) -> e => match e {
+                Ok(e) => e,
+                Err(_) => return,
+            },
+            recv(stop) -> _ => return,
+        };
         match *event {
             Event::Answered { agent, conversation } => {
                 if let Some((bot, chat)) = chat_of(&conversation) {
