@@ -55,6 +55,18 @@ impl Step {
     pub fn call(name: &str, args: Value) -> Step {
         Step::ToolCalls(vec![(name.to_owned(), args.to_string())])
     }
+
+    /// Convenience: OpenAI's 429 for a rate limit, asking for a wait of
+    /// `retry_after_s` seconds (`Retry-After`).
+    pub fn rate_limited(retry_after_s: u64) -> Step {
+        Step::Raw {
+            status: 429,
+            body: serde_json::json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null,
+                                               "code": "rate_limit_exceeded"}})
+            .to_string(),
+            headers: vec![("Retry-After".into(), retry_after_s.to_string())],
+        }
+    }
 }
 
 /// A request the fake received.

@@ -32,14 +32,7 @@ fn the_step_budget_ends_a_turn_that_never_stops_calling_tools() {
 #[test]
 fn a_rate_limited_model_call_is_retried_after_the_servers_delay() {
     let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
-        .model(vec![
-        Step::Raw {
-            status: 429,
-            body: json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}).to_string(),
-            headers: vec![("Retry-After".into(), "1".into())],
-        },
-        Step::Text("after the wait".into()),
-    ])
+        .model(vec![Step::rate_limited(1), Step::Text("after the wait".into())])
         .secrets(json!({"llm_key": "k"}))
         .running()
         .build()

@@ -167,11 +167,26 @@ fn the_hosts_budget_bounds_all_agents_together() {
     assert_eq!(calls, 3, "the refused call never went upstream");
 }
 
+/// The answer "hello" to message `id` of agent demo in conversation c1.
+fn answer(store: &choird::store::Store, id: u64) -> choird::store::Recorded {
+    let demo = choir_common::ids::AgentId::parse("demo").unwrap();
+    let reply = choir_common::rpc::OutboundReply {
+        in_reply_to: id,
+        covers: vec![],
+        key: String::new(),
+        conversation: "c1".into(),
+        text: "hello".into(),
+        failed: false,
+    };
+    store.record_replies(&demo, &[reply], id, &choird::store::Nowhere).unwrap()
+}
+
 /// A model call of `tokens` prompt tokens for `agent` in `session`.
 fn call(store: &choird::store::Store, agent: &str, session: i64, tokens: u64) {
     let agent = choir_common::ids::AgentId::parse(agent).unwrap();
     let used = choird::store::Tokens::plain(tokens, 1);
-    store.record_llm_call(&agent, session, "edge", None, "m", 200, used, 3, false, Some(0.5)).unwrap();
+    let call = choird::store::ledger::Call::now(&agent, session, "edge", None, "m", 200, used, 3, false, Some(0.5));
+    store.record_llm_call(call).unwrap();
 }
 
 /// Every relayed model call wrote its ledger row in a statement and a
@@ -199,15 +214,7 @@ fn regression_a_model_calls_ledger_row_was_a_statement_and_a_commit_of_its_own()
     call(&store, "demo", session, 10);
     assert_eq!(store.ledger_waiting(), 1);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let reply = choir_common::rpc::OutboundReply {
-        in_reply_to: queued.id,
-        covers: vec![],
-        key: String::new(),
-        conversation: "c1".into(),
-        text: "hello".into(),
-        failed: false,
-    };
-    let recorded = store.record_replies(&demo, &[reply], queued.id, &choird::store::Nowhere).unwrap();
+    let recorded = answer(&store, queued.id);
     assert_eq!(recorded.new.len(), 1, "the answer is stored");
     assert_eq!(store.ledger_waiting(), 0, "the answer took the waiting row");
     let same: bool = db
@@ -257,15 +264,7 @@ fn a_ledger_row_the_database_refuses_costs_neither_the_answer_nor_the_other_rows
     call(&store, "demo", session, 10);
     call(&store, "demo", session + 1_000, 20); // no such session
     call(&store, "demo", session, 30);
-    let reply = choir_common::rpc::OutboundReply {
-        in_reply_to: queued.id,
-        covers: vec![],
-        key: String::new(),
-        conversation: "c1".into(),
-        text: "hello".into(),
-        failed: false,
-    };
-    let recorded = store.record_replies(&demo, &[reply], queued.id, &choird::store::Nowhere).unwrap();
+    let recorded = answer(&store, queued.id);
     assert_eq!(recorded.new.len(), 1, "the answer is stored");
     assert_eq!(store.reply_of(&demo, queued.id).unwrap().as_deref(), Some("hello"));
     assert_eq!(store.ledger_waiting(), 0, "nothing is left to fail the next answer");
@@ -285,15 +284,7 @@ fn a_ledger_row_the_database_refuses_costs_neither_the_answer_nor_the_other_rows
 #[test]
 fn a_ledger_row_no_answer_carries_is_written_within_a_second() {
     let Some(Scenario { pg, llm: fake, choird }) = Scenario::new()
-        .model(vec![
-            Step::Raw {
-                status: 429,
-                body: json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}})
-                    .to_string(),
-                headers: vec![("Retry-After".into(), "5".into())],
-            },
-            Step::Text("after the wait".into()),
-        ])
+        .model(vec![Step::rate_limited(5), Step::Text("after the wait".into())])
         .secrets(json!({"llm_key": "k"}))
         .running()
         .build()

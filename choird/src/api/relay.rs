@@ -23,6 +23,7 @@ use crate::config::{Lane, Protocol};
 use crate::error::Error;
 use crate::http::{Caller, Request, Response};
 use crate::shared::Shared;
+use crate::store::ledger::Call;
 use crate::store::Tokens;
 
 /// Largest request body relayed.
@@ -149,7 +150,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let last = at + 1 == chain.len();
         let failed = |status: u16| {
-            let _ = d.store.record_llm_call(
+            let _ = d.store.record_llm_call(Call::now(
                 &who.agent,
                 who.session,
                 lane.as_str(),
@@ -160,7 +161,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                 elapsed_ms,
                 false,
                 None,
-            );
+            ));
         };
         let why = match result {
             Ok(a) if a.status == 200 || last || !crate::upstream::refusal::retryable(a.status) => {
@@ -216,7 +217,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                     let used =
                         usage.unwrap_or_else(|| Tokens::plain(prompt_estimate, bytes / crate::budget::BYTES_PER_TOKEN));
                     let (prompt, completion) = (used.prompt, used.completion);
-                    if let Err(e) = d.store.record_llm_call(
+                    if let Err(e) = d.store.record_llm_call(Call::now(
                         &who.agent,
                         who.session,
                         lane,
@@ -227,7 +228,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                         ms,
                         estimated,
                         d.config().llm.cost(&model, prompt, completion),
-                    ) {
+                    )) {
                         log::error!("LLM call of {} not recorded: {e}", who.agent);
                     }
                     warn_budget(&d, &who.agent, reservation.settle(prompt + completion));
@@ -258,7 +259,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         None => (Tokens::default(), false),
     };
     let (prompt, completion) = (used.prompt, used.completion);
-    if let Err(e) = d.store.record_llm_call(
+    if let Err(e) = d.store.record_llm_call(Call::now(
         &who.agent,
         who.session,
         lane.as_str(),
@@ -269,7 +270,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         elapsed_ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
-    ) {
+    )) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
@@ -336,7 +337,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     };
     let (prompt, completion) = (used.prompt, used.completion);
     let ms = started.elapsed().as_millis() as u64;
-    if let Err(e) = d.store.record_llm_call(
+    if let Err(e) = d.store.record_llm_call(Call::now(
         &who.agent,
         who.session,
         lane.as_str(),
@@ -347,7 +348,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
         ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
-    ) {
+    )) {
         log::error!("LLM call of {} not recorded: {e}", who.agent);
     }
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));

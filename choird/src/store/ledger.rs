@@ -118,10 +118,10 @@ pub struct Call {
 }
 
 impl Call {
-    /// A call with `used` tokens, recorded now.
+    /// A call of `agent` with `used` tokens (added to its day), recorded now.
     #[allow(clippy::too_many_arguments)]
-    fn now(
-        agent: &str,
+    pub fn now(
+        agent: &AgentId,
         session: i64,
         lane: &str,
         job: Option<&str>,
@@ -137,7 +137,7 @@ impl Call {
             .map(|d| d.as_micros() as f64 / 1e6)
             .unwrap_or(0.0);
         Call {
-            agent: agent.to_owned(),
+            agent: agent.as_str().to_owned(),
             session,
             lane: lane.to_owned(),
             job: job.map(str::to_owned),
@@ -178,24 +178,9 @@ impl Ledger {
 }
 
 impl Store {
-    /// Records one relayed model call (`used` tokens, added to the agent's
-    /// day): it waits for the next answer's statement, or is written at
-    /// once when [`MAX_WAITING`] rows wait.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_llm_call(
-        &self,
-        agent: &AgentId,
-        session: i64,
-        lane: &str,
-        job: Option<&str>,
-        model: &str,
-        status: u16,
-        used: Tokens,
-        duration_ms: u64,
-        estimated: bool,
-        cost_usd: Option<f64>,
-    ) -> Result<(), DbError> {
-        let call = Call::now(agent.as_str(), session, lane, job, model, status, used, duration_ms, estimated, cost_usd);
+    /// Records one relayed model call: it waits for the next answer's
+    /// statement, or is written at once when [`MAX_WAITING`] rows wait.
+    pub fn record_llm_call(&self, call: Call) -> Result<(), DbError> {
         let full = {
             let mut waiting = self.ledger.waiting.lock();
             waiting.push(call);
