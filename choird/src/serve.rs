@@ -413,10 +413,6 @@ fn serve(
     daemon.stop_all();
     daemon.wake_all();
     daemon.join_supervisors();
-    // The agents are stopped: the model calls' ledger rows still waiting.
-    if let Err(e) = daemon.store.flush_ledger() {
-        log::error!("the cost ledger's waiting rows were not written at the stop: {e}");
-    }
     daemon.host_tools.stop_all();
     if let Some(m) = &daemon.memory {
         m.stop();
@@ -425,6 +421,9 @@ fn serve(
     console.stop();
     drop(events_stop);
     let _ = events_thread.join();
+    // Agents, connections and host tools are stopped: the model calls'
+    // ledger rows still waiting, while the database still runs.
+    daemon.store.flush_ledger_for_read();
     drop(keeper_stop);
     if let Some(k) = keeper {
         let _ = k.join();
@@ -463,7 +462,9 @@ fn signal_loop(
         }
     })?;
     let outcome = serve_rounds(daemon, tg, &received, gateway, listeners);
-    // The forwarder ends with the loop, whichever way it returned.
+    // The forwarder ends with the loop, whichever way it returned (its
+    // channel gone, so no send of its can block).
+    drop(received);
     closer.close();
     let _ = forwarder.join();
     outcome
@@ -483,7 +484,10 @@ fn serve_rounds(
     loop {
         let mut got = Vec::new();
         crossbeam_channel::select! {
-            recv(received) -> sig => got.extend(sig.ok()),
+            recv(received) -> sig => match sig {
+                Ok(sig) => got.push(sig),
+                Err(_) => bail!("the thread forwarding signals ended"),
+            },
             recv(daemon.woken()) -> _ => {}
             recv(crossbeam_channel::at(next_round)) -> _ => {}
         }
@@ -535,12 +539,12 @@ fn serve_rounds(
         // Ledger rows no answer carried, written within a second, off this
         // thread (a database that does not answer must not hold signals up).
         if daemon.store.ledger.waiting() > 0 && !ledger_writing.swap(true, Ordering::SeqCst) {
-            let (d, writing) = (daemon.clone(), ledger_writing.clone());
+            let (d, writing) = (daemon.clone(), Writing(ledger_writing.clone()));
             let spawned = daemon.tasks.spawn("ledger".into(), move || {
+                let _writing = writing; // cleared when done, even by a panic
                 if let Err(e) = d.store.flush_ledger() {
                     log::error!("the cost ledger's waiting rows were not written: {e}");
                 }
-                writing.store(false, Ordering::SeqCst);
             });
             if spawned.is_err() {
                 ledger_writing.store(false, Ordering::SeqCst);
@@ -556,6 +560,15 @@ fn serve_rounds(
                 let _ = d.stop_agent(id.as_str(), "choird");
             });
         }
+    }
+}
+
+/// Clears its flag when dropped: the ledger's writer is done.
+struct Writing(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 

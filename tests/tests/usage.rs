@@ -186,7 +186,7 @@ fn call(store: &choird::store::Store, agent: &str, session: i64, tokens: u64) {
     let agent = choir_common::ids::AgentId::parse(agent).unwrap();
     let used = choird::store::Tokens::plain(tokens, 1);
     let call = choird::store::ledger::Call::now(&agent, session, "edge", None, "m", 200, used, 3, false, Some(0.5));
-    store.record_llm_call(call).unwrap();
+    store.record_llm_call(call);
 }
 
 /// Every relayed model call wrote its ledger row in a statement and a

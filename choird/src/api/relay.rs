@@ -150,7 +150,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let last = at + 1 == chain.len();
         let failed = |status: u16| {
-            let _ = d.store.record_llm_call(Call::now(
+            d.store.record_llm_call(Call::now(
                 &who.agent,
                 who.session,
                 lane.as_str(),
@@ -217,7 +217,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                     let used =
                         usage.unwrap_or_else(|| Tokens::plain(prompt_estimate, bytes / crate::budget::BYTES_PER_TOKEN));
                     let (prompt, completion) = (used.prompt, used.completion);
-                    if let Err(e) = d.store.record_llm_call(Call::now(
+                    d.store.record_llm_call(Call::now(
                         &who.agent,
                         who.session,
                         lane,
@@ -228,9 +228,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
                         ms,
                         estimated,
                         d.config().llm.cost(&model, prompt, completion),
-                    )) {
-                        log::error!("LLM call of {} not recorded: {e}", who.agent);
-                    }
+                    ));
                     warn_budget(&d, &who.agent, reservation.settle(prompt + completion));
                 }
             })),
@@ -259,7 +257,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         None => (Tokens::default(), false),
     };
     let (prompt, completion) = (used.prompt, used.completion);
-    if let Err(e) = d.store.record_llm_call(Call::now(
+    d.store.record_llm_call(Call::now(
         &who.agent,
         who.session,
         lane.as_str(),
@@ -270,9 +268,7 @@ pub fn handle(d: &Arc<Shared>, lane: Lane, who: &Caller, req: &Request) -> Resul
         elapsed_ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
-    )) {
-        log::error!("LLM call of {} not recorded: {e}", who.agent);
-    }
+    ));
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
         let header = |name: &str| answer.header(name);
@@ -337,7 +333,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
     };
     let (prompt, completion) = (used.prompt, used.completion);
     let ms = started.elapsed().as_millis() as u64;
-    if let Err(e) = d.store.record_llm_call(Call::now(
+    d.store.record_llm_call(Call::now(
         &who.agent,
         who.session,
         lane.as_str(),
@@ -348,9 +344,7 @@ pub fn complete_for(d: &Shared, who: &Caller, lane: Lane, messages: Value) -> Re
         ms,
         estimated,
         config.llm.cost(&model, prompt, completion),
-    )) {
-        log::error!("LLM call of {} not recorded: {e}", who.agent);
-    }
+    ));
     warn_budget(d, &who.agent, reservation.settle(prompt + completion));
     if status != 200 {
         let header = |name: &str| answer.header(name);

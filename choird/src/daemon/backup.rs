@@ -22,6 +22,8 @@ impl Daemon {
         let config = self.config();
         let ids: Vec<_> = if workspaces { config.agents.keys().cloned().collect() } else { Vec::new() };
         let db = Database::of(&self.home, &config);
+        // The dump reads the cost ledger: the rows waiting go in first.
+        self.store.flush_ledger_for_read();
         let summary = {
             let _no_approvals = self.state_gate.write();
             let _no_rewrites = self.config_write.lock();

@@ -6,9 +6,12 @@ use choir_common::ids::AgentId;
 use choir_common::rpc::{Exchange, InboundMessage};
 use serde_json::Value;
 
+pub use calls::Tokens;
+
 use crate::db::{Db, DbError};
 
 mod approvals;
+pub mod calls;
 pub mod host_calls;
 pub mod ledger;
 pub mod memory;
@@ -95,7 +98,7 @@ pub(crate) const ENQUEUE: &str =
 pub struct Store {
     pub(crate) db: Db,
     /// Cost ledger rows waiting for the next answer's statement.
-    pub(crate) ledger: ledger::Ledger,
+    pub(crate) ledger: calls::Ledger,
 }
 
 /// Queues message `$4` from `$3` in conversation `$2` for agent `$1`,
@@ -216,7 +219,7 @@ pub const AGENT_POSITION: &str = "SELECT s.head_seq, s.head_hash, p.processed_up
 impl Store {
     /// Wraps a migrated database.
     pub fn new(db: Db) -> Store {
-        Store { db, ledger: ledger::Ledger::default() }
+        Store { db, ledger: calls::Ledger::default() }
     }
 
     /// Sets a policy value (e.g. `kill_switch`).
@@ -547,33 +550,4 @@ pub struct MetricCounts {
     pub tool_calls: std::collections::BTreeMap<(String, String), u64>,
     /// Relayed tokens per (agent, `prompt`|`completion`).
     pub tokens: std::collections::BTreeMap<(String, String), u64>,
-}
-
-/// The tokens of one model call: prompt (cache reads and writes included)
-/// and completion, and of the prompt, what the provider read from and wrote
-/// to its prompt cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tokens {
-    /// Prompt tokens, all of them.
-    pub prompt: u64,
-    /// Completion tokens.
-    pub completion: u64,
-    /// Of the prompt, read from the provider's cache.
-    pub cache_read: u64,
-    /// Of the prompt, written to the provider's cache.
-    pub cache_write: u64,
-}
-
-impl Tokens {
-    /// Prompt and completion tokens, no cache.
-    pub fn plain(prompt: u64, completion: u64) -> Tokens {
-        Tokens { prompt, completion, ..Tokens::default() }
-    }
-
-    /// What `answer` (a chat completion or chunk) reports, if it does.
-    pub fn reported(answer: &serde_json::Value) -> Option<Tokens> {
-        let u = choir_common::openai::reported_usage(answer)?;
-        let (cache_read, cache_write) = choir_common::openai::reported_cache(answer);
-        Some(Tokens { prompt: u.prompt_tokens, completion: u.completion_tokens, cache_read, cache_write })
-    }
 }

@@ -375,7 +375,7 @@ impl Store {
         let chats: Vec<i64> = rows.iter().map(|row| row.chat).collect();
         let kinds: Vec<&str> = rows.iter().map(|row| row.kind).collect();
         let bodies: Vec<&Value> = rows.iter().map(|row| &row.body).collect();
-        let (calls, ledger) = self.ledger.take();
+        let taken = self.ledger.take();
         let answer = |ledger: &Value| {
             self.db.with(|c| {
                 let at_once = c.prepared(ANSWER_AT_ONCE)?;
@@ -396,15 +396,19 @@ impl Store {
                 )
             })
         };
-        let row = match answer(&ledger) {
-            Ok(row) => row,
-            Err(_) if !calls.is_empty() => {
-                // Never an answer lost to a ledger row: the rows alone
-                // (each alone if refused), then the answer without them.
-                self.write_alone(calls);
-                answer(&Value::Array(Vec::new()))?
+        let none = Value::Array(Vec::new());
+        let row = match taken {
+            None => answer(&none)?,
+            Some(taken) => {
+                let row = answer(&taken.json);
+                self.carried(taken, row.as_ref().err());
+                match row {
+                    Ok(row) => row,
+                    // Never an answer lost to a ledger row: the rows went
+                    // their way (`carried`), the answer goes again without.
+                    Err(_) => answer(&none)?,
+                }
             }
-            Err(e) => return Err(e),
         };
         {
             if !row.get::<_, bool>(0) {
