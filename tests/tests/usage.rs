@@ -249,8 +249,9 @@ fn regression_a_model_calls_ledger_row_was_a_statement_and_a_commit_of_its_own()
     assert_eq!(rows(&mut db), 3 + MAX_WAITING as i64);
 }
 
-/// A ledger row the database refuses (here a session it does not know)
-/// must not cost an answer or the other rows: the carrier's statement
+/// A ledger row the database refuses (here a session it does not know,
+/// and token counts past `bigint` that a hostile provider reported) must
+/// not cost an answer or the other rows: the carrier's statement
 /// fails, the rows are written alone, the refused one is dropped, and the
 /// answer is stored without them.
 #[test]
@@ -263,6 +264,7 @@ fn a_ledger_row_the_database_refuses_costs_neither_the_answer_nor_the_other_rows
     let queued = store.insert_message(&demo, "c1", "op", "hi").unwrap();
     call(&store, "demo", session, 10);
     call(&store, "demo", session + 1_000, 20); // no such session
+    call(&store, "demo", session, u64::MAX); // a provider's absurd usage: past bigint
     call(&store, "demo", session, 30);
     let recorded = answer(&store, queued.id);
     assert_eq!(recorded.new.len(), 1, "the answer is stored");
