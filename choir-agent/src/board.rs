@@ -1,10 +1,16 @@
 //! Lane and session state machines (R-LANE-2) and the status board reported to
-//! choird with REPORT_STATUS.
+//! choird.
 //!
 //! **Invariant:** a lane changes state only along an edge of [`allowed`]; an
 //! illegal transition is refused (and logged), never applied. Core lanes end in
 //! DONE, FAILED or CANCELLED for good; the edge lane returns to IDLE after each
 //! turn, whatever its outcome.
+//!
+//! **Invariant:** the board is reported when its session state changed
+//! (link-push: choird counts an agent running from its first RUNNING) and
+//! when choird asks (link-poll: someone reads the lanes). A lane's change
+//! alone wakes no one: lanes change several times a turn and a step, and
+//! nobody reads them but someone asking.
 
 use choir_common::lane::Lane;
 
@@ -127,12 +133,12 @@ struct Entry {
 }
 
 /// Every lane's state and budget, shared by the lanes (who update it) and the
-/// link (which reports it when it changed).
+/// link (which reports it when the session state changed, or asked).
 #[derive(Default)]
 pub struct StatusBoard {
     inner: Mutex<Board>,
-    /// Pokes the reporter after the first change since its last snapshot
-    /// (bounded(1): one pending poke is enough).
+    /// Pokes the reporter when the session state changed since its last
+    /// snapshot (bounded(1): one pending poke is enough).
     poke: Option<crossbeam_channel::Sender<()>>,
 }
 
@@ -140,9 +146,8 @@ pub struct StatusBoard {
 struct Board {
     session: Option<SessionState>,
     lanes: BTreeMap<String, Entry>,
-    version: u64,
-    /// The version the last [`StatusBoard::snapshot`] saw.
-    snapped: u64,
+    /// Counts changes of the session state.
+    session_version: u64,
 }
 
 impl StatusBoard {
@@ -151,30 +156,22 @@ impl StatusBoard {
         Arc::new(StatusBoard::default())
     }
 
-    /// A new board that pokes `poke` when a change makes it differ from
-    /// its last snapshot.
-    ///
-    /// **Invariant:** the reporter is poked by the first change after each
-    /// snapshot; the changes after it find a report already due, which the
-    /// reporter, once poked, sends on its own clock (at most every 250 ms),
-    /// so a turn's three or four lane changes wake it once, not each.
+    /// A new board that pokes `poke` when its session state changes.
     pub fn with_poke(poke: crossbeam_channel::Sender<()>) -> Arc<StatusBoard> {
         Arc::new(StatusBoard { inner: Mutex::default(), poke: Some(poke) })
     }
 
-    fn changed(&self, b: &mut Board) {
-        let was_reported = b.version == b.snapped;
-        b.version += 1;
-        if let Some(p) = self.poke.as_ref().filter(|_| was_reported) {
-            let _ = p.try_send(());
-        }
-    }
-
-    /// Sets the session state.
+    /// Sets the session state; a change pokes the reporter.
     pub fn set_session(&self, s: SessionState) {
         let mut b = self.inner.lock();
+        if b.session == Some(s) {
+            return;
+        }
         b.session = Some(s);
-        self.changed(&mut b);
+        b.session_version += 1;
+        if let Some(p) = &self.poke {
+            let _ = p.try_send(());
+        }
     }
 
     /// Registers a lane with its budgets.
@@ -184,14 +181,12 @@ impl StatusBoard {
             lane.to_owned(),
             Entry { state: Some(LaneState::Idle), max_steps, max_tokens, started: None, detail, ..Entry::default() },
         );
-        self.changed(&mut b);
     }
 
     /// Removes a lane (a finished core job, once reported).
     pub fn remove_lane(&self, lane: &str) {
         let mut b = self.inner.lock();
         b.lanes.remove(lane);
-        self.changed(&mut b);
     }
 
     /// Updates a lane's usage.
@@ -201,7 +196,6 @@ impl StatusBoard {
             e.steps = steps;
             e.tokens = tokens;
         }
-        self.changed(&mut b);
     }
 
     /// Sets (or clears) the skill a lane runs and where it is.
@@ -210,7 +204,6 @@ impl StatusBoard {
         if let Some(e) = b.lanes.get_mut(lane) {
             e.skill = progress;
         }
-        self.changed(&mut b);
     }
 
     /// Marks a lane as waiting (or no longer) for a human to confirm the
@@ -220,7 +213,6 @@ impl StatusBoard {
         if let Some(e) = b.lanes.get_mut(lane) {
             e.confirming = on;
         }
-        self.changed(&mut b);
     }
 
     /// ELAPSED counts from the moment a lane leaves IDLE (a turn, a job)
@@ -236,7 +228,6 @@ impl StatusBoard {
                 e.started = Some(Instant::now());
             }
         }
-        self.changed(&mut b);
     }
 
     /// A lane's step limit, as the config in force says (an approved
@@ -244,22 +235,18 @@ impl StatusBoard {
     pub fn set_max_steps(&self, lane: &str, max_steps: u64) {
         let mut b = self.inner.lock();
         if let Some(e) = b.lanes.get_mut(lane) {
-            if e.max_steps != Some(max_steps) {
-                e.max_steps = Some(max_steps);
-                self.changed(&mut b);
-            }
+            e.max_steps = Some(max_steps);
         }
     }
 
-    /// A change counter: the link reports when it moved.
-    pub fn version(&self) -> u64 {
-        self.inner.lock().version
+    /// Counts changes of the session state: the reporter reports when it moved.
+    pub fn session_version(&self) -> u64 {
+        self.inner.lock().session_version
     }
 
-    /// The session state and every lane, as REPORT_STATUS carries them.
+    /// The session state and every lane, as a status report carries them.
     pub fn snapshot(&self) -> (String, Vec<LaneStatus>) {
-        let mut b = self.inner.lock();
-        b.snapped = b.version;
+        let b = self.inner.lock();
         let lanes = b
             .lanes
             .iter()
@@ -379,28 +366,35 @@ mod tests {
         assert_eq!(board.snapshot().1[0].state, "DONE");
     }
 
-    /// Every lane change used to poke the status reporter, which woke,
-    /// found its report due but held back (one per 250 ms at most) and
-    /// slept again: two or three wake-ups of link-push a turn for nothing.
+    /// Every lane change woke the status reporter (at most every 250 ms),
+    /// which sent a report nobody had asked for: with a model that thinks,
+    /// two or three round trips to choird a turn, and one a core job's step.
     #[test]
-    fn regression_every_lane_change_woke_the_reporter_not_just_the_first_since_its_report() {
+    fn regression_a_lane_change_woke_the_reporter_though_nobody_asked() {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let board = StatusBoard::with_poke(tx);
         let pokes = || rx.try_iter().count();
         board.add_lane("edge", None, None, None);
-        assert_eq!(pokes(), 1, "the first change since the last report pokes");
         let mut m = LaneMachine::new("edge", Lane::Edge, board.clone());
         m.go(Reasoning).unwrap();
         board.usage("edge", 1, 10);
-        m.go(Idle).unwrap();
-        assert_eq!(pokes(), 0, "a report is already due: no poke for each change after it");
+        board.skill("edge", None);
+        board.confirming("edge", true);
+        board.set_max_steps("edge", 7);
+        m.go(WaitingTool).unwrap();
+        assert_eq!(pokes(), 0, "lane changes wake no one");
+        assert_eq!(board.session_version(), 0);
         let (_, lanes) = board.snapshot();
-        assert_eq!(lanes[0].state, "IDLE", "the report carries the latest state");
-        m.go(Reasoning).unwrap();
-        assert_eq!(pokes(), 1, "after the report, the next change pokes again");
-        // A board without a reporter keeps counting versions.
-        let quiet = StatusBoard::new();
-        quiet.add_lane("edge", None, None, None);
-        assert_eq!(quiet.version(), 1);
+        assert_eq!(
+            (lanes[0].state.as_str(), lanes[0].steps, lanes[0].max_steps),
+            ("WAITING_APPROVAL", 1, Some(7)),
+            "an asked report carries the latest of every change"
+        );
+        // The session state is what choird needs unasked (RUNNING ends a start).
+        board.set_session(SessionState::Running);
+        assert_eq!(pokes(), 1, "a session change pokes");
+        board.set_session(SessionState::Running);
+        assert_eq!(pokes(), 0, "the same state again is no change");
+        assert_eq!((board.snapshot().0.as_str(), board.session_version()), ("RUNNING", 1));
     }
 }

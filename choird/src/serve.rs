@@ -58,7 +58,7 @@ impl crate::telegram::Control for DaemonControl {
         self.0.message_stored(agent, queued, conversation, sender, text);
     }
     fn summary(&self, agent: &str) -> Result<choir_common::admin::AgentSummary, Error> {
-        self.0.summary(agent)
+        self.0.summary_now(agent)
     }
     fn cancel_lane(&self, agent: &str, lane: &str, actor: &str) -> Result<(), Error> {
         self.0.cancel_lane(agent, lane, actor)

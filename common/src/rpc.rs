@@ -360,6 +360,13 @@ pub struct HeartbeatRequest {
     /// [`MAX_CONVERSATION_KEY`] is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recall: Option<String>,
+    /// The agent's session state and lanes, in answer to
+    /// [`HeartbeatResponse::report_status`] (the poll after the one that
+    /// asked carries it). Lanes change many times a turn and nobody reads
+    /// them but someone asking, so they are sent when asked, not when they
+    /// change. At most [`MAX_STATUS_BYTES`] serialised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ReportStatusRequest>,
 }
 
 fn yes() -> bool {
@@ -396,6 +403,11 @@ pub struct HeartbeatResponse {
     /// `turns` and no summary: nothing answered there yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recalled: Option<ConversationTail>,
+    /// Someone (an operator's `agent status`, the console, a rollout
+    /// waiting for idle lanes) asks what the agent's lanes are doing: the
+    /// agent's next HEARTBEAT carries [`HeartbeatRequest::status`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub report_status: bool,
 }
 
 /// A firing handed to the agent (in a HEARTBEAT reply): run it as core job
@@ -608,6 +620,10 @@ pub struct ApprovalDecision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
 }
+
+/// The largest status report choird takes, serialised (REPORT_STATUS's
+/// body, or [`HeartbeatRequest::status`]).
+pub const MAX_STATUS_BYTES: usize = 256 * 1024;
 
 /// REPORT_STATUS request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -916,6 +916,39 @@ fn a_reply_covering_more_than_max_covers_messages_is_refused_and_changes_nothing
     assert_eq!(answered, 1, "only its own message, once");
 }
 
+/// A status report rides in a HEARTBEAT (the poll after choird asked what
+/// the lanes do): one larger than REPORT_STATUS takes is refused before
+/// anything of the HEARTBEAT is stored or kept; within the bound it is what
+/// `agent status` shows.
+#[test]
+fn a_status_report_over_the_bound_in_a_heartbeat_is_refused_and_changes_nothing() {
+    let Some(pg) = TestPg::start() else { return };
+    let (_llm, choird, evil, m, rx) = evil_handed_a_chat(&pg);
+    let id = m["id"].as_u64().unwrap();
+    let answer = json!([{"in_reply_to": id, "conversation": m["conversation"], "text": "here"}]);
+    let lane = |i: usize| json!({"lane": format!("core:{i:04}"), "state": "REASONING", "steps": 0, "tokens": 0, "detail": "x".repeat(200)});
+    let lanes_shown = || -> usize {
+        let s: Value = serde_json::from_str(&choird.ctl_ok(&["--json", "agent", "status", "evil"])).unwrap();
+        s["lanes"].as_array().map_or(0, Vec::len)
+    };
+    let mut big = heartbeat(vec![], answer.clone());
+    big["status"] = json!({"session_state": "RUNNING", "lanes": (0..2000).map(lane).collect::<Vec<_>>()});
+    let (status, body) = evil.rpc("HEARTBEAT", &big);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("a status report of") && body.to_string().contains("at most 262144"), "{body}");
+    let replied: Option<String> =
+        pg.client().query_one("SELECT reply FROM messages WHERE id = $1", &[&(id as i64)]).unwrap().get(0);
+    assert_eq!(replied, None, "the refused HEARTBEAT stored nothing");
+    assert!(lanes_shown() < 2000, "nor was its status kept");
+
+    let mut fine = heartbeat(vec![], answer);
+    fine["status"] = json!({"session_state": "RUNNING", "lanes": (0..3).map(lane).collect::<Vec<_>>()});
+    assert_eq!(evil.rpc("HEARTBEAT", &fine).0, 200);
+    let out = rx.recv_timeout(Duration::from_secs(20)).expect("the chat is answered");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
+    assert_eq!(lanes_shown(), 3, "a report within the bound is kept");
+}
+
 #[test]
 fn t2_idle_connections_and_slow_clients_are_held_off_and_choird_stays_flat() {
     let Some(pg) = TestPg::start() else { return };

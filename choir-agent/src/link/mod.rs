@@ -112,6 +112,7 @@ impl Link {
             received_upto: None,
             firings,
             recall: None,
+            status: None,
         }
     }
 
@@ -163,9 +164,11 @@ mod tests {
 
     use super::reply::WithheldWait;
     use super::{Link, RecallThroughReply};
+    use crate::board::{LaneMachine, LaneState, SessionState};
     use crate::commitlog::{Durability, LogError};
     use crate::lanes::held::Recall;
     use crate::lanes::outbound::Outbound;
+    use choir_common::lane::Lane;
 
     /// How the choird stand-in behaves.
     #[derive(Default, Clone)]
@@ -210,6 +213,9 @@ mod tests {
                             None
                         } else if target.ends_with("/HEARTBEAT") {
                             let mut resp = json!({"acked_seq": 0, "messages": [], "config_version": 0, "stop": false});
+                            if let Some(st) = req.get("status").filter(|s| !s.is_null()) {
+                                record.lock().push(status_line("status", st));
+                            }
                             if req["receive"] != false && req["wait_ms"].as_u64().is_some_and(|w| w > 0) {
                                 record.lock().push(format!("poll {}", req["received_upto"]));
                                 let next = how.polls.lock().pop_front().unwrap_or(json!({"stop": true}));
@@ -242,6 +248,9 @@ mod tests {
                             }
                             Some(resp)
                         } else {
+                            if target.ends_with("/REPORT_STATUS") {
+                                record.lock().push(status_line("report", &req));
+                            }
                             Some(json!({"ok": true}))
                         };
                         let (status, text) = match answer {
@@ -260,6 +269,15 @@ mod tests {
             }
         });
         seen
+    }
+
+    /// A status report as the stand-in records it: "`what` STATE lane=STATE ...".
+    fn status_line(what: &str, status: &Value) -> String {
+        let lanes = status["lanes"].as_array().into_iter().flatten();
+        let lanes: Vec<String> = lanes
+            .map(|l| format!("{}={}", l["lane"].as_str().unwrap_or("?"), l["state"].as_str().unwrap_or("?")))
+            .collect();
+        format!("{what} {} {}", status["session_state"].as_str().unwrap_or("?"), lanes.join(" ")).trim_end().to_owned()
     }
 
     /// The edge's answer to message `id` in `conversation`.
@@ -632,5 +650,60 @@ mod tests {
             .collect();
         assert_eq!(got, ["message 5", "Stop"]);
         assert_eq!(*seen.lock(), ["poll 3", "poll 5", "poll 5"]);
+    }
+
+    /// choird asks for the lanes through a long-poll's answer: the next
+    /// poll carries them, and no other does.
+    #[test]
+    fn the_poll_after_choird_asks_carries_the_lanes_and_no_other_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let how = Standin::default();
+        how.polls.lock().extend([json!({"report_status": true}), json!({}), json!({"report_status": true})]);
+        let seen = choird(dir.path().join("agent.sock"), how);
+        let link = link(dir.path());
+        link.board.add_lane("edge", None, None, None);
+        link.board.set_session(SessionState::Running);
+        let mut lane = LaneMachine::new("edge", Lane::Edge, link.board.clone());
+        lane.go(LaneState::Reasoning).unwrap();
+        let (edge, _inbox) = crossbeam_channel::unbounded();
+        link.poll(edge);
+        let status = "status RUNNING edge=REASONING";
+        assert_eq!(*seen.lock(), ["poll 0", status, "poll 0", "poll 0", status, "poll 0"]);
+    }
+
+    /// Every lane change made link-push report the lanes (coalesced to
+    /// one report per 250 ms): with a model that thinks, two or three
+    /// round trips to choird a turn that nobody had asked for. It reports
+    /// changes of the session state only (choird counts an agent running
+    /// from its first RUNNING).
+    #[test]
+    fn regression_link_push_reported_every_change_of_a_lane_unasked() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = choird(dir.path().join("agent.sock"), Standin::default());
+        let link = link(dir.path());
+        let reports = || seen.lock().iter().filter(|l| l.starts_with("report")).cloned().collect::<Vec<_>>();
+        link.board.add_lane("edge", None, None, None);
+        link.board.set_session(SessionState::Running);
+        let (firings_tx, firings) = crossbeam_channel::unbounded();
+        let (_poke, committed) = crossbeam_channel::bounded::<()>(1);
+        let pusher = {
+            let link = link.clone();
+            std::thread::spawn(move || link.push(firings, committed))
+        };
+        let t0 = std::time::Instant::now();
+        while reports().is_empty() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut lane = LaneMachine::new("edge", Lane::Edge, link.board.clone());
+        for steps in 1..=3 {
+            lane.go(LaneState::Reasoning).unwrap();
+            link.board.usage("edge", steps, 10 * steps);
+            lane.go(LaneState::Idle).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        link.board.set_session(SessionState::Draining);
+        drop(firings_tx);
+        pusher.join().unwrap();
+        assert_eq!(reports(), ["report RUNNING edge=IDLE", "report DRAINING edge=IDLE"]);
     }
 }

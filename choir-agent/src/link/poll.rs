@@ -18,6 +18,8 @@ impl Link {
         let mut highest = self.processed.load(Ordering::SeqCst);
         let mut failures = 0;
         let mut polled = false;
+        // choird asked what the lanes are doing: the next poll says.
+        let mut report_status = false;
         while !self.closing.load(Ordering::SeqCst) {
             if std::mem::replace(&mut polled, true) {
                 crate::failpoints::hang("poll_hang");
@@ -26,10 +28,15 @@ impl Link {
             // Had an answer to an earlier poll been lost, choird hands its
             // messages out again.
             req.received_upto = Some(highest);
+            if report_status {
+                let (session_state, lanes) = self.board.snapshot();
+                req.status = Some(ReportStatusRequest { session_state, lanes });
+            }
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {
                 Ok(resp) => {
                     failures = 0;
+                    report_status = resp.report_status;
                     // Config first: a message that arrives with a kill switch
                     // must already meet it.
                     if resp.config_version != self.config_version.load(Ordering::SeqCst) {

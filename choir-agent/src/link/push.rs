@@ -1,14 +1,14 @@
 //! `link-push`: replicates committed events (at once, and again until
-//! acknowledged), reports firings and lane states, and heartbeats to keep
-//! the lease.
+//! acknowledged), reports firings and changes of the session state, and
+//! heartbeats to keep the lease.
 //!
 //! **Invariant:** an event leaves the replication queue only once choird
 //! has acknowledged a sequence number at or above it.
+//!
+//! Lanes are not reported here when they change: choird asks when someone
+//! reads them, and link-poll answers (see `board.rs`).
 
 use super::*;
-
-/// Status reports are coalesced to at most one per this interval.
-const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 /// Firing reports per HEARTBEAT (choird refuses more).
 const MAX_FIRING_REPORTS: usize = 64;
@@ -34,15 +34,14 @@ const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
 impl Link {
     /// `link-push`: replicates committed events (at once, and again until
-    /// acknowledged), reports firings and lane states, and heartbeats to
-    /// keep the lease; runs until `firings` closes and everything is
+    /// acknowledged), reports firings and changes of the session state, and
+    /// heartbeats to keep the lease; runs until `firings` closes and everything is
     /// shipped (or the lease is lost). What the edge says goes through
     /// [`Link::speak`] instead.
     pub fn push(&self, firings: Receiver<FiringReport>, committed: Receiver<()>) {
         let mut reports: Vec<FiringReport> = Vec::new();
         let mut reported = 0u64;
         let mut last_beat = Instant::now();
-        let mut last_report: Option<Instant> = None;
         let mut open = true;
         let mut closed_at: Option<Instant> = None;
         let mut failures = 0;
@@ -50,15 +49,14 @@ impl Link {
             if !open && closed_at.is_none() {
                 closed_at = Some(Instant::now());
             }
-            let status_due = self.board.version() != reported;
+            let status_due = self.board.session_version() != reported;
             if open {
-                // A pending status report waits at most STATUS_EVERY; otherwise
-                // the period keeps the lease alive.
                 let wait = if !self.log.all_acked() && failures == 0 {
                     // More to replicate (a batch was split): at once.
                     Duration::ZERO
                 } else if status_due {
-                    STATUS_EVERY.saturating_sub(last_report.map_or(STATUS_EVERY, |t| t.elapsed()))
+                    // A session state not reported yet: tried again after a failure.
+                    RETRY_EVERY.min(backoff(failures.max(1)))
                 } else {
                     let every = if self.log.all_acked() && reports.is_empty() { BEAT_EVERY } else { RETRY_EVERY };
                     every.saturating_sub(last_beat.elapsed())
@@ -125,12 +123,10 @@ impl Link {
                     }
                 }
             }
-            let version = self.board.version();
-            let report_due = last_report.is_none_or(|t| t.elapsed() >= STATUS_EVERY) || !open;
-            if version != reported && report_due {
+            let version = self.board.session_version();
+            if version != reported {
                 let (session_state, lanes) = self.board.snapshot();
                 let report = ReportStatusRequest { session_state, lanes };
-                last_report = Some(Instant::now());
                 match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
                     Ok(_) => reported = version,
                     Err(e) => log::warn!("status report failed: {e}"),

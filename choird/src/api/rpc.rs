@@ -21,7 +21,7 @@ pub fn max_body(verb: Verb) -> usize {
     match verb {
         Verb::Heartbeat => MAX_RPC_BODY,
         Verb::RequestApproval | Verb::ExecuteHostTool => 2 * 1024 * 1024,
-        Verb::ReportStatus => 256 * 1024,
+        Verb::ReportStatus => choir_common::rpc::MAX_STATUS_BYTES,
         Verb::InitHello | Verb::GetSecrets | Verb::TerminateSelf | Verb::FetchDynamicConfig => 64 * 1024,
     }
 }

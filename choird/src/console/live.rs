@@ -72,7 +72,7 @@ fn feed(d: &Daemon, out: &mut impl Write) {
         return;
     }
     while started.elapsed() < MAX_LIFE {
-        let agents = d.summaries();
+        let agents = d.summaries_now();
         let view: Vec<_> = agents
             .iter()
             .map(|a| {

@@ -191,7 +191,7 @@ fn write(
 
 fn agents(d: &Daemon) -> String {
     let rows: Vec<Vec<String>> = d
-        .summaries()
+        .summaries_now()
         .iter()
         .map(|a| {
             let lanes: Vec<String> = a
@@ -218,7 +218,7 @@ fn agents(d: &Daemon) -> String {
 }
 
 fn agent(d: &Daemon, id: &str) -> Result<String, Error> {
-    let a = d.summary(id)?;
+    let a = d.summary_now(id)?;
     let agent = d.known_agent(id)?;
     let head = a.replicated_seq.saturating_sub(50);
     let events = d.store.events(&agent, head, 50)?;

@@ -513,6 +513,21 @@ impl Daemon {
         Ok(summary)
     }
 
+    /// [`Daemon::summaries`] with what each running agent's lanes are doing
+    /// now: asked first ([`Daemon::refresh_status`]). For readers of lanes;
+    /// lanes are not reported unasked.
+    pub fn summaries_now(&self) -> Vec<AgentSummary> {
+        self.refresh_status(None);
+        self.summaries()
+    }
+
+    /// [`Daemon::summary`] with what the agent's lanes are doing now.
+    pub fn summary_now(&self, id: &str) -> Result<AgentSummary, Error> {
+        let known = self.known(id)?;
+        self.refresh_status(Some(&known));
+        self.summary(id)
+    }
+
     /// Every configured agent's use of its quotas and budget (for `status`).
     /// A figure the database cannot give now is left unknown.
     pub fn usage(&self) -> Vec<AgentUsage> {

@@ -68,7 +68,7 @@ impl Daemon {
             if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(format!("choird is shutting down: {agent} gets the change at its next start"));
             }
-            let summary = self.summary(agent.as_str()).map_err(|e| e.to_string())?;
+            let summary = self.summary_now(agent.as_str()).map_err(|e| e.to_string())?;
             if summary.state != "running" {
                 return Ok(not_running());
             }

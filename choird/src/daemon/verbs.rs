@@ -28,6 +28,10 @@ use crate::store::{Recorded, ReplicationError};
 /// Answered exchanges per conversation handed to a (re)started agent.
 const RECOVERED_EXCHANGES: i64 = 10;
 
+/// How long a read of lanes waits for the agents asked to answer (one
+/// long-poll round trip each, a fraction of a millisecond when they are well).
+pub const STATUS_WAIT: Duration = Duration::from_millis(500);
+
 impl Daemon {
     /// INIT_HELLO: binds the session and hands out the recovery snapshot.
     pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, Error> {
@@ -188,7 +192,12 @@ impl Daemon {
     fn heartbeat_held(&self, who: &Authed, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Error> {
         super::schedule::check_firing_reports(&req.firings)?;
         check_covers(&req.replies)?;
+        req.status.as_ref().map(check_status).transpose()?;
         let recalled = req.recall.as_deref().map(|c| self.recalled(&who.agent, c)).transpose()?;
+        if let Some(status) = &req.status {
+            // Carried by the poller, it answers the asks it was told of.
+            self.sessions.report(&who.agent, who.session, status.clone(), req.receive);
+        }
         let mut reply = self.exchange(who, req)?;
         reply.recalled = recalled;
         Ok(reply)
@@ -284,13 +293,19 @@ impl Daemon {
                 .sessions
                 .hand_out(&who.agent, who.session, messages, every_one.then_some(poll.wake))
                 .unwrap_or_default();
-            if !messages.is_empty() || !decisions.is_empty() || !poll.cancels.is_empty() || !firings.is_empty() {
+            if !messages.is_empty()
+                || !decisions.is_empty()
+                || !poll.cancels.is_empty()
+                || !firings.is_empty()
+                || poll.status
+            {
                 if !messages.is_empty() {
                     choir_common::hop::mark("poll.handout");
                 }
                 let mut reply = self.heartbeat_reply(acked_seq, messages, false);
                 reply.decisions = decisions;
                 reply.cancel = poll.cancels;
+                reply.report_status = poll.status;
                 reply.firings = firings;
                 reply.accepted = accepted;
                 return Ok(reply);
@@ -451,6 +466,7 @@ impl Daemon {
             firings: Vec::new(),
             accepted: Vec::new(),
             recalled: None,
+            report_status: false,
         }
     }
 
@@ -458,7 +474,19 @@ impl Daemon {
     /// The first RUNNING report marks the end of the agent's set-up: from then
     /// on it counts as running (and a waiting `agent start` returns).
     pub fn report_status(&self, who: &Authed, req: ReportStatusRequest) {
-        self.sessions.report(&who.agent, who.session, req);
+        self.sessions.report(&who.agent, who.session, req, false);
+    }
+
+    /// Asks the running agent `only` (or every running agent) what its
+    /// lanes are doing and waits, at most [`STATUS_WAIT`], for the answers:
+    /// what a reader of lanes (`agent status`, `/status`, the console, a
+    /// rollout waiting for idle lanes) calls first. An agent that does not
+    /// answer in time shows what it said last.
+    pub fn refresh_status(&self, only: Option<&AgentId>) {
+        let asked = self.sessions.ask_status(only);
+        if !asked.is_empty() {
+            self.sessions.wait_status(&asked, Instant::now() + STATUS_WAIT);
+        }
     }
 
     /// TERMINATE_SELF: the session ends; the token stops working at once.
@@ -487,6 +515,20 @@ impl Daemon {
         self.judge_host_call(who, req)?;
         Ok(ExecuteHostToolResponse { result: self.host_tools.execute(who, req)? })
     }
+}
+
+/// Refuses a HEARTBEAT whose status report is larger than REPORT_STATUS
+/// takes ([`choir_common::rpc::MAX_STATUS_BYTES`]): before anything of it
+/// is stored or kept.
+fn check_status(status: &ReportStatusRequest) -> Result<(), Error> {
+    let bytes = serde_json::to_vec(status).map_or(usize::MAX, |b| b.len());
+    if bytes > choir_common::rpc::MAX_STATUS_BYTES {
+        return Err(Error::Malformed(format!(
+            "a status report of {bytes} bytes; at most {} (nothing of this HEARTBEAT was stored)",
+            choir_common::rpc::MAX_STATUS_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a HEARTBEAT with a reply covering more than

@@ -300,6 +300,13 @@ struct AgentSlot {
     last_session: Option<i64>,
     last_exit: Option<String>,
     status: Option<ReportStatusRequest>,
+    /// Status asks ([`Sessions::ask_status`]); each counts one.
+    status_asked: u64,
+    /// The asks a long-poll's answer has told the agent of.
+    status_told: u64,
+    /// The asks the latest status the agent's poller carried answers: it
+    /// was built after they were told.
+    status_answered: u64,
     replicated_seq: u64,
     /// Chat requests waiting for the answer to a message id.
     waiters: HashMap<u64, Sender<ChatUpdate>>,
@@ -391,6 +398,8 @@ pub struct PollState {
     pub firings_due: bool,
     /// Cancel requests (taken).
     pub cancels: Vec<String>,
+    /// Someone asks for the agent's status (taken: the answer says so).
+    pub status: bool,
     /// The wake counter seen (to wait for a change).
     pub wake: u64,
     /// Every message pending past `after`, known without a query: nothing
@@ -622,6 +631,62 @@ mod tests {
         sessions.hand_out(&a, 7, Vec::new(), Some(poll.wake)).unwrap();
         sessions.open(&a, 8, [0; 32], 5);
         assert!(sessions.poll(&a, 8, true, None).known.is_none());
+    }
+
+    fn status(state: &str) -> ReportStatusRequest {
+        ReportStatusRequest { session_state: state.into(), lanes: Vec::new() }
+    }
+
+    #[test]
+    fn a_status_read_asks_the_agent_through_its_long_poll_and_costs_the_poll_no_query() {
+        let a = AgentId::parse("alpha").unwrap();
+        let b = AgentId::parse("beta").unwrap();
+        let sessions = Sessions::new([&a, &b]);
+        sessions.open(&a, 7, [0; 32], 0);
+        // The poll looked and handed out every pending message.
+        let poll = sessions.poll(&a, 7, true, None);
+        sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
+        let before = sessions.poll(&a, 7, true, None);
+        assert!(!before.status, "nobody asked");
+        // An ask wakes the poll, which is told once, and still knows that
+        // nothing is pending (an ask stores no message): no query.
+        let asked = sessions.ask_status(None);
+        assert_eq!(asked, [(a.clone(), 1)], "only agents with a session are asked");
+        let told = sessions.poll(&a, 7, true, None);
+        assert!(told.status && told.wake > before.wake);
+        assert_eq!(known_ids(&told), Some(vec![]), "the ask cost the poll no query");
+        assert!(!sessions.poll(&a, 7, true, None).status, "told once");
+        // A report that did not come from the poll after the ask (link-push's
+        // report of a session state) answers no ask; the poller's does.
+        let wait = || {
+            let t0 = Instant::now();
+            sessions.wait_status(&asked, Instant::now() + Duration::from_millis(200));
+            t0.elapsed()
+        };
+        sessions.report(&a, 7, status("RUNNING"), false);
+        assert!(wait() >= Duration::from_millis(200), "an unasked report answers nothing");
+        sessions.report(&a, 7, status("RUNNING"), true);
+        assert!(wait() < Duration::from_millis(200), "the poller's report answers the ask");
+        // An ask not yet told when a report came is not answered by it.
+        let second = sessions.ask_status(Some(&a));
+        sessions.report(&a, 7, status("RUNNING"), true);
+        assert!(
+            {
+                let t0 = Instant::now();
+                sessions.wait_status(&second, Instant::now() + Duration::from_millis(100));
+                t0.elapsed() >= Duration::from_millis(100)
+            },
+            "a report built before the ask reached the agent does not answer it"
+        );
+        // A report from another session (a stale token's) is not kept.
+        sessions.report(&a, 6, status("STOPPING"), true);
+        assert_eq!(sessions.summary(&a, "process").unwrap().session_state.as_deref(), Some("RUNNING"));
+        // An agent that never answers costs a reader its deadline, no more;
+        // an ended session ends the wait at once.
+        sessions.ended(&a, 7, "stopped", false);
+        let t0 = Instant::now();
+        sessions.wait_status(&second, Instant::now() + Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
 
     fn stored_as(id: u64, conversation: &str) -> InboundMessage {

@@ -92,6 +92,7 @@ impl Sessions {
             decisions_due: std::mem::take(&mut slot.decisions_due),
             firings_due: std::mem::take(&mut slot.firings_due),
             cancels: std::mem::take(&mut slot.cancels),
+            status: std::mem::replace(&mut slot.status_told, slot.status_asked) < slot.status_asked,
             wake,
         }
     }
@@ -169,24 +170,68 @@ impl Sessions {
         }
     }
 
-    /// REPORT_STATUS: keeps the latest report; the first RUNNING report of
-    /// the current session marks it running.
-    pub fn report(&self, id: &AgentId, session: i64, req: ReportStatusRequest) {
-        let running = match self.table.lock().get_mut(id) {
-            Some(slot) => {
-                let current = slot.session.as_ref().is_some_and(|s| s.id == session);
-                let running = current && slot.phase == Phase::Starting && req.session_state == "RUNNING";
+    /// A status report (REPORT_STATUS, or what a HEARTBEAT carries): keeps
+    /// the latest of the current session; its first RUNNING report marks it
+    /// running. `answers`: carried by the poller after an answer that asked
+    /// for it, so it answers every ask told by then (see [`Sessions::ask_status`]).
+    pub fn report(&self, id: &AgentId, session: i64, req: ReportStatusRequest, answers: bool) {
+        let wake = match self.table.lock().get_mut(id) {
+            Some(slot) if slot.session.as_ref().is_some_and(|s| s.id == session) => {
+                let running = slot.phase == Phase::Starting && req.session_state == "RUNNING";
                 if running {
                     slot.phase = Phase::Running;
                 }
                 slot.status = Some(req);
-                running
+                let answered = answers && slot.status_answered < slot.status_told;
+                if answers {
+                    slot.status_answered = slot.status_told;
+                }
+                running || answered
             }
-            None => false,
+            _ => false,
         };
-        // A start waits for this; nothing waits for a status alone.
-        if running {
+        // A start waits for RUNNING, a status read for its answer.
+        if wake {
             self.notify();
+        }
+    }
+
+    /// Asks the running agent `only` (or every agent with a session) for
+    /// its status: wakes its long-poll, whose answer says so, and the
+    /// agent's next poll carries the report. Returns the asks to wait for
+    /// ([`Sessions::wait_status`]).
+    ///
+    /// **Invariant:** an ask costs the poll no query: it stores no
+    /// message, so a poll that knew every pending message still knows
+    /// them after the ask's wake (its [`Looked`] moves with the wake).
+    pub fn ask_status(&self, only: Option<&AgentId>) -> Vec<(AgentId, u64)> {
+        let mut t = self.table.lock();
+        let mut asked = Vec::new();
+        for (id, slot) in t.iter_mut().filter(|(id, _)| only.is_none_or(|o| o == *id)) {
+            let wake = slot.wake;
+            let Some(s) = slot.session.as_mut() else { continue };
+            if let Some(l) = s.looked.as_mut().filter(|l| (l.wake, l.after) == (wake, s.delivered_upto)) {
+                l.wake = wake + 1;
+            }
+            slot.status_asked += 1;
+            slot.wake_poll();
+            asked.push((id.clone(), slot.status_asked));
+        }
+        asked
+    }
+
+    /// Waits until every ask of `asked` is answered, its agent's session
+    /// has ended, or `deadline` (an agent that does not answer shows what
+    /// it said last).
+    pub fn wait_status(&self, asked: &[(AgentId, u64)], deadline: Instant) {
+        let mut t = self.table.lock();
+        let open = |t: &BTreeMap<AgentId, AgentSlot>| {
+            asked.iter().any(|(id, n)| t.get(id).is_some_and(|s| s.session.is_some() && s.status_answered < *n))
+        };
+        while open(&t) {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
         }
     }
 

@@ -31,8 +31,12 @@
 //! makes the model's answer N characters long instead of "ok" (streamed in
 //! 8-character events, as providers stream a token or a few an event);
 //! `--model-ms N` makes the model think N ms before each answer, as a real
-//! one does (what a turn costs while its model thinks), and `--turns N`
-//! sets the turns of the `--conversations-only` runs (default 1,000).
+//! one does (what a turn costs while its model thinks), `--turns N`
+//! sets the turns of the `--conversations-only` runs (default 1,000), and
+//! `--pause-ms N` has the client wait N ms after each answer before its next
+//! message, as people do: the CPU per turn then counts what the system's
+//! threads do by the clock between turns (PostgreSQL's background writers,
+//! choird's round), which back-to-back turns share out thin.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
@@ -62,6 +66,9 @@ static ANSWER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Turns of each `--conversations-only` run (`--turns`).
 static TURNS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The client's pause after each answer (`--pause-ms`).
+static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
 /// The turns of a `--conversations-only` run.
 fn measured_turns() -> usize {
@@ -104,6 +111,9 @@ fn turns_in(choird: &Choird, edge: &FakeLlm, n: usize, tag: &str, alternating: O
         let r = &reqs[0];
         inbound.push(r.at - t0);
         outbound.push(t3 - r.answered_at.unwrap());
+        if let Some(pause) = PAUSE.get() {
+            std::thread::sleep(*pause);
+        }
     }
     (inbound, outbound, windows)
 }
@@ -157,6 +167,10 @@ fn main() {
     }
     if let Some(n) = number_after(&args, "--turns") {
         TURNS.set(n as usize).expect("set once");
+    }
+    if let Some(ms) = number_after(&args, "--pause-ms") {
+        choir_tests::report!("the client pauses {ms} ms after each answer");
+        PAUSE.set(Duration::from_millis(ms)).expect("set once");
     }
     let answer: String = if answer_chars == 0 {
         "ok".into()

@@ -22,7 +22,7 @@ pub(super) fn status(d: &Daemon) -> StatusResponse {
         database: d.database_status(),
         kill_switch: d.kill_switch(),
         disk: d.config().agents.keys().filter_map(|id| d.disk_refusal(id).map(|why| format!("{id}: {why}"))).collect(),
-        agents: d.summaries(),
+        agents: d.summaries_now(),
         usage: d.usage(),
         config_on_disk: d.config_on_disk(),
         held: d.held().map(|h| h.trim().to_owned()),
