@@ -18,8 +18,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use choir_common::rpc::{LaneStatus, SkillProgress};
+use choir_common::rpc::{LaneStatus, ReportStatusRequest, SkillProgress, MAX_STATUS_BYTES};
 use parking_lot::Mutex;
+
+/// Characters of a lane's detail a status report carries.
+pub const DETAIL_CHARS: usize = 200;
 
 /// The state of a lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +247,26 @@ impl StatusBoard {
         self.inner.lock().session_version
     }
 
+    /// The status report of the board: [`StatusBoard::snapshot`] within
+    /// what choird takes ([`MAX_STATUS_BYTES`]). A lane's detail (a core
+    /// job's objective, which the model wrote) is cut to [`DETAIL_CHARS`];
+    /// lanes that still do not fit are left out, the last ones first, so a
+    /// report is never refused (refused on the poll, it would keep the
+    /// agent's messages, cancels and stop from it).
+    pub fn report(&self) -> ReportStatusRequest {
+        let (session_state, mut lanes) = self.snapshot();
+        for l in &mut lanes {
+            l.detail = l.detail.as_deref().map(|d| choir_common::text::clipped(d, DETAIL_CHARS));
+        }
+        let mut report = ReportStatusRequest { session_state, lanes };
+        while serde_json::to_vec(&report).map_or(usize::MAX, |b| b.len()) > MAX_STATUS_BYTES {
+            if report.lanes.pop().is_none() {
+                break;
+            }
+        }
+        report
+    }
+
     /// The session state and every lane, as a status report carries them.
     pub fn snapshot(&self) -> (String, Vec<LaneStatus>) {
         let b = self.inner.lock();
@@ -396,5 +419,31 @@ mod tests {
         board.set_session(SessionState::Running);
         assert_eq!(pokes(), 0, "the same state again is no change");
         assert_eq!((board.snapshot().0.as_str(), board.session_version()), ("RUNNING", 1));
+    }
+
+    /// A report choird refuses on the long-poll would keep the agent deaf
+    /// to its messages and cancels: the model writes core jobs'
+    /// objectives (a lane's detail), so the report is fitted.
+    #[test]
+    fn a_report_fits_what_choird_takes_whatever_the_lanes_hold() {
+        let board = StatusBoard::new();
+        board.set_session(SessionState::Running);
+        for i in 0..64 {
+            board.add_lane(&format!("core:{i:02}"), None, None, Some("objective ".repeat(10_000)));
+        }
+        let raw = serde_json::to_vec(&board.snapshot().1).unwrap().len();
+        assert!(raw > 4 * MAX_STATUS_BYTES, "the test builds an oversized board ({raw} bytes)");
+        let report = board.report();
+        assert!(serde_json::to_vec(&report).unwrap().len() <= MAX_STATUS_BYTES);
+        assert_eq!(report.lanes.len(), 64, "cutting the details was enough");
+        assert!(report.lanes.iter().all(|l| l.detail.as_ref().is_some_and(|d| d.chars().count() <= DETAIL_CHARS + 1)));
+        // Lanes that cannot fit are left out, the last ones first.
+        for i in 0..2000 {
+            board.add_lane(&format!("core:x{i:04}"), Some(1), Some(1), Some("d".repeat(150)));
+        }
+        let report = board.report();
+        assert!(serde_json::to_vec(&report).unwrap().len() <= MAX_STATUS_BYTES);
+        assert!(report.lanes.len() < 2064 && report.lanes[0].lane == "core:00", "{}", report.lanes.len());
+        assert_eq!(report.session_state, "RUNNING");
     }
 }

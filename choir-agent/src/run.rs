@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use choir_common::rpc::{
-    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, ReportStatusRequest,
-    TerminateSelfRequest, Verb,
+    Ack, GetSecretsRequest, GetSecretsResponse, InitHelloRequest, InitHelloResponse, TerminateSelfRequest, Verb,
 };
 use crossbeam_channel::{bounded, unbounded};
 use parking_lot::RwLock;
@@ -264,8 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     // Set-up is complete: tell choird, which counts the agent as running from here.
     board.set_session(SessionState::Running);
-    let (session_state, lanes) = board.snapshot();
-    rpc.call::<_, Ack>(Verb::ReportStatus, &ReportStatusRequest { session_state, lanes }, Duration::from_secs(10))?;
+    rpc.call::<_, Ack>(Verb::ReportStatus, &board.report(), Duration::from_secs(10))?;
     let edge = std::thread::Builder::new().name("edge".into()).spawn(move || lane.run(edge_rx))?;
     let poll = {
         let (link, edge_tx) = (link.clone(), edge_tx.clone());

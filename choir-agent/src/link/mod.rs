@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use choir_common::rpc::{
     Ack, ConversationTail, DynamicConfig, FetchDynamicConfigRequest, HeartbeatRequest, HeartbeatResponse,
-    OutboundReply, PartialReply, ReportStatusRequest, Verb,
+    OutboundReply, PartialReply, Verb,
 };
 use choir_common::rpc::{FiringOffer, FiringReport};
 use crossbeam_channel::{select, Receiver, Sender, TryRecvError};

@@ -28,9 +28,10 @@ impl Link {
             // Had an answer to an earlier poll been lost, choird hands its
             // messages out again.
             req.received_upto = Some(highest);
-            if report_status {
-                let (session_state, lanes) = self.board.snapshot();
-                req.status = Some(ReportStatusRequest { session_state, lanes });
+            // Once: a poll that fails does not carry it again (the reader
+            // waiting for it has its deadline; the next ask is told anew).
+            if std::mem::take(&mut report_status) {
+                req.status = Some(self.board.report());
             }
             let timeout = Duration::from_millis(POLL_WAIT_MS) + Duration::from_secs(15);
             match self.rpc.call::<_, HeartbeatResponse>(Verb::Heartbeat, &req, timeout) {

@@ -10,6 +10,9 @@
 
 use super::*;
 
+/// How often a report of the session state choird did not take is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(1);
+
 /// Firing reports per HEARTBEAT (choird refuses more).
 const MAX_FIRING_REPORTS: usize = 64;
 
@@ -41,6 +44,9 @@ impl Link {
     pub fn push(&self, firings: Receiver<FiringReport>, committed: Receiver<()>) {
         let mut reports: Vec<FiringReport> = Vec::new();
         let mut reported = 0u64;
+        // A session state choird did not take is tried again at most this
+        // often, whatever else wakes the loop (every commit pokes it).
+        let mut status_failed: Option<Instant> = None;
         let mut last_beat = Instant::now();
         let mut open = true;
         let mut closed_at: Option<Instant> = None;
@@ -55,8 +61,9 @@ impl Link {
                     // More to replicate (a batch was split): at once.
                     Duration::ZERO
                 } else if status_due {
-                    // A session state not reported yet: tried again after a failure.
-                    RETRY_EVERY.min(backoff(failures.max(1)))
+                    // A session state not reported yet: at once, or again
+                    // STATUS_RETRY after a failure.
+                    status_failed.map_or(Duration::ZERO, |t| STATUS_RETRY.saturating_sub(t.elapsed()))
                 } else {
                     let every = if self.log.all_acked() && reports.is_empty() { BEAT_EVERY } else { RETRY_EVERY };
                     every.saturating_sub(last_beat.elapsed())
@@ -124,12 +131,14 @@ impl Link {
                 }
             }
             let version = self.board.session_version();
-            if version != reported {
-                let (session_state, lanes) = self.board.snapshot();
-                let report = ReportStatusRequest { session_state, lanes };
+            if version != reported && status_failed.is_none_or(|t| t.elapsed() >= STATUS_RETRY || !open) {
+                let report = self.board.report();
                 match self.rpc.call::<_, Ack>(Verb::ReportStatus, &report, Duration::from_secs(10)) {
-                    Ok(_) => reported = version,
-                    Err(e) => log::warn!("status report failed: {e}"),
+                    Ok(_) => (reported, status_failed) = (version, None),
+                    Err(e) => {
+                        log::warn!("status report failed: {e}");
+                        status_failed = Some(Instant::now());
+                    }
                 }
             }
             if !open && reports.is_empty() && self.log.all_acked() {

@@ -72,7 +72,9 @@ fn feed(d: &Daemon, out: &mut impl Write) {
         return;
     }
     while started.elapsed() < MAX_LIFE {
-        let agents = d.summaries_now();
+        // Lanes asked at most once a second, however many feeds are open.
+        d.refresh_status(None, Duration::from_secs(1));
+        let agents = d.summaries();
         let view: Vec<_> = agents
             .iter()
             .map(|a| {

@@ -68,16 +68,21 @@ impl Daemon {
             if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(format!("choird is shutting down: {agent} gets the change at its next start"));
             }
-            let summary = self.summary_now(agent.as_str()).map_err(|e| e.to_string())?;
+            // Lanes the agent did not say just now may be old: not idle.
+            let fresh = self.refresh_status(Some(agent), super::verbs::STATUS_FRESH);
+            let summary = self.summary(agent.as_str()).map_err(|e| e.to_string())?;
             if summary.state != "running" {
                 return Ok(not_running());
             }
-            let busy: Vec<String> = summary
+            let mut busy: Vec<String> = summary
                 .lanes
                 .iter()
                 .filter(|l| !l.state.eq_ignore_ascii_case("idle"))
                 .map(|l| l.lane.clone())
                 .collect();
+            if !fresh {
+                busy.push("its lanes unknown: no status within 500 ms".into());
+            }
             if busy.is_empty() {
                 break;
             }

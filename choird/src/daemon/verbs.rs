@@ -32,6 +32,10 @@ const RECOVERED_EXCHANGES: i64 = 10;
 /// long-poll round trip each, a fraction of a millisecond when they are well).
 pub const STATUS_WAIT: Duration = Duration::from_millis(500);
 
+/// A status younger than this answers a reader without asking again (two
+/// `choirctl status` in a row, several console pages at once).
+pub const STATUS_FRESH: Duration = Duration::from_millis(100);
+
 impl Daemon {
     /// INIT_HELLO: binds the session and hands out the recovery snapshot.
     pub fn init_hello(&self, who: &Authed, req: &InitHelloRequest) -> Result<InitHelloResponse, Error> {
@@ -241,7 +245,7 @@ impl Daemon {
 
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
         loop {
-            let poll = self.sessions.poll(&who.agent, who.session, req.receive, req.received_upto);
+            let mut poll = self.sessions.poll(&who.agent, who.session, req.receive, req.received_upto);
             if poll.ended {
                 return Err(Error::Unauthorized("the session ended".into()));
             }
@@ -255,19 +259,25 @@ impl Daemon {
             // whose store told what they followed (a message handed out as
             // its chat stored it, and the re-poll after it while the edge
             // works on it: one round trip less each).
-            let (messages, every_one) = match poll.known {
+            let (messages, every_one) = match poll.known.take() {
                 Some(known) => (known, true),
-                None => {
-                    let m = self.store.pending_messages(&who.agent, poll.after, HAND_OUT_AT_ONCE as i64)?;
-                    let every_one = m.len() < HAND_OUT_AT_ONCE;
-                    (m, every_one)
-                }
+                None => match self.store.pending_messages(&who.agent, poll.after, HAND_OUT_AT_ONCE as i64) {
+                    Ok(m) => {
+                        let every_one = m.len() < HAND_OUT_AT_ONCE;
+                        (m, every_one)
+                    }
+                    Err(e) => {
+                        // What the poll took goes to the next one.
+                        self.sessions.give_back(&who.agent, poll);
+                        return Err(e.into());
+                    }
+                },
             };
             let decisions = if poll.decisions_due {
                 match self.store.take_decisions(&who.agent) {
                     Ok(d) => d,
                     Err(e) => {
-                        self.sessions.decisions_still_due(&who.agent);
+                        self.sessions.give_back(&who.agent, poll);
                         return Err(e.into());
                     }
                 }
@@ -482,11 +492,11 @@ impl Daemon {
     /// what a reader of lanes (`agent status`, `/status`, the console, a
     /// rollout waiting for idle lanes) calls first. An agent that does not
     /// answer in time shows what it said last.
-    pub fn refresh_status(&self, only: Option<&AgentId>) {
-        let asked = self.sessions.ask_status(only);
-        if !asked.is_empty() {
-            self.sessions.wait_status(&asked, Instant::now() + STATUS_WAIT);
-        }
+    /// An agent that answered within `max_age` is not asked again. Whether
+    /// every agent asked answered in time.
+    pub fn refresh_status(&self, only: Option<&AgentId>, max_age: Duration) -> bool {
+        let asked = self.sessions.ask_status(only, max_age);
+        asked.is_empty() || self.sessions.wait_status(&asked, Instant::now() + STATUS_WAIT)
     }
 
     /// TERMINATE_SELF: the session ends; the token stops working at once.

@@ -59,6 +59,7 @@ impl Sessions {
         slot.last_session = Some(session);
         slot.phase = Phase::Starting;
         slot.session = Some(Session::new(session, digest, None, processed));
+        slot.status_at = None;
     }
 
     /// Records what runs the current session.
@@ -90,6 +91,7 @@ impl Sessions {
         slot.desired = true;
         slot.last_session = Some(session);
         slot.session = Some(Session::new(session, digest, Some(instance), processed));
+        slot.status_at = None;
     }
 
     /// How far the agent's commit log is stored (from the database at

@@ -307,6 +307,8 @@ struct AgentSlot {
     /// The asks the latest status the agent's poller carried answers: it
     /// was built after they were told.
     status_answered: u64,
+    /// When the poller last carried a status.
+    status_at: Option<Instant>,
     replicated_seq: u64,
     /// Chat requests waiting for the answer to a message id.
     waiters: HashMap<u64, Sender<ChatUpdate>>,
@@ -643,6 +645,8 @@ mod tests {
         let b = AgentId::parse("beta").unwrap();
         let sessions = Sessions::new([&a, &b]);
         sessions.open(&a, 7, [0; 32], 0);
+        assert!(sessions.ask_status(None, Duration::ZERO).is_empty(), "an agent still starting is not asked");
+        sessions.report(&a, 7, status("RUNNING"), false);
         // The poll looked and handed out every pending message.
         let poll = sessions.poll(&a, 7, true, None);
         sessions.hand_out(&a, 7, vec![message(3)], Some(poll.wake)).unwrap();
@@ -650,12 +654,16 @@ mod tests {
         assert!(!before.status, "nobody asked");
         // An ask wakes the poll, which is told once, and still knows that
         // nothing is pending (an ask stores no message): no query.
-        let asked = sessions.ask_status(None);
+        let asked = sessions.ask_status(None, Duration::ZERO);
         assert_eq!(asked, [(a.clone(), 1)], "only agents with a session are asked");
         let told = sessions.poll(&a, 7, true, None);
         assert!(told.status && told.wake > before.wake);
         assert_eq!(known_ids(&told), Some(vec![]), "the ask cost the poll no query");
         assert!(!sessions.poll(&a, 7, true, None).status, "told once");
+        // A poll that could not hand over what it took (its query failed)
+        // gives it back: the next poll tells the agent again.
+        sessions.give_back(&a, told);
+        assert!(sessions.poll(&a, 7, true, None).status, "told again after a failed poll");
         // A report that did not come from the poll after the ask (link-push's
         // report of a session state) answers no ask; the poller's does.
         let wait = || {
@@ -667,8 +675,9 @@ mod tests {
         assert!(wait() >= Duration::from_millis(200), "an unasked report answers nothing");
         sessions.report(&a, 7, status("RUNNING"), true);
         assert!(wait() < Duration::from_millis(200), "the poller's report answers the ask");
+        assert!(sessions.ask_status(None, Duration::from_secs(60)).is_empty(), "a fresh answer is not asked again");
         // An ask not yet told when a report came is not answered by it.
-        let second = sessions.ask_status(Some(&a));
+        let second = sessions.ask_status(Some(&a), Duration::ZERO);
         sessions.report(&a, 7, status("RUNNING"), true);
         assert!(
             {
@@ -681,6 +690,9 @@ mod tests {
         // A report from another session (a stale token's) is not kept.
         sessions.report(&a, 6, status("STOPPING"), true);
         assert_eq!(sessions.summary(&a, "process").unwrap().session_state.as_deref(), Some("RUNNING"));
+        // An agent told to stop is not asked (its poll tells it nothing more).
+        sessions.request_stop(&a);
+        assert!(sessions.ask_status(None, Duration::ZERO).is_empty(), "an agent told to stop is not asked");
         // An agent that never answers costs a reader its deadline, no more;
         // an ended session ends the wait at once.
         sessions.ended(&a, 7, "stopped", false);

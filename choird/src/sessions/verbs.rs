@@ -112,13 +112,6 @@ impl Sessions {
         }
     }
 
-    /// Gives back a decisions flag that could not be served.
-    pub fn decisions_still_due(&self, id: &AgentId) {
-        if let Some(slot) = self.table.lock().get_mut(id) {
-            slot.decisions_due = true;
-        }
-    }
-
     /// Hands out `messages` to `session`: keeps those not handed out yet (a
     /// concurrent poll may have taken some) and moves the mark past them.
     /// `every_one_at`: the wake count read before the query that found
@@ -185,6 +178,7 @@ impl Sessions {
                 let answered = answers && slot.status_answered < slot.status_told;
                 if answers {
                     slot.status_answered = slot.status_told;
+                    slot.status_at = Some(Instant::now());
                 }
                 running || answered
             }
@@ -196,20 +190,26 @@ impl Sessions {
         }
     }
 
-    /// Asks the running agent `only` (or every agent with a session) for
-    /// its status: wakes its long-poll, whose answer says so, and the
-    /// agent's next poll carries the report. Returns the asks to wait for
+    /// Asks the running agent `only` (or every running agent) for its
+    /// status: wakes its long-poll, whose answer says so, and the agent's
+    /// next poll carries the report. An agent that answered within
+    /// `max_age` is not asked again, nor is one starting or told to stop
+    /// (its poll tells it nothing more). Returns the asks to wait for
     /// ([`Sessions::wait_status`]).
     ///
     /// **Invariant:** an ask costs the poll no query: it stores no
     /// message, so a poll that knew every pending message still knows
     /// them after the ask's wake (its [`Looked`] moves with the wake).
-    pub fn ask_status(&self, only: Option<&AgentId>) -> Vec<(AgentId, u64)> {
+    pub fn ask_status(&self, only: Option<&AgentId>, max_age: Duration) -> Vec<(AgentId, u64)> {
         let mut t = self.table.lock();
         let mut asked = Vec::new();
         for (id, slot) in t.iter_mut().filter(|(id, _)| only.is_none_or(|o| o == *id)) {
             let wake = slot.wake;
-            let Some(s) = slot.session.as_mut() else { continue };
+            let fresh = slot.status_at.is_some_and(|at| at.elapsed() <= max_age);
+            if slot.phase != Phase::Running || fresh {
+                continue;
+            }
+            let Some(s) = slot.session.as_mut().filter(|s| !s.stop) else { continue };
             if let Some(l) = s.looked.as_mut().filter(|l| (l.wake, l.after) == (wake, s.delivered_upto)) {
                 l.wake = wake + 1;
             }
@@ -222,15 +222,32 @@ impl Sessions {
 
     /// Waits until every ask of `asked` is answered, its agent's session
     /// has ended, or `deadline` (an agent that does not answer shows what
-    /// it said last).
-    pub fn wait_status(&self, asked: &[(AgentId, u64)], deadline: Instant) {
+    /// it said last); whether every one was answered.
+    pub fn wait_status(&self, asked: &[(AgentId, u64)], deadline: Instant) -> bool {
         let mut t = self.table.lock();
         let open = |t: &BTreeMap<AgentId, AgentSlot>| {
             asked.iter().any(|(id, n)| t.get(id).is_some_and(|s| s.session.is_some() && s.status_answered < *n))
         };
         while open(&t) {
             if self.changed.wait_until(&mut t, deadline).timed_out() {
-                break;
+                return !open(&t);
+            }
+        }
+        true
+    }
+
+    /// Gives back what a long-poll took ([`Sessions::poll`]) but could not
+    /// hand over (its query failed): the decisions and firings flags, the
+    /// cancel requests and the status ask go to the next poll.
+    pub fn give_back(&self, id: &AgentId, poll: PollState) {
+        if let Some(slot) = self.table.lock().get_mut(id) {
+            slot.decisions_due |= poll.decisions_due;
+            slot.firings_due |= poll.firings_due;
+            let mut cancels = poll.cancels;
+            cancels.append(&mut slot.cancels);
+            slot.cancels = cancels;
+            if poll.status {
+                slot.status_told = slot.status_answered;
             }
         }
     }
