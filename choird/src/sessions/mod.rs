@@ -701,6 +701,28 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
 
+    /// A long-poll takes the operator's cancel requests and the decisions
+    /// and firings flags before it queries the pending messages; when that
+    /// query failed, what it took was lost (a cancel never reached the
+    /// agent). It now gives them back to the next poll.
+    #[test]
+    fn regression_a_long_poll_whose_query_failed_lost_the_operators_cancel() {
+        let a = AgentId::parse("alpha").unwrap();
+        let sessions = Sessions::new([&a]);
+        sessions.open(&a, 7, [0; 32], 0);
+        assert_eq!(sessions.cancel(&a, "edge"), Some(true));
+        sessions.decision_due(&a);
+        let took = sessions.poll(&a, 7, true, None);
+        assert_eq!((took.cancels.as_slice(), took.decisions_due), (["edge".to_owned()].as_slice(), true));
+        let empty = sessions.poll(&a, 7, true, None);
+        assert!(empty.cancels.is_empty() && !empty.decisions_due, "taken by the first poll");
+        assert_eq!(sessions.cancel(&a, "core:x"), Some(true));
+        sessions.give_back(&a, took);
+        let next = sessions.poll(&a, 7, true, None);
+        assert_eq!(next.cancels, ["edge", "core:x"], "given back, in the order asked");
+        assert!(next.decisions_due);
+    }
+
     fn stored_as(id: u64, conversation: &str) -> InboundMessage {
         InboundMessage { conversation: conversation.into(), ..message(id) }
     }
