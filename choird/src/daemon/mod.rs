@@ -517,14 +517,14 @@ impl Daemon {
     /// now: asked first ([`Daemon::refresh_status`]). For readers of lanes;
     /// lanes are not reported unasked.
     pub fn summaries_now(&self) -> Vec<AgentSummary> {
-        self.refresh_status(None, verbs::STATUS_FRESH);
+        self.refresh_status(None, crate::sessions::STATUS_FRESH);
         self.summaries()
     }
 
     /// [`Daemon::summary`] with what the agent's lanes are doing now.
     pub fn summary_now(&self, id: &str) -> Result<AgentSummary, Error> {
         let known = self.known(id)?;
-        self.refresh_status(Some(&known), verbs::STATUS_FRESH);
+        self.refresh_status(Some(&known), crate::sessions::STATUS_FRESH);
         self.summary(id)
     }
 

@@ -69,7 +69,7 @@ impl Daemon {
                 return Err(format!("choird is shutting down: {agent} gets the change at its next start"));
             }
             // Lanes the agent did not say just now may be old: not idle.
-            let fresh = self.refresh_status(Some(agent), super::verbs::STATUS_FRESH);
+            let fresh = self.refresh_status(Some(agent), crate::sessions::STATUS_FRESH);
             let summary = self.summary(agent.as_str()).map_err(|e| e.to_string())?;
             if summary.state != "running" {
                 return Ok(not_running());

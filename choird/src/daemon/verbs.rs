@@ -20,21 +20,13 @@ use super::{Authed, Daemon, LEASE_TTL, MAX_WAIT};
 use crate::config::Lane;
 use crate::error::Error;
 use crate::events::Event;
-use crate::sessions::HAND_OUT_AT_ONCE;
+use crate::sessions::{HAND_OUT_AT_ONCE, STATUS_WAIT};
 use crate::shared::{clip, Hourly};
 use crate::store::turns::{Replies, TurnError};
 use crate::store::{Recorded, ReplicationError};
 
 /// Answered exchanges per conversation handed to a (re)started agent.
 const RECOVERED_EXCHANGES: i64 = 10;
-
-/// How long a read of lanes waits for the agents asked to answer (one
-/// long-poll round trip each, a fraction of a millisecond when they are well).
-pub const STATUS_WAIT: Duration = Duration::from_millis(500);
-
-/// A status younger than this answers a reader without asking again (two
-/// `choirctl status` in a row, several console pages at once).
-pub const STATUS_FRESH: Duration = Duration::from_millis(100);
 
 impl Daemon {
     /// INIT_HELLO: binds the session and hands out the recovery snapshot.

@@ -411,6 +411,14 @@ pub struct PollState {
     pub known: Option<Vec<InboundMessage>>,
 }
 
+/// How long a read of lanes waits for the agents asked to answer (one
+/// long-poll round trip each, a fraction of a millisecond when they are well).
+pub const STATUS_WAIT: Duration = Duration::from_millis(500);
+
+/// A status younger than this answers a reader without asking again (two
+/// `choirctl status` in a row, several console pages at once).
+pub const STATUS_FRESH: Duration = Duration::from_millis(100);
+
 /// The table of agent slots.
 #[derive(Default)]
 pub struct Sessions {
