@@ -140,8 +140,8 @@ struct Entry {
 #[derive(Default)]
 pub struct StatusBoard {
     inner: Mutex<Board>,
-    /// Pokes the reporter when the session state changed since its last
-    /// snapshot (bounded(1): one pending poke is enough).
+    /// Pokes the reporter when the session state changes (bounded(1): one
+    /// pending poke is enough).
     poke: Option<crossbeam_channel::Sender<()>>,
 }
 
@@ -258,13 +258,20 @@ impl StatusBoard {
         for l in &mut lanes {
             l.detail = l.detail.as_deref().map(|d| choir_common::text::clipped(d, DETAIL_CHARS));
         }
-        let mut report = ReportStatusRequest { session_state, lanes };
-        while serde_json::to_vec(&report).map_or(usize::MAX, |b| b.len()) > MAX_STATUS_BYTES {
-            if report.lanes.pop().is_none() {
-                break;
-            }
-        }
-        report
+        // Each part's size is counted once: the empty report, then each
+        // lane and its comma.
+        let mut used =
+            serde_json::to_vec(&ReportStatusRequest { session_state: session_state.clone(), lanes: Vec::new() })
+                .map_or(usize::MAX, |b| b.len());
+        let fitting = lanes
+            .iter()
+            .take_while(|l| {
+                used = used.saturating_add(serde_json::to_vec(l).map_or(usize::MAX, |b| b.len()) + 1);
+                used <= MAX_STATUS_BYTES + 1
+            })
+            .count();
+        lanes.truncate(fitting);
+        ReportStatusRequest { session_state, lanes }
     }
 
     /// The session state and every lane, as a status report carries them.

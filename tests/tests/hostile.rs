@@ -942,11 +942,20 @@ fn a_status_report_over_the_bound_in_a_heartbeat_is_refused_and_changes_nothing(
     assert!(lanes_shown() < 2000, "nor was its status kept");
 
     let mut fine = heartbeat(vec![], answer);
-    fine["status"] = json!({"session_state": "RUNNING", "lanes": (0..3).map(lane).collect::<Vec<_>>()});
+    let mut lanes: Vec<Value> = (0..3).map(lane).collect();
+    lanes[0]["detail"] = json!("clear\u{0}\u{1b}[2J\u{1b}]0;owned\u{7}\nscreen");
+    fine["status"] = json!({"session_state": "RUNNING", "lanes": lanes});
     assert_eq!(evil.rpc("HEARTBEAT", &fine).0, 200);
     let out = rx.recv_timeout(Duration::from_secs(20)).expect("the chat is answered");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
     assert_eq!(lanes_shown(), 3, "a report within the bound is kept");
+    // What the agent says of its lanes reaches the operator's terminal
+    // without its control characters: no escape, NUL or bell is printed,
+    // and the detail stays on its line.
+    let shown = choird.ctl_ok(&["agent", "status", "evil"]);
+    let line = shown.lines().find(|l| l.starts_with("core:0000")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.contains("clear") && line.contains("screen"), "{line}");
+    assert!(!shown.contains(['\u{0}', '\u{1b}', '\u{7}']), "{shown:?}");
 }
 
 #[test]

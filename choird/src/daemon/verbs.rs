@@ -482,10 +482,9 @@ impl Daemon {
     /// Asks the running agent `only` (or every running agent) what its
     /// lanes are doing and waits, at most [`STATUS_WAIT`], for the answers:
     /// what a reader of lanes (`agent status`, `/status`, the console, a
-    /// rollout waiting for idle lanes) calls first. An agent that does not
-    /// answer in time shows what it said last.
-    /// An agent that answered within `max_age` is not asked again. Whether
-    /// every agent asked answered in time.
+    /// rollout waiting for idle lanes) calls first. An agent that answered
+    /// within `max_age` is not asked again; one that does not answer in
+    /// time shows what it said last. Whether every agent asked answered.
     pub fn refresh_status(&self, only: Option<&AgentId>, max_age: Duration) -> bool {
         let asked = self.sessions.ask_status(only, max_age);
         asked.is_empty() || self.sessions.wait_status(&asked, Instant::now() + STATUS_WAIT)
