@@ -195,9 +195,54 @@ pub struct FunctionSpec {
     pub name: String,
     /// What the tool does, for the model.
     pub description: String,
-    /// JSON Schema of the arguments; shared, so offering a registered
-    /// tool each step copies no schema (serialized as the schema itself).
-    pub parameters: std::sync::Arc<Value>,
+    /// JSON Schema of the arguments.
+    pub parameters: Schema,
+}
+
+/// A tool's JSON Schema as the text a request carries: serialised once,
+/// when the tool is registered, and shared, so a request offering the
+/// tool copies the text instead of serialising the schema again (every
+/// model call offers every tool, most of the request's bytes).
+///
+/// **Invariant:** the text is one valid JSON value (it comes from a
+/// [`Value`] or from a JSON parser). Equal when the JSON is, whatever the
+/// spacing.
+#[derive(Debug, Clone)]
+pub struct Schema(std::sync::Arc<serde_json::value::RawValue>);
+
+impl Schema {
+    /// `schema`'s text.
+    pub fn new(schema: &Value) -> Result<Schema, serde_json::Error> {
+        Ok(Schema(serde_json::value::to_raw_value(schema)?.into()))
+    }
+
+    /// The schema's JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The schema as a JSON value.
+    pub fn value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Schema) -> bool {
+        self.get() == other.get() || matches!((self.value(), other.value()), (Ok(a), Ok(b)) if a == b)
+    }
+}
+
+impl Serialize for Schema {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Schema {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Schema, D::Error> {
+        Ok(Schema(std::sync::Arc::<serde_json::value::RawValue>::deserialize(d)?))
+    }
 }
 
 /// A non-streaming chat-completions response.
@@ -252,4 +297,39 @@ pub struct Usage {
     /// Sum of both.
     #[serde(default)]
     pub total_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_schema_goes_out_as_its_value_would_and_equals_the_same_json_however_spaced() {
+        let schema = json!({"type": "object", "properties": {"path": {"type": "string", "description": "a \"quoted\" path"}},
+                            "required": ["path"], "additionalProperties": false});
+        let spec = ToolSpec {
+            kind: "function".into(),
+            function: FunctionSpec {
+                name: "choir_fs_read".into(),
+                description: "Reads.".into(),
+                parameters: Schema::new(&schema).unwrap(),
+            },
+        };
+        let sent = serde_json::to_string(&spec).unwrap();
+        let as_value = format!(
+            r#"{{"type":"function","function":{{"name":"choir_fs_read","description":"Reads.","parameters":{}}}}}"#,
+            serde_json::to_string(&schema).unwrap()
+        );
+        assert_eq!(sent, as_value, "the same bytes as the schema's value serialised");
+        // Read back, spaced differently: the same schema.
+        let spaced = sent.replace(':', " : ").replace(',', " ,\n ");
+        let back: ToolSpec = serde_json::from_str(&spaced).unwrap();
+        assert_ne!(back.function.parameters.get(), spec.function.parameters.get(), "the text kept as it came");
+        assert_eq!(back, spec);
+        assert_eq!(back.function.parameters.value().unwrap(), schema);
+        // A different schema is not equal.
+        let other = Schema::new(&json!({"type": "object"})).unwrap();
+        assert_ne!(other, spec.function.parameters);
+    }
 }

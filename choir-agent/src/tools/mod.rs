@@ -230,7 +230,8 @@ impl Registry {
             function: FunctionSpec {
                 name: wire_tool_name(&manifest.llm.name),
                 description: manifest.llm.description.clone(),
-                parameters: Arc::new(manifest.llm.parameters.clone()),
+                parameters: choir_common::openai::Schema::new(&manifest.llm.parameters)
+                    .map_err(|e| err(format!("llm.parameters: {e}")))?,
             },
         };
         self.tools.insert(
