@@ -48,6 +48,18 @@ pub struct Registered {
     /// What the model is shown of it, made once at registration (its
     /// schema shared, not copied, into every request that offers it).
     pub spec: ToolSpec,
+    /// Its line in a system prompt's list of tools (`\n- name: the first
+    /// sentence of its description`), made once at registration.
+    pub summary: String,
+}
+
+/// The first sentence of `s` (all of it when it has one sentence): what a
+/// prompt's list says of a tool or a skill.
+pub fn first_sentence(s: &str) -> &str {
+    match s.find(". ") {
+        Some(i) => &s[..=i],
+        None => s,
+    }
 }
 
 impl Registered {
@@ -234,9 +246,11 @@ impl Registry {
                     .map_err(|e| err(format!("llm.parameters: {e}")))?,
             },
         };
+        let name = choir_common::ids::canonical_tool_name(&spec.function.name).unwrap_or(spec.function.name.clone());
+        let summary = format!("\n- {name}: {}", first_sentence(&manifest.llm.description));
         self.tools.insert(
             manifest.llm.name.clone(),
-            Registered { manifest, validator, tool, status, source: source.to_owned(), spec },
+            Registered { manifest, validator, tool, status, source: source.to_owned(), spec, summary },
         );
         Ok(())
     }
@@ -296,11 +310,47 @@ impl Registry {
             .map(|t| t.spec.clone())
             .collect()
     }
+
+    /// The lines of a prompt's list of the tools [`Registry::llm_tools`]
+    /// offers, in its order.
+    pub fn summary(&self, only: Option<&[String]>) -> String {
+        let policy = self.policy.read();
+        let mut out = String::new();
+        for t in self.tools.values().filter(|t| self.offers(t, &policy)) {
+            if only.is_none_or(|names| names.contains(&t.manifest.llm.name)) {
+                out.push_str(&t.summary);
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompts_tool_list_names_what_is_offered_with_its_first_sentence() {
+        let r = Registry::builtins().unwrap();
+        // What the offer says, line by line: the list is made of the same tools.
+        let from_offer = |only: Option<&[String]>| -> String {
+            r.llm_tools(only)
+                .iter()
+                .map(|spec| {
+                    let name = choir_common::ids::canonical_tool_name(&spec.function.name).unwrap();
+                    format!("\n- {name}: {}", first_sentence(&spec.function.description))
+                })
+                .collect()
+        };
+        assert_eq!(r.summary(None), from_offer(None));
+        let only = ["choir.fs.read".to_owned(), "choir.exec".to_owned()];
+        let listed = r.summary(Some(&only));
+        assert_eq!(listed, from_offer(Some(&only)));
+        assert!(listed.starts_with("\n- choir.exec: ") && listed.contains("\n- choir.fs.read: "), "{listed}");
+        assert_eq!(listed.matches("\n- ").count(), 2, "{listed}");
+        assert_eq!(first_sentence("Reads a file. Then more."), "Reads a file.");
+        assert_eq!(first_sentence("One sentence"), "One sentence");
+    }
 
     #[test]
     fn builtins_validate_and_match_the_shared_list() {

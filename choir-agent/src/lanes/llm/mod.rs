@@ -82,12 +82,29 @@ pub struct Llm {
     rpc: Arc<Rpc>,
     /// The threads its calls run on.
     callers: callers::Callers,
+    /// The size of the last request body: the next one is written into a
+    /// buffer that large (a request is mostly the same tools and history
+    /// again), not grown and copied from empty.
+    last_body: std::sync::atomic::AtomicUsize,
 }
+
+/// The largest buffer a request body starts with (a long history may be
+/// larger; it grows from there).
+const BODY_START_MAX: usize = 1 << 20;
 
 impl Llm {
     /// A client over the agent's RPC connection.
     pub fn new(rpc: Arc<Rpc>) -> Llm {
-        Llm { rpc, callers: callers::Callers::default() }
+        Llm { rpc, callers: callers::Callers::default(), last_body: Default::default() }
+    }
+
+    /// `req` as a request body.
+    fn body(&self, req: &ChatRequest) -> Result<Vec<u8>, LlmError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut body = Vec::with_capacity(self.last_body.load(Relaxed).min(BODY_START_MAX));
+        serde_json::to_writer(&mut body, req).map_err(|e| LlmError::Malformed(e.to_string()))?;
+        self.last_body.store(body.len(), Relaxed);
+        Ok(body)
     }
 
     /// One completion for `lane` (`edge` or `core`), for core job `job`;
@@ -99,7 +116,7 @@ impl Llm {
         req: &ChatRequest,
         cancel: Option<&Cancel>,
     ) -> Result<ChatResponse, LlmError> {
-        let body = serde_json::to_vec(req).map_err(|e| LlmError::Malformed(e.to_string()))?;
+        let body = self.body(req)?;
         self.call(lane, job, body, false, &mut |_| {}, cancel)
     }
 
@@ -116,14 +133,13 @@ impl Llm {
         cancel: Option<&Cancel>,
     ) -> Result<ChatResponse, LlmError> {
         let body = if req.stream == Some(true) && req.stream_options == Some(stream_options()) {
-            serde_json::to_vec(req)
+            self.body(req)
         } else {
             let mut req = req.clone();
             req.stream = Some(true);
             req.stream_options = Some(stream_options());
-            serde_json::to_vec(&req)
-        }
-        .map_err(|e| LlmError::Malformed(e.to_string()))?;
+            self.body(&req)
+        }?;
         self.call(lane, job, body, true, on_text, cancel)
     }
 
