@@ -82,9 +82,12 @@ pub struct Llm {
     rpc: Arc<Rpc>,
     /// The threads its calls run on.
     callers: callers::Callers,
-    /// The size of the last request body: the next one is written into a
-    /// buffer that large (a request is mostly the same tools and history
-    /// again), not grown and copied from empty.
+    /// The size of the last request body: the next one starts in a buffer
+    /// an eighth larger (a request is mostly the same tools and history
+    /// again, and a conversation grows), not grown and copied from empty.
+    /// One client may serve several lanes (the core jobs share theirs), so
+    /// a large request sizes the next one's buffer, at most
+    /// [`BODY_START_MAX`] for as long as that call lasts.
     last_body: std::sync::atomic::AtomicUsize,
 }
 
@@ -101,7 +104,8 @@ impl Llm {
     /// `req` as a request body.
     fn body(&self, req: &ChatRequest) -> Result<Vec<u8>, LlmError> {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut body = Vec::with_capacity(self.last_body.load(Relaxed).min(BODY_START_MAX));
+        let last = self.last_body.load(Relaxed);
+        let mut body = Vec::with_capacity((last + last / 8).min(BODY_START_MAX));
         serde_json::to_writer(&mut body, req).map_err(|e| LlmError::Malformed(e.to_string()))?;
         self.last_body.store(body.len(), Relaxed);
         Ok(body)
