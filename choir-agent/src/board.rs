@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use choir_common::rpc::{LaneStatus, ReportStatusRequest, SkillProgress, MAX_STATUS_BYTES};
+use choir_common::rpc::{json_len, LaneStatus, ReportStatusRequest, SkillProgress, MAX_STATUS_BYTES};
 use parking_lot::Mutex;
 
 /// Characters of a lane's detail a status report carries.
@@ -260,13 +260,11 @@ impl StatusBoard {
         }
         // Each part's size is counted once: the empty report, then each
         // lane and its comma.
-        let mut used =
-            serde_json::to_vec(&ReportStatusRequest { session_state: session_state.clone(), lanes: Vec::new() })
-                .map_or(usize::MAX, |b| b.len());
+        let mut used = json_len(&ReportStatusRequest { session_state: session_state.clone(), lanes: Vec::new() });
         let fitting = lanes
             .iter()
             .take_while(|l| {
-                used = used.saturating_add(serde_json::to_vec(l).map_or(usize::MAX, |b| b.len()) + 1);
+                used = used.saturating_add(json_len(l)).saturating_add(1);
                 used <= MAX_STATUS_BYTES + 1
             })
             .count();
@@ -275,7 +273,7 @@ impl StatusBoard {
     }
 
     /// The session state and every lane, as a status report carries them.
-    pub fn snapshot(&self) -> (String, Vec<LaneStatus>) {
+    fn snapshot(&self) -> (String, Vec<LaneStatus>) {
         let b = self.inner.lock();
         let lanes = b
             .lanes

@@ -625,6 +625,24 @@ pub struct ApprovalDecision {
 /// body, or [`HeartbeatRequest::status`]).
 pub const MAX_STATUS_BYTES: usize = 256 * 1024;
 
+/// How many bytes `value` takes serialised as JSON, counted without
+/// building them (`usize::MAX` if it cannot be serialised).
+pub fn json_len(value: &impl Serialize) -> usize {
+    /// A writer that keeps nothing but the count.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
 /// REPORT_STATUS request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportStatusRequest {
@@ -751,6 +769,29 @@ pub struct ExecuteHostToolResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_len_counts_what_serialising_would_write() {
+        let report = ReportStatusRequest {
+            session_state: "RUNNING".into(),
+            lanes: vec![LaneStatus {
+                lane: "edge".into(),
+                state: "REASONING".into(),
+                steps: 1,
+                tokens: 2,
+                max_steps: None,
+                max_tokens: Some(9),
+                elapsed_ms: None,
+                detail: Some("é \u{0} \"x\"".into()),
+                skill: None,
+            }],
+        };
+        assert_eq!(json_len(&report), serde_json::to_vec(&report).unwrap().len());
+        assert_eq!(json_len(&"ab\n"), 6);
+        // What cannot be serialised counts as too large for any bound.
+        let bad: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert_eq!(json_len(&bad), usize::MAX);
+    }
 
     #[test]
     fn a_reply_answers_what_it_covers_or_its_message_and_a_notice_nothing() {

@@ -626,31 +626,14 @@ mod tests {
     }
 
     #[test]
-    fn the_depth_skips_strings_whole_and_counts_as_a_byte_by_byte_scan_does() {
-        // The scan it replaced, kept as the oracle.
-        fn byte_by_byte(text: &[u8]) -> usize {
-            let (mut now, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-            for &b in text {
-                if in_string {
-                    match (escaped, b) {
-                        (true, _) => escaped = false,
-                        (false, b'\\') => escaped = true,
-                        (false, b'"') => in_string = false,
-                        _ => {}
-                    }
-                    continue;
-                }
-                match b {
-                    b'"' => in_string = true,
-                    b'[' | b'{' => {
-                        now += 1;
-                        max = max.max(now);
-                    }
-                    b']' | b'}' => now = now.saturating_sub(1),
-                    _ => {}
-                }
+    fn the_depth_skips_strings_whole_and_counts_as_a_json_parser_nests() {
+        // The oracle: a JSON parser's tree, measured.
+        fn tree(v: &Value) -> usize {
+            match v {
+                Value::Array(a) => 1 + a.iter().map(tree).max().unwrap_or(0),
+                Value::Object(o) => 1 + o.values().map(tree).max().unwrap_or(0),
+                _ => 0,
             }
-            max
         }
         let cases: &[&str] = &[
             r#"{"messages": []}"#,
@@ -660,17 +643,20 @@ mod tests {
             r#"{"a": "\\\"[[", "b": {"c": [{}]}}"#,
             r#"{"a": "\u005b\u007b", "b": "é [ ü", "c": [[["x]"]]]}"#,
             r#"[[[[["]]]]]"]]]]]"#,
-            r#"{"end": "\"#,
-            r#"{"end": "abc"#,
-            "",
+            r#"[{"a\"]": {"\\": ["}", {"x": []}]}}]"#,
         ];
         for case in cases {
-            assert_eq!(depth(case.as_bytes()), byte_by_byte(case.as_bytes()), "{case}");
+            let parsed: Value = serde_json::from_str(case).unwrap();
+            assert_eq!(depth(case.as_bytes()), tree(&parsed), "{case}");
         }
         assert_eq!(depth(br#"{"a": "\"[[[", "b": [1]}"#), 2, "an escaped quote does not end the string");
         assert_eq!(depth(br#"{"a": "\\", "b": [[[2]]]}"#), 4, "an escaped backslash does not escape the quote");
         // A negative control: counting brackets inside strings would say 7 here.
         assert_eq!(depth(br#"{"a": "[[[{{{", "b": [[1]]}"#), 3);
+        // What is not JSON (the parse before refuses it) ends the scan, never a panic.
+        assert_eq!(depth(br#"{"end": "\"#), 1);
+        assert_eq!(depth(br#"[{"end": "abc"#), 2);
+        assert_eq!(depth(b""), 0);
     }
 
     #[test]

@@ -81,7 +81,8 @@ impl Daemon {
                 .map(|l| l.lane.clone())
                 .collect();
             if !fresh {
-                busy.push("its lanes unknown: no status within 500 ms".into());
+                let waited = crate::sessions::STATUS_WAIT.as_millis();
+                busy.push(format!("its lanes unknown: no status within {waited} ms"));
             }
             if busy.is_empty() {
                 break;

@@ -522,7 +522,7 @@ impl Daemon {
 /// takes ([`choir_common::rpc::MAX_STATUS_BYTES`]): before anything of it
 /// is stored or kept.
 fn check_status(status: &ReportStatusRequest) -> Result<(), Error> {
-    let bytes = serde_json::to_vec(status).map_or(usize::MAX, |b| b.len());
+    let bytes = choir_common::rpc::json_len(status);
     if bytes > choir_common::rpc::MAX_STATUS_BYTES {
         return Err(Error::Malformed(format!(
             "a status report of {bytes} bytes; at most {} (nothing of this HEARTBEAT was stored)",
