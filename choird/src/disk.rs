@@ -8,8 +8,16 @@
 //! per-agent quota) is judged as fairly as a large disk: less than
 //! [`RESERVE_BYTES`] or 5 % of its size free, whichever is less; or less
 //! than [`RESERVE_INODES`] or 5 % of its inodes free, whichever is less.
+//!
+//! **Invariant:** a refusal is always read fresh (space freed is seen by
+//! the next message); only "not nearly full" is reused, by [`Guard`], for
+//! at most [`OK_FOR`] per file system path.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// Free bytes below which a file system counts as nearly full (or 5 % of
 /// its size, when that is less).
@@ -64,19 +72,88 @@ impl Space {
 
 /// Why new work for an agent whose workspace is `workspace` is refused
 /// (choird's home at `home`), if it is: the first nearly full file system
-/// of the two, named. A path that cannot be looked at refuses nothing (the
-/// work then fails where it needs the path, with its own error).
-pub fn refuse_new_work(home: &Path, workspace: &Path) -> Option<String> {
+/// of the two, named, each path's space as `read` says. A path that cannot
+/// be looked at refuses nothing (the work then fails where it needs the
+/// path, with its own error). A path `fresh` says was seen not nearly
+/// full a moment ago is skipped; `seen_ok` hears of each path read and
+/// found not nearly full.
+fn refuse(
+    home: &Path,
+    workspace: &Path,
+    read: impl Fn(&Path) -> std::io::Result<Space>,
+    fresh: impl Fn(&Path) -> bool,
+    mut seen_ok: impl FnMut(&Path),
+) -> Option<String> {
     for (what, path) in [("choird's home", home), ("the agent's workspace", workspace)] {
-        let Ok(space) = Space::of(path) else { continue };
-        if let Some(why) = space.nearly_full() {
-            return Some(format!(
+        if fresh(path) {
+            continue;
+        }
+        let Ok(space) = read(path) else { continue };
+        match space.nearly_full() {
+            Some(why) => return Some(format!(
                 "the disk of {what} ({}) is nearly full ({why}); new messages are refused until space is freed there",
                 path.display()
-            ));
+            )),
+            None => seen_ok(path),
         }
     }
     None
+}
+
+/// How long a file system seen not nearly full is taken to be so without
+/// asking again. Every message asks (two `statvfs` calls, one per path);
+/// what a second's staleness allows is what the check always allowed: it
+/// races every writer of the disk anyway, and a message admitted just
+/// before the disk filled is the same message either way.
+pub const OK_FOR: Duration = Duration::from_secs(1);
+
+/// Whether a disk refuses new work, asked for every message: a path seen not nearly full
+/// within [`OK_FOR`] is not asked again. A nearly full one is asked every
+/// time, so space freed admits the next message at once.
+///
+/// **Invariant:** it holds only paths seen within [`OK_FOR`] when the
+/// last one was added (the home and the configured agents' workspaces:
+/// bounded by the configuration).
+#[derive(Default)]
+pub struct Guard {
+    ok_at: Mutex<HashMap<PathBuf, Instant>>,
+}
+
+impl Guard {
+    /// Why new work for an agent whose workspace is `workspace` is refused
+    /// (choird's home at `home`), if it is: the first nearly full file
+    /// system of the two, named. A path that cannot be looked at refuses
+    /// nothing. Readings that said "not nearly full" are used for
+    /// [`OK_FOR`].
+    pub fn refuse_new_work(&self, home: &Path, workspace: &Path) -> Option<String> {
+        self.refuse_reading(home, workspace, Instant::now(), Space::of)
+    }
+
+    /// [`Guard::refuse_new_work`] at `now`, with each path's space as `read`
+    /// says.
+    fn refuse_reading(
+        &self,
+        home: &Path,
+        workspace: &Path,
+        now: Instant,
+        read: impl Fn(&Path) -> std::io::Result<Space>,
+    ) -> Option<String> {
+        let fresh = |p: &Path| self.ok_at.lock().get(p).is_some_and(|at| now.duration_since(*at) < OK_FOR);
+        let mut seen = Vec::new();
+        let why = refuse(home, workspace, read, fresh, |p| seen.push(p.to_path_buf()));
+        let mut ok_at = self.ok_at.lock();
+        if why.is_some() {
+            // The refused path was not seen ok: forget any earlier reading
+            // of either, so nothing stale stands beside a refusal.
+            ok_at.remove(home);
+            ok_at.remove(workspace);
+        }
+        if !seen.is_empty() {
+            ok_at.retain(|_, at| now.duration_since(*at) < OK_FOR);
+            ok_at.extend(seen.into_iter().map(|p| (p, now)));
+        }
+        why
+    }
 }
 
 #[cfg(test)]
@@ -105,9 +182,53 @@ mod tests {
         assert!(space(50_000 * MIB, 100_000 * MIB, 0, 0).nearly_full().is_none());
     }
 
+    /// A file system whose free bytes a test sets, counting its readings.
+    #[derive(Default)]
+    struct Disk {
+        free: std::cell::Cell<u64>,
+        reads: std::cell::Cell<u32>,
+    }
+
+    impl Disk {
+        fn read(&self) -> std::io::Result<Space> {
+            self.reads.set(self.reads.get() + 1);
+            Ok(space(self.free.get(), 100_000 * MIB, 1_000_000, 1_000_000))
+        }
+    }
+
+    #[test]
+    fn a_disk_seen_ok_is_not_asked_again_for_a_second_and_a_full_one_every_time() {
+        let guard = Guard::default();
+        let (home, ws) = (Path::new("/home"), Path::new("/ws"));
+        let disk = Disk::default();
+        disk.free.set(50_000 * MIB);
+        let read = |_: &Path| disk.read();
+        let t0 = Instant::now();
+        assert_eq!(guard.refuse_reading(home, ws, t0, read), None);
+        assert_eq!(disk.reads.get(), 2, "both paths read");
+        // Within the second: not asked again.
+        assert_eq!(guard.refuse_reading(home, ws, t0 + OK_FOR / 2, read), None);
+        assert_eq!(disk.reads.get(), 2, "the readings reused");
+        // Past it, asked again, and now the disk is nearly full.
+        disk.free.set(MIB);
+        let why = guard.refuse_reading(home, ws, t0 + OK_FOR, read).expect("refused");
+        assert!(why.contains("choird's home (/home) is nearly full"), "{why}");
+        assert_eq!(disk.reads.get(), 3, "the home read fresh, the refusal said at once");
+        // A refusal is read fresh every time: freed space admits the next message.
+        assert!(guard.refuse_reading(home, ws, t0 + OK_FOR, read).is_some());
+        assert_eq!(disk.reads.get(), 4);
+        disk.free.set(50_000 * MIB);
+        assert_eq!(guard.refuse_reading(home, ws, t0 + OK_FOR, read), None);
+        assert_eq!(disk.reads.get(), 6);
+        // The guard forgets what is older than a second when it learns more.
+        let later = t0 + OK_FOR * 3;
+        assert_eq!(guard.refuse_reading(Path::new("/other"), ws, later, read), None);
+        assert_eq!(guard.ok_at.lock().len(), 2, "only /other and /ws, read just now");
+    }
+
     #[test]
     fn a_path_that_cannot_be_looked_at_refuses_nothing() {
         let missing = Path::new("/nonexistent/choir-disk-test");
-        assert_eq!(refuse_new_work(missing, missing), None);
+        assert_eq!(Guard::default().refuse_new_work(missing, missing), None);
     }
 }

@@ -70,14 +70,17 @@ pub struct Shared {
     /// agent's model requests.
     pub mcp_disabled: RwLock<HashMap<AgentId, std::collections::BTreeSet<String>>>,
     hourly: Mutex<HashMap<(AgentId, &'static str), Window>>,
+    /// The free-space guard's recent readings.
+    disk: crate::disk::Guard,
 }
 
 impl Shared {
     /// Why new work for agent `id` is refused because a disk it needs is
-    /// nearly full (see [`crate::disk`]), if it is.
+    /// nearly full (see [`crate::disk`]), if it is. A disk seen not nearly
+    /// full within the last second is not asked again ([`crate::disk::Guard`]).
     pub fn disk_refusal(&self, id: &choir_common::ids::AgentId) -> Option<String> {
         let workspace = self.config().workspace(&self.home, id);
-        crate::disk::refuse_new_work(self.home.root(), &workspace)
+        self.disk.refuse_new_work(self.home.root(), &workspace)
     }
 
     /// The shared services for a loaded config.
@@ -94,6 +97,7 @@ impl Shared {
             tasks: Tasks::default(),
             mcp_disabled: RwLock::default(),
             hourly: Mutex::new(HashMap::new()),
+            disk: crate::disk::Guard::default(),
         }
     }
 

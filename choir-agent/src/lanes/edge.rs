@@ -282,11 +282,15 @@ impl EdgeLane {
         lane.cancel = Some(self.cancel.clone());
         lane.conversation = Some(conv_name.to_owned());
         let finding = self.config.read().tool_exposure == "find";
-        let own: Vec<String> = choir_common::manifest::BUILTIN_TOOLS
-            .iter()
-            .chain(choir_common::host_tools::HOST_TOOLS)
-            .map(|s| (*s).to_owned())
-            .collect();
+        // Choir's own tools, listed only when the others are found on demand.
+        let own: Vec<String> = match finding {
+            true => choir_common::manifest::BUILTIN_TOOLS
+                .iter()
+                .chain(choir_common::host_tools::HOST_TOOLS)
+                .map(|s| (*s).to_owned())
+                .collect(),
+            false => Vec::new(),
+        };
         let system = crate::lanes::prompt::edge(
             &self.identity,
             self.mind.arbiter.registry(),

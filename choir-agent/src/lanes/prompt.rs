@@ -71,14 +71,11 @@ pub fn edge(identity: &Identity, registry: &Registry, skills: &SkillBook, only: 
     if only.is_some() {
         p.push_str("\nYou have more tools than these: find them with choir.tools.find, then call them.");
     }
-    let mut list = String::new();
-    for skill in skills.all() {
-        list.push_str(&format!("\n- {}: {}", skill.spec.name, crate::tools::first_sentence(&skill.spec.description)));
-    }
-    if !list.is_empty() {
-        p.push_str(&format!(
-            "\n\nSkills (guided procedures; run one with choir.skill.run, or as a core job with choir.core.start and skill):{list}"
-        ));
+    if !skills.summary().is_empty() {
+        p.push_str(
+            "\n\nSkills (guided procedures; run one with choir.skill.run, or as a core job with choir.core.start and skill):",
+        );
+        p.push_str(skills.summary());
     }
     p
 }
@@ -119,5 +116,37 @@ mod tests {
         let p = edge(&i, &registry, &SkillBook::default(), None);
         assert!(p.starts_with("You are Ada, an agent run by Choir.") && p.contains("Rules:\nBe kind."), "{p}");
         assert!(p.contains("\n- choir.fs.read: Read a UTF-8 text file from the workspace: whole (up to 1 MiB), the first or last N lines, or a line range."));
+    }
+
+    #[test]
+    fn the_edge_prompt_lists_every_skill_by_name_with_its_first_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        // An operator's skill whose description says more than one sentence.
+        let mut own: serde_json::Value =
+            serde_json::from_str(include_str!("../../../skills/research_and_summarize.json")).unwrap();
+        own["name"] = "digest".into();
+        own["description"] = "Digest the notes. Then file them.".into();
+        std::fs::create_dir_all(dir.path().join("skills/agent")).unwrap();
+        std::fs::write(dir.path().join("skills/agent/digest.json"), own.to_string()).unwrap();
+        // The built-in skills call host tools too.
+        let host = std::sync::Arc::new(crate::tools::host::NoHost);
+        let registry = Registry::load(dir.path(), &[], host, &[], &[], None).unwrap();
+        let skills = SkillBook::load(dir.path(), &registry).unwrap();
+        let identity = Identity { name: "Ada".into(), persona: None, rules: None };
+        let p = edge(&identity, &registry, &skills, None);
+        // The list as the skills themselves say it, in the book's order.
+        let expected: String = skills
+            .all()
+            .map(|s| format!("\n- {}: {}", s.spec.name, crate::tools::first_sentence(&s.spec.description)))
+            .collect();
+        assert!(
+            expected.contains("\n- tool-builder: ") && expected.contains("\n- digest: Digest the notes.\n"),
+            "{expected}"
+        );
+        let at = p.find("\n\nSkills (").expect("a skills section");
+        let listed = &p[at..];
+        assert!(listed.ends_with(&expected), "{listed}");
+        // No skills, no section.
+        assert!(!edge(&identity, &registry, &SkillBook::default(), None).contains("Skills ("));
     }
 }

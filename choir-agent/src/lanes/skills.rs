@@ -32,6 +32,9 @@ pub struct Skill {
 #[derive(Default)]
 pub struct SkillBook {
     skills: BTreeMap<String, Arc<Skill>>,
+    /// The edge prompt's list of them (`\n- name: the first sentence of
+    /// its description`, sorted by name), made once when they are loaded.
+    summary: String,
 }
 
 /// Schema problems of `value`, as one line each (empty when valid).
@@ -62,7 +65,17 @@ impl SkillBook {
             let output = jsonschema::validator_for(&l.spec.output_schema).map_err(|e| fail(e.to_string()))?;
             skills.insert(l.spec.name.clone(), Arc::new(Skill { spec: l.spec, source: l.source, input, output }));
         }
-        Ok(SkillBook { skills })
+        let summary = skills
+            .values()
+            .map(|s| format!("\n- {}: {}", s.spec.name, crate::tools::first_sentence(&s.spec.description)))
+            .collect();
+        Ok(SkillBook { skills, summary })
+    }
+
+    /// The lines of a prompt's list of every skill, sorted by name (empty
+    /// when there are none).
+    pub fn summary(&self) -> &str {
+        &self.summary
     }
 
     /// Names of every skill, sorted.
