@@ -90,10 +90,12 @@ fn refuse(
         }
         let Ok(space) = read(path) else { continue };
         match space.nearly_full() {
-            Some(why) => return Some(format!(
+            Some(why) => {
+                return Some(format!(
                 "the disk of {what} ({}) is nearly full ({why}); new messages are refused until space is freed there",
                 path.display()
-            )),
+            ))
+            }
             None => seen_ok(path),
         }
     }
