@@ -103,32 +103,54 @@ fn refuse(
 }
 
 /// How long a file system seen not nearly full is taken to be so without
-/// asking again. Every message asks (two `statvfs` calls, one per path);
-/// what a second's staleness allows is what the check always allowed: it
-/// races every writer of the disk anyway, and a message admitted just
-/// before the disk filled is the same message either way.
+/// asking again. Without it every message asked (two `statvfs` calls, one
+/// per path). What a second's staleness allows is what the check always
+/// allowed: it races every writer of the disk anyway, and a message
+/// admitted just before the disk filled is the same message either way.
 pub const OK_FOR: Duration = Duration::from_secs(1);
 
-/// Whether a disk refuses new work, asked for every message: a path seen not nearly full
-/// within [`OK_FOR`] is not asked again. A nearly full one is asked every
-/// time, so space freed admits the next message at once.
+/// How a caller of [`Guard::refuse_new_work`] wants the disks looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// A reading that said "not nearly full" at most [`OK_FOR`] ago will
+    /// do (a message, a start).
+    Recent,
+    /// Every path asked now: an agent's start, and `choirctl status`,
+    /// which shows the disks (both rare, and an operator's).
+    Now,
+}
+
+/// What the guard remembers.
+#[derive(Default)]
+struct Readings {
+    /// When each path was last seen not nearly full.
+    ok_at: HashMap<PathBuf, Instant>,
+    /// Refusals so far: a reading taken before one is not kept after it.
+    refusals: u64,
+}
+
+/// Whether a disk refuses new work, asked for every message: a path seen
+/// not nearly full within [`OK_FOR`] is not asked again. A nearly full one
+/// is asked every time, so space freed admits the next message at once.
 ///
-/// **Invariant:** it holds only paths seen within [`OK_FOR`] when the
-/// last one was added (the home and the configured agents' workspaces:
-/// bounded by the configuration).
+/// **Invariants:** a refusal forgets every reading, of every path (another
+/// agent's workspace may be on the file system just found full), and a
+/// reading taken before a refusal is not kept after it; so no reading
+/// older than the last refusal is ever used. It holds only the paths it was
+/// asked about within [`OK_FOR`] of its last new reading: choird's home
+/// and the configured agents' workspaces.
 #[derive(Default)]
 pub struct Guard {
-    ok_at: Mutex<HashMap<PathBuf, Instant>>,
+    readings: Mutex<Readings>,
 }
 
 impl Guard {
     /// Why new work for an agent whose workspace is `workspace` is refused
     /// (choird's home at `home`), if it is: the first nearly full file
     /// system of the two, named. A path that cannot be looked at refuses
-    /// nothing. Readings that said "not nearly full" are used for
-    /// [`OK_FOR`].
-    pub fn refuse_new_work(&self, home: &Path, workspace: &Path) -> Option<String> {
-        self.refuse_reading(home, workspace, Instant::now(), Space::of)
+    /// nothing.
+    pub fn refuse_new_work(&self, home: &Path, workspace: &Path, look: Look) -> Option<String> {
+        self.refuse_reading(home, workspace, look, Instant::now(), Space::of)
     }
 
     /// [`Guard::refuse_new_work`] at `now`, with each path's space as `read`
@@ -137,22 +159,24 @@ impl Guard {
         &self,
         home: &Path,
         workspace: &Path,
+        look: Look,
         now: Instant,
         read: impl Fn(&Path) -> std::io::Result<Space>,
     ) -> Option<String> {
-        let fresh = |p: &Path| self.ok_at.lock().get(p).is_some_and(|at| now.duration_since(*at) < OK_FOR);
+        let refusals_before = self.readings.lock().refusals;
+        let fresh = |p: &Path| {
+            look == Look::Recent
+                && self.readings.lock().ok_at.get(p).is_some_and(|at| now.saturating_duration_since(*at) < OK_FOR)
+        };
         let mut seen = Vec::new();
         let why = refuse(home, workspace, read, fresh, |p| seen.push(p.to_path_buf()));
-        let mut ok_at = self.ok_at.lock();
+        let mut readings = self.readings.lock();
         if why.is_some() {
-            // The refused path was not seen ok: forget any earlier reading
-            // of either, so nothing stale stands beside a refusal.
-            ok_at.remove(home);
-            ok_at.remove(workspace);
-        }
-        if !seen.is_empty() {
-            ok_at.retain(|_, at| now.duration_since(*at) < OK_FOR);
-            ok_at.extend(seen.into_iter().map(|p| (p, now)));
+            readings.ok_at.clear();
+            readings.refusals += 1;
+        } else if readings.refusals == refusals_before && !seen.is_empty() {
+            readings.ok_at.retain(|_, at| now.saturating_duration_since(*at) < OK_FOR);
+            readings.ok_at.extend(seen.into_iter().map(|p| (p, now)));
         }
         why
     }
@@ -206,31 +230,66 @@ mod tests {
         disk.free.set(50_000 * MIB);
         let read = |_: &Path| disk.read();
         let t0 = Instant::now();
-        assert_eq!(guard.refuse_reading(home, ws, t0, read), None);
+        assert_eq!(guard.refuse_reading(home, ws, Look::Recent, t0, read), None);
         assert_eq!(disk.reads.get(), 2, "both paths read");
         // Within the second: not asked again.
-        assert_eq!(guard.refuse_reading(home, ws, t0 + OK_FOR / 2, read), None);
+        assert_eq!(guard.refuse_reading(home, ws, Look::Recent, t0 + OK_FOR / 2, read), None);
         assert_eq!(disk.reads.get(), 2, "the readings reused");
         // Past it, asked again, and now the disk is nearly full.
         disk.free.set(MIB);
-        let why = guard.refuse_reading(home, ws, t0 + OK_FOR, read).expect("refused");
+        let why = guard.refuse_reading(home, ws, Look::Recent, t0 + OK_FOR, read).expect("refused");
         assert!(why.contains("choird's home (/home) is nearly full"), "{why}");
         assert_eq!(disk.reads.get(), 3, "the home read fresh, the refusal said at once");
         // A refusal is read fresh every time: freed space admits the next message.
-        assert!(guard.refuse_reading(home, ws, t0 + OK_FOR, read).is_some());
+        assert!(guard.refuse_reading(home, ws, Look::Recent, t0 + OK_FOR, read).is_some());
         assert_eq!(disk.reads.get(), 4);
         disk.free.set(50_000 * MIB);
-        assert_eq!(guard.refuse_reading(home, ws, t0 + OK_FOR, read), None);
+        assert_eq!(guard.refuse_reading(home, ws, Look::Recent, t0 + OK_FOR, read), None);
         assert_eq!(disk.reads.get(), 6);
         // The guard forgets what is older than a second when it learns more.
         let later = t0 + OK_FOR * 3;
-        assert_eq!(guard.refuse_reading(Path::new("/other"), ws, later, read), None);
-        assert_eq!(guard.ok_at.lock().len(), 2, "only /other and /ws, read just now");
+        assert_eq!(guard.refuse_reading(Path::new("/other"), ws, Look::Recent, later, read), None);
+        assert_eq!(guard.readings.lock().ok_at.len(), 2, "only /other and /ws, read just now");
+    }
+
+    #[test]
+    fn a_refusal_forgets_every_reading_and_one_taken_before_it_is_not_kept() {
+        let guard = Guard::default();
+        let (home, a, b) = (Path::new("/home"), Path::new("/srv/a"), Path::new("/srv/b"));
+        let t0 = Instant::now();
+        let ok = |_: &Path| Ok(space(50_000 * MIB, 100_000 * MIB, 1_000_000, 1_000_000));
+        let full = |_: &Path| Ok(space(MIB, 100_000 * MIB, 1_000_000, 1_000_000));
+        // Agent a's workspace seen fine; then agent b's, on the same file
+        // system, found full: a's reading goes too.
+        assert_eq!(guard.refuse_reading(home, a, Look::Recent, t0, ok), None);
+        assert_eq!(guard.readings.lock().ok_at.len(), 2);
+        assert!(guard.refuse_reading(home, b, Look::Recent, t0, full).is_some());
+        assert!(guard.readings.lock().ok_at.is_empty(), "every reading forgotten");
+        // A reading that said fine while a refusal came meanwhile is not kept.
+        let racing = |p: &Path| {
+            if p == a {
+                assert!(guard.refuse_reading(home, b, Look::Now, t0, full).is_some());
+            }
+            ok(p)
+        };
+        assert_eq!(guard.refuse_reading(home, a, Look::Recent, t0, racing), None);
+        assert!(guard.readings.lock().ok_at.is_empty(), "a reading from before the refusal was kept");
+        // Now asks even a path seen fine a moment ago.
+        let reads = std::cell::Cell::new(0);
+        let counting = |p: &Path| {
+            reads.set(reads.get() + 1);
+            ok(p)
+        };
+        assert_eq!(guard.refuse_reading(home, a, Look::Recent, t0, counting), None);
+        assert_eq!(guard.refuse_reading(home, a, Look::Recent, t0, counting), None);
+        assert_eq!(reads.get(), 2, "the second message used the readings");
+        assert_eq!(guard.refuse_reading(home, a, Look::Now, t0, counting), None);
+        assert_eq!(reads.get(), 4, "status asked both again");
     }
 
     #[test]
     fn a_path_that_cannot_be_looked_at_refuses_nothing() {
         let missing = Path::new("/nonexistent/choir-disk-test");
-        assert_eq!(Guard::default().refuse_new_work(missing, missing), None);
+        assert_eq!(Guard::default().refuse_new_work(missing, missing, Look::Now), None);
     }
 }

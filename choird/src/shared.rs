@@ -76,11 +76,12 @@ pub struct Shared {
 
 impl Shared {
     /// Why new work for agent `id` is refused because a disk it needs is
-    /// nearly full (see [`crate::disk`]), if it is. A disk seen not nearly
-    /// full within the last second is not asked again ([`crate::disk::Guard`]).
-    pub fn disk_refusal(&self, id: &choir_common::ids::AgentId) -> Option<String> {
+    /// nearly full (see [`crate::disk`]), if it is, looking at the disks as
+    /// `look` says (a disk seen not nearly full within the last second is
+    /// not asked again for [`crate::disk::Look::Recent`]).
+    pub fn disk_refusal(&self, id: &choir_common::ids::AgentId, look: crate::disk::Look) -> Option<String> {
         let workspace = self.config().workspace(&self.home, id);
-        self.disk.refuse_new_work(self.home.root(), &workspace)
+        self.disk.refuse_new_work(self.home.root(), &workspace, look)
     }
 
     /// The shared services for a loaded config.

@@ -67,7 +67,7 @@ impl Daemon {
     pub fn start_agent(self: &Arc<Self>, id: &str, actor: &str) -> Result<AgentSummary, Error> {
         let id = self.known(id)?;
         let config = self.config();
-        if let Some(why) = self.disk_refusal(&id) {
+        if let Some(why) = self.disk_refusal(&id, crate::disk::Look::Now) {
             self.audit(actor, Some(&id), "agent.start", "refused", json!({"reason": why}));
             return Err(Error::Unavailable(format!("agent {id} is not started: {why}")));
         }

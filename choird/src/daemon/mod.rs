@@ -663,7 +663,7 @@ impl Daemon {
                 "agent {id} is not running; start it with `choirctl agent start {id}`"
             )));
         }
-        if let Some(why) = self.disk_refusal(&id) {
+        if let Some(why) = self.disk_refusal(&id, crate::disk::Look::Recent) {
             return Err(Error::Unavailable(why));
         }
         choir_common::hop::mark("message.in");

@@ -156,7 +156,7 @@ fn message(d: &Handle, spec: &BotSpec, update_id: i64, m: &Message) -> Result<()
     }
 
     // Before its files are written: a nearly full disk takes nothing new.
-    if let Some(why) = d.disk_refusal(&agent) {
+    if let Some(why) = d.disk_refusal(&agent, crate::disk::Look::Recent) {
         log::warn!("telegram: a message for {agent} refused: {why}");
         reply(d, bot, chat, "Sorry, I cannot take new messages right now: the disk I work on is nearly full. The operator can see why in `choirctl status`; please try again later.")?;
         return d.store.mark_update(bot, update_id, "refused_disk_full");

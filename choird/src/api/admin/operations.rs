@@ -21,7 +21,12 @@ pub(super) fn status(d: &Daemon) -> StatusResponse {
         home: d.home.root().display().to_string(),
         database: d.database_status(),
         kill_switch: d.kill_switch(),
-        disk: d.config().agents.keys().filter_map(|id| d.disk_refusal(id).map(|why| format!("{id}: {why}"))).collect(),
+        disk: d
+            .config()
+            .agents
+            .keys()
+            .filter_map(|id| d.disk_refusal(id, crate::disk::Look::Now).map(|why| format!("{id}: {why}")))
+            .collect(),
         agents: d.summaries_now(),
         usage: d.usage(),
         config_on_disk: d.config_on_disk(),
