@@ -70,38 +70,6 @@ impl Space {
     }
 }
 
-/// Why new work for an agent whose workspace is `workspace` is refused
-/// (choird's home at `home`), if it is: the first nearly full file system
-/// of the two, named, each path's space as `read` says. A path that cannot
-/// be looked at refuses nothing (the work then fails where it needs the
-/// path, with its own error). A path `fresh` says was seen not nearly
-/// full a moment ago is skipped; `seen_ok` hears of each path read and
-/// found not nearly full.
-fn refuse(
-    home: &Path,
-    workspace: &Path,
-    read: impl Fn(&Path) -> std::io::Result<Space>,
-    fresh: impl Fn(&Path) -> bool,
-    mut seen_ok: impl FnMut(&Path),
-) -> Option<String> {
-    for (what, path) in [("choird's home", home), ("the agent's workspace", workspace)] {
-        if fresh(path) {
-            continue;
-        }
-        let Ok(space) = read(path) else { continue };
-        match space.nearly_full() {
-            Some(why) => {
-                return Some(format!(
-                "the disk of {what} ({}) is nearly full ({why}); new messages are refused until space is freed there",
-                path.display()
-            ))
-            }
-            None => seen_ok(path),
-        }
-    }
-    None
-}
-
 /// How long a file system seen not nearly full is taken to be so without
 /// asking again. Without it every message asked (two `statvfs` calls, one
 /// per path). What a second's staleness allows is what the check always
@@ -154,7 +122,7 @@ impl Guard {
     }
 
     /// [`Guard::refuse_new_work`] at `now`, with each path's space as `read`
-    /// says.
+    /// says. The guard's lock is not held while a disk is read.
     fn refuse_reading(
         &self,
         home: &Path,
@@ -163,13 +131,33 @@ impl Guard {
         now: Instant,
         read: impl Fn(&Path) -> std::io::Result<Space>,
     ) -> Option<String> {
-        let refusals_before = self.readings.lock().refusals;
-        let fresh = |p: &Path| {
-            look == Look::Recent
-                && self.readings.lock().ok_at.get(p).is_some_and(|at| now.saturating_duration_since(*at) < OK_FOR)
+        let paths = [("choird's home", home), ("the agent's workspace", workspace)];
+        let (refusals_before, fresh) = {
+            let readings = self.readings.lock();
+            let fresh = paths.map(|(_, p)| {
+                look == Look::Recent
+                    && readings.ok_at.get(p).is_some_and(|at| now.saturating_duration_since(*at) < OK_FOR)
+            });
+            (readings.refusals, fresh)
         };
         let mut seen = Vec::new();
-        let why = refuse(home, workspace, read, fresh, |p| seen.push(p.to_path_buf()));
+        let mut why = None;
+        for ((what, path), fresh) in paths.into_iter().zip(fresh) {
+            // A path that cannot be looked at refuses nothing (the work then
+            // fails where it needs the path, with its own error).
+            let Some(space) = (!fresh).then(|| read(path).ok()).flatten() else { continue };
+            match space.nearly_full() {
+                None => seen.push(path.to_path_buf()),
+                Some(full) => {
+                    why = Some(format!(
+                        "the disk of {what} ({}) is nearly full ({full}); new messages are refused until space is freed \
+                         there",
+                        path.display()
+                    ));
+                    break;
+                }
+            }
+        }
         let mut readings = self.readings.lock();
         if why.is_some() {
             readings.ok_at.clear();

@@ -283,13 +283,14 @@ impl EdgeLane {
         lane.conversation = Some(conv_name.to_owned());
         let finding = self.config.read().tool_exposure == "find";
         // Choir's own tools, listed only when the others are found on demand.
-        let own: Vec<String> = match finding {
-            true => choir_common::manifest::BUILTIN_TOOLS
+        let own: Vec<String> = if finding {
+            choir_common::manifest::BUILTIN_TOOLS
                 .iter()
                 .chain(choir_common::host_tools::HOST_TOOLS)
                 .map(|s| (*s).to_owned())
-                .collect(),
-            false => Vec::new(),
+                .collect()
+        } else {
+            Vec::new()
         };
         let system = crate::lanes::prompt::edge(
             &self.identity,

@@ -220,24 +220,22 @@ impl SkillRun {
     }
 
     /// The control tools offered in the current state.
-    fn controls(&self) -> Result<Vec<ToolSpec>, serde_json::Error> {
+    fn controls(&self) -> Vec<ToolSpec> {
         let state = self.current();
-        let spec = |name: &str, description: &str, parameters: Value| -> Result<ToolSpec, serde_json::Error> {
-            Ok(ToolSpec {
-                kind: "function".into(),
-                function: FunctionSpec {
-                    name: wire_tool_name(name),
-                    description: description.into(),
-                    parameters: choir_common::openai::Schema::new(&parameters)?,
-                },
-            })
+        let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
+            kind: "function".into(),
+            function: FunctionSpec {
+                name: wire_tool_name(name),
+                description: description.into(),
+                parameters: choir_common::openai::Schema::new(&parameters),
+            },
         };
-        Ok(if state.terminal {
+        if state.terminal {
             vec![spec(
                 FINISH_TOOL,
                 "Finish the skill with its output.",
                 json!({"type": "object", "properties": {"output": self.skill.spec.output_schema}, "required": ["output"], "additionalProperties": false}),
-            )?]
+            )]
         } else {
             vec![spec(
                 TRANSITION_TOOL,
@@ -246,8 +244,8 @@ impl SkillRun {
                     "event": {"type": "string", "enum": self.events()},
                     "note": {"type": "string", "description": "What this state produced, for the next states"}
                 }, "required": ["event"], "additionalProperties": false}),
-            )?]
-        })
+            )]
+        }
     }
 
     /// A rejection of a proposal of `tool` in this state, with where the run
@@ -296,10 +294,7 @@ impl SkillRun {
         // Offered: the state's tools within the task's allowlist (ctx's list).
         let offered = ctx.allowlist.clone().unwrap_or_default();
         let mut tools = mind.arbiter.registry().llm_tools(Some(&offered));
-        match self.controls() {
-            Ok(controls) => tools.extend(controls),
-            Err(e) => return Ok(SkillStep::Failed(format!("the skill's control tools cannot be offered: {e}"))),
-        }
+        tools.extend(self.controls());
         let system = format!("{system}\n\n{}", self.prompt());
         let resp = match mind.ask(&system, history, tools, None, lane.cancel.as_deref()) {
             Ok(r) => r,

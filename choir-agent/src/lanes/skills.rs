@@ -65,10 +65,7 @@ impl SkillBook {
             let output = jsonschema::validator_for(&l.spec.output_schema).map_err(|e| fail(e.to_string()))?;
             skills.insert(l.spec.name.clone(), Arc::new(Skill { spec: l.spec, source: l.source, input, output }));
         }
-        let summary = skills
-            .values()
-            .map(|s| format!("\n- {}: {}", s.spec.name, crate::tools::first_sentence(&s.spec.description)))
-            .collect();
+        let summary = skills.values().map(|s| crate::tools::list_line(&s.spec.name, &s.spec.description)).collect();
         Ok(SkillBook { skills, summary })
     }
 

@@ -62,6 +62,12 @@ pub fn first_sentence(s: &str) -> &str {
     }
 }
 
+/// A tool's or a skill's line in a system prompt's list: `\n- name: the
+/// first sentence of its description`.
+pub fn list_line(name: &str, description: &str) -> String {
+    format!("\n- {name}: {}", first_sentence(description))
+}
+
 impl Registered {
     /// Whether models may be offered it now: its status offers it and it
     /// is not disabled (an MCP tool its server changed since approval).
@@ -242,12 +248,10 @@ impl Registry {
             function: FunctionSpec {
                 name: wire_tool_name(&manifest.llm.name),
                 description: manifest.llm.description.clone(),
-                parameters: choir_common::openai::Schema::new(&manifest.llm.parameters)
-                    .map_err(|e| err(format!("llm.parameters: {e}")))?,
+                parameters: choir_common::openai::Schema::new(&manifest.llm.parameters),
             },
         };
-        let name = choir_common::ids::canonical_tool_name(&spec.function.name).unwrap_or(spec.function.name.clone());
-        let summary = format!("\n- {name}: {}", first_sentence(&manifest.llm.description));
+        let summary = list_line(&manifest.llm.name, &manifest.llm.description);
         self.tools.insert(
             manifest.llm.name.clone(),
             Registered { manifest, validator, tool, status, source: source.to_owned(), spec, summary },
